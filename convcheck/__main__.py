@@ -1,0 +1,3 @@
+from convcheck.cli import main
+
+main()

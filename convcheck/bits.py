@@ -1,0 +1,69 @@
+"""Bitwise tensor comparison over integer views (never allclose, never torch.equal)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from convcheck.verdict import Finding
+
+_INT_FOR_SIZE = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+def int_view(tensor: Any) -> Any:
+    """The same bytes as a flat integer tensor of equal element width (bool as uint8)."""
+    import torch
+
+    flat = tensor.detach().contiguous().reshape(-1)
+    if flat.dtype == torch.bool:
+        return flat.view(torch.uint8)
+    return flat.view(getattr(torch, _INT_FOR_SIZE[flat.element_size()]))
+
+
+def _unravel(flat_index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    out = []
+    for dim in reversed(shape):
+        out.append(flat_index % dim if dim else 0)
+        flat_index = flat_index // dim if dim else 0
+    return tuple(reversed(out))
+
+
+def describe_element(tensor: Any, flat_index: int) -> str:
+    """`value (0xBITS)` for one element of `tensor` given its flat index."""
+    flat = tensor.detach().contiguous().reshape(-1)
+    bits = int(int_view(flat[flat_index : flat_index + 1])[0]) & ((1 << (8 * flat.element_size())) - 1)
+    value = flat[flat_index].item()
+    return f"{value!r} (0x{bits:0{2 * flat.element_size()}x})"
+
+
+def compare_bits(name: str, expected: Any, actual: Any) -> Finding | None:
+    """None when `actual` has the dtype, shape and bytes of `expected`; else a Finding naming the first difference."""
+    if expected.dtype != actual.dtype:
+        return Finding(
+            tensor=name,
+            kind="dtype",
+            message=f"dtype {str(actual.dtype).removeprefix('torch.')}, expected {str(expected.dtype).removeprefix('torch.')}",
+            detail={"expected": str(expected.dtype), "actual": str(actual.dtype)},
+        )
+    if tuple(expected.shape) != tuple(actual.shape):
+        return Finding(
+            tensor=name,
+            kind="shape",
+            message=f"shape {list(actual.shape)}, expected {list(expected.shape)}",
+            detail={"expected": list(expected.shape), "actual": list(actual.shape)},
+        )
+    diff = int_view(expected) != int_view(actual)
+    count = int(diff.sum())
+    if count == 0:
+        return None
+    first = int(diff.nonzero()[0, 0])
+    index = _unravel(first, tuple(expected.shape))
+    exp_s, act_s = describe_element(expected, first), describe_element(actual, first)
+    return Finding(
+        tensor=name,
+        kind="bytes-differ",
+        message=(
+            f"{count}/{diff.numel()} elements differ; first at index {list(index)}: "
+            f"got {act_s}, expected {exp_s}"
+        ),
+        detail={"count": count, "numel": diff.numel(), "first_index": list(index), "expected": exp_s, "actual": act_s},
+    )

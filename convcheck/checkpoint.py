@@ -1,0 +1,170 @@
+"""An HF checkpoint folder: validated up front in pure Python, then read one tensor at a time."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from convcheck.errors import BadInput
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+_MAX_HEADER = 100 * 1024 * 1024
+_DTYPE_SIZES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
+    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4,
+    "I64": 8, "U64": 8, "F64": 8,
+}  # fmt: skip
+_TORCH_NAMES = {
+    "BOOL": "bool", "U8": "uint8", "I8": "int8", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+    "F8_E8M0": "float8_e8m0fnu", "I16": "int16", "U16": "uint16", "F16": "float16", "BF16": "bfloat16",
+    "I32": "int32", "U32": "uint32", "F32": "float32", "I64": "int64", "U64": "uint64", "F64": "float64",
+}  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TensorEntry:
+    """Where one tensor lives and what it is, as the safetensors header says."""
+
+    name: str
+    file: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def torch_dtype(self) -> str:
+        """The dtype as torch names it (bfloat16, float32, ...)."""
+        return _TORCH_NAMES.get(self.dtype, self.dtype.lower())
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Checkpoint:
+    """A validated HF checkpoint folder."""
+
+    path: Path
+    config: dict[str, Any]
+    tensors: dict[str, TensorEntry]
+
+    @property
+    def architecture(self) -> str:
+        archs = self.config.get("architectures") or []
+        return archs[0] if archs else "?"
+
+    def names(self) -> list[str]:
+        return sorted(self.tensors)
+
+
+def read_header(file: Path) -> dict[str, Any]:
+    """Parse and check one safetensors header against the file's size; raise BadInput on any defect."""
+    try:
+        size = file.stat().st_size
+        with open(file, "rb") as fh:
+            raw_len = fh.read(8)
+            if len(raw_len) < 8:
+                raise BadInput(f"corrupt safetensors file {file}: shorter than its 8-byte header length")
+            (header_len,) = struct.unpack("<Q", raw_len)
+            if header_len > min(_MAX_HEADER, size - 8):
+                raise BadInput(f"corrupt safetensors file {file}: header length {header_len} exceeds the file")
+            header = json.loads(fh.read(header_len))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadInput(f"corrupt safetensors file {file}: header is not valid JSON ({exc.__class__.__name__})") from None
+    except OSError as exc:
+        raise BadInput(f"cannot read {file}: {exc.strerror or exc}") from None
+    if not isinstance(header, dict):
+        raise BadInput(f"corrupt safetensors file {file}: header is not a JSON object")
+    data_size = size - 8 - header_len
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
+            numel = 1
+            for d in shape:
+                numel *= int(d)
+            expected = numel * _DTYPE_SIZES[dtype]
+        except (KeyError, TypeError, ValueError):
+            raise BadInput(f"corrupt safetensors file {file}: bad header entry for tensor {name!r}") from None
+        if end - begin != expected or begin < 0:
+            raise BadInput(f"corrupt safetensors file {file}: tensor {name!r} has {end - begin} bytes, needs {expected}")
+        if end > data_size:
+            raise BadInput(
+                f"truncated safetensors file {file}: tensor {name!r} ends at byte {end} of {data_size} data bytes"
+            )
+    return header
+
+
+def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
+    """Validate an HF checkpoint folder (config, index, every shard header) without loading tensors."""
+    folder = Path(path)
+    if not folder.exists():
+        raise BadInput(f"model directory not found: {folder}")
+    if not folder.is_dir():
+        raise BadInput(f"model path is not a directory: {folder}")
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise BadInput(f"no config.json in {folder}")
+    try:
+        config = json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadInput(f"config.json in {folder} is not valid JSON: {exc}") from None
+    if not isinstance(config, dict) or not config.get("architectures"):
+        raise BadInput(f"config.json in {folder} names no architecture ('architectures' is missing)")
+
+    index_file = folder / INDEX_NAME
+    if index_file.is_file():
+        try:
+            weight_map = json.loads(index_file.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
+            raise BadInput(f"{index_file} is not a valid safetensors index (no weight_map)") from None
+        files = sorted(set(weight_map.values()))
+        for name in files:
+            if not (folder / name).is_file():
+                raise BadInput(f"missing shard {name} named by {INDEX_NAME} in {folder}")
+    elif (folder / SINGLE_NAME).is_file():
+        weight_map, files = None, [SINGLE_NAME]
+    else:
+        files = sorted(p.name for p in folder.glob("*.safetensors"))
+        if not files:
+            raise BadInput(f"no safetensors weights in {folder}")
+        weight_map = None
+
+    tensors: dict[str, TensorEntry] = {}
+    for fname in files:
+        header = read_header(folder / fname)
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            if name in tensors:
+                raise BadInput(f"tensor {name!r} appears in both {tensors[name].file} and {fname}")
+            tensors[name] = TensorEntry(name=name, file=fname, dtype=entry["dtype"], shape=tuple(entry["shape"]))
+    if weight_map is not None:
+        for name, fname in weight_map.items():
+            if name not in tensors or tensors[name].file != fname:
+                raise BadInput(f"{INDEX_NAME} says {name!r} is in {fname}, but that shard does not hold it")
+    if not tensors:
+        raise BadInput(f"the safetensors files in {folder} hold no tensors")
+    return Checkpoint(path=folder, config=config, tensors=tensors)
+
+
+class TensorReader:
+    """Reads single tensors from a checkpoint, keeping at most one shard handle open."""
+
+    def __init__(self, checkpoint: Checkpoint) -> None:
+        self.checkpoint = checkpoint
+        self._file: str | None = None
+        self._handle: Any = None
+
+    def get(self, name: str) -> Any:
+        """Load tensor `name` (CPU, its stored dtype)."""
+        from safetensors import safe_open
+
+        entry = self.checkpoint.tensors[name]
+        if entry.file != self._file:
+            self._handle = safe_open(str(self.checkpoint.path / entry.file), framework="pt")
+            self._file = entry.file
+        return self._handle.get_tensor(name)

@@ -1,0 +1,106 @@
+"""Render a Report: a rich table for people, JSON and JUnit XML for machines."""
+
+from __future__ import annotations
+
+import json
+import os
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+from convcheck.verdict import PASS, Report
+
+
+def print_report(report: Report, table: str = "all", console: Any = None) -> None:
+    """Per-tensor table (one column per oracle), the findings, a line per oracle and a summary line."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    oracle_rows = {o.name: {r.tensor: r for r in o.rows} for o in report.oracles}
+    tensors = sorted({t for rows in oracle_rows.values() for t in rows})
+    if table != "none" and tensors:
+        grid = Table(title=f"{report.model}  {_layout_label(report.layout)}  ({report.device})")
+        grid.add_column("tensor", overflow="fold")
+        grid.add_column("shape")
+        grid.add_column("dtype")
+        named = [o.name for o in report.oracles if o.rows]
+        for name in named:
+            grid.add_column(name)
+        for tensor in tensors:
+            cells = [oracle_rows[n].get(tensor) for n in named]
+            if table == "failures" and all(c is None or c.verdict == PASS for c in cells):
+                continue
+            first = next(c for c in cells if c is not None)
+            grid.add_row(
+                tensor,
+                "x".join(map(str, first.shape)) or "-",
+                first.dtype,
+                *[_styled(c.verdict) if c else "-" for c in cells],
+            )
+        console.print(grid)
+    for oracle in report.oracles:
+        for f in oracle.findings:
+            console.print(f"[red]FAIL[/red] {oracle.name}: {f.tensor}: [{f.kind}] {f.message}", highlight=False, soft_wrap=True)
+    for oracle in report.oracles:
+        console.print(
+            f"{_styled(oracle.verdict)} {oracle.name}: checked {oracle.checked} {oracle.unit}, "
+            f"{len(oracle.findings)} finding(s), {oracle.seconds:.1f} s",
+            highlight=False,
+        )
+    word = "PASS" if report.verdict == PASS else "FAIL"
+    color = "green" if report.verdict == PASS else "red"
+    console.print(
+        f"[bold {color}]{word}[/bold {color}] {report.model} {_layout_label(report.layout)} on {report.device}: "
+        f"{sum(o.verdict == PASS for o in report.oracles)}/{len(report.oracles)} oracles pass ({report.seconds:.1f} s)",
+        highlight=False,
+    )
+
+
+def _styled(verdict: str) -> str:
+    return {"pass": "[green]PASS[/green]", "fail": "[red]FAIL[/red]"}.get(verdict, f"[yellow]{verdict.upper()}[/yellow]")
+
+
+def _layout_label(layout: dict[str, int]) -> str:
+    parts = [f"{k.upper()}{layout[k]}" for k in ("tp", "pp", "ep", "etp") if layout.get(k, 1) > 1]
+    return "x".join(parts) or "TP1"
+
+
+def _write_atomic(path: str | os.PathLike[str], text: str) -> None:
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(target)
+
+
+def write_json(report: Report, path: str | os.PathLike[str]) -> None:
+    """The report as JSON (see README for the schema)."""
+    _write_atomic(path, json.dumps(report.to_dict(), indent=2) + "\n")
+
+
+def junit_xml(report: Report) -> str:
+    """JUnit XML: one testsuite per run, one testcase per oracle, findings in the failure text."""
+    label = f"{report.model}.{_layout_label(report.layout)}"
+    failures = sum(o.verdict != PASS for o in report.oracles)
+    suite = ET.Element(
+        "testsuite",
+        name="convcheck",
+        tests=str(len(report.oracles)),
+        failures=str(failures),
+        errors="0",
+        time=f"{report.seconds:.3f}",
+    )
+    for oracle in report.oracles:
+        case = ET.SubElement(suite, "testcase", classname=label, name=oracle.name, time=f"{oracle.seconds:.3f}")
+        if oracle.verdict != PASS:
+            lines = [f"{f.tensor}: [{f.kind}] {f.message}" for f in oracle.findings] or [
+                f"checked {oracle.checked} {oracle.unit}: nothing was checked"
+            ]
+            failure = ET.SubElement(case, "failure", message=f"{len(oracle.findings)} finding(s)", type=oracle.name)
+            failure.text = "\n".join(lines)
+    ET.indent(suite)
+    return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def write_junit(report: Report, path: str | os.PathLike[str]) -> None:
+    _write_atomic(path, junit_xml(report))

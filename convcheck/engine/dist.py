@@ -1,0 +1,43 @@
+"""Process-group setup for one rank launched by torchrun (gloo on CPU, NCCL on CUDA)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+from convcheck.layout import ParallelLayout
+
+
+def init_distributed(layout: ParallelLayout, device: str, timeout_s: float) -> tuple[int, int]:
+    """Initialise torch.distributed from torchrun's env and Megatron's parallel_state; return (rank, world)."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != layout.world_size:
+        raise RuntimeError(f"launched with {world} ranks but layout {layout.label} needs {layout.world_size}")
+    backend = "nccl" if device == "cuda" else "gloo"
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=layout.tp,
+        pipeline_model_parallel_size=layout.pp,
+        expert_model_parallel_size=layout.ep,
+        expert_tensor_parallel_size=layout.etp,
+    )
+    return rank, world
+
+
+def shutdown_distributed() -> None:
+    """Tear down Megatron's groups and the default process group."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,44 @@
+"""Build the Megatron model for one rank through the real AutoBridge provider."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from convcheck.layout import ParallelLayout
+
+
+def make_provider(bridge: Any, layout: ParallelLayout, device: str) -> Any:
+    """The bridge's provider for this checkpoint, set to `layout` (and to a TE-free CPU build on CPU)."""
+    from convcheck import compat
+
+    provider = bridge.to_megatron_provider(load_weights=False)
+    provider.tensor_model_parallel_size = layout.tp
+    provider.pipeline_model_parallel_size = layout.pp
+    provider.expert_model_parallel_size = layout.ep
+    provider.expert_tensor_parallel_size = layout.etp
+    provider.sequence_parallel = False
+    if device == "cpu":
+        compat.configure_provider_for_cpu(provider)
+    provider.finalize()
+    return provider
+
+
+def build_model(provider: Any, device: str) -> list[Any]:
+    """Instantiate the model chunks for this rank (no DDP wrapper, no weight init work wasted)."""
+    provider.perform_initialization = False
+    return provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=(device == "cpu"))
+
+
+def named_tensors(model: list[Any]) -> list[tuple[int, str, Any]]:
+    """(vp_stage, local name, tensor) for every parameter and persistent buffer, wrappers stripped."""
+    from megatron.bridge.models.conversion.utils import persistent_buffers
+
+    out = []
+    for vp_stage, chunk in enumerate(model):
+        for name, tensor in list(chunk.named_parameters()) + list(persistent_buffers(chunk)):
+            if "_extra_state" in name:
+                continue
+            while name.startswith("module."):
+                name = name[len("module.") :]
+            out.append((vp_stage, name, tensor))
+    return out

@@ -1,0 +1,86 @@
+"""ParallelLayout: the one way a (TP, PP, EP, ETP) layout travels through convcheck."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from convcheck.errors import BadInput
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ParallelLayout:
+    """A Megatron parallel layout; world size is the smallest that fits both the dense and the expert grid."""
+
+    tp: int = 1
+    """Tensor parallel size (attention and dense MLP)."""
+    pp: int = 1
+    """Pipeline parallel size."""
+    ep: int = 1
+    """Expert parallel size."""
+    etp: int = 1
+    """Expert tensor parallel size (1: each expert whole on its EP rank)."""
+
+    def __post_init__(self) -> None:
+        for field_name in ("tp", "pp", "ep", "etp"):
+            value = getattr(self, field_name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise BadInput(f"impossible layout: --{field_name} must be a positive integer, got {value!r}")
+
+    @property
+    def world_size(self) -> int:
+        """Ranks needed: lcm of the dense grid (tp) and the expert grid (ep*etp), times pp."""
+        return math.lcm(self.tp, self.ep * self.etp) * self.pp
+
+    @property
+    def label(self) -> str:
+        """Short human label such as "TP2xEP2" or "TP1"."""
+        parts = [f"{k.upper()}{v}" for k, v in (("tp", self.tp), ("pp", self.pp), ("ep", self.ep), ("etp", self.etp)) if v > 1]
+        return "x".join(parts) or "TP1"
+
+    def to_dict(self) -> dict[str, int]:
+        """Plain dict including the world size (for JSON reports)."""
+        return {**asdict(self), "world_size": self.world_size}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ParallelLayout":
+        """Inverse of to_dict (world_size is derived, so ignored)."""
+        return cls(**{k: int(data[k]) for k in ("tp", "pp", "ep", "etp") if k in data})
+
+    def validate_for(self, config: dict[str, Any]) -> None:
+        """Raise BadInput naming the first constraint this layout breaks for an HF config dict."""
+        heads = _first(config, "num_attention_heads", "n_head")
+        kv_heads = _first(config, "num_key_value_heads") or heads
+        layers = _first(config, "num_hidden_layers", "n_layer")
+        experts = _first(config, "num_experts", "num_local_experts", "n_routed_experts")
+        ffn = _first(config, "intermediate_size")
+        moe_ffn = _first(config, "moe_intermediate_size") or ffn
+        if heads and heads % self.tp:
+            raise BadInput(f"impossible layout {self.label}: tp={self.tp} does not divide num_attention_heads={heads}")
+        if kv_heads and kv_heads % self.tp:
+            raise BadInput(
+                f"impossible layout {self.label}: tp={self.tp} does not divide num_key_value_heads={kv_heads}"
+            )
+        if ffn and ffn % self.tp:
+            raise BadInput(f"impossible layout {self.label}: tp={self.tp} does not divide intermediate_size={ffn}")
+        if layers and layers % self.pp:
+            raise BadInput(f"impossible layout {self.label}: pp={self.pp} does not divide num_hidden_layers={layers}")
+        if not experts and (self.ep > 1 or self.etp > 1):
+            raise BadInput(f"impossible layout {self.label}: the model has no experts, so ep and etp must be 1")
+        if experts and experts % self.ep:
+            raise BadInput(f"impossible layout {self.label}: ep={self.ep} does not divide num_experts={experts}")
+        if experts and moe_ffn and moe_ffn % self.etp:
+            raise BadInput(
+                f"impossible layout {self.label}: etp={self.etp} does not divide moe_intermediate_size={moe_ffn}"
+            )
+
+
+def _first(config: dict[str, Any], *keys: str) -> int | None:
+    """The first integer found under any of `keys` (also inside a nested text_config)."""
+    for source in (config, config.get("text_config") or {}):
+        for key in keys:
+            value = source.get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+    return None

@@ -1,0 +1,66 @@
+"""Oracles: each answers one question about a conversion with a typed verdict.
+
+An oracle is a collective function `run(ctx: RankContext) -> OracleVerdict | None`: every rank calls it,
+rank 0 returns the verdict. This registry imports nothing heavy, so the CLI can list and validate names.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from convcheck.errors import BadInput
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OracleInfo:
+    name: str
+    module: str
+    proves: str
+    does_not_prove: str
+
+
+ORACLES: dict[str, OracleInfo] = {
+    o.name: o
+    for o in (
+        OracleInfo(
+            name="coverage",
+            module="convcheck.oracles.coverage",
+            proves=(
+                "every Megatron parameter and persistent buffer has a bridge mapping whose HF tensors exist, "
+                "every element was written by the import, and the export produces every source tensor exactly "
+                "once with no extra names"
+            ),
+            does_not_prove="that any value landed in the right place (see roundtrip)",
+        ),
+        OracleInfo(
+            name="roundtrip",
+            module="convcheck.oracles.roundtrip",
+            proves=(
+                "HF -> sharded Megatron -> HF export is byte-identical to the source checkpoint, tensor by tensor "
+                "(dtype, shape and raw bytes)"
+            ),
+            does_not_prove=(
+                "that the Megatron shards are laid out as Megatron's forward expects: a bug made identically in "
+                "import and export cancels out"
+            ),
+        ),
+    )
+}
+
+
+def parse_oracle_names(spec: str | None) -> tuple[str, ...]:
+    """Split `a,b` into known oracle names (all when empty); BadInput names an unknown one."""
+    if not spec:
+        return tuple(ORACLES)
+    names = tuple(dict.fromkeys(n.strip() for n in spec.split(",") if n.strip()))
+    unknown = [n for n in names if n not in ORACLES]
+    if unknown or not names:
+        raise BadInput(f"unknown oracle {', '.join(unknown) or spec!r}; known: {', '.join(ORACLES)}")
+    return names
+
+
+def load_oracle(name: str) -> Callable[[Any], Any]:
+    """The `run` function of oracle `name`."""
+    return importlib.import_module(ORACLES[name].module).run

@@ -1,0 +1,43 @@
+"""Roundtrip oracle: the bridge's HF export of the sharded model is byte-identical to the source checkpoint."""
+
+from __future__ import annotations
+
+from convcheck.bits import compare_bits
+from convcheck.checkpoint import TensorReader
+from convcheck.engine.context import RankContext
+from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
+
+NAME = "roundtrip"
+
+
+def run(ctx: RankContext) -> OracleVerdict | None:
+    """Collective: every rank drains the export (it runs the gathers); rank 0 compares, one tensor at a time."""
+    reader = TensorReader(ctx.checkpoint) if ctx.is_reporter else None
+    source = ctx.checkpoint.tensors
+    findings: list[Finding] = []
+    rows: dict[str, TensorRow] = {}
+    checked = 0
+    for name, tensor in ctx.export():
+        if reader is None:
+            continue
+        if name not in source:
+            findings.append(Finding(tensor=name, kind="unexpected", message="exported tensor is not in the source"))
+            rows[name] = TensorRow(tensor=name, shape=tuple(tensor.shape), dtype=_dt(tensor), verdict="fail")
+            continue
+        finding = compare_bits(name, reader.get(name), tensor)
+        checked += 1
+        failed = finding is not None or rows.get(name, None) is not None and rows[name].verdict == "fail"
+        if finding is not None:
+            findings.append(finding)
+        rows[name] = TensorRow(tensor=name, shape=tuple(tensor.shape), dtype=_dt(tensor), verdict="fail" if failed else "pass")
+    if reader is None:
+        return None
+    for name in sorted(set(source) - set(rows)):
+        findings.append(Finding(tensor=name, kind="missing", message="source tensor is missing from the export"))
+        entry = source[name]
+        rows[name] = TensorRow(tensor=name, shape=entry.shape, dtype=entry.torch_dtype, verdict="missing")
+    return make_verdict(NAME, checked=checked, findings=findings, rows=tuple(rows[n] for n in sorted(rows)))
+
+
+def _dt(tensor: object) -> str:
+    return str(getattr(tensor, "dtype", "?")).removeprefix("torch.")

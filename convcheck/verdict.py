@@ -1,0 +1,122 @@
+"""Typed verdicts: what every oracle returns and every renderer reads (plain data, no torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+PASS = "pass"
+FAIL = "fail"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Finding:
+    """One thing an oracle found wrong, named by tensor."""
+
+    tensor: str
+    """HF or Megatron tensor name the finding is about."""
+    kind: str
+    """Short machine-readable category, e.g. "unmapped", "bytes-differ", "duplicate"."""
+    message: str
+    """One human line: what is wrong and where (first differing element with both values)."""
+    detail: dict[str, Any] = field(default_factory=dict)
+    """Structured extras: rank, index, expected/actual bits, counts."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"tensor": self.tensor, "kind": self.kind, "message": self.message}
+        if self.detail:
+            out["detail"] = self.detail
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Finding":
+        return cls(tensor=data["tensor"], kind=data["kind"], message=data["message"], detail=data.get("detail", {}))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TensorRow:
+    """One line of the per-tensor table."""
+
+    tensor: str
+    shape: tuple[int, ...]
+    dtype: str
+    verdict: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tensor": self.tensor, "shape": list(self.shape), "dtype": self.dtype, "verdict": self.verdict}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TensorRow":
+        return cls(tensor=data["tensor"], shape=tuple(data["shape"]), dtype=data["dtype"], verdict=data["verdict"])
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OracleVerdict:
+    """The answer of one oracle: pass only when it checked something and found nothing."""
+
+    name: str
+    checked: int
+    """How many tensors (or elements, as `unit` says) the oracle checked."""
+    unit: str = "tensors"
+    findings: tuple[Finding, ...] = ()
+    rows: tuple[TensorRow, ...] = ()
+    seconds: float = 0.0
+
+    @property
+    def verdict(self) -> str:
+        return PASS if self.checked > 0 and not self.findings else FAIL
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "verdict": self.verdict,
+            "checked": self.checked,
+            "unit": self.unit,
+            "seconds": round(self.seconds, 3),
+            "findings": [f.to_dict() for f in self.findings],
+            "tensors": [r.to_dict() for r in self.rows],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "OracleVerdict":
+        return cls(
+            name=data["name"],
+            checked=int(data["checked"]),
+            unit=data.get("unit", "tensors"),
+            findings=tuple(Finding.from_dict(f) for f in data.get("findings", [])),
+            rows=tuple(TensorRow.from_dict(r) for r in data.get("tensors", [])),
+            seconds=float(data.get("seconds", 0.0)),
+        )
+
+
+def make_verdict(name: str, checked: int, findings: list[Finding], unit: str = "tensors", **kw: Any) -> OracleVerdict:
+    """Build a verdict with findings sorted by tensor name then kind (stable, readable reports)."""
+    ordered = tuple(sorted(findings, key=lambda f: (f.tensor, f.kind, f.message)))
+    return OracleVerdict(name=name, checked=checked, unit=unit, findings=ordered, **kw)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Report:
+    """Everything one `convcheck verify` run concluded."""
+
+    model: str
+    layout: dict[str, int]
+    device: str
+    versions: dict[str, str]
+    oracles: tuple[OracleVerdict, ...]
+    seconds: float = 0.0
+
+    @property
+    def verdict(self) -> str:
+        return PASS if self.oracles and all(o.verdict == PASS for o in self.oracles) else FAIL
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "model": self.model,
+            "layout": self.layout,
+            "device": self.device,
+            "versions": self.versions,
+            "seconds": round(self.seconds, 3),
+            "oracles": [o.to_dict() for o in self.oracles],
+        }

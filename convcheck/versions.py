@@ -1,0 +1,20 @@
+"""Versions of the components a verdict depends on."""
+
+from __future__ import annotations
+
+import platform
+from importlib import metadata
+
+COMPONENTS = ("convcheck", "torch", "megatron-core", "megatron-bridge", "transformers", "safetensors")
+
+
+def versions() -> dict[str, str]:
+    """Installed version of each component (or "missing"), plus the Python version."""
+    out = {}
+    for name in COMPONENTS:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "missing"
+    out["python"] = platform.python_version()
+    return out
