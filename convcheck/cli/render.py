@@ -11,14 +11,18 @@ from typing import Any
 from convcheck.verdict import PASS, Report
 
 
-def print_report(report: Report, table: str = "all", console: Any = None) -> None:
+def print_report(report: Report, table: str = "all", console: Any = None, max_findings: int = 20) -> None:
     """Per-tensor table (one column per oracle), the findings, a line per oracle and a summary line."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = console or Console()
     oracle_rows = {o.name: {r.tensor: r for r in o.rows} for o in report.oracles}
     tensors = sorted({t for rows in oracle_rows.values() for t in rows})
+    failing = {t for rows in oracle_rows.values() for t, r in rows.items() if r.verdict != PASS}
+    if table == "failures":
+        tensors = [t for t in tensors if t in failing]
     if table != "none" and tensors:
         grid = Table(title=f"{report.model}  {_layout_label(report.layout)}  ({report.device})")
         grid.add_column("tensor", overflow="fold")
@@ -29,19 +33,23 @@ def print_report(report: Report, table: str = "all", console: Any = None) -> Non
             grid.add_column(name)
         for tensor in tensors:
             cells = [oracle_rows[n].get(tensor) for n in named]
-            if table == "failures" and all(c is None or c.verdict == PASS for c in cells):
-                continue
             first = next(c for c in cells if c is not None)
             grid.add_row(
-                tensor,
+                escape(tensor),
                 "x".join(map(str, first.shape)) or "-",
                 first.dtype,
                 *[_styled(c.verdict) if c else "-" for c in cells],
             )
         console.print(grid)
     for oracle in report.oracles:
-        for f in oracle.findings:
-            console.print(f"[red]FAIL[/red] {oracle.name}: {f.tensor}: [{f.kind}] {f.message}", highlight=False, soft_wrap=True)
+        for f in oracle.findings[:max_findings]:
+            console.print(
+                f"[red]FAIL[/red] {oracle.name}: {escape(f.tensor)}: {escape(f'[{f.kind}]')} {escape(f.message)}",
+                highlight=False,
+                soft_wrap=True,
+            )
+        if len(oracle.findings) > max_findings:
+            console.print(f"  ... {len(oracle.findings) - max_findings} more {oracle.name} finding(s) in the JSON report")
     for oracle in report.oracles:
         console.print(
             f"{_styled(oracle.verdict)} {oracle.name}: checked {oracle.checked} {oracle.unit}, "

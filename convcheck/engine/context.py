@@ -25,6 +25,10 @@ class RankContext:
     """This rank's model chunks, loaded through bridge.load_hf_weights."""
     not_loaded: dict[str, int] = field(default_factory=dict)
     """Global parameter name -> elements still holding the pre-load sentinel on this rank."""
+    load_error: str | None = None
+    """One line when the bridge's import raised (the model then holds what was written before)."""
+    export_error: str | None = None
+    """One line when the last export stream raised (it then ends early)."""
 
     @property
     def is_reporter(self) -> bool:
@@ -32,8 +36,15 @@ class RankContext:
         return self.rank == 0
 
     def export(self) -> Iterator[tuple[str, Any]]:
-        """Stream the bridge's HF export (one tensor at a time, CPU); every rank must drain it."""
-        yield from self.bridge.export_hf_weights(self.model, cpu=True, show_progress=False)
+        """Stream the bridge's HF export (one tensor at a time, CPU); every rank must drain it.
+
+        If the bridge raises, the stream ends and `export_error` says why (oracles report it as a finding).
+        """
+        self.export_error = None
+        try:
+            yield from self.bridge.export_hf_weights(self.model, cpu=True, show_progress=False)
+        except Exception as exc:  # noqa: BLE001 - a crashing export is a finding, not a crash of convcheck
+            self.export_error = one_line(exc)
 
     def gather(self, obj: Any) -> list[Any]:
         """all_gather_object over the world (a list indexed by rank on every rank)."""
@@ -50,3 +61,9 @@ class RankContext:
         from megatron.bridge.models.conversion.model_bridge import _megatron_local_name_to_global
 
         return _megatron_local_name_to_global(self.model, self.model[0].config, local_name, vp_stage)
+
+
+def one_line(exc: BaseException) -> str:
+    """`ExcType: first line of the message`."""
+    text = str(exc).strip()
+    return f"{exc.__class__.__name__}: {text.splitlines()[0]}" if text else exc.__class__.__name__

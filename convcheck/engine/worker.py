@@ -85,7 +85,7 @@ def run_job(job: Job) -> dict[str, Any] | None:
 
     compat.install(job.device)
     from convcheck.checkpoint import open_checkpoint
-    from convcheck.engine.context import RankContext
+    from convcheck.engine.context import RankContext, one_line
     from convcheck.engine.dist import init_distributed
     from convcheck.engine.model import build_model, make_provider
     from convcheck.oracles import load_oracle
@@ -102,7 +102,11 @@ def run_job(job: Job) -> dict[str, Any] | None:
     provider = make_provider(bridge, job.layout, job.device)
     model = build_model(provider, job.device)
     fill_sentinel(model)
-    bridge.load_hf_weights(model)
+    load_error = None
+    try:
+        bridge.load_hf_weights(model)
+    except Exception as exc:  # noqa: BLE001 - reported by the oracles as a finding
+        load_error = one_line(exc)
     ctx = RankContext(
         rank=rank,
         world=world,
@@ -112,6 +116,7 @@ def run_job(job: Job) -> dict[str, Any] | None:
         bridge=bridge,
         provider=provider,
         model=model,
+        load_error=load_error,
     )
     ctx.not_loaded = unloaded_counts(ctx.global_name, model)
     verdicts = []

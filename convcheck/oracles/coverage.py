@@ -76,7 +76,11 @@ def export_side(counts: Counter[str], source: set[str]) -> list[Finding]:
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank checks its parameters; rank 0 also counts the export's names."""
     names, findings = megatron_side(ctx)
+    if ctx.load_error:
+        findings.append(Finding(tensor="<import>", kind="import-failed", message=f"bridge.load_hf_weights raised {ctx.load_error}"))
     counts: Counter[str] = Counter(name for name, _ in ctx.export())
+    if ctx.export_error:
+        findings.append(Finding(tensor="<export>", kind="export-failed", message=f"bridge.export_hf_weights raised {ctx.export_error}"))
     gathered = ctx.gather((sorted(names), [f.to_dict() for f in findings]))
     if not ctx.is_reporter:
         return None
