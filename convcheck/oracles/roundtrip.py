@@ -25,6 +25,8 @@ def run(ctx: RankContext) -> OracleVerdict | None:
             rows[name] = TensorRow(tensor=name, shape=tuple(tensor.shape), dtype=_dt(tensor), verdict="fail")
             continue
         finding = compare_bits(name, reader.get(name), tensor)
+        if finding is not None and finding.kind in ("bytes-differ", "shape"):
+            finding = _with_diagnosis(finding, reader, name, tensor)
         checked += 1
         failed = finding is not None or rows.get(name, None) is not None and rows[name].verdict == "fail"
         if finding is not None:
@@ -39,6 +41,18 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         entry = source[name]
         rows[name] = TensorRow(tensor=name, shape=entry.shape, dtype=entry.torch_dtype, verdict="missing")
     return make_verdict(NAME, checked=checked, findings=findings, rows=tuple(rows[n] for n in sorted(rows)))
+
+
+def _with_diagnosis(finding: Finding, reader: TensorReader, name: str, tensor: object) -> Finding:
+    """Add the rearrangement that explains a differing export (convcheck.diagnose), when one does."""
+    from convcheck.diagnose import diagnose, sibling_names
+
+    others = {n: reader.get(n) for n in sibling_names(name, list(reader.checkpoint.tensors))}
+    found = diagnose(name, reader.get(name), tensor, others)
+    if found is None:
+        return finding
+    detail = {**finding.detail, "diagnosis": found.text, "diagnosis_kind": found.kind}
+    return Finding(tensor=name, kind=finding.kind, message=f"{finding.message}; diagnosis: {found.text}", detail=detail)
 
 
 def _dt(tensor: object) -> str:
