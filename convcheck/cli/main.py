@@ -28,6 +28,15 @@ def resolve_model(model: str) -> str:
     return model
 
 
+def check_hook_spec(spec: str) -> None:
+    """Reject a malformed --hook before any rank starts (the ranks resolve it for real)."""
+    target, _, func = spec.rpartition(":")
+    if not target or not func.isidentifier():
+        raise ConvcheckError(f"hook {spec!r} is not of the form MODULE:FUNCTION or FILE.py:FUNCTION")
+    if target.endswith(".py") and not Path(target).is_file():
+        raise ConvcheckError(f"hook file not found: {target}")
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="convcheck")
 def cli() -> None:
@@ -80,6 +89,8 @@ def verify(
         path = resolve_model(model)
         checkpoint = open_checkpoint(path)
         layout.validate_for(checkpoint.config)
+        for hook in hooks:
+            check_hook_spec(hook)
         for target in (json_path, junit_path):
             if target and not Path(target).resolve().parent.is_dir():
                 raise ConvcheckError(f"output folder does not exist: {Path(target).parent}")

@@ -78,6 +78,13 @@ def run_ranks(job: Job, log_dir: str | None = None) -> dict[str, Any]:
             _kill_group(proc)
             raise
     errors = _rank_errors(job)
+    if code != 0 and not any(e["status"] == "bad_input" for e in errors):
+        silent = sorted(set(range(job.layout.world_size)) - {e["rank"] for e in errors})
+        if silent and errors:
+            raise SetupError(
+                f"rank {', '.join(map(str, silent))} died without reporting an error (torchrun exit code {code}); "
+                f"the other ranks then failed with: {errors[0]['error'][:200]}; log: {log_file}"
+            )
     if errors:
         first = errors[0]
         cls = BadInput if first["status"] == "bad_input" else SetupError

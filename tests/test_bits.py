@@ -1,0 +1,45 @@
+"""compare_bits: integer-view comparison that sees what torch.equal and allclose miss."""
+
+import torch
+
+from convcheck.bits import compare_bits
+
+
+def test_equal_bytes_pass() -> None:
+    t = torch.arange(12, dtype=torch.bfloat16).reshape(3, 4)
+    assert compare_bits("w", t, t.clone()) is None
+
+
+def test_negative_zero_is_a_difference() -> None:
+    a = torch.zeros(4)
+    b = a.clone()
+    b[2] = -0.0
+    assert torch.equal(a, b)  # what a value comparison would conclude
+    f = compare_bits("w", a, b)
+    assert f is not None and f.kind == "bytes-differ"
+    assert f.detail["first_index"] == [2] and f.detail["count"] == 1
+    assert "0x80000000" in f.message
+
+
+def test_identical_nan_payloads_are_equal() -> None:
+    a = torch.full((3,), float("nan"))
+    assert compare_bits("w", a, a.clone()) is None
+
+
+def test_first_difference_index_and_values() -> None:
+    a = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4)
+    b = a.clone()
+    b[1, 2, 0] = 99.0
+    b[1, 2, 3] = 98.0
+    f = compare_bits("layer.w", a, b)
+    assert f is not None
+    assert f.tensor == "layer.w"
+    assert f.detail["first_index"] == [1, 2, 0]
+    assert f.detail["count"] == 2
+    assert "got 99.0" in f.message and "expected 20.0" in f.message
+
+
+def test_dtype_and_shape_mismatch() -> None:
+    a = torch.zeros(2, 3, dtype=torch.bfloat16)
+    assert compare_bits("w", a, a.float()).kind == "dtype"  # type: ignore[union-attr]
+    assert compare_bits("w", a, a.t()).kind == "shape"  # type: ignore[union-attr]

@@ -1,0 +1,79 @@
+"""Each compatibility shim has a test that fails once upstream no longer needs it, and one that it is narrow."""
+
+import inspect
+import subprocess
+import sys
+import textwrap
+from importlib import metadata
+
+from convcheck import compat
+
+
+def _run(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=180)
+
+
+def test_pinned_versions_are_the_targets() -> None:
+    for dist, version in compat.TARGET_VERSIONS.items():
+        assert metadata.version(dist) == version, f"{dist} changed: re-check every shim in convcheck/compat.py"
+
+
+def test_shim1_still_needed_lora_layers_imports_transformer_engine() -> None:
+    """Fails when megatron-bridge stops importing TE unconditionally (then delete shim 1)."""
+    assert not compat.transformer_engine_available()
+    res = _run("import megatron.bridge.peft.lora_layers")
+    assert res.returncode != 0
+    assert "No module named 'transformer_engine'" in res.stderr
+
+
+def test_shim1_is_narrow_megatron_core_still_sees_no_te() -> None:
+    res = _run(
+        """
+        import sys
+        from convcheck import compat
+        compat.install_import_shims()
+        import megatron.bridge.peft.lora_layers as lora
+        from megatron.bridge import AutoBridge
+        from megatron.core.extensions.transformer_engine import HAVE_TE
+        assert HAVE_TE is False, HAVE_TE
+        assert not [m for m in sys.modules if m.split('.')[0] == 'transformer_engine'], 'stand-in leaked'
+        try:
+            lora.te.pytorch.Linear()
+        except RuntimeError as e:
+            assert 'inert' in str(e)
+        else:
+            raise SystemExit('stand-in call did not fail')
+        print('ok')
+        """
+    )
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-2000:]
+
+
+def test_shim2_still_needed_replicated_mapping_calls_cuda() -> None:
+    """Fails when ReplicatedMapping.hf_to_megatron stops calling torch.cuda at TP>1 (then delete shim 2)."""
+    compat.install_import_shims()
+    from megatron.bridge.models.conversion.param_mapping import ReplicatedMapping
+
+    method = getattr(ReplicatedMapping.hf_to_megatron, "_convcheck_original", ReplicatedMapping.hf_to_megatron)
+    assert "torch.cuda.current_device()" in inspect.getsource(method)
+
+
+def test_shim3_still_needed_tied_embedding_setup_calls_cuda() -> None:
+    """Fails when LanguageModule stops moving the tied weight to CUDA (then delete shim 3)."""
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+
+    method = LanguageModule.setup_embeddings_and_output_layer
+    method = getattr(method, "_convcheck_original", method)
+    assert "weight.data.cuda()" in inspect.getsource(method)
+
+
+def test_cpu_settings_still_needed() -> None:
+    """The provider settings in configure_provider_for_cpu answer upstream lines that still exist."""
+    compat.install_import_shims()
+    from megatron.bridge.models import gpt_provider
+    from megatron.bridge.models.qwen import qwen3_moe_bridge
+    from megatron.core.transformer.moe import token_dispatcher
+
+    assert 'moe_token_dispatcher_type = "alltoall"' in inspect.getsource(qwen3_moe_bridge)
+    assert "torch.cuda.Stream" in inspect.getsource(token_dispatcher.MoEAlltoAllTokenDispatcher)
+    assert "transformer_engine_layer_spec" in inspect.getsource(gpt_provider.default_layer_spec)

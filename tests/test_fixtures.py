@@ -1,0 +1,61 @@
+"""Fixtures: offline, deterministic, sharded, distinct values within every tensor, reused from the cache."""
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from convcheck.bits import int_view
+from convcheck.checkpoint import open_checkpoint
+from convcheck.fixtures import FIXTURES, build_fixture
+from convcheck.fixtures.values import POOL_SIZE, distinct_values
+
+from tests.conftest import run_cli
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_fixture_is_sharded_bf16_with_distinct_values(name: str) -> None:
+    folder = build_fixture(f"tiny:{name}")
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) >= 2
+    ckpt = open_checkpoint(folder)
+    for tname, entry in ckpt.tensors.items():
+        with safe_open(str(folder / entry.file), "pt") as fh:
+            t = fh.get_tensor(tname)
+        assert t.dtype == torch.bfloat16, tname
+        assert t.numel() <= POOL_SIZE, f"{tname} is too large for distinct values"
+        assert int_view(t).unique().numel() == t.numel(), f"{tname} has repeated values"
+
+
+def test_tied_fixture_has_no_lm_head() -> None:
+    ckpt = open_checkpoint(build_fixture("tiny:qwen2-tied"))
+    assert "lm_head.weight" not in ckpt.tensors
+    assert ckpt.config["tie_word_embeddings"] is True
+
+
+def test_moe_fixture_shape() -> None:
+    ckpt = open_checkpoint(build_fixture("tiny:qwen3-moe"))
+    assert ckpt.config["num_local_experts"] >= 8 and ckpt.config["num_experts_per_tok"] == 2
+    assert "model.layers.1.mlp.experts.7.down_proj.weight" in ckpt.tensors
+
+
+def test_values_are_deterministic_and_name_dependent() -> None:
+    a = distinct_values((16, 8), "x", 1, torch.bfloat16)
+    assert torch.equal(int_view(a), int_view(distinct_values((16, 8), "x", 1, torch.bfloat16)))
+    assert not torch.equal(int_view(a), int_view(distinct_values((16, 8), "y", 1, torch.bfloat16)))
+
+
+def test_reuse_and_cli(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    first = build_fixture("tiny:llama")
+    stamp = (first / ".complete").stat().st_mtime_ns
+    assert build_fixture("tiny:llama") == first
+    assert (first / ".complete").stat().st_mtime_ns == stamp
+    listed = run_cli("fixtures", "list")
+    assert listed.code == 0 and all(f"tiny:{n}" in listed.out for n in FIXTURES)
+    built = run_cli("fixtures", "build", "tiny:qwen3", "--out", str(tmp_path / "q3"))
+    assert built.code == 0
+    assert built.out.strip().splitlines()[-1] == str(tmp_path / "q3")
+    assert open_checkpoint(tmp_path / "q3").architecture == "Qwen3ForCausalLM"
+    unknown = run_cli("fixtures", "build", "tiny:nope")
+    assert unknown.code == 2 and "unknown fixture" in unknown.err

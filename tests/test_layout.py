@@ -1,0 +1,48 @@
+"""ParallelLayout: world size, labels and the impossible layouts it must reject."""
+
+import pytest
+
+from convcheck.errors import BadInput
+from convcheck.layout import ParallelLayout
+
+MOE = {"num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "num_experts": 8,
+       "intermediate_size": 64, "moe_intermediate_size": 16}  # fmt: skip
+DENSE = {k: v for k, v in MOE.items() if k not in ("num_experts", "moe_intermediate_size")}
+
+
+@pytest.mark.parametrize(
+    ("layout", "world", "label"),
+    [
+        (ParallelLayout(), 1, "TP1"),
+        (ParallelLayout(tp=2), 2, "TP2"),
+        (ParallelLayout(tp=2, ep=2), 2, "TP2xEP2"),
+        (ParallelLayout(ep=2, etp=2), 4, "EP2xETP2"),
+        (ParallelLayout(tp=2, pp=2), 4, "TP2xPP2"),
+    ],
+)
+def test_world_size_and_label(layout: ParallelLayout, world: int, label: str) -> None:
+    assert layout.world_size == world
+    assert layout.label == label
+    assert ParallelLayout.from_dict(layout.to_dict()) == layout
+
+
+@pytest.mark.parametrize(
+    ("layout", "config", "needle"),
+    [
+        (ParallelLayout(tp=3), DENSE, "does not divide num_attention_heads"),
+        (ParallelLayout(tp=4), DENSE, "does not divide num_key_value_heads=2"),
+        (ParallelLayout(pp=4), DENSE, "does not divide num_hidden_layers=2"),
+        (ParallelLayout(ep=2), DENSE, "has no experts"),
+        (ParallelLayout(ep=3), MOE, "does not divide num_experts=8"),
+        (ParallelLayout(etp=3), MOE, "does not divide moe_intermediate_size=16"),
+    ],
+)
+def test_impossible_layouts(layout: ParallelLayout, config: dict, needle: str) -> None:
+    with pytest.raises(BadInput, match=needle):
+        layout.validate_for(config)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_non_positive_sizes(bad: object) -> None:
+    with pytest.raises(BadInput, match="positive integer"):
+        ParallelLayout(tp=bad)  # type: ignore[arg-type]

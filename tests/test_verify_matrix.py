@@ -1,0 +1,33 @@
+"""`convcheck verify` passes for every fixture at every layout on CPU, one torchrun launch per case."""
+
+from pathlib import Path
+
+import pytest
+
+from convcheck.fixtures import FIXTURES
+from tests.conftest import run_cli
+
+DENSE_LAYOUTS = [(), ("--tp", "2"), ("--pp", "2")]
+MOE_LAYOUTS = [("--ep", "2"), ("--tp", "2", "--ep", "2")]
+CASES = [(name, layout) for name in sorted(FIXTURES) for layout in DENSE_LAYOUTS] + [
+    ("qwen3-moe", layout) for layout in MOE_LAYOUTS
+]
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize(("name", "layout"), CASES, ids=[f"{n}-{'-'.join(l) or 'tp1'}" for n, l in CASES])
+def test_verify_passes(name: str, layout: tuple[str, ...], tmp_path: Path) -> None:
+    res = run_cli("verify", "--model", f"tiny:{name}", *layout, "--table", "failures", tmp_path=tmp_path)
+    assert res.code == 0, res.out[-3000:] + res.err[-2000:]
+    report = res.report
+    assert report is not None
+    assert report["verdict"] == "pass"
+    assert report["model"] == f"tiny:{name}"
+    assert set(report["versions"]) >= {"torch", "megatron-core", "megatron-bridge", "transformers"}
+    assert report["versions"]["megatron-core"] == "0.19.2"
+    assert {"coverage", "roundtrip"} <= {o["name"] for o in report["oracles"]}
+    for oracle in report["oracles"]:
+        assert oracle["verdict"] == "pass" and oracle["checked"] > 0 and oracle["findings"] == []
+    roundtrip = next(o for o in report["oracles"] if o["name"] == "roundtrip")
+    assert roundtrip["checked"] == len(roundtrip["tensors"])
+    assert "PASS" in res.out.strip().splitlines()[-1]
