@@ -1,0 +1,99 @@
+"""GQA fused QKV: HF q/k/v_proj <-> Megatron `linear_qkv` (weight `[G * (n + 2) * head_dim, hidden]`, or bias).
+
+Megatron-Core's row order is per query group g: `[q heads g*n .. g*n+n-1, k head g, v head g]` with n = heads
+per group, groups concatenated; TP rank r holds groups `[r*G/tp, (r+1)*G/tp)` (a plain row slice). Megatron-Core
+requires num_query_groups % tp == 0, so fewer KV heads than TP ranks is rejected, not replicated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from convcheck.layout import ParallelLayout
+from convcheck.mappings.base import MappingError, RankCoord, Shards, chunk, need, shard_of
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FusedQKV:
+    """linear_qkv.weight `[G*(n+2)*d, hidden]` or linear_qkv.bias `[G*(n+2)*d]` <-> q `[H*d, ...]`, k/v `[G*d, ...]`."""
+
+    megatron: str
+    q: str
+    k: str
+    v: str
+    num_heads: int
+    """H: query heads."""
+    num_query_groups: int
+    """G: key/value heads."""
+    head_dim: int
+    """d: channels per head."""
+
+    def __post_init__(self) -> None:
+        if min(self.num_heads, self.num_query_groups, self.head_dim) < 1:
+            raise MappingError(f"{self.megatron}: heads, query groups and head_dim must be positive")
+        if self.num_heads % self.num_query_groups:
+            raise MappingError(
+                f"{self.megatron}: num_heads={self.num_heads} is not a multiple of "
+                f"num_query_groups={self.num_query_groups}"
+            )
+
+    @property
+    def hf_names(self) -> tuple[str, ...]:
+        return (self.q, self.k, self.v)
+
+    @property
+    def heads_per_group(self) -> int:
+        return self.num_heads // self.num_query_groups
+
+    def check_layout(self, layout: ParallelLayout) -> None:
+        """MappingError unless TP splits the query groups evenly (Megatron-Core never replicates KV heads)."""
+        if self.num_query_groups % layout.tp:
+            raise MappingError(
+                f"{self.megatron}: num_query_groups={self.num_query_groups} is not divisible by tp={layout.tp}; "
+                "Megatron-Core requires num_query_groups % tp == 0 (KV heads are never replicated across TP ranks)"
+            )
+
+    def canonical(self, coord: RankCoord) -> RankCoord:
+        return RankCoord(tp_rank=coord.tp_rank)
+
+    def coords(self, layout: ParallelLayout) -> list[RankCoord]:
+        return [RankCoord(tp_rank=r) for r in range(layout.tp)]
+
+    def _grouped(self, hf: Mapping[str, Any]) -> Any:
+        """`[G, (n+2)*d, *rest]`: each group's q heads, then its k head, then its v head."""
+        import torch
+
+        q = need(hf, self.q)
+        rest = tuple(q.shape[1:])
+        q = need(hf, self.q, (self.num_heads * self.head_dim, *rest))
+        k = need(hf, self.k, (self.num_query_groups * self.head_dim, *rest))
+        v = need(hf, self.v, (self.num_query_groups * self.head_dim, *rest))
+        g, d = self.num_query_groups, self.head_dim
+        parts = [q.reshape(g, self.heads_per_group * d, *rest), k.reshape(g, d, *rest), v.reshape(g, d, *rest)]
+        return torch.cat(parts, dim=1)
+
+    def to_shard(self, hf: Mapping[str, Any], layout: ParallelLayout, coord: RankCoord) -> Any:
+        """Rank `coord.tp_rank`'s rows `[G/tp * (n+2)*d, *rest]`."""
+        self.check_layout(layout)
+        coord.check_in(layout)
+        grouped = self._grouped(hf)
+        local = chunk(grouped, layout.tp, coord.tp_rank, dim=0)
+        return local.reshape(-1, *grouped.shape[2:]).contiguous()
+
+    def from_shards(self, shards: Shards, layout: ParallelLayout) -> Iterator[tuple[str, Any]]:
+        """Concatenate the TP shards by rank and split each group back into q, k, v."""
+        import torch
+
+        self.check_layout(layout)
+        full = torch.cat([shard_of(shards, c, self.megatron) for c in self.coords(layout)], dim=0)
+        n, d, g = self.heads_per_group, self.head_dim, self.num_query_groups
+        if full.shape[0] != g * (n + 2) * d:
+            raise MappingError(f"{self.megatron}: gathered {full.shape[0]} rows, expected {g * (n + 2) * d}")
+        rest = tuple(full.shape[1:])
+        grouped = full.reshape(g, (n + 2) * d, *rest)
+        q, k, v = grouped.split([n * d, d, d], dim=1)
+        yield self.q, q.reshape(g * n * d, *rest).contiguous()
+        yield self.k, k.reshape(g * d, *rest).contiguous()
+        yield self.v, v.reshape(g * d, *rest).contiguous()
