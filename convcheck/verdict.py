@@ -61,6 +61,8 @@ class OracleVerdict:
     findings: tuple[Finding, ...] = ()
     rows: tuple[TensorRow, ...] = ()
     seconds: float = 0.0
+    metrics: dict[str, Any] = field(default_factory=dict)
+    """Measured numbers (e.g. max abs logits error and its threshold); JSON-serialisable values."""
 
     @property
     def verdict(self) -> str:
@@ -75,6 +77,7 @@ class OracleVerdict:
             "seconds": round(self.seconds, 3),
             "findings": [f.to_dict() for f in self.findings],
             "tensors": [r.to_dict() for r in self.rows],
+            **({"metrics": dict(self.metrics)} if self.metrics else {}),
         }
 
     @classmethod
@@ -86,6 +89,7 @@ class OracleVerdict:
             findings=tuple(Finding.from_dict(f) for f in data.get("findings", [])),
             rows=tuple(TensorRow.from_dict(r) for r in data.get("tensors", [])),
             seconds=float(data.get("seconds", 0.0)),
+            metrics=dict(data.get("metrics", {})),
         )
 
 

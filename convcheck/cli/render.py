@@ -53,7 +53,7 @@ def print_report(report: Report, table: str = "all", console: Any = None, max_fi
     for oracle in report.oracles:
         console.print(
             f"{_styled(oracle.verdict)} {oracle.name}: checked {oracle.checked} {oracle.unit}, "
-            f"{len(oracle.findings)} finding(s), {oracle.seconds:.1f} s",
+            f"{len(oracle.findings)} finding(s), {oracle.seconds:.1f} s{_metrics_text(oracle.metrics)}",
             highlight=False,
         )
     word = "PASS" if report.verdict == PASS else "FAIL"
@@ -63,6 +63,13 @@ def print_report(report: Report, table: str = "all", console: Any = None, max_fi
         f"{sum(o.verdict == PASS for o in report.oracles)}/{len(report.oracles)} oracles pass ({report.seconds:.1f} s)",
         highlight=False,
     )
+
+
+def _metrics_text(metrics: dict[str, Any]) -> str:
+    """`; key=value ...` for an oracle's measured numbers (floats in 3 significant digits)."""
+    if not metrics:
+        return ""
+    return "; " + " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
 
 
 def _styled(verdict: str) -> str:

@@ -46,6 +46,20 @@ ORACLES: dict[str, OracleInfo] = {
                 "import and export cancels out"
             ),
         ),
+        OracleInfo(
+            name="config",
+            module="convcheck.oracles.config",
+            proves=(
+                "every field of the per-architecture table (shapes, heads/groups, rope, norm eps, qk-norm, "
+                "activation, tied embeddings, biases, MoE routing) holds in the built model's TransformerConfig, "
+                "no HF field outside the table differs from its class default, and the bridge's "
+                "megatron_to_hf_config gives back the same values"
+            ),
+            does_not_prove=(
+                "that Megatron computes what the HF code computes for equal settings (see logits); fields that "
+                "equal their class default are not examined"
+            ),
+        ),
     )
 }
 
