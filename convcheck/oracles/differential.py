@@ -1,0 +1,118 @@
+"""Differential oracle: the real export (true collectives) equals the union over ranks of the comm-stub probe.
+
+Each rank runs every task's real megatron_to_hf, then the probe (convcheck.probe) on an index-coded shard: the
+probe says where each of this rank's elements must land. A rank checks its own elements bitwise against its
+real output; rank 0 checks the real outputs agree across ranks (sha256) and the probe slots cover every element.
+Mappings that compute values rather than move them are reported (the probe follows codes, not arithmetic).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from convcheck.engine.context import RankContext
+from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
+
+NAME = "differential"
+
+
+def run(ctx: RankContext) -> OracleVerdict | None:
+    """Collective: every rank probes and exports each task; rank 0 assembles per-task element counts."""
+    from convcheck.probe.collect import collect
+
+    records = collect(ctx, with_real=True)
+    gathered = ctx.gather(records)
+    if not ctx.is_reporter:
+        return None
+    findings, counts = assemble(gathered)
+    return _verdict(findings, counts)
+
+
+def _verdict(findings: list[Finding], counts: dict[str, int]) -> OracleVerdict:
+    from convcheck.verdict import OracleVerdict as _OV
+
+    bad = {f.tensor for f in findings}
+    rows = tuple(
+        TensorRow(tensor=f"{param} [{n} elements]", shape=(), dtype="", verdict="fail" if param in bad or n == 0 else "pass")
+        for param, n in sorted(counts.items())
+    )
+    extra: dict[str, Any] = {}
+    if "metrics" in getattr(_OV, "__dataclass_fields__", {}):
+        extra["metrics"] = {"tasks": len(counts), "elements": sum(counts.values())}
+    return make_verdict(NAME, checked=sum(counts.values()), findings=findings, unit="elements", rows=rows, **extra)
+
+
+def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[str, int]]:
+    """Findings and per-task checked-element counts from every rank's records."""
+    from convcheck.probe.run import bad_ranges, count_writes
+
+    findings: list[Finding] = []
+    counts: dict[str, int] = {}
+    by_hf: dict[str, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
+    for rank, records in enumerate(gathered):
+        for rec in records:
+            counts.setdefault(rec["param"], 0)
+            if "error" in rec:
+                findings.append(Finding(tensor=rec["param"], kind="probe-failed", message=f"rank {rank}: {rec['error']}", detail={"rank": rank}))
+            else:
+                by_hf[rec["hf"]].append((rank, rec))
+    seen: set[tuple[str, str]] = set()
+
+    def add(f: Finding) -> None:
+        if (f.tensor, f.kind) not in seen:
+            seen.add((f.tensor, f.kind))
+            findings.append(f)
+
+    for hf, entries in sorted(by_hf.items()):
+        probes = [(r, e) for r, e in entries if "ranges" in e]
+        reals = [(r, e) for r, e in entries if e.get("real")]
+        digests = {e["real"]["sha256"] for _, e in reals}
+        if len(digests) > 1:
+            add(Finding(tensor=hf, kind="ranks-disagree", message=f"the real export differs between ranks ({len(digests)} distinct byte strings)"))
+        for r, e in probes:
+            if not e.get("real"):
+                add(Finding(tensor=hf, kind="missing-in-real", message=f"rank {r}'s probe writes {e['owned']} elements of {hf} ({e['param']}) but the real export has no such tensor", detail={"rank": r, "first_index": [0] * len(e["shape"])}))
+            elif e["real"]["shape"] != e["shape"]:
+                add(Finding(tensor=hf, kind="shape", message=f"real shape {e['real']['shape']}, probe shape {e['shape']} (rank {r})", detail={"rank": r}))
+            if "mismatch" in e:
+                m = e["mismatch"]
+                add(Finding(
+                    tensor=hf, kind="differs",
+                    message=f"rank {r}: {m['count']} of its elements are not where the probe puts them; first at HF index {m['first']}: real {m['real']}, probe {m['probe']} ({e['param']})",
+                    detail={"rank": r, "first_index": m["first"], "count": m["count"]},
+                ))  # fmt: skip
+        if not probes:
+            if reals:
+                add(Finding(tensor=hf, kind="unprobed", message="in the real export, but no probe slot writes it"))
+            continue
+        shape = reals[0][1]["real"]["shape"] if reals else probes[0][1]["shape"]
+        numel = 1
+        for d in shape:
+            numel *= d
+        writers: dict[tuple[Any, ...], tuple[int, dict[str, Any]]] = {}
+        for r, e in probes:
+            key = (e["task"], tuple(tuple(w) for w in e["writer"]))
+            if key in writers:
+                if [list(x) for x in writers[key][1]["ranges"]] != [list(x) for x in e["ranges"]]:
+                    add(Finding(tensor=hf, kind="replica-layout", message=f"ranks {writers[key][0]} and {r} are replicas but place their elements differently"))
+                continue
+            writers[key] = (r, e)
+            counts[e["param"]] += e["owned"]
+        hits = count_writes(numel, [e["ranges"] for _, e in writers.values()])
+        gaps = hits.eq(0)
+        if bool(gaps.any()):
+            where = bad_ranges(gaps, tuple(shape))
+            first = where[0].split("..")[0]
+            add(Finding(tensor=hf, kind="uncovered", message=f"{int(gaps.sum())} elements no rank's probe writes; first at HF index {first}; ranges {', '.join(where)}", detail={"first_index": first}))
+        over = hits.gt(1)
+        if bool(over.any()) and any("mismatch" in e for _, e in writers.values()):
+            where = bad_ranges(over, tuple(shape))
+            first = where[0].split("..")[0]
+            add(Finding(tensor=hf, kind="conflict", message=f"{int(over.sum())} elements written by several ranks with different bytes; first at HF index {first}; ranges {', '.join(where)}", detail={"first_index": first}))
+    for param, n in counts.items():
+        if n == 0 and not any(f.tensor == param for f in findings):
+            owned_somewhere = any(e["param"] == param for es in by_hf.values() for _, e in es)
+            if not owned_somewhere:
+                add(Finding(tensor=param, kind="nothing-checked", message="the task exported nothing any probe could check"))
+    return findings, counts

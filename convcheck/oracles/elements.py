@@ -1,0 +1,99 @@
+"""Elements oracle: every element of every source HF tensor is written exactly once across ranks.
+
+The probe (convcheck.probe) runs each task's real megatron_to_hf over shards whose values encode (rank, local
+flat index); decoding the output gives each rank's HF coordinates. Replica ranks (same gathers) count once.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from convcheck.engine.context import RankContext
+from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
+
+NAME = "elements"
+
+
+def run(ctx: RankContext) -> OracleVerdict | None:
+    """Collective: every rank probes every task (no communication); rank 0 counts writes per HF element."""
+    from convcheck.probe.collect import collect
+
+    gathered = ctx.gather(collect(ctx, with_real=False))
+    if not ctx.is_reporter:
+        return None
+    source = {name: tuple(entry.shape) for name, entry in ctx.checkpoint.tensors.items()}
+    findings, proven = assemble(gathered, source)
+    bad = {f.tensor for f in findings}
+    rows = tuple(
+        TensorRow(tensor=name, shape=shape, dtype=ctx.checkpoint.tensors[name].torch_dtype, verdict="fail" if name in bad else "pass")
+        for name, shape in sorted(source.items())
+    )
+    return make_verdict(NAME, checked=proven, findings=findings, unit="elements", rows=rows)
+
+
+def _first_outside(shape: list[int], source: tuple[int, ...]) -> list[int]:
+    """The first source index outside a smaller written shape (rows dropped: [rows_written, 0, ...])."""
+    for d, (have, want) in enumerate(zip(shape, source)):
+        if have < want:
+            return [0] * d + [have] + [0] * (len(source) - d - 1)
+    return [0] * len(source)
+
+
+def assemble(gathered: list[list[dict[str, Any]]], source: dict[str, tuple[int, ...]]) -> tuple[list[Finding], int]:
+    """Findings (gaps, overlaps, shape, never written, unexpected) and the count of elements proven written once."""
+    from convcheck.probe.run import bad_ranges, count_writes
+
+    findings: list[Finding] = []
+    by_hf: dict[str, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
+    for rank, records in enumerate(gathered):
+        for rec in records:
+            if "error" in rec:
+                findings.append(Finding(tensor=rec["param"], kind="probe-failed", message=f"rank {rank}: {rec['error']}", detail={"rank": rank}))
+            elif "ranges" in rec:
+                by_hf[rec["hf"]].append((rank, rec))
+    proven = 0
+    for name in sorted(set(source) - set(by_hf)):
+        findings.append(Finding(tensor=name, kind="never-written", message="no rank's probe writes any element of this source tensor", detail={"first_index": [0] * len(source[name])}))
+    for name in sorted(set(by_hf) - set(source)):
+        findings.append(Finding(tensor=name, kind="unexpected", message="the probe writes a tensor the source checkpoint does not have"))
+    for name in sorted(set(by_hf) & set(source)):
+        want = source[name]
+        writers: dict[tuple[Any, ...], tuple[int, dict[str, Any]]] = {}
+        shape_bad = None
+        for r, e in by_hf[name]:
+            if tuple(e["shape"]) != want:
+                shape_bad = (r, e)
+            key = (e["task"], tuple(tuple(w) for w in e["writer"]))
+            if key in writers:
+                if [list(x) for x in writers[key][1]["ranges"]] != [list(x) for x in e["ranges"]]:
+                    findings.append(Finding(tensor=name, kind="replica-layout", message=f"replica ranks {writers[key][0]} and {r} write different elements"))
+                continue
+            writers[key] = (r, e)
+        if shape_bad is not None:
+            r, e = shape_bad
+            first = _first_outside(e["shape"], want)
+            findings.append(Finding(
+                tensor=name, kind="shape",
+                message=f"the export writes shape {e['shape']} but the source is {list(want)}: elements from HF index {first} on are never written (rank {r}, {e['param']})",
+                detail={"first_index": first, "rank": r},
+            ))  # fmt: skip
+            continue
+        numel = 1
+        for d in want:
+            numel *= d
+        hits = count_writes(numel, [e["ranges"] for _, e in writers.values()])
+        ok = True
+        for kind, mask, what in (("gap", hits.eq(0), "never written"), ("overlap", hits.gt(1), "written by more than one rank")):
+            if bool(mask.any()):
+                ok = False
+                where = bad_ranges(mask, want)
+                first = where[0].split("..")[0]
+                findings.append(Finding(
+                    tensor=name, kind=kind,
+                    message=f"{int(mask.sum())} elements {what}; first at HF index {first}; ranges {', '.join(where)}",
+                    detail={"first_index": first, "ranges": where},
+                ))  # fmt: skip
+        if ok:
+            proven += numel
+    return findings, proven

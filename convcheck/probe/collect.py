@@ -1,0 +1,90 @@
+"""Per-rank probe records for every conversion task, optionally checked against the real (communicating) export."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from convcheck.probe.run import probe_task, to_ranges
+
+_CACHE_ATTR = "_convcheck_probe_records"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{exc.__class__.__name__}: {text.splitlines()[0]}" if text else exc.__class__.__name__
+
+
+def tasks_of(ctx: Any) -> list[Any]:
+    """The bridge's conversion tasks for this rank's model, None entries dropped (same order on every rank)."""
+    return [t for t in ctx.bridge.get_conversion_tasks(ctx.model) if t is not None]
+
+
+def collect(ctx: Any, *, with_real: bool) -> list[dict[str, Any]]:
+    """Collective when `with_real`: run each task's real megatron_to_hf, then its probe; one record per HF tensor."""
+    cached = getattr(ctx, _CACHE_ATTR, None)
+    if cached is not None and (cached[0] or not with_real):
+        return cached[1]
+    records: list[dict[str, Any]] = []
+    for index, task in enumerate(tasks_of(ctx)):
+        param = str(getattr(task, "global_param_name", "") or task.param_name)
+        base = {"task": index, "param": param}
+        if getattr(task.mapping, "is_grouped_export", False):
+            records.append({**base, "error": "grouped (fused-expert) export is not probed"})
+            continue
+        real: dict[str, Any] = {}
+        if with_real:
+            try:
+                real = dict(task.mapping.megatron_to_hf(task.param_weight, task.megatron_module) or {})
+            except Exception as exc:  # noqa: BLE001 - a crashing export is a finding
+                records.append({**base, "error": f"real megatron_to_hf raised {_first_line(exc)}"})
+        try:
+            slots = probe_task(task, ctx.rank)
+        except Exception as exc:  # noqa: BLE001 - an unsupported pattern fails loud as a finding
+            records.append({**base, "error": f"probe failed: {_first_line(exc)}"})
+            continue
+        for name in sorted(set(slots) | set(real)):
+            slot = slots.get(name)
+            rec: dict[str, Any] = {**base, "hf": name}
+            if slot is not None:
+                rec.update(shape=list(slot.shape), writer=[list(w) for w in slot.writer], ranges=to_ranges(slot.positions))
+                rec["owned"] = int(slot.positions.numel())
+            if with_real:
+                rec.update(_against_real(real.get(name), slot, task.param_weight))
+            records.append(rec)
+    setattr(ctx, _CACHE_ATTR, (with_real, records))
+    return records
+
+
+def _against_real(tensor: Any, slot: Any, weight: Any) -> dict[str, Any]:
+    """Compare this rank's probe slot with the real output bitwise; digest the real output for cross-rank checks."""
+    from convcheck.bits import _unravel, describe_element, int_view
+
+    if tensor is None:
+        return {"real": None}
+    tensor = tensor.detach().cpu().contiguous()
+    out: dict[str, Any] = {
+        "real": {
+            "shape": list(tensor.shape),
+            "dtype": str(tensor.dtype).removeprefix("torch."),
+            "sha256": hashlib.sha256(int_view(tensor).numpy().tobytes()).hexdigest(),
+        }
+    }
+    if slot is None or slot.positions.numel() == 0:
+        return out
+    if tuple(tensor.shape) != tuple(slot.shape) or tensor.element_size() != weight.element_size():
+        return out  # the assembler reports the shape / dtype difference
+    real_bits = int_view(tensor)[slot.positions]
+    mine_bits = int_view(weight.detach().cpu())[slot.local]
+    diff = real_bits.ne(mine_bits)
+    if bool(diff.any()):
+        bad = slot.positions[diff]
+        first, src = int(bad[0]), int(slot.local[diff][0])
+        out["mismatch"] = {
+            "count": int(diff.sum()),
+            "first": list(_unravel(first, tuple(slot.shape))),
+            "ranges": to_ranges(bad)[:64],
+            "real": describe_element(tensor, first),
+            "probe": describe_element(weight.detach().cpu(), src),
+        }
+    return out

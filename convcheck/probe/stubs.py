@@ -1,0 +1,204 @@
+"""Probe copies of real bridge mappings: groups that know their rank and size but cannot communicate.
+
+A probe copy runs the REAL `megatron_to_hf` of a mapping (and of every nested mapping), with the collective
+helpers of MegatronParamMapping replaced by local synthesis: this rank's shard at its true rank index, pooled
+zero placeholders elsewhere. Any other communication raises ProbeCommError (a finding, never a silent pass).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import re
+import types
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+_GROUP_ATTRS = ("pp_group", "ep_group", "_tp_group", "_etp_group")
+_DIST_CALLS = (
+    "all_gather", "all_gather_object", "all_gather_into_tensor", "broadcast", "broadcast_object_list",
+    "all_reduce", "reduce", "scatter", "gather", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
+    "all_to_all_single", "send", "recv", "isend", "irecv", "barrier", "scatter_object_list", "gather_object",
+)  # fmt: skip
+
+
+class ProbeCommError(RuntimeError):
+    """A mapping communicated in a way the probe does not synthesise."""
+
+
+class ProbeGroup:
+    """Stand-in process group: real `rank()` and `size()`, any other use raises ProbeCommError."""
+
+    def __init__(self, rank: int, size: int, label: str) -> None:
+        self._rank, self._size, self._label = rank, size, label
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+    def __getattr__(self, name: str) -> Any:
+        raise ProbeCommError(f"probe: the mapping used {self._label}.{name} (communication the probe cannot synthesise)")
+
+    def __repr__(self) -> str:
+        return f"ProbeGroup({self._label}, rank={self._rank}, size={self._size})"
+
+
+@dataclass
+class ProbeState:
+    """Shared by the probe copies of one run: placeholder pool and the gathers synthesised for this task."""
+
+    pool: dict[tuple[tuple[int, ...], Any], Any] = field(default_factory=dict)
+    writer: set[tuple[str, int]] = field(default_factory=set)
+    """(group kind, this rank's index in it) for every gather of size > 1 the task went through."""
+
+    def placeholder(self, like: Any) -> Any:
+        """A zero tensor shaped like `like`, shared per (shape, dtype): codes are >= 1, so 0 means 'not mine'."""
+        import torch
+
+        key = (tuple(like.shape), like.dtype)
+        if key not in self.pool:
+            self.pool[key] = torch.zeros(like.shape, dtype=like.dtype)
+        return self.pool[key]
+
+    def check_pool(self) -> None:
+        """Raise when a mapping wrote into a shared placeholder in place (its outputs would then lie)."""
+        for (shape, dtype), tensor in self.pool.items():
+            if bool(tensor.ne(0).any()):
+                raise ProbeCommError(f"probe: a mapping wrote in place into a placeholder {list(shape)} {dtype}")
+
+
+def _gather_from_tp_ranks(self: Any, tensor: Any) -> list[Any]:
+    size = self.tp_size
+    if size == 1:
+        return [tensor]
+    state: ProbeState = self._convcheck_probe
+    rank = self.tp_rank
+    state.writer.add(("etp" if self.is_expert else "tp", rank))
+    out = [state.placeholder(tensor) for _ in range(size)]
+    out[rank] = tensor
+    return out
+
+
+def _gather_from_ep_ranks(self: Any, megatron_weights: Any, megatron_module: Any, hf_param_name: Any) -> dict[str, Any]:
+    """The contract of MegatronParamMapping.gather_from_ep_ranks (global ids L + k * E/S), synthesised locally."""
+    import torch
+    from megatron.bridge.utils.common_utils import extract_expert_number_from_param
+
+    size = self.ep_size
+    if size == 1:
+        return {str(hf_param_name): megatron_weights}
+    if megatron_module is None or megatron_weights is None:
+        raise ProbeCommError("probe: EP gather on a rank without the expert (needs a PP broadcast of the config)")
+    per_rank = self._get_config(megatron_module).num_moe_experts // size
+    local = extract_expert_number_from_param(self.megatron_param) % per_rank
+    names = [re.sub(r"experts\.(\d+)", f"experts.{int(local) + per_rank * i}", str(hf_param_name)) for i in range(size)]
+    if str(hf_param_name) not in names:
+        raise ProbeCommError(f"probe: EP gather name {hf_param_name} is not among the global names {names}")
+    state: ProbeState = self._convcheck_probe
+    rank = self.ep_rank
+    state.writer.add(("ep", rank))
+    gathered = [state.placeholder(megatron_weights) for _ in range(size)]
+    gathered[rank] = megatron_weights
+    out: dict[str, Any] = {}
+    for i, name in enumerate(names):
+        piece = gathered[i].unsqueeze(0)
+        out[name] = torch.cat([out[name], piece], dim=0) if name in out else piece
+    return {name: t.squeeze() for name, t in out.items()}
+
+
+def _broadcast_from_pp_rank(self: Any, tensor: Any, cache_key: Any = None) -> Any:
+    return tensor  # the owning stage keeps its tensor; a non-owner owns nothing of it
+
+
+def _broadcast_obj_from_pp_rank(self: Any, obj: Any, cache_key: Any = None) -> Any:
+    return obj
+
+
+def _refuse(what: str) -> Any:
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise ProbeCommError(f"probe: {what} is not synthesised by the probe (export path used an import collective?)")
+
+    return method
+
+
+_STUBS = {
+    "gather_from_tp_ranks": _gather_from_tp_ranks,
+    "gather_from_ep_ranks": _gather_from_ep_ranks,
+    "broadcast_from_pp_rank": _broadcast_from_pp_rank,
+    "broadcast_obj_from_pp_rank": _broadcast_obj_from_pp_rank,
+    "gather_from_ep_ranks_scale": _refuse("gather_from_ep_ranks_scale"),
+    "broadcast_tensor_to_tp_ranks": _refuse("broadcast_tensor_to_tp_ranks"),
+    "scatter_to_tp_ranks": _refuse("scatter_to_tp_ranks"),
+}
+
+
+def _is_mapping(obj: Any) -> bool:
+    from megatron.bridge.models.conversion.param_mapping import MegatronParamMapping
+
+    if isinstance(obj, (MegatronParamMapping, ProbeGroup)):
+        return not isinstance(obj, ProbeGroup)
+    return hasattr(type(obj), "megatron_to_hf") and "_base_mapping" in getattr(obj, "__dict__", {})
+
+
+def warm(mapping: Any, module: Any) -> None:
+    """Create every lazily built AutoMapping delegate (recursively) from the task's module, as the real run would."""
+    from megatron.bridge.models.conversion.param_mapping import AutoMapping
+
+    if module is None:
+        return
+    if isinstance(mapping, AutoMapping) and mapping._mapping is None:
+        mapping._detected_type = mapping._detect_parallelism_type(module)
+        mapping._mapping = mapping._get_or_create_mapping(mapping._detected_type)
+    for value in list(vars(mapping).values()):
+        if _is_mapping(value):
+            warm(value, module)
+
+
+def probe_copy(mapping: Any, state: ProbeState) -> Any:
+    """A recursive copy of `mapping` whose groups cannot communicate and whose collectives are local."""
+    from megatron.bridge.models.conversion.param_mapping import MegatronParamMapping
+
+    new = copy.copy(mapping)
+    if isinstance(new, MegatronParamMapping):
+        for attr in _GROUP_ATTRS:
+            group = getattr(mapping, attr, None)
+            if group is not None:
+                setattr(new, attr, ProbeGroup(group.rank(), group.size(), attr.lstrip("_")))
+        new._broadcast_obj_cache = {}
+        new._tensor_spec_output_cache = {}
+        new._pg_collection = None
+        new._convcheck_probe = state
+        for name, func in _STUBS.items():
+            setattr(new, name, types.MethodType(func, new))
+    for key, value in list(vars(new).items()):
+        if _is_mapping(value):
+            setattr(new, key, probe_copy(value, state))
+        elif isinstance(value, (list, tuple)) and any(_is_mapping(v) for v in value):
+            setattr(new, key, type(value)(probe_copy(v, state) if _is_mapping(v) else v for v in value))
+        elif isinstance(value, dict) and any(_is_mapping(v) for v in value.values()):
+            setattr(new, key, {k: probe_copy(v, state) if _is_mapping(v) else v for k, v in value.items()})
+    return new
+
+
+@contextlib.contextmanager
+def no_communication() -> Iterator[None]:
+    """While active, every torch.distributed collective raises ProbeCommError (the probe must stay local)."""
+    import torch.distributed as dist
+
+    saved = {name: getattr(dist, name) for name in _DIST_CALLS if hasattr(dist, name)}
+
+    def refuse(name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            raise ProbeCommError(f"probe: the mapping called torch.distributed.{name} directly")
+
+        return call
+
+    try:
+        for name in saved:
+            setattr(dist, name, refuse(name))
+        yield
+    finally:
+        for name, func in saved.items():
+            setattr(dist, name, func)
