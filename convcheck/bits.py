@@ -19,6 +19,22 @@ def int_view(tensor: Any) -> Any:
     return flat.view(getattr(torch, _INT_FOR_SIZE[flat.element_size()]))
 
 
+def bytes_equal(expected: Any, actual: Any) -> bool:
+    """True when both tensors hold the same raw bytes (compared as the widest integer view that fits)."""
+    import torch
+
+    a = expected.detach().contiguous().reshape(-1).view(torch.uint8)
+    b = actual.detach().contiguous().reshape(-1).view(torch.uint8)
+    if a.numel() != b.numel():
+        return False
+    if a.numel() % 8 == 0:
+        try:
+            a, b = a.view(torch.int64), b.view(torch.int64)
+        except RuntimeError:  # storage offset not 8-byte aligned: stay with bytes
+            pass
+    return bool(torch.equal(a, b))  # exact on integer views: no float semantics involved
+
+
 def _unravel(flat_index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
     out = []
     for dim in reversed(shape):
@@ -51,10 +67,10 @@ def compare_bits(name: str, expected: Any, actual: Any) -> Finding | None:
             message=f"shape {list(actual.shape)}, expected {list(expected.shape)}",
             detail={"expected": list(expected.shape), "actual": list(actual.shape)},
         )
+    if bytes_equal(expected, actual):
+        return None
     diff = int_view(expected) != int_view(actual)
     count = int(diff.sum())
-    if count == 0:
-        return None
     first = int(diff.nonzero()[0, 0])
     index = _unravel(first, tuple(expected.shape))
     exp_s, act_s = describe_element(expected, first), describe_element(actual, first)
