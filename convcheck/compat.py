@@ -182,18 +182,20 @@ CPU_FUSION_FIELDS = (
 )
 
 
-def configure_provider_for_cpu(provider: Any) -> None:
-    """Make a bridge provider build a TE-free, CUDA-free model: local spec, CPU init, fusions off."""
+def configure_provider(provider: Any, device: str) -> None:
+    """TE-free spec when Transformer Engine is missing; on CPU also CPU init, fusions off, allgather dispatcher."""
     from megatron.bridge.models.gpt_provider import local_layer_spec
 
-    provider.transformer_layer_spec = local_layer_spec
-    provider.transformer_impl = "local"
-    provider.use_cpu_initialization = True
-    for name in CPU_FUSION_FIELDS:
-        if hasattr(provider, name):
-            setattr(provider, name, False)
-    if getattr(provider, "num_moe_experts", None):
-        provider.moe_token_dispatcher_type = "allgather"
+    if not transformer_engine_available():
+        provider.transformer_layer_spec = local_layer_spec
+        provider.transformer_impl = "local"
+        for name in CPU_FUSION_FIELDS:
+            if hasattr(provider, name):
+                setattr(provider, name, False)
+    if device == "cpu":
+        provider.use_cpu_initialization = True
+        if getattr(provider, "num_moe_experts", None):
+            provider.moe_token_dispatcher_type = "allgather"
 
 
 def install(device: str = "cpu") -> None:
@@ -202,3 +204,97 @@ def install(device: str = "cpu") -> None:
     if device == "cpu":
         install_cpu_replicated_mapping()
         install_cpu_tied_embedding_setup()
+        install_cpu_forward_shims()
+
+
+# === Forward-pass shims (logits oracle) ============================================================
+# An HF-vs-Megatron forward on CPU hits three more CUDA assumptions in megatron-core 0.19.2. Each shim below
+# is active only while CUDA is unavailable and runs the upstream code (or its exact formula) on the CPU.
+
+
+# --- Shim 4 -----------------------------------------------------------------------------------------
+# megatron-core 0.19.2, megatron/core/models/common/embeddings/rotary_pos_embedding.py:162:
+# RotaryEmbedding.get_emb moves `inv_freq` to torch.cuda.current_device() when it is on the CPU. Without CUDA
+# we run the same method with torch.cuda.current_device answering "cpu", so the move is a no-op and the
+# frequencies are computed from the same fp32 inv_freq.
+def install_cpu_rotary_emb() -> None:
+    """Install shim 4 (idempotent); only active while CUDA is unavailable."""
+    import torch
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    if getattr(RotaryEmbedding.get_emb, "_convcheck_cpu_shim", False):
+        return
+    original = RotaryEmbedding.get_emb
+
+    def get_emb(self, max_seq_len, offset=0):  # type: ignore[no-untyped-def]
+        if torch.cuda.is_available():
+            return original(self, max_seq_len, offset)
+        saved = torch.cuda.current_device
+        torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+        try:
+            return original(self, max_seq_len, offset)
+        finally:
+            torch.cuda.current_device = saved  # type: ignore[assignment]
+
+    get_emb._convcheck_cpu_shim = True  # type: ignore[attr-defined]
+    get_emb._convcheck_original = original  # type: ignore[attr-defined]
+    RotaryEmbedding.get_emb = get_emb
+
+
+# --- Shim 5 -----------------------------------------------------------------------------------------
+# megatron-core 0.19.2, megatron/core/transformer/utils.py:39: get_default_causal_mask builds its mask with
+# device="cuda"; the unfused softmax (fusions/fused_softmax.py:327, imported there by name) calls it when
+# attention_mask is None. Without CUDA the same formula runs on the CPU: triu(ones(sq, sq), diagonal=1).bool().
+def install_cpu_causal_mask() -> None:
+    """Install shim 5 (idempotent) in both modules that bind the name; only active while CUDA is unavailable."""
+    import torch
+    from megatron.core.fusions import fused_softmax
+    from megatron.core.transformer import utils
+
+    if getattr(utils.get_default_causal_mask, "_convcheck_cpu_shim", False):
+        return
+    original = utils.get_default_causal_mask
+
+    def get_default_causal_mask(sq: int) -> torch.Tensor:
+        if torch.cuda.is_available():
+            return original(sq)
+        return torch.triu(torch.ones(sq, sq, device="cpu"), diagonal=1).bool()
+
+    get_default_causal_mask._convcheck_cpu_shim = True  # type: ignore[attr-defined]
+    get_default_causal_mask._convcheck_original = original  # type: ignore[attr-defined]
+    utils.get_default_causal_mask = get_default_causal_mask
+    if fused_softmax.get_default_causal_mask is original:
+        fused_softmax.get_default_causal_mask = get_default_causal_mask
+
+
+# --- Shim 6 -----------------------------------------------------------------------------------------
+# megatron-core 0.19.2, megatron/core/transformer/dot_product_attention.py:217: attention dropout runs inside
+# tensor_parallel.get_cuda_rng_tracker().fork(), which reads and writes the CUDA RNG state (and raises
+# "cuda rng state model-parallel-rng is not added" when no CUDA seed was set). A CPU tensor's dropout draws
+# from the CPU generator, never from CUDA state, so without CUDA the fork is a no-op context.
+def install_cpu_rng_fork() -> None:
+    """Install shim 6 (idempotent); only active while CUDA is unavailable."""
+    import contextlib
+
+    import torch
+    from megatron.core.tensor_parallel.random import CudaRNGStatesTracker
+
+    if getattr(CudaRNGStatesTracker.fork, "_convcheck_cpu_shim", False):
+        return
+    original = CudaRNGStatesTracker.fork
+
+    def fork(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if torch.cuda.is_available():
+            return original(self, *args, **kwargs)
+        return contextlib.nullcontext()
+
+    fork._convcheck_cpu_shim = True  # type: ignore[attr-defined]
+    fork._convcheck_original = original  # type: ignore[attr-defined]
+    CudaRNGStatesTracker.fork = fork
+
+
+def install_cpu_forward_shims() -> None:
+    """Install shims 4-6 (idempotent)."""
+    install_cpu_rotary_emb()
+    install_cpu_causal_mask()
+    install_cpu_rng_fork()

@@ -68,7 +68,7 @@ def test_shim3_still_needed_tied_embedding_setup_calls_cuda() -> None:
 
 
 def test_cpu_settings_still_needed() -> None:
-    """The provider settings in configure_provider_for_cpu answer upstream lines that still exist."""
+    """The provider settings in configure_provider answer upstream lines that still exist."""
     compat.install_import_shims()
     from megatron.bridge.models import gpt_provider
     from megatron.bridge.models.qwen import qwen3_moe_bridge

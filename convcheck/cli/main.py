@@ -37,6 +37,15 @@ def check_hook_spec(spec: str) -> None:
         raise ConvcheckError(f"hook file not found: {target}")
 
 
+def check_gpus(needed: int) -> None:
+    """Reject --device cuda when fewer GPUs are visible than the layout has ranks."""
+    import torch
+
+    found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if found < needed:
+        raise ConvcheckError(f"--device cuda needs {needed} GPU(s) for this layout, found {found}")
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="convcheck")
 def cli() -> None:
@@ -91,6 +100,8 @@ def verify(
         layout.validate_for(checkpoint.config)
         for hook in hooks:
             check_hook_spec(hook)
+        if device == "cuda":
+            check_gpus(layout.world_size)
         for target in (json_path, junit_path):
             if target and not Path(target).resolve().parent.is_dir():
                 raise ConvcheckError(f"output folder does not exist: {Path(target).parent}")
@@ -103,6 +114,12 @@ def verify(
             hooks=hooks,
             timeout_s=timeout,
         )
+        if "layout" in oracles:  # the layout oracle compares with a TP1 export made by a separate 1-rank job
+            import os
+
+            from convcheck.oracles.layout_invariance import ENV_MANIFEST, reference_manifest
+
+            os.environ[ENV_MANIFEST] = str(reference_manifest(job, log_dir))
         result = run_ranks(job, log_dir=log_dir)
     except ConvcheckError as exc:
         _fail_line(exc)

@@ -35,14 +35,14 @@ class RankContext:
         """Rank 0 assembles findings and writes the result."""
         return self.rank == 0
 
-    def export(self) -> Iterator[tuple[str, Any]]:
+    def export(self, cpu: bool = True) -> Iterator[tuple[str, Any]]:
         """Stream the bridge's HF export (one tensor at a time, CPU); every rank must drain it.
 
         If the bridge raises, the stream ends and `export_error` says why (oracles report it as a finding).
         """
         self.export_error = None
         try:
-            yield from self.bridge.export_hf_weights(self.model, cpu=True, show_progress=False)
+            yield from self.bridge.export_hf_weights(self.model, cpu=cpu, show_progress=False)
         except Exception as exc:  # noqa: BLE001 - a crashing export is a finding, not a crash of convcheck
             self.export_error = one_line(exc)
 

@@ -32,7 +32,9 @@ def rank_env(device: str) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     if device == "cuda":
-        env.setdefault("NCCL_NVLS_ENABLE", "0")
+        env["NCCL_NVLS_ENABLE"] = "0"
+        env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
+        env["NVSHMEM_DISABLE_NVLS"] = "1"
     return env
 
 

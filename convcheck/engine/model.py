@@ -8,7 +8,7 @@ from convcheck.layout import ParallelLayout
 
 
 def make_provider(bridge: Any, layout: ParallelLayout, device: str) -> Any:
-    """The bridge's provider for this checkpoint, set to `layout` (and to a TE-free CPU build on CPU)."""
+    """The bridge's provider for this checkpoint, set to `layout` (TE-free where TE is missing, CPU-safe on CPU)."""
     from convcheck import compat
 
     provider = bridge.to_megatron_provider(load_weights=False)
@@ -17,8 +17,7 @@ def make_provider(bridge: Any, layout: ParallelLayout, device: str) -> Any:
     provider.expert_model_parallel_size = layout.ep
     provider.expert_tensor_parallel_size = layout.etp
     provider.sequence_parallel = False
-    if device == "cpu":
-        compat.configure_provider_for_cpu(provider)
+    compat.configure_provider(provider, device)
     provider.finalize()
     return provider
 

@@ -17,14 +17,15 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     findings: list[Finding] = []
     rows: dict[str, TensorRow] = {}
     checked = 0
-    for name, tensor in ctx.export():
+    on_device = ctx.device == "cuda"  # compare in device memory: the source tensor travels, the export stays
+    for name, tensor in ctx.export(cpu=not on_device):
         if reader is None:
             continue
         if name not in source:
             findings.append(Finding(tensor=name, kind="unexpected", message="exported tensor is not in the source"))
             rows[name] = TensorRow(tensor=name, shape=tuple(tensor.shape), dtype=_dt(tensor), verdict="fail")
             continue
-        finding = compare_bits(name, reader.get(name), tensor)
+        finding = compare_bits(name, reader.get(name).to(tensor.device), tensor)
         if finding is not None and finding.kind in ("bytes-differ", "shape"):
             finding = _with_diagnosis(finding, reader, name, tensor)
         checked += 1
