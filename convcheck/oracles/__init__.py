@@ -60,6 +60,50 @@ ORACLES: dict[str, OracleInfo] = {
                 "equal their class default are not examined"
             ),
         ),
+        OracleInfo(
+            name="differential",
+            module="convcheck.oracles.differential",
+            proves=(
+                "per conversion task, the real megatron_to_hf (true collectives) equals, bitwise, the union over "
+                "ranks of a comm-stub probe run of the same mapping: every element covered, ranks agree, no probe "
+                "slot missing from the real output"
+            ),
+            does_not_prove=(
+                "that the mapping's local math is right (a bug outside the collectives is in both sides; see "
+                "roundtrip); mappings that compute values instead of moving them are reported, not proven"
+            ),
+        ),
+        OracleInfo(
+            name="elements",
+            module="convcheck.oracles.elements",
+            proves=(
+                "with index-coded shards, every element of every source HF tensor is written exactly once across "
+                "ranks (replicas count once); gaps and overlaps are named as HF index ranges"
+            ),
+            does_not_prove="that the element written at an index holds the right value (see roundtrip, differential)",
+        ),
+        OracleInfo(
+            name="layout",
+            module="convcheck.oracles.layout_invariance",
+            proves=(
+                "the export at the requested layout is byte-identical, tensor by tensor, to a TP1 export of the "
+                "same checkpoint (digest manifest from a separate 1-rank job) and to the source"
+            ),
+            does_not_prove="that a bug present identically at every layout (including TP1) is absent (see roundtrip)",
+        ),
+        OracleInfo(
+            name="mapping",
+            module="convcheck.oracles.mapping",
+            proves=(
+                "every parameter convcheck's explicit mappings cover holds, on every rank, exactly the shard those "
+                "mappings derive from the HF checkpoint, and the bridge's export equals the HF tensors the mappings "
+                "rebuild from the loaded shards (bitwise); catches bugs made identically in import and export"
+            ),
+            does_not_prove=(
+                "anything about parameters the explicit registry does not cover (listed as uncovered), nor that "
+                "the explicit mappings themselves match Megatron's forward beyond their own tests"
+            ),
+        ),
     )
 }
 
