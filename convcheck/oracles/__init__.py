@@ -104,7 +104,6 @@ ORACLES: dict[str, OracleInfo] = {
                 "the explicit mappings themselves match Megatron's forward beyond their own tests"
             ),
         ),
-        ),
     )
 }
 
