@@ -82,7 +82,7 @@ def _describe_dim(segs: list[Segment], expected_name: str, n_expected: int, dim:
             perm = [s0 // size + k for a0, a1, _, s0 in segs for k in range((a1 - a0) // size)]
             if sorted(perm) == list(range(len(perm))) and len(perm) <= 64:
                 moved = [i for i, p in enumerate(perm) if p != i]
-                if len(moved) == 2:
+                if len(moved) == 2 and len(perm) > 2:
                     i, j = moved
                     return Diagnosis(
                         kind="block-swap",
@@ -93,7 +93,7 @@ def _describe_dim(segs: list[Segment], expected_name: str, n_expected: int, dim:
                 return Diagnosis(
                     kind="block-reorder",
                     text=f"{len(perm)} blocks of {size} {unit} reordered along dim {dim}: source block order "
-                    f"{perm} (a TP-shard concatenation order bug when {len(perm)} is the TP size)",
+                    f"{perm} (TP-size blocks out of order when {len(perm)} is the TP size: a shard concatenation order bug)",
                 )
         pieces = ", ".join(f"{a0}:{a1}<-{s0}:{s0 + a1 - a0}" for a0, a1, _, s0 in segs[:8])
         return Diagnosis(kind="permuted", text=f"{unit} along dim {dim} permuted (actual<-source): {pieces}")

@@ -37,7 +37,7 @@ def test_square_transpose() -> None:
 def test_tp_block_reorder_dim0() -> None:
     x = _t((16, 4), Q)
     d = diagnose(Q, x, torch.cat([x[8:], x[:8]]))
-    assert d is not None and d.kind == "block-swap" and "0:8" in d.text
+    assert d is not None and d.kind == "block-reorder" and "[1, 0]" in d.text and "TP" in d.text
     d4 = diagnose(Q, x, torch.cat([x[4:8], x[8:12], x[:4], x[12:]]))
     assert d4 is not None and d4.kind == "block-reorder" and "[1, 2, 0, 3]" in d4.text
 
@@ -45,7 +45,7 @@ def test_tp_block_reorder_dim0() -> None:
 def test_block_reorder_dim1() -> None:
     x = _t((4, 16), "o_proj")
     d = diagnose("o_proj", x, torch.cat([x[:, 8:], x[:, :8]], dim=1))
-    assert d is not None and d.kind == "block-swap" and "columns" in d.text
+    assert d is not None and d.kind == "block-reorder" and "columns" in d.text
 
 
 def test_head_swap() -> None:
@@ -89,7 +89,7 @@ def test_rows_dropped_and_padded() -> None:
 def test_one_dim() -> None:
     x = _t((32,), "norm")
     d = diagnose("norm", x, torch.cat([x[16:], x[:16]]))
-    assert d is not None and d.kind == "block-swap"
+    assert d is not None and d.kind == "block-reorder"
 
 
 def test_unexplained_returns_none() -> None:

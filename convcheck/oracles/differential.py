@@ -43,6 +43,14 @@ def _verdict(findings: list[Finding], counts: dict[str, int]) -> OracleVerdict:
     return make_verdict(NAME, checked=sum(counts.values()), findings=findings, unit="elements", rows=rows, **extra)
 
 
+def _first_outside(have: list[int], want: list[int]) -> list[int]:
+    """The first index of shape `want` outside shape `have` (zeros when none is)."""
+    for d, (h, w) in enumerate(zip(have, want)):
+        if h < w:
+            return [0] * d + [h] + [0] * (len(want) - d - 1)
+    return [0] * len(want)
+
+
 def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[str, int]]:
     """Findings and per-task checked-element counts from every rank's records."""
     from convcheck.probe.run import bad_ranges, count_writes
@@ -74,7 +82,8 @@ def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[
             if not e.get("real"):
                 add(Finding(tensor=hf, kind="missing-in-real", message=f"rank {r}'s probe writes {e['owned']} elements of {hf} ({e['param']}) but the real export has no such tensor", detail={"rank": r, "first_index": [0] * len(e["shape"])}))
             elif e["real"]["shape"] != e["shape"]:
-                add(Finding(tensor=hf, kind="shape", message=f"real shape {e['real']['shape']}, probe shape {e['shape']} (rank {r})", detail={"rank": r}))
+                first = _first_outside(e["real"]["shape"], e["shape"])
+                add(Finding(tensor=hf, kind="shape", message=f"real shape {e['real']['shape']}, probe shape {e['shape']} (rank {r}); first HF index the real export lacks: {first}", detail={"rank": r, "first_index": first}))
             if "mismatch" in e:
                 m = e["mismatch"]
                 add(Finding(

@@ -1,0 +1,118 @@
+"""Planted bugs for the differential, elements, layout and roundtrip-diagnosis tests.
+
+`convcheck verify --hook tests/plants_differential.py:NAME` runs NAME in every rank before the model is built;
+each patches a real Megatron-Bridge class the way a real conversion bug would look.
+"""
+
+from __future__ import annotations
+
+import re
+
+
+def _wrap(cls, method, make):  # type: ignore[no-untyped-def]
+    setattr(cls, method, make(getattr(cls, method)))
+
+
+def tp_concat_reversed() -> None:
+    """The TP gather hands back the shards in reverse rank order, for the word embeddings only."""
+    from megatron.bridge.models.conversion.param_mapping import MegatronParamMapping
+
+    def make(original):  # type: ignore[no-untyped-def]
+        def gather_from_tp_ranks(self, tensor):  # type: ignore[no-untyped-def]
+            out = original(self, tensor)
+            return out[::-1] if "embedding.word_embeddings" in self.megatron_param else out
+
+        return gather_from_tp_ranks
+
+    _wrap(MegatronParamMapping, "gather_from_tp_ranks", make)
+
+
+def ep_local_ids() -> None:
+    """The EP gather names every gathered expert with its local id (last rank wins), in layer 1."""
+    from megatron.bridge.models.conversion.param_mapping import MegatronParamMapping
+
+    def make(original):  # type: ignore[no-untyped-def]
+        def gather_from_ep_ranks(self, weights, module, hf_param_name):  # type: ignore[no-untyped-def]
+            out = original(self, weights, module, hf_param_name)
+            if ".layers.1." not in str(hf_param_name) or self.ep_size == 1:
+                return out
+            per_rank = self._get_config(module).num_moe_experts // self.ep_size
+            return {re.sub(r"experts\.(\d+)", lambda m: f"experts.{int(m.group(1)) % per_rank}", n): t for n, t in out.items()}
+
+        return gather_from_ep_ranks
+
+    _wrap(MegatronParamMapping, "gather_from_ep_ranks", make)
+
+
+def gqa_qk_swap_group1() -> None:
+    """QKV export swaps the first q head of query group 1 with group 1's k head, in layer 0."""
+    from megatron.bridge.models.conversion.param_mapping import QKVMapping
+
+    def make(original):  # type: ignore[no-untyped-def]
+        def megatron_to_hf(self, weights, module):  # type: ignore[no-untyped-def]
+            out = original(self, weights, module)
+            q_name = next((n for n in out if n.endswith("q_proj.weight") and ".layers.0." in n), None)
+            if q_name:
+                k_name = q_name.replace("q_proj", "k_proj")
+                q, k = out[q_name].clone(), out[k_name].clone()
+                head = k.shape[0] // 2  # 2 KV heads: one group's k rows
+                heads_per_group = q.shape[0] // k.shape[0]
+                q0 = head * heads_per_group  # first q head of group 1
+                q[q0 : q0 + head], k[head:] = out[k_name][head:], out[q_name][q0 : q0 + head]
+                out = {**out, q_name: q, k_name: k}
+            return out
+
+        return megatron_to_hf
+
+    _wrap(QKVMapping, "megatron_to_hf", make)
+
+
+def gate_up_swapped_under_tp() -> None:
+    """Under TP the gate/up split takes rank 1's halves from the wrong side (layer 0 dense MLP)."""
+    from megatron.bridge.models.conversion.param_mapping import GatedMLPMapping
+
+    def make(original):  # type: ignore[no-untyped-def]
+        def megatron_to_hf(self, weights, module):  # type: ignore[no-untyped-def]
+            out = original(self, weights, module)
+            if self.tp_size == 1 or self.is_expert or ".layers.0." not in self.megatron_param:
+                return out
+            gate_name, up_name = self.hf_param["gate"], self.hf_param["up"]
+            if gate_name not in out:
+                return out
+            gate, up = out[gate_name], out[up_name]
+            half = gate.shape[0] // self.tp_size
+            g = gate.clone()
+            u = up.clone()
+            g[half:], u[half:] = up[half:], gate[half:]
+            return {**out, gate_name: g, up_name: u}
+
+        return megatron_to_hf
+
+    _wrap(GatedMLPMapping, "megatron_to_hf", make)
+
+
+def etp_not_gathered() -> None:
+    """The expert-tensor-parallel gather is skipped: each rank exports only its own expert shard."""
+    from megatron.bridge.models.conversion.param_mapping import MegatronParamMapping
+
+    def make(original):  # type: ignore[no-untyped-def]
+        def gather_from_tp_ranks(self, tensor):  # type: ignore[no-untyped-def]
+            return [tensor] if self.is_expert else original(self, tensor)
+
+        return gather_from_tp_ranks
+
+    _wrap(MegatronParamMapping, "gather_from_tp_ranks", make)
+
+
+def drop_vocab_rows() -> None:
+    """The lm_head export silently drops its last 8 rows (vocab padding removed with the wrong size)."""
+    from megatron.bridge.models.conversion.param_mapping import ColumnParallelMapping
+
+    def make(original):  # type: ignore[no-untyped-def]
+        def megatron_to_hf(self, weights, module):  # type: ignore[no-untyped-def]
+            out = original(self, weights, module)
+            return {n: (t[:-8] if n == "lm_head.weight" else t) for n, t in out.items()}
+
+        return megatron_to_hf
+
+    _wrap(ColumnParallelMapping, "megatron_to_hf", make)

@@ -1,0 +1,85 @@
+"""Differential oracle: real export vs the comm-stub probe, and planted bugs it (or roundtrip's diagnosis) names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CliResult, run_cli
+
+PLANTS = "tests/plants_differential.py"
+ORACLES = "differential,elements,roundtrip"
+
+
+def _find(result: CliResult, oracle: str, tensor: str) -> dict:
+    hits = [f for f in result.findings(oracle) if f["tensor"] == tensor]
+    assert hits, f"no {oracle} finding for {tensor}: {[f['tensor'] for f in result.findings(oracle)]}"
+    return hits[0]
+
+
+@pytest.fixture(scope="module")
+def qwen3_tp2_plants(tmp_path_factory: pytest.TempPathFactory) -> CliResult:
+    """One TP2 launch with four planted bugs on distinct tensors."""
+    hooks = ["tp_concat_reversed", "gqa_qk_swap_group1", "gate_up_swapped_under_tp", "drop_vocab_rows"]
+    args = [a for h in hooks for a in ("--hook", f"{PLANTS}:{h}")]
+    return run_cli("verify", "--model", "tiny:qwen3", "--tp", "2", "--oracle", ORACLES, *args, tmp_path=tmp_path_factory.mktemp("p"))
+
+
+def test_tp_concat_order(qwen3_tp2_plants: CliResult) -> None:
+    r = qwen3_tp2_plants
+    assert r.code == 1
+    d = _find(r, "differential", "model.embed_tokens.weight")
+    assert d["kind"] == "differs" and d["detail"]["first_index"] == [0, 0]
+    rt = _find(r, "roundtrip", "model.embed_tokens.weight")
+    assert rt["detail"]["first_index"] == [0, 0] and rt["detail"]["diagnosis_kind"] == "block-reorder"
+
+
+def test_gqa_group_swap(qwen3_tp2_plants: CliResult) -> None:
+    q = _find(qwen3_tp2_plants, "roundtrip", "model.layers.0.self_attn.q_proj.weight")
+    assert q["detail"]["first_index"] == [16, 0]
+    assert "q/k swap" in q["detail"]["diagnosis"] and "k_proj" in q["detail"]["diagnosis"]
+
+
+def test_gate_up_swap(qwen3_tp2_plants: CliResult) -> None:
+    g = _find(qwen3_tp2_plants, "roundtrip", "model.layers.0.mlp.gate_proj.weight")
+    assert g["detail"]["first_index"] == [32, 0] and "gate/up" in g["detail"]["diagnosis"]
+
+
+def test_dropped_rows(qwen3_tp2_plants: CliResult) -> None:
+    rt = _find(qwen3_tp2_plants, "roundtrip", "lm_head.weight")
+    assert rt["kind"] == "shape" and rt["detail"]["diagnosis_kind"] == "dropped"
+    el = _find(qwen3_tp2_plants, "elements", "lm_head.weight")
+    assert el["kind"] == "shape" and el["detail"]["first_index"] == [144, 0]
+
+
+def test_other_tensors_pass(qwen3_tp2_plants: CliResult) -> None:
+    planted = {"model.embed_tokens.weight", "lm_head.weight"}
+    bad = {f["tensor"] for f in qwen3_tp2_plants.findings()}
+    assert not {t for t in bad if ".layers.1." in t}, bad
+    assert planted <= bad
+
+
+def test_ep_local_expert_ids(tmp_path: Path) -> None:
+    r = run_cli("verify", "--model", "tiny:qwen3-moe", "--ep", "2", "--oracle", ORACLES, "--hook", f"{PLANTS}:ep_local_ids", tmp_path=tmp_path)
+    assert r.code == 1
+    d = _find(r, "differential", "model.layers.1.mlp.experts.0.up_proj.weight")
+    assert d["kind"] == "differs" and d["detail"]["first_index"] == [0, 0]
+    miss = _find(r, "differential", "model.layers.1.mlp.experts.4.up_proj.weight")
+    assert miss["kind"] == "missing-in-real"
+    rt = _find(r, "roundtrip", "model.layers.1.mlp.experts.0.up_proj.weight")
+    assert rt["detail"]["diagnosis_kind"] == "renumbered" and "experts.4." in rt["detail"]["diagnosis"]
+    assert not [f for f in r.findings("differential") if ".layers.0." in f["tensor"]]
+
+
+def test_etp_expert_not_gathered(tmp_path: Path) -> None:
+    r = run_cli("verify", "--model", "tiny:qwen3-moe", "--tp", "2", "--etp", "2", "--oracle", ORACLES, "--hook", f"{PLANTS}:etp_not_gathered", tmp_path=tmp_path)
+    assert r.code == 1
+    name = "model.layers.0.mlp.experts.0.down_proj.weight"
+    kinds = {f["kind"] for f in r.findings("differential") if f["tensor"] == name}
+    assert {"shape", "ranks-disagree"} <= kinds, kinds
+    shape = next(f for f in r.findings("differential") if f["tensor"] == name and f["kind"] == "shape")
+    assert shape["detail"]["first_index"] == [0, 8]
+    rt = _find(r, "roundtrip", name)
+    assert rt["kind"] == "shape" and rt["detail"]["diagnosis_kind"] == "dropped"
+    assert "columns" in rt["detail"]["diagnosis"]
