@@ -385,3 +385,15 @@ def test_plant_wrong_etp_half_caught_by_roundtrip() -> None:
     found = roundtrip_findings(fc1, experts_hf(), ParallelLayout(etp=2))
     assert [f.tensor for f in found][:1] == ["model.layers.0.mlp.experts.0.gate_proj.weight"]
     assert all(f.tensor.endswith("gate_proj.weight") for f in found)
+
+
+def test_registry_maps_te_grouped_expert_names_with_global_ids() -> None:
+    meg, hf = qwen3_moe_names()
+    te = [n.replace(f"local_experts.{e}.linear_fc{i}.weight", f"linear_fc{i}.weight{e}")
+          for n in meg for e in range(E) for i in (1, 2) if f"local_experts.{e}.linear_fc{i}." in n]
+    meg = [n for n in meg if "local_experts" not in n] + te
+    reg = build_registry("Qwen3MoeForCausalLM", GEOM, meg, hf)
+    m = reg.get("decoder.layers.1.mlp.experts.linear_fc1.weight6")
+    assert isinstance(m, Gated) and m.expert == 6 and m.hf_names == (
+        "model.layers.1.mlp.experts.6.gate_proj.weight", "model.layers.1.mlp.experts.6.up_proj.weight")
+    assert roundtrip_findings(m, experts_hf(layer=1), ParallelLayout(ep=2, etp=2)) == []
