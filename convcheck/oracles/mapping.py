@@ -76,7 +76,11 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     coord = rank_coord()
     local = [(ctx.global_name(n, vp), t) for vp, n, t in named_tensors(ctx.model)]
     all_names = {n for names in ctx.gather(sorted(n for n, _ in local)) for n in names}
-    registry = registry_for(ctx, all_names)
+    try:
+        registry = registry_for(ctx, all_names)
+    except MappingError as exc:  # same on every rank (same config), so no rank is left in a collective
+        finding = Finding(tensor="<registry>", kind="no-mappings", message=str(exc))
+        return make_verdict(NAME, checked=0, findings=[finding]) if ctx.is_reporter else None
     covered = [(n, t) for n, t in local if registry.get(n) is not None]
     findings = _import_findings(ctx, registry, coord, covered)
     shards = {n: (registry.get(n).canonical(coord), t.detach().cpu()) for n, t in covered}  # type: ignore[union-attr]
