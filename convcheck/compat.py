@@ -208,37 +208,59 @@ def install(device: str = "cpu") -> None:
 
 
 # === Forward-pass shims (logits oracle) ============================================================
-# An HF-vs-Megatron forward on CPU hits three more CUDA assumptions in megatron-core 0.19.2. Each shim below
+# An HF-vs-Megatron forward on CPU hits more CUDA assumptions in megatron-core 0.19.2. Each shim below
 # is active only while CUDA is unavailable and runs the upstream code (or its exact formula) on the CPU.
 
 
 # --- Shim 4 -----------------------------------------------------------------------------------------
-# megatron-core 0.19.2, megatron/core/models/common/embeddings/rotary_pos_embedding.py:162:
-# RotaryEmbedding.get_emb moves `inv_freq` to torch.cuda.current_device() when it is on the CPU. Without CUDA
-# we run the same method with torch.cuda.current_device answering "cpu", so the move is a no-op and the
-# frequencies are computed from the same fp32 inv_freq.
-def install_cpu_rotary_emb() -> None:
-    """Install shim 4 (idempotent); only active while CUDA is unavailable."""
+# megatron-core 0.19.2 moves or allocates forward-pass tensors on torch.cuda.current_device() at the sites in
+# CPU_DEVICE_SITES (module, attribute, upstream file:line): the RoPE frequencies, the attention matmul buffer,
+# the router weight and the TP/EP gather/scatter outputs. Without CUDA each listed function runs unchanged
+# with torch.cuda.current_device answering "cpu", so the moves are no-ops and allocations land on the CPU.
+CPU_DEVICE_SITES = (
+    ("megatron.core.models.common.embeddings.rotary_pos_embedding", "RotaryEmbedding.get_emb", "rotary_pos_embedding.py:162"),
+    ("megatron.core.utils", "GlobalMemoryBuffer.get_tensor", "utils.py:715"),
+    ("megatron.core.transformer.moe.router", "Router.gating", "transformer/moe/router.py:98"),
+    ("megatron.core.tensor_parallel.mappings", "_gather_along_last_dim", "tensor_parallel/mappings.py:95"),
+    ("megatron.core.tensor_parallel.mappings", "_gather_along_first_dim", "tensor_parallel/mappings.py:145"),
+    ("megatron.core.tensor_parallel.mappings", "_reduce_scatter_along_first_dim", "tensor_parallel/mappings.py:185"),
+)
+
+
+def _on_cpu_device(original: Any) -> Any:
+    """`original` run with torch.cuda.current_device() == "cpu" while CUDA is unavailable (else unchanged)."""
+    import functools
+
     import torch
-    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 
-    if getattr(RotaryEmbedding.get_emb, "_convcheck_cpu_shim", False):
-        return
-    original = RotaryEmbedding.get_emb
-
-    def get_emb(self, max_seq_len, offset=0):  # type: ignore[no-untyped-def]
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
         if torch.cuda.is_available():
-            return original(self, max_seq_len, offset)
+            return original(*args, **kwargs)
         saved = torch.cuda.current_device
         torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
         try:
-            return original(self, max_seq_len, offset)
+            return original(*args, **kwargs)
         finally:
             torch.cuda.current_device = saved  # type: ignore[assignment]
 
-    get_emb._convcheck_cpu_shim = True  # type: ignore[attr-defined]
-    get_emb._convcheck_original = original  # type: ignore[attr-defined]
-    RotaryEmbedding.get_emb = get_emb
+    wrapper._convcheck_cpu_shim = True  # type: ignore[attr-defined]
+    wrapper._convcheck_original = original  # type: ignore[attr-defined]
+    return wrapper
+
+
+def install_cpu_device_sites() -> None:
+    """Install shim 4 at every site of CPU_DEVICE_SITES (idempotent)."""
+    import importlib
+
+    for module_name, attribute, _ in CPU_DEVICE_SITES:
+        owner: Any = importlib.import_module(module_name)
+        *path, name = attribute.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        current = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+        if not getattr(current, "_convcheck_cpu_shim", False):
+            setattr(owner, name, _on_cpu_device(current))
 
 
 # --- Shim 5 -----------------------------------------------------------------------------------------
@@ -295,6 +317,6 @@ def install_cpu_rng_fork() -> None:
 
 def install_cpu_forward_shims() -> None:
     """Install shims 4-6 (idempotent)."""
-    install_cpu_rotary_emb()
+    install_cpu_device_sites()
     install_cpu_causal_mask()
     install_cpu_rng_fork()

@@ -61,6 +61,18 @@ ORACLES: dict[str, OracleInfo] = {
             ),
         ),
         OracleInfo(
+            name="logits",
+            module="convcheck.oracles.logits",
+            proves=(
+                "the HF model and the loaded, sharded Megatron model (real TP/EP/PP collectives, upcast to fp32) "
+                "give the same logits within the reported tolerance and the same greedy tokens on fixed random tokens"
+            ),
+            does_not_prove=(
+                "bitwise equality, nor behaviour on other inputs, longer sequences, bf16, KV caching, dropout or "
+                "training"
+            ),
+        ),
+        OracleInfo(
             name="differential",
             module="convcheck.oracles.differential",
             proves=(

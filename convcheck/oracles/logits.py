@@ -1,0 +1,199 @@
+"""Logits oracle: HF and the loaded, sharded Megatron model agree on fp32 logits and greedy tokens.
+
+Numeric, not bitwise: both models run in fp32 on the same fixed tokens; the verdict reports the measured
+max abs error, the max error relative to the largest |HF logit|, and the thresholds they are held to.
+The Megatron side is the very model the bridge loaded (every rank, real TP/EP/PP collectives), upcast in
+place to fp32 for the forward and restored to its original tensors afterwards.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from convcheck.engine.context import RankContext, one_line
+from convcheck.verdict import Finding, OracleVerdict, make_verdict
+
+NAME = "logits"
+SEED = 1234
+"""Seed of the token generator (torch.Generator, CPU)."""
+BATCH, SEQ = 2, 16
+"""Token grid [BATCH, SEQ]; SEQ stays below every fixture's max_position_embeddings."""
+ABS_TOL = 1e-4
+"""Max |megatron - hf| over all logits (fp32 on CPU measures ~1e-6 on the tiny fixtures)."""
+REL_TOL = 1e-5
+"""Max |megatron - hf| divided by max |hf| (scale-free form of the same bound)."""
+
+
+def fixed_tokens(vocab_size: int) -> Any:
+    """The input ids, [BATCH, SEQ] int64, identical on every rank and every run."""
+    import torch
+
+    gen = torch.Generator().manual_seed(SEED)
+    return torch.randint(0, vocab_size, (BATCH, SEQ), generator=gen, dtype=torch.long)
+
+
+def _unwrap(module: Any) -> Any:
+    while hasattr(module, "module"):
+        module = module.module
+    return module
+
+
+@contextmanager
+def upcast_fp32(model: list[Any]) -> Iterator[None]:
+    """Point every floating parameter/buffer at an fp32 copy; restore the original tensors on exit (no rounding)."""
+    import torch
+
+    saved: list[tuple[Any, str, Any]] = []
+    try:
+        for chunk in model:
+            for module in chunk.modules():
+                for name, tensor in list(module._parameters.items()) + list(module._buffers.items()):
+                    if tensor is not None and tensor.is_floating_point() and tensor.dtype != torch.float32:
+                        saved.append((tensor, name, tensor.data))
+                        tensor.data = tensor.data.float()
+        yield
+    finally:
+        for tensor, _, data in saved:
+            tensor.data = data
+
+
+def megatron_logits(ctx: RankContext, tokens: Any) -> Any | None:
+    """Collective fp32 forward of this rank's chunk; full-vocab logits [B, S, V] on last-stage ranks, else None."""
+    import torch
+    import torch.distributed as dist
+
+    gpt = _unwrap(ctx.model[0])
+    pp, tp = gpt.pg_collection.pp, gpt.pg_collection.tp
+    pp_ranks = dist.get_process_group_ranks(pp) if ctx.world > 1 else [0]
+    stage = pp_ranks.index(ctx.rank)
+    device = next(gpt.parameters()).device
+    tokens = tokens.to(device)
+    positions = torch.arange(tokens.shape[1], device=device).unsqueeze(0).expand_as(tokens)
+    with upcast_fp32(ctx.model), torch.no_grad():
+        was_training = [c.training for c in ctx.model]
+        for chunk in ctx.model:
+            chunk.eval()
+        try:
+            if stage > 0:
+                hidden = torch.empty(tokens.shape[1], tokens.shape[0], gpt.config.hidden_size, dtype=torch.float32, device=device)
+                dist.recv(hidden, src=pp_ranks[stage - 1])
+                gpt.set_input_tensor(hidden)
+            out = gpt(input_ids=tokens, position_ids=positions, attention_mask=None)
+            if stage < len(pp_ranks) - 1:
+                dist.send(out.float().contiguous(), dst=pp_ranks[stage + 1])
+                return None
+        finally:
+            for chunk, training in zip(ctx.model, was_training):
+                chunk.train(training)
+    out = out.float()
+    if dist.is_initialized() and dist.get_world_size(tp) > 1:
+        parts = [torch.empty_like(out) for _ in range(dist.get_world_size(tp))]
+        dist.all_gather(parts, out.contiguous(), group=tp)
+        out = torch.cat(parts, dim=-1)
+    return out.cpu()
+
+
+def hf_logits(path: Any, tokens: Any) -> Any:
+    """fp32 logits [B, S, V] of the HF model loaded by transformers from the checkpoint (eager attention)."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    with torch.no_grad():
+        return model(input_ids=tokens).logits.float()
+
+
+def compare(megatron: Any, hf: Any) -> tuple[list[Finding], dict[str, Any]]:
+    """Findings and metrics for megatron [B, S, Vp] vs hf [B, S, V] (padded vocab columns are not compared)."""
+    vocab = hf.shape[-1]
+    if megatron.shape[:-1] != hf.shape[:-1] or megatron.shape[-1] < vocab:
+        msg = f"Megatron logits {list(megatron.shape)}, HF logits {list(hf.shape)}"
+        return [Finding(tensor="logits", kind="shape", message=msg)], {}
+    meg = megatron[..., :vocab]
+    diff = (meg - hf).abs()
+    flat = int(diff.nan_to_num(float("inf")).argmax())
+    index = [flat // (diff.shape[1] * vocab), (flat // vocab) % diff.shape[1], flat % vocab]
+    max_abs = float(diff.reshape(-1)[flat])
+    scale = float(hf.abs().max())
+    max_rel = max_abs / scale if scale > 0 else float("inf")
+    greedy_meg, greedy_hf = meg.argmax(-1), hf.argmax(-1)
+    agree = greedy_meg == greedy_hf
+    metrics = {
+        "max_abs_err": max_abs,
+        "abs_tol": ABS_TOL,
+        "max_rel_err": max_rel,
+        "rel_tol": REL_TOL,
+        "greedy_match": f"{int(agree.sum())}/{agree.numel()}",
+        "tokens": f"{hf.shape[0]}x{hf.shape[1]}",
+        "seed": SEED,
+    }
+    findings = []
+    if not (max_abs <= ABS_TOL and max_rel <= REL_TOL):
+        b, s, v = index
+        findings.append(
+            Finding(
+                tensor="logits",
+                kind="logits-differ",
+                message=f"max abs error {max_abs:.3g} (tol {ABS_TOL:g}), relative {max_rel:.3g} (tol {REL_TOL:g}); "
+                f"worst at [batch {b}, position {s}, token {v}]: megatron {float(meg[b, s, v])!r}, hf {float(hf[b, s, v])!r}",
+                detail={"max_abs_err": max_abs, "max_rel_err": max_rel, "index": index},
+            )
+        )
+    if not bool(agree.all()):
+        b, s = (int(i) for i in (~agree).nonzero()[0])
+        findings.append(
+            Finding(
+                tensor="greedy-tokens",
+                kind="greedy-differs",
+                message=f"{int((~agree).sum())}/{agree.numel()} positions pick another token; first at [batch {b}, "
+                f"position {s}]: megatron {int(greedy_meg[b, s])}, hf {int(greedy_hf[b, s])}",
+                detail={"index": [b, s], "megatron": int(greedy_meg[b, s]), "hf": int(greedy_hf[b, s])},
+            )
+        )
+    return findings, metrics
+
+
+def _where(exc: BaseException) -> str:
+    """`file:line` of the innermost frame that raised (upstream file paths shortened after site-packages)."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    return " <- ".join(f"{f.filename.rpartition('site-packages/')[2]}:{f.lineno}" for f in reversed(frames[-3:]))
+
+
+def run(ctx: RankContext) -> OracleVerdict | None:
+    """Collective: every rank runs its part of the Megatron forward; rank 0 runs HF and compares."""
+    from convcheck.bits import int_view
+
+    tokens = fixed_tokens(int(ctx.checkpoint.config["vocab_size"]))
+    error = None
+    try:
+        logits = megatron_logits(ctx, tokens)
+    except Exception as exc:  # noqa: BLE001 - a crashing forward is a finding, not a crash of convcheck
+        logits, error = None, f"{one_line(exc)} (at {_where(exc)})"
+    gathered = ctx.gather((logits, error))
+    if not ctx.is_reporter:
+        return None
+    findings = [
+        Finding(tensor="<megatron forward>", kind="forward-failed", message=f"rank {r}: {e}", detail={"rank": r})
+        for r, (_, e) in enumerate(gathered)
+        if e
+    ]
+    outputs = [(r, t) for r, (t, _) in enumerate(gathered) if t is not None]
+    if not outputs:
+        return make_verdict(NAME, checked=0, findings=findings, unit="logits")
+    first_rank, megatron = outputs[0]
+    for r, t in outputs[1:]:
+        if t.shape != megatron.shape or not bool((int_view(t) == int_view(megatron)).all()):
+            findings.append(
+                Finding(tensor="logits", kind="ranks-disagree", message=f"rank {r}'s logits differ from rank {first_rank}'s")
+            )
+    try:
+        hf = hf_logits(ctx.checkpoint.path, tokens)
+    except Exception as exc:  # noqa: BLE001 - reported, the Megatron side already ran
+        findings.append(Finding(tensor="<hf forward>", kind="hf-failed", message=one_line(exc)))
+        return make_verdict(NAME, checked=0, findings=findings, unit="logits")
+    more, metrics = compare(megatron, hf)
+    return make_verdict(NAME, checked=hf.numel(), findings=findings + more, unit="logits", metrics=metrics)
