@@ -53,7 +53,7 @@ def _first_outside(have: list[int], want: list[int]) -> list[int]:
 
 def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[str, int]]:
     """Findings and per-task checked-element counts from every rank's records."""
-    from convcheck.probe.run import bad_ranges, count_writes
+    from convcheck.probe.run import bad_ranges, count_writes, first_index
 
     findings: list[Finding] = []
     counts: dict[str, int] = {}
@@ -112,12 +112,12 @@ def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[
         gaps = hits.eq(0)
         if bool(gaps.any()):
             where = bad_ranges(gaps, tuple(shape))
-            first = where[0].split("..")[0]
+            first = first_index(gaps, tuple(shape))
             add(Finding(tensor=hf, kind="uncovered", message=f"{int(gaps.sum())} elements no rank's probe writes; first at HF index {first}; ranges {', '.join(where)}", detail={"first_index": first}))
         over = hits.gt(1)
         if bool(over.any()) and any("mismatch" in e for _, e in writers.values()):
             where = bad_ranges(over, tuple(shape))
-            first = where[0].split("..")[0]
+            first = first_index(over, tuple(shape))
             add(Finding(tensor=hf, kind="conflict", message=f"{int(over.sum())} elements written by several ranks with different bytes; first at HF index {first}; ranges {', '.join(where)}", detail={"first_index": first}))
     for param, n in counts.items():
         if n == 0 and not any(f.tensor == param for f in findings):

@@ -42,7 +42,7 @@ def _first_outside(shape: list[int], source: tuple[int, ...]) -> list[int]:
 
 def assemble(gathered: list[list[dict[str, Any]]], source: dict[str, tuple[int, ...]]) -> tuple[list[Finding], int]:
     """Findings (gaps, overlaps, shape, never written, unexpected) and the count of elements proven written once."""
-    from convcheck.probe.run import bad_ranges, count_writes
+    from convcheck.probe.run import bad_ranges, count_writes, first_index
 
     findings: list[Finding] = []
     by_hf: dict[str, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
@@ -88,7 +88,7 @@ def assemble(gathered: list[list[dict[str, Any]]], source: dict[str, tuple[int, 
             if bool(mask.any()):
                 ok = False
                 where = bad_ranges(mask, want)
-                first = where[0].split("..")[0]
+                first = first_index(mask, want)
                 findings.append(Finding(
                     tensor=name, kind=kind,
                     message=f"{int(mask.sum())} elements {what}; first at HF index {first}; ranges {', '.join(where)}",

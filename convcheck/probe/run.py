@@ -99,6 +99,13 @@ def count_writes(numel: int, writers: list[list[tuple[int, int]]]) -> Any:
     return delta.cumsum(0)[:numel].to(torch.int32)
 
 
+def first_index(mask: Any, shape: tuple[int, ...]) -> list[int]:
+    """The HF index of the first element where flat bool `mask` holds."""
+    from convcheck.bits import _unravel
+
+    return list(_unravel(int(mask.nonzero()[0, 0]), tuple(shape)))
+
+
 def bad_ranges(mask: Any, shape: tuple[int, ...], limit: int = 4) -> list[str]:
     """`[i, j]..[k, l]` HF index ranges where `mask` (flat bool) holds, the first `limit` of them."""
     from convcheck.bits import _unravel

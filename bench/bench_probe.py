@@ -1,0 +1,102 @@
+"""Benchmark: probe cost (all tasks, no communication) vs a plain bridge export at the same layout.
+
+Usage: python bench/bench_probe.py --model tiny:qwen3-moe --tp 2 --ep 2 [--repeat 3]
+Launches the ranks with torchrun; rank 0 prints one JSON object (seconds per pass, best of --repeat, and ratio).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _worker(args: argparse.Namespace) -> None:
+    from convcheck import compat
+
+    compat.install("cpu")
+    from convcheck.engine.dist import init_distributed, shutdown_distributed
+    from convcheck.engine.model import build_model, make_provider
+    from convcheck.engine.worker import _quiet, load_bridge
+    from convcheck.layout import ParallelLayout
+    from convcheck.probe import probe_task
+    from convcheck.probe.collect import tasks_of
+
+    _quiet()
+    layout = ParallelLayout(tp=args.tp, pp=args.pp, ep=args.ep, etp=args.etp)
+    rank, _ = init_distributed(layout, "cpu", 600)
+    bridge = load_bridge(args.path)
+    provider = make_provider(bridge, layout, "cpu")
+    model = build_model(provider, "cpu")
+    bridge.load_hf_weights(model)
+
+    class _Ctx:
+        pass
+
+    ctx = _Ctx()
+    ctx.bridge, ctx.model = bridge, model
+    export_s, probe_s = [], []
+    for _ in range(args.repeat):
+        t0 = time.perf_counter()
+        for _name, _tensor in bridge.export_hf_weights(model, cpu=True, show_progress=False):
+            pass
+        export_s.append(time.perf_counter() - t0)
+        tasks = tasks_of(ctx)
+        t0 = time.perf_counter()
+        elements = 0
+        for task in tasks:
+            for slot in probe_task(task, rank).values():
+                elements += int(slot.positions.numel())
+        probe_s.append(time.perf_counter() - t0)
+    if rank == 0:
+        out = {
+            "model": args.model,
+            "layout": layout.label,
+            "repeat": args.repeat,
+            "export_s": round(min(export_s), 4),
+            "probe_s": round(min(probe_s), 4),
+            "ratio": round(min(probe_s) / min(export_s), 3),
+            "goal": "<= 1.5",
+            "probe_elements_rank0": elements,
+        }
+        sys.stdout.write(json.dumps(out) + "\n")
+    shutdown_distributed()
+
+
+def main() -> None:
+    """Parse, build the fixture, launch the ranks (or be one)."""
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--model", default="tiny:qwen3-moe")
+    for dim in ("tp", "pp", "ep", "etp"):
+        p.add_argument(f"--{dim}", type=int, default=1)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--path", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.path:
+        _worker(args)
+        return
+    from convcheck.cli.main import resolve_model
+
+    path = str(Path(resolve_model(args.model)).resolve())
+    from convcheck.layout import ParallelLayout
+
+    world = ParallelLayout(tp=args.tp, pp=args.pp, ep=args.ep, etp=args.etp).world_size
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", __file__,
+           *sys.argv[1:], "--path", path]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
+        sys.exit(proc.returncode or 1)
+    sys.stdout.write(lines[-1] + "\n")
+
+
+if __name__ == "__main__":
+    main()
