@@ -47,8 +47,8 @@ def _worker(args: argparse.Namespace) -> None:
         for _name, _tensor in bridge.export_hf_weights(model, cpu=True, show_progress=False):
             pass
         export_s.append(time.perf_counter() - t0)
-        tasks = tasks_of(ctx)
         t0 = time.perf_counter()
+        tasks = tasks_of(ctx)  # the export builds its tasks too: counted on both sides
         elements = 0
         for task in tasks:
             for slot in probe_task(task, rank).values():
