@@ -120,12 +120,6 @@ def verify(
             from convcheck.oracles.layout_invariance import ENV_MANIFEST, reference_manifest
 
             os.environ[ENV_MANIFEST] = str(reference_manifest(job, log_dir))
-        if "layout" in oracles:  # the layout oracle compares with a TP1 export made by a separate 1-rank job
-            import os
-
-            from convcheck.oracles.layout_invariance import ENV_MANIFEST, reference_manifest
-
-            os.environ[ENV_MANIFEST] = str(reference_manifest(job, log_dir))
         result = run_ranks(job, log_dir=log_dir)
     except ConvcheckError as exc:
         _fail_line(exc)
