@@ -1,0 +1,85 @@
+"""Config oracle: the table, uncovered fields, and planted config bugs named by field through the real bridge."""
+
+from pathlib import Path
+
+import pytest
+
+from convcheck.oracles.config import check_rule, flatten, uncovered
+from convcheck.oracles.config_table import QWEN3, TABLES, Coverage, FieldRule
+from tests.conftest import ROOT, run_cli
+
+PLANTS = ROOT / "tests" / "plants_functional.py"
+
+
+def _view(**overrides):  # type: ignore[no-untyped-def]
+    import transformers
+
+    cls = transformers.Qwen3Config
+    source, defaults = flatten(cls(**overrides).to_dict()), flatten(cls().to_dict())
+    return source, defaults, {**defaults, **source}
+
+
+def test_every_table_rule_has_a_unique_megatron_field_and_label() -> None:
+    for model_type, rules in TABLES.items():
+        labels = [r.label for r in rules]
+        assert len(labels) == len(set(labels)), model_type
+        assert all(isinstance(r, FieldRule) for r in rules)
+
+
+def test_uncovered_field_that_differs_from_default_is_a_finding() -> None:
+    source, defaults, _ = _view(rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6}, foo_bar=3)
+    found = {f.tensor: f for f in uncovered(source, defaults, Coverage(rules=QWEN3))}
+    assert {"rope_parameters.factor", "foo_bar"} <= set(found)
+    assert "rope_parameters.rope_theta" not in found and "rope_parameters.rope_type" not in found
+    assert found["foo_bar"].kind == "uncovered" and "3" in found["foo_bar"].message
+
+
+def test_unsupported_rope_type_and_sliding_window_are_mismatches() -> None:
+    _, _, view = _view(rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 1e4}, use_sliding_window=True)
+    megatron = {"position_embedding_type": "rope", "window_size": None}
+    rules = {r.megatron: r for r in QWEN3}
+    for field in megatron:
+        finding = check_rule(rules[field], view, megatron.__getitem__)
+        assert finding is not None and finding.kind == "mismatch" and "not representable" in finding.message, field
+
+
+def test_bool_is_not_equal_to_int() -> None:
+    rule = next(r for r in QWEN3 if r.megatron == "qk_layernorm")
+    assert check_rule(rule, {}, {"qk_layernorm": 1}.__getitem__) is not None
+    assert check_rule(rule, {}, {"qk_layernorm": True}.__getitem__) is None
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize(
+    "model,layout",
+    [("tiny:qwen3", ("--tp", "1")), ("tiny:qwen3-moe", ("--ep", "2"))],
+    ids=["qwen3-TP1", "qwen3-moe-EP2"],
+)
+def test_config_and_logits_pass(tmp_path: Path, model: str, layout: tuple[str, ...]) -> None:
+    res = run_cli("verify", "--oracle", "config,logits", "--model", model, *layout, tmp_path=tmp_path)
+    assert res.code == 0, res.out + res.err
+    assert res.verdicts() == {"config": "pass", "logits": "pass"}
+    config = next(o for o in res.report["oracles"] if o["name"] == "config")
+    assert config["unit"] == "fields" and config["metrics"]["rules"] >= 28 and config["metrics"]["roundtrip_rules"] > 0
+
+
+PLANTED = [
+    ("wrong_rope_theta", "tiny:qwen3", "rope_parameters.rope_theta -> rotary_base"),
+    ("eps_off", "tiny:qwen3", "rms_norm_eps -> layernorm_epsilon"),
+    ("drop_qk_norm", "tiny:qwen3", "<implied> -> qk_layernorm"),
+    ("router_topk", "tiny:qwen3-moe", "num_experts_per_tok -> moe_router_topk"),
+    ("flip_tied", "tiny:qwen3", "tie_word_embeddings -> share_embeddings_and_output_weights"),
+]
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize("plant,model,label", PLANTED, ids=[p[0] for p in PLANTED])
+def test_planted_config_bug_is_named_by_field(tmp_path: Path, plant: str, model: str, label: str) -> None:
+    res = run_cli("verify", "--oracle", "config,logits", "--model", model, "--hook", f"{PLANTS}:{plant}", tmp_path=tmp_path)
+    assert res.code == 1, res.out + res.err
+    findings = {f["tensor"]: f for f in res.findings("config")}
+    assert label in findings, sorted(findings)
+    assert findings[label]["kind"] == "mismatch"
+    assert {f["kind"] for f in res.findings("config")} <= {"mismatch", "roundtrip-mismatch"}
+    assert res.verdicts()["logits"] == "fail", "the planted field must also change the logits"
+    assert label.rpartition(" -> ")[2] in res.out
