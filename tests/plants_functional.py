@@ -53,3 +53,18 @@ def router_topk() -> None:
 def flip_tied() -> None:
     """share_embeddings_and_output_weights inverted."""
     _alter_provider(lambda p: setattr(p, "share_embeddings_and_output_weights", not p.share_embeddings_and_output_weights))
+
+
+def scale_o_proj_on_import() -> None:
+    """The import writes layer 0's o_proj times 1.5 (config untouched: only the logits oracle can see it)."""
+    from megatron.bridge.models.conversion.param_mapping import AutoMapping
+
+    original = AutoMapping.hf_to_megatron
+
+    def hf_to_megatron(self, hf_weights, megatron_module):  # type: ignore[no-untyped-def]
+        out = original(self, hf_weights, megatron_module)
+        if self.megatron_param == "decoder.layers.0.self_attention.linear_proj.weight":
+            return out * 1.5
+        return out
+
+    AutoMapping.hf_to_megatron = hf_to_megatron

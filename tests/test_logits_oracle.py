@@ -1,0 +1,95 @@
+"""Logits oracle: the comparison itself, the fp32 upcast, and HF vs sharded Megatron at several layouts."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from convcheck.oracles.logits import ABS_TOL, fixed_tokens, compare, upcast_fp32
+from tests.conftest import ROOT, run_cli
+
+PLANTS = ROOT / "tests" / "plants_functional.py"
+
+
+def _logits(vocab: int = 10) -> torch.Tensor:
+    return torch.randn(2, 3, vocab, generator=torch.Generator().manual_seed(0))
+
+
+def test_identical_logits_pass_and_report_metrics() -> None:
+    hf = _logits()
+    findings, metrics = compare(hf.clone(), hf)
+    assert findings == [] and metrics["max_abs_err"] == 0.0 and metrics["greedy_match"] == "6/6"
+    assert metrics["abs_tol"] == ABS_TOL
+
+
+def test_error_above_tolerance_is_named_with_its_position() -> None:
+    hf = _logits()
+    meg = hf.clone()
+    meg[1, 2, 4] += 10 * ABS_TOL
+    findings, metrics = compare(meg, hf)
+    assert [f.kind for f in findings] == ["logits-differ"]
+    assert findings[0].detail["index"] == [1, 2, 4]
+    assert metrics["max_abs_err"] == pytest.approx(10 * ABS_TOL, rel=1e-2)
+
+
+def test_nan_and_greedy_flip_fail() -> None:
+    hf = _logits()
+    meg = hf.clone()
+    meg[0, 0, 0] = float("nan")
+    assert "logits-differ" in {f.kind for f in compare(meg, hf)[0]}
+    meg = hf.clone()
+    meg[0, 1, (hf[0, 1].argmax() + 1) % 10] = hf[0, 1].max() + 1
+    kinds = {f.kind: f for f in compare(meg, hf)[0]}
+    assert kinds["greedy-differs"].detail["index"] == [0, 1]
+
+
+def test_padded_vocab_columns_are_ignored_and_short_vocab_is_a_shape_finding() -> None:
+    hf = _logits()
+    assert compare(torch.cat([hf, torch.full((2, 3, 6), 99.0)], dim=-1), hf)[0] == []
+    assert [f.kind for f in compare(hf[..., :8], hf)[0]] == ["shape"]
+
+
+def test_upcast_restores_the_original_tensors_bit_for_bit() -> None:
+    layer = torch.nn.Linear(4, 4).to(torch.bfloat16)
+    before = layer.weight.data
+    snapshot = before.clone()
+    with upcast_fp32([layer]):
+        assert layer.weight.dtype == torch.float32
+    assert layer.weight.dtype == torch.bfloat16 and layer.weight.data_ptr() == before.data_ptr()
+    assert torch.equal(layer.weight.detach().view(torch.int16), snapshot.view(torch.int16))
+
+
+def test_tokens_are_fixed() -> None:
+    assert torch.equal(fixed_tokens(152), fixed_tokens(152)) and int(fixed_tokens(152).max()) < 152
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize(
+    "model,layout,oracles",
+    [
+        ("tiny:qwen3", ("--tp", "2"), "logits,roundtrip"),
+        ("tiny:qwen3", ("--pp", "2"), "logits"),
+        ("tiny:qwen3-moe", ("--tp", "2"), "logits"),
+        ("tiny:qwen2-tied", ("--tp", "1"), "config,logits"),
+    ],
+    ids=["qwen3-TP2", "qwen3-PP2", "qwen3-moe-TP2", "qwen2-tied-TP1"],
+)
+def test_logits_match_hf(tmp_path: Path, model: str, layout: tuple[str, ...], oracles: str) -> None:
+    res = run_cli("verify", "--oracle", oracles, "--model", model, *layout, tmp_path=tmp_path)
+    assert res.code == 0, res.out + res.err
+    assert set(res.verdicts().values()) == {"pass"}
+    logits = next(o for o in res.report["oracles"] if o["name"] == "logits")
+    assert logits["unit"] == "logits" and logits["checked"] == 2 * 16 * 152
+    assert logits["metrics"]["max_abs_err"] <= logits["metrics"]["abs_tol"] and logits["metrics"]["greedy_match"] == "32/32"
+    assert "max_abs_err=" in res.out
+
+
+@pytest.mark.ranks
+def test_weight_bug_invisible_to_config_is_caught_by_logits(tmp_path: Path) -> None:
+    res = run_cli("verify", "--oracle", "config,logits", "--model", "tiny:qwen3", "--tp", "2",
+                  "--hook", f"{PLANTS}:scale_o_proj_on_import", tmp_path=tmp_path)  # fmt: skip
+    assert res.code == 1, res.out + res.err
+    assert res.verdicts() == {"config": "pass", "logits": "fail"}
+    kinds = {f["kind"]: f for f in res.findings("logits")}
+    assert kinds["logits-differ"]["tensor"] == "logits"
+    assert kinds["logits-differ"]["detail"]["max_abs_err"] > ABS_TOL
