@@ -214,11 +214,16 @@ def install(device: str = "cpu") -> None:
 
 # --- Shim 4 -----------------------------------------------------------------------------------------
 # megatron-core 0.19.2 moves or allocates forward-pass tensors on torch.cuda.current_device() at the sites in
-# CPU_DEVICE_SITES (module, attribute, upstream file:line): the RoPE frequencies, the attention matmul buffer,
-# the router weight and the TP/EP gather/scatter outputs. Without CUDA each listed function runs unchanged
-# with torch.cuda.current_device answering "cpu", so the moves are no-ops and allocations land on the CPU.
+# CPU_DEVICE_SITES (module, attribute, file:line under megatron/core/): the RoPE frequencies, the attention
+# matmul buffer, the router weight and the TP/EP gather/scatter outputs. Without CUDA each listed function runs
+# unchanged with torch.cuda.current_device answering "cpu", so the moves are no-ops and allocations land on
+# the CPU.
 CPU_DEVICE_SITES = (
-    ("megatron.core.models.common.embeddings.rotary_pos_embedding", "RotaryEmbedding.get_emb", "rotary_pos_embedding.py:162"),
+    (
+        "megatron.core.models.common.embeddings.rotary_pos_embedding",
+        "RotaryEmbedding.get_emb",
+        "models/common/embeddings/rotary_pos_embedding.py:162",
+    ),
     ("megatron.core.utils", "GlobalMemoryBuffer.get_tensor", "utils.py:715"),
     ("megatron.core.transformer.moe.router", "Router.gating", "transformer/moe/router.py:98"),
     ("megatron.core.tensor_parallel.mappings", "_gather_along_last_dim", "tensor_parallel/mappings.py:95"),

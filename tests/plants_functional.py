@@ -52,7 +52,8 @@ def router_topk() -> None:
 
 def flip_tied() -> None:
     """share_embeddings_and_output_weights inverted."""
-    _alter_provider(lambda p: setattr(p, "share_embeddings_and_output_weights", not p.share_embeddings_and_output_weights))
+    field = "share_embeddings_and_output_weights"
+    _alter_provider(lambda p: setattr(p, field, not getattr(p, field)))
 
 
 def scale_o_proj_on_import() -> None:

@@ -35,7 +35,8 @@ def test_uncovered_field_that_differs_from_default_is_a_finding() -> None:
 
 
 def test_unsupported_rope_type_and_sliding_window_are_mismatches() -> None:
-    _, _, view = _view(rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 1e4}, use_sliding_window=True)
+    rope = {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e4}
+    _, _, view = _view(rope_parameters=rope, use_sliding_window=True)
     megatron = {"position_embedding_type": "rope", "window_size": None}
     rules = {r.megatron: r for r in QWEN3}
     for field in megatron:
@@ -75,7 +76,8 @@ PLANTED = [
 @pytest.mark.ranks
 @pytest.mark.parametrize("plant,model,label", PLANTED, ids=[p[0] for p in PLANTED])
 def test_planted_config_bug_is_named_by_field(tmp_path: Path, plant: str, model: str, label: str) -> None:
-    res = run_cli("verify", "--oracle", "config,logits", "--model", model, "--hook", f"{PLANTS}:{plant}", tmp_path=tmp_path)
+    hook = ("--hook", f"{PLANTS}:{plant}")
+    res = run_cli("verify", "--oracle", "config,logits", "--model", model, *hook, tmp_path=tmp_path)
     assert res.code == 1, res.out + res.err
     findings = {f["tensor"]: f for f in res.findings("config")}
     assert label in findings, sorted(findings)

@@ -80,7 +80,8 @@ def test_logits_match_hf(tmp_path: Path, model: str, layout: tuple[str, ...], or
     assert set(res.verdicts().values()) == {"pass"}
     logits = next(o for o in res.report["oracles"] if o["name"] == "logits")
     assert logits["unit"] == "logits" and logits["checked"] == 2 * 16 * 152
-    assert logits["metrics"]["max_abs_err"] <= logits["metrics"]["abs_tol"] and logits["metrics"]["greedy_match"] == "32/32"
+    metrics = logits["metrics"]
+    assert metrics["max_abs_err"] <= metrics["abs_tol"] and metrics["greedy_match"] == "32/32"
     assert "max_abs_err=" in res.out
 
 

@@ -91,14 +91,17 @@ def uncovered(source: dict[str, Any], defaults: dict[str, Any], coverage: Covera
     return findings
 
 
-def roundtrip(ctx: RankContext, hf_cls: type, rules: tuple[FieldRule, ...], hf: HfView, get: Any) -> tuple[int, list[Finding]]:
+def roundtrip(
+    ctx: RankContext, hf_cls: type, rules: tuple[FieldRule, ...], hf: HfView, get: Any
+) -> tuple[int, list[Finding]]:
     """Provider -> the bridge's megatron_to_hf_config -> HF config class: every covered rule must agree."""
     model_bridge = ctx.bridge._model_bridge
     try:
         exported = type(model_bridge).megatron_to_hf_config(ctx.provider)
         back = hf_cls(**exported)
     except Exception as exc:  # noqa: BLE001 - a crashing export is a finding
-        return 0, [Finding(tensor="<megatron_to_hf_config>", kind="roundtrip-failed", message=f"raised {exc.__class__.__name__}: {exc}")]
+        message = f"raised {exc.__class__.__name__}: {exc}"
+        return 0, [Finding(tensor="<megatron_to_hf_config>", kind="roundtrip-failed", message=message)]
     defaults = flatten(hf_cls().to_dict())
     view = {**defaults, **flatten(back.to_dict())}
     findings, checked = [], 0
@@ -139,7 +142,11 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     findings: list[Finding] = []
     if not rules:
         findings.append(
-            Finding(tensor="model_type", kind="no-table", message=f"the config table has no rows for model_type {model_type!r}")
+            Finding(
+                tensor="model_type",
+                kind="no-table",
+                message=f"the config table has no rows for model_type {model_type!r}",
+            )
         )
     get = megatron_getter(ctx)
     findings += [f for f in (check_rule(r, view, get) for r in rules) if f is not None]

@@ -74,7 +74,8 @@ def _padded_vocab(c: HfView, m: MegatronGet) -> int:
 def _moe_layers(c: HfView, _m: MegatronGet) -> list[int]:
     """1 where HF builds a sparse MoE block (Qwen3MoeDecoderLayer's rule), else 0."""
     step, dense = c.get("decoder_sparse_step", 1), set(c.get("mlp_only_layers") or [])
-    return [int(i not in dense and c["num_local_experts"] > 0 and (i + 1) % step == 0) for i in range(c["num_hidden_layers"])]
+    experts = c["num_local_experts"]
+    return [int(i not in dense and experts > 0 and (i + 1) % step == 0) for i in range(c["num_hidden_layers"])]
 
 
 def _megatron_moe_layers(freq: Any, m: MegatronGet) -> Any:
@@ -110,7 +111,9 @@ _NORM_ROPE_ACT = (
     same("rms_norm_eps", "layernorm_epsilon"),
     implied("normalization", "RMSNorm", "RMSNorm everywhere (input, post-attention, final, q/k norms)"),
     implied("layernorm_zero_centered_gamma", False, "HF RMSNorm multiplies by weight, not 1 + weight"),
-    FieldRule(megatron="rotary_base", hf=("rope_parameters.rope_theta",), expect=lambda c, _m: c["rope_parameters.rope_theta"]),
+    FieldRule(
+        megatron="rotary_base", hf=("rope_parameters.rope_theta",), expect=lambda c, _m: c["rope_parameters.rope_theta"]
+    ),
     FieldRule(megatron="position_embedding_type", hf=("rope_parameters.rope_type",), expect=_rope_type),
     FieldRule(
         megatron="rotary_percent",
@@ -182,7 +185,9 @@ LLAMA = (
     FieldRule(
         megatron="add_bias_linear",
         hf=("mlp_bias", "attention_bias"),
-        expect=lambda c, _m: c["mlp_bias"] if c["mlp_bias"] == c["attention_bias"] else _unsupported("o_proj bias != mlp bias"),
+        expect=lambda c, _m: (
+            c["mlp_bias"] if c["mlp_bias"] == c["attention_bias"] else _unsupported("o_proj bias != mlp bias")
+        ),
     ),
     implied("qk_layernorm", False, "Llama has no q/k norm"),
 )

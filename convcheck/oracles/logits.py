@@ -76,7 +76,8 @@ def megatron_logits(ctx: RankContext, tokens: Any) -> Any | None:
             chunk.eval()
         try:
             if stage > 0:
-                hidden = torch.empty(tokens.shape[1], tokens.shape[0], gpt.config.hidden_size, dtype=torch.float32, device=device)
+                shape = (tokens.shape[1], tokens.shape[0], gpt.config.hidden_size)  # [s, b, h]
+                hidden = torch.empty(shape, dtype=torch.float32, device=device)
                 dist.recv(hidden, src=pp_ranks[stage - 1])
                 gpt.set_input_tensor(hidden)
             out = gpt(input_ids=tokens, position_ids=positions, attention_mask=None)
@@ -137,7 +138,8 @@ def compare(megatron: Any, hf: Any) -> tuple[list[Finding], dict[str, Any]]:
                 tensor="logits",
                 kind="logits-differ",
                 message=f"max abs error {max_abs:.3g} (tol {ABS_TOL:g}), relative {max_rel:.3g} (tol {REL_TOL:g}); "
-                f"worst at [batch {b}, position {s}, token {v}]: megatron {float(meg[b, s, v])!r}, hf {float(hf[b, s, v])!r}",
+                f"worst at [batch {b}, position {s}, token {v}]: "
+                f"megatron {float(meg[b, s, v])!r}, hf {float(hf[b, s, v])!r}",
                 detail={"max_abs_err": max_abs, "max_rel_err": max_rel, "index": index},
             )
         )
@@ -188,7 +190,9 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     for r, t in outputs[1:]:
         if t.shape != megatron.shape or not bool((int_view(t) == int_view(megatron)).all()):
             findings.append(
-                Finding(tensor="logits", kind="ranks-disagree", message=f"rank {r}'s logits differ from rank {first_rank}'s")
+                Finding(
+                    tensor="logits", kind="ranks-disagree", message=f"rank {r}'s logits differ from rank {first_rank}'s"
+                )
             )
     try:
         hf = hf_logits(ctx.checkpoint.path, tokens)
