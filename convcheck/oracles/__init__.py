@@ -127,7 +127,8 @@ def parse_oracle_names(spec: str | None) -> tuple[str, ...]:
     names = tuple(dict.fromkeys(n.strip() for n in spec.split(",") if n.strip()))
     unknown = [n for n in names if n not in ORACLES]
     if unknown or not names:
-        raise BadInput(f"unknown oracle {', '.join(unknown) or spec!r}; known: {', '.join(ORACLES)}")
+        wrong = ", ".join(unknown) if unknown else repr(spec)
+        raise BadInput(f"unknown oracle {wrong}; known: {', '.join(ORACLES)}")
     return names
 
 
