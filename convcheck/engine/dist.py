@@ -29,6 +29,10 @@ def init_distributed(layout: ParallelLayout, device: str, timeout_s: float) -> t
         expert_model_parallel_size=layout.ep,
         expert_tensor_parallel_size=layout.etp,
     )
+    if device == "cuda":  # Megatron's CUDA RNG tracker (used by attention dropout scopes in the forward)
+        from megatron.core import tensor_parallel
+
+        tensor_parallel.model_parallel_cuda_manual_seed(1234)
     return rank, world
 
 
