@@ -83,7 +83,7 @@ def _layout_label(layout: dict[str, int]) -> str:
 
 def _write_atomic(path: str | os.PathLike[str], text: str) -> None:
     target = Path(path)
-    tmp = target.with_name(f".{target.name}.tmp")
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     tmp.write_text(text)
     tmp.replace(target)
 
