@@ -7,6 +7,7 @@ from typing import Any, Iterator
 
 from convcheck.checkpoint import Checkpoint
 from convcheck.layout import ParallelLayout
+from convcheck.mappings.base import RankCoord
 
 
 @dataclass(kw_only=True)
@@ -16,6 +17,8 @@ class RankContext:
     rank: int
     world: int
     layout: ParallelLayout
+    coord: RankCoord
+    """This rank's (tp, ep, etp, pp) coordinates."""
     device: str
     checkpoint: Checkpoint
     bridge: Any

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import datetime
 import os
+from typing import TYPE_CHECKING
 
 from convcheck.layout import ParallelLayout
+
+if TYPE_CHECKING:
+    from convcheck.mappings.base import RankCoord
 
 
 def init_distributed(layout: ParallelLayout, device: str, timeout_s: float) -> tuple[int, int]:
@@ -34,6 +38,20 @@ def init_distributed(layout: ParallelLayout, device: str, timeout_s: float) -> t
 
         tensor_parallel.model_parallel_cuda_manual_seed(1234)
     return rank, world
+
+
+def rank_coord() -> "RankCoord":
+    """This rank's place in the grid, read once from Megatron's parallel_state (the engine's job, not an oracle's)."""
+    from megatron.core import parallel_state as ps
+
+    from convcheck.mappings.base import RankCoord
+
+    return RankCoord(
+        tp_rank=ps.get_tensor_model_parallel_rank(),
+        ep_rank=ps.get_expert_model_parallel_rank(),
+        etp_rank=ps.get_expert_tensor_parallel_rank(),
+        pp_rank=ps.get_pipeline_model_parallel_rank(),
+    )
 
 
 def shutdown_distributed() -> None:

@@ -86,7 +86,7 @@ def run_job(job: Job) -> dict[str, Any] | None:
     compat.install(job.device)
     from convcheck.checkpoint import open_checkpoint
     from convcheck.engine.context import RankContext, one_line
-    from convcheck.engine.dist import init_distributed
+    from convcheck.engine.dist import init_distributed, rank_coord
     from convcheck.engine.model import build_model, make_provider
     from convcheck.oracles import load_oracle
     from convcheck.versions import versions
@@ -111,6 +111,7 @@ def run_job(job: Job) -> dict[str, Any] | None:
         rank=rank,
         world=world,
         layout=job.layout,
+        coord=rank_coord(),
         device=job.device,
         checkpoint=checkpoint,
         bridge=bridge,

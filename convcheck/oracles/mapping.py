@@ -14,18 +14,6 @@ from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
 NAME = "mapping"
 
 
-def rank_coord() -> RankCoord:
-    """This rank's grid coordinates, read once from Megatron's parallel_state (the only global read here)."""
-    from megatron.core import parallel_state as ps
-
-    return RankCoord(
-        tp_rank=ps.get_tensor_model_parallel_rank(),
-        ep_rank=ps.get_expert_model_parallel_rank(),
-        etp_rank=ps.get_expert_tensor_parallel_rank(),
-        pp_rank=ps.get_pipeline_model_parallel_rank(),
-    )
-
-
 def padded_vocab(provider: Any, vocab: int, tp: int) -> int:
     """The embedding rows the provider builds: the HF vocab, or padded when the provider pads it."""
     if not getattr(provider, "should_pad_vocab", False):
@@ -73,7 +61,7 @@ def _import_findings(ctx: RankContext, registry: MappingRegistry, coord: RankCoo
 
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank checks its shards; rank 0 rebuilds HF tensors from all shards and checks the export."""
-    coord = rank_coord()
+    coord = ctx.coord
     local = [(ctx.global_name(n, vp), t) for vp, n, t in named_tensors(ctx.model)]
     all_names = {n for names in ctx.gather(sorted(n for n, _ in local)) for n in names}
     try:
