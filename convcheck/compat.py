@@ -1,7 +1,7 @@
 """Every workaround needed to run the real Megatron-Bridge on a machine without CUDA or Transformer Engine.
 
 Each shim names the upstream file and line it targets and the version it was written for; each has a
-test in tests/test_compat.py that fails once upstream no longer needs it. No shim changes what a
+test in tests/test_compat.py (hybrid shims: tests/test_compat_hybrid.py) that fails once upstream no longer needs it. No shim changes what a
 mapping computes: they only route around imports and device calls that have no CPU meaning.
 """
 
@@ -186,8 +186,12 @@ def configure_provider(provider: Any, device: str) -> None:
     """TE-free spec when Transformer Engine is missing; on CPU also CPU init, fusions off, allgather dispatcher."""
     from megatron.bridge.models.gpt_provider import local_layer_spec
 
+    hybrid = is_hybrid_provider(provider)
+    if hybrid:
+        configure_hybrid_provider(provider, device)
     if not transformer_engine_available():
-        provider.transformer_layer_spec = local_layer_spec
+        if not hybrid:
+            provider.transformer_layer_spec = local_layer_spec
         provider.transformer_impl = "local"
         for name in CPU_FUSION_FIELDS:
             if hasattr(provider, name):
@@ -201,6 +205,7 @@ def configure_provider(provider: Any, device: str) -> None:
 def install(device: str = "cpu") -> None:
     """Install every shim needed for `device` ("cpu" or "cuda"); safe to call more than once."""
     install_import_shims()
+    install_hybrid_shims()
     if device == "cpu":
         install_cpu_replicated_mapping()
         install_cpu_tied_embedding_setup()
@@ -325,3 +330,226 @@ def install_cpu_forward_shims() -> None:
     install_cpu_device_sites()
     install_cpu_causal_mask()
     install_cpu_rng_fork()
+
+
+# === Hybrid (NemotronH / HybridModel) construction shims ===========================================
+# megatron-core 0.19.2 + megatron-bridge 0.6.2 build a HybridModel only with Transformer Engine and mamba_ssm.
+# The shims below let the real HybridModel be built without them (CPU, or a GPU without TE/mamba_ssm); none
+# touches a parameter's name, shape or the values a mapping writes or reads. Configuration lives in
+# configure_hybrid_provider.
+
+
+def cpu_hybrid_stack_spec() -> Any:
+    """TE-free HybridStack spec: torch norms, local linears, DotProductAttention, local (SequentialMLP) MoE.
+
+    Replaces hybrid_layer_specs.hybrid_stack_spec (TE layers) and the modelopt local spec, whose `Norm` raises
+    without TE (megatron-core 0.19.2 post_training/modelopt/layers.py:61). Parameter names are the modelopt local
+    spec's: `norm.weight` (Mamba), `input_layernorm.weight` / `pre_mlp_layernorm.weight` (attention, MLP, MoE).
+    """
+    from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
+    from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec
+    from megatron.core.models.hybrid.hybrid_block import HybridStack, HybridStackSubmodules
+    from megatron.core.ssm.mamba_layer import MambaLayer, MambaLayerSubmodules
+    from megatron.core.ssm.mamba_mixer import MambaMixer, MambaMixerSubmodules
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+    from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+    from megatron.core.transformer.mlp import MLP, MLPSubmodules
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+    from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
+
+    bda = get_bias_dropout_add
+    mamba = ModuleSpec(
+        module=MambaLayer,
+        submodules=MambaLayerSubmodules(
+            norm=WrappedTorchNorm,
+            mixer=ModuleSpec(
+                module=MambaMixer,
+                submodules=MambaMixerSubmodules(in_proj=ColumnParallelLinear, out_proj=RowParallelLinear),
+            ),
+            mamba_bda=bda,
+        ),
+    )
+    attention = ModuleSpec(
+        module=TransformerLayer,
+        submodules=TransformerLayerSubmodules(
+            input_layernorm=WrappedTorchNorm,
+            self_attention=ModuleSpec(
+                module=SelfAttention,
+                params={"attn_mask_type": AttnMaskType.causal},
+                submodules=SelfAttentionSubmodules(
+                    linear_qkv=ColumnParallelLinear, core_attention=DotProductAttention, linear_proj=RowParallelLinear
+                ),
+            ),
+            self_attn_bda=bda,
+        ),
+    )
+    mlp = ModuleSpec(
+        module=TransformerLayer,
+        submodules=TransformerLayerSubmodules(
+            pre_mlp_layernorm=WrappedTorchNorm,
+            mlp=ModuleSpec(
+                module=MLP, submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear)
+            ),
+            mlp_bda=bda,
+        ),
+    )
+    moe = ModuleSpec(
+        module=TransformerLayer,
+        submodules=TransformerLayerSubmodules(
+            pre_mlp_layernorm=WrappedTorchNorm,
+            mlp=get_moe_module_spec(use_te=False, num_experts=8, moe_grouped_gemm=False),  # any num_experts > 0
+            mlp_bda=bda,
+        ),
+    )
+    return ModuleSpec(
+        module=HybridStack,
+        submodules=HybridStackSubmodules(mamba_layer=mamba, attention_layer=attention, mlp_layer=mlp, moe_layer=moe),
+    )
+
+
+# --- Shim 7 -----------------------------------------------------------------------------------------
+# megatron-core 0.19.2, megatron/core/models/hybrid/hybrid_block.py:215: HybridStack.__init__ builds the final norm
+# with TENorm whatever the spec says (TENorm raises without TE). While TE is missing, the constructor runs with
+# the module's TENorm name bound to megatron-core's WrappedTorchNorm (torch.nn.RMSNorm / LayerNorm, parameter
+# `final_norm.weight` as with TENorm).
+def install_hybrid_final_norm() -> None:
+    """Install shim 7 (idempotent); only active while Transformer Engine is missing."""
+    from megatron.core.models.hybrid import hybrid_block
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    cls = hybrid_block.HybridStack
+    if getattr(cls.__init__, "_convcheck_cpu_shim", False):
+        return
+    original = cls.__init__
+
+    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if transformer_engine_available():
+            return original(self, *args, **kwargs)
+        saved = hybrid_block.TENorm
+        hybrid_block.TENorm = WrappedTorchNorm
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            hybrid_block.TENorm = saved
+
+    __init__._convcheck_cpu_shim = True  # type: ignore[attr-defined]
+    __init__._convcheck_original = original  # type: ignore[attr-defined]
+    cls.__init__ = __init__
+
+
+# --- Shim 8 -----------------------------------------------------------------------------------------
+# megatron-core 0.19.2, megatron/core/ssm/mamba_mixer.py:
+# - :202 MambaMixer.__init__ raises ImportError when mamba_ssm is missing, and its gated RMSNorm (:417,
+#   ExtendedRMSNorm) subclasses mamba_ssm's RMSNormGated (a MagicMock without it, :89-92);
+# - :326-422 allocate conv1d/dt_bias/A_log/D/norm on torch.cuda.current_device();
+# - :318 and :370 fork the CUDA RNG tracker (shim 6 makes that fork a no-op without CUDA).
+# While mamba_ssm is missing, the constructor runs with HAVE_MAMBA_SSM true and ExtendedRMSNorm bound to
+# CpuGatedRMSNorm (same `weight` [d_inner_local], weight sharded on axis 0 as upstream); without CUDA also with
+# torch.cuda.current_device() answering "cpu". The forward still needs mamba_ssm's scan kernels.
+def _gated_rms_norm_class() -> type:
+    """A torch gated RMSNorm with mamba_ssm RMSNormGated's constructor and parameters (weight only)."""
+    import torch
+
+    class CpuGatedRMSNorm(torch.nn.Module):
+        """y = rmsnorm_per_group(x * silu(z)) * weight (norm_before_gate=False), groups of `group_size`."""
+
+        def __init__(self, hidden_size: int, eps: float = 1e-5, group_size: int | None = None,
+                     norm_before_gate: bool = True, device: Any = None, dtype: Any = None) -> None:  # fmt: skip
+            super().__init__()
+            self.eps = eps
+            self.group_size = group_size or hidden_size
+            self.norm_before_gate = norm_before_gate
+            self.weight = torch.nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
+            self.register_parameter("bias", None)
+
+        def forward(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
+            dtype = x.dtype
+            x = x.float()
+            if z is not None and not self.norm_before_gate:
+                x = x * torch.nn.functional.silu(z.float())
+            groups = x.unflatten(-1, (-1, self.group_size))
+            groups = groups * torch.rsqrt(groups.pow(2).mean(-1, keepdim=True) + self.eps)
+            y = groups.flatten(-2) * self.weight.float()
+            if z is not None and self.norm_before_gate:
+                y = y * torch.nn.functional.silu(z.float())
+            return y.to(dtype)
+
+        def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: Any = None) -> Any:
+            """`weight` sharded along axis 0 over the TP group (what upstream's ExtendedRMSNorm declares)."""
+            from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
+
+            return make_sharded_tensors_for_checkpoint(
+                self.state_dict(prefix="", keep_vars=True), prefix, {"weight": 0}, sharded_offsets,
+                tp_group=self.tp_group, dp_cp_group=(metadata or {}).get("dp_cp_group"),
+            )  # fmt: skip
+
+    return CpuGatedRMSNorm
+
+
+def install_mamba_mixer_construction() -> None:
+    """Install shim 8 (idempotent); only active while mamba_ssm is missing."""
+    import torch
+    from megatron.core.ssm import mamba_mixer
+
+    cls = mamba_mixer.MambaMixer
+    if getattr(cls.__init__, "_convcheck_cpu_shim", False) or mamba_mixer.HAVE_MAMBA_SSM:
+        return
+    original = cls.__init__
+    norm_cls = _gated_rms_norm_class()
+
+    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        saved = (mamba_mixer.HAVE_MAMBA_SSM, mamba_mixer.ExtendedRMSNorm, torch.cuda.current_device)
+        mamba_mixer.HAVE_MAMBA_SSM, mamba_mixer.ExtendedRMSNorm = True, norm_cls
+        if not torch.cuda.is_available():
+            torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            mamba_mixer.HAVE_MAMBA_SSM, mamba_mixer.ExtendedRMSNorm, torch.cuda.current_device = saved
+
+    __init__._convcheck_cpu_shim = True  # type: ignore[attr-defined]
+    __init__._convcheck_original = original  # type: ignore[attr-defined]
+    cls.__init__ = __init__
+
+
+# --- Shim 9 -----------------------------------------------------------------------------------------
+# megatron-core 0.19.2, megatron/core/transformer/moe/router.py:178-194: TopKRouter.__init__ allocates the
+# `local_tokens_per_expert` and `expert_bias` buffers on torch.cuda.current_device() when
+# moe_router_enable_expert_bias is set (NemotronH). Without CUDA the constructor runs with
+# torch.cuda.current_device() answering "cpu" (shim 4's wrapper), so both buffers are created on the CPU.
+def install_cpu_router_buffers() -> None:
+    """Install shim 9 (idempotent); only active while CUDA is unavailable."""
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    if not getattr(TopKRouter.__init__, "_convcheck_cpu_shim", False):
+        TopKRouter.__init__ = _on_cpu_device(TopKRouter.__init__)
+
+
+def install_hybrid_shims() -> None:
+    """Install shims 7-9 (idempotent)."""
+    install_hybrid_final_norm()
+    install_mamba_mixer_construction()
+    install_cpu_router_buffers()
+
+
+# --- Hybrid provider settings (configuration, not patches) -----------------------------------------
+# megatron-bridge 0.6.2:
+# - hybrid/hybrid_provider.py:91-104 get_default_hybrid_stack_spec picks the TE spec (or the modelopt spec whose
+#   Norm raises without TE) -> cpu_hybrid_stack_spec while TE is missing.
+# - nemotronh/nemotron_h_bridge.py sets moe_shared_expert_overlap=True; megatron-core 0.19.2
+#   transformer/moe/shared_experts.py:192 then creates torch.cuda.Stream(), and the overlap needs the alltoall
+#   dispatcher (transformer_config.py:1644) -> off on CPU, where the dispatcher is allgather.
+def configure_hybrid_provider(provider: Any, device: str) -> None:
+    """TE-free hybrid stack spec where TE is missing; on CPU no shared-expert overlap stream."""
+    if not transformer_engine_available():
+        provider.hybrid_stack_spec = cpu_hybrid_stack_spec
+    if device == "cpu":
+        provider.moe_shared_expert_overlap = False
+
+
+def is_hybrid_provider(provider: Any) -> bool:
+    """True for the bridge's HybridModelProvider (NemotronH and other Mamba hybrids)."""
+    return hasattr(provider, "hybrid_stack_spec")

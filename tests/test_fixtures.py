@@ -8,7 +8,7 @@ from safetensors import safe_open
 
 from convcheck.bits import int_view
 from convcheck.checkpoint import open_checkpoint
-from convcheck.fixtures import FIXTURES, build_fixture
+from convcheck.fixtures import FIXTURES, build_fixture, get_spec
 from convcheck.fixtures.values import POOL_SIZE, distinct_values
 
 from tests.conftest import run_cli
@@ -20,10 +20,11 @@ def test_fixture_is_sharded_bf16_with_distinct_values(name: str) -> None:
     index = json.loads((folder / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) >= 2
     ckpt = open_checkpoint(folder)
+    fp32 = get_spec(name).fp32_tensors
     for tname, entry in ckpt.tensors.items():
         with safe_open(str(folder / entry.file), "pt") as fh:
             t = fh.get_tensor(tname)
-        assert t.dtype == torch.bfloat16, tname
+        assert t.dtype == (torch.float32 if fp32 and tname.endswith(fp32) else torch.bfloat16), tname
         assert t.numel() <= POOL_SIZE, f"{tname} is too large for distinct values"
         assert int_view(t).unique().numel() == t.numel(), f"{tname} has repeated values"
 
