@@ -3,11 +3,13 @@
 from convcheck.mappings.base import CoverageError, MappingError, RankCoord, Shards, TensorMapping
 from convcheck.mappings.check import roundtrip_findings
 from convcheck.mappings.grouped_mlp import GroupedFc1, GroupedFc2
+from convcheck.mappings.mamba import Blocks, mamba_conv1d, mamba_in_proj
 from convcheck.mappings.qkv import FusedQKV
 from convcheck.mappings.registry import Geometry, MappingRegistry, build_registry
 from convcheck.mappings.simple import Gated, Replicated, Split
 
 __all__ = [
+    "Blocks",
     "CoverageError",
     "FusedQKV",
     "Gated",
@@ -22,5 +24,7 @@ __all__ = [
     "Split",
     "TensorMapping",
     "build_registry",
+    "mamba_conv1d",
+    "mamba_in_proj",
     "roundtrip_findings",
 ]

@@ -10,6 +10,7 @@ from typing import Any
 
 from convcheck.mappings.base import CoverageError, MappingError, TensorMapping
 from convcheck.mappings.grouped_mlp import GroupedFc1, GroupedFc2
+from convcheck.mappings.mamba import mamba_conv1d, mamba_in_proj
 from convcheck.mappings.qkv import FusedQKV
 from convcheck.mappings.simple import Gated, Replicated, Split
 
@@ -27,6 +28,10 @@ class Geometry:
     """Megatron's embedding rows (vocab, or vocab padded by the provider)."""
     num_experts: int = 0
     moe_ffn: int = 0
+    mamba_heads: int = 0
+    mamba_head_dim: int = 0
+    mamba_groups: int = 0
+    mamba_state: int = 0
 
     @classmethod
     def from_hf_config(cls, config: dict[str, Any], *, padded_vocab: int | None = None) -> "Geometry":
@@ -43,8 +48,12 @@ class Geometry:
             head_dim=int(cfg.get("head_dim") or hidden // heads),
             vocab=vocab,
             padded_vocab=padded_vocab or vocab,
-            num_experts=int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0),
+            num_experts=int(cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0),
             moe_ffn=int(cfg.get("moe_intermediate_size") or 0),
+            mamba_heads=int(cfg.get("mamba_num_heads") or 0),
+            mamba_head_dim=int(cfg.get("mamba_head_dim") or 0),
+            mamba_groups=int(cfg.get("n_groups") or 0),
+            mamba_state=int(cfg.get("ssm_state_size") or 0),
         )
 
 
@@ -113,7 +122,74 @@ def _rules(tied: bool) -> list[Rule]:
     return rules
 
 
+_NH = "backbone.layers.{layer}."
+
+
+def _nh(m: re.Match[str], suffix: str) -> str:
+    return _NH.format(layer=m["layer"]) + suffix
+
+
+def _mamba(m: re.Match[str], g: Geometry) -> dict[str, int]:
+    return {"heads": g.mamba_heads, "head_dim": g.mamba_head_dim, "groups": g.mamba_groups, "state": g.mamba_state}
+
+
+def _nemotron_h_rules(tied: bool) -> list[Rule]:
+    """NemotronH (HybridModel): Mamba `M`, attention `*`, squared-ReLU MLP `-` and MoE `E` layers, each one pre-norm.
+
+    Every layer's single norm is HF `backbone.layers.N.norm.weight`, whichever Megatron module holds it (local
+    spec: `norm` / `input_layernorm` / `pre_mlp_layernorm`; TE spec: the fused linear's `layer_norm_weight`).
+    """
+    rules: list[Rule] = [
+        (r"embedding\.word_embeddings\.weight", lambda m, g: Split(
+            megatron=m[0], hf="backbone.embeddings.weight", padded_rows=g.padded_vocab, unpadded_rows=g.vocab)),
+        (r"output_layer\.weight", lambda m, g: Split(
+            megatron=m[0], hf="backbone.embeddings.weight" if tied else "lm_head.weight",
+            padded_rows=g.padded_vocab, unpadded_rows=g.vocab)),
+        (r"decoder\.(final_norm|final_layernorm)\.weight",
+         lambda m, g: Replicated(megatron=m[0], hf="backbone.norm_f.weight")),
+        (_L + r"(norm\.weight|input_layernorm\.weight|pre_mlp_layernorm\.weight|mixer\.in_proj\.layer_norm_weight"
+         r"|self_attention\.linear_qkv\.layer_norm_weight|mlp\.linear_fc1\.layer_norm_weight)",
+         lambda m, g: Replicated(megatron=m[0], hf=_nh(m, "norm.weight"))),
+        # Mamba mixer
+        (_L + r"mixer\.in_proj\.weight",
+         lambda m, g: mamba_in_proj(megatron=m[0], hf=_nh(m, "mixer.in_proj.weight"), **_mamba(m, g))),
+        (_L + r"mixer\.conv1d[._](?P<kind>weight|bias)",
+         lambda m, g: mamba_conv1d(megatron=m[0], hf=_nh(m, f"mixer.conv1d.{m['kind']}"), **_mamba(m, g))),
+        (_L + r"mixer\.(?P<p>A_log|D|dt_bias|norm\.weight)",
+         lambda m, g: Split(megatron=m[0], hf=_nh(m, f"mixer.{m['p']}"))),
+        (_L + r"mixer\.out_proj\.weight", lambda m, g: Split(megatron=m[0], hf=_nh(m, "mixer.out_proj.weight"), dim=1)),
+        # Attention
+        (_L + r"self_attention\.linear_qkv\.weight", lambda m, g: FusedQKV(
+            megatron=m[0], q=_nh(m, "mixer.q_proj.weight"), k=_nh(m, "mixer.k_proj.weight"),
+            v=_nh(m, "mixer.v_proj.weight"), num_heads=g.num_heads, num_query_groups=g.num_query_groups,
+            head_dim=g.head_dim)),
+        (_L + r"self_attention\.linear_proj\.weight",
+         lambda m, g: Split(megatron=m[0], hf=_nh(m, "mixer.o_proj.weight"), dim=1)),
+        # Dense MLP (not gated) and MoE
+        (_L + r"mlp\.linear_fc1\.weight", lambda m, g: Split(megatron=m[0], hf=_nh(m, "mixer.up_proj.weight"))),
+        (_L + r"mlp\.linear_fc2\.weight",
+         lambda m, g: Split(megatron=m[0], hf=_nh(m, "mixer.down_proj.weight"), dim=1)),
+        (_L + r"mlp\.router\.weight", lambda m, g: Replicated(megatron=m[0], hf=_nh(m, "mixer.gate.weight"))),
+        (_L + r"mlp\.router\.expert_bias",
+         lambda m, g: Replicated(megatron=m[0], hf=_nh(m, "mixer.gate.e_score_correction_bias"))),
+        (_L + r"mlp\.shared_experts\.linear_fc1\.weight",
+         lambda m, g: Split(megatron=m[0], hf=_nh(m, "mixer.shared_experts.up_proj.weight"))),
+        (_L + r"mlp\.shared_experts\.linear_fc2\.weight",
+         lambda m, g: Split(megatron=m[0], hf=_nh(m, "mixer.shared_experts.down_proj.weight"), dim=1)),
+        (_L + r"mlp\.experts\.(local_experts\.(?P<e>\d+)\.linear_fc1\.weight|linear_fc1\.weight(?P<te>\d+))",
+         lambda m, g: Split(
+             megatron=m[0], axis="etp", expert=int(m["e"] or m["te"]), num_experts=g.num_experts,
+             hf=_nh(m, f"mixer.experts.{m['e'] or m['te']}.up_proj.weight"))),
+        (_L + r"mlp\.experts\.(local_experts\.(?P<e>\d+)\.linear_fc2\.weight|linear_fc2\.weight(?P<te>\d+))",
+         lambda m, g: Split(
+             megatron=m[0], axis="etp", dim=1, expert=int(m["e"] or m["te"]), num_experts=g.num_experts,
+             hf=_nh(m, f"mixer.experts.{m['e'] or m['te']}.down_proj.weight"))),
+    ]
+    return rules
+
+
 ARCHITECTURES: dict[str, Callable[[bool], list[Rule]]] = {
+    "NemotronHForCausalLM": _nemotron_h_rules,
     "LlamaForCausalLM": _rules,
     "Qwen2ForCausalLM": _rules,
     "Qwen3ForCausalLM": _rules,
