@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -94,11 +95,24 @@ def run_ranks(job: Job, log_dir: str | None = None) -> dict[str, Any]:
         suffix = "" if first["status"] == "bad_input" else f" (log: {log_file})"
         raise cls(f"{where}{first['error']}{suffix}")
     if code != 0 or not job.result_file.exists():
+        cause = root_cause(log_file)
+        who = f"rank {cause[0]} died with exit code {cause[1]}" if cause else "a rank exited without a result"
         raise SetupError(
-            f"a rank exited without a result (torchrun exit code {code} after {time.monotonic() - started:.0f} s; "
-            f"a rank died or was killed); log: {log_file}"
+            f"{who} (torchrun exit code {code} after {time.monotonic() - started:.0f} s); log: {log_file}"
         )
     return json.loads(job.result_file.read_text())
+
+
+_ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+
+
+def root_cause(log_file: Path) -> tuple[int, int] | None:
+    """(rank, exit code) of the first failure torchrun observed, read from its summary in the log."""
+    try:
+        match = _ROOT_CAUSE.search(log_file.read_text(errors="replace")[-20000:])
+    except OSError:
+        return None
+    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def _rank_errors(job: Job) -> list[dict[str, Any]]:
