@@ -78,8 +78,7 @@ def compare_bits(name: str, expected: Any, actual: Any) -> Finding | None:
         tensor=name,
         kind="bytes-differ",
         message=(
-            f"{count}/{diff.numel()} elements differ; first at index {list(index)}: "
-            f"got {act_s}, expected {exp_s}"
+            f"{count}/{diff.numel()} elements differ; first at index {list(index)}: got {act_s}, expected {exp_s}"
         ),
         detail={"count": count, "numel": diff.numel(), "first_index": list(index), "expected": exp_s, "actual": act_s},
     )

@@ -72,7 +72,9 @@ def read_header(file: Path) -> dict[str, Any]:
                 raise BadInput(f"corrupt safetensors file {file}: header length {header_len} exceeds the file")
             header = json.loads(fh.read(header_len))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadInput(f"corrupt safetensors file {file}: header is not valid JSON ({exc.__class__.__name__})") from None
+        raise BadInput(
+            f"corrupt safetensors file {file}: header is not valid JSON ({exc.__class__.__name__})"
+        ) from None
     except OSError as exc:
         raise BadInput(f"cannot read {file}: {exc.strerror or exc}") from None
     if not isinstance(header, dict):
@@ -90,7 +92,9 @@ def read_header(file: Path) -> dict[str, Any]:
         except (KeyError, TypeError, ValueError):
             raise BadInput(f"corrupt safetensors file {file}: bad header entry for tensor {name!r}") from None
         if end - begin != expected or begin < 0:
-            raise BadInput(f"corrupt safetensors file {file}: tensor {name!r} has {end - begin} bytes, needs {expected}")
+            raise BadInput(
+                f"corrupt safetensors file {file}: tensor {name!r} has {end - begin} bytes, needs {expected}"
+            )
         if end > data_size:
             raise BadInput(
                 f"truncated safetensors file {file}: tensor {name!r} ends at byte {end} of {data_size} data bytes"

@@ -124,16 +124,16 @@ def _describe_dim(segs: list[Segment], expected_name: str, n_expected: int, dim:
 
 
 def _gate_up_pair(a: str, b: str) -> bool:
-    return {a.replace("gate_proj", "X").replace("up_proj", "X")} == {b.replace("gate_proj", "X").replace("up_proj", "X")}
+    return {a.replace("gate_proj", "X").replace("up_proj", "X")} == {
+        b.replace("gate_proj", "X").replace("up_proj", "X")
+    }
 
 
 def _qk_pair(a: str, b: str) -> bool:
     return {re.sub(r"[qkv]_proj", "X", a)} == {re.sub(r"[qkv]_proj", "X", b)}
 
 
-def diagnose(
-    name: str, expected: Any, actual: Any, others: Mapping[str, Any] | None = None
-) -> Diagnosis | None:
+def diagnose(name: str, expected: Any, actual: Any, others: Mapping[str, Any] | None = None) -> Diagnosis | None:
     """The rearrangement that turns source `expected` (named `name`) into `actual`, or None.
 
     `others` are further source tensors (by name) the export may have taken rows from (siblings, experts).
@@ -154,9 +154,7 @@ def diagnose(
         if [d for i, d in enumerate(actual.shape) if i != dim] != rest:
             continue
         sources = {
-            n: _rows(t, dim)
-            for n, t in candidates.items()
-            if [d for i, d in enumerate(t.shape) if i != dim] == rest
+            n: _rows(t, dim) for n, t in candidates.items() if [d for i, d in enumerate(t.shape) if i != dim] == rest
         }
         segs = _segments(_rows(actual, dim), sources)
         if not segs:
@@ -167,7 +165,9 @@ def diagnose(
     if actual.dim() == expected.dim() + 1 and tuple(actual.shape[1:]) == tuple(expected.shape):
         for k in range(actual.shape[0]):
             if bool((int_view(actual[k]) == int_view(expected)).all()):
-                return Diagnosis(kind="stacked", text=f"export stacks {actual.shape[0]} tensors; the source is slice {k}")
+                return Diagnosis(
+                    kind="stacked", text=f"export stacks {actual.shape[0]} tensors; the source is slice {k}"
+                )
     return None
 
 

@@ -36,7 +36,11 @@ class ParallelLayout:
     @property
     def label(self) -> str:
         """Short human label such as "TP2xEP2" or "TP1"."""
-        parts = [f"{k.upper()}{v}" for k, v in (("tp", self.tp), ("pp", self.pp), ("ep", self.ep), ("etp", self.etp)) if v > 1]
+        parts = [
+            f"{k.upper()}{v}"
+            for k, v in (("tp", self.tp), ("pp", self.pp), ("ep", self.ep), ("etp", self.etp))
+            if v > 1
+        ]
         return "x".join(parts) or "TP1"
 
     def to_dict(self) -> dict[str, int]:

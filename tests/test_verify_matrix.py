@@ -15,7 +15,7 @@ CASES = [(name, layout) for name in sorted(FIXTURES) for layout in DENSE_LAYOUTS
 
 
 @pytest.mark.ranks
-@pytest.mark.parametrize(("name", "layout"), CASES, ids=[f"{n}-{'-'.join(l) or 'tp1'}" for n, l in CASES])
+@pytest.mark.parametrize(("name", "layout"), CASES, ids=[f"{n}-{'-'.join(lay) or 'tp1'}" for n, lay in CASES])
 def test_verify_passes(name: str, layout: tuple[str, ...], tmp_path: Path) -> None:
     res = run_cli("verify", "--model", f"tiny:{name}", *layout, "--table", "failures", tmp_path=tmp_path)
     assert res.code == 0, res.out[-3000:] + res.err[-2000:]

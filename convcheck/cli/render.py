@@ -49,7 +49,9 @@ def print_report(report: Report, table: str = "all", console: Any = None, max_fi
                 soft_wrap=True,
             )
         if len(oracle.findings) > max_findings:
-            console.print(f"  ... {len(oracle.findings) - max_findings} more {oracle.name} finding(s) in the JSON report")
+            console.print(
+                f"  ... {len(oracle.findings) - max_findings} more {oracle.name} finding(s) in the JSON report"
+            )
     for oracle in report.oracles:
         console.print(
             f"{_styled(oracle.verdict)} {oracle.name}: checked {oracle.checked} {oracle.unit}, "
@@ -73,7 +75,9 @@ def _metrics_text(metrics: dict[str, Any]) -> str:
 
 
 def _styled(verdict: str) -> str:
-    return {"pass": "[green]PASS[/green]", "fail": "[red]FAIL[/red]"}.get(verdict, f"[yellow]{verdict.upper()}[/yellow]")
+    return {"pass": "[green]PASS[/green]", "fail": "[red]FAIL[/red]"}.get(
+        verdict, f"[yellow]{verdict.upper()}[/yellow]"
+    )
 
 
 def _layout_label(layout: dict[str, int]) -> str:

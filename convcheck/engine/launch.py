@@ -97,9 +97,7 @@ def run_ranks(job: Job, log_dir: str | None = None) -> dict[str, Any]:
     if code != 0 or not job.result_file.exists():
         cause = root_cause(log_file)
         who = f"rank {cause[0]} died with exit code {cause[1]}" if cause else "a rank exited without a result"
-        raise SetupError(
-            f"{who} (torchrun exit code {code} after {time.monotonic() - started:.0f} s); log: {log_file}"
-        )
+        raise SetupError(f"{who} (torchrun exit code {code} after {time.monotonic() - started:.0f} s); log: {log_file}")
     return json.loads(job.result_file.read_text())
 
 

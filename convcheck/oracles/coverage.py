@@ -41,9 +41,7 @@ def megatron_side(ctx: RankContext) -> tuple[set[str], list[Finding]]:
             continue  # tied to the word embeddings: exported under the embedding's mapping
         mapping = registry.megatron_to_hf_lookup(name)
         if mapping is None:
-            findings.append(
-                Finding(tensor=name, kind="unmapped", message="Megatron parameter has no bridge mapping")
-            )
+            findings.append(Finding(tensor=name, kind="unmapped", message="Megatron parameter has no bridge mapping"))
             continue
         if getattr(mapping, "allow_hf_name_mismatch", False):
             continue
@@ -64,12 +62,16 @@ def export_side(counts: Counter[str], source: set[str]) -> list[Finding]:
     """Findings about export names: never produced, produced twice, or not in the source."""
     findings = []
     for name in sorted(source - set(counts)):
-        findings.append(Finding(tensor=name, kind="not-exported", message="source tensor is never produced by the export"))
+        findings.append(
+            Finding(tensor=name, kind="not-exported", message="source tensor is never produced by the export")
+        )
     for name, count in sorted(counts.items()):
         if count > 1:
             findings.append(Finding(tensor=name, kind="duplicate", message=f"exported {count} times"))
         if name not in source:
-            findings.append(Finding(tensor=name, kind="unexpected", message="exported but not in the source checkpoint"))
+            findings.append(
+                Finding(tensor=name, kind="unexpected", message="exported but not in the source checkpoint")
+            )
     return findings
 
 
@@ -77,10 +79,16 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank checks its parameters; rank 0 also counts the export's names."""
     names, findings = megatron_side(ctx)
     if ctx.load_error:
-        findings.append(Finding(tensor="<import>", kind="import-failed", message=f"bridge.load_hf_weights raised {ctx.load_error}"))
+        findings.append(
+            Finding(tensor="<import>", kind="import-failed", message=f"bridge.load_hf_weights raised {ctx.load_error}")
+        )
     counts: Counter[str] = Counter(name for name, _ in ctx.export())
     if ctx.export_error:
-        findings.append(Finding(tensor="<export>", kind="export-failed", message=f"bridge.export_hf_weights raised {ctx.export_error}"))
+        findings.append(
+            Finding(
+                tensor="<export>", kind="export-failed", message=f"bridge.export_hf_weights raised {ctx.export_error}"
+            )
+        )
     gathered = ctx.gather((sorted(names), [f.to_dict() for f in findings]))
     if not ctx.is_reporter:
         return None

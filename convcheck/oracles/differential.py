@@ -34,7 +34,9 @@ def _verdict(findings: list[Finding], counts: dict[str, int]) -> OracleVerdict:
 
     bad = {f.tensor for f in findings}
     rows = tuple(
-        TensorRow(tensor=f"{param} [{n} elements]", shape=(), dtype="", verdict="fail" if param in bad or n == 0 else "pass")
+        TensorRow(
+            tensor=f"{param} [{n} elements]", shape=(), dtype="", verdict="fail" if param in bad or n == 0 else "pass"
+        )
         for param, n in sorted(counts.items())
     )
     extra: dict[str, Any] = {}
@@ -62,7 +64,14 @@ def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[
         for rec in records:
             counts.setdefault(rec["param"], 0)
             if "error" in rec:
-                findings.append(Finding(tensor=rec["param"], kind="probe-failed", message=f"rank {rank}: {rec['error']}", detail={"rank": rank}))
+                findings.append(
+                    Finding(
+                        tensor=rec["param"],
+                        kind="probe-failed",
+                        message=f"rank {rank}: {rec['error']}",
+                        detail={"rank": rank},
+                    )
+                )
             else:
                 by_hf[rec["hf"]].append((rank, rec))
     seen: set[tuple[str, str]] = set()
@@ -77,13 +86,33 @@ def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[
         reals = [(r, e) for r, e in entries if e.get("real")]
         digests = {e["real"]["sha256"] for _, e in reals}
         if len(digests) > 1:
-            add(Finding(tensor=hf, kind="ranks-disagree", message=f"the real export differs between ranks ({len(digests)} distinct byte strings)"))
+            add(
+                Finding(
+                    tensor=hf,
+                    kind="ranks-disagree",
+                    message=f"the real export differs between ranks ({len(digests)} distinct byte strings)",
+                )
+            )
         for r, e in probes:
             if not e.get("real"):
-                add(Finding(tensor=hf, kind="missing-in-real", message=f"rank {r}'s probe writes {e['owned']} elements of {hf} ({e['param']}) but the real export has no such tensor", detail={"rank": r, "first_index": [0] * len(e["shape"])}))
+                add(
+                    Finding(
+                        tensor=hf,
+                        kind="missing-in-real",
+                        message=f"rank {r}'s probe writes {e['owned']} elements of {hf} ({e['param']}) but the real export has no such tensor",
+                        detail={"rank": r, "first_index": [0] * len(e["shape"])},
+                    )
+                )
             elif e["real"]["shape"] != e["shape"]:
                 first = _first_outside(e["real"]["shape"], e["shape"])
-                add(Finding(tensor=hf, kind="shape", message=f"real shape {e['real']['shape']}, probe shape {e['shape']} (rank {r}); first HF index the real export lacks: {first}", detail={"rank": r, "first_index": first}))
+                add(
+                    Finding(
+                        tensor=hf,
+                        kind="shape",
+                        message=f"real shape {e['real']['shape']}, probe shape {e['shape']} (rank {r}); first HF index the real export lacks: {first}",
+                        detail={"rank": r, "first_index": first},
+                    )
+                )
             if "mismatch" in e:
                 m = e["mismatch"]
                 add(Finding(
@@ -104,7 +133,13 @@ def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[
             key = (e["task"], tuple(tuple(w) for w in e["writer"]))
             if key in writers:
                 if [list(x) for x in writers[key][1]["ranges"]] != [list(x) for x in e["ranges"]]:
-                    add(Finding(tensor=hf, kind="replica-layout", message=f"ranks {writers[key][0]} and {r} are replicas but place their elements differently"))
+                    add(
+                        Finding(
+                            tensor=hf,
+                            kind="replica-layout",
+                            message=f"ranks {writers[key][0]} and {r} are replicas but place their elements differently",
+                        )
+                    )
                 continue
             writers[key] = (r, e)
             counts[e["param"]] += e["owned"]
@@ -113,15 +148,33 @@ def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[
         if bool(gaps.any()):
             where = bad_ranges(gaps, tuple(shape))
             first = first_index(gaps, tuple(shape))
-            add(Finding(tensor=hf, kind="uncovered", message=f"{int(gaps.sum())} elements no rank's probe writes; first at HF index {first}; ranges {', '.join(where)}", detail={"first_index": first}))
+            add(
+                Finding(
+                    tensor=hf,
+                    kind="uncovered",
+                    message=f"{int(gaps.sum())} elements no rank's probe writes; first at HF index {first}; ranges {', '.join(where)}",
+                    detail={"first_index": first},
+                )
+            )
         over = hits.gt(1)
         if bool(over.any()) and any("mismatch" in e for _, e in writers.values()):
             where = bad_ranges(over, tuple(shape))
             first = first_index(over, tuple(shape))
-            add(Finding(tensor=hf, kind="conflict", message=f"{int(over.sum())} elements written by several ranks with different bytes; first at HF index {first}; ranges {', '.join(where)}", detail={"first_index": first}))
+            add(
+                Finding(
+                    tensor=hf,
+                    kind="conflict",
+                    message=f"{int(over.sum())} elements written by several ranks with different bytes; first at HF index {first}; ranges {', '.join(where)}",
+                    detail={"first_index": first},
+                )
+            )
     for param, n in counts.items():
         if n == 0 and not any(f.tensor == param for f in findings):
             owned_somewhere = any(e["param"] == param for es in by_hf.values() for _, e in es)
             if not owned_somewhere:
-                add(Finding(tensor=param, kind="nothing-checked", message="the task exported nothing any probe could check"))
+                add(
+                    Finding(
+                        tensor=param, kind="nothing-checked", message="the task exported nothing any probe could check"
+                    )
+                )
     return findings, counts

@@ -26,7 +26,12 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     findings, proven = assemble(gathered, source)
     bad = {f.tensor for f in findings}
     rows = tuple(
-        TensorRow(tensor=name, shape=shape, dtype=ctx.checkpoint.tensors[name].torch_dtype, verdict="fail" if name in bad else "pass")
+        TensorRow(
+            tensor=name,
+            shape=shape,
+            dtype=ctx.checkpoint.tensors[name].torch_dtype,
+            verdict="fail" if name in bad else "pass",
+        )
         for name, shape in sorted(source.items())
     )
     return make_verdict(NAME, checked=proven, findings=findings, unit="elements", rows=rows)
@@ -49,14 +54,32 @@ def assemble(gathered: list[list[dict[str, Any]]], source: dict[str, tuple[int, 
     for rank, records in enumerate(gathered):
         for rec in records:
             if "error" in rec:
-                findings.append(Finding(tensor=rec["param"], kind="probe-failed", message=f"rank {rank}: {rec['error']}", detail={"rank": rank}))
+                findings.append(
+                    Finding(
+                        tensor=rec["param"],
+                        kind="probe-failed",
+                        message=f"rank {rank}: {rec['error']}",
+                        detail={"rank": rank},
+                    )
+                )
             elif "ranges" in rec:
                 by_hf[rec["hf"]].append((rank, rec))
     proven = 0
     for name in sorted(set(source) - set(by_hf)):
-        findings.append(Finding(tensor=name, kind="never-written", message="no rank's probe writes any element of this source tensor", detail={"first_index": [0] * len(source[name])}))
+        findings.append(
+            Finding(
+                tensor=name,
+                kind="never-written",
+                message="no rank's probe writes any element of this source tensor",
+                detail={"first_index": [0] * len(source[name])},
+            )
+        )
     for name in sorted(set(by_hf) - set(source)):
-        findings.append(Finding(tensor=name, kind="unexpected", message="the probe writes a tensor the source checkpoint does not have"))
+        findings.append(
+            Finding(
+                tensor=name, kind="unexpected", message="the probe writes a tensor the source checkpoint does not have"
+            )
+        )
     for name in sorted(set(by_hf) & set(source)):
         want = source[name]
         writers: dict[tuple[Any, ...], tuple[int, dict[str, Any]]] = {}
@@ -67,7 +90,13 @@ def assemble(gathered: list[list[dict[str, Any]]], source: dict[str, tuple[int, 
             key = (e["task"], tuple(tuple(w) for w in e["writer"]))
             if key in writers:
                 if [list(x) for x in writers[key][1]["ranges"]] != [list(x) for x in e["ranges"]]:
-                    findings.append(Finding(tensor=name, kind="replica-layout", message=f"replica ranks {writers[key][0]} and {r} write different elements"))
+                    findings.append(
+                        Finding(
+                            tensor=name,
+                            kind="replica-layout",
+                            message=f"replica ranks {writers[key][0]} and {r} write different elements",
+                        )
+                    )
                 continue
             writers[key] = (r, e)
         if shape_bad is not None:
@@ -84,7 +113,10 @@ def assemble(gathered: list[list[dict[str, Any]]], source: dict[str, tuple[int, 
             numel *= d
         hits = count_writes(numel, [e["ranges"] for _, e in writers.values()])
         ok = True
-        for kind, mask, what in (("gap", hits.eq(0), "never written"), ("overlap", hits.gt(1), "written by more than one rank")):
+        for kind, mask, what in (
+            ("gap", hits.eq(0), "never written"),
+            ("overlap", hits.gt(1), "written by more than one rank"),
+        ):
             if bool(mask.any()):
                 ok = False
                 where = bad_ranges(mask, want)

@@ -54,10 +54,22 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     if write_to:
         from convcheck.engine.job import write_json_atomic
 
-        write_json_atomic(Path(write_to), {"layout": ctx.layout.to_dict(), "export_error": ctx.export_error, "tensors": digests})
+        write_json_atomic(
+            Path(write_to), {"layout": ctx.layout.to_dict(), "export_error": ctx.export_error, "tensors": digests}
+        )
         return make_verdict(NAME, checked=len(digests), findings=[])
     if reference is None:
-        return make_verdict(NAME, checked=0, findings=[Finding(tensor="<layout>", kind="no-reference", message=f"no TP1 manifest (set {ENV_MANIFEST}; `convcheck verify` does it)")])
+        return make_verdict(
+            NAME,
+            checked=0,
+            findings=[
+                Finding(
+                    tensor="<layout>",
+                    kind="no-reference",
+                    message=f"no TP1 manifest (set {ENV_MANIFEST}; `convcheck verify` does it)",
+                )
+            ],
+        )
     findings = compare(ctx, digests, reference, kept)
     bad = {f.tensor for f in findings}
     rows = tuple(
@@ -80,16 +92,36 @@ def compare(
     reader = TensorReader(ctx.checkpoint)
     source = ctx.checkpoint.tensors
     if ctx.export_error:
-        findings.append(Finding(tensor="<export>", kind="export-failed", message=f"bridge.export_hf_weights raised {ctx.export_error}"))
+        findings.append(
+            Finding(
+                tensor="<export>", kind="export-failed", message=f"bridge.export_hf_weights raised {ctx.export_error}"
+            )
+        )
     if reference.get("export_error"):
-        findings.append(Finding(tensor="<export>", kind="tp1-export-failed", message=f"the TP1 export raised {reference['export_error']}"))
+        findings.append(
+            Finding(
+                tensor="<export>",
+                kind="tp1-export-failed",
+                message=f"the TP1 export raised {reference['export_error']}",
+            )
+        )
     for name in sorted(set(ref) & set(source)):
         if digest(reader.get(name)) != ref[name]:
-            findings.append(Finding(tensor=name, kind="tp1-differs-from-source", message="the TP1 export of this tensor differs from the source bytes (see roundtrip at TP1)"))
+            findings.append(
+                Finding(
+                    tensor=name,
+                    kind="tp1-differs-from-source",
+                    message="the TP1 export of this tensor differs from the source bytes (see roundtrip at TP1)",
+                )
+            )
     for name in sorted(set(ref) - set(digests)):
-        findings.append(Finding(tensor=name, kind="missing", message=f"in the TP1 export, not in the {ctx.layout.label} export"))
+        findings.append(
+            Finding(tensor=name, kind="missing", message=f"in the TP1 export, not in the {ctx.layout.label} export")
+        )
     for name in sorted(set(digests) - set(ref)):
-        findings.append(Finding(tensor=name, kind="extra", message=f"in the {ctx.layout.label} export, not in the TP1 export"))
+        findings.append(
+            Finding(tensor=name, kind="extra", message=f"in the {ctx.layout.label} export, not in the TP1 export")
+        )
     first_differing = None
     for name in sorted(set(digests) & set(ref)):
         if digests[name] == ref[name]:
@@ -114,7 +146,14 @@ def compare(
                     message += "; equals the source (the TP1 export is the one that differs)"
         findings.append(Finding(tensor=name, kind="layout-differs", message=message, detail=detail))
     if first_differing is not None:
-        findings.append(Finding(tensor="<layout>", kind="first-differing", message=f"first tensor that differs from the TP1 export: {first_differing}", detail={"tensor": first_differing}))
+        findings.append(
+            Finding(
+                tensor="<layout>",
+                kind="first-differing",
+                message=f"first tensor that differs from the TP1 export: {first_differing}",
+                detail={"tensor": first_differing},
+            )
+        )
     return findings
 
 
@@ -134,8 +173,14 @@ def reference_manifest(job: Any, log_dir: str | None = None) -> Path:
     from convcheck.versions import versions
 
     key = hashlib.sha256()
-    key.update(json.dumps({"model": job.model_path, "hooks": list(job.hooks), "device": job.device, "v": versions()}, sort_keys=True).encode())
-    for path in sorted(Path(job.model_path).glob("*.safetensors")) + [Path(h.rpartition(":")[0]) for h in job.hooks if h.rpartition(":")[0].endswith(".py")]:
+    key.update(
+        json.dumps(
+            {"model": job.model_path, "hooks": list(job.hooks), "device": job.device, "v": versions()}, sort_keys=True
+        ).encode()
+    )
+    for path in sorted(Path(job.model_path).glob("*.safetensors")) + [
+        Path(h.rpartition(":")[0]) for h in job.hooks if h.rpartition(":")[0].endswith(".py")
+    ]:
         stat = path.stat()
         key.update(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
     cache = Path(os.environ.get("CONVCHECK_CACHE_DIR", Path.home() / ".cache" / "convcheck")) / "layout"

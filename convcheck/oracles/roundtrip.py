@@ -32,11 +32,17 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         failed = finding is not None or rows.get(name, None) is not None and rows[name].verdict == "fail"
         if finding is not None:
             findings.append(finding)
-        rows[name] = TensorRow(tensor=name, shape=tuple(tensor.shape), dtype=_dt(tensor), verdict="fail" if failed else "pass")
+        rows[name] = TensorRow(
+            tensor=name, shape=tuple(tensor.shape), dtype=_dt(tensor), verdict="fail" if failed else "pass"
+        )
     if reader is None:
         return None
     if ctx.export_error:
-        findings.append(Finding(tensor="<export>", kind="export-failed", message=f"bridge.export_hf_weights raised {ctx.export_error}"))
+        findings.append(
+            Finding(
+                tensor="<export>", kind="export-failed", message=f"bridge.export_hf_weights raised {ctx.export_error}"
+            )
+        )
     for name in sorted(set(source) - set(rows)):
         findings.append(Finding(tensor=name, kind="missing", message="source tensor is missing from the export"))
         entry = source[name]

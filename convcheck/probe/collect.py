@@ -47,7 +47,9 @@ def collect(ctx: Any, *, with_real: bool) -> list[dict[str, Any]]:
             slot = slots.get(name)
             rec: dict[str, Any] = {**base, "hf": name}
             if slot is not None:
-                rec.update(shape=list(slot.shape), writer=[list(w) for w in slot.writer], ranges=to_ranges(slot.positions))
+                rec.update(
+                    shape=list(slot.shape), writer=[list(w) for w in slot.writer], ranges=to_ranges(slot.positions)
+                )
                 rec["owned"] = int(slot.positions.numel())
             if with_real:
                 rec.update(_against_real(real.get(name), slot, task.param_weight))

@@ -69,7 +69,9 @@ def probe_task(task: Any, rank: int) -> dict[str, ProbeSlot]:
         if codes is None:
             raise ProbeCommError(f"probe: a rank without the parameter produced {name} (needs a PP broadcast)")
         positions, local = decode(tensor, rank, numel, dtype)
-        slots[str(name)] = ProbeSlot(hf_name=str(name), shape=tuple(tensor.shape), positions=positions, local=local, writer=writer)
+        slots[str(name)] = ProbeSlot(
+            hf_name=str(name), shape=tuple(tensor.shape), positions=positions, local=local, writer=writer
+        )
     return slots
 
 

@@ -39,7 +39,9 @@ class ProbeGroup:
         return self._size
 
     def __getattr__(self, name: str) -> Any:
-        raise ProbeCommError(f"probe: the mapping used {self._label}.{name} (communication the probe cannot synthesise)")
+        raise ProbeCommError(
+            f"probe: the mapping used {self._label}.{name} (communication the probe cannot synthesise)"
+        )
 
     def __repr__(self) -> str:
         return f"ProbeGroup({self._label}, rank={self._rank}, size={self._size})"
