@@ -1,0 +1,41 @@
+"""Planted Mamba bugs: `convcheck verify --hook tests/plants_mamba.py:NAME` runs them in every rank.
+
+The patch goes into the real Megatron-Bridge MambaInProjMapping, symmetrically (import and export), so a
+roundtrip cannot see it; the mapping oracle must name the tensor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _dt_first_perm(config: Any, tp: int, inverse: bool) -> Any:
+    """Local row order `[z, x, dt, B, C]` instead of Megatron-Core's `[z, x, B, C, dt]` (or back)."""
+    import torch
+
+    d = config.mamba_num_heads * config.mamba_head_dim // tp
+    gn = config.mamba_num_groups * config.mamba_state_dim // tp
+    h = config.mamba_num_heads // tp
+    perm = torch.cat([torch.arange(2 * d), torch.arange(2 * d + 2 * gn, 2 * d + 2 * gn + h),
+                      torch.arange(2 * d, 2 * d + 2 * gn)])  # fmt: skip
+    return torch.argsort(perm) if inverse else perm
+
+
+def dt_before_bc() -> None:
+    """MambaInProjMapping import places each rank's dt rows before B/C; the export reads them back the same way."""
+    from megatron.bridge.models.conversion.param_mapping import MambaInProjMapping
+
+    to_megatron, to_hf = MambaInProjMapping.hf_to_megatron, MambaInProjMapping.megatron_to_hf
+
+    def hf_to_megatron(self, hf_weights, megatron_module):  # type: ignore[no-untyped-def]
+        shard = to_megatron(self, hf_weights, megatron_module)
+        return shard[_dt_first_perm(self._get_config(megatron_module), self.tp_size, inverse=False)].contiguous()
+
+    def megatron_to_hf(self, megatron_weights, megatron_module):  # type: ignore[no-untyped-def]
+        if megatron_weights is not None and megatron_module is not None:
+            perm = _dt_first_perm(self._get_config(megatron_module), self.tp_size, inverse=True)
+            megatron_weights = megatron_weights[perm].contiguous()
+        return to_hf(self, megatron_weights, megatron_module)
+
+    MambaInProjMapping.hf_to_megatron = hf_to_megatron
+    MambaInProjMapping.megatron_to_hf = megatron_to_hf

@@ -1,0 +1,104 @@
+"""Hybrid (NemotronH) construction shims 7-9 and settings: each test fails once upstream no longer needs it."""
+
+import inspect
+
+import torch
+
+from convcheck import compat
+
+
+def _original(func):  # type: ignore[no-untyped-def]
+    return getattr(func, "_convcheck_original", func)
+
+
+def test_shim7_still_needed_hybrid_final_norm_is_tenorm() -> None:
+    """Fails when HybridStack stops hard-wiring TENorm for the final norm (then delete shim 7)."""
+    compat.install_import_shims()
+    from megatron.core.extensions.transformer_engine import HAVE_TE
+    from megatron.core.models.hybrid.hybrid_block import HybridStack
+
+    assert not HAVE_TE
+    assert "self.final_norm = TENorm(" in inspect.getsource(_original(HybridStack.__init__))
+
+
+def test_shim8_still_needed_mamba_mixer_needs_mamba_ssm_and_cuda() -> None:
+    """Fails when MambaMixer builds without mamba_ssm or stops allocating on CUDA (then delete shim 8)."""
+    from megatron.core.ssm import mamba_mixer
+
+    assert mamba_mixer.HAVE_MAMBA_SSM is False  # the shim restores the module's flag after each construction
+    source = inspect.getsource(_original(mamba_mixer.MambaMixer.__init__))
+    assert "if not HAVE_MAMBA_SSM:" in source and "raise ImportError" in source
+    assert "device=torch.cuda.current_device()" in source
+    assert "self.norm = ExtendedRMSNorm(" in source
+    assert source.count("get_cuda_rng_tracker().fork()") == 2  # covered by shim 6 on CPU
+
+
+def test_shim9_still_needed_router_buffers_on_cuda() -> None:
+    """Fails when TopKRouter stops allocating its expert-bias buffers on CUDA (then delete shim 9)."""
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    source = inspect.getsource(_original(TopKRouter.__init__))
+    assert "'expert_bias'" in source and "device=torch.cuda.current_device()" in source
+
+
+def test_shims_are_idempotent_and_restore_module_state() -> None:
+    compat.install_hybrid_shims()
+    from megatron.core.models.hybrid import hybrid_block
+    from megatron.core.ssm import mamba_mixer
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    inits = (hybrid_block.HybridStack.__init__, mamba_mixer.MambaMixer.__init__, TopKRouter.__init__)
+    compat.install_hybrid_shims()
+    assert inits == (hybrid_block.HybridStack.__init__, mamba_mixer.MambaMixer.__init__, TopKRouter.__init__)
+    assert all(getattr(f, "_convcheck_cpu_shim", False) for f in inits)
+    assert hybrid_block.TENorm.__name__ == "TENorm" and mamba_mixer.HAVE_MAMBA_SSM is False
+
+
+def test_cpu_gated_norm_matches_hf_nemotron_h_gated_norm() -> None:
+    """The stand-in computes what HF NemotronH's gated RMSNorm computes (groups of d/G, silu gate before norm)."""
+    from transformers.models.zamba2.modeling_zamba2 import Zamba2RMSNormGated
+
+    norm = compat._gated_rms_norm_class()(32, eps=1e-5, group_size=16, norm_before_gate=False, dtype=torch.float32)
+    ref = Zamba2RMSNormGated(32, group_size=16, eps=1e-5)
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.rand(32, generator=gen)
+    with torch.no_grad():
+        norm.weight.copy_(weight)
+        ref.weight.copy_(weight)
+    x, z = torch.randn(2, 5, 32, generator=gen), torch.randn(2, 5, 32, generator=gen)
+    torch.testing.assert_close(norm(x, z), ref(x, gate=z), rtol=1e-6, atol=1e-6)
+    assert [n for n, _ in norm.named_parameters()] == ["weight"]
+
+
+def test_hybrid_provider_settings_still_needed() -> None:
+    """The provider settings in configure_hybrid_provider answer upstream lines that still exist."""
+    compat.install_import_shims()
+    from megatron.bridge.models.hybrid import hybrid_provider
+    from megatron.bridge.models.nemotronh import nemotron_h_bridge
+    from megatron.core.post_training.modelopt import layers
+    from megatron.core.transformer.moe import shared_experts
+
+    assert "return transformer_engine_hybrid_stack_spec()" in inspect.getsource(
+        hybrid_provider.get_default_hybrid_stack_spec
+    )
+    assert "if not HAVE_TE:" in inspect.getsource(layers.Norm.__new__)
+    assert "provider.moe_shared_expert_overlap = True" in inspect.getsource(nemotron_h_bridge.NemotronHBridge)
+    assert "torch.cuda.Stream()" in inspect.getsource(shared_experts.SharedExpertMLP.__init__)
+    assert hybrid_provider.DEFAULT_MAMBA_CHUNK_SIZE == 128  # other sizes deep-copy the spec
+
+
+def test_gpt_provider_path_unchanged() -> None:
+    """configure_provider sets the hybrid spec only on hybrid providers."""
+
+    class Gpt:
+        transformer_layer_spec = None
+
+    class Hybrid:
+        hybrid_stack_spec = None
+        moe_shared_expert_overlap = True
+
+    gpt, hybrid = Gpt(), Hybrid()
+    compat.configure_provider(gpt, "cpu")
+    compat.configure_provider(hybrid, "cpu")
+    assert not hasattr(gpt, "hybrid_stack_spec") and gpt.transformer_layer_spec is not None
+    assert hybrid.hybrid_stack_spec is compat.cpu_hybrid_stack_spec and hybrid.moe_shared_expert_overlap is False
