@@ -5,7 +5,7 @@ export CONVCHECK_CACHE_DIR ?= $(CURDIR)/.cache
 export OMP_NUM_THREADS ?= 1
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test lint bench clean
 
 setup:
 	@scripts/setup-venv.sh
@@ -15,6 +15,10 @@ demo: setup
 
 test: setup
 	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -q tests
+
+lint: setup
+	$(VENV)/bin/ruff check convcheck tests bench --select E,F,W,B --ignore E501,B905
+	$(VENV)/bin/ruff format --check convcheck/engine convcheck/cli convcheck/probe
 
 bench: setup
 	$(VENV)/bin/python bench/run_all.py

@@ -333,7 +333,7 @@ class LocalIdFc2(GroupedFc2):
 
     def from_shards(self, shards: Any, layout: ParallelLayout) -> Any:
         n = self.local_experts(layout)
-        for i, (name, t) in enumerate(GroupedFc2.from_shards(self, shards, layout)):
+        for i, (_name, t) in enumerate(GroupedFc2.from_shards(self, shards, layout)):
             yield self.down.format(expert=i % n), t
 
 
