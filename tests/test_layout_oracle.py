@@ -22,7 +22,7 @@ MATRIX = [
 ]
 
 
-@pytest.mark.parametrize(("model", "layout"), MATRIX, ids=[f"{m}-{'x'.join(l[1::2]) or '1'}{''.join(lay[::2])}" for m, lay in MATRIX])
+@pytest.mark.parametrize(("model", "layout"), MATRIX, ids=[f"{m}-{'x'.join(lay[1::2]) or '1'}{''.join(lay[::2])}" for m, lay in MATRIX])
 def test_layout_matrix(model: str, layout: tuple[str, ...], tmp_path: Path) -> None:
     r = run_cli("verify", "--model", model, *layout, "--oracle", ORACLES, tmp_path=tmp_path)
     assert r.report is not None, r.err
