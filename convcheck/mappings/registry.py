@@ -230,7 +230,7 @@ def build_registry(
     mappings: dict[str, TensorMapping] = {}
     copies: set[str] = set()
     for name in sorted(set(megatron_names)):
-        hits = [(p, make) for p, make in rules if (m := p.fullmatch(name))]
+        hits = [(p, make) for p, make in rules if p.fullmatch(name)]
         if not hits:
             problems.append(f"{name}: Megatron parameter has no mapping")
             continue
