@@ -41,13 +41,22 @@ def _unwrap(module: Any) -> Any:
 
 @contextmanager
 def upcast_fp32(model: list[Any]) -> Iterator[None]:
-    """Point every floating parameter/buffer at an fp32 copy; restore the original tensors on exit (no rounding)."""
+    """Point every floating parameter/buffer at an fp32 copy and every module config's params_dtype at fp32.
+
+    Restores the original tensors and dtypes on exit (no rounding). params_dtype matters where a forward casts
+    activations to it (megatron-core 0.19.2 ssm/mamba_layer.py:151).
+    """
     import torch
 
     saved: list[tuple[Any, str, Any]] = []
+    configs: dict[int, tuple[Any, Any]] = {}
     try:
         for chunk in model:
             for module in chunk.modules():
+                config = getattr(module, "config", None)
+                if getattr(config, "params_dtype", torch.float32) != torch.float32 and id(config) not in configs:
+                    configs[id(config)] = (config, config.params_dtype)
+                    config.params_dtype = torch.float32
                 for name, tensor in list(module._parameters.items()) + list(module._buffers.items()):
                     if tensor is not None and tensor.is_floating_point() and tensor.dtype != torch.float32:
                         saved.append((tensor, name, tensor.data))
@@ -56,6 +65,8 @@ def upcast_fp32(model: list[Any]) -> Iterator[None]:
     finally:
         for tensor, _, data in saved:
             tensor.data = data
+        for config, dtype in configs.values():
+            config.params_dtype = dtype
 
 
 def megatron_logits(ctx: RankContext, tokens: Any) -> Any | None:
