@@ -1,7 +1,13 @@
-"""Mapping oracle: the bridge's shards and export, compared bitwise with convcheck's own explicit mappings."""
+"""Mapping oracle: the bridge's shards and export, compared bitwise with convcheck's own explicit mappings.
+
+Memory bound (rank 0): one parameter's gathered shards plus what `from_shards` yields at once (one HF tensor or
+one expert), a (dtype, shape, sha256) digest per HF tensor, and, only for mismatching tensors, at most
+`KEEP_BYTES` of rebuilt tensors (or one tensor, if larger) per extra export stream; other ranks hold their shards.
+"""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from convcheck.bits import compare_bits
@@ -12,6 +18,11 @@ from convcheck.mappings import Geometry, MappingError, MappingRegistry, RankCoor
 from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
 
 NAME = "mapping"
+KEEP_BYTES = 1 << 30
+"""Rebuilt bytes of mismatching tensors rank 0 keeps for one extra export stream (one tensor if larger)."""
+
+Digest = tuple[str, tuple[int, ...], str]
+"""(dtype, shape, sha256 of the raw bytes) of one tensor."""
 
 
 def padded_vocab(provider: Any, vocab: int, tp: int) -> int:
@@ -32,6 +43,14 @@ def registry_for(ctx: RankContext, all_names: set[str]) -> MappingRegistry:
     return build_registry(
         ctx.checkpoint.architecture, geometry, all_names, ctx.checkpoint.tensors, tied=tied, strict=False
     )
+
+
+def digest(tensor: Any) -> Digest:
+    """(dtype, shape, sha256 of the raw bytes): equal digests mean what `compare_bits` calls equal."""
+    import torch
+
+    raw = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+    return str(tensor.dtype), tuple(tensor.shape), hashlib.sha256(memoryview(raw)).hexdigest()
 
 
 def _import_findings(ctx: RankContext, registry: MappingRegistry, coord: RankCoord, local: list) -> list[Finding]:
@@ -60,45 +79,58 @@ def _import_findings(ctx: RankContext, registry: MappingRegistry, coord: RankCoo
 
 
 def run(ctx: RankContext) -> OracleVerdict | None:
-    """Collective: every rank checks its shards; rank 0 rebuilds HF tensors from all shards and checks the export."""
+    """Collective: every rank checks its shards; rank 0 rebuilds HF tensors one parameter at a time and checks the
+    export against their digests, re-streaming the export only to localise mismatches."""
     coord = ctx.coord
-    local = [(ctx.global_name(n, vp), t) for vp, n, t in named_tensors(ctx.model)]
-    all_names = {n for names in ctx.gather(sorted(n for n, _ in local)) for n in names}
+    local = {ctx.global_name(n, vp): t for vp, n, t in named_tensors(ctx.model)}
+    all_names = {n for names in ctx.gather(sorted(local)) for n in names}
     try:
         registry = registry_for(ctx, all_names)
     except MappingError as exc:  # same on every rank (same config), so no rank is left in a collective
         finding = Finding(tensor="<registry>", kind="no-mappings", message=str(exc))
         return make_verdict(NAME, checked=0, findings=[finding]) if ctx.is_reporter else None
-    covered = [(n, t) for n, t in local if registry.get(n) is not None]
+    covered = sorted(((n, t) for n, t in local.items() if registry.get(n) is not None), key=lambda item: item[0])
     findings = _import_findings(ctx, registry, coord, covered)
-    shards = {n: (registry.get(n).canonical(coord), t.detach().cpu()) for n, t in covered}  # type: ignore[union-attr]
-    gathered = ctx.gather(([f.to_dict() for f in findings], shards))
-    ours: dict[str, tuple[str, Any]] = {}
-    if ctx.is_reporter:
-        findings, ours = _rebuild(ctx, registry, gathered)
-    checked_exports: set[str] = set()
-    for hf_name, tensor in ctx.export():
-        if not ctx.is_reporter or hf_name not in ours:
+    held = {n: registry.get(n).canonical(coord) for n, _ in covered}  # type: ignore[union-attr]
+    gathered = ctx.gather(([f.to_dict() for f in findings], held))
+    findings = [Finding.from_dict(f) for rank_findings, _ in gathered for f in rank_findings]
+    senders: dict[tuple[str, RankCoord], int] = {}
+    for rank, (_, rank_held) in enumerate(gathered):
+        for name, canonical in rank_held.items():
+            senders.setdefault((name, canonical), rank)  # the lowest rank holding a shard sends it
+    mine = {n for n, c in held.items() if senders[(n, c)] == ctx.rank}
+    del gathered
+    params = sorted(n for n in all_names if registry.get(n) is not None and n not in registry.copies)
+
+    exported = _export_digests(ctx)
+    export_error = ctx.export_error
+    ours: dict[str, tuple[str, Digest]] = {}
+    for name in params:
+        shards = _gather_param(ctx, name, local, held, mine)
+        if shards is None:
             continue
-        megatron, expected = ours[hf_name]
-        checked_exports.add(hf_name)
-        finding = compare_bits(hf_name, expected, tensor)
-        if finding is not None:
-            findings.append(
-                Finding(
-                    tensor=hf_name,
-                    kind=f"export-{finding.kind}",
-                    message=f"bridge export vs explicit mapping of {megatron}: {finding.message}",
-                    detail={**finding.detail, "megatron": megatron},
-                )
-            )
+        try:
+            for hf_name, tensor in registry.get(name).from_shards(shards, ctx.layout):  # type: ignore[union-attr]
+                ours[hf_name] = (name, digest(tensor))
+        except MappingError as exc:
+            findings.append(Finding(tensor=name, kind="mapping-error", message=str(exc)))
+    mismatched = {
+        hf: megatron for hf, (megatron, d) in ours.items() if hf in exported and any(e != d for e in exported[hf])
+    }
+    sizes = {hf: _nbytes(ours[hf][1]) for hf in mismatched}
+    plan = ctx.gather(_plan(mismatched, sizes) if ctx.is_reporter else None)[0]
+    for batch in plan:
+        findings += _localise(ctx, registry, batch, local, held, mine)
+
     if not ctx.is_reporter:
         return None
+    checked_exports = set(ours) & set(exported)
     for hf_name in sorted(set(ours) - checked_exports):
         findings.append(Finding(tensor=hf_name, kind="not-exported", message="the bridge export never produced it"))
-    if ctx.export_error:
-        message = f"bridge export raised {ctx.export_error}"
-        findings.append(Finding(tensor="<export>", kind="export-failed", message=message))
+    if export_error:
+        findings.append(
+            Finding(tensor="<export>", kind="export-failed", message=f"bridge export raised {export_error}")
+        )
     bad = {f.tensor for f in findings}
     rows = tuple(
         TensorRow(tensor=n, shape=(), dtype="?", verdict=_row_verdict(n, registry, bad)) for n in sorted(all_names)
@@ -107,26 +139,101 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     return make_verdict(NAME, checked=covered_count + len(checked_exports), findings=findings, rows=rows)
 
 
-def _rebuild(
-    ctx: RankContext, registry: MappingRegistry, gathered: list[Any]
-) -> tuple[list[Finding], dict[str, tuple[str, Any]]]:
-    """Rank 0: every rank's findings, and HF name -> (Megatron name, tensor) rebuilt by `from_shards`."""
-    findings = [Finding.from_dict(f) for rank_findings, _ in gathered for f in rank_findings]
-    by_param: dict[str, dict[RankCoord, Any]] = {}
-    for _, rank_shards in gathered:
-        for name, (coord, tensor) in rank_shards.items():
-            by_param.setdefault(name, {}).setdefault(coord, tensor)
-    ours: dict[str, tuple[str, Any]] = {}
-    for name in sorted(by_param):
-        if name in registry.copies:
+def _export_digests(ctx: RankContext) -> dict[str, list[Digest]]:
+    """Collective: stream the bridge export once; rank 0 keeps each yielded tensor's digest (in yield order)."""
+    out: dict[str, list[Digest]] = {}
+    for hf_name, tensor in ctx.export():
+        if ctx.is_reporter:
+            out.setdefault(hf_name, []).append(digest(tensor))
+    return out
+
+
+def _gather_param(
+    ctx: RankContext, name: str, local: dict[str, Any], held: dict[str, RankCoord], mine: set[str]
+) -> dict[RankCoord, Any] | None:
+    """Collective: one parameter's shards, one per canonical coordinate, on rank 0 (None on other ranks)."""
+    obj = (held[name], local[name].detach().cpu()) if name in mine else None
+    if ctx.world == 1:
+        parts: list[Any] | None = [obj]
+    else:
+        import torch.distributed as dist
+
+        parts = [None] * ctx.world if ctx.is_reporter else None
+        dist.gather_object(obj, parts, dst=0)
+    if parts is None:
+        return None
+    return dict(part for part in parts if part is not None)
+
+
+def _plan(mismatched: dict[str, str], sizes: dict[str, int]) -> list[dict[str, list[str]]]:
+    """Mismatching HF names, batched by Megatron parameter so that each batch keeps at most KEEP_BYTES."""
+    by_param: dict[str, list[str]] = {}
+    for hf, megatron in sorted(mismatched.items()):
+        by_param.setdefault(megatron, []).append(hf)
+    plan: list[dict[str, list[str]]] = []
+    batch: dict[str, list[str]] = {}
+    used = 0
+    for megatron, names in sorted(by_param.items()):
+        for hf in names:
+            if batch and used + sizes[hf] > KEEP_BYTES:
+                plan.append(batch)
+                batch, used = {}, 0
+            batch.setdefault(megatron, []).append(hf)
+            used += sizes[hf]
+    return plan + [batch] if batch else plan
+
+
+def _localise(
+    ctx: RankContext,
+    registry: MappingRegistry,
+    batch: dict[str, list[str]],
+    local: dict[str, Any],
+    held: dict[str, RankCoord],
+    mine: set[str],
+) -> list[Finding]:
+    """Collective: rebuild this batch's mismatching tensors again, stream the export once, name each difference."""
+    keep: dict[str, tuple[str, Any]] = {}
+    for megatron, hf_names in batch.items():
+        shards = _gather_param(ctx, megatron, local, held, mine)
+        if shards is None:
             continue
+        wanted = set(hf_names)
         try:
-            mapping = registry.get(name)
-            for hf_name, tensor in mapping.from_shards(by_param[name], ctx.layout):  # type: ignore[union-attr]
-                ours[hf_name] = (name, tensor)
-        except MappingError as exc:
-            findings.append(Finding(tensor=name, kind="mapping-error", message=str(exc)))
-    return findings, ours
+            for hf_name, tensor in registry.get(megatron).from_shards(shards, ctx.layout):  # type: ignore[union-attr]
+                if hf_name in wanted:
+                    keep[hf_name] = (megatron, tensor)
+        except MappingError:  # already a finding from the first rebuild, after the names it yielded
+            pass
+    findings: list[Finding] = []
+    named: set[str] = set()
+    for hf_name, tensor in ctx.export():
+        if not ctx.is_reporter or hf_name not in keep:
+            continue
+        megatron, expected = keep[hf_name]
+        finding = compare_bits(hf_name, expected, tensor)
+        if finding is not None:
+            named.add(hf_name)
+            findings.append(
+                Finding(
+                    tensor=hf_name,
+                    kind=f"export-{finding.kind}",
+                    message=f"bridge export vs explicit mapping of {megatron}: {finding.message}",
+                    detail={**finding.detail, "megatron": megatron},
+                )
+            )
+    for hf_name in sorted(set(keep) - named):  # the digests differed, the second stream matched
+        message = "the bridge export differed between two streams of the same model"
+        findings.append(Finding(tensor=hf_name, kind="export-unstable", message=message))
+    return findings
+
+
+def _nbytes(d: Digest) -> int:
+    import torch
+
+    numel = 1
+    for dim in d[1]:
+        numel *= dim
+    return numel * getattr(torch, d[0].removeprefix("torch.")).itemsize
 
 
 def _row_verdict(name: str, registry: MappingRegistry, bad: set[str]) -> str:
