@@ -14,7 +14,7 @@ demo: setup
 	$(VENV)/bin/convcheck verify --model tiny:qwen3-moe --tp 2 --ep 2
 
 test: setup
-	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -q tests
+	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -q --durations=15 tests
 
 lint: setup
 	$(VENV)/bin/ruff check convcheck tests bench --select E,F,W,B --ignore E501,B905

@@ -56,7 +56,7 @@ class ParallelLayout:
         """Raise BadInput naming the first constraint this layout breaks for an HF config dict."""
         heads = _first(config, "num_attention_heads", "n_head")
         kv_heads = _first(config, "num_key_value_heads") or heads
-        layers = _first(config, "num_hidden_layers", "n_layer")
+        layers = _first(config, "num_hidden_layers", "n_layer") or _pattern_length(config)
         experts = _first(config, "num_experts", "num_local_experts", "n_routed_experts")
         ffn = _first(config, "intermediate_size")
         moe_ffn = _first(config, "moe_intermediate_size") or ffn
@@ -72,12 +72,25 @@ class ParallelLayout:
             raise BadInput(f"impossible layout {self.label}: pp={self.pp} does not divide num_hidden_layers={layers}")
         if not experts and (self.ep > 1 or self.etp > 1):
             raise BadInput(f"impossible layout {self.label}: the model has no experts, so ep and etp must be 1")
+        for key in ("mamba_num_heads", "n_groups"):
+            value = _first(config, key)
+            if value and "mamba" in str(config.get("layers_block_type", "")) and value % self.tp:
+                raise BadInput(f"impossible layout {self.label}: tp={self.tp} does not divide {key}={value}")
         if experts and experts % self.ep:
             raise BadInput(f"impossible layout {self.label}: ep={self.ep} does not divide num_experts={experts}")
         if experts and moe_ffn and moe_ffn % self.etp:
             raise BadInput(
                 f"impossible layout {self.label}: etp={self.etp} does not divide moe_intermediate_size={moe_ffn}"
             )
+
+
+def _pattern_length(config: dict[str, Any]) -> int | None:
+    """Layer count of a hybrid model that lists its layers instead of counting them (NemotronH)."""
+    for key in ("layers_block_type", "hybrid_override_pattern"):
+        value = config.get(key)
+        if isinstance(value, (list, str)) and value:
+            return len(value)
+    return None
 
 
 def _first(config: dict[str, Any], *keys: str) -> int | None:

@@ -7,6 +7,8 @@ from convcheck.layout import ParallelLayout
 
 MOE = {"num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "num_experts": 8,
        "intermediate_size": 64, "moe_intermediate_size": 16}  # fmt: skip
+HYBRID = {"num_attention_heads": 4, "num_key_value_heads": 2, "mamba_num_heads": 4, "n_groups": 2,
+          "layers_block_type": ["mamba", "attention", "mlp", "mamba", "moe"], "n_routed_experts": 4}  # fmt: skip
 DENSE = {k: v for k, v in MOE.items() if k not in ("num_experts", "moe_intermediate_size")}
 
 
@@ -35,6 +37,8 @@ def test_world_size_and_label(layout: ParallelLayout, world: int, label: str) ->
         (ParallelLayout(ep=2), DENSE, "has no experts"),
         (ParallelLayout(ep=3), MOE, "does not divide num_experts=8"),
         (ParallelLayout(etp=3), MOE, "does not divide moe_intermediate_size=16"),
+        (ParallelLayout(pp=2), HYBRID, "does not divide num_hidden_layers=5"),
+        (ParallelLayout(tp=8), {**HYBRID, "num_key_value_heads": 8, "num_attention_heads": 8}, "mamba_num_heads=4"),
     ],
 )
 def test_impossible_layouts(layout: ParallelLayout, config: dict, needle: str) -> None:
