@@ -1,10 +1,12 @@
 """`convcheck verify` passes for every fixture at every layout on CPU, one torchrun launch per case."""
 
+import math
 from pathlib import Path
 
 import pytest
 
-from convcheck.fixtures import FIXTURES
+from convcheck.checkpoint import open_checkpoint
+from convcheck.fixtures import FIXTURES, build_fixture
 from tests.conftest import run_cli
 
 DENSE_LAYOUTS = [(), ("--tp", "2"), ("--pp", "2")]
@@ -34,6 +36,12 @@ def test_verify_passes(name: str, layout: tuple[str, ...], tmp_path: Path) -> No
     assert {"coverage", "roundtrip"} <= {o["name"] for o in report["oracles"]}
     for oracle in report["oracles"]:
         assert oracle["verdict"] == "pass" and oracle["checked"] > 0 and oracle["findings"] == []
-    roundtrip = next(o for o in report["oracles"] if o["name"] == "roundtrip")
-    assert roundtrip["checked"] == len(roundtrip["tensors"])
+    oracles = {o["name"]: o for o in report["oracles"]}
+    assert oracles["roundtrip"]["checked"] == len(oracles["roundtrip"]["tensors"])
+    numel = sum(math.prod(e.shape) for e in open_checkpoint(build_fixture(f"tiny:{name}")).tensors.values())
+    for name_ in ("differential", "elements"):  # every element of every source tensor proven, per task
+        if name_ in oracles:
+            assert oracles[name_]["checked"] == numel and oracles[name_]["unit"] == "elements"
+    if "layout" in oracles:
+        assert oracles["layout"]["checked"] == oracles["roundtrip"]["checked"]
     assert "PASS" in res.out.strip().splitlines()[-1]
