@@ -32,18 +32,32 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
+def _walk(owner: Any, path: str, name: str) -> Any:
+    """Follow a dotted attribute path; a `*` segment fans out over a sequence, keeping the items that have the rest."""
+    head, _, rest = path.partition(".")
+    if head == "*":
+        return [_walk(item, rest, name) for item in owner if not rest or hasattr(item, rest.partition(".")[0])]
+    if not hasattr(owner, head):
+        raise AttributeError(name)
+    return _walk(getattr(owner, head), rest, name) if rest else getattr(owner, head)
+
+
 def megatron_getter(ctx: RankContext) -> Any:
-    """`get(name)`: a TransformerConfig attribute of the built model, or `model.ATTR` of its first chunk."""
+    """`get(name)`: a TransformerConfig attribute of the built model, or `model.PATH` of its first chunk.
+
+    PATH is dotted; `*` maps over a module list (`model.decoder.layers.*.mixer.d_conv`: every local layer's mixer).
+    """
     chunk = ctx.model[0]
     config = chunk.config
     while hasattr(chunk, "module"):
         chunk = chunk.module
 
     def get(name: str) -> Any:
-        owner, attr = (chunk, name[len("model.") :]) if name.startswith("model.") else (config, name)
-        if not hasattr(owner, attr):
+        if name.startswith("model."):
+            return _walk(chunk, name[len("model.") :], name)
+        if not hasattr(config, name):
             raise AttributeError(name)
-        return getattr(owner, attr)
+        return getattr(config, name)
 
     return get
 

@@ -192,7 +192,210 @@ LLAMA = (
     implied("qk_layernorm", False, "Llama has no q/k norm"),
 )
 
-TABLES: dict[str, tuple[FieldRule, ...]] = {"qwen2": QWEN2, "qwen3": QWEN3, "qwen3_moe": QWEN3_MOE, "llama": LLAMA}
+_MIXERS = "model.decoder.layers.*.mixer"
+"""Every local Mamba mixer of a HybridModel (attention / MLP / MoE layers have no `mixer`)."""
+_PATTERN_CHARS = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
+
+
+def _pattern(c: HfView, _m: MegatronGet) -> str:
+    """HF layers_block_type as Megatron's hybrid layer pattern (M mamba, * attention, - MLP, E MoE)."""
+    types = c["layers_block_type"]
+    return "".join(_PATTERN_CHARS.get(t, _unsupported(f"layer type {t!r}")) for t in types)
+
+
+def _megatron_pattern(value: Any, _m: MegatronGet) -> Any:
+    """Main-decoder part of a Megatron hybrid pattern: pipeline stage marks `|` dropped, MTP part after `/` cut."""
+    return value.split("/")[0].replace("|", "") if isinstance(value, str) else value
+
+
+def per_mixer(attr: str, hf: tuple[str, ...], value: Callable[[HfView], Any], note: str = "") -> FieldRule:
+    """Every local Mamba mixer's `attr` (a MambaMixer attribute) holds value(hf config)."""
+    return FieldRule(
+        megatron=f"{_MIXERS}.{attr}",
+        hf=hf,
+        expect=lambda c, m: [value(c)] * len(m(_MIXERS)),
+        note=note,
+    )
+
+
+def _mtp_pattern(c: HfView, _m: MegatronGet) -> Any:
+    if not c.get("num_nextn_predict_layers"):
+        return None
+    return "".join(_PATTERN_CHARS[t] for t in c["mtp_layers_block_type"])
+
+
+def _router_topk(c: HfView, _m: MegatronGet) -> Any:
+    topk = c["num_experts_per_tok"]
+    if topk > 1 and not c["norm_topk_prob"]:
+        return _unsupported("unnormalised sigmoid top-k weights (norm_topk_prob false)")
+    return topk
+
+
+def _linear_bias(c: HfView, _m: MegatronGet) -> Any:
+    if c["mlp_bias"] or c["use_bias"]:
+        return _unsupported("MLP / Mamba projection biases (HF o_proj never has one, Megatron's linear_proj would)")
+    return False
+
+
+NEMOTRON_H = (
+    FieldRule(megatron="num_layers", hf=("layers_block_type",), expect=lambda c, _m: len(c["layers_block_type"])),
+    FieldRule(
+        megatron="hybrid_layer_pattern",
+        hf=("layers_block_type",),
+        expect=_pattern,
+        observe=_megatron_pattern,
+        note="which mixer each layer runs",
+    ),
+    same("hidden_size", "hidden_size"),
+    same("intermediate_size", "ffn_hidden_size", note="dense MLP layers (-)"),
+    same("num_attention_heads", "num_attention_heads"),
+    same("num_key_value_heads", "num_query_groups", note="GQA groups"),
+    FieldRule(
+        megatron="kv_channels",
+        hf=("head_dim",),
+        expect=lambda c, _m: c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"],
+    ),
+    same("vocab_size", "vocab_size"),
+    FieldRule(
+        megatron="model.vocab_size",
+        hf=("vocab_size",),
+        expect=_padded_vocab,
+        note="embedding / output rows: the HF vocab, padded only when should_pad_vocab",
+    ),
+    same("max_position_embeddings", "seq_length", note="no position embedding: a length limit only"),
+    same("layer_norm_epsilon", "layernorm_epsilon", note="block norms and the final norm"),
+    per_mixer(
+        "norm.eps",
+        ("layer_norm_epsilon",),
+        lambda c: c["layer_norm_epsilon"],
+        note="HF's gated Mamba norm takes layer_norm_epsilon; megatron-core 0.19.2 mamba_mixer.py builds it with 1e-5",
+    ),
+    implied("normalization", "RMSNorm", "RMSNorm everywhere (block norms, gated Mamba norm, final norm)"),
+    implied("layernorm_zero_centered_gamma", False, "HF RMSNorm multiplies by weight, not 1 + weight"),
+    implied("position_embedding_type", "none", "NemotronH attention applies no rotary or absolute positions"),
+    implied("softmax_scale", None, "attention scale 1/sqrt(head_dim) as in HF"),
+    implied("qk_layernorm", False, "NemotronH attention has no q/k norm"),
+    FieldRule(
+        megatron="add_qkv_bias",
+        hf=("attention_bias",),
+        expect=lambda _c, _m: False,
+        note="HF NemotronHAttention builds q/k/v/o without bias whatever attention_bias says",
+    ),
+    FieldRule(megatron="add_bias_linear", hf=("mlp_bias", "use_bias"), expect=_linear_bias),
+    FieldRule(
+        megatron="activation_func",
+        hf=("mlp_hidden_act",),
+        expect=lambda c, _m: {"relu2": "squared_relu"}.get(c["mlp_hidden_act"], _unsupported(c["mlp_hidden_act"])),
+        observe=_fn_name,
+        note="MLP and experts: down(act(up(x)))",
+    ),
+    implied("gated_linear_unit", False, "NemotronH MLP and experts are not gated"),
+    same("tie_word_embeddings", "share_embeddings_and_output_weights"),
+    FieldRule(
+        megatron="window_size",
+        hf=("sliding_window",),
+        expect=lambda c, _m: None if c.get("sliding_window") is None else _unsupported("sliding-window attention"),
+    ),
+    same("attention_dropout", "attention_dropout", absent=0.0),
+    same("hidden_dropout", "hidden_dropout", absent=0.0),
+    same("residual_in_fp32", "fp32_residual_connection"),
+    # Mamba-2 mixers
+    same("mamba_num_heads", "mamba_num_heads"),
+    same("mamba_head_dim", "mamba_head_dim"),
+    same("n_groups", "mamba_num_groups"),
+    same("ssm_state_size", "mamba_state_dim"),
+    same("chunk_size", "mamba_chunk_size", note="scan block length; the computed function does not depend on it"),
+    per_mixer(
+        "d_inner",
+        ("mamba_num_heads", "mamba_head_dim", "expand"),
+        lambda c: c["mamba_num_heads"] * c["mamba_head_dim"],
+        note="HF ignores expand, and so does Megatron once mamba_num_heads is set",
+    ),
+    per_mixer("d_conv", ("conv_kernel",), lambda c: c["conv_kernel"]),
+    per_mixer(
+        "activation",
+        ("mamba_hidden_act",),
+        lambda c: c["mamba_hidden_act"] if c["mamba_hidden_act"] in ("silu", "swish") else _unsupported("act"),
+        note="conv activation; megatron-core 0.19.2 always uses silu",
+    ),
+    FieldRule(
+        megatron=f"{_MIXERS}.conv1d_bias",
+        hf=("use_conv_bias",),
+        expect=lambda c, m: [c["use_conv_bias"]] * len(m(_MIXERS)),
+        observe=lambda value, _m: [bias is not None for bias in value],
+        note="True when the mixer has a conv bias",
+    ),
+    FieldRule(
+        megatron=_MIXERS,
+        hf=("time_step_limit",),
+        expect=lambda c, m: (
+            ["(0, inf)" if tuple(c["time_step_limit"]) == (0.0, float("inf")) else _unsupported("a dt clamp")]
+            * len(m(_MIXERS))
+        ),
+        observe=lambda value, _m: ["(0, inf)"] * len(value),
+        note="megatron-core 0.19.2 calls the scan without dt_limit: the kernels' default (0, inf), no clamp",
+    ),
+    per_mixer(
+        "norm.group_size",
+        ("n_groups", "mamba_num_heads", "mamba_head_dim"),
+        lambda c: c["mamba_num_heads"] * c["mamba_head_dim"] // c["n_groups"],
+        note="the gated RMSNorm normalises each group's channels separately",
+    ),
+    per_mixer("norm_before_gate", (), lambda _c: False, note="HF gates with silu(z) before the group RMSNorm"),
+    per_mixer("rmsnorm", (), lambda _c: True, note="HF always applies the gated RMSNorm"),
+    per_mixer("D_has_hdim", (), lambda _c: False, note="HF D is one value per head"),
+    # MoE layers (E)
+    same("n_routed_experts", "num_moe_experts"),
+    FieldRule(
+        megatron="moe_router_topk",
+        hf=("num_experts_per_tok", "norm_topk_prob"),
+        expect=_router_topk,
+        note="Megatron's sigmoid router always renormalises the top-k weights when top-k > 1",
+    ),
+    same("moe_intermediate_size", "moe_ffn_hidden_size"),
+    FieldRule(
+        megatron="moe_shared_expert_intermediate_size",
+        hf=("moe_shared_expert_intermediate_size", "n_shared_experts"),
+        expect=lambda c, _m: c["moe_shared_expert_intermediate_size"],
+        note="HF builds one shared MLP of moe_shared_expert_intermediate_size; n_shared_experts is not read",
+    ),
+    same("moe_latent_size", "moe_latent_size"),
+    FieldRule(
+        megatron="moe_router_topk_scaling_factor",
+        hf=("routed_scaling_factor",),
+        expect=lambda c, _m: float(c["routed_scaling_factor"]),
+        observe=lambda value, _m: 1.0 if value is None else float(value),
+    ),
+    FieldRule(
+        megatron="moe_router_num_groups",
+        hf=("n_group", "topk_group"),
+        expect=lambda c, _m: 1 if c["n_group"] == 1 else _unsupported("group-limited routing (n_group > 1)"),
+        observe=lambda value, _m: value or 1,
+    ),
+    implied("moe_router_score_function", "sigmoid", "HF router: sigmoid of the expert logits"),
+    implied("moe_router_enable_expert_bias", True, "HF selects experts on sigmoid + e_score_correction_bias"),
+    implied("moe_router_dtype", "fp32", "HF router logits are computed in float32"),
+    FieldRule(
+        megatron="mtp_num_layers",
+        hf=("num_nextn_predict_layers",),
+        expect=lambda c, _m: c.get("num_nextn_predict_layers") or 0,
+        observe=lambda value, _m: value or 0,
+    ),
+    FieldRule(
+        megatron="mtp_hybrid_override_pattern",
+        hf=("mtp_layers_block_type", "num_nextn_predict_layers"),
+        expect=_mtp_pattern,
+        note="MTP layer types, read only when num_nextn_predict_layers > 0",
+    ),
+)
+
+TABLES: dict[str, tuple[FieldRule, ...]] = {
+    "qwen2": QWEN2,
+    "qwen3": QWEN3,
+    "qwen3_moe": QWEN3_MOE,
+    "llama": LLAMA,
+    "nemotron_h": NEMOTRON_H,
+}
 """model_type -> rules."""
 
 IGNORED: dict[str, str] = {
@@ -209,6 +412,15 @@ IGNORED: dict[str, str] = {
     "initializer_range": "random init only (weights are loaded)",
     "output_router_logits": "HF returns router logits for the aux loss; no effect on the forward output",
     "max_window_layers": "read only when use_sliding_window is true (covered by window_size)",
+    "time_step_min": "dt_bias init range (HF's torch slow path also clamps dt below it; its kernel path does not)",
+    "time_step_max": "dt_bias init range",
+    "time_step_floor": "dt_bias init floor",
+    "rescale_prenorm_residual": "random init only (weights are loaded)",
+    "use_mamba_kernels": "HF switch between its CUDA kernels and its torch path (same function)",
+    "mamba_ssm_cache_dtype": "HF generation cache dtype",
+    "mamba_proj_bias": "not read by HF NemotronH (Mamba projection biases follow use_bias)",
+    "moe_shared_expert_overlap": "Megatron scheduling of the shared expert (no effect on the computed function)",
+    "num_logits_to_keep": "HF generation: how many positions return logits",
 }
 """HF fields that do not describe the computed function, with the reason; every other field needs a rule."""
 
