@@ -1,4 +1,4 @@
-"""Layout matrix: differential, elements, layout and roundtrip all pass at every supported CPU layout."""
+"""ETP layouts run every oracle; the layout oracle names the first differing tensor under planted bugs."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from convcheck.checkpoint import open_checkpoint
 from convcheck.cli.main import resolve_model
 from tests.conftest import run_cli
 
-ORACLES = "differential,elements,layout,roundtrip"
+ORACLES = "coverage,roundtrip,config,logits,differential,elements,layout,mapping"
 MATRIX = [
     ("tiny:qwen3-moe", ("--tp", "2", "--etp", "2")),
     ("tiny:qwen3-moe", ("--ep", "2", "--etp", "2")),  # 4 gloo ranks
