@@ -30,6 +30,7 @@ def test_swapped_qk_head_is_caught_with_first_element(tmp_path: Path) -> None:
     assert q["detail"]["count"] == 8 * 32
     assert "model.layers.0.self_attn.k_proj.weight" in _kinds(res, "roundtrip")
     assert "model.layers.0.self_attn.q_proj.weight" in res.out
+    assert f"replay: convcheck verify --model tiny:qwen3 --tp 2 --oracle roundtrip --hook {PLANTS}:swap_qk_head0" in res.out
     suite = ElementTree.parse(junit).getroot()
     assert suite.get("failures") == "1"
     failed = [c.get("name") for c in suite.iter("testcase") if c.find("failure") is not None]

@@ -5,10 +5,14 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from convcheck.errors import ConvcheckError
+
+if TYPE_CHECKING:
+    from convcheck.layout import ParallelLayout
 
 EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -35,6 +39,24 @@ def check_hook_spec(spec: str) -> None:
         raise ConvcheckError(f"hook {spec!r} is not of the form MODULE:FUNCTION or FILE.py:FUNCTION")
     if target.endswith(".py") and not Path(target).is_file():
         raise ConvcheckError(f"hook file not found: {target}")
+
+
+def replay_command(
+    model: str, layout: "ParallelLayout", device: str, oracles: list[str], hooks: tuple[str, ...]
+) -> str:
+    """One shell line that reruns exactly the failing oracles of this run."""
+    import shlex
+
+    args = ["convcheck", "verify", "--model", model]
+    for key, value in (("tp", layout.tp), ("pp", layout.pp), ("ep", layout.ep), ("etp", layout.etp)):
+        if value != 1:
+            args += [f"--{key}", str(value)]
+    if device != "cpu":
+        args += ["--device", device]
+    args += ["--oracle", ",".join(oracles)]
+    for hook in hooks:
+        args += ["--hook", hook]
+    return shlex.join(args)
 
 
 def check_gpus(needed: int) -> None:
@@ -134,6 +156,9 @@ def verify(
     from convcheck.cli.render import print_report, write_json, write_junit
 
     print_report(report, table=table)
+    if report.verdict != PASS:
+        failing = [o.name for o in report.oracles if o.verdict != PASS]
+        click.echo(f"replay: {replay_command(model, layout, device, failing, hooks)}")
     if json_path:
         write_json(report, json_path)
     if junit_path:

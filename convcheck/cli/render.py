@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -15,32 +16,15 @@ def print_report(report: Report, table: str = "all", console: Any = None, max_fi
     """Per-tensor table (one column per oracle), the findings, a line per oracle and a summary line."""
     from rich.console import Console
     from rich.markup import escape
-    from rich.table import Table
 
     console = console or Console()
-    oracle_rows = {o.name: {r.tensor: r for r in o.rows} for o in report.oracles}
-    tensors = sorted({t for rows in oracle_rows.values() for t in rows})
-    failing = {t for rows in oracle_rows.values() for t, r in rows.items() if r.verdict != PASS}
-    if table == "failures":
-        tensors = [t for t in tensors if t in failing]
-    if table != "none" and tensors:
-        grid = Table(title=f"{report.model}  {_layout_label(report.layout)}  ({report.device})")
-        grid.add_column("tensor", overflow="fold")
-        grid.add_column("shape")
-        grid.add_column("dtype")
-        named = [o.name for o in report.oracles if o.rows]
-        for name in named:
-            grid.add_column(name)
-        for tensor in tensors:
-            cells = [oracle_rows[n].get(tensor) for n in named]
-            first = next(c for c in cells if c is not None)
-            grid.add_row(
-                escape(tensor),
-                "x".join(map(str, first.shape)) or "-",
-                first.dtype,
-                *[_styled(c.verdict) if c else "-" for c in cells],
-            )
-        console.print(grid)
+    if table != "none":
+        for title, names, rows in _tables(report):
+            if table == "failures":
+                names = [n for n in names if any(r.verdict != PASS for r in rows[n].values())]
+            if names:
+                console.print(_grid(f"{title}: {report.model}  {_layout_label(report.layout)}  ({report.device})",
+                                    names, rows, [o.name for o in report.oracles]))  # fmt: skip
     for oracle in report.oracles:
         for f in oracle.findings[:max_findings]:
             console.print(
@@ -72,6 +56,47 @@ def _metrics_text(metrics: dict[str, Any]) -> str:
     if not metrics:
         return ""
     return "; " + " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
+
+
+_COUNT = re.compile(r"^(?P<name>.*) \[(?P<n>\d+) elements\]$")
+_HF_KEYED = ("coverage", "roundtrip")
+"""Oracles whose rows are HF checkpoint tensors; rows of other oracles that name no such tensor are Megatron's."""
+
+
+def _tables(report: Report) -> list[tuple[str, list[str], dict[str, dict[str, Any]]]]:
+    """Rows grouped as (title, sorted names, name -> {oracle: row}): HF tensors first, then Megatron parameters."""
+    rows: dict[str, dict[str, Any]] = {}
+    for oracle in report.oracles:
+        for row in oracle.rows:
+            match = _COUNT.match(row.tensor)
+            name = match.group("name") if match else row.tensor
+            rows.setdefault(name, {})[oracle.name] = row
+    hf = {n for n, by in rows.items() if any(o in by for o in _HF_KEYED)}
+    if not hf:
+        return [("tensors", sorted(rows), rows)]
+    megatron = sorted(set(rows) - hf)
+    return [("HF tensors", sorted(hf), rows), ("Megatron parameters", megatron, rows)]
+
+
+def _grid(title: str, names: list[str], rows: dict[str, dict[str, Any]], order: list[str]) -> Any:
+    """One rich table: tensor, shape, dtype, then a verdict column per oracle that has rows here."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    columns = [o for o in order if any(o in rows[n] for n in names)]
+    grid = Table(title=title)
+    grid.add_column("tensor", overflow="fold")
+    grid.add_column("shape")
+    grid.add_column("dtype")
+    for column in columns:
+        grid.add_column(column)
+    for name in names:
+        cells = [rows[name].get(c) for c in columns]
+        known = [c for c in cells if c is not None and c.shape]
+        shape = "x".join(map(str, known[0].shape)) if known else "-"
+        dtype = next((c.dtype for c in cells if c is not None and c.dtype not in ("", "?")), "-")
+        grid.add_row(escape(name), shape, dtype, *[_styled(c.verdict) if c else "-" for c in cells])
+    return grid
 
 
 def _styled(verdict: str) -> str:
