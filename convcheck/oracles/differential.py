@@ -45,16 +45,9 @@ def _verdict(findings: list[Finding], counts: dict[str, int]) -> OracleVerdict:
     return make_verdict(NAME, checked=sum(counts.values()), findings=findings, unit="elements", rows=rows, **extra)
 
 
-def _first_outside(have: list[int], want: list[int]) -> list[int]:
-    """The first index of shape `want` outside shape `have` (zeros when none is)."""
-    for d, (h, w) in enumerate(zip(have, want)):
-        if h < w:
-            return [0] * d + [h] + [0] * (len(want) - d - 1)
-    return [0] * len(want)
-
-
 def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[str, int]]:
     """Findings and per-task checked-element counts from every rank's records."""
+    from convcheck.probe.collect import first_outside, replica_writers
     from convcheck.probe.run import bad_ranges, count_writes, first_index
 
     findings: list[Finding] = []
@@ -104,7 +97,7 @@ def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[
                     )
                 )
             elif e["real"]["shape"] != e["shape"]:
-                first = _first_outside(e["real"]["shape"], e["shape"])
+                first = first_outside(e["real"]["shape"], e["shape"])
                 add(
                     Finding(
                         tensor=hf,
@@ -128,20 +121,16 @@ def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[
         numel = 1
         for d in shape:
             numel *= d
-        writers: dict[tuple[Any, ...], tuple[int, dict[str, Any]]] = {}
-        for r, e in probes:
-            key = (e["task"], tuple(tuple(w) for w in e["writer"]))
-            if key in writers:
-                if [list(x) for x in writers[key][1]["ranges"]] != [list(x) for x in e["ranges"]]:
-                    add(
-                        Finding(
-                            tensor=hf,
-                            kind="replica-layout",
-                            message=f"ranks {writers[key][0]} and {r} are replicas but place their elements differently",
-                        )
-                    )
-                continue
-            writers[key] = (r, e)
+        writers, disagree = replica_writers(probes)
+        for a, b in disagree:
+            add(
+                Finding(
+                    tensor=hf,
+                    kind="replica-layout",
+                    message=f"ranks {a} and {b} are replicas but place their elements differently",
+                )
+            )
+        for _, e in writers.values():
             counts[e["param"]] += e["owned"]
         hits = count_writes(numel, [e["ranges"] for _, e in writers.values()])
         gaps = hits.eq(0)

@@ -37,16 +37,9 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     return make_verdict(NAME, checked=proven, findings=findings, unit="elements", rows=rows)
 
 
-def _first_outside(shape: list[int], source: tuple[int, ...]) -> list[int]:
-    """The first source index outside a smaller written shape (rows dropped: [rows_written, 0, ...])."""
-    for d, (have, want) in enumerate(zip(shape, source)):
-        if have < want:
-            return [0] * d + [have] + [0] * (len(source) - d - 1)
-    return [0] * len(source)
-
-
 def assemble(gathered: list[list[dict[str, Any]]], source: dict[str, tuple[int, ...]]) -> tuple[list[Finding], int]:
     """Findings (gaps, overlaps, shape, never written, unexpected) and the count of elements proven written once."""
+    from convcheck.probe.collect import first_outside, replica_writers
     from convcheck.probe.run import bad_ranges, count_writes, first_index
 
     findings: list[Finding] = []
@@ -82,26 +75,18 @@ def assemble(gathered: list[list[dict[str, Any]]], source: dict[str, tuple[int, 
         )
     for name in sorted(set(by_hf) & set(source)):
         want = source[name]
-        writers: dict[tuple[Any, ...], tuple[int, dict[str, Any]]] = {}
-        shape_bad = None
-        for r, e in by_hf[name]:
-            if tuple(e["shape"]) != want:
-                shape_bad = (r, e)
-            key = (e["task"], tuple(tuple(w) for w in e["writer"]))
-            if key in writers:
-                if [list(x) for x in writers[key][1]["ranges"]] != [list(x) for x in e["ranges"]]:
-                    findings.append(
-                        Finding(
-                            tensor=name,
-                            kind="replica-layout",
-                            message=f"replica ranks {writers[key][0]} and {r} write different elements",
-                        )
-                    )
-                continue
-            writers[key] = (r, e)
+        wrong_shape = [(r, e) for r, e in by_hf[name] if tuple(e["shape"]) != want]
+        shape_bad = wrong_shape[-1] if wrong_shape else None
+        writers, disagree = replica_writers(by_hf[name])
+        for a, b in disagree:
+            findings.append(
+                Finding(
+                    tensor=name, kind="replica-layout", message=f"replica ranks {a} and {b} write different elements"
+                )
+            )
         if shape_bad is not None:
             r, e = shape_bad
-            first = _first_outside(e["shape"], want)
+            first = first_outside(e["shape"], want)
             findings.append(Finding(
                 tensor=name, kind="shape",
                 message=f"the export writes shape {e['shape']} but the source is {list(want)}: elements from HF index {first} on are never written (rank {r}, {e['param']})",

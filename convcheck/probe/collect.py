@@ -90,3 +90,27 @@ def _against_real(tensor: Any, slot: Any, weight: Any) -> dict[str, Any]:
             "probe": describe_element(weight.detach().cpu(), src),
         }
     return out
+
+
+def first_outside(have: list[int] | tuple[int, ...], want: list[int] | tuple[int, ...]) -> list[int]:
+    """The first index of shape `want` outside the smaller shape `have` (rows dropped: [rows_have, 0, ...])."""
+    for d, (h, w) in enumerate(zip(have, want)):
+        if h < w:
+            return [0] * d + [h] + [0] * (len(want) - d - 1)
+    return [0] * len(want)
+
+
+def replica_writers(
+    entries: list[tuple[int, dict[str, Any]]],
+) -> tuple[dict[tuple[Any, ...], tuple[int, dict[str, Any]]], list[tuple[int, int]]]:
+    """One writer per (task, writer coordinates) — replicas count once — and the replica rank pairs that disagree."""
+    writers: dict[tuple[Any, ...], tuple[int, dict[str, Any]]] = {}
+    disagree: list[tuple[int, int]] = []
+    for r, e in entries:
+        key = (e["task"], tuple(tuple(w) for w in e["writer"]))
+        if key in writers:
+            if [list(x) for x in writers[key][1]["ranges"]] != [list(x) for x in e["ranges"]]:
+                disagree.append((writers[key][0], r))
+            continue
+        writers[key] = (r, e)
+    return writers, disagree
