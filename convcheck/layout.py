@@ -62,9 +62,10 @@ class ParallelLayout:
         moe_ffn = _first(config, "moe_intermediate_size") or ffn
         if heads and heads % self.tp:
             raise BadInput(f"impossible layout {self.label}: tp={self.tp} does not divide num_attention_heads={heads}")
-        if kv_heads and kv_heads % self.tp:
+        if kv_heads and kv_heads % self.tp and self.tp % kv_heads:  # Megatron-Core replicates KV heads when kv < tp
             raise BadInput(
-                f"impossible layout {self.label}: tp={self.tp} does not divide num_key_value_heads={kv_heads}"
+                f"impossible layout {self.label}: tp={self.tp} neither divides nor is a multiple of "
+                f"num_key_value_heads={kv_heads}"
             )
         if ffn and ffn % self.tp:
             raise BadInput(f"impossible layout {self.label}: tp={self.tp} does not divide intermediate_size={ffn}")

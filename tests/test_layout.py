@@ -32,7 +32,7 @@ def test_world_size_and_label(layout: ParallelLayout, world: int, label: str) ->
     ("layout", "config", "needle"),
     [
         (ParallelLayout(tp=3), DENSE, "does not divide num_attention_heads"),
-        (ParallelLayout(tp=4), DENSE, "does not divide num_key_value_heads=2"),
+        (ParallelLayout(tp=2), {**DENSE, "num_attention_heads": 6, "num_key_value_heads": 3}, "num_key_value_heads=3"),
         (ParallelLayout(pp=4), DENSE, "does not divide num_hidden_layers=2"),
         (ParallelLayout(ep=2), DENSE, "has no experts"),
         (ParallelLayout(ep=3), MOE, "does not divide num_experts=8"),
@@ -44,6 +44,10 @@ def test_world_size_and_label(layout: ParallelLayout, world: int, label: str) ->
 def test_impossible_layouts(layout: ParallelLayout, config: dict, needle: str) -> None:
     with pytest.raises(BadInput, match=needle):
         layout.validate_for(config)
+
+
+def test_fewer_kv_heads_than_tp_is_legal() -> None:
+    ParallelLayout(tp=4).validate_for(DENSE)  # Megatron-Core splits each of the 2 KV groups over 2 ranks
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True])

@@ -89,11 +89,21 @@ def test_qkv_shard_is_whole_query_groups() -> None:
     assert n == 2 and compare_bits("shard", expect, shard) is None
 
 
-def test_qkv_rejects_fewer_kv_heads_than_tp() -> None:
+def test_qkv_fewer_kv_heads_than_tp_splits_each_group() -> None:
+    m, hf = qkv()
+    layout = ParallelLayout(tp=8)  # G=4 < tp=8: each query group spans two ranks
+    assert roundtrip_findings(m, hf, layout) == []
+    shard = m.to_shard(hf, layout, RankCoord(tp_rank=1))
+    # rank 1 holds the second half of group 0: [k0, v0]
+    expect = torch.cat([hf[m.k][0:D], hf[m.v][0:D]])
+    assert compare_bits("shard", expect, shard) is None
+
+
+def test_qkv_rejects_groups_and_tp_that_do_not_divide() -> None:
     m = FusedQKV(megatron="decoder.layers.0.self_attention.linear_qkv.weight", q="q", k="k", v="v",
-                 num_heads=8, num_query_groups=2, head_dim=4)
-    with pytest.raises(MappingError, match="num_query_groups=2 is not divisible by tp=4"):
-        m.to_shard({}, ParallelLayout(tp=4), RankCoord(tp_rank=0))
+                 num_heads=6, num_query_groups=3, head_dim=4)
+    with pytest.raises(MappingError, match="num_query_groups=3 and tp=2 do not divide one another"):
+        m.to_shard({}, ParallelLayout(tp=2), RankCoord(tp_rank=0))
 
 
 @pytest.mark.parametrize("ep,etp", list(itertools.product([1, 2, 4], [1, 2])))
@@ -162,7 +172,7 @@ def bridge_qkv_helpers() -> Any:
     return param_mapping
 
 
-@pytest.mark.parametrize("tp", [1, 2, 4])
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
 def test_qkv_agrees_with_bridge_merge_and_split(bridge_qkv_helpers: Any, tp: int) -> None:
     pm = bridge_qkv_helpers
     config = SimpleNamespace(num_attention_heads=H, num_query_groups=G, kv_channels=D, hidden_size=HIDDEN)

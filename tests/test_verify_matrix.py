@@ -16,6 +16,7 @@ CASES = (
     [(name, layout) for name in sorted(FIXTURES) if name != "nemotron-h" for layout in DENSE_LAYOUTS]
     + [("qwen3-moe", layout) for layout in MOE_LAYOUTS]
     + [("nemotron-h", layout) for layout in HYBRID_LAYOUTS]
+    + [("qwen2", ("--tp", "4"))]  # fewer KV heads (2) than TP ranks (4): each query group split over two ranks
 )
 
 

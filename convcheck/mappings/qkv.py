@@ -1,8 +1,10 @@
 """GQA fused QKV: HF q/k/v_proj <-> Megatron `linear_qkv` (weight `[G * (n + 2) * head_dim, hidden]`, or bias).
 
 Megatron-Core's row order is per query group g: `[q heads g*n .. g*n+n-1, k head g, v head g]` with n = heads
-per group, groups concatenated; TP rank r holds groups `[r*G/tp, (r+1)*G/tp)` (a plain row slice). Megatron-Core
-requires num_query_groups % tp == 0, so fewer KV heads than TP ranks is rejected, not replicated.
+per group, groups concatenated; TP rank r holds the r-th of tp equal row blocks. With G >= tp that is whole groups
+`[r*G/tp, (r+1)*G/tp)`; with fewer KV heads than TP ranks (tp a multiple of G, megatron-core 0.19.2
+transformer_config.py:1339 and attention.py:353) each group is split over tp/G ranks, whose outputs Megatron
+all-gathers before attention. Any other G/tp combination is rejected.
 """
 
 from __future__ import annotations
@@ -48,12 +50,15 @@ class FusedQKV:
         return self.num_heads // self.num_query_groups
 
     def check_layout(self, layout: ParallelLayout) -> None:
-        """MappingError unless TP splits the query groups evenly (Megatron-Core never replicates KV heads)."""
-        if self.num_query_groups % layout.tp:
+        """MappingError unless query groups and TP divide one another (Megatron-Core's own rule)."""
+        g, tp = self.num_query_groups, layout.tp
+        if g % tp and tp % g:
             raise MappingError(
-                f"{self.megatron}: num_query_groups={self.num_query_groups} is not divisible by tp={layout.tp}; "
-                "Megatron-Core requires num_query_groups % tp == 0 (KV heads are never replicated across TP ranks)"
+                f"{self.megatron}: num_query_groups={g} and tp={tp} do not divide one another; "
+                "Megatron-Core needs num_query_groups % tp == 0 or tp % num_query_groups == 0"
             )
+        if (g * (self.heads_per_group + 2) * self.head_dim) % tp:
+            raise MappingError(f"{self.megatron}: {g * (self.heads_per_group + 2) * self.head_dim} rows do not split over tp={tp}")
 
     def canonical(self, coord: RankCoord) -> RankCoord:
         return RankCoord(tp_rank=coord.tp_rank)
@@ -75,12 +80,12 @@ class FusedQKV:
         return torch.cat(parts, dim=1)
 
     def to_shard(self, hf: Mapping[str, Any], layout: ParallelLayout, coord: RankCoord) -> Any:
-        """Rank `coord.tp_rank`'s rows `[G/tp * (n+2)*d, *rest]`."""
+        """Rank `coord.tp_rank`'s rows `[G*(n+2)*d / tp, *rest]`: the tp_rank-th equal block of the fused rows."""
         self.check_layout(layout)
         coord.check_in(layout)
         grouped = self._grouped(hf)
-        local = chunk(grouped, layout.tp, coord.tp_rank, dim=0)
-        return local.reshape(-1, *grouped.shape[2:]).contiguous()
+        rows = grouped.reshape(-1, *grouped.shape[2:])
+        return chunk(rows, layout.tp, coord.tp_rank, dim=0).contiguous()
 
     def from_shards(self, shards: Shards, layout: ParallelLayout) -> Iterator[tuple[str, Any]]:
         """Concatenate the TP shards by rank and split each group back into q, k, v."""
