@@ -42,7 +42,12 @@ def check_hook_spec(spec: str) -> None:
 
 
 def replay_command(
-    model: str, layout: "ParallelLayout", device: str, oracles: list[str], hooks: tuple[str, ...]
+    model: str,
+    layout: "ParallelLayout",
+    device: str,
+    oracles: list[str],
+    hooks: tuple[str, ...],
+    experts: str = "sequential",
 ) -> str:
     """One shell line that reruns exactly the failing oracles of this run."""
     import shlex
@@ -53,6 +58,8 @@ def replay_command(
             args += [f"--{key}", str(value)]
     if device != "cpu":
         args += ["--device", device]
+    if experts != "sequential":
+        args += ["--experts", experts]
     args += ["--oracle", ",".join(oracles)]
     for hook in hooks:
         args += ["--hook", hook]
@@ -90,6 +97,8 @@ def cli() -> None:
 @click.option("--log-dir", type=click.Path(file_okay=False), help="Keep the job file and rank logs here.")
 @click.option("--hook", "hooks", multiple=True, metavar="MODULE:FUNC",
               help="Callable run in every rank before the model is built (extensions, planted-bug tests).")  # fmt: skip
+@click.option("--experts", type=click.Choice(["sequential", "te-grouped"]), default="sequential", show_default=True,
+              help="MoE expert layout: SequentialMLP, or TEGroupedMLP's linear_fcN.weightE (no forward: no logits).")  # fmt: skip
 def verify(
     model: str,
     tp: int,
@@ -104,6 +113,7 @@ def verify(
     timeout: float,
     log_dir: str | None,
     hooks: tuple[str, ...],
+    experts: str,
 ) -> None:
     """Build the sharded Megatron model from MODEL through the real bridge and run the oracles."""
     from convcheck.checkpoint import open_checkpoint
@@ -116,6 +126,10 @@ def verify(
     started = time.perf_counter()
     try:
         oracles = parse_oracle_names(oracle_spec)
+        if experts == "te-grouped":  # the TEGroupedMLP stand-in has parameters only: no forward, no logits
+            if oracle_spec and "logits" in oracles:
+                raise ConvcheckError("--experts te-grouped has no forward: the logits oracle cannot run on it")
+            oracles = tuple(o for o in oracles if o != "logits")
         layout = ParallelLayout(tp=tp, pp=pp, ep=ep, etp=etp)
         path = resolve_model(model)
         checkpoint = open_checkpoint(path)
@@ -135,6 +149,7 @@ def verify(
             oracles=oracles,
             hooks=hooks,
             timeout_s=timeout,
+            options={"experts": experts},
         )
         if "layout" in oracles:  # the layout oracle compares with a TP1 export made by a separate 1-rank job
             import os
@@ -158,7 +173,7 @@ def verify(
     print_report(report, table=table)
     if report.verdict != PASS:
         failing = [o.name for o in report.oracles if o.verdict != PASS]
-        click.echo(f"replay: {replay_command(model, layout, device, failing, hooks)}")
+        click.echo(f"replay: {replay_command(model, layout, device, failing, hooks, experts)}")
     if json_path:
         write_json(report, json_path)
     if junit_path:

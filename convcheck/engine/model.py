@@ -22,10 +22,17 @@ def make_provider(bridge: Any, layout: ParallelLayout, device: str) -> Any:
     return provider
 
 
-def build_model(provider: Any, device: str) -> list[Any]:
-    """Instantiate the model chunks for this rank (no DDP wrapper, no weight init work wasted)."""
+def build_model(provider: Any, device: str, experts: str = "sequential") -> list[Any]:
+    """Instantiate the model chunks for this rank (no DDP wrapper, no weight init work wasted).
+
+    `experts="te-grouped"` lays MoE experts out as TEGroupedMLP (convcheck.engine.te_grouped).
+    """
+    from convcheck.engine.te_grouped import apply_experts_option
+
     provider.perform_initialization = False
-    return provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=(device == "cpu"))
+    model = provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=(device == "cpu"))
+    apply_experts_option(model, experts)
+    return model
 
 
 def named_tensors(model: list[Any]) -> list[tuple[int, str, Any]]:

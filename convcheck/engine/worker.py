@@ -100,7 +100,7 @@ def run_job(job: Job) -> dict[str, Any] | None:
         hook()
     bridge = load_bridge(job.model_path)
     provider = make_provider(bridge, job.layout, job.device)
-    model = build_model(provider, job.device)
+    model = build_model(provider, job.device, experts=job.options.get("experts", "sequential"))
     fill_sentinel(model)
     load_error = None
     try:

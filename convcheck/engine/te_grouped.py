@@ -1,0 +1,123 @@
+"""`--experts te-grouped`: give each MoE layer the parameter layout of Megatron-Core's TEGroupedMLP, on CPU.
+
+Transformer Engine cannot be built here, so the SequentialMLP the local spec builds is replaced, after the
+provider builds the model and before the import, by a layout-faithful stand-in of TEGroupedMLP (megatron-core
+0.19.2 transformer/moe/experts.py:182): `linear_fc1` / `linear_fc2` hold one parameter per LOCAL expert,
+`weight{i}` (i in [0, num_local_experts)), shaped as TE's GroupedLinear stores them (`[out, in]`):
+
+- fc1 `weight{i}`: `[2 * moe_ffn / etp, hidden]` (gate|up halves per ETP rank, as Megatron's fc1),
+- fc2 `weight{i}`: `[hidden, moe_ffn / etp]`.
+
+The submodule classes carry the names `TEColumnParallelGroupedLinear` / `TERowParallelGroupedLinear` because the
+bridge's AutoMapping dispatches on the module's class name (param_mapping.py `_MODULE_TYPE_REGISTRY`), and each
+carries `config` (read by the mappings' `_get_config`). Parameters get the attributes
+`_set_expert_parameter_attributes` (extensions/transformer_engine.py:91) sets: `allreduce=False`,
+`tensor_model_parallel=True`, `partition_dim` 0 (fc1) / 1 (fc2), `partition_stride=1`.
+
+This is a test harness of the bridge's naming and sharding, not a mock of the bridge: the real bridge mappings
+(`decoder.layers.*.mlp.experts.linear_fc{1,2}.weight*`, `_megatron_local_name_to_global`'s `weight{N}` expert
+renumbering, the real TP/EP gathers) run on it. It has no forward: the logits oracle cannot run on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from convcheck.errors import BadInput
+
+EXPERTS_CHOICES = ("sequential", "te-grouped")
+"""Values of the `experts` job option: the local spec's SequentialMLP (default) or the TEGroupedMLP layout."""
+
+
+def _grouped_linear_class(name: str, partition_dim: int) -> type:
+    """A parameter-only module named `name` with TE GroupedLinear's per-expert `weight{i}` [out, in]."""
+    import torch
+
+    def __init__(self: Any, num_gemms: int, input_size: int, output_size: int, *, config: Any,
+                 dtype: Any, device: Any) -> None:  # fmt: skip
+        torch.nn.Module.__init__(self)
+        self.config = config
+        self.num_gemms = num_gemms
+        self.in_features, self.out_features = input_size, output_size
+        self.parallel_mode = None  # TEGroupedLinear clears it under explicit expert communication
+        self.explicit_expert_comm = True
+        for i in range(num_gemms):
+            param = torch.nn.Parameter(torch.empty(output_size, input_size, dtype=dtype, device=device))
+            param.allreduce = False
+            param.tensor_model_parallel = True
+            param.partition_dim = partition_dim
+            param.partition_stride = 1
+            self.register_parameter(f"weight{i}", param)
+
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{name} stand-in (convcheck --experts te-grouped) has no forward")
+
+    doc = f"Layout-faithful stand-in of megatron-core's {name} (parameters only, no forward)."
+    return type(name, (torch.nn.Module,), {"__init__": __init__, "forward": forward, "__doc__": doc,
+                                            "__module__": __name__})  # fmt: skip
+
+
+_CLASSES: dict[str, type] = {}
+
+
+def _classes() -> tuple[type, type]:
+    """The column (fc1) and row (fc2) stand-in classes, created once per process."""
+    if not _CLASSES:
+        _CLASSES["column"] = _grouped_linear_class("TEColumnParallelGroupedLinear", 0)
+        _CLASSES["row"] = _grouped_linear_class("TERowParallelGroupedLinear", 1)
+    return _CLASSES["column"], _CLASSES["row"]
+
+
+def te_grouped_experts(config: Any, num_local_experts: int, dtype: Any, device: Any) -> Any:
+    """A TEGroupedMLP-shaped experts module: `linear_fc1.weight{i}` [2F/etp, hidden], `linear_fc2.weight{i}` [hidden, F/etp]."""
+    import torch
+
+    etp = int(getattr(config, "expert_tensor_parallel_size", None) or 1)
+    ffn = int(config.moe_ffn_hidden_size)
+    if ffn % etp:
+        raise BadInput(f"--experts te-grouped: moe_ffn_hidden_size {ffn} is not divisible by ETP {etp}")
+    fc1_out = (2 if config.gated_linear_unit else 1) * ffn // etp
+    column, row = _classes()
+
+    class TEGroupedMLPLayout(torch.nn.Module):
+        """Stand-in of TEGroupedMLP: parameters laid out as in production, no forward."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.config = config
+            self.num_local_experts = num_local_experts
+            self.linear_fc1 = column(num_local_experts, config.hidden_size, fc1_out, config=config, dtype=dtype,
+                                     device=device)  # fmt: skip
+            self.linear_fc2 = row(num_local_experts, ffn // etp, config.hidden_size, config=config, dtype=dtype,
+                                  device=device)  # fmt: skip
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError("TEGroupedMLP stand-in (convcheck --experts te-grouped) has no forward")
+
+    return TEGroupedMLPLayout()
+
+
+def install_te_grouped_experts(model: list[Any]) -> int:
+    """Replace every MoE layer's SequentialMLP experts by the TEGroupedMLP stand-in; returns how many were replaced."""
+    replaced = 0
+    for chunk in model:
+        for module in list(chunk.modules()):
+            experts = getattr(module, "experts", None)
+            local = getattr(experts, "local_experts", None)
+            if experts is None or local is None:
+                continue
+            first = next(experts.parameters())
+            config = getattr(experts, "config", None) or module.config
+            module.experts = te_grouped_experts(config, len(local), first.dtype, first.device)
+            replaced += 1
+    if not replaced and not getattr(model[0].config, "num_moe_experts", None):
+        raise BadInput("--experts te-grouped: the model has no SequentialMLP experts to lay out as TEGroupedMLP")
+    return replaced
+
+
+def apply_experts_option(model: list[Any], experts: str) -> None:
+    """Apply the `experts` job option to the freshly built model (before the sentinel fill and the import)."""
+    if experts not in EXPERTS_CHOICES:
+        raise BadInput(f"unknown --experts {experts!r}; known: {', '.join(EXPERTS_CHOICES)}")
+    if experts == "te-grouped":
+        install_te_grouped_experts(model)
