@@ -175,7 +175,7 @@ def reference_manifest(job: Any, log_dir: str | None = None) -> Path:
     key = hashlib.sha256()
     key.update(
         json.dumps(
-            {"model": job.model_path, "hooks": list(job.hooks), "device": job.device, "v": versions()}, sort_keys=True
+            {"model": job.model_path, "hooks": list(job.hooks), "device": job.device, "options": job.options, "v": versions()}, sort_keys=True
         ).encode()
     )
     for path in sorted(Path(job.model_path).glob("*.safetensors")) + [
