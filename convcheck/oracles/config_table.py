@@ -87,10 +87,7 @@ def _fn_name(value: Any, _m: MegatronGet) -> str:
     return getattr(value, "__name__", repr(value))
 
 
-_SHAPES = (
-    same("num_hidden_layers", "num_layers"),
-    same("hidden_size", "hidden_size"),
-    same("intermediate_size", "ffn_hidden_size"),
+_HEADS_AND_VOCAB = (
     same("num_attention_heads", "num_attention_heads"),
     same("num_key_value_heads", "num_query_groups", note="GQA groups"),
     FieldRule(
@@ -105,6 +102,15 @@ _SHAPES = (
         expect=_padded_vocab,
         note="embedding / output rows: the HF vocab, padded only when should_pad_vocab",
     ),
+)
+"""Attention heads, KV groups, head_dim and vocabulary (with padding): the same rule for every architecture."""
+
+
+_SHAPES = (
+    same("num_hidden_layers", "num_layers"),
+    same("hidden_size", "hidden_size"),
+    same("intermediate_size", "ffn_hidden_size"),
+    *_HEADS_AND_VOCAB,
     same("max_position_embeddings", "seq_length"),
 )
 _NORM_ROPE_ACT = (
@@ -248,20 +254,7 @@ NEMOTRON_H = (
     ),
     same("hidden_size", "hidden_size"),
     same("intermediate_size", "ffn_hidden_size", note="dense MLP layers (-)"),
-    same("num_attention_heads", "num_attention_heads"),
-    same("num_key_value_heads", "num_query_groups", note="GQA groups"),
-    FieldRule(
-        megatron="kv_channels",
-        hf=("head_dim",),
-        expect=lambda c, _m: c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"],
-    ),
-    same("vocab_size", "vocab_size"),
-    FieldRule(
-        megatron="model.vocab_size",
-        hf=("vocab_size",),
-        expect=_padded_vocab,
-        note="embedding / output rows: the HF vocab, padded only when should_pad_vocab",
-    ),
+    *_HEADS_AND_VOCAB,
     same("max_position_embeddings", "seq_length", note="no position embedding: a length limit only"),
     same("layer_norm_epsilon", "layernorm_epsilon", note="block norms and the final norm"),
     per_mixer(
