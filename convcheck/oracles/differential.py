@@ -47,8 +47,8 @@ def _verdict(findings: list[Finding], counts: dict[str, int]) -> OracleVerdict:
 
 def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[str, int]]:
     """Findings and per-task checked-element counts from every rank's records."""
-    from convcheck.probe.collect import first_outside, replica_writers
-    from convcheck.probe.run import bad_ranges, count_writes, first_index
+    from convcheck.probe.collect import first_outside, mask_finding, probe_failed, replica_writers
+    from convcheck.probe.run import count_writes
 
     findings: list[Finding] = []
     counts: dict[str, int] = {}
@@ -57,14 +57,7 @@ def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[
         for rec in records:
             counts.setdefault(rec["param"], 0)
             if "error" in rec:
-                findings.append(
-                    Finding(
-                        tensor=rec["param"],
-                        kind="probe-failed",
-                        message=f"rank {rank}: {rec['error']}",
-                        detail={"rank": rank},
-                    )
-                )
+                findings.append(probe_failed(rank, rec))
             else:
                 by_hf[rec["hf"]].append((rank, rec))
     seen: set[tuple[str, str]] = set()
@@ -133,30 +126,14 @@ def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[
         for _, e in writers.values():
             counts[e["param"]] += e["owned"]
         hits = count_writes(numel, [e["ranges"] for _, e in writers.values()])
-        gaps = hits.eq(0)
-        if bool(gaps.any()):
-            where = bad_ranges(gaps, tuple(shape))
-            first = first_index(gaps, tuple(shape))
-            add(
-                Finding(
-                    tensor=hf,
-                    kind="uncovered",
-                    message=f"{int(gaps.sum())} elements no rank's probe writes; first at HF index {first}; ranges {', '.join(where)}",
-                    detail={"first_index": first},
-                )
-            )
-        over = hits.gt(1)
-        if bool(over.any()) and any("mismatch" in e for _, e in writers.values()):
-            where = bad_ranges(over, tuple(shape))
-            first = first_index(over, tuple(shape))
-            add(
-                Finding(
-                    tensor=hf,
-                    kind="conflict",
-                    message=f"{int(over.sum())} elements written by several ranks with different bytes; first at HF index {first}; ranges {', '.join(where)}",
-                    detail={"first_index": first},
-                )
-            )
+        uncovered = mask_finding(hf, "uncovered", hits.eq(0), tuple(shape), "no rank's probe writes")
+        if uncovered is not None:
+            add(uncovered)
+        if any("mismatch" in e for _, e in writers.values()):
+            what = "written by several ranks with different bytes"
+            conflict = mask_finding(hf, "conflict", hits.gt(1), tuple(shape), what)
+            if conflict is not None:
+                add(conflict)
     for param, n in counts.items():
         if n == 0 and not any(f.tensor == param for f in findings):
             owned_somewhere = any(e["param"] == param for es in by_hf.values() for _, e in es)

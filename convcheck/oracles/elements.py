@@ -39,22 +39,15 @@ def run(ctx: RankContext) -> OracleVerdict | None:
 
 def assemble(gathered: list[list[dict[str, Any]]], source: dict[str, tuple[int, ...]]) -> tuple[list[Finding], int]:
     """Findings (gaps, overlaps, shape, never written, unexpected) and the count of elements proven written once."""
-    from convcheck.probe.collect import first_outside, replica_writers
-    from convcheck.probe.run import bad_ranges, count_writes, first_index
+    from convcheck.probe.collect import first_outside, mask_finding, probe_failed, replica_writers
+    from convcheck.probe.run import count_writes
 
     findings: list[Finding] = []
     by_hf: dict[str, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
     for rank, records in enumerate(gathered):
         for rec in records:
             if "error" in rec:
-                findings.append(
-                    Finding(
-                        tensor=rec["param"],
-                        kind="probe-failed",
-                        message=f"rank {rank}: {rec['error']}",
-                        detail={"rank": rank},
-                    )
-                )
+                findings.append(probe_failed(rank, rec))
             elif "ranges" in rec:
                 by_hf[rec["hf"]].append((rank, rec))
     proven = 0
@@ -97,20 +90,15 @@ def assemble(gathered: list[list[dict[str, Any]]], source: dict[str, tuple[int, 
         for d in want:
             numel *= d
         hits = count_writes(numel, [e["ranges"] for _, e in writers.values()])
-        ok = True
-        for kind, mask, what in (
-            ("gap", hits.eq(0), "never written"),
-            ("overlap", hits.gt(1), "written by more than one rank"),
-        ):
-            if bool(mask.any()):
-                ok = False
-                where = bad_ranges(mask, want)
-                first = first_index(mask, want)
-                findings.append(Finding(
-                    tensor=name, kind=kind,
-                    message=f"{int(mask.sum())} elements {what}; first at HF index {first}; ranges {', '.join(where)}",
-                    detail={"first_index": first, "ranges": where},
-                ))  # fmt: skip
-        if ok:
+        bad = [
+            f
+            for f in (
+                mask_finding(name, "gap", hits.eq(0), want, "never written"),
+                mask_finding(name, "overlap", hits.gt(1), want, "written by more than one rank"),
+            )
+            if f is not None
+        ]
+        findings += bad
+        if not bad:
             proven += numel
     return findings, proven

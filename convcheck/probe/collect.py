@@ -114,3 +114,29 @@ def replica_writers(
             continue
         writers[key] = (r, e)
     return writers, disagree
+
+
+def probe_failed(rank: int, record: dict[str, Any]) -> Any:
+    """The finding for a task whose probe raised on `rank`."""
+    from convcheck.verdict import Finding
+
+    return Finding(
+        tensor=record["param"], kind="probe-failed", message=f"rank {rank}: {record['error']}", detail={"rank": rank}
+    )
+
+
+def mask_finding(tensor: str, kind: str, mask: Any, shape: tuple[int, ...], what: str) -> Any:
+    """A finding naming how many HF elements `mask` marks, the first index and the ranges; None when none is."""
+    from convcheck.probe.run import bad_ranges, first_index
+    from convcheck.verdict import Finding
+
+    if not bool(mask.any()):
+        return None
+    where = bad_ranges(mask, shape)
+    first = first_index(mask, shape)
+    return Finding(
+        tensor=tensor,
+        kind=kind,
+        message=f"{int(mask.sum())} elements {what}; first at HF index {first}; ranges {', '.join(where)}",
+        detail={"first_index": first, "ranges": where},
+    )
