@@ -71,8 +71,7 @@ def _worker(args: argparse.Namespace) -> None:
     import torch
 
     from convcheck.bits import bytes_equal
-    from convcheck.layout import ParallelLayout
-    from convcheck.mappings.base import RankCoord
+    from convcheck.layout import ParallelLayout, RankCoord
     from convcheck.mappings.grouped_mlp import GroupedFc1, GroupedFc2
 
     dtype = getattr(torch, args.dtype)

@@ -18,29 +18,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _worker(args: argparse.Namespace) -> None:
-    from convcheck import compat
-
-    compat.install("cpu")
-    from convcheck.engine.dist import init_distributed, shutdown_distributed
-    from convcheck.engine.model import build_model, make_provider
-    from convcheck.engine.worker import _quiet, load_bridge
     from convcheck.layout import ParallelLayout
     from convcheck.probe import probe_task
     from convcheck.probe.collect import tasks_of
+    from convcheck.rank import RankSpec, bring_up, quiet
+    from convcheck.rank.dist import shutdown_distributed
 
-    _quiet()
+    quiet()
     layout = ParallelLayout(tp=args.tp, pp=args.pp, ep=args.ep, etp=args.etp)
-    rank, _ = init_distributed(layout, "cpu", 600)
-    bridge = load_bridge(args.path)
-    provider = make_provider(bridge, layout, "cpu")
-    model = build_model(provider, "cpu")
-    bridge.load_hf_weights(model)
-
-    class _Ctx:
-        pass
-
-    ctx = _Ctx()
-    ctx.bridge, ctx.model = bridge, model
+    ctx = bring_up(RankSpec(model_path=args.path, layout=layout))
+    rank, bridge, model = ctx.rank, ctx.bridge, ctx.model
     export_s, probe_s = [], []
     for _ in range(args.repeat):
         t0 = time.perf_counter()
@@ -81,7 +68,7 @@ def main() -> None:
     if args.path:
         _worker(args)
         return
-    from convcheck.cli.main import resolve_model
+    from convcheck.api import resolve_model
 
     path = str(Path(resolve_model(args.model)).resolve())
     from convcheck.layout import ParallelLayout

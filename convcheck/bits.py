@@ -35,12 +35,23 @@ def bytes_equal(expected: Any, actual: Any) -> bool:
     return bool(torch.equal(a, b))  # exact on integer views: no float semantics involved
 
 
-def _unravel(flat_index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+def unravel_index(flat_index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The index in `shape` of the element at `flat_index` of the row-major flattening."""
     out = []
     for dim in reversed(shape):
         out.append(flat_index % dim if dim else 0)
         flat_index = flat_index // dim if dim else 0
     return tuple(reversed(out))
+
+
+def tensor_sha256(tensor: Any) -> str:
+    """sha256 of a tensor's raw bytes (contiguous, on the CPU): equal digests mean equal bytes."""
+    import hashlib
+
+    flat = tensor.detach().contiguous().reshape(-1)
+    if flat.device.type != "cpu":
+        flat = flat.cpu()
+    return hashlib.sha256(memoryview(int_view(flat).numpy()).cast("B")).hexdigest()
 
 
 def describe_element(tensor: Any, flat_index: int) -> str:
@@ -72,7 +83,7 @@ def compare_bits(name: str, expected: Any, actual: Any) -> Finding | None:
     diff = int_view(expected) != int_view(actual)
     count = int(diff.sum())
     first = int(diff.nonzero()[0, 0])
-    index = _unravel(first, tuple(expected.shape))
+    index = unravel_index(first, tuple(expected.shape))
     exp_s, act_s = describe_element(expected, first), describe_element(actual, first)
     return Finding(
         tensor=name,

@@ -11,5 +11,21 @@ class BadInput(ConvcheckError):
     """The user's input (checkpoint, model name, layout, option) cannot be used; exit code 2."""
 
 
+class MappingError(ConvcheckError):
+    """A mapping cannot be built or applied (impossible geometry, missing or misshapen tensor, rank off the grid)."""
+
+
 class SetupError(ConvcheckError):
     """The environment or a rank failed before any verdict could be reached; exit code 2."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, or its class name when the message is empty."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else exc.__class__.__name__
+
+
+def one_line(exc: BaseException) -> str:
+    """`ExcType: first line of the message` (how every raised upstream error is reported)."""
+    text = str(exc).strip()
+    return f"{exc.__class__.__name__}: {first_line(exc)}" if text else exc.__class__.__name__

@@ -1,12 +1,15 @@
-"""ParallelLayout: the one way a (TP, PP, EP, ETP) layout travels through convcheck."""
+"""ParallelLayout and RankCoord: how a (TP, PP, EP, ETP) layout and one rank's place in it travel through convcheck."""
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from convcheck.errors import BadInput
+from convcheck.errors import BadInput, MappingError
+
+_LAYOUT_PART = re.compile(r"(etp|tp|pp|ep)(\d+)")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -42,6 +45,25 @@ class ParallelLayout:
             if v > 1
         ]
         return "x".join(parts) or "TP1"
+
+    @property
+    def spec(self) -> str:
+        """Compact spelling such as "tp2ep2" or "tp1" (what `parse` reads back)."""
+        parts = [f"{k}{v}" for k, v in (("tp", self.tp), ("pp", self.pp), ("ep", self.ep), ("etp", self.etp)) if v > 1]
+        return "".join(parts) or "tp1"
+
+    @classmethod
+    def parse(cls, text: str) -> "ParallelLayout":
+        """Read "tp2ep2", "TP2xEP2", "pp2", "tp2-ep2-etp2" (axes default to 1); BadInput on anything else."""
+        cleaned = text.strip().lower().replace("x", "").replace("-", "").replace("_", "").replace(",", "")
+        sizes: dict[str, int] = {}
+        for axis, value in _LAYOUT_PART.findall(cleaned):
+            if axis in sizes:
+                raise BadInput(f"layout {text!r} names {axis} twice")
+            sizes[axis] = int(value)
+        if not cleaned or _LAYOUT_PART.sub("", cleaned):
+            raise BadInput(f"layout {text!r} is not of the form tp2, tp2ep2, pp2, tp2ep2etp2")
+        return cls(**sizes)
 
     def to_dict(self) -> dict[str, int]:
         """Plain dict including the world size (for JSON reports)."""
@@ -83,6 +105,32 @@ class ParallelLayout:
             raise BadInput(
                 f"impossible layout {self.label}: etp={self.etp} does not divide moe_intermediate_size={moe_ffn}"
             )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankCoord:
+    """Where one rank sits in the parallel grid (only the axes a mapping uses matter to it)."""
+
+    tp_rank: int = 0
+    """Tensor-parallel rank (attention, dense MLP, embeddings)."""
+    ep_rank: int = 0
+    """Expert-parallel rank (which experts the rank owns)."""
+    etp_rank: int = 0
+    """Expert-tensor-parallel rank (which slice of each owned expert)."""
+    pp_rank: int = 0
+    """Pipeline rank (which layers the rank owns; no tensor mapping slices by it)."""
+
+    def __post_init__(self) -> None:
+        for name in ("tp_rank", "ep_rank", "etp_rank", "pp_rank"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise MappingError(f"RankCoord.{name} must be a non-negative integer, got {value!r}")
+
+    def check_in(self, layout: ParallelLayout) -> None:
+        """Raise MappingError when a coordinate is outside `layout`."""
+        for axis, size in (("tp", layout.tp), ("ep", layout.ep), ("etp", layout.etp), ("pp", layout.pp)):
+            if getattr(self, f"{axis}_rank") >= size:
+                raise MappingError(f"{self} is outside layout {layout.label}: {axis}_rank must be < {size}")
 
 
 def _pattern_length(config: dict[str, Any]) -> int | None:

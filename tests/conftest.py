@@ -1,51 +1,15 @@
-"""Shared helpers: run the real `convcheck` CLI in a subprocess and read its JSON report."""
+"""Session-wide fixtures; the helpers tests import live in tests/helpers.py."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-PLANTS = ROOT / "tests" / "plants.py"
-
-
-@dataclass
-class CliResult:
-    code: int
-    out: str
-    err: str
-    report: dict[str, Any] | None
-
-    def findings(self, oracle: str | None = None) -> list[dict[str, Any]]:
-        assert self.report is not None, f"no report (exit {self.code}): {self.err}"
-        return [f for o in self.report["oracles"] if oracle in (None, o["name"]) for f in o["findings"]]
-
-    def verdicts(self) -> dict[str, str]:
-        assert self.report is not None, f"no report (exit {self.code}): {self.err}"
-        return {o["name"]: o["verdict"] for o in self.report["oracles"]}
-
-
-def run_cli(*args: str, tmp_path: Path | None = None, timeout: float = 300) -> CliResult:
-    """Run `python -m convcheck ARGS`; when tmp_path is given, also ask for a JSON report and read it."""
-    cmd = [sys.executable, "-m", "convcheck", *args]
-    report_path = None
-    if tmp_path is not None and args and args[0] == "verify":
-        report_path = tmp_path / "report.json"
-        cmd += ["--json", str(report_path)]
-    env = {**os.environ, "COLUMNS": "200"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
-    report = json.loads(report_path.read_text()) if report_path is not None and report_path.exists() else None
-    return CliResult(proc.returncode, proc.stdout, proc.stderr, report)
+from tests.helpers import ROOT
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _cache_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
+def _cache_dir() -> None:
     """Use the repo's cache (set by the Makefile) or a private one, never the user's home."""
     os.environ.setdefault("CONVCHECK_CACHE_DIR", str(ROOT / ".cache"))

@@ -10,7 +10,7 @@ import pytest
 from convcheck.checkpoint import open_checkpoint
 from convcheck.errors import BadInput
 from convcheck.fixtures import build_fixture
-from tests.conftest import PLANTS, run_cli
+from tests.helpers import mutant, run_cli
 
 
 @pytest.fixture
@@ -102,6 +102,7 @@ def test_bad_arguments(args: tuple[str, ...], needle: str) -> None:
     assert len(res.err.strip().splitlines()) == 1, res.err
 
 
+@pytest.mark.ranks
 def test_unknown_architecture(ckpt: Path) -> None:
     config = json.loads((ckpt / "config.json").read_text())
     config["architectures"] = ["FooBarForCausalLM"]
@@ -112,18 +113,20 @@ def test_unknown_architecture(ckpt: Path) -> None:
     assert len(res.err.strip().splitlines()) == 1, res.err
 
 
+@pytest.mark.ranks
 def test_dead_rank_ends_the_run() -> None:
-    res = run_cli("verify", "--model", "tiny:qwen3", "--tp", "2", "--hook", f"{PLANTS}:kill_rank1", "--timeout", "120")
+    res = run_cli("verify", "--model", "tiny:qwen3", "--tp", "2", "--hook", mutant("faults", "kill_rank1"), "--timeout", "120")
     assert res.code == 2
     assert "rank 1 died" in res.err
     assert len(res.err.strip().splitlines()) == 1, res.err
 
 
+@pytest.mark.ranks
 def test_hung_rank_is_stopped_within_the_timeout() -> None:
     import time
 
     t0 = time.monotonic()
-    res = run_cli("verify", "--model", "tiny:qwen3", "--tp", "2", "--hook", f"{PLANTS}:hang_rank1", "--timeout", "25")
+    res = run_cli("verify", "--model", "tiny:qwen3", "--tp", "2", "--hook", mutant("faults", "hang_rank1"), "--timeout", "25")
     assert res.code == 2
     assert "did not finish within 25 s" in res.err
     assert time.monotonic() - t0 < 60

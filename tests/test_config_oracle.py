@@ -6,9 +6,8 @@ import pytest
 
 from convcheck.oracles.config import check_rule, flatten, uncovered
 from convcheck.oracles.config_table import QWEN3, TABLES, Coverage, FieldRule
-from tests.conftest import ROOT, run_cli
+from tests.helpers import mutant, run_cli
 
-PLANTS = ROOT / "tests" / "plants_functional.py"
 
 
 def _view(**overrides):  # type: ignore[no-untyped-def]
@@ -76,7 +75,7 @@ PLANTED = [
 @pytest.mark.ranks
 @pytest.mark.parametrize("plant,model,label", PLANTED, ids=[p[0] for p in PLANTED])
 def test_planted_config_bug_is_named_by_field(tmp_path: Path, plant: str, model: str, label: str) -> None:
-    hook = ("--hook", f"{PLANTS}:{plant}")
+    hook = ("--hook", mutant("config", plant))
     res = run_cli("verify", "--oracle", "config,logits", "--model", model, *hook, tmp_path=tmp_path)
     assert res.code == 1, res.out + res.err
     findings = {f["tensor"]: f for f in res.findings("config")}

@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CliResult, run_cli
+from tests.helpers import CliResult, mutant, run_cli
 
-PLANTS = "tests/plants_differential.py"
 ORACLES = "differential,elements,roundtrip"
 
 
@@ -22,10 +21,11 @@ def _find(result: CliResult, oracle: str, tensor: str) -> dict:
 def qwen3_tp2_plants(tmp_path_factory: pytest.TempPathFactory) -> CliResult:
     """One TP2 launch with four planted bugs on distinct tensors."""
     hooks = ["tp_concat_reversed", "gqa_qk_swap_group1", "gate_up_swapped_under_tp", "drop_vocab_rows"]
-    args = [a for h in hooks for a in ("--hook", f"{PLANTS}:{h}")]
+    args = [a for h in hooks for a in ("--hook", mutant("collectives", h))]
     return run_cli("verify", "--model", "tiny:qwen3", "--tp", "2", "--oracle", ORACLES, *args, tmp_path=tmp_path_factory.mktemp("p"))
 
 
+@pytest.mark.ranks
 def test_tp_concat_order(qwen3_tp2_plants: CliResult) -> None:
     r = qwen3_tp2_plants
     assert r.code == 1
@@ -35,17 +35,20 @@ def test_tp_concat_order(qwen3_tp2_plants: CliResult) -> None:
     assert rt["detail"]["first_index"] == [0, 0] and rt["detail"]["diagnosis_kind"] == "block-reorder"
 
 
+@pytest.mark.ranks
 def test_gqa_group_swap(qwen3_tp2_plants: CliResult) -> None:
     q = _find(qwen3_tp2_plants, "roundtrip", "model.layers.0.self_attn.q_proj.weight")
     assert q["detail"]["first_index"] == [16, 0]
     assert "q/k swap" in q["detail"]["diagnosis"] and "k_proj" in q["detail"]["diagnosis"]
 
 
+@pytest.mark.ranks
 def test_gate_up_swap(qwen3_tp2_plants: CliResult) -> None:
     g = _find(qwen3_tp2_plants, "roundtrip", "model.layers.0.mlp.gate_proj.weight")
     assert g["detail"]["first_index"] == [32, 0] and "gate/up" in g["detail"]["diagnosis"]
 
 
+@pytest.mark.ranks
 def test_dropped_rows(qwen3_tp2_plants: CliResult) -> None:
     rt = _find(qwen3_tp2_plants, "roundtrip", "lm_head.weight")
     assert rt["kind"] == "shape" and rt["detail"]["diagnosis_kind"] == "dropped"
@@ -53,6 +56,7 @@ def test_dropped_rows(qwen3_tp2_plants: CliResult) -> None:
     assert el["kind"] == "shape" and el["detail"]["first_index"] == [144, 0]
 
 
+@pytest.mark.ranks
 def test_other_tensors_pass(qwen3_tp2_plants: CliResult) -> None:
     planted = {"model.embed_tokens.weight", "lm_head.weight"}
     bad = {f["tensor"] for f in qwen3_tp2_plants.findings()}
@@ -60,8 +64,9 @@ def test_other_tensors_pass(qwen3_tp2_plants: CliResult) -> None:
     assert planted <= bad
 
 
+@pytest.mark.ranks
 def test_ep_local_expert_ids(tmp_path: Path) -> None:
-    r = run_cli("verify", "--model", "tiny:qwen3-moe", "--ep", "2", "--oracle", ORACLES, "--hook", f"{PLANTS}:ep_local_ids", tmp_path=tmp_path)
+    r = run_cli("verify", "--model", "tiny:qwen3-moe", "--ep", "2", "--oracle", ORACLES, "--hook", mutant("collectives", "ep_local_ids"), tmp_path=tmp_path)
     assert r.code == 1
     d = _find(r, "differential", "model.layers.1.mlp.experts.0.up_proj.weight")
     assert d["kind"] == "differs" and d["detail"]["first_index"] == [0, 0]
@@ -72,8 +77,9 @@ def test_ep_local_expert_ids(tmp_path: Path) -> None:
     assert not [f for f in r.findings("differential") if ".layers.0." in f["tensor"]]
 
 
+@pytest.mark.ranks
 def test_etp_expert_not_gathered(tmp_path: Path) -> None:
-    r = run_cli("verify", "--model", "tiny:qwen3-moe", "--tp", "2", "--etp", "2", "--oracle", ORACLES, "--hook", f"{PLANTS}:etp_not_gathered", tmp_path=tmp_path)
+    r = run_cli("verify", "--model", "tiny:qwen3-moe", "--tp", "2", "--etp", "2", "--oracle", ORACLES, "--hook", mutant("collectives", "etp_not_gathered"), tmp_path=tmp_path)
     assert r.code == 1
     name = "model.layers.0.mlp.experts.0.down_proj.weight"
     kinds = {f["kind"] for f in r.findings("differential") if f["tensor"] == name}

@@ -11,7 +11,7 @@ from convcheck.checkpoint import open_checkpoint
 from convcheck.fixtures import FIXTURES, build_fixture, get_spec
 from convcheck.fixtures.values import POOL_SIZE, distinct_values
 
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 
 @pytest.mark.parametrize("name", sorted(FIXTURES))

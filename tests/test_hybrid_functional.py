@@ -6,10 +6,8 @@ import pytest
 
 from convcheck.oracles.config import flatten, uncovered
 from convcheck.oracles.config_table import NEMOTRON_H, TABLES, Coverage
-from tests.conftest import ROOT, run_cli
+from tests.helpers import mutant, run_cli
 
-PLANTS = ROOT / "tests" / "plants_hybrid.py"
-PLANTS_MAMBA = ROOT / "tests" / "plants_mamba.py"
 
 
 def test_nemotron_h_table_covers_every_fixture_field() -> None:
@@ -50,7 +48,7 @@ PLANTED = [
 @pytest.mark.parametrize("plant,label", PLANTED, ids=[p[0] for p in PLANTED])
 def test_planted_mamba_config_bug_is_named_by_field(tmp_path: Path, plant: str, label: str) -> None:
     res = run_cli("verify", "--oracle", "config,logits", "--model", "tiny:nemotron-h",
-                  "--hook", f"{PLANTS}:{plant}", tmp_path=tmp_path)  # fmt: skip
+                  "--hook", mutant("hybrid", plant), tmp_path=tmp_path)  # fmt: skip
     assert res.code == 1, res.out + res.err
     findings = {f["tensor"]: f for f in res.findings("config")}
     assert label in findings, sorted(findings)
@@ -63,7 +61,7 @@ def test_planted_mamba_config_bug_is_named_by_field(tmp_path: Path, plant: str, 
 def test_symmetric_in_proj_bug_passes_roundtrip_and_fails_logits(tmp_path: Path) -> None:
     """dt rows before B/C in import and export: bytes round-trip, the Mamba forward does not."""
     res = run_cli("verify", "--oracle", "roundtrip,config,logits", "--model", "tiny:nemotron-h", "--tp", "2",
-                  "--hook", f"{PLANTS_MAMBA}:dt_before_bc", tmp_path=tmp_path)  # fmt: skip
+                  "--hook", mutant("mamba", "dt_before_bc"), tmp_path=tmp_path)  # fmt: skip
     assert res.code == 1, res.out + res.err
     assert res.verdicts() == {"roundtrip": "pass", "config": "pass", "logits": "fail"}
     assert "logits-differ" in {f["kind"] for f in res.findings("logits")}

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from convcheck.checkpoint import open_checkpoint
-from convcheck.cli.main import resolve_model
-from tests.conftest import run_cli
+from convcheck.api import resolve_model
+from tests.helpers import mutant, run_cli
 
 ORACLES = "coverage,roundtrip,config,logits,differential,elements,layout,mapping"
 MATRIX = [
@@ -19,6 +19,7 @@ MATRIX = [
 """ETP layouts; TP1, TP2, EP2, TP2xEP2 and PP2 run every oracle in tests/test_verify_matrix.py."""
 
 
+@pytest.mark.ranks
 @pytest.mark.parametrize(("model", "layout"), MATRIX, ids=[f"{m}-{'x'.join(lay[1::2]) or '1'}{''.join(lay[::2])}" for m, lay in MATRIX])
 def test_layout_matrix(model: str, layout: tuple[str, ...], tmp_path: Path) -> None:
     r = run_cli("verify", "--model", model, *layout, "--oracle", ORACLES, tmp_path=tmp_path)
@@ -33,8 +34,9 @@ def test_layout_matrix(model: str, layout: tuple[str, ...], tmp_path: Path) -> N
     assert oracles["layout"]["checked"] == oracles["roundtrip"]["checked"]
 
 
+@pytest.mark.ranks
 def test_layout_names_first_differing_tensor(tmp_path: Path) -> None:
-    hook = "tests/plants_differential.py:tp_concat_reversed"
+    hook = mutant("collectives", "tp_concat_reversed")
     r = run_cli("verify", "--model", "tiny:qwen3", "--tp", "2", "--oracle", "layout", "--hook", hook, tmp_path=tmp_path)
     assert r.code == 1
     findings = r.findings("layout")

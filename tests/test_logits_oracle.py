@@ -6,9 +6,8 @@ import pytest
 import torch
 
 from convcheck.oracles.logits import ABS_TOL, fixed_tokens, compare, upcast_fp32
-from tests.conftest import ROOT, run_cli
+from tests.helpers import mutant, run_cli
 
-PLANTS = ROOT / "tests" / "plants_functional.py"
 
 
 def _logits(vocab: int = 10) -> torch.Tensor:
@@ -88,7 +87,7 @@ def test_logits_match_hf(tmp_path: Path, model: str, layout: tuple[str, ...], or
 @pytest.mark.ranks
 def test_weight_bug_invisible_to_config_is_caught_by_logits(tmp_path: Path) -> None:
     res = run_cli("verify", "--oracle", "config,logits", "--model", "tiny:qwen3", "--tp", "2",
-                  "--hook", f"{PLANTS}:scale_o_proj_on_import", tmp_path=tmp_path)  # fmt: skip
+                  "--hook", mutant("config", "scale_o_proj_on_import"), tmp_path=tmp_path)  # fmt: skip
     assert res.code == 1, res.out + res.err
     assert res.verdicts() == {"config": "pass", "logits": "fail"}
     kinds = {f["kind"]: f for f in res.findings("logits")}

@@ -5,9 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, run_cli
+from tests.helpers import mutant, run_cli
 
-PLANTS_MAPPINGS = ROOT / "tests" / "plants_mappings.py"
 
 
 @pytest.mark.ranks
@@ -36,7 +35,7 @@ def test_mapping_oracle_passes_qwen2_qkv_bias_tp2(tmp_path: Path) -> None:
 @pytest.mark.ranks
 def test_symmetric_qkv_bug_passes_roundtrip_but_not_mapping(tmp_path: Path) -> None:
     res = run_cli("verify", "--model", "tiny:qwen3-moe", "--tp", "2", "--ep", "2", "--oracle", "roundtrip,mapping",
-                  "--hook", f"{PLANTS_MAPPINGS}:qk_order_swapped", tmp_path=tmp_path)  # fmt: skip
+                  "--hook", mutant("symmetric", "qk_order_swapped"), tmp_path=tmp_path)  # fmt: skip
     assert res.code == 1, res.err
     assert res.verdicts() == {"roundtrip": "pass", "mapping": "fail"}
     first = res.findings("mapping")[0]

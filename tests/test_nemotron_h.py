@@ -11,9 +11,8 @@ import torch
 from safetensors.torch import save_file
 
 from convcheck.fixtures import build_fixture
-from tests.conftest import ROOT, run_cli
+from tests.helpers import mutant, run_cli
 
-PLANTS_MAMBA = ROOT / "tests" / "plants_mamba.py"
 EXTRA = "backbone.layers.0.mixer.extra_proj.weight"
 
 
@@ -55,7 +54,7 @@ def test_unmapped_checkpoint_names_fail_coverage_by_name(tmp_path: Path) -> None
 def test_dt_before_bc_passes_roundtrip_but_not_mapping(tmp_path: Path) -> None:
     """Symmetric bug in the real MambaInProjMapping: invisible to roundtrip, named by the mapping oracle."""
     res = run_cli("verify", "--model", "tiny:nemotron-h", "--tp", "2", "--oracle", "roundtrip,mapping",
-                  "--hook", f"{PLANTS_MAMBA}:dt_before_bc", tmp_path=tmp_path)  # fmt: skip
+                  "--hook", mutant("mamba", "dt_before_bc"), tmp_path=tmp_path)  # fmt: skip
     assert res.code == 1, res.err
     assert res.verdicts() == {"roundtrip": "pass", "mapping": "fail"}
     findings = res.findings("mapping")

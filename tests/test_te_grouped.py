@@ -4,9 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, run_cli
+from tests.helpers import mutant, run_cli
 
-PLANTS_TE = ROOT / "tests" / "plants_te_grouped.py"
 CORE = "coverage,roundtrip,differential,elements,mapping"
 
 
@@ -40,7 +39,7 @@ def test_tp2_ep2_etp2_passes(tmp_path: Path) -> None:
 
 @pytest.mark.ranks
 def test_local_expert_id_in_grouped_export_is_caught(tmp_path: Path) -> None:
-    hook = f"{PLANTS_TE}:grouped_export_local_expert_id"
+    hook = mutant("te_grouped", "grouped_export_local_expert_id")
     res = run_cli("verify", "--model", "tiny:qwen3-moe", "--ep", "2", "--experts", "te-grouped", "--oracle", CORE,
                   "--table", "none", "--hook", hook, tmp_path=tmp_path)  # fmt: skip
     assert res.code == 1, res.err

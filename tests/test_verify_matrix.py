@@ -7,7 +7,7 @@ import pytest
 
 from convcheck.checkpoint import open_checkpoint
 from convcheck.fixtures import FIXTURES, build_fixture
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 DENSE_LAYOUTS = [(), ("--tp", "2"), ("--pp", "2")]
 MOE_LAYOUTS = [("--ep", "2"), ("--tp", "2", "--ep", "2")]

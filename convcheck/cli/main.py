@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
+from convcheck.api import EXPERT_LAYOUTS
+from convcheck.cli.types import HookSpecType, OracleList
 from convcheck.errors import ConvcheckError
 
 if TYPE_CHECKING:
@@ -20,25 +21,6 @@ EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
 def _fail_line(exc: BaseException) -> None:
     click.echo(f"convcheck: error: {exc}", err=True)
     sys.exit(EXIT_BAD_INPUT)
-
-
-def resolve_model(model: str) -> str:
-    """A checkpoint folder for `model`: a path, or a built-in fixture `tiny:<name>` (built on first use)."""
-    if model.startswith("tiny:"):
-        from convcheck.fixtures import build_fixture, get_spec
-
-        get_spec(model)
-        return str(build_fixture(model))
-    return model
-
-
-def check_hook_spec(spec: str) -> None:
-    """Reject a malformed --hook before any rank starts (the ranks resolve it for real)."""
-    target, _, func = spec.rpartition(":")
-    if not target or not func.isidentifier():
-        raise ConvcheckError(f"hook {spec!r} is not of the form MODULE:FUNCTION or FILE.py:FUNCTION")
-    if target.endswith(".py") and not Path(target).is_file():
-        raise ConvcheckError(f"hook file not found: {target}")
 
 
 def replay_command(
@@ -66,15 +48,6 @@ def replay_command(
     return shlex.join(args)
 
 
-def check_gpus(needed: int) -> None:
-    """Reject --device cuda when fewer GPUs are visible than the layout has ranks."""
-    import torch
-
-    found = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if found < needed:
-        raise ConvcheckError(f"--device cuda needs {needed} GPU(s) for this layout, found {found}")
-
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="convcheck")
 def cli() -> None:
@@ -87,7 +60,7 @@ def cli() -> None:
 @click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True, help="Pipeline parallel size.")
 @click.option("--ep", type=click.IntRange(min=1), default=1, show_default=True, help="Expert parallel size.")
 @click.option("--etp", type=click.IntRange(min=1), default=1, show_default=True, help="Expert tensor parallel size.")
-@click.option("--oracle", "oracle_spec", default="", help="Comma-separated oracle names (default: all).")
+@click.option("--oracle", "oracles", type=OracleList(), default="", help="Comma-separated oracle names (default: all).")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), help="Write the report as JSON.")
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False, writable=True), help="Write JUnit XML.")
@@ -95,9 +68,9 @@ def cli() -> None:
 @click.option("--timeout", type=click.FloatRange(min=1), default=600.0, show_default=True,
               help="Seconds before hung or dead ranks are stopped (exit 2).")  # fmt: skip
 @click.option("--log-dir", type=click.Path(file_okay=False), help="Keep the job file and rank logs here.")
-@click.option("--hook", "hooks", multiple=True, metavar="MODULE:FUNC",
+@click.option("--hook", "hooks", type=HookSpecType(), multiple=True,
               help="Callable run in every rank before the model is built (extensions, planted-bug tests).")  # fmt: skip
-@click.option("--experts", type=click.Choice(["sequential", "te-grouped"]), default="sequential", show_default=True,
+@click.option("--experts", type=click.Choice(EXPERT_LAYOUTS), default="sequential", show_default=True,
               help="MoE expert layout: SequentialMLP, or TEGroupedMLP's linear_fcN.weightE (no forward: no logits).")  # fmt: skip
 def verify(
     model: str,
@@ -105,7 +78,7 @@ def verify(
     pp: int,
     ep: int,
     etp: int,
-    oracle_spec: str,
+    oracles: tuple[str, ...],
     device: str,
     json_path: str | None,
     junit_path: str | None,
@@ -116,58 +89,21 @@ def verify(
     experts: str,
 ) -> None:
     """Build the sharded Megatron model from MODEL through the real bridge and run the oracles."""
-    from convcheck.checkpoint import open_checkpoint
-    from convcheck.engine.job import Job
-    from convcheck.engine.launch import run_ranks
+    from convcheck import api
     from convcheck.layout import ParallelLayout
-    from convcheck.oracles import parse_oracle_names
-    from convcheck.verdict import PASS, OracleVerdict, Report
+    from convcheck.verdict import PASS
 
-    started = time.perf_counter()
     try:
-        oracles = parse_oracle_names(oracle_spec)
-        if experts == "te-grouped":  # the TEGroupedMLP stand-in has parameters only: no forward, no logits
-            if oracle_spec and "logits" in oracles:
-                raise ConvcheckError("--experts te-grouped has no forward: the logits oracle cannot run on it")
-            oracles = tuple(o for o in oracles if o != "logits")
         layout = ParallelLayout(tp=tp, pp=pp, ep=ep, etp=etp)
-        path = resolve_model(model)
-        checkpoint = open_checkpoint(path)
-        layout.validate_for(checkpoint.config)
-        for hook in hooks:
-            check_hook_spec(hook)
-        if device == "cuda":
-            check_gpus(layout.world_size)
+        job = api.prepare(
+            model, layout, oracles=oracles, device=device, hooks=hooks, experts=experts, timeout_s=timeout
+        )
         for target in (json_path, junit_path):
             if target and not Path(target).resolve().parent.is_dir():
                 raise ConvcheckError(f"output folder does not exist: {Path(target).parent}")
-        job = Job(
-            model_path=str(Path(path).resolve()),
-            model_label=model,
-            layout=layout,
-            device=device,
-            oracles=oracles,
-            hooks=hooks,
-            timeout_s=timeout,
-            options={"experts": experts},
-        )
-        if "layout" in oracles:  # the layout oracle compares with a TP1 export made by a separate 1-rank job
-            import os
-
-            from convcheck.oracles.layout_invariance import ENV_MANIFEST, reference_manifest
-
-            os.environ[ENV_MANIFEST] = str(reference_manifest(job, log_dir))
-        result = run_ranks(job, log_dir=log_dir)
+        report = api.run(job, log_dir=log_dir)
     except ConvcheckError as exc:
         _fail_line(exc)
-    report = Report(
-        model=model,
-        layout=layout.to_dict(),
-        device=device,
-        versions=result["versions"],
-        oracles=tuple(OracleVerdict.from_dict(o) for o in result["oracles"]),
-        seconds=time.perf_counter() - started,
-    )
     from convcheck.cli.render import print_report, write_json, write_junit
 
     print_report(report, table=table)
@@ -218,5 +154,13 @@ def fixtures_build(name: str, out: str | None) -> None:
 
 
 def main() -> None:
-    """Console-script entry point."""
-    cli()
+    """Console-script entry point: usage errors are one line on stderr and exit 2, like every bad input."""
+    try:
+        code = cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("convcheck: interrupted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        click.echo(f"convcheck: error: {exc.format_message()}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    sys.exit(code or 0)

@@ -9,6 +9,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from convcheck.atomic import write_text_atomic
 from convcheck.verdict import PASS, Report
 
 
@@ -110,16 +111,9 @@ def _layout_label(layout: dict[str, int]) -> str:
     return "x".join(parts) or "TP1"
 
 
-def _write_atomic(path: str | os.PathLike[str], text: str) -> None:
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    tmp.replace(target)
-
-
 def write_json(report: Report, path: str | os.PathLike[str]) -> None:
     """The report as JSON (see README for the schema)."""
-    _write_atomic(path, json.dumps(report.to_dict(), indent=2) + "\n")
+    write_text_atomic(path, json.dumps(report.to_dict(), indent=2) + "\n")
 
 
 def junit_xml(report: Report) -> str:
@@ -147,4 +141,4 @@ def junit_xml(report: Report) -> str:
 
 
 def write_junit(report: Report, path: str | os.PathLike[str]) -> None:
-    _write_atomic(path, junit_xml(report))
+    write_text_atomic(path, junit_xml(report))

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from convcheck.atomic import write_json_atomic
 from convcheck.layout import ParallelLayout
+from convcheck.rank.bringup import RankSpec
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -27,7 +28,24 @@ class Job:
     workdir: str = "."
     """Folder for the job file, per-rank error files and the result."""
     timeout_s: float = 600.0
-    options: dict[str, Any] = field(default_factory=dict)
+    experts: str = "sequential"
+    """MoE expert layout: "sequential" (SequentialMLP) or "te-grouped" (TEGroupedMLP's parameters)."""
+    reference_manifest: str | None = None
+    """Layout oracle: the TP1 digest manifest the engine's reference job wrote."""
+    write_manifest: str | None = None
+    """Set only in the reference job: where the layout oracle writes its export digests."""
+
+    def rank_spec(self) -> RankSpec:
+        """What each rank needs to bring up its model."""
+        return RankSpec(
+            model_path=self.model_path,
+            layout=self.layout,
+            device=self.device,
+            timeout_s=self.timeout_s,
+            experts=self.experts,
+            reference_manifest=self.reference_manifest,
+            write_manifest=self.write_manifest,
+        )
 
     @property
     def result_file(self) -> Path:
@@ -51,9 +69,3 @@ class Job:
         data["hooks"] = tuple(data["hooks"])
         return cls(**data)
 
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON through a temporary file and a rename, so readers never see half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # unique: concurrent writers never share it
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(path)

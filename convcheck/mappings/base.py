@@ -6,42 +6,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from convcheck.errors import ConvcheckError
-from convcheck.layout import ParallelLayout
-
-
-class MappingError(ConvcheckError):
-    """A mapping cannot be built or applied (impossible geometry, missing or misshapen tensor)."""
+from convcheck.errors import MappingError
+from convcheck.layout import ParallelLayout, RankCoord
 
 
 class CoverageError(MappingError):
     """A registry does not cover a model exactly once on both sides; the message names every offender."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RankCoord:
-    """Where one rank sits in the parallel grid (only the axes a mapping uses matter to it)."""
-
-    tp_rank: int = 0
-    """Tensor-parallel rank (attention, dense MLP, embeddings)."""
-    ep_rank: int = 0
-    """Expert-parallel rank (which experts the rank owns)."""
-    etp_rank: int = 0
-    """Expert-tensor-parallel rank (which slice of each owned expert)."""
-    pp_rank: int = 0
-    """Pipeline rank (which layers the rank owns; no tensor mapping slices by it)."""
-
-    def __post_init__(self) -> None:
-        for name in ("tp_rank", "ep_rank", "etp_rank", "pp_rank"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise MappingError(f"RankCoord.{name} must be a non-negative integer, got {value!r}")
-
-    def check_in(self, layout: ParallelLayout) -> None:
-        """Raise MappingError when a coordinate is outside `layout`."""
-        for axis, size in (("tp", layout.tp), ("ep", layout.ep), ("etp", layout.etp), ("pp", layout.pp)):
-            if getattr(self, f"{axis}_rank") >= size:
-                raise MappingError(f"{self} is outside layout {layout.label}: {axis}_rank must be < {size}")
 
 
 Shards = Mapping[RankCoord, Any]

@@ -4,11 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from convcheck.engine.context import RankContext
+from convcheck.rank.context import RankContext
 from convcheck.oracles.config_table import TABLES, Coverage, FieldRule, HfView
+from convcheck.oracles.base import OracleInfo
 from convcheck.verdict import Finding, OracleVerdict, make_verdict
 
 NAME = "config"
+INFO = OracleInfo(
+    name=NAME,
+    proves="every field of the per-architecture table (shapes, heads/groups, rope, norm eps, qk-norm, "
+                "activation, tied embeddings, biases, MoE routing) holds in the built model's TransformerConfig, "
+                "no HF field outside the table differs from its class default, and the bridge's "
+                "megatron_to_hf_config gives back the same values",
+    does_not_prove="that Megatron computes what the HF code computes for equal settings (see logits); fields that "
+                "equal their class default are not examined",
+)
 _ABSENT = "<absent>"
 
 

@@ -5,11 +5,19 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from convcheck.engine.context import RankContext
-from convcheck.engine.model import named_tensors
+from convcheck.rank.context import RankContext
+from convcheck.rank.model import named_tensors
+from convcheck.oracles.base import OracleInfo
 from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
 
 NAME = "coverage"
+INFO = OracleInfo(
+    name=NAME,
+    proves="every Megatron parameter and persistent buffer has a bridge mapping whose HF tensors exist, "
+                "every element was written by the import, and the export produces every source tensor exactly "
+                "once with no extra names",
+    does_not_prove="that any value landed in the right place (see roundtrip)",
+)
 
 
 def _hf_names(mapping: Any) -> list[str]:
@@ -78,17 +86,11 @@ def export_side(counts: Counter[str], source: set[str]) -> list[Finding]:
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank checks its parameters; rank 0 also counts the export's names."""
     names, findings = megatron_side(ctx)
-    if ctx.load_error:
-        findings.append(
-            Finding(tensor="<import>", kind="import-failed", message=f"bridge.load_hf_weights raised {ctx.load_error}")
-        )
+    if (failure := ctx.import_failure()) is not None:
+        findings.append(failure)
     counts: Counter[str] = Counter(name for name, _ in ctx.export())
-    if ctx.export_error:
-        findings.append(
-            Finding(
-                tensor="<export>", kind="export-failed", message=f"bridge.export_hf_weights raised {ctx.export_error}"
-            )
-        )
+    if (failure := ctx.export_failure()) is not None:
+        findings.append(failure)
     gathered = ctx.gather((sorted(names), [f.to_dict() for f in findings]))
     if not ctx.is_reporter:
         return None

@@ -11,10 +11,19 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from convcheck.engine.context import RankContext
+from convcheck.rank.context import RankContext
+from convcheck.oracles.base import OracleInfo
 from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
 
 NAME = "differential"
+INFO = OracleInfo(
+    name=NAME,
+    proves="per conversion task, the real megatron_to_hf (true collectives) equals, bitwise, the union over "
+                "ranks of a comm-stub probe run of the same mapping: every element covered, ranks agree, no probe "
+                "slot missing from the real output",
+    does_not_prove="that the mapping's local math is right (a bug outside the collectives is in both sides; see "
+                "roundtrip); mappings that compute values instead of moving them are reported, not proven",
+)
 
 
 def run(ctx: RankContext) -> OracleVerdict | None:

@@ -9,10 +9,17 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from convcheck.engine.context import RankContext
+from convcheck.rank.context import RankContext
+from convcheck.oracles.base import OracleInfo
 from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
 
 NAME = "elements"
+INFO = OracleInfo(
+    name=NAME,
+    proves="with index-coded shards, every element of every source HF tensor is written exactly once across "
+                "ranks (replicas count once); gaps and overlaps are named as HF index ranges",
+    does_not_prove="that the element written at an index holds the right value (see roundtrip, differential)",
+)
 
 
 def run(ctx: RankContext) -> OracleVerdict | None:

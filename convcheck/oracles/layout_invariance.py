@@ -1,45 +1,46 @@
 """Layout oracle: the export at the requested layout is byte-identical to a TP1 export and to the source.
 
-Design: a TP1 export needs its own model, so before the main job the CLI runs a separate 1-rank job of this
-oracle with CONVCHECK_LAYOUT_WRITE set; it writes a digest manifest (per tensor: dtype, shape, sha256 of raw
-bytes), cached per (checkpoint, hooks, versions). The main job gets the manifest path in CONVCHECK_LAYOUT_MANIFEST,
-digests its own export on rank 0 and names every tensor that differs; a differing tensor is then compared with
-the source bytes (first differing index, and the rearrangement from convcheck.diagnose when one explains it).
+Design: a TP1 export needs its own model, so before the main job the engine runs a separate 1-rank job of this
+oracle (convcheck.engine.reference) whose context carries `write_manifest`; it writes a digest manifest (per
+tensor: dtype, shape, sha256 of raw bytes). The main job's context carries `reference_manifest`; rank 0 digests
+its own export and names every tensor that differs; a differing tensor is then compared with the source bytes
+(first differing index, and the rearrangement from convcheck.diagnose when one explains it).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from convcheck.engine.context import RankContext
+from convcheck.rank.context import RankContext
+from convcheck.oracles.base import OracleInfo
 from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
 
 NAME = "layout"
-ENV_WRITE = "CONVCHECK_LAYOUT_WRITE"
-ENV_MANIFEST = "CONVCHECK_LAYOUT_MANIFEST"
+INFO = OracleInfo(
+    name=NAME,
+    proves="the export at the requested layout is byte-identical, tensor by tensor, to a TP1 export of the "
+                "same checkpoint (digest manifest from a separate 1-rank job) and to the source",
+    does_not_prove="that a bug present identically at every layout (including TP1) is absent (see roundtrip)",
+)
 
 
 def digest(tensor: Any) -> dict[str, Any]:
     """dtype, shape and sha256 of the raw bytes of one tensor."""
-    from convcheck.bits import int_view
+    from convcheck.bits import tensor_sha256
 
-    t = tensor.detach().cpu().contiguous()
     return {
-        "dtype": str(t.dtype).removeprefix("torch."),
-        "shape": list(t.shape),
-        "sha256": hashlib.sha256(int_view(t).numpy().tobytes()).hexdigest(),
+        "dtype": str(tensor.dtype).removeprefix("torch."),
+        "shape": list(tensor.shape),
+        "sha256": tensor_sha256(tensor),
     }
 
 
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank drains the export; rank 0 writes the manifest (reference job) or compares with it."""
-    write_to = os.environ.get(ENV_WRITE)
-    ref_path = os.environ.get(ENV_MANIFEST)
+    write_to = ctx.write_manifest
+    ref_path = ctx.reference_manifest
     reference = json.loads(Path(ref_path).read_text()) if ref_path and Path(ref_path).is_file() else None
     ref = (reference or {}).get("tensors", {})
     digests: dict[str, dict[str, Any]] = {}
@@ -52,7 +53,7 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     if not ctx.is_reporter:
         return None
     if write_to:
-        from convcheck.engine.job import write_json_atomic
+        from convcheck.atomic import write_json_atomic
 
         write_json_atomic(
             Path(write_to), {"layout": ctx.layout.to_dict(), "export_error": ctx.export_error, "tensors": digests}
@@ -66,7 +67,7 @@ def run(ctx: RankContext) -> OracleVerdict | None:
                 Finding(
                     tensor="<layout>",
                     kind="no-reference",
-                    message=f"no TP1 manifest (set {ENV_MANIFEST}; `convcheck verify` does it)",
+                    message="no TP1 manifest (the engine's reference job writes it; `convcheck verify` runs it)",
                 )
             ],
         )
@@ -91,12 +92,8 @@ def compare(
     ref = reference.get("tensors", {})
     reader = TensorReader(ctx.checkpoint)
     source = ctx.checkpoint.tensors
-    if ctx.export_error:
-        findings.append(
-            Finding(
-                tensor="<export>", kind="export-failed", message=f"bridge.export_hf_weights raised {ctx.export_error}"
-            )
-        )
+    if (failure := ctx.export_failure()) is not None:
+        findings.append(failure)
     if reference.get("export_error"):
         findings.append(
             Finding(
@@ -165,37 +162,3 @@ def digest_cmp(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 def _brief(d: dict[str, Any]) -> str:
     return f"{d['dtype']} {d['shape']} sha256 {d['sha256'][:12]}"
 
-
-def reference_manifest(job: Any, log_dir: str | None = None) -> Path:
-    """Run (or reuse from the cache) the 1-rank TP1 job that writes the digest manifest for `job`'s checkpoint."""
-    from convcheck.engine.launch import run_ranks
-    from convcheck.layout import ParallelLayout
-    from convcheck.versions import versions
-
-    key = hashlib.sha256()
-    key.update(
-        json.dumps(
-            {"model": job.model_path, "hooks": list(job.hooks), "device": job.device, "options": job.options, "v": versions()}, sort_keys=True
-        ).encode()
-    )
-    for path in sorted(Path(job.model_path).glob("*.safetensors")) + [
-        Path(h.rpartition(":")[0]) for h in job.hooks if h.rpartition(":")[0].endswith(".py")
-    ]:
-        stat = path.stat()
-        key.update(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-    cache = Path(os.environ.get("CONVCHECK_CACHE_DIR", Path.home() / ".cache" / "convcheck")) / "layout"
-    cache.mkdir(parents=True, exist_ok=True)
-    manifest = cache / f"{key.hexdigest()[:24]}.json"
-    if manifest.is_file():
-        return manifest
-    ref_job = replace(job, layout=ParallelLayout(tp=1, pp=1, ep=1, etp=1), oracles=(NAME,), workdir=".")
-    saved = os.environ.get(ENV_WRITE)
-    os.environ[ENV_WRITE] = str(manifest)
-    try:
-        run_ranks(ref_job, log_dir=str(Path(log_dir) / "layout-tp1") if log_dir else None)
-    finally:
-        if saved is None:
-            os.environ.pop(ENV_WRITE, None)
-        else:
-            os.environ[ENV_WRITE] = saved
-    return manifest

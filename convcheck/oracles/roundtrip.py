@@ -4,10 +4,18 @@ from __future__ import annotations
 
 from convcheck.bits import compare_bits
 from convcheck.checkpoint import TensorReader
-from convcheck.engine.context import RankContext
+from convcheck.rank.context import RankContext
+from convcheck.oracles.base import OracleInfo
 from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
 
 NAME = "roundtrip"
+INFO = OracleInfo(
+    name=NAME,
+    proves="HF -> sharded Megatron -> HF export is byte-identical to the source checkpoint, tensor by tensor "
+                "(dtype, shape and raw bytes)",
+    does_not_prove="that the Megatron shards are laid out as Megatron's forward expects: a bug made identically in "
+                "import and export cancels out",
+)
 
 
 def run(ctx: RankContext) -> OracleVerdict | None:
@@ -37,12 +45,8 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         )
     if reader is None:
         return None
-    if ctx.export_error:
-        findings.append(
-            Finding(
-                tensor="<export>", kind="export-failed", message=f"bridge.export_hf_weights raised {ctx.export_error}"
-            )
-        )
+    if (failure := ctx.export_failure()) is not None:
+        findings.append(failure)
     for name in sorted(set(source) - set(rows)):
         findings.append(Finding(tensor=name, kind="missing", message="source tensor is missing from the export"))
         entry = source[name]

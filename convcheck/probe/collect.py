@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 from convcheck.probe.run import probe_task, to_ranges
@@ -60,7 +59,7 @@ def collect(ctx: Any, *, with_real: bool) -> list[dict[str, Any]]:
 
 def _against_real(tensor: Any, slot: Any, weight: Any) -> dict[str, Any]:
     """Compare this rank's probe slot with the real output bitwise; digest the real output for cross-rank checks."""
-    from convcheck.bits import _unravel, describe_element, int_view
+    from convcheck.bits import describe_element, int_view, tensor_sha256, unravel_index
 
     if tensor is None:
         return {"real": None}
@@ -69,7 +68,7 @@ def _against_real(tensor: Any, slot: Any, weight: Any) -> dict[str, Any]:
         "real": {
             "shape": list(tensor.shape),
             "dtype": str(tensor.dtype).removeprefix("torch."),
-            "sha256": hashlib.sha256(int_view(tensor).numpy().tobytes()).hexdigest(),
+            "sha256": tensor_sha256(tensor),
         }
     }
     if slot is None or slot.positions.numel() == 0:
@@ -84,7 +83,7 @@ def _against_real(tensor: Any, slot: Any, weight: Any) -> dict[str, Any]:
         first, src = int(bad[0]), int(slot.local[diff][0])
         out["mismatch"] = {
             "count": int(diff.sum()),
-            "first": list(_unravel(first, tuple(slot.shape))),
+            "first": list(unravel_index(first, tuple(slot.shape))),
             "ranges": to_ranges(bad)[:64],
             "real": describe_element(tensor, first),
             "probe": describe_element(weight.detach().cpu(), src),

@@ -103,14 +103,14 @@ def count_writes(numel: int, writers: list[list[tuple[int, int]]]) -> Any:
 
 def first_index(mask: Any, shape: tuple[int, ...]) -> list[int]:
     """The HF index of the first element where flat bool `mask` holds."""
-    from convcheck.bits import _unravel
+    from convcheck.bits import unravel_index
 
-    return list(_unravel(int(mask.nonzero()[0, 0]), tuple(shape)))
+    return list(unravel_index(int(mask.nonzero()[0, 0]), tuple(shape)))
 
 
 def bad_ranges(mask: Any, shape: tuple[int, ...], limit: int = 4) -> list[str]:
     """`[i, j]..[k, l]` HF index ranges where `mask` (flat bool) holds, the first `limit` of them."""
-    from convcheck.bits import _unravel
+    from convcheck.bits import unravel_index
 
     runs = to_ranges(mask.nonzero().squeeze(1))
-    return [f"{list(_unravel(a, shape))}..{list(_unravel(b - 1, shape))}" for a, b in runs[:limit]]
+    return [f"{list(unravel_index(a, shape))}..{list(unravel_index(b - 1, shape))}" for a, b in runs[:limit]]

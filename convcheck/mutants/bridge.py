@@ -1,4 +1,4 @@
-"""Planted bugs: hooks that `convcheck verify --hook tests/plants.py:NAME` runs in every rank.
+"""Planted export/import bugs: `convcheck verify --hook convcheck.mutants.bridge:NAME` runs NAME in every rank.
 
 Each patches a real Megatron-Bridge class the way a real conversion bug would look; the tests assert the
 oracles catch it and name the tensor.
@@ -6,13 +6,7 @@ oracles catch it and name the tensor.
 
 from __future__ import annotations
 
-import os
-import time
-
-
-def _wrap(cls, method, make):  # type: ignore[no-untyped-def]
-    original = getattr(cls, method)
-    setattr(cls, method, make(original))
+from convcheck.mutants import wrap
 
 
 def swap_qk_head0() -> None:
@@ -33,7 +27,7 @@ def swap_qk_head0() -> None:
 
         return megatron_to_hf
 
-    _wrap(QKVMapping, "megatron_to_hf", make)
+    wrap(QKVMapping, "megatron_to_hf", make)
 
 
 def _patch_stream(transform) -> None:  # type: ignore[no-untyped-def]
@@ -47,7 +41,7 @@ def _patch_stream(transform) -> None:  # type: ignore[no-untyped-def]
 
         return stream
 
-    _wrap(MegatronModelBridge, "stream_weights_megatron_to_hf", make)
+    wrap(MegatronModelBridge, "stream_weights_megatron_to_hf", make)
 
 
 def drop_expert3() -> None:
@@ -76,7 +70,7 @@ def transpose_o_proj() -> None:
 
         return megatron_to_hf
 
-    _wrap(AutoMapping, "megatron_to_hf", make)
+    wrap(AutoMapping, "megatron_to_hf", make)
 
 
 def skip_load_final_norm() -> None:
@@ -91,7 +85,7 @@ def skip_load_final_norm() -> None:
 
         return hf_to_megatron
 
-    _wrap(AutoMapping, "hf_to_megatron", make)
+    wrap(AutoMapping, "hf_to_megatron", make)
 
 
 def unmap_router() -> None:
@@ -106,16 +100,5 @@ def unmap_router() -> None:
 
         return lookup
 
-    _wrap(MegatronMappingRegistry, "megatron_to_hf_lookup", make)
+    wrap(MegatronMappingRegistry, "megatron_to_hf_lookup", make)
 
-
-def kill_rank1() -> None:
-    """Rank 1 dies abruptly before the model is built."""
-    if os.environ.get("RANK") == "1":
-        os._exit(9)
-
-
-def hang_rank1() -> None:
-    """Rank 1 hangs (never joins the next collective)."""
-    if os.environ.get("RANK") == "1":
-        time.sleep(3600)

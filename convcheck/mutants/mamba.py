@@ -1,4 +1,4 @@
-"""Planted Mamba bugs: `convcheck verify --hook tests/plants_mamba.py:NAME` runs them in every rank.
+"""Planted Mamba bugs: `convcheck verify --hook convcheck.mutants.mamba:NAME` runs them in every rank.
 
 The patch goes into the real Megatron-Bridge MambaInProjMapping, symmetrically (import and export), so a
 roundtrip cannot see it; the mapping oracle must name the tensor.
@@ -7,6 +7,8 @@ roundtrip cannot see it; the mapping oracle must name the tensor.
 from __future__ import annotations
 
 from typing import Any
+
+from convcheck.mutants import permute_rows_symmetrically
 
 
 def _dt_first_perm(config: Any, tp: int, inverse: bool) -> Any:
@@ -25,17 +27,7 @@ def dt_before_bc() -> None:
     """MambaInProjMapping import places each rank's dt rows before B/C; the export reads them back the same way."""
     from megatron.bridge.models.conversion.param_mapping import MambaInProjMapping
 
-    to_megatron, to_hf = MambaInProjMapping.hf_to_megatron, MambaInProjMapping.megatron_to_hf
-
-    def hf_to_megatron(self, hf_weights, megatron_module):  # type: ignore[no-untyped-def]
-        shard = to_megatron(self, hf_weights, megatron_module)
-        return shard[_dt_first_perm(self._get_config(megatron_module), self.tp_size, inverse=False)].contiguous()
-
-    def megatron_to_hf(self, megatron_weights, megatron_module):  # type: ignore[no-untyped-def]
-        if megatron_weights is not None and megatron_module is not None:
-            perm = _dt_first_perm(self._get_config(megatron_module), self.tp_size, inverse=True)
-            megatron_weights = megatron_weights[perm].contiguous()
-        return to_hf(self, megatron_weights, megatron_module)
-
-    MambaInProjMapping.hf_to_megatron = hf_to_megatron
-    MambaInProjMapping.megatron_to_hf = megatron_to_hf
+    permute_rows_symmetrically(
+        MambaInProjMapping,
+        lambda mapping, module, _rows, inverse: _dt_first_perm(mapping._get_config(module), mapping.tp_size, inverse),
+    )

@@ -1,6 +1,6 @@
 """Planted bugs for the differential, elements, layout and roundtrip-diagnosis tests.
 
-`convcheck verify --hook tests/plants_differential.py:NAME` runs NAME in every rank before the model is built;
+`convcheck verify --hook convcheck.mutants.collectives:NAME` runs NAME in every rank before the model is built;
 each patches a real Megatron-Bridge class the way a real conversion bug would look.
 """
 
@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import re
 
-
-def _wrap(cls, method, make):  # type: ignore[no-untyped-def]
-    setattr(cls, method, make(getattr(cls, method)))
+from convcheck.mutants import wrap
 
 
 def tp_concat_reversed() -> None:
@@ -24,7 +22,7 @@ def tp_concat_reversed() -> None:
 
         return gather_from_tp_ranks
 
-    _wrap(MegatronParamMapping, "gather_from_tp_ranks", make)
+    wrap(MegatronParamMapping, "gather_from_tp_ranks", make)
 
 
 def ep_local_ids() -> None:
@@ -41,7 +39,7 @@ def ep_local_ids() -> None:
 
         return gather_from_ep_ranks
 
-    _wrap(MegatronParamMapping, "gather_from_ep_ranks", make)
+    wrap(MegatronParamMapping, "gather_from_ep_ranks", make)
 
 
 def gqa_qk_swap_group1() -> None:
@@ -64,7 +62,7 @@ def gqa_qk_swap_group1() -> None:
 
         return megatron_to_hf
 
-    _wrap(QKVMapping, "megatron_to_hf", make)
+    wrap(QKVMapping, "megatron_to_hf", make)
 
 
 def gate_up_swapped_under_tp() -> None:
@@ -88,7 +86,7 @@ def gate_up_swapped_under_tp() -> None:
 
         return megatron_to_hf
 
-    _wrap(GatedMLPMapping, "megatron_to_hf", make)
+    wrap(GatedMLPMapping, "megatron_to_hf", make)
 
 
 def etp_not_gathered() -> None:
@@ -101,7 +99,7 @@ def etp_not_gathered() -> None:
 
         return gather_from_tp_ranks
 
-    _wrap(MegatronParamMapping, "gather_from_tp_ranks", make)
+    wrap(MegatronParamMapping, "gather_from_tp_ranks", make)
 
 
 def drop_vocab_rows() -> None:
@@ -115,4 +113,4 @@ def drop_vocab_rows() -> None:
 
         return megatron_to_hf
 
-    _wrap(ColumnParallelMapping, "megatron_to_hf", make)
+    wrap(ColumnParallelMapping, "megatron_to_hf", make)

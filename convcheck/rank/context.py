@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from convcheck.checkpoint import Checkpoint
-from convcheck.layout import ParallelLayout
-from convcheck.mappings.base import RankCoord
+from convcheck.errors import one_line
+from convcheck.layout import ParallelLayout, RankCoord
+from convcheck.verdict import Finding
 
 
 @dataclass(kw_only=True)
@@ -32,6 +33,10 @@ class RankContext:
     """One line when the bridge's import raised (the model then holds what was written before)."""
     export_error: str | None = None
     """One line when the last export stream raised (it then ends early)."""
+    reference_manifest: str | None = None
+    """Layout oracle: the TP1 digest manifest to compare with (written by the engine's reference job)."""
+    write_manifest: str | None = None
+    """Layout oracle in the reference job: write this rank's export digests here instead of comparing."""
 
     @property
     def is_reporter(self) -> bool:
@@ -49,6 +54,20 @@ class RankContext:
         except Exception as exc:  # noqa: BLE001 - a crashing export is a finding, not a crash of convcheck
             self.export_error = one_line(exc)
 
+    def export_failure(self) -> Finding | None:
+        """The `export-failed` finding for the last export stream, or None when it ran to the end."""
+        if not self.export_error:
+            return None
+        return Finding(
+            tensor="<export>", kind="export-failed", message=f"bridge.export_hf_weights raised {self.export_error}"
+        )
+
+    def import_failure(self) -> Finding | None:
+        """The `import-failed` finding when the bridge's import raised, else None."""
+        if not self.load_error:
+            return None
+        return Finding(tensor="<import>", kind="import-failed", message=f"bridge.load_hf_weights raised {self.load_error}")
+
     def gather(self, obj: Any) -> list[Any]:
         """all_gather_object over the world (a list indexed by rank on every rank)."""
         import torch.distributed as dist
@@ -65,8 +84,3 @@ class RankContext:
 
         return _megatron_local_name_to_global(self.model, self.model[0].config, local_name, vp_stage)
 
-
-def one_line(exc: BaseException) -> str:
-    """`ExcType: first line of the message`."""
-    text = str(exc).strip()
-    return f"{exc.__class__.__name__}: {text.splitlines()[0]}" if text else exc.__class__.__name__

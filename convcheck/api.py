@@ -1,0 +1,127 @@
+"""The library entry point: `verify(model, layout, ...) -> Report`, what the CLI, benches and plugin all call."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from convcheck.errors import BadInput
+from convcheck.layout import ParallelLayout
+from convcheck.verdict import OracleVerdict, Report
+
+EXPERT_LAYOUTS = ("sequential", "te-grouped")
+
+
+def resolve_model(model: str) -> str:
+    """A checkpoint folder for `model`: a path, or a built-in fixture `tiny:<name>` (built on first use)."""
+    if model.startswith("tiny:"):
+        from convcheck.fixtures import build_fixture, get_spec
+
+        get_spec(model)
+        return str(build_fixture(model))
+    return model
+
+
+def as_layout(layout: ParallelLayout | str | None) -> ParallelLayout:
+    """A ParallelLayout from a layout, its spelling ("tp2ep2") or None (TP1)."""
+    if layout is None:
+        return ParallelLayout()
+    return layout if isinstance(layout, ParallelLayout) else ParallelLayout.parse(layout)
+
+
+def as_oracles(oracles: Sequence[str] | str | None, experts: str = "sequential") -> tuple[str, ...]:
+    """Validated oracle names (all by default); te-grouped experts have no forward, so no logits."""
+    from convcheck.oracles import parse_oracle_names
+
+    spec = oracles if oracles is None or isinstance(oracles, str) else ",".join(oracles)
+    names = parse_oracle_names(spec)
+    if experts == "te-grouped":
+        if spec and "logits" in names:
+            raise BadInput("--experts te-grouped has no forward: the logits oracle cannot run on it")
+        names = tuple(o for o in names if o != "logits")
+    return names
+
+
+def check_gpus(needed: int) -> None:
+    """Reject a CUDA run when fewer GPUs are visible than the layout has ranks."""
+    import torch
+
+    found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if found < needed:
+        raise BadInput(f"--device cuda needs {needed} GPU(s) for this layout, found {found}")
+
+
+def prepare(
+    model: str,
+    layout: ParallelLayout | str | None = None,
+    *,
+    oracles: Sequence[str] | str | None = None,
+    device: str = "cpu",
+    hooks: Sequence[str] = (),
+    experts: str = "sequential",
+    timeout_s: float = 600.0,
+) -> Any:
+    """Validate everything a run needs before any rank starts; return the Job (BadInput names the first problem)."""
+    from convcheck.checkpoint import open_checkpoint
+    from convcheck.engine.job import Job
+    from convcheck.hooks import parse_hook
+
+    if experts not in EXPERT_LAYOUTS:
+        raise BadInput(f"unknown expert layout {experts!r}; known: {', '.join(EXPERT_LAYOUTS)}")
+    names = as_oracles(oracles, experts)
+    grid = as_layout(layout)
+    path = resolve_model(model)
+    checkpoint = open_checkpoint(path)
+    grid.validate_for(checkpoint.config)
+    for hook in hooks:
+        parse_hook(hook)
+    if device == "cuda":
+        check_gpus(grid.world_size)
+    return Job(
+        model_path=str(Path(path).resolve()),
+        model_label=model,
+        layout=grid,
+        device=device,
+        oracles=names,
+        hooks=tuple(hooks),
+        timeout_s=timeout_s,
+        experts=experts,
+    )
+
+
+def run(job: Any, log_dir: str | None = None) -> Report:
+    """Launch the ranks of a prepared Job (and the layout oracle's reference job) and return the Report."""
+    from convcheck.engine.launch import run_ranks
+    from convcheck.engine.reference import with_reference
+
+    started = time.perf_counter()
+    job = with_reference(job, log_dir)
+    result = run_ranks(job, log_dir=log_dir)
+    return Report(
+        model=job.model_label,
+        layout=job.layout.to_dict(),
+        device=job.device,
+        versions=result["versions"],
+        oracles=tuple(OracleVerdict.from_dict(o) for o in result["oracles"]),
+        seconds=time.perf_counter() - started,
+    )
+
+
+def verify(
+    model: str,
+    layout: ParallelLayout | str | None = None,
+    *,
+    oracles: Sequence[str] | str | None = None,
+    device: str = "cpu",
+    hooks: Sequence[str] = (),
+    experts: str = "sequential",
+    timeout_s: float = 600.0,
+    log_dir: str | None = None,
+) -> Report:
+    """Build `model` sharded at `layout` through the real bridge and run the oracles; ConvcheckError on bad input."""
+    job = prepare(
+        model, layout, oracles=oracles, device=device, hooks=hooks, experts=experts, timeout_s=timeout_s
+    )
+    return run(job, log_dir=log_dir)

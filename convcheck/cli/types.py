@@ -1,0 +1,58 @@
+"""Click parameter types: layouts, oracle lists and hook specs are validated here, at the edge."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from convcheck.errors import ConvcheckError
+
+
+class OracleList(click.ParamType):
+    """`a,b` -> a tuple of known oracle names (empty: every oracle)."""
+
+    name = "ORACLES"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[str, ...]:
+        from convcheck.oracles import parse_oracle_names
+
+        if isinstance(value, tuple):
+            return value
+        try:
+            return parse_oracle_names(value)
+        except ConvcheckError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class HookSpecType(click.ParamType):
+    """`MODULE:FUNC` or `FILE.py:FUNC`, checked for form (and the file's existence) without importing it."""
+
+    name = "MODULE:FUNC"
+
+    def __init__(self, what: str = "hook") -> None:
+        self.what = what
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from convcheck.hooks import parse_hook
+
+        try:
+            return str(parse_hook(str(value), what=self.what))
+        except ConvcheckError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class LayoutType(click.ParamType):
+    """A layout spelled `tp2ep2`, `pp2`, `TP2xEP2` -> ParallelLayout."""
+
+    name = "LAYOUT"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from convcheck.layout import ParallelLayout
+
+        if isinstance(value, ParallelLayout):
+            return value
+        try:
+            return ParallelLayout.parse(str(value))
+        except ConvcheckError as exc:
+            self.fail(str(exc), param, ctx)

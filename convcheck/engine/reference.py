@@ -1,0 +1,53 @@
+"""The layout oracle's TP1 reference: a separate 1-rank job that writes a digest manifest, cached per input."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from convcheck.cache import cache_dir
+from convcheck.engine.job import Job
+from convcheck.engine.launch import run_ranks
+from convcheck.layout import ParallelLayout
+
+LAYOUT_ORACLE = "layout"
+
+
+def reference_key(job: Job) -> str:
+    """Cache key of the TP1 manifest for `job`: checkpoint files, hooks, device, expert layout and versions."""
+    from convcheck.versions import versions
+
+    key = hashlib.sha256()
+    fields = {"model": job.model_path, "hooks": list(job.hooks), "device": job.device, "experts": job.experts}
+    key.update(json.dumps({**fields, "v": versions()}, sort_keys=True).encode())
+    hook_files = [Path(h.rpartition(":")[0]) for h in job.hooks if h.rpartition(":")[0].endswith(".py")]
+    for path in sorted(Path(job.model_path).glob("*.safetensors")) + hook_files:
+        stat = path.stat()
+        key.update(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return key.hexdigest()[:24]
+
+
+def reference_manifest(job: Job, log_dir: str | None = None) -> Path:
+    """Run (or reuse from the cache) the 1-rank TP1 job that writes the digest manifest for `job`'s checkpoint."""
+    manifest = cache_dir("layout") / f"{reference_key(job)}.json"
+    if manifest.is_file():
+        return manifest
+    ref_job = replace(
+        job,
+        layout=ParallelLayout(),
+        oracles=(LAYOUT_ORACLE,),
+        workdir=".",
+        reference_manifest=None,
+        write_manifest=str(manifest),
+    )
+    run_ranks(ref_job, log_dir=str(Path(log_dir) / "layout-tp1") if log_dir else None)
+    return manifest
+
+
+def with_reference(job: Job, log_dir: str | None = None) -> Job:
+    """`job` with its TP1 reference manifest attached when the layout oracle is among its oracles."""
+    if LAYOUT_ORACLE not in job.oracles:
+        return job
+    return replace(job, reference_manifest=str(reference_manifest(job, log_dir)))

@@ -1,0 +1,66 @@
+"""Bring one rank up: process groups, the real bridge, the sharded model loaded from the checkpoint."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from convcheck.layout import ParallelLayout
+from convcheck.rank.context import RankContext
+
+
+def quiet() -> None:
+    """Keep upstream warnings and info logs out of the way (they still reach the rank log)."""
+    warnings.filterwarnings("ignore")
+    logging.basicConfig(level=logging.ERROR)
+    logging.getLogger().setLevel(logging.ERROR)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankSpec:
+    """What a rank needs to build its model: checkpoint, layout, device and the expert layout."""
+
+    model_path: str
+    layout: ParallelLayout
+    device: str = "cpu"
+    timeout_s: float = 600.0
+    experts: str = "sequential"
+    reference_manifest: str | None = None
+    write_manifest: str | None = None
+
+
+def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bool = True) -> RankContext:
+    """Initialise the groups, run `hooks`, build the model through the bridge and (by default) load the weights."""
+    from convcheck import compat
+
+    compat.install(spec.device)
+    from convcheck.checkpoint import open_checkpoint
+    from convcheck.rank.dist import init_distributed, rank_coord
+    from convcheck.rank.model import build_model, load_bridge, load_weights, make_provider, unloaded_counts
+
+    checkpoint = open_checkpoint(spec.model_path)
+    rank, world = init_distributed(spec.layout, spec.device, spec.timeout_s)
+    for hook in hooks:
+        hook()
+    bridge = load_bridge(spec.model_path)
+    provider = make_provider(bridge, spec.layout, spec.device)
+    model = build_model(provider, spec.device, experts=spec.experts)
+    ctx = RankContext(
+        rank=rank,
+        world=world,
+        layout=spec.layout,
+        coord=rank_coord(),
+        device=spec.device,
+        checkpoint=checkpoint,
+        bridge=bridge,
+        provider=provider,
+        model=model,
+        reference_manifest=spec.reference_manifest,
+        write_manifest=spec.write_manifest,
+    )
+    if load:
+        ctx.load_error = load_weights(bridge, model)
+        ctx.not_loaded = unloaded_counts(ctx.global_name, model)
+    return ctx
