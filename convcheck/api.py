@@ -125,3 +125,38 @@ def verify(
         model, layout, oracles=oracles, device=device, hooks=hooks, experts=experts, timeout_s=timeout_s
     )
     return run(job, log_dir=log_dir)
+
+
+def run_in_ranks(
+    function: str,
+    model: str = "tiny:qwen3",
+    layout: ParallelLayout | str | None = None,
+    *,
+    kwargs: dict[str, Any] | None = None,
+    device: str = "cpu",
+    hooks: Sequence[str] = (),
+    experts: str = "sequential",
+    timeout_s: float = 600.0,
+    log_dir: str | None = None,
+) -> Any:
+    """Call `function` (`MODULE:FUNC` or `FILE.py:FUNC`) as FUNC(ctx, **kwargs) in every rank of `model` loaded at
+    `layout`; return what rank 0 returned (pickled back). `ctx` is a convcheck.rank.RankContext."""
+    import pickle
+    import tempfile
+    from dataclasses import replace
+
+    from convcheck.engine.launch import run_ranks
+    from convcheck.hooks import parse_hook
+
+    parse_hook(function, what="rank function")
+    job = prepare(model, layout, oracles=(), device=device, hooks=hooks, experts=experts, timeout_s=timeout_s)
+    with tempfile.TemporaryDirectory(prefix="convcheck-fn-") as scratch:
+        workdir = log_dir or scratch
+        kwargs_file = None
+        if kwargs:
+            kwargs_file = str(Path(workdir) / "kwargs.pkl")
+            Path(workdir).mkdir(parents=True, exist_ok=True)
+            Path(kwargs_file).write_bytes(pickle.dumps(kwargs))
+        job = replace(job, oracles=(), rank_function=function, rank_kwargs_file=kwargs_file)
+        run_ranks(job, log_dir=workdir)
+        return pickle.loads(replace(job, workdir=workdir).value_file.read_bytes())

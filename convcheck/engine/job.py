@@ -34,6 +34,10 @@ class Job:
     """Layout oracle: the TP1 digest manifest the engine's reference job wrote."""
     write_manifest: str | None = None
     """Set only in the reference job: where the layout oracle writes its export digests."""
+    rank_function: str | None = None
+    """`MODULE:FUNC` / `FILE.py:FUNC` called as FUNC(ctx, **kwargs) in every rank instead of the oracles."""
+    rank_kwargs_file: str | None = None
+    """Pickle of the keyword arguments for `rank_function` (None: no arguments)."""
 
     def rank_spec(self) -> RankSpec:
         """What each rank needs to bring up its model."""
@@ -50,6 +54,11 @@ class Job:
     @property
     def result_file(self) -> Path:
         return Path(self.workdir) / "result.json"
+
+    @property
+    def value_file(self) -> Path:
+        """Where rank 0 pickles the return value of `rank_function`."""
+        return Path(self.workdir) / "value.pkl"
 
     def error_file(self, rank: int) -> Path:
         return Path(self.workdir) / f"rank{rank}.error.json"

@@ -6,6 +6,7 @@ import os
 import sys
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 from convcheck.engine.job import Job, write_json_atomic
@@ -13,7 +14,7 @@ from convcheck.errors import BadInput, one_line
 
 
 def run_job(job: Job) -> dict[str, Any] | None:
-    """Run every selected oracle on this rank; return the result dict on rank 0, None elsewhere."""
+    """Run every selected oracle (or the job's rank function) on this rank; the result dict on rank 0, else None."""
     from convcheck.hooks import load_hook
     from convcheck.oracles import load_oracle
     from convcheck.rank.bringup import bring_up
@@ -22,7 +23,10 @@ def run_job(job: Job) -> dict[str, Any] | None:
     started = time.perf_counter()
     oracles = [load_oracle(name) for name in job.oracles]
     hooks = tuple(load_hook(h) for h in job.hooks)
+    function = load_hook(job.rank_function, what="rank function") if job.rank_function else None
     ctx = bring_up(job.rank_spec(), hooks)
+    if function is not None:
+        return _run_function(job, ctx, function, started)
     verdicts = []
     for oracle in oracles:
         t0 = time.perf_counter()
@@ -37,6 +41,22 @@ def run_job(job: Job) -> dict[str, Any] | None:
         "oracles": verdicts,
         "seconds": round(time.perf_counter() - started, 3),
     }
+
+
+def _run_function(job: Job, ctx: Any, function: Any, started: float) -> dict[str, Any] | None:
+    """Call the job's rank function collectively; rank 0 pickles what it returned."""
+    import pickle
+
+    from convcheck.versions import versions
+
+    kwargs = pickle.loads(Path(job.rank_kwargs_file).read_bytes()) if job.rank_kwargs_file else {}
+    value = function(ctx, **kwargs)
+    if ctx.rank != 0:
+        return None
+    tmp = job.value_file.with_name(f".{job.value_file.name}.tmp")
+    tmp.write_bytes(pickle.dumps(value))
+    tmp.replace(job.value_file)
+    return {"status": "ok", "versions": versions(), "oracles": [], "seconds": round(time.perf_counter() - started, 3)}
 
 
 def main(argv: list[str] | None = None) -> int:

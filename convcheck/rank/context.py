@@ -78,6 +78,29 @@ class RankContext:
         dist.all_gather_object(out, obj)
         return out
 
+    def group(self, axis: str) -> Any:
+        """This rank's process group along `axis`: "tp", "pp", "ep", "etp", "dp" or "world"."""
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+
+        getters = {
+            "tp": ps.get_tensor_model_parallel_group,
+            "pp": ps.get_pipeline_model_parallel_group,
+            "ep": ps.get_expert_model_parallel_group,
+            "etp": ps.get_expert_tensor_parallel_group,
+            "dp": ps.get_data_parallel_group,
+            "world": lambda: dist.group.WORLD,
+        }
+        if axis not in getters:
+            raise ValueError(f"unknown axis {axis!r}; known: {', '.join(getters)}")
+        return getters[axis]()
+
+    def named_parameters(self) -> list[tuple[str, Any]]:
+        """(global Megatron name, this rank's shard) for every parameter and persistent buffer of this rank."""
+        from convcheck.rank.model import named_tensors
+
+        return [(self.global_name(local, vp), tensor) for vp, local, tensor in named_tensors(self.model)]
+
     def global_name(self, local_name: str, vp_stage: int) -> str:
         """Megatron's global parameter name (layer and expert numbers made global)."""
         from megatron.bridge.models.conversion.model_bridge import _megatron_local_name_to_global
