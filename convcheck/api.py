@@ -9,7 +9,9 @@ from typing import Any
 
 from convcheck.errors import BadInput
 from convcheck.layout import ParallelLayout
-from convcheck.verdict import OracleVerdict, Report
+from convcheck.progress import ProgressSink
+from convcheck.causes import explain
+from convcheck.verdict import OracleVerdict, Report, complete
 
 EXPERT_LAYOUTS = ("sequential", "te-grouped")
 
@@ -62,6 +64,7 @@ def prepare(
     hooks: Sequence[str] = (),
     experts: str = "sequential",
     timeout_s: float = 600.0,
+    progress: ProgressSink | None = None,
 ) -> Any:
     """Validate everything a run needs before any rank starts; return the Job (BadInput names the first problem)."""
     from convcheck.checkpoint import open_checkpoint
@@ -72,9 +75,13 @@ def prepare(
         raise BadInput(f"unknown expert layout {experts!r}; known: {', '.join(EXPERT_LAYOUTS)}")
     names = as_oracles(oracles, experts)
     grid = as_layout(layout)
+    if progress is not None and model.startswith("tiny:"):
+        progress({"phase": f"building fixture {model} (cached after the first run)"})
     path = resolve_model(model)
     checkpoint = open_checkpoint(path)
     grid.validate_for(checkpoint.config)
+    if experts == "te-grouped" and not _has_experts(checkpoint.config):
+        raise BadInput(f"--experts te-grouped needs a MoE model; {model} has no experts")
     for hook in hooks:
         parse_hook(hook)
     if device == "cuda":
@@ -91,21 +98,28 @@ def prepare(
     )
 
 
-def run(job: Any, log_dir: str | None = None) -> Report:
+def _has_experts(config: dict[str, Any]) -> bool:
+    cfg = {**config, **(config.get("text_config") or {})}
+    return any(cfg.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+
+
+def run(job: Any, log_dir: str | None = None, progress: ProgressSink | None = None) -> Report:
     """Launch the ranks of a prepared Job (and the layout oracle's reference job) and return the Report."""
     from convcheck.engine.launch import run_ranks
     from convcheck.engine.reference import with_reference
 
     started = time.perf_counter()
-    job = with_reference(job, log_dir)
-    result = run_ranks(job, log_dir=log_dir)
+    job = with_reference(job, log_dir, progress)
+    result = run_ranks(job, log_dir=log_dir, progress=progress)
+    verdicts = complete(job.oracles, tuple(OracleVerdict.from_dict(o) for o in result["oracles"]))
     return Report(
         model=job.model_label,
         layout=job.layout.to_dict(),
         device=job.device,
         versions=result["versions"],
-        oracles=tuple(OracleVerdict.from_dict(o) for o in result["oracles"]),
+        oracles=verdicts,
         seconds=time.perf_counter() - started,
+        causes=tuple(explain(job.model_path, verdicts)),
     )
 
 
@@ -119,12 +133,20 @@ def verify(
     experts: str = "sequential",
     timeout_s: float = 600.0,
     log_dir: str | None = None,
+    progress: ProgressSink | None = None,
 ) -> Report:
     """Build `model` sharded at `layout` through the real bridge and run the oracles; ConvcheckError on bad input."""
     job = prepare(
-        model, layout, oracles=oracles, device=device, hooks=hooks, experts=experts, timeout_s=timeout_s
+        model,
+        layout,
+        oracles=oracles,
+        device=device,
+        hooks=hooks,
+        experts=experts,
+        timeout_s=timeout_s,
+        progress=progress,
     )
-    return run(job, log_dir=log_dir)
+    return run(job, log_dir=log_dir, progress=progress)
 
 
 def run_in_ranks(

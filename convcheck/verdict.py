@@ -109,6 +109,10 @@ class Report:
     versions: dict[str, str]
     oracles: tuple[OracleVerdict, ...]
     seconds: float = 0.0
+    causes: tuple[str, ...] = ()
+    """One line per cause that explains many findings at once (shown before them)."""
+    device_reason: str = ""
+    """Why the run used `device` (requested, or what --device auto decided)."""
 
     @property
     def verdict(self) -> str:
@@ -122,5 +126,20 @@ class Report:
             "device": self.device,
             "versions": self.versions,
             "seconds": round(self.seconds, 3),
+            **({"device_reason": self.device_reason} if self.device_reason else {}),
+            **({"causes": list(self.causes)} if self.causes else {}),
             "oracles": [o.to_dict() for o in self.oracles],
         }
+
+
+def missing_verdict(name: str) -> OracleVerdict:
+    """The failing verdict of an oracle that was asked for but produced none."""
+    finding = Finding(tensor="<oracle>", kind="no-verdict", message=f"oracle {name} was requested but returned no verdict")
+    return OracleVerdict(name=name, checked=0, findings=(finding,))
+
+
+def complete(requested: tuple[str, ...], verdicts: tuple[OracleVerdict, ...]) -> tuple[OracleVerdict, ...]:
+    """Every requested oracle in request order; one that produced no verdict fails, naming itself."""
+    by_name = {v.name: v for v in verdicts}
+    extra = tuple(v for v in verdicts if v.name not in requested)
+    return tuple(by_name.get(name) or missing_verdict(name) for name in requested) + extra

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -9,8 +12,8 @@ from typing import TYPE_CHECKING
 import click
 
 from convcheck.api import EXPERT_LAYOUTS
-from convcheck.cli.types import HookSpecType, OracleList
-from convcheck.errors import ConvcheckError
+from convcheck.cli.types import HookSpecType, OracleList, ReportPath
+from convcheck.errors import ConvcheckError, one_line
 
 if TYPE_CHECKING:
     from convcheck.layout import ParallelLayout
@@ -54,17 +57,33 @@ def cli() -> None:
     """Prove Megatron-Core <-> Hugging Face weight conversions correct."""
 
 
-@cli.command()
+VERIFY_EPILOG = """\b
+Exit codes:
+  0    every oracle passed
+  1    a verdict failed (the findings name the tensor and first wrong element)
+  2    bad input or setup error (one line on stderr; no report written)
+  130  interrupted (SIGINT); 143  terminated (SIGTERM): every rank stopped
+
+\b
+Examples:
+  convcheck verify --model tiny:qwen3-moe --tp 2 --ep 2
+  convcheck verify --model /ckpt/qwen3 --tp 2 --oracle coverage,roundtrip --json report.json
+"""
+
+
+@cli.command(epilog=VERIFY_EPILOG)
 @click.option("--model", required=True, help="HF checkpoint folder, or a built-in fixture such as tiny:qwen3-moe.")
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor parallel size.")
 @click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True, help="Pipeline parallel size.")
 @click.option("--ep", type=click.IntRange(min=1), default=1, show_default=True, help="Expert parallel size.")
 @click.option("--etp", type=click.IntRange(min=1), default=1, show_default=True, help="Expert tensor parallel size.")
-@click.option("--oracle", "oracles", type=OracleList(), default="", help="Comma-separated oracle names (default: all).")
+@click.option("--oracle", "oracles", type=OracleList(), default=None, help="Comma-separated oracle names (default: all).")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), help="Write the report as JSON.")
-@click.option("--junit", "junit_path", type=click.Path(dir_okay=False, writable=True), help="Write JUnit XML.")
-@click.option("--table", type=click.Choice(["all", "failures", "none"]), default="all", show_default=True)
+@click.option("--json", "json_path", type=ReportPath(), help="Write the report as JSON.")
+@click.option("--junit", "junit_path", type=ReportPath(), help="Write JUnit XML.")
+@click.option("--table", type=click.Choice(["all", "failures", "none"]), default="none", show_default=True,
+              help="Per-tensor tables (a real model has thousands of rows).")  # fmt: skip
+@click.option("--quiet", "-q", is_flag=True, help="No progress on stderr (it is shown only on a terminal anyway).")
 @click.option("--timeout", type=click.FloatRange(min=1), default=600.0, show_default=True,
               help="Seconds before hung or dead ranks are stopped (exit 2).")  # fmt: skip
 @click.option("--log-dir", type=click.Path(file_okay=False), help="Keep the job file and rank logs here.")
@@ -78,11 +97,12 @@ def verify(
     pp: int,
     ep: int,
     etp: int,
-    oracles: tuple[str, ...],
+    oracles: tuple[str, ...] | None,
     device: str,
     json_path: str | None,
     junit_path: str | None,
     table: str,
+    quiet: bool,
     timeout: float,
     log_dir: str | None,
     hooks: tuple[str, ...],
@@ -90,31 +110,54 @@ def verify(
 ) -> None:
     """Build the sharded Megatron model from MODEL through the real bridge and run the oracles."""
     from convcheck import api
+    from convcheck.cli.progress import progress_for
+    from convcheck.cli.render import junit_xml, print_report, report_json
     from convcheck.layout import ParallelLayout
     from convcheck.verdict import PASS
 
+    layout = ParallelLayout(tp=tp, pp=pp, ep=ep, etp=etp)
+    display = progress_for(f"{model} {layout.label} on {device}", quiet)
     try:
-        layout = ParallelLayout(tp=tp, pp=pp, ep=ep, etp=etp)
-        job = api.prepare(
-            model, layout, oracles=oracles, device=device, hooks=hooks, experts=experts, timeout_s=timeout
-        )
-        for target in (json_path, junit_path):
-            if target and not Path(target).resolve().parent.is_dir():
-                raise ConvcheckError(f"output folder does not exist: {Path(target).parent}")
-        report = api.run(job, log_dir=log_dir)
+        with display or contextlib.nullcontext():
+            job = api.prepare(
+                model,
+                layout,
+                oracles=oracles,
+                device=device,
+                hooks=hooks,
+                experts=experts,
+                timeout_s=timeout,
+                progress=display,
+            )
+            report = api.run(job, log_dir=log_dir, progress=display)
     except ConvcheckError as exc:
         _fail_line(exc)
-    from convcheck.cli.render import print_report, write_json, write_junit
-
     print_report(report, table=table)
     if report.verdict != PASS:
         failing = [o.name for o in report.oracles if o.verdict != PASS]
         click.echo(f"replay: {replay_command(model, layout, device, failing, hooks, experts)}")
-    if json_path:
-        write_json(report, json_path)
-    if junit_path:
-        write_junit(report, junit_path)
+    outputs = {path: render(report) for path, render in ((json_path, report_json), (junit_path, junit_xml)) if path}
+    try:
+        write_together(outputs)
+    except OSError as exc:
+        _fail_line(ConvcheckError(f"cannot write the report: {exc}"))
     sys.exit(EXIT_PASS if report.verdict == PASS else EXIT_FAIL)
+
+
+def write_together(outputs: dict[str, str]) -> None:
+    """Write every report file or none: all go to temporary siblings first, then each is renamed into place."""
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for path, text in outputs.items():
+            target = Path(path)
+            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+            staged.append((tmp, target))
+            tmp.write_text(text)
+        for tmp, target in staged:
+            tmp.replace(target)
+    finally:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
 
 
 @cli.command(name="oracles")
@@ -153,14 +196,33 @@ def fixtures_build(name: str, out: str | None) -> None:
         _fail_line(exc)
 
 
+def _terminate(signum: int, _frame: object) -> None:
+    from convcheck.engine.launch import Interrupted
+
+    raise Interrupted(signum)
+
+
 def main() -> None:
-    """Console-script entry point: usage errors are one line on stderr and exit 2, like every bad input."""
+    """Console-script entry point: every error is one line on stderr; exit 2 for bad input, 130/143 when cancelled."""
+    from convcheck.engine.launch import Interrupted
+
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         code = cli.main(standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("convcheck: interrupted", err=True)
+    except Interrupted as exc:
+        click.echo(f"convcheck: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except (KeyboardInterrupt, click.exceptions.Abort):
+        click.echo("convcheck: interrupted by SIGINT", err=True)
         sys.exit(130)
     except click.ClickException as exc:
         click.echo(f"convcheck: error: {exc.format_message()}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    except ConvcheckError as exc:
+        _fail_line(exc)
+    except Exception as exc:  # noqa: BLE001 - exit 1 means "a verdict failed" and nothing else
+        if os.environ.get("CONVCHECK_DEBUG"):
+            raise
+        click.echo(f"convcheck: error: internal error: {one_line(exc)} (set CONVCHECK_DEBUG=1 for the traceback)", err=True)
         sys.exit(EXIT_BAD_INPUT)
     sys.exit(code or 0)

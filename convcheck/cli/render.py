@@ -1,55 +1,117 @@
-"""Render a Report: a rich table for people, JSON and JUnit XML for machines."""
+"""Render a Report: a summary that fits a terminal for people (tables on request), JSON and JUnit XML for machines."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import sys
 import xml.etree.ElementTree as ET
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 from convcheck.atomic import write_text_atomic
-from convcheck.verdict import PASS, Report
+from convcheck.verdict import PASS, Finding, OracleVerdict, Report
+
+_NUMBER = re.compile(r"\d+")
 
 
-def print_report(report: Report, table: str = "all", console: Any = None, max_findings: int = 20) -> None:
-    """Per-tensor table (one column per oracle), the findings, a line per oracle and a summary line."""
-    from rich.console import Console
-    from rich.markup import escape
-
-    console = console or Console()
+def print_report(report: Report, table: str = "none", out: Any = None, max_findings: int = 20) -> None:
+    """Causes, grouped findings, one line per oracle and a PASS/FAIL line (tensor tables only when asked)."""
+    out = out or sys.stdout
+    styled = _is_terminal(out)
     if table != "none":
         for title, names, rows in _tables(report):
             if table == "failures":
                 names = [n for n in names if any(r.verdict != PASS for r in rows[n].values())]
             if names:
-                console.print(_grid(f"{title}: {report.model}  {_layout_label(report.layout)}  ({report.device})",
-                                    names, rows, [o.name for o in report.oracles]))  # fmt: skip
+                heading = f"{title}: {report.model}  {_layout_label(report.layout)}  ({report.device})"
+                _write_lines(out, _grid(heading, names, rows, [o.name for o in report.oracles]))
+    for cause in report.causes:
+        _write_lines(out, [f"{_word('CAUSE', 'yellow', styled)} {cause}"])
     for oracle in report.oracles:
-        for f in oracle.findings[:max_findings]:
-            console.print(
-                f"[red]FAIL[/red] {oracle.name}: {escape(f.tensor)}: {escape(f'[{f.kind}]')} {escape(f.message)}",
-                highlight=False,
-                soft_wrap=True,
-            )
-        if len(oracle.findings) > max_findings:
-            console.print(
-                f"  ... {len(oracle.findings) - max_findings} more {oracle.name} finding(s) in the JSON report"
-            )
+        lines = [f"{_word('FAIL', 'red', styled)} {oracle.name}: {text}" for text in group_findings(oracle.findings)]
+        _write_lines(out, lines[:max_findings])
+        if len(lines) > max_findings:
+            _write_lines(out, [f"  ... {len(lines) - max_findings} more {oracle.name} line(s) in the JSON report"])
     for oracle in report.oracles:
-        console.print(
-            f"{_styled(oracle.verdict)} {oracle.name}: checked {oracle.checked} {oracle.unit}, "
-            f"{len(oracle.findings)} finding(s), {oracle.seconds:.1f} s{_metrics_text(oracle.metrics)}",
-            highlight=False,
-        )
-    word = "PASS" if report.verdict == PASS else "FAIL"
-    color = "green" if report.verdict == PASS else "red"
-    console.print(
-        f"[bold {color}]{word}[/bold {color}] {report.model} {_layout_label(report.layout)} on {report.device}: "
-        f"{sum(o.verdict == PASS for o in report.oracles)}/{len(report.oracles)} oracles pass ({report.seconds:.1f} s)",
-        highlight=False,
+        word = _word("PASS", "green", styled) if oracle.verdict == PASS else _word("FAIL", "red", styled)
+        _write_lines(out, [f"{word} {oracle.name}: {oracle_summary(oracle)}"])
+    passed = sum(o.verdict == PASS for o in report.oracles)
+    word = _word("PASS", "bold green", styled) if report.verdict == PASS else _word("FAIL", "bold red", styled)
+    _write_lines(
+        out,
+        [
+            f"{word} {report.model} {_layout_label(report.layout)} on {report.device}: "
+            f"{passed}/{len(report.oracles)} oracles pass ({report.seconds:.1f} s)"
+        ],
     )
+
+
+def oracle_summary(oracle: OracleVerdict) -> str:
+    """`checked N unit, F finding(s) on T tensor(s), S s; metrics` for one oracle."""
+    tensors = len({f.tensor for f in oracle.findings})
+    found = f"{len(oracle.findings)} finding(s)" + (f" on {tensors} name(s)" if oracle.findings else "")
+    return f"checked {oracle.checked} {oracle.unit}, {found}, {oracle.seconds:.1f} s{_metrics_text(oracle.metrics)}"
+
+
+def group_findings(findings: Iterable[Finding]) -> list[str]:
+    """One line per finding, except that findings of one kind on names differing only in numbers share a line."""
+    groups: dict[tuple[str, str], list[Finding]] = {}
+    for f in findings:
+        groups.setdefault((f.kind, _NUMBER.sub("#", f.tensor)), []).append(f)
+    lines = []
+    for (kind, _), members in groups.items():
+        first = members[0]
+        if len(members) == 1:
+            lines.append(f"{first.tensor}: [{kind}] {first.message}")
+            continue
+        lines.append(
+            f"{_name_pattern([m.tensor for m in members])}: [{kind}] {len(members)} names, same finding; "
+            f"first {first.tensor}: {first.message}"
+        )
+    return lines
+
+
+def _name_pattern(names: list[str]) -> str:
+    """`model.layers.{0-47}.mlp.experts.{0-127}.w` for names that differ only in their numbers."""
+    parts = [_NUMBER.split(n) for n in names]
+    numbers = [[int(x) for x in _NUMBER.findall(n)] for n in names]
+    out = parts[0][0]
+    for i, text in enumerate(parts[0][1:]):
+        values = sorted({row[i] for row in numbers})
+        out += str(values[0]) if len(values) == 1 else "{" + _ranges(values) + "}"
+        out += text
+    return out
+
+
+def _ranges(values: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0-2,5,7-8"."""
+    spans: list[list[int]] = []
+    for v in values:
+        if spans and v == spans[-1][1] + 1:
+            spans[-1][1] = v
+        else:
+            spans.append([v, v])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def _is_terminal(out: Any) -> bool:
+    return bool(getattr(out, "isatty", lambda: False)()) and os.environ.get("NO_COLOR") is None
+
+
+def _word(word: str, style: str, styled: bool) -> str:
+    if not styled:
+        return word
+    codes = {"red": "31", "green": "32", "yellow": "33", "bold red": "1;31", "bold green": "1;32"}
+    return f"\x1b[{codes[style]}m{word}\x1b[0m"
+
+
+def _write_lines(out: Any, lines: Iterable[str]) -> None:
+    """Write whole lines: never hard-wrapped, never padded with trailing spaces."""
+    for line in lines:
+        out.write(line.rstrip() + "\n")
+    out.flush()
 
 
 def _metrics_text(metrics: dict[str, Any]) -> str:
@@ -79,31 +141,20 @@ def _tables(report: Report) -> list[tuple[str, list[str], dict[str, dict[str, An
     return [("HF tensors", sorted(hf), rows), ("Megatron parameters", megatron, rows)]
 
 
-def _grid(title: str, names: list[str], rows: dict[str, dict[str, Any]], order: list[str]) -> Any:
-    """One rich table: tensor, shape, dtype, then a verdict column per oracle that has rows here."""
-    from rich.markup import escape
-    from rich.table import Table
-
+def _grid(title: str, names: list[str], rows: dict[str, dict[str, Any]], order: list[str]) -> list[str]:
+    """A plain-text table: tensor, shape, dtype, then a verdict column per oracle that has rows here."""
     columns = [o for o in order if any(o in rows[n] for n in names)]
-    grid = Table(title=title)
-    grid.add_column("tensor", overflow="fold")
-    grid.add_column("shape")
-    grid.add_column("dtype")
-    for column in columns:
-        grid.add_column(column)
+    body = []
     for name in names:
         cells = [rows[name].get(c) for c in columns]
         known = [c for c in cells if c is not None and c.shape]
         shape = "x".join(map(str, known[0].shape)) if known else "-"
         dtype = next((c.dtype for c in cells if c is not None and c.dtype not in ("", "?")), "-")
-        grid.add_row(escape(name), shape, dtype, *[_styled(c.verdict) if c else "-" for c in cells])
-    return grid
-
-
-def _styled(verdict: str) -> str:
-    return {"pass": "[green]PASS[/green]", "fail": "[red]FAIL[/red]"}.get(
-        verdict, f"[yellow]{verdict.upper()}[/yellow]"
-    )
+        body.append([name, shape, dtype, *[c.verdict.upper() if c else "-" for c in cells]])
+    header = ["tensor", "shape", "dtype", *columns]
+    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
+    fmt = [" ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)) for r in [header, *body]]
+    return [title, *fmt, ""]
 
 
 def _layout_label(layout: dict[str, int]) -> str:
@@ -111,9 +162,14 @@ def _layout_label(layout: dict[str, int]) -> str:
     return "x".join(parts) or "TP1"
 
 
+def report_json(report: Report) -> str:
+    """The report as JSON text (see README for the schema)."""
+    return json.dumps(report.to_dict(), indent=2) + "\n"
+
+
 def write_json(report: Report, path: str | os.PathLike[str]) -> None:
     """The report as JSON (see README for the schema)."""
-    write_text_atomic(path, json.dumps(report.to_dict(), indent=2) + "\n")
+    write_text_atomic(path, report_json(report))
 
 
 def junit_xml(report: Report) -> str:

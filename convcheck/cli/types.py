@@ -19,6 +19,8 @@ class OracleList(click.ParamType):
 
         if isinstance(value, tuple):
             return value
+        if not str(value).replace(",", "").strip():
+            self.fail(f"needs at least one oracle name, got {value!r}", param, ctx)
         try:
             return parse_oracle_names(value)
         except ConvcheckError as exc:
@@ -56,3 +58,28 @@ class LayoutType(click.ParamType):
             return ParallelLayout.parse(str(value))
         except ConvcheckError as exc:
             self.fail(str(exc), param, ctx)
+
+
+class ReportPath(click.ParamType):
+    """A report file to write: its folder must exist and be writable, and it must not be a folder itself."""
+
+    name = "FILE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        import tempfile
+        from pathlib import Path
+
+        target = Path(str(value))
+        folder = target.resolve().parent
+        if target.is_dir():
+            self.fail(f"{value} is a folder, not a file", param, ctx)
+        if not folder.exists():
+            self.fail(f"output folder does not exist: {target.parent}", param, ctx)
+        if not folder.is_dir():
+            self.fail(f"not a folder: {target.parent}", param, ctx)
+        try:
+            with tempfile.NamedTemporaryFile(dir=folder, prefix=".convcheck-probe-"):
+                pass
+        except OSError as exc:
+            self.fail(f"cannot write into {target.parent}: {exc.strerror}", param, ctx)
+        return str(value)

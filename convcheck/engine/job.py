@@ -49,11 +49,17 @@ class Job:
             experts=self.experts,
             reference_manifest=self.reference_manifest,
             write_manifest=self.write_manifest,
+            progress_file=str(self.progress_file),
         )
 
     @property
     def result_file(self) -> Path:
         return Path(self.workdir) / "result.json"
+
+    @property
+    def progress_file(self) -> Path:
+        """Where rank 0 appends progress events (convcheck.progress)."""
+        return Path(self.workdir) / "progress.jsonl"
 
     @property
     def value_file(self) -> Path:

@@ -1,10 +1,17 @@
-"""Launch the ranks of one job with torchrun, bounded in time, and turn what they leave into a result."""
+"""Launch the ranks of one job with torchrun, bounded in time and cancellable, and turn what they leave into a result.
+
+The ranks run in their own process session; the launcher owns it: on a timeout, SIGINT or SIGTERM it stops the whole
+group (SIGTERM, then SIGKILL), and torchrun is started with a parent-death signal (and each rank sets one on its
+torchrun), so even a SIGKILLed launcher leaves no rank behind. Without `log_dir` the job's folder is temporary and is
+removed when the run ends, except after a setup error, whose message names the kept log.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +22,24 @@ from pathlib import Path
 from typing import Any
 
 from convcheck.engine.job import Job
-from convcheck.errors import BadInput, SetupError
+from convcheck.errors import BadInput, ConvcheckError, SetupError
+from convcheck.progress import ProgressReader, ProgressSink
+
+STOP_GRACE_S = 5.0
+"""How long the ranks get to exit after SIGTERM before SIGKILL."""
+
+
+class Interrupted(ConvcheckError):
+    """The run was cancelled by SIGINT or SIGTERM; every rank has been stopped."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"interrupted by {signal.Signals(signum).name}; stopped all ranks")
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal number, as shells report it (130 for SIGINT, 143 for SIGTERM)."""
+        return 128 + self.signum
 
 
 def torchrun_command(job_file: Path, nproc: int) -> list[str]:
@@ -26,12 +50,14 @@ def torchrun_command(job_file: Path, nproc: int) -> list[str]:
     ]  # fmt: skip
 
 
-def rank_env(device: str) -> dict[str, str]:
+def rank_env(device: str, tmpdir: Path | None = None) -> dict[str, str]:
     """Environment for the ranks: one thread each, unbuffered output, NVLink multicast off on GPUs."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    if tmpdir is not None:  # torchrun's torchelastic_* folders land inside the job folder and go with it
+        env["TMPDIR"] = str(tmpdir)
     if device == "cuda":
         env["NCCL_NVLS_ENABLE"] = "0"
         env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
@@ -39,47 +65,141 @@ def rank_env(device: str) -> dict[str, str]:
     return env
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (a no-op elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+
+
+def _start_session() -> None:
+    """Child-side setup of torchrun: its own session (one group to signal), dead with the launcher."""
+    os.setsid()
+    die_with_parent()
+
+
+def stop_group(proc: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM the process group of `proc`, then SIGKILL what is left after `grace_s`."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
-            return
+            break
         try:
             proc.wait(timeout=wait)
-            return
         except subprocess.TimeoutExpired:
             continue
+        if sig == signal.SIGTERM:  # torchrun exited: make sure no rank of its group outlived it
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        break
 
 
-def run_ranks(job: Job, log_dir: str | None = None) -> dict[str, Any]:
-    """Run `job` under torchrun; return rank 0's result dict, or raise BadInput / SetupError with one line."""
-    workdir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="convcheck-"))
+class _Signals:
+    """While active, SIGINT and SIGTERM raise Interrupted in the launcher (restored on exit)."""
+
+    def __enter__(self) -> "_Signals":
+        self.saved: dict[int, Any] = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self.saved[sig] = signal.signal(sig, self._raise)
+            except ValueError:  # not the main thread: leave handlers alone
+                pass
+        return self
+
+    @staticmethod
+    def _raise(signum: int, _frame: Any) -> None:
+        raise Interrupted(signum)
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
+
+
+def prepare_workdir(log_dir: str | None) -> tuple[Path, bool]:
+    """The job folder and whether it is temporary; a reused log dir loses the previous run's result and errors."""
+    if not log_dir:
+        return Path(tempfile.mkdtemp(prefix="convcheck-")), True
+    workdir = Path(log_dir)
     workdir.mkdir(parents=True, exist_ok=True)
-    job = replace(job, workdir=str(workdir))
+    for stale in [*workdir.glob("rank*.error.json"), workdir / "result.json", workdir / "value.pkl",
+                  workdir / "progress.jsonl"]:  # fmt: skip
+        stale.unlink(missing_ok=True)
+    return workdir, False
+
+
+def run_ranks(job: Job, log_dir: str | None = None, progress: ProgressSink | None = None) -> dict[str, Any]:
+    """Run `job` under torchrun; return rank 0's result dict, or raise BadInput / SetupError / Interrupted."""
+    workdir, temporary = prepare_workdir(log_dir)
+    keep = not temporary
+    try:
+        job = replace(job, workdir=str(workdir))
+        result = _launch(job, workdir, progress)
+    except SetupError:
+        keep = True  # its message names the log in this folder
+        raise
+    finally:
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return result
+
+
+def _launch(job: Job, workdir: Path, progress: ProgressSink | None) -> dict[str, Any]:
     job_file = job.save()
     log_file = workdir / "ranks.log"
-    with open(log_file, "wb") as log:
+    tmpdir = workdir / "tmp"
+    tmpdir.mkdir(exist_ok=True)
+    reader = ProgressReader(job.progress_file)
+    if progress is not None:
+        progress({"phase": "starting ranks", "world": job.layout.world_size})
+    with open(log_file, "wb") as log, _Signals():
         proc = subprocess.Popen(
             torchrun_command(job_file, job.layout.world_size),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=rank_env(job.device),
-            start_new_session=True,
+            env=rank_env(job.device, tmpdir),
+            preexec_fn=_start_session,  # noqa: PLW1509 - setsid + parent-death signal, nothing else
         )
         started = time.monotonic()
         try:
-            code = proc.wait(timeout=job.timeout_s)
+            code = _wait(proc, job.timeout_s, reader, progress)
         except subprocess.TimeoutExpired:
-            _kill_group(proc)
+            stop_group(proc)
             raise SetupError(
                 f"ranks did not finish within {job.timeout_s:g} s (a rank hung or died); "
                 f"stopped all ranks; log: {log_file}"
             ) from None
-        except KeyboardInterrupt:
-            _kill_group(proc)
+        except BaseException:
+            stop_group(proc)
             raise
+    return _result(job, code, log_file, started)
+
+
+def _wait(proc: subprocess.Popen[bytes], timeout_s: float, reader: ProgressReader, progress: ProgressSink | None) -> int:
+    """Wait for torchrun, handing progress events on as they arrive; TimeoutExpired after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return proc.wait(timeout=min(0.25, max(0.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                raise
+        finally:
+            if progress is not None:
+                for event in reader.poll():
+                    progress(event)
+
+
+def _result(job: Job, code: int, log_file: Path, started: float) -> dict[str, Any]:
     errors = _rank_errors(job)
     if code != 0 and not any(e["status"] == "bad_input" for e in errors):
         silent = sorted(set(range(job.layout.world_size)) - {e["rank"] for e in errors})
@@ -90,10 +210,9 @@ def run_ranks(job: Job, log_dir: str | None = None) -> dict[str, Any]:
             )
     if errors:
         first = errors[0]
-        cls = BadInput if first["status"] == "bad_input" else SetupError
-        where = "" if first["status"] == "bad_input" else f"rank {first['rank']} failed: "
-        suffix = "" if first["status"] == "bad_input" else f" (log: {log_file})"
-        raise cls(f"{where}{first['error']}{suffix}")
+        if first["status"] == "bad_input":
+            raise BadInput(first["error"])
+        raise SetupError(f"rank {first['rank']} failed: {first['error']} (log: {log_file})")
     if code != 0 or not job.result_file.exists():
         cause = root_cause(log_file)
         who = f"rank {cause[0]} died with exit code {cause[1]}" if cause else "a rank exited without a result"

@@ -11,6 +11,7 @@ from convcheck.cache import cache_dir
 from convcheck.engine.job import Job
 from convcheck.engine.launch import run_ranks
 from convcheck.layout import ParallelLayout
+from convcheck.progress import ProgressSink
 
 LAYOUT_ORACLE = "layout"
 
@@ -29,7 +30,7 @@ def reference_key(job: Job) -> str:
     return key.hexdigest()[:24]
 
 
-def reference_manifest(job: Job, log_dir: str | None = None) -> Path:
+def reference_manifest(job: Job, log_dir: str | None = None, progress: ProgressSink | None = None) -> Path:
     """Run (or reuse from the cache) the 1-rank TP1 job that writes the digest manifest for `job`'s checkpoint."""
     manifest = cache_dir("layout") / f"{reference_key(job)}.json"
     if manifest.is_file():
@@ -42,12 +43,18 @@ def reference_manifest(job: Job, log_dir: str | None = None) -> Path:
         reference_manifest=None,
         write_manifest=str(manifest),
     )
-    run_ranks(ref_job, log_dir=str(Path(log_dir) / "layout-tp1") if log_dir else None)
+    prefixed = None
+    if progress is not None:
+
+        def prefixed(event: dict) -> None:
+            progress({**event, "phase": f"TP1 reference job (layout oracle): {event.get('phase', '')}"})
+
+    run_ranks(ref_job, log_dir=str(Path(log_dir) / "layout-tp1") if log_dir else None, progress=prefixed)
     return manifest
 
 
-def with_reference(job: Job, log_dir: str | None = None) -> Job:
+def with_reference(job: Job, log_dir: str | None = None, progress: ProgressSink | None = None) -> Job:
     """`job` with its TP1 reference manifest attached when the layout oracle is among its oracles."""
     if LAYOUT_ORACLE not in job.oracles:
         return job
-    return replace(job, reference_manifest=str(reference_manifest(job, log_dir)))
+    return replace(job, reference_manifest=str(reference_manifest(job, log_dir, progress)))

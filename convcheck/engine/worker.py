@@ -28,7 +28,9 @@ def run_job(job: Job) -> dict[str, Any] | None:
     if function is not None:
         return _run_function(job, ctx, function, started)
     verdicts = []
-    for oracle in oracles:
+    for name, oracle in zip(job.oracles, oracles, strict=True):
+        ctx.phase = f"oracle {name}"
+        ctx.progress.emit(ctx.phase)
         t0 = time.perf_counter()
         verdict = oracle(ctx)
         if verdict is not None:
@@ -63,6 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     """torchrun target: `python -m convcheck.engine.worker JOB.json`."""
     from convcheck.rank.bringup import quiet
 
+    from convcheck.engine.launch import die_with_parent
+
+    die_with_parent()  # torchrun killed -> this rank too
+    if os.getppid() == 1:  # torchrun died before the line above
+        return 5
     argv = sys.argv[1:] if argv is None else argv
     quiet()
     job = Job.load(argv[0])

@@ -112,4 +112,6 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         )
         for name in sorted(source | set(counts))
     )
-    return make_verdict(NAME, checked=len(all_names) + len(source | set(counts)), findings=all_findings, rows=rows)
+    hf_count = len(source | set(counts))
+    unit = f"names ({hf_count} HF tensors + {len(all_names)} Megatron parameters)"
+    return make_verdict(NAME, checked=len(all_names) + hf_count, findings=all_findings, rows=rows, unit=unit)

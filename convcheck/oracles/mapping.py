@@ -131,6 +131,7 @@ def run(ctx: RankContext) -> OracleVerdict | None:
 
     if not ctx.is_reporter:
         return None
+    findings += _uncovered(registry)
     checked_exports = set(ours) & set(exported)
     for hf_name in sorted(set(ours) - checked_exports):
         findings.append(Finding(tensor=hf_name, kind="not-exported", message="the bridge export never produced it"))
@@ -141,7 +142,17 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         TensorRow(tensor=n, shape=(), dtype="?", verdict=_row_verdict(n, registry, bad)) for n in sorted(all_names)
     )
     covered_count = sum(1 for n in all_names if registry.get(n) is not None)
-    return make_verdict(NAME, checked=covered_count + len(checked_exports), findings=findings, rows=rows)
+    unit = f"names ({covered_count} Megatron parameters + {len(checked_exports)} HF tensors)"
+    return make_verdict(NAME, checked=covered_count + len(checked_exports), findings=findings, rows=rows, unit=unit)
+
+
+def _uncovered(registry: MappingRegistry) -> list[Finding]:
+    """The registry claims this architecture, so a parameter or HF tensor it does not map exactly once fails."""
+    out = []
+    for problem in registry.problems:
+        name, _, what = problem.partition(": ")
+        out.append(Finding(tensor=name, kind="uncovered", message=f"explicit mappings for {registry.architecture}: {what}"))
+    return out
 
 
 def _export_digests(ctx: RankContext) -> dict[str, list[Digest]]:

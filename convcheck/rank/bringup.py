@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -29,10 +30,17 @@ class RankSpec:
     experts: str = "sequential"
     reference_manifest: str | None = None
     write_manifest: str | None = None
+    progress_file: str | None = None
+    """Rank 0 appends progress events here (None: silent)."""
 
 
 def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bool = True) -> RankContext:
     """Initialise the groups, run `hooks`, build the model through the bridge and (by default) load the weights."""
+    from convcheck.progress import ProgressWriter
+
+    rank = int(os.environ.get("RANK", "0"))
+    progress = ProgressWriter(spec.progress_file if rank == 0 else None)
+    progress.emit("importing megatron-core and megatron-bridge")
     from convcheck import compat
 
     compat.install(spec.device)
@@ -45,6 +53,7 @@ def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bo
     for hook in hooks:
         hook()
     bridge = load_bridge(spec.model_path)
+    progress.emit("building the sharded model")
     provider = make_provider(bridge, spec.layout, spec.device)
     model = build_model(provider, spec.device, experts=spec.experts)
     ctx = RankContext(
@@ -59,8 +68,10 @@ def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bo
         model=model,
         reference_manifest=spec.reference_manifest,
         write_manifest=spec.write_manifest,
+        progress=progress,
     )
     if load:
+        progress.emit("loading the checkpoint through the bridge")
         ctx.load_error = load_weights(bridge, model)
         ctx.not_loaded = unloaded_counts(ctx.global_name, model)
     return ctx

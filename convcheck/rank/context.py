@@ -8,6 +8,7 @@ from typing import Any, Iterator
 from convcheck.checkpoint import Checkpoint
 from convcheck.errors import one_line
 from convcheck.layout import ParallelLayout, RankCoord
+from convcheck.progress import ProgressWriter
 from convcheck.verdict import Finding
 
 
@@ -37,6 +38,10 @@ class RankContext:
     """Layout oracle: the TP1 digest manifest to compare with (written by the engine's reference job)."""
     write_manifest: str | None = None
     """Layout oracle in the reference job: write this rank's export digests here instead of comparing."""
+    progress: ProgressWriter = field(default_factory=lambda: ProgressWriter(None))
+    """Progress events for the launcher (rank 0 writes, other ranks hold a silent writer)."""
+    phase: str = ""
+    """What the rank is doing now (the running oracle's name), shown with export counts."""
 
     @property
     def is_reporter(self) -> bool:
@@ -49,8 +54,11 @@ class RankContext:
         If the bridge raises, the stream ends and `export_error` says why (oracles report it as a finding).
         """
         self.export_error = None
+        total = len(self.checkpoint.tensors)
         try:
-            yield from self.bridge.export_hf_weights(self.model, cpu=cpu, show_progress=False)
+            for done, item in enumerate(self.bridge.export_hf_weights(self.model, cpu=cpu, show_progress=False), 1):
+                self.progress.emit(self.phase or "export", done=done, total=total, unit="tensors")
+                yield item
         except Exception as exc:  # noqa: BLE001 - a crashing export is a finding, not a crash of convcheck
             self.export_error = one_line(exc)
 
