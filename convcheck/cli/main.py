@@ -220,3 +220,9 @@ def fixtures_build(name: str, out: str | None) -> None:
 def main() -> None:
     """Console-script entry point."""
     cli()
+
+
+from convcheck.cli import sweep as _sweep  # noqa: E402  (byte-identity sweep and digest manifests)
+
+cli.add_command(_sweep.sweep)
+cli.add_command(_sweep.digest)
