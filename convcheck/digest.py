@@ -85,6 +85,7 @@ def tensor_digest(checkpoint: Checkpoint, name: str, algo: str = HASH, progress:
         hasher.update(window)
         if progress is not None:
             progress(window.size)
+        del window  # unmapped before the next window is mapped
     return hasher.hexdigest()
 
 

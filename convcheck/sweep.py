@@ -186,17 +186,19 @@ def _bytes_finding(name: str, a: Checkpoint, b: Checkpoint, progress: Progress |
     numel = math.prod(entry.shape)
     width = entry.nbytes // numel if numel else 1
     count, first, expected, actual = 0, -1, "", ""
-    windows = zip(mapped_windows(a, name, WINDOW), mapped_windows(b, name, WINDOW), strict=True)
-    for pos, (wa, wb) in enumerate(windows):
+    windows_b, start = mapped_windows(b, name, WINDOW), 0
+    for wa in mapped_windows(a, name, WINDOW):  # no zip/enumerate: their reused tuples would keep old windows mapped
+        wb = next(windows_b)
         if progress is not None:
             progress(2 * wa.size)
         view = np.dtype(_INT_DTYPES[8 if wa.size % 8 == 0 else 1])
-        if np.array_equal(wa.view(view), wb.view(view)):  # integer views: bitwise, never float semantics
-            continue
-        window_count, k, window_expected, window_actual = _window_diff(entry, wa, wb)
-        count += window_count
-        if first < 0:
-            first, expected, actual = pos * WINDOW // width + k, window_expected, window_actual
+        if not np.array_equal(wa.view(view), wb.view(view)):  # integer views: bitwise, never float semantics
+            window_count, k, window_expected, window_actual = _window_diff(entry, wa, wb)
+            count += window_count
+            if first < 0:
+                first, expected, actual = start // width + k, window_expected, window_actual
+        start += wa.size
+        del wa, wb  # unmapped before the next window is mapped
     if first < 0:
         return None
     index = [int(i) for i in np.unravel_index(first, entry.shape)] if entry.shape else []

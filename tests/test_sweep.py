@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from convcheck.checkpoint import WINDOW, open_weights
 from convcheck.digest import FORMAT, read_manifest, write_digest
 from convcheck.errors import BadInput
-from convcheck.sweep import sweep
+from convcheck.sweep import bytes_to_read, compare, open_side, sweep
 from tests.conftest import run_cli
 
 BIG = "model.embed_tokens.weight"
@@ -207,7 +207,7 @@ def test_findings_past_twenty_are_in_the_json_report(tmp_path: Path) -> None:
 
 
 def _truncate(folder: Path) -> str:
-    shard = sorted(folder.glob("*.safetensors"))[0]
+    shard = min(folder.glob("*.safetensors"))
     shard.write_bytes(shard.read_bytes()[:-100])
     return "truncated safetensors file"
 
@@ -259,3 +259,23 @@ def test_open_weights_needs_no_config(ref: Path) -> None:
     assert weights.config == {} and len(weights.tensors) == 6
     entry = weights.tensors["lm_head.weight"]
     assert entry.nbytes == 40 * 48 * 2 and entry.offset > 8
+
+
+def test_manifests_with_other_hashes(ref: Path, tmp_path: Path) -> None:
+    ours = tmp_path / "sha256.json"
+    write_digest(ref, ours)
+    data = json.loads(ours.read_text())
+    other = tmp_path / "sha512.json"
+    wrong = {n: {**e, "digest": "0" * 128} for n, e in data["tensors"].items()}
+    other.write_text(json.dumps({**data, "hash": "sha512", "tensors": wrong}))
+    _one_line_error(run_cli("sweep", str(ours), str(other)), "cannot compare digests")
+    result = sweep(ref, other)  # the folder side is hashed with the manifest's algorithm
+    assert {f.kind for f in result.findings} == {"digest-differs"} and len(result.findings) == 6
+    assert result.findings[0].detail["hash"] == "sha512"
+
+
+def test_progress_counts_every_byte_read(ref: Path, tmp_path: Path) -> None:
+    a, b = open_side(ref), open_side(shutil.copytree(ref, tmp_path / "copy"))
+    seen: list[int] = []
+    result = compare(a, b, progress=seen.append, workers=2)
+    assert sum(seen) == result.bytes_read == bytes_to_read(a, b) == 2 * result.bytes

@@ -44,8 +44,12 @@ def _progress(total: int, label: str, quiet: bool) -> Iterator[Callable[[int], N
         yield lambda n: bar.advance(task, n)
 
 
-def _gb(n: int) -> str:
-    return f"{n / 1e9:.2f} GB"
+def _size(n: int) -> str:
+    """Bytes in decimal units: 4.2 kB, 419.4 MB, 2.18 GB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.{2 if unit == 'GB' else 1}f} {unit}"
+    return f"{n} B"
 
 
 def _junit_xml(result: SweepResult) -> str:
@@ -96,7 +100,7 @@ def sweep(a: str, b: str, json_path: str | None, junit_path: str | None, quiet: 
     what = "identical" if passed else f"{len(result.findings)} finding(s)"
     click.echo(
         f"{word} {a} vs {b}: {what}; {result.tensors} tensors in both ({result.a_tensors} in A, {result.b_tensors}"
-        f" in B), {result.bytes} bytes ({_gb(result.bytes)}) compared, {_gb(result.bytes_read)} read,"
+        f" in B), {result.bytes} bytes ({_size(result.bytes)}) compared, {_size(result.bytes_read)} read,"
         f" {time.perf_counter() - started:.2f} s"
     )
     sys.exit(EXIT_PASS if passed else EXIT_FAIL)
@@ -139,6 +143,6 @@ def digest(src: str, out: str | None) -> None:
     except ConvcheckError as exc:
         _bad_input(exc)
     click.echo(
-        f"wrote {out}: {len(manifest.tensors)} tensors, {total} bytes ({_gb(total)}) hashed with {manifest.hash},"
+        f"wrote {out}: {len(manifest.tensors)} tensors, {total} bytes ({_size(total)}) hashed with {manifest.hash},"
         f" {time.perf_counter() - started:.2f} s"
     )
