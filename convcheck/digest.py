@@ -17,9 +17,10 @@ from convcheck.errors import BadInput
 
 FORMAT = "convcheck-digest/1"
 HASH = "sha256"
-# Chosen by measurement (bench/bench_sweep.py, one thread, 1 GB of bf16 tensors from the page cache, 2-core Xeon
-# with SHA-NI, 2026-11-30): sha256 ~1000 MB/s, sha1 ~970, blake2b ~760, sha512 ~740, md5 ~660, blake2s ~520,
-# sha3_256 ~480. sha256 is the fastest collision-resistant choice here and the hash the layout oracle already uses.
+# Chosen by measurement (bench/bench_sweep.py, one thread over 1 GB of bf16 tensors from the page cache, 2-core Xeon
+# with SHA-NI shared with other jobs, 2026-11-30): sha256 705 MB/s, blake2b 681, sha1 647, sha512 451, md5 326,
+# blake2s 280, sha3_256 255 (crc32 993, not collision-resistant). sha256 is the fastest collision-resistant choice
+# here, and the hash the layout oracle already uses.
 _SUPPORTED = frozenset(hashlib.algorithms_guaranteed) - {"shake_128", "shake_256"}
 
 Progress = Callable[[int], None]
