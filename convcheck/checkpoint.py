@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,8 @@ from convcheck.errors import BadInput
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 _MAX_HEADER = 100 * 1024 * 1024
+WINDOW = 16 * 1024 * 1024
+"""Bytes mapped at a time by mapped_windows (a multiple of 8: every element lies in one window)."""
 _DTYPE_SIZES = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
     "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
@@ -35,11 +39,18 @@ class TensorEntry:
     file: str
     dtype: str
     shape: tuple[int, ...]
+    offset: int = -1
+    """Byte offset of the tensor's data from the start of its file (-1: not recorded)."""
 
     @property
     def torch_dtype(self) -> str:
         """The dtype as torch names it (bfloat16, float32, ...)."""
         return _TORCH_NAMES.get(self.dtype, self.dtype.lower())
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the tensor's data as stored."""
+        return math.prod(self.shape) * _DTYPE_SIZES[self.dtype]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -61,6 +72,11 @@ class Checkpoint:
 
 def read_header(file: Path) -> dict[str, Any]:
     """Parse and check one safetensors header against the file's size; raise BadInput on any defect."""
+    return _parse_header(file)[0]
+
+
+def _parse_header(file: Path) -> tuple[dict[str, Any], int]:
+    """read_header's work: the checked header and the file offset where the tensor data starts."""
     try:
         size = file.stat().st_size
         with open(file, "rb") as fh:
@@ -99,7 +115,7 @@ def read_header(file: Path) -> dict[str, Any]:
             raise BadInput(
                 f"truncated safetensors file {file}: tensor {name!r} ends at byte {end} of {data_size} data bytes"
             )
-    return header
+    return header, 8 + header_len
 
 
 def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
@@ -119,6 +135,24 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     if not isinstance(config, dict) or not config.get("architectures"):
         raise BadInput(f"config.json in {folder} names no architecture ('architectures' is missing)")
 
+    return Checkpoint(path=folder, config=config, tensors=_folder_tensors(folder))
+
+
+def open_weights(path: str | os.PathLike[str]) -> Checkpoint:
+    """Validate safetensors weights that need no config.json: a checkpoint folder or one .safetensors file."""
+    target = Path(path)
+    if target.is_file():
+        tensors = _read_tensors(target.parent, [target.name], None, where=str(target))
+        return Checkpoint(path=target.parent, config={}, tensors=tensors)
+    if not target.exists():
+        raise BadInput(f"not found: {target}")
+    if not target.is_dir():
+        raise BadInput(f"not a file or folder: {target}")
+    return Checkpoint(path=target, config={}, tensors=_folder_tensors(target))
+
+
+def _folder_tensors(folder: Path) -> dict[str, TensorEntry]:
+    """The tensors of a folder's weights: the index's shards, model.safetensors, or every *.safetensors file."""
     index_file = folder / INDEX_NAME
     if index_file.is_file():
         try:
@@ -137,22 +171,70 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
             raise BadInput(f"no safetensors weights in {folder}")
         weight_map = None
 
+    return _read_tensors(folder, files, weight_map)
+
+
+def _read_tensors(
+    folder: Path, files: list[str], weight_map: dict[str, str] | None, where: str = ""
+) -> dict[str, TensorEntry]:
+    """Check each file's header (and the index, if any) and list every tensor once."""
     tensors: dict[str, TensorEntry] = {}
     for fname in files:
-        header = read_header(folder / fname)
+        header, data_start = _parse_header(folder / fname)
         for name, entry in header.items():
             if name == "__metadata__":
                 continue
             if name in tensors:
                 raise BadInput(f"tensor {name!r} appears in both {tensors[name].file} and {fname}")
-            tensors[name] = TensorEntry(name=name, file=fname, dtype=entry["dtype"], shape=tuple(entry["shape"]))
+            tensors[name] = TensorEntry(
+                name=name,
+                file=fname,
+                dtype=entry["dtype"],
+                shape=tuple(entry["shape"]),
+                offset=data_start + entry["data_offsets"][0],
+            )
     if weight_map is not None:
         for name, fname in weight_map.items():
             if name not in tensors or tensors[name].file != fname:
                 raise BadInput(f"{INDEX_NAME} says {name!r} is in {fname}, but that shard does not hold it")
     if not tensors:
-        raise BadInput(f"the safetensors files in {folder} hold no tensors")
-    return Checkpoint(path=folder, config=config, tensors=tensors)
+        raise BadInput(f"{where} holds no tensors" if where else f"the safetensors files in {folder} hold no tensors")
+    return tensors
+
+
+def dtype_size(dtype: str) -> int | None:
+    """Bytes per element of a safetensors dtype name (F32, BF16, ...); None when unknown."""
+    return _DTYPE_SIZES.get(dtype)
+
+
+def mapped_windows(checkpoint: Checkpoint, name: str, window: int = WINDOW) -> Iterator[Any]:
+    """Tensor `name`'s stored bytes as read-only numpy uint8 arrays of up to `window` bytes, each a memory map
+    of its own byte range, unmapped once the caller drops it (memory stays flat however large the checkpoint)."""
+    import mmap
+
+    import numpy as np
+
+    entry = checkpoint.tensors[name]
+    if entry.offset < 0:
+        raise ValueError(f"no data offset recorded for tensor {name!r}")
+    file = checkpoint.path / entry.file
+    try:
+        with open(file, "rb") as fh:
+            for pos in range(0, entry.nbytes, window):
+                begin = entry.offset + pos
+                length = min(window, entry.nbytes - pos)
+                start = begin - begin % mmap.ALLOCATIONGRANULARITY
+                mapped = mmap.mmap(
+                    fh.fileno(),
+                    begin - start + length,
+                    flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
+                    prot=mmap.PROT_READ,
+                    offset=start,
+                )
+                yield np.frombuffer(mapped, dtype=np.uint8, count=length, offset=begin - start)
+                del mapped
+    except (OSError, ValueError) as exc:  # a shard changed or vanished after it was validated
+        raise BadInput(f"cannot read tensor {name!r} from {file}: {exc}") from None
 
 
 class TensorReader:

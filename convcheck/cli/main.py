@@ -226,3 +226,9 @@ def main() -> None:
         click.echo(f"convcheck: error: internal error: {one_line(exc)} (set CONVCHECK_DEBUG=1 for the traceback)", err=True)
         sys.exit(EXIT_BAD_INPUT)
     sys.exit(code or 0)
+
+
+from convcheck.cli import sweep as _sweep  # noqa: E402  (byte-identity sweep and digest manifests)
+
+cli.add_command(_sweep.sweep)
+cli.add_command(_sweep.digest)
