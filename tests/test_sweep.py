@@ -14,7 +14,7 @@ from convcheck.checkpoint import WINDOW, open_weights
 from convcheck.digest import FORMAT, read_manifest, write_digest
 from convcheck.errors import BadInput
 from convcheck.sweep import bytes_to_read, compare, open_side, sweep
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 BIG = "model.embed_tokens.weight"
 """A bf16 tensor larger than one mapped window, so a difference past the first window is exercised."""
