@@ -168,6 +168,12 @@ def _folder_tensors(folder: Path) -> dict[str, TensorEntry]:
     else:
         files = sorted(p.name for p in folder.glob("*.safetensors"))
         if not files:
+            pickled = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
+            if pickled:
+                raise BadInput(
+                    f"no safetensors weights in {folder}, only pickled torch weights ({', '.join(pickled[:3])}); "
+                    f"convert them first, e.g. AutoModelForCausalLM.from_pretrained(folder).save_pretrained(out)"
+                )
             raise BadInput(f"no safetensors weights in {folder}")
         weight_map = None
 
