@@ -17,6 +17,7 @@ class TerminalProgress:
         self.label = label
         self.started = time.monotonic()
         self.status: Any = None
+        self.phase = ""
 
     def __enter__(self) -> "TerminalProgress":
         self.status = self.console.status(f"{self.label}: starting", spinner="dots")
@@ -28,6 +29,9 @@ class TerminalProgress:
 
         phase = str(event.get("phase", ""))
         done, total = event.get("done"), event.get("total")
+        if phase != self.phase:  # each phase stays on screen as a line; counts update the live line below
+            self.phase = phase
+            self.console.print(f"[dim]{time.monotonic() - self.started:5.0f} s[/dim] {escape(phase)}", highlight=False)
         count = f" {done}/{total} {event.get('unit', '')}".rstrip() if done is not None and total else ""
         elapsed = time.monotonic() - self.started
         self.status.update(escape(f"{self.label}: {phase}{count}  [{elapsed:.0f} s]"))

@@ -22,15 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from convcheck.engine.job import Job
-from convcheck.errors import BadInput, ConvcheckError, SetupError
+from convcheck.errors import BadInput, SetupError
 from convcheck.progress import ProgressReader, ProgressSink
 
 STOP_GRACE_S = 5.0
 """How long the ranks get to exit after SIGTERM before SIGKILL."""
 
 
-class Interrupted(ConvcheckError):
-    """The run was cancelled by SIGINT or SIGTERM; every rank has been stopped."""
+class Interrupted(BaseException):
+    """The run was cancelled by SIGINT or SIGTERM (like KeyboardInterrupt, no ordinary `except` stops it)."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(f"interrupted by {signal.Signals(signum).name}; stopped all ranks")

@@ -1,0 +1,179 @@
+"""Everyday use: signals stop every rank, temporary folders go, output fits a terminal, errors are one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from convcheck.cli.render import group_findings, oracle_summary
+from convcheck.verdict import Finding, OracleVerdict
+from tests.helpers import ROOT, mutant, run_cli
+
+
+def _start(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    """Start `convcheck verify` with its temporary folders under tmp_path/tmp."""
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "COLUMNS": "200"}
+    cmd = [sys.executable, "-m", "convcheck", "verify", *args]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_ranks(proc: subprocess.Popen[str], count: int, timeout: float = 90.0) -> list[psutil.Process]:
+    """The run's own descendants once `count` rank workers exist among them."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        kids = psutil.Process(proc.pid).children(recursive=True)
+        workers = [k for k in kids if "convcheck.engine.worker" in " ".join(_cmdline(k))]
+        if len(workers) >= count:
+            return kids
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    raise AssertionError("ranks did not start")
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
+
+
+def _all_gone(procs: list[psutil.Process], timeout: float = 20.0) -> list[int]:
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    return [p.pid for p in alive]
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_stops_every_rank_and_cleans_up(tmp_path: Path, sig: signal.Signals, code: int) -> None:
+    proc = _start(tmp_path, "--model", "tiny:qwen3", "--tp", "2", "--oracle", "coverage")
+    kids = _wait_for_ranks(proc, 2)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == code, err
+    assert err.strip().splitlines() == [f"convcheck: interrupted by {sig.name}; stopped all ranks"], err
+    assert _all_gone(kids) == []
+    assert list((tmp_path / "tmp").iterdir()) == []  # no convcheck-* job folder, no torchelastic_*
+
+
+@pytest.mark.ranks
+def test_killed_launcher_takes_its_ranks_along(tmp_path: Path) -> None:
+    proc = _start(tmp_path, "--model", "tiny:qwen3", "--tp", "2", "--oracle", "coverage")
+    kids = _wait_for_ranks(proc, 2)
+    proc.kill()
+    proc.communicate(timeout=30)
+    assert _all_gone(kids) == []
+
+
+@pytest.mark.ranks
+def test_progress_on_a_terminal_and_nothing_extra_when_piped(tmp_path: Path) -> None:
+    master, slave = pty.openpty()
+    env = {**os.environ, "TMPDIR": str(tmp_path), "COLUMNS": "120"}
+    cmd = [sys.executable, "-m", "convcheck", "verify", "--model", "tiny:qwen3", "--oracle", "coverage,roundtrip"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=slave, text=True)
+    os.close(slave)
+    seen = b""
+    while True:
+        ready, _, _ = select.select([master], [], [], 1.0)
+        if ready:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+        elif proc.poll() is not None:
+            break
+    out = proc.communicate(timeout=60)[0]
+    os.close(master)
+    assert proc.returncode == 0
+    text = seen.decode(errors="replace")
+    assert "loading the checkpoint" in text and "oracle roundtrip" in text
+    assert "PASS tiny:qwen3 TP1 on cpu" in out
+    assert list(tmp_path.iterdir()) == []
+    piped = run_cli("verify", "--model", "tiny:qwen3", "--oracle", "coverage,roundtrip")
+    assert piped.code == 0 and piped.err == ""  # piped: no progress at all
+    lines = piped.out.splitlines()
+    assert all(line == line.rstrip() for line in lines)
+    assert any(line.startswith("PASS coverage: checked 44 names (25 HF tensors + 19 Megatron parameters)") for line in lines)
+
+
+@pytest.mark.ranks
+def test_reused_log_dir_does_not_report_an_old_rank_error(tmp_path: Path) -> None:
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    stale = {"status": "error", "rank": 0, "error": "RuntimeError: from an earlier run"}
+    (log_dir / "rank0.error.json").write_text(json.dumps(stale))
+    res = run_cli("verify", "--model", "tiny:qwen3", "--oracle", "coverage", "--log-dir", str(log_dir))
+    assert res.code == 0, res.err
+    assert (log_dir / "ranks.log").is_file()  # kept, since it was asked for
+
+
+@pytest.mark.ranks
+def test_setup_error_keeps_the_log_and_names_it(tmp_path: Path) -> None:
+    proc = _start(tmp_path, "--model", "tiny:qwen3", "--tp", "2", "--hook", mutant("faults", "kill_rank1"))
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 2 and len(err.strip().splitlines()) == 1, err
+    log = Path(err.strip().rpartition("log: ")[2].rstrip(")"))
+    assert log.is_file() and log.parent.parent == tmp_path / "tmp"
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("--model", "tiny:qwen3", "--tp", "0"), "0 is not in the range"),
+        ((), "Missing option '--model'"),
+        (("--model", "tiny:qwen3", "--oracle", ""), "needs at least one oracle name"),
+        (("--model", "tiny:qwen3", "--oracle", ",,"), "needs at least one oracle name"),
+        (("--model", "tiny:qwen3", "--json", "."), "is a folder, not a file"),
+        (("--model", "tiny:qwen3", "--json", "README.md/report.json"), "not a folder: README.md"),
+        (("--model", "tiny:qwen3", "--junit", "/nonexistent/x.xml"), "output folder does not exist"),
+        (("--model", "tiny:qwen3", "--experts", "te-grouped"), "needs a MoE model"),
+        (("--model", "tiny:qwen3", "--table", "wide"), "'wide' is not one of"),
+    ],
+)
+def test_usage_errors_are_one_line(args: tuple[str, ...], needle: str) -> None:
+    res = run_cli("verify", *args)
+    assert res.code == 2, res.err
+    assert res.err.strip().splitlines() == [res.err.strip()] and needle in res.err, res.err
+    assert res.out == ""
+
+
+def test_help_lists_exit_codes_and_examples() -> None:
+    res = run_cli("verify", "--help")
+    assert res.code == 0
+    assert "143  terminated (SIGTERM)" in res.out and "convcheck verify --model tiny:qwen3-moe --tp 2 --ep 2" in res.out
+
+
+def test_a_pickled_weights_folder_says_what_it_found(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"]}))
+    (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x02")
+    res = run_cli("verify", "--model", str(tmp_path))
+    assert res.code == 2 and "only pickled torch weights (pytorch_model.bin)" in res.err
+
+
+def test_findings_on_numbered_names_share_one_line() -> None:
+    findings = [
+        Finding(tensor=f"model.layers.{layer}.mlp.experts.{e}.up_proj.weight", kind="missing", message="not exported")
+        for layer in range(48)
+        for e in range(128)
+    ] + [Finding(tensor="lm_head.weight", kind="bytes-differ", message="1/2 elements differ")]
+    lines = group_findings(findings)
+    assert lines == [
+        "model.layers.{0-47}.mlp.experts.{0-127}.up_proj.weight: [missing] 6144 names, same finding; "
+        "first model.layers.0.mlp.experts.0.up_proj.weight: not exported",
+        "lm_head.weight: [bytes-differ] 1/2 elements differ",
+    ]
+    verdict = OracleVerdict(name="roundtrip", checked=70, findings=tuple(findings[:2]))
+    assert oracle_summary(verdict).startswith("checked 70 tensors, 2 finding(s) on 2 name(s)")
