@@ -5,6 +5,7 @@ import pytest
 from convcheck.errors import BadInput
 from convcheck.geometry import Geometry
 from convcheck.layout import ParallelLayout
+from convcheck.mappings import MappingError, build_registry
 
 
 def test_text_config_wins_over_the_top_level() -> None:
@@ -34,3 +35,8 @@ def test_hybrid_layer_list_gives_layers_and_mamba() -> None:
     pattern_only = Geometry.from_hf_config({"hybrid_override_pattern": "M*-ME"})
     assert pattern_only.num_layers == 5 and not pattern_only.has_mamba_layers  # as layout validation always read it
 
+
+def test_registry_names_the_missing_field() -> None:
+    geometry = Geometry.from_hf_config({"num_attention_heads": 4, "vocab_size": 16})
+    with pytest.raises(MappingError, match="HF config lacks hidden_size$"):
+        build_registry("Qwen3ForCausalLM", geometry, ["embedding.word_embeddings.weight"], ["model.embed_tokens.weight"])

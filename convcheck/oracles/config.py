@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from convcheck.engine.context import RankContext
-from convcheck.oracles.config_table import TABLES, Coverage, FieldRule, HfView
+from convcheck.models import TABLES
+from convcheck.models.config_rules import Coverage, FieldRule, HfView
 from convcheck.verdict import Finding, OracleVerdict, make_verdict
 
 NAME = "config"
