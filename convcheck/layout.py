@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from convcheck.errors import BadInput, MappingError
+from convcheck.geometry import Geometry
 
 _LAYOUT_PART = re.compile(r"(etp|tp|pp|ep)(\d+)")
 
@@ -76,12 +77,10 @@ class ParallelLayout:
 
     def validate_for(self, config: dict[str, Any]) -> None:
         """Raise BadInput naming the first constraint this layout breaks for an HF config dict."""
-        heads = _first(config, "num_attention_heads", "n_head")
-        kv_heads = _first(config, "num_key_value_heads") or heads
-        layers = _first(config, "num_hidden_layers", "n_layer") or _pattern_length(config)
-        experts = _first(config, "num_experts", "num_local_experts", "n_routed_experts")
-        ffn = _first(config, "intermediate_size")
-        moe_ffn = _first(config, "moe_intermediate_size") or ffn
+        geometry = Geometry.from_hf_config(config)
+        heads, kv_heads, layers = geometry.num_heads, geometry.num_query_groups, geometry.num_layers
+        experts, ffn = geometry.num_experts, geometry.ffn
+        moe_ffn = geometry.moe_ffn or ffn
         if heads and heads % self.tp:
             raise BadInput(f"impossible layout {self.label}: tp={self.tp} does not divide num_attention_heads={heads}")
         if kv_heads and kv_heads % self.tp and self.tp % kv_heads:  # Megatron-Core replicates KV heads when kv < tp
@@ -95,9 +94,8 @@ class ParallelLayout:
             raise BadInput(f"impossible layout {self.label}: pp={self.pp} does not divide num_hidden_layers={layers}")
         if not experts and (self.ep > 1 or self.etp > 1):
             raise BadInput(f"impossible layout {self.label}: the model has no experts, so ep and etp must be 1")
-        for key in ("mamba_num_heads", "n_groups"):
-            value = _first(config, key)
-            if value and "mamba" in str(config.get("layers_block_type", "")) and value % self.tp:
+        for key, value in (("mamba_num_heads", geometry.mamba_heads), ("n_groups", geometry.mamba_groups)):
+            if value and geometry.has_mamba_layers and value % self.tp:
                 raise BadInput(f"impossible layout {self.label}: tp={self.tp} does not divide {key}={value}")
         if experts and experts % self.ep:
             raise BadInput(f"impossible layout {self.label}: ep={self.ep} does not divide num_experts={experts}")
@@ -132,21 +130,3 @@ class RankCoord:
             if getattr(self, f"{axis}_rank") >= size:
                 raise MappingError(f"{self} is outside layout {layout.label}: {axis}_rank must be < {size}")
 
-
-def _pattern_length(config: dict[str, Any]) -> int | None:
-    """Layer count of a hybrid model that lists its layers instead of counting them (NemotronH)."""
-    for key in ("layers_block_type", "hybrid_override_pattern"):
-        value = config.get(key)
-        if isinstance(value, (list, str)) and value:
-            return len(value)
-    return None
-
-
-def _first(config: dict[str, Any], *keys: str) -> int | None:
-    """The first integer found under any of `keys` (also inside a nested text_config)."""
-    for source in (config, config.get("text_config") or {}):
-        for key in keys:
-            value = source.get(key)
-            if isinstance(value, int) and not isinstance(value, bool):
-                return value
-    return None

@@ -4,8 +4,10 @@ from pathlib import Path
 
 import pytest
 
+from convcheck.models import TABLES
+from convcheck.models.config_rules import Coverage, FieldRule
+from convcheck.models.dense import QWEN3_TABLE as QWEN3
 from convcheck.oracles.config import check_rule, flatten, uncovered
-from convcheck.oracles.config_table import QWEN3, TABLES, Coverage, FieldRule
 from tests.helpers import mutant, run_cli
 
 

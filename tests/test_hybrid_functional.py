@@ -4,8 +4,10 @@ from pathlib import Path
 
 import pytest
 
+from convcheck.models import TABLES
+from convcheck.models.config_rules import Coverage
+from convcheck.models.nemotron_h import NEMOTRON_H_TABLE as NEMOTRON_H
 from convcheck.oracles.config import flatten, uncovered
-from convcheck.oracles.config_table import NEMOTRON_H, TABLES, Coverage
 from tests.helpers import mutant, run_cli
 
 

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from convcheck.bits import compare_bits
+from convcheck.geometry import Geometry
 from convcheck.layout import ParallelLayout
 from convcheck.mappings import (
     CoverageError,
     FusedQKV,
     Gated,
-    Geometry,
     GroupedFc1,
     GroupedFc2,
     MappingError,

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from convcheck.bits import compare_bits
+from convcheck.geometry import Geometry
 from convcheck.layout import ParallelLayout
 from convcheck.mappings import (
     Blocks,
     CoverageError,
-    Geometry,
     MappingError,
     RankCoord,
     Split,
@@ -123,6 +123,7 @@ def nemotron_h_names() -> tuple[list[str], list[str]]:
 
 
 GEOMETRY = Geometry(hidden=32, num_heads=4, num_query_groups=2, head_dim=8, vocab=152, padded_vocab=152,
+                    num_layers=5, ffn=64, layer_types=("mamba", "attention", "mlp", "mamba", "moe"),
                     num_experts=4, moe_ffn=16, mamba_heads=4, mamba_head_dim=8, mamba_groups=2, mamba_state=8)  # fmt: skip
 
 

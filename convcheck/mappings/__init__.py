@@ -1,11 +1,12 @@
 """Explicit Megatron <-> HF mappings as pure functions of tensors, a ParallelLayout and a RankCoord."""
 
+from convcheck.geometry import Geometry
 from convcheck.mappings.base import CoverageError, MappingError, RankCoord, Shards, TensorMapping
 from convcheck.mappings.check import roundtrip_findings
 from convcheck.mappings.grouped_mlp import GroupedFc1, GroupedFc2
 from convcheck.mappings.mamba import Blocks, mamba_conv1d, mamba_in_proj
 from convcheck.mappings.qkv import FusedQKV
-from convcheck.mappings.registry import Geometry, MappingRegistry, build_registry
+from convcheck.mappings.registry import MappingRegistry, MappingRule, build_registry
 from convcheck.mappings.simple import Gated, Replicated, Split
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "GroupedFc2",
     "MappingError",
     "MappingRegistry",
+    "MappingRule",
     "RankCoord",
     "Replicated",
     "Shards",

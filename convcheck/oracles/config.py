@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from convcheck.rank.context import RankContext
-from convcheck.oracles.config_table import TABLES, Coverage, FieldRule, HfView
+from convcheck.models import TABLES
+from convcheck.models.config_rules import Coverage, FieldRule, HfView
 from convcheck.oracles.base import OracleInfo
+from convcheck.rank.context import RankContext
 from convcheck.verdict import Finding, OracleVerdict, make_verdict
 
 NAME = "config"

@@ -1,0 +1,97 @@
+"""Geometry: the shapes of a decoder-only HF config, the one reader shared by layouts, mappings and config rules."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Geometry:
+    """The shapes a mapping or a layout check needs; 0 (or empty) where the HF config does not say."""
+
+    hidden: int = 0
+    num_heads: int = 0
+    num_query_groups: int = 0
+    """KV heads (GQA groups); the number of heads when the config names none."""
+    head_dim: int = 0
+    vocab: int = 0
+    padded_vocab: int = 0
+    """Megatron's embedding rows (vocab, or vocab padded by the provider)."""
+    num_layers: int = 0
+    """Decoder layers: num_hidden_layers, else the length of a hybrid model's layer list or pattern."""
+    ffn: int = 0
+    """Dense MLP width (intermediate_size)."""
+    num_experts: int = 0
+    moe_ffn: int = 0
+    """Expert MLP width (moe_intermediate_size)."""
+    layer_types: tuple[str, ...] = ()
+    """Per-layer block types of a hybrid model (NemotronH `layers_block_type`), empty for other models."""
+    mamba_heads: int = 0
+    mamba_head_dim: int = 0
+    mamba_groups: int = 0
+    mamba_state: int = 0
+
+    @property
+    def has_mamba_layers(self) -> bool:
+        """True when some layer of a hybrid model is a Mamba mixer."""
+        return any("mamba" in kind for kind in self.layer_types)
+
+    def missing_for_mappings(self) -> tuple[str, ...]:
+        """HF fields every explicit mapping needs that this geometry lacks (empty when a registry can be built)."""
+        needed = {"hidden_size": self.hidden, "num_attention_heads": self.num_heads, "vocab_size": self.vocab}
+        return tuple(name for name, value in needed.items() if not value)
+
+    @classmethod
+    def from_hf_config(cls, config: Mapping[str, Any], *, padded_vocab: int | None = None) -> Geometry:
+        """Read an HF config dict; nested `text_config` wins: each quantity is the first integer found under its
+        names in `text_config`, else at the top level (bools, floats and strings count as absent)."""
+        sources = _sources(config)
+        hidden = _integer(sources, "hidden_size")
+        heads = _integer(sources, "num_attention_heads", "n_head")
+        vocab = _integer(sources, "vocab_size")
+        layer_list = _sequence(sources, "layers_block_type")
+        pattern = layer_list or _sequence(sources, "hybrid_override_pattern")
+        return cls(
+            hidden=hidden,
+            num_heads=heads,
+            num_query_groups=_integer(sources, "num_key_value_heads") or heads,
+            head_dim=_integer(sources, "head_dim") or (hidden // heads if hidden and heads else 0),
+            vocab=vocab,
+            padded_vocab=padded_vocab or vocab,
+            num_layers=_integer(sources, "num_hidden_layers", "n_layer") or len(pattern),
+            ffn=_integer(sources, "intermediate_size"),
+            num_experts=_integer(sources, "num_experts", "num_local_experts", "n_routed_experts"),
+            moe_ffn=_integer(sources, "moe_intermediate_size"),
+            layer_types=tuple(str(kind) for kind in layer_list) if isinstance(layer_list, list) else (),
+            mamba_heads=_integer(sources, "mamba_num_heads"),
+            mamba_head_dim=_integer(sources, "mamba_head_dim"),
+            mamba_groups=_integer(sources, "n_groups"),
+            mamba_state=_integer(sources, "ssm_state_size"),
+        )
+
+
+def _sources(config: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
+    """Where fields are looked up, in precedence order: a nested text_config first, then the top level."""
+    text = config.get("text_config")
+    return (text, config) if isinstance(text, Mapping) else (config,)
+
+
+def _integer(sources: tuple[Mapping[str, Any], ...], *names: str) -> int:
+    """The first integer under any of `names`, source by source; 0 when there is none."""
+    for source in sources:
+        for name in names:
+            value = source.get(name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+    return 0
+
+
+def _sequence(sources: tuple[Mapping[str, Any], ...], name: str) -> list[Any] | str:
+    """The first non-empty list or string under `name`, source by source; empty when there is none."""
+    for source in sources:
+        value = source.get(name)
+        if isinstance(value, (list, str)) and value:
+            return value
+    return []

@@ -1,0 +1,36 @@
+"""Architecture: one supported HF architecture and everything convcheck knows about it, as data."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from convcheck.mappings.registry import MappingRule
+from convcheck.models.config_rules import FieldRule
+from convcheck.models.fixture_spec import FixtureSpec
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Architecture:
+    """The names an HF architecture goes by, its explicit mappings, its config table and its tiny fixtures."""
+
+    hf_classes: tuple[str, ...]
+    """HF `architectures` class names it serves (the key of the explicit-mapping lookup)."""
+    model_type: str
+    """HF `model_type` (the key of the config-table lookup)."""
+    mapping_rules: Callable[[bool], list[MappingRule]]
+    """tied embeddings -> the rules mapping every Megatron parameter (see build_registry)."""
+    config_rules: tuple[FieldRule, ...]
+    """The config oracle's table for this model_type."""
+    fixtures: tuple[FixtureSpec, ...] = ()
+    """Built-in `tiny:` fixtures, in listing order."""
+
+
+def unique_index[T](pairs: Iterable[tuple[str, T]], what: str) -> dict[str, T]:
+    """A dict of `pairs`; ValueError naming the first key claimed twice (two modules serving one name)."""
+    index: dict[str, T] = {}
+    for key, value in pairs:
+        if key in index:
+            raise ValueError(f"{what} {key!r} is claimed twice in convcheck.models")
+        index[key] = value
+    return index

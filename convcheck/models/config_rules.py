@@ -1,0 +1,123 @@
+"""The config oracle's vocabulary: HF fields <-> one Megatron TransformerConfig field, as data (no torch).
+
+Each `FieldRule` says which HF fields (dotted for nested dicts, as `to_dict()` spells them) determine one
+Megatron field and what value that field must hold. A rule without HF fields states what the architecture
+implies (Qwen3 attention always normalises q and k). Each architecture's table lives in its family module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from convcheck.geometry import Geometry
+
+HfView = Mapping[str, Any]
+"""The HF config flattened one level (`rope_parameters.rope_theta`), class defaults filled in."""
+MegatronGet = Callable[[str], Any]
+"""Reads a Megatron field: a TransformerConfig attribute, or `model.X` on the first model chunk."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FieldRule:
+    """One Megatron field and the HF fields it must reproduce."""
+
+    megatron: str
+    """TransformerConfig attribute (or `model.ATTR` for an attribute of the built GPTModel)."""
+    expect: Callable[[HfView, MegatronGet], Any]
+    """The value the Megatron field must hold, computed from the HF config (canonical form)."""
+    hf: tuple[str, ...] = ()
+    """HF fields this rule covers; empty when the value is implied by the architecture."""
+    observe: Callable[[Any, MegatronGet], Any] = lambda value, _m: value
+    """Megatron value -> canonical form compared with `expect` (e.g. a function -> its name)."""
+    note: str = ""
+    """Why the correspondence holds (shown in findings)."""
+
+    @property
+    def label(self) -> str:
+        """`hf_field -> megatron_field`, the name a finding carries."""
+        return f"{'+'.join(self.hf) or '<implied>'} -> {self.megatron}"
+
+
+def same(hf: str, megatron: str, absent: Any = None, note: str = "") -> FieldRule:
+    """The Megatron field equals the HF field (`absent` when the HF config has no such field)."""
+    return FieldRule(megatron=megatron, hf=(hf,), expect=lambda c, _m: c.get(hf, absent), note=note)
+
+
+def implied(megatron: str, value: Any, note: str) -> FieldRule:
+    """The architecture fixes the Megatron field to `value` whatever the HF config says."""
+    return FieldRule(megatron=megatron, expect=lambda _c, _m: value, note=note)
+
+
+def unsupported(what: str) -> str:
+    """The expected value of a field whose HF setting Megatron cannot represent (never equals a Megatron value)."""
+    return f"<not representable: {what}>"
+
+
+def function_name(value: Any, _m: MegatronGet) -> str:
+    """A Megatron function-valued field (activation) observed by its name."""
+    return getattr(value, "__name__", repr(value))
+
+
+def padded_vocab(c: HfView, m: MegatronGet) -> int:
+    """Embedding / output rows Megatron must build: the HF vocab, padded to a multiple only when it pads."""
+    vocab = c["vocab_size"]
+    if not m("should_pad_vocab"):
+        return vocab
+    multiple = m("make_vocab_size_divisible_by") * m("tensor_model_parallel_size")
+    return -(-vocab // multiple) * multiple
+
+
+HEADS_AND_VOCAB = (
+    same("num_attention_heads", "num_attention_heads"),
+    same("num_key_value_heads", "num_query_groups", note="GQA groups"),
+    FieldRule(megatron="kv_channels", hf=("head_dim",), expect=lambda c, _m: Geometry.from_hf_config(c).head_dim),
+    same("vocab_size", "vocab_size"),
+    FieldRule(
+        megatron="model.vocab_size",
+        hf=("vocab_size",),
+        expect=padded_vocab,
+        note="embedding / output rows: the HF vocab, padded only when should_pad_vocab",
+    ),
+)
+"""Attention heads, KV groups, head_dim and vocabulary (with padding): the same rule for every architecture."""
+
+IGNORED: dict[str, str] = {
+    "_name_or_path": "where the config was read from",
+    "architectures": "selects the bridge class (the bridge registry checks it)",
+    "model_type": "selects this table",
+    "transformers_version": "writer metadata",
+    "dtype": "storage dtype of the weights (the roundtrip oracle compares dtypes bitwise)",
+    "torch_dtype": "storage dtype of the weights (the roundtrip oracle compares dtypes bitwise)",
+    "use_cache": "HF generation KV cache switch",
+    "bos_token_id": "tokenizer / generation metadata",
+    "eos_token_id": "tokenizer / generation metadata",
+    "pad_token_id": "tokenizer / generation metadata",
+    "initializer_range": "random init only (weights are loaded)",
+    "output_router_logits": "HF returns router logits for the aux loss; no effect on the forward output",
+    "max_window_layers": "read only when use_sliding_window is true (covered by window_size)",
+    "time_step_min": "dt_bias init range (HF's torch slow path also clamps dt below it; its kernel path does not)",
+    "time_step_max": "dt_bias init range",
+    "time_step_floor": "dt_bias init floor",
+    "rescale_prenorm_residual": "random init only (weights are loaded)",
+    "use_mamba_kernels": "HF switch between its CUDA kernels and its torch path (same function)",
+    "mamba_ssm_cache_dtype": "HF generation cache dtype",
+    "mamba_proj_bias": "not read by HF NemotronH (Mamba projection biases follow use_bias)",
+    "moe_shared_expert_overlap": "Megatron scheduling of the shared expert (no effect on the computed function)",
+    "num_logits_to_keep": "HF generation: how many positions return logits",
+}
+"""HF fields that do not describe the computed function, with the reason; every other field needs a rule."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Coverage:
+    """What a table covers: rules plus ignored fields (a field is covered if it or its parent is named)."""
+
+    rules: tuple[FieldRule, ...]
+    ignored: dict[str, str] = field(default_factory=lambda: dict(IGNORED))
+
+    def covers(self, hf_field: str) -> bool:
+        """True when a rule or the ignore list names `hf_field` or the dict it sits in."""
+        named = {f for r in self.rules for f in r.hf} | set(self.ignored)
+        return hf_field in named or hf_field.split(".", 1)[0] in named

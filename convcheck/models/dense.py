@@ -1,0 +1,277 @@
+"""Llama-style decoders (Llama, Qwen2, Qwen3): explicit mappings, config tables and tiny fixtures.
+
+The decoder's rules include MoE layers (router, experts, legacy GroupedMLP): Qwen3-MoE (`qwen3_moe.py`) is this
+decoder with experts, and every architecture here maps the same Megatron names (local spec, TE spec and legacy
+GroupedMLP names).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from convcheck.mappings import FusedQKV, Gated, GroupedFc1, GroupedFc2, Replicated, Split
+from convcheck.mappings.registry import MappingRule
+from convcheck.models.architecture import Architecture
+from convcheck.models.config_rules import (
+    HEADS_AND_VOCAB,
+    FieldRule,
+    HfView,
+    MegatronGet,
+    function_name,
+    implied,
+    same,
+    unsupported,
+)
+from convcheck.models.fixture_spec import tiny_spec
+from convcheck.models.shared_mappings import LAYER_PREFIX, expert_id, expert_weight, vocab_rows
+
+# ---- explicit mappings ---------------------------------------------------------------------------------------------
+
+EMBEDDING = "model.embed_tokens.weight"
+
+
+def hf_layer(match: re.Match[str], suffix: str) -> str:
+    """HF name of `suffix` in the matched Megatron layer: model.layers.N.<suffix>."""
+    return f"model.layers.{match['layer']}.{suffix}"
+
+
+def hf_expert(match: re.Match[str], projection: str) -> str:
+    """HF name of one expert's projection weight in the matched layer, with an `{expert}` field left to fill."""
+    return hf_layer(match, f"mlp.experts.{{expert}}.{projection}.weight")
+
+
+EMBEDDING_AND_FINAL_NORM = (
+    MappingRule(
+        r"embedding\.word_embeddings\.weight", lambda match, geometry: vocab_rows(match[0], EMBEDDING, geometry)
+    ),
+    MappingRule(
+        r"decoder\.final_layernorm\.weight",
+        lambda match, geometry: Replicated(megatron=match[0], hf="model.norm.weight"),
+    ),
+)
+LAYER_NORMS = (
+    MappingRule(
+        LAYER_PREFIX + r"(input_layernorm\.weight|self_attention\.linear_qkv\.layer_norm_weight)",
+        lambda match, geometry: Replicated(megatron=match[0], hf=hf_layer(match, "input_layernorm.weight")),
+    ),
+    MappingRule(
+        LAYER_PREFIX + r"(pre_mlp_layernorm\.weight|mlp\.linear_fc1\.layer_norm_weight)",
+        lambda match, geometry: Replicated(megatron=match[0], hf=hf_layer(match, "post_attention_layernorm.weight")),
+    ),
+)
+ATTENTION = (
+    MappingRule(
+        LAYER_PREFIX + r"self_attention\.linear_qkv\.(?P<kind>weight|bias)",
+        lambda match, geometry: FusedQKV(
+            megatron=match[0],
+            q=hf_layer(match, f"self_attn.q_proj.{match['kind']}"),
+            k=hf_layer(match, f"self_attn.k_proj.{match['kind']}"),
+            v=hf_layer(match, f"self_attn.v_proj.{match['kind']}"),
+            num_heads=geometry.num_heads,
+            num_query_groups=geometry.num_query_groups,
+            head_dim=geometry.head_dim,
+        ),
+    ),
+    MappingRule(
+        LAYER_PREFIX + r"self_attention\.q_layernorm\.weight",
+        lambda match, geometry: Replicated(megatron=match[0], hf=hf_layer(match, "self_attn.q_norm.weight")),
+    ),
+    MappingRule(
+        LAYER_PREFIX + r"self_attention\.k_layernorm\.weight",
+        lambda match, geometry: Replicated(megatron=match[0], hf=hf_layer(match, "self_attn.k_norm.weight")),
+    ),
+    MappingRule(
+        LAYER_PREFIX + r"self_attention\.linear_proj\.weight",
+        lambda match, geometry: Split(megatron=match[0], hf=hf_layer(match, "self_attn.o_proj.weight"), dim=1),
+    ),
+)
+GATED_MLP = (
+    MappingRule(
+        LAYER_PREFIX + r"mlp\.linear_fc1\.weight",
+        lambda match, geometry: Gated(
+            megatron=match[0], gate=hf_layer(match, "mlp.gate_proj.weight"), up=hf_layer(match, "mlp.up_proj.weight")
+        ),
+    ),
+    MappingRule(
+        LAYER_PREFIX + r"mlp\.linear_fc2\.weight",
+        lambda match, geometry: Split(megatron=match[0], hf=hf_layer(match, "mlp.down_proj.weight"), dim=1),
+    ),
+)
+EXPERTS = (
+    MappingRule(
+        LAYER_PREFIX + r"mlp\.router\.weight",
+        lambda match, geometry: Replicated(megatron=match[0], hf=hf_layer(match, "mlp.gate.weight")),
+    ),
+    # One expert per parameter: SequentialMLP (local_experts.E) and TE grouped (linear_fc1.weightE); E global.
+    MappingRule(
+        LAYER_PREFIX + expert_weight(1),
+        lambda match, geometry: Gated(
+            megatron=match[0],
+            axis="etp",
+            expert=int(expert_id(match)),
+            num_experts=geometry.num_experts,
+            gate=hf_expert(match, "gate_proj").format(expert=expert_id(match)),
+            up=hf_expert(match, "up_proj").format(expert=expert_id(match)),
+        ),
+    ),
+    MappingRule(
+        LAYER_PREFIX + expert_weight(2),
+        lambda match, geometry: Split(
+            megatron=match[0],
+            axis="etp",
+            dim=1,
+            expert=int(expert_id(match)),
+            num_experts=geometry.num_experts,
+            hf=hf_expert(match, "down_proj").format(expert=expert_id(match)),
+        ),
+    ),
+    # Legacy GroupedMLP (megatron-core <= 0.16): all of a layer's local experts in one weight1 / weight2.
+    MappingRule(
+        LAYER_PREFIX + r"mlp\.experts\.weight1",
+        lambda match, geometry: GroupedFc1(
+            megatron=match[0],
+            num_experts=geometry.num_experts,
+            hidden=geometry.hidden,
+            ffn=geometry.moe_ffn,
+            gate=hf_expert(match, "gate_proj"),
+            up=hf_expert(match, "up_proj"),
+        ),
+    ),
+    MappingRule(
+        LAYER_PREFIX + r"mlp\.experts\.weight2",
+        lambda match, geometry: GroupedFc2(
+            megatron=match[0],
+            num_experts=geometry.num_experts,
+            hidden=geometry.hidden,
+            ffn=geometry.moe_ffn,
+            down=hf_expert(match, "down_proj"),
+        ),
+    ),
+)
+
+
+def output_layer(tied: bool) -> MappingRule:
+    """lm_head; tied: the output layer (PP > 1) is a copy of the embedding and produces nothing of its own."""
+    hf = EMBEDDING if tied else "lm_head.weight"
+    return MappingRule(r"output_layer\.weight", lambda match, geometry: vocab_rows(match[0], hf, geometry))
+
+
+def decoder_rules(tied: bool) -> list[MappingRule]:
+    """Every Megatron parameter of a Llama-style decoder (dense or MoE layers)."""
+    return [*EMBEDDING_AND_FINAL_NORM, *LAYER_NORMS, *ATTENTION, *GATED_MLP, *EXPERTS, output_layer(tied)]
+
+
+# ---- config tables -------------------------------------------------------------------------------------------------
+
+
+def _rope_type(c: HfView, _m: MegatronGet) -> str:
+    kind = c.get("rope_parameters.rope_type", "default")
+    return {"default": "rope", "yarn": "yarn"}.get(kind, unsupported(f"rope_type {kind!r}"))
+
+
+def _window(c: HfView, _m: MegatronGet) -> Any:
+    types = c.get("layer_types") or []
+    if c.get("use_sliding_window") or any(t != "full_attention" for t in types):
+        return unsupported("sliding-window attention layers")
+    return None
+
+
+SHAPES = (
+    same("num_hidden_layers", "num_layers"),
+    same("hidden_size", "hidden_size"),
+    same("intermediate_size", "ffn_hidden_size"),
+    *HEADS_AND_VOCAB,
+    same("max_position_embeddings", "seq_length"),
+)
+NORM_ROPE_ACT = (
+    same("rms_norm_eps", "layernorm_epsilon"),
+    implied("normalization", "RMSNorm", "RMSNorm everywhere (input, post-attention, final, q/k norms)"),
+    implied("layernorm_zero_centered_gamma", False, "HF RMSNorm multiplies by weight, not 1 + weight"),
+    FieldRule(
+        megatron="rotary_base", hf=("rope_parameters.rope_theta",), expect=lambda c, _m: c["rope_parameters.rope_theta"]
+    ),
+    FieldRule(megatron="position_embedding_type", hf=("rope_parameters.rope_type",), expect=_rope_type),
+    FieldRule(
+        megatron="rotary_percent",
+        hf=("partial_rotary_factor", "rope_parameters.partial_rotary_factor"),
+        expect=lambda c, _m: c.get("rope_parameters.partial_rotary_factor", c.get("partial_rotary_factor", 1.0)),
+    ),
+    implied("rotary_interleaved", False, "HF rotate_half pairs dimension i with i + d/2"),
+    implied("rope_scaling", False, "rope_type default: no Llama-3 frequency scaling"),
+    implied("softmax_scale", None, "attention scale 1/sqrt(head_dim) as in HF"),
+    FieldRule(
+        megatron="activation_func", hf=("hidden_act",), expect=lambda c, _m: c["hidden_act"], observe=function_name
+    ),
+    implied("gated_linear_unit", True, "MLP is down(act(gate(x)) * up(x))"),
+    same("tie_word_embeddings", "share_embeddings_and_output_weights"),
+    FieldRule(megatron="window_size", hf=("layer_types", "use_sliding_window", "sliding_window"), expect=_window),
+    same("attention_dropout", "attention_dropout", absent=0.0),
+    implied("hidden_dropout", 0.0, "HF decoder layers have no hidden dropout"),
+)
+"""Shapes, norms, rotary embedding and activation shared by every Llama-style decoder (Qwen3-MoE included)."""
+NO_EXPERTS = (implied("num_moe_experts", None, "dense architecture: no MoE layers"),)
+
+QWEN2_TABLE = (
+    *SHAPES,
+    *NORM_ROPE_ACT,
+    *NO_EXPERTS,
+    implied("add_qkv_bias", True, "Qwen2 q/k/v projections always carry a bias"),
+    implied("add_bias_linear", False, "Qwen2 o_proj and MLP have no bias"),
+    implied("qk_layernorm", False, "Qwen2 has no q/k norm"),
+)
+QWEN3_TABLE = (
+    *SHAPES,
+    *NORM_ROPE_ACT,
+    *NO_EXPERTS,
+    same("attention_bias", "add_qkv_bias"),
+    implied("add_bias_linear", False, "Qwen3 o_proj and MLP have no bias"),
+    implied("qk_layernorm", True, "Qwen3 attention always applies q_norm / k_norm"),
+)
+LLAMA_TABLE = (
+    *SHAPES,
+    *NORM_ROPE_ACT,
+    *NO_EXPERTS,
+    same("attention_bias", "add_qkv_bias"),
+    FieldRule(
+        megatron="add_bias_linear",
+        hf=("mlp_bias", "attention_bias"),
+        expect=lambda c, _m: (
+            c["mlp_bias"] if c["mlp_bias"] == c["attention_bias"] else unsupported("o_proj bias != mlp bias")
+        ),
+    ),
+    implied("qk_layernorm", False, "Llama has no q/k norm"),
+)
+
+# ---- the architectures ---------------------------------------------------------------------------------------------
+
+QWEN2 = Architecture(
+    hf_classes=("Qwen2ForCausalLM",),
+    model_type="qwen2",
+    mapping_rules=decoder_rules,
+    config_rules=QWEN2_TABLE,
+    fixtures=(
+        tiny_spec("qwen2", "Qwen2Config", "Qwen2, GQA 4q/2kv heads, qkv bias", use_sliding_window=False),
+        tiny_spec(
+            "qwen2-tied",
+            "Qwen2Config",
+            "Qwen2, GQA, qkv bias, tied embeddings (no lm_head.weight on disk)",
+            use_sliding_window=False,
+            tie_word_embeddings=True,
+        ),
+    ),
+)
+QWEN3 = Architecture(
+    hf_classes=("Qwen3ForCausalLM",),
+    model_type="qwen3",
+    mapping_rules=decoder_rules,
+    config_rules=QWEN3_TABLE,
+    fixtures=(tiny_spec("qwen3", "Qwen3Config", "Qwen3, GQA 4q/2kv heads, qk-norm"),),
+)
+LLAMA = Architecture(
+    hf_classes=("LlamaForCausalLM",),
+    model_type="llama",
+    mapping_rules=decoder_rules,
+    config_rules=LLAMA_TABLE,
+    fixtures=(tiny_spec("llama", "LlamaConfig", "Llama, GQA 4q/2kv heads, no biases"),),
+)

@@ -1,0 +1,49 @@
+"""FixtureSpec: one tiny HF model, as a transformers config class, overrides and a seed (no torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+TINY_SHAPES: dict[str, Any] = {
+    "hidden_size": 32,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "vocab_size": 152,
+    "max_position_embeddings": 128,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+"""Small enough that every tensor holds at most 5120 elements (the distinct-value pool), large enough that
+TP2 x EP2 x PP2 are all legal layouts."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FixtureSpec:
+    """One tiny model: transformers config class + overrides, fixed seed."""
+
+    name: str
+    """Fixture name as given after `tiny:`."""
+    config_class: str
+    """Name of the transformers config class."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for the config class."""
+    seed: int = 1234
+    """Seed of the value generator."""
+    description: str = ""
+    """One line shown by `convcheck fixtures list`."""
+    fp32_tensors: tuple[str, ...] = ()
+    """Name suffixes saved in float32, not bf16 (what transformers' `_keep_in_fp32_modules_strict` keeps)."""
+    renames: dict[str, str] = field(default_factory=dict)
+    """Tensor names rewritten after save_pretrained (where transformers writes a name published checkpoints lack)."""
+
+
+def tiny_spec(name: str, config_class: str, description: str, **overrides: Any) -> FixtureSpec:
+    """A fixture of TINY_SHAPES with `overrides` on top."""
+    return FixtureSpec(
+        name=name, config_class=config_class, config={**TINY_SHAPES, **overrides}, description=description
+    )

@@ -1,0 +1,396 @@
+"""NemotronH (HybridModel): Mamba `M`, attention `*`, squared-ReLU MLP `-` and MoE `E` layers, each one pre-norm.
+
+Explicit mappings, the config table (hybrid pattern, Mamba-2 mixers, sigmoid router) and the tiny fixture.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from convcheck.geometry import Geometry
+from convcheck.mappings import FusedQKV, Replicated, Split, mamba_conv1d, mamba_in_proj
+from convcheck.mappings.registry import MappingRule
+from convcheck.models.architecture import Architecture
+from convcheck.models.config_rules import (
+    HEADS_AND_VOCAB,
+    FieldRule,
+    HfView,
+    MegatronGet,
+    function_name,
+    implied,
+    same,
+    unsupported,
+)
+from convcheck.models.fixture_spec import TINY_SHAPES, FixtureSpec
+from convcheck.models.shared_mappings import LAYER_PREFIX, expert_id, expert_weight, vocab_rows
+
+# ---- explicit mappings ---------------------------------------------------------------------------------------------
+
+EMBEDDING = "backbone.embeddings.weight"
+"""The embedding's name in published NemotronH checkpoints (and the bridge's)."""
+
+
+def hf_layer(match: re.Match[str], suffix: str) -> str:
+    """HF name of `suffix` in the matched Megatron layer: backbone.layers.N.<suffix>."""
+    return f"backbone.layers.{match['layer']}.{suffix}"
+
+
+def mamba_sizes(geometry: Geometry) -> dict[str, int]:
+    """The Mamba-2 mixer sizes the in_proj / conv1d mappings take."""
+    return {
+        "heads": geometry.mamba_heads,
+        "head_dim": geometry.mamba_head_dim,
+        "groups": geometry.mamba_groups,
+        "state": geometry.mamba_state,
+    }
+
+
+LAYER_NORM = MappingRule(
+    LAYER_PREFIX + r"(norm\.weight|input_layernorm\.weight|pre_mlp_layernorm\.weight|mixer\.in_proj\.layer_norm_weight"
+    r"|self_attention\.linear_qkv\.layer_norm_weight|mlp\.linear_fc1\.layer_norm_weight)",
+    lambda match, geometry: Replicated(megatron=match[0], hf=hf_layer(match, "norm.weight")),
+)
+"""Every layer's single norm is HF `backbone.layers.N.norm.weight`, whichever Megatron module holds it (local spec:
+`norm` / `input_layernorm` / `pre_mlp_layernorm`; TE spec: the fused linear's `layer_norm_weight`)."""
+MAMBA_MIXER = (
+    MappingRule(
+        LAYER_PREFIX + r"mixer\.in_proj\.weight",
+        lambda match, geometry: mamba_in_proj(
+            megatron=match[0], hf=hf_layer(match, "mixer.in_proj.weight"), **mamba_sizes(geometry)
+        ),
+    ),
+    MappingRule(
+        LAYER_PREFIX + r"mixer\.conv1d[._](?P<kind>weight|bias)",
+        lambda match, geometry: mamba_conv1d(
+            megatron=match[0], hf=hf_layer(match, f"mixer.conv1d.{match['kind']}"), **mamba_sizes(geometry)
+        ),
+    ),
+    MappingRule(
+        LAYER_PREFIX + r"mixer\.(?P<param>A_log|D|dt_bias|norm\.weight)",
+        lambda match, geometry: Split(megatron=match[0], hf=hf_layer(match, f"mixer.{match['param']}")),
+    ),
+    MappingRule(
+        LAYER_PREFIX + r"mixer\.out_proj\.weight",
+        lambda match, geometry: Split(megatron=match[0], hf=hf_layer(match, "mixer.out_proj.weight"), dim=1),
+    ),
+)
+ATTENTION = (
+    MappingRule(
+        LAYER_PREFIX + r"self_attention\.linear_qkv\.weight",
+        lambda match, geometry: FusedQKV(
+            megatron=match[0],
+            q=hf_layer(match, "mixer.q_proj.weight"),
+            k=hf_layer(match, "mixer.k_proj.weight"),
+            v=hf_layer(match, "mixer.v_proj.weight"),
+            num_heads=geometry.num_heads,
+            num_query_groups=geometry.num_query_groups,
+            head_dim=geometry.head_dim,
+        ),
+    ),
+    MappingRule(
+        LAYER_PREFIX + r"self_attention\.linear_proj\.weight",
+        lambda match, geometry: Split(megatron=match[0], hf=hf_layer(match, "mixer.o_proj.weight"), dim=1),
+    ),
+)
+MLP = (  # not gated: down(relu2(up(x)))
+    MappingRule(
+        LAYER_PREFIX + r"mlp\.linear_fc1\.weight",
+        lambda match, geometry: Split(megatron=match[0], hf=hf_layer(match, "mixer.up_proj.weight")),
+    ),
+    MappingRule(
+        LAYER_PREFIX + r"mlp\.linear_fc2\.weight",
+        lambda match, geometry: Split(megatron=match[0], hf=hf_layer(match, "mixer.down_proj.weight"), dim=1),
+    ),
+)
+MOE = (
+    MappingRule(
+        LAYER_PREFIX + r"mlp\.router\.weight",
+        lambda match, geometry: Replicated(megatron=match[0], hf=hf_layer(match, "mixer.gate.weight")),
+    ),
+    MappingRule(
+        LAYER_PREFIX + r"mlp\.router\.expert_bias",
+        lambda match, geometry: Replicated(megatron=match[0], hf=hf_layer(match, "mixer.gate.e_score_correction_bias")),
+    ),
+    MappingRule(
+        LAYER_PREFIX + r"mlp\.shared_experts\.linear_fc1\.weight",
+        lambda match, geometry: Split(megatron=match[0], hf=hf_layer(match, "mixer.shared_experts.up_proj.weight")),
+    ),
+    MappingRule(
+        LAYER_PREFIX + r"mlp\.shared_experts\.linear_fc2\.weight",
+        lambda match, geometry: Split(
+            megatron=match[0], hf=hf_layer(match, "mixer.shared_experts.down_proj.weight"), dim=1
+        ),
+    ),
+    MappingRule(
+        LAYER_PREFIX + expert_weight(1),
+        lambda match, geometry: Split(
+            megatron=match[0],
+            axis="etp",
+            expert=int(expert_id(match)),
+            num_experts=geometry.num_experts,
+            hf=hf_layer(match, f"mixer.experts.{expert_id(match)}.up_proj.weight"),
+        ),
+    ),
+    MappingRule(
+        LAYER_PREFIX + expert_weight(2),
+        lambda match, geometry: Split(
+            megatron=match[0],
+            axis="etp",
+            dim=1,
+            expert=int(expert_id(match)),
+            num_experts=geometry.num_experts,
+            hf=hf_layer(match, f"mixer.experts.{expert_id(match)}.down_proj.weight"),
+        ),
+    ),
+)
+
+
+def hybrid_rules(tied: bool) -> list[MappingRule]:
+    """Every Megatron parameter of a NemotronH HybridModel (tied: the output layer copies the embedding)."""
+    return [
+        MappingRule(
+            r"embedding\.word_embeddings\.weight", lambda match, geometry: vocab_rows(match[0], EMBEDDING, geometry)
+        ),
+        MappingRule(
+            r"output_layer\.weight",
+            lambda match, geometry: vocab_rows(match[0], EMBEDDING if tied else "lm_head.weight", geometry),
+        ),
+        MappingRule(
+            r"decoder\.(final_norm|final_layernorm)\.weight",
+            lambda match, geometry: Replicated(megatron=match[0], hf="backbone.norm_f.weight"),
+        ),
+        LAYER_NORM,
+        *MAMBA_MIXER,
+        *ATTENTION,
+        *MLP,
+        *MOE,
+    ]
+
+
+# ---- config table --------------------------------------------------------------------------------------------------
+
+MIXERS = "model.decoder.layers.*.mixer"
+"""Every local Mamba mixer of a HybridModel (attention / MLP / MoE layers have no `mixer`)."""
+PATTERN_CHARS = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
+"""HF layers_block_type -> Megatron's hybrid pattern letter."""
+
+
+def _pattern(c: HfView, _m: MegatronGet) -> str:
+    """HF layers_block_type as Megatron's hybrid layer pattern (M mamba, * attention, - MLP, E MoE)."""
+    types = c["layers_block_type"]
+    return "".join(PATTERN_CHARS.get(t, unsupported(f"layer type {t!r}")) for t in types)
+
+
+def _megatron_pattern(value: Any, _m: MegatronGet) -> Any:
+    """Main-decoder part of a Megatron hybrid pattern: pipeline stage marks `|` dropped, MTP part after `/` cut."""
+    return value.split("/")[0].replace("|", "") if isinstance(value, str) else value
+
+
+def per_mixer(attr: str, hf: tuple[str, ...], value: Callable[[HfView], Any], note: str = "") -> FieldRule:
+    """Every local Mamba mixer's `attr` (a MambaMixer attribute) holds value(hf config)."""
+    return FieldRule(
+        megatron=f"{MIXERS}.{attr}",
+        hf=hf,
+        expect=lambda c, m: [value(c)] * len(m(MIXERS)),
+        note=note,
+    )
+
+
+def _mtp_pattern(c: HfView, _m: MegatronGet) -> Any:
+    if not c.get("num_nextn_predict_layers"):
+        return None
+    return "".join(PATTERN_CHARS[t] for t in c["mtp_layers_block_type"])
+
+
+def _router_topk(c: HfView, _m: MegatronGet) -> Any:
+    topk = c["num_experts_per_tok"]
+    if topk > 1 and not c["norm_topk_prob"]:
+        return unsupported("unnormalised sigmoid top-k weights (norm_topk_prob false)")
+    return topk
+
+
+def _linear_bias(c: HfView, _m: MegatronGet) -> Any:
+    if c["mlp_bias"] or c["use_bias"]:
+        return unsupported("MLP / Mamba projection biases (HF o_proj never has one, Megatron's linear_proj would)")
+    return False
+
+
+NEMOTRON_H_TABLE = (
+    FieldRule(megatron="num_layers", hf=("layers_block_type",), expect=lambda c, _m: len(c["layers_block_type"])),
+    FieldRule(
+        megatron="hybrid_layer_pattern",
+        hf=("layers_block_type",),
+        expect=_pattern,
+        observe=_megatron_pattern,
+        note="which mixer each layer runs",
+    ),
+    same("hidden_size", "hidden_size"),
+    same("intermediate_size", "ffn_hidden_size", note="dense MLP layers (-)"),
+    *HEADS_AND_VOCAB,
+    same("max_position_embeddings", "seq_length", note="no position embedding: a length limit only"),
+    same("layer_norm_epsilon", "layernorm_epsilon", note="block norms and the final norm"),
+    per_mixer(
+        "norm.eps",
+        ("layer_norm_epsilon",),
+        lambda c: c["layer_norm_epsilon"],
+        note="HF's gated Mamba norm takes layer_norm_epsilon; megatron-core 0.19.2 mamba_mixer.py builds it with 1e-5",
+    ),
+    implied("normalization", "RMSNorm", "RMSNorm everywhere (block norms, gated Mamba norm, final norm)"),
+    implied("layernorm_zero_centered_gamma", False, "HF RMSNorm multiplies by weight, not 1 + weight"),
+    implied("position_embedding_type", "none", "NemotronH attention applies no rotary or absolute positions"),
+    implied("softmax_scale", None, "attention scale 1/sqrt(head_dim) as in HF"),
+    implied("qk_layernorm", False, "NemotronH attention has no q/k norm"),
+    FieldRule(
+        megatron="add_qkv_bias",
+        hf=("attention_bias",),
+        expect=lambda _c, _m: False,
+        note="HF NemotronHAttention builds q/k/v/o without bias whatever attention_bias says",
+    ),
+    FieldRule(megatron="add_bias_linear", hf=("mlp_bias", "use_bias"), expect=_linear_bias),
+    FieldRule(
+        megatron="activation_func",
+        hf=("mlp_hidden_act",),
+        expect=lambda c, _m: {"relu2": "squared_relu"}.get(c["mlp_hidden_act"], unsupported(c["mlp_hidden_act"])),
+        observe=function_name,
+        note="MLP and experts: down(act(up(x)))",
+    ),
+    implied("gated_linear_unit", False, "NemotronH MLP and experts are not gated"),
+    same("tie_word_embeddings", "share_embeddings_and_output_weights"),
+    FieldRule(
+        megatron="window_size",
+        hf=("sliding_window",),
+        expect=lambda c, _m: None if c.get("sliding_window") is None else unsupported("sliding-window attention"),
+    ),
+    same("attention_dropout", "attention_dropout", absent=0.0),
+    same("hidden_dropout", "hidden_dropout", absent=0.0),
+    same("residual_in_fp32", "fp32_residual_connection"),
+    # Mamba-2 mixers
+    same("mamba_num_heads", "mamba_num_heads"),
+    same("mamba_head_dim", "mamba_head_dim"),
+    same("n_groups", "mamba_num_groups"),
+    same("ssm_state_size", "mamba_state_dim"),
+    same("chunk_size", "mamba_chunk_size", note="scan block length; the computed function does not depend on it"),
+    per_mixer(
+        "d_inner",
+        ("mamba_num_heads", "mamba_head_dim", "expand"),
+        lambda c: c["mamba_num_heads"] * c["mamba_head_dim"],
+        note="HF ignores expand, and so does Megatron once mamba_num_heads is set",
+    ),
+    per_mixer("d_conv", ("conv_kernel",), lambda c: c["conv_kernel"]),
+    per_mixer(
+        "activation",
+        ("mamba_hidden_act",),
+        lambda c: c["mamba_hidden_act"] if c["mamba_hidden_act"] in ("silu", "swish") else unsupported("act"),
+        note="conv activation; megatron-core 0.19.2 always uses silu",
+    ),
+    FieldRule(
+        megatron=f"{MIXERS}.conv1d_bias",
+        hf=("use_conv_bias",),
+        expect=lambda c, m: [c["use_conv_bias"]] * len(m(MIXERS)),
+        observe=lambda value, _m: [bias is not None for bias in value],
+        note="True when the mixer has a conv bias",
+    ),
+    FieldRule(
+        megatron=MIXERS,
+        hf=("time_step_limit",),
+        expect=lambda c, m: (
+            ["(0, inf)" if tuple(c["time_step_limit"]) == (0.0, float("inf")) else unsupported("a dt clamp")]
+            * len(m(MIXERS))
+        ),
+        observe=lambda value, _m: ["(0, inf)"] * len(value),
+        note="megatron-core 0.19.2 calls the scan without dt_limit: the kernels' default (0, inf), no clamp",
+    ),
+    per_mixer(
+        "norm.group_size",
+        ("n_groups", "mamba_num_heads", "mamba_head_dim"),
+        lambda c: c["mamba_num_heads"] * c["mamba_head_dim"] // c["n_groups"],
+        note="the gated RMSNorm normalises each group's channels separately",
+    ),
+    per_mixer("norm_before_gate", (), lambda _c: False, note="HF gates with silu(z) before the group RMSNorm"),
+    per_mixer("rmsnorm", (), lambda _c: True, note="HF always applies the gated RMSNorm"),
+    per_mixer("D_has_hdim", (), lambda _c: False, note="HF D is one value per head"),
+    # MoE layers (E)
+    same("n_routed_experts", "num_moe_experts"),
+    FieldRule(
+        megatron="moe_router_topk",
+        hf=("num_experts_per_tok", "norm_topk_prob"),
+        expect=_router_topk,
+        note="Megatron's sigmoid router always renormalises the top-k weights when top-k > 1",
+    ),
+    same("moe_intermediate_size", "moe_ffn_hidden_size"),
+    FieldRule(
+        megatron="moe_shared_expert_intermediate_size",
+        hf=("moe_shared_expert_intermediate_size", "n_shared_experts"),
+        expect=lambda c, _m: c["moe_shared_expert_intermediate_size"],
+        note="HF builds one shared MLP of moe_shared_expert_intermediate_size; n_shared_experts is not read",
+    ),
+    same("moe_latent_size", "moe_latent_size"),
+    FieldRule(
+        megatron="moe_router_topk_scaling_factor",
+        hf=("routed_scaling_factor",),
+        expect=lambda c, _m: float(c["routed_scaling_factor"]),
+        observe=lambda value, _m: 1.0 if value is None else float(value),
+    ),
+    FieldRule(
+        megatron="moe_router_num_groups",
+        hf=("n_group", "topk_group"),
+        expect=lambda c, _m: 1 if c["n_group"] == 1 else unsupported("group-limited routing (n_group > 1)"),
+        observe=lambda value, _m: value or 1,
+    ),
+    implied("moe_router_score_function", "sigmoid", "HF router: sigmoid of the expert logits"),
+    implied("moe_router_enable_expert_bias", True, "HF selects experts on sigmoid + e_score_correction_bias"),
+    implied("moe_router_dtype", "fp32", "HF router logits are computed in float32"),
+    FieldRule(
+        megatron="mtp_num_layers",
+        hf=("num_nextn_predict_layers",),
+        expect=lambda c, _m: c.get("num_nextn_predict_layers") or 0,
+        observe=lambda value, _m: value or 0,
+    ),
+    FieldRule(
+        megatron="mtp_hybrid_override_pattern",
+        hf=("mtp_layers_block_type", "num_nextn_predict_layers"),
+        expect=_mtp_pattern,
+        note="MTP layer types, read only when num_nextn_predict_layers > 0",
+    ),
+)
+
+# ---- fixture and architecture --------------------------------------------------------------------------------------
+
+# Mamba: 4 heads x 8, 2 groups, state 8, so in_proj is [2*32 + 2*2*8 + 4, 32] = [100, 32]; chunk size 128 (another
+# size deep-copies the layer spec upstream). transformers 5.12.1 saves the embedding as `backbone.embedding.weight`;
+# published NemotronH checkpoints (and the bridge) use `backbone.embeddings.weight`, so the fixture is written with the
+# published name.
+TINY_NEMOTRON_H = FixtureSpec(
+    name="nemotron-h",
+    config_class="NemotronHConfig",
+    description="NemotronH hybrid M*-ME: Mamba, attention, MLP, MoE (4 experts top-2, shared expert)",
+    config={
+        **{k: v for k, v in TINY_SHAPES.items() if k not in ("num_hidden_layers", "rms_norm_eps")},
+        "hybrid_override_pattern": "M*-ME",
+        "layer_norm_epsilon": 1e-5,
+        "mamba_num_heads": 4,
+        "mamba_head_dim": 8,
+        "n_groups": 2,
+        "ssm_state_size": 8,
+        "conv_kernel": 4,
+        "expand": 1,
+        "chunk_size": 128,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+        "moe_shared_expert_intermediate_size": 16,
+        "n_shared_experts": 1,
+    },
+    fp32_tensors=("gate.e_score_correction_bias",),
+    renames={"backbone.embedding.weight": EMBEDDING},
+)
+
+NEMOTRON_H = Architecture(
+    hf_classes=("NemotronHForCausalLM",),
+    model_type="nemotron_h",
+    mapping_rules=hybrid_rules,
+    config_rules=NEMOTRON_H_TABLE,
+    fixtures=(TINY_NEMOTRON_H,),
+)

@@ -1,0 +1,73 @@
+"""Qwen3-MoE: the Llama-style decoder of `dense.py` with expert layers; its config table and tiny fixture."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from convcheck.models.architecture import Architecture
+from convcheck.models.config_rules import FieldRule, HfView, MegatronGet, implied, same
+from convcheck.models.dense import NORM_ROPE_ACT, SHAPES, decoder_rules
+from convcheck.models.fixture_spec import tiny_spec
+
+
+def _moe_layers(c: HfView, _m: MegatronGet) -> list[int]:
+    """1 where HF builds a sparse MoE block (Qwen3MoeDecoderLayer's rule), else 0."""
+    step, dense = c.get("decoder_sparse_step", 1), set(c.get("mlp_only_layers") or [])
+    experts = c["num_local_experts"]
+    return [int(i not in dense and experts > 0 and (i + 1) % step == 0) for i in range(c["num_hidden_layers"])]
+
+
+def _megatron_moe_layers(freq: Any, m: MegatronGet) -> Any:
+    """Megatron's moe_layer_freq as a per-layer 0/1 list (an int N means every N-th layer from 0)."""
+    return [int(i % freq == 0) for i in range(m("num_layers"))] if isinstance(freq, int) else list(freq)
+
+
+QWEN3_MOE_TABLE = (
+    *SHAPES,
+    *NORM_ROPE_ACT,
+    same("attention_bias", "add_qkv_bias"),
+    implied("add_bias_linear", False, "Qwen3-MoE o_proj and experts have no bias"),
+    implied("qk_layernorm", True, "Qwen3-MoE attention always applies q_norm / k_norm"),
+    same("num_local_experts", "num_moe_experts"),
+    same("num_experts_per_tok", "moe_router_topk"),
+    same("moe_intermediate_size", "moe_ffn_hidden_size"),
+    FieldRule(
+        megatron="moe_router_pre_softmax",
+        hf=("norm_topk_prob",),
+        expect=lambda c, _m: not c["norm_topk_prob"],
+        note="HF softmaxes all experts then renormalises the top-k iff norm_topk_prob; Megatron softmaxes the "
+        "top-k (same result) unless pre_softmax",
+    ),
+    implied("moe_router_score_function", "softmax", "HF router: softmax over expert logits"),
+    implied("moe_router_topk_scaling_factor", None, "HF applies no routed scaling factor"),
+    implied("moe_router_enable_expert_bias", False, "HF router has no expert bias"),
+    implied("moe_shared_expert_intermediate_size", None, "Qwen3-MoE has no shared expert"),
+    FieldRule(
+        megatron="moe_layer_freq",
+        hf=("decoder_sparse_step", "mlp_only_layers", "num_local_experts"),
+        expect=_moe_layers,
+        observe=_megatron_moe_layers,
+        note="per-layer MoE pattern",
+    ),
+    same("router_aux_loss_coef", "moe_aux_loss_coeff", note="training only"),
+)
+
+QWEN3_MOE = Architecture(
+    hf_classes=("Qwen3MoeForCausalLM",),
+    model_type="qwen3_moe",
+    mapping_rules=decoder_rules,
+    config_rules=QWEN3_MOE_TABLE,
+    fixtures=(
+        tiny_spec(
+            "qwen3-moe",
+            "Qwen3MoeConfig",
+            "Qwen3-MoE, 8 experts top-2, qk-norm",
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            norm_topk_prob=True,
+        ),
+    ),
+)

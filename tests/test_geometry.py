@@ -1,0 +1,42 @@
+"""Geometry: one reader of HF config shapes, with one text_config precedence, tolerant of missing fields."""
+
+import pytest
+
+from convcheck.errors import BadInput
+from convcheck.geometry import Geometry
+from convcheck.layout import ParallelLayout
+from convcheck.mappings import MappingError, build_registry
+
+
+def test_text_config_wins_over_the_top_level() -> None:
+    config = {"num_attention_heads": 8, "num_experts": 8, "hidden_size": 64,
+              "text_config": {"num_attention_heads": 4, "num_local_experts": 4}}  # fmt: skip
+    geometry = Geometry.from_hf_config(config)
+    assert (geometry.num_heads, geometry.num_experts, geometry.hidden, geometry.head_dim) == (4, 4, 64, 16)
+
+
+def test_layout_reads_the_same_precedence() -> None:
+    config = {"num_attention_heads": 8, "text_config": {"num_attention_heads": 6}}
+    ParallelLayout(tp=3).validate_for(config)
+    with pytest.raises(BadInput, match="does not divide num_attention_heads=6"):
+        ParallelLayout(tp=4).validate_for(config)
+
+
+def test_missing_and_non_integer_fields_read_as_zero() -> None:
+    geometry = Geometry.from_hf_config({"num_attention_heads": True, "hidden_size": "32", "n_layer": 3})
+    assert geometry == Geometry(num_layers=3)
+    assert geometry.missing_for_mappings() == ("hidden_size", "num_attention_heads", "vocab_size")
+    ParallelLayout(tp=8, pp=1).validate_for({})
+
+
+def test_hybrid_layer_list_gives_layers_and_mamba() -> None:
+    listed = Geometry.from_hf_config({"layers_block_type": ["mamba", "attention", "moe"]})
+    assert listed.num_layers == 3 and listed.has_mamba_layers
+    pattern_only = Geometry.from_hf_config({"hybrid_override_pattern": "M*-ME"})
+    assert pattern_only.num_layers == 5 and not pattern_only.has_mamba_layers  # as layout validation always read it
+
+
+def test_registry_names_the_missing_field() -> None:
+    geometry = Geometry.from_hf_config({"num_attention_heads": 4, "vocab_size": 16})
+    with pytest.raises(MappingError, match="HF config lacks hidden_size$"):
+        build_registry("Qwen3ForCausalLM", geometry, ["embedding.word_embeddings.weight"], ["model.embed_tokens.weight"])

@@ -1,0 +1,31 @@
+"""convcheck.models: one module per family, collected into lookups by HF class, model_type and fixture name."""
+
+import subprocess
+import sys
+
+import pytest
+
+from convcheck.models import BY_HF_CLASS, BY_MODEL_TYPE, FIXTURES, SUPPORTED, TABLES, dense
+from convcheck.models.architecture import unique_index
+from tests.conftest import ROOT
+
+
+def test_lookups_cover_every_architecture_in_listing_order() -> None:
+    assert sorted(BY_HF_CLASS) == ["LlamaForCausalLM", "NemotronHForCausalLM", "Qwen2ForCausalLM",
+                                   "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"]  # fmt: skip
+    assert list(TABLES) == ["qwen2", "qwen3", "qwen3_moe", "llama", "nemotron_h"]
+    assert list(FIXTURES) == ["qwen2", "qwen2-tied", "qwen3", "qwen3-moe", "llama", "nemotron-h"]
+    for arch in SUPPORTED:
+        assert BY_MODEL_TYPE[arch.model_type] is arch and all(BY_HF_CLASS[c] is arch for c in arch.hf_classes)
+
+
+def test_a_name_claimed_by_two_architectures_is_refused() -> None:
+    twice = [*SUPPORTED, dense.QWEN3]
+    with pytest.raises(ValueError, match="HF architecture class 'Qwen3ForCausalLM' is claimed twice"):
+        unique_index(((c, a) for a in twice for c in a.hf_classes), "HF architecture class")
+
+
+def test_import_direction_models_without_torch_mappings_without_models() -> None:
+    code = ("import sys, convcheck.mappings, convcheck.layout; assert 'convcheck.models' not in sys.modules; "
+            "import convcheck.models, convcheck.fixtures.specs; assert 'torch' not in sys.modules")  # fmt: skip
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
