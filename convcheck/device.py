@@ -8,10 +8,8 @@ CHOICES = ("auto", "cpu", "cuda")
 
 
 def choose_device(requested: str, visible_gpus: int, world_size: int) -> tuple[str, str]:
-    """(device, reason) for `--device requested` with `visible_gpus` GPUs and one rank per GPU on CUDA.
-
-    auto: "cuda" when every rank gets its own GPU, else "cpu"; cpu: "cpu"; cuda: "cuda", or BadInput with too few.
-    """
+    """(device, reason) for `--device requested`, one rank per GPU on CUDA: auto gives "cuda" when every rank gets
+    its own GPU, else "cpu"; cpu gives "cpu"; cuda gives "cuda", or BadInput with too few GPUs."""
     if requested not in CHOICES:
         raise BadInput(f"--device must be one of {', '.join(CHOICES)}, got {requested!r}")
     if visible_gpus < 0 or world_size < 1:
@@ -34,5 +32,5 @@ def visible_gpu_count() -> int:
 
     try:
         return int(torch.cuda.device_count())
-    except Exception:  # a broken driver counts as no GPU: the CPU path still works
+    except RuntimeError:  # a broken driver counts as no GPU: the CPU path still works
         return 0

@@ -1,9 +1,5 @@
-"""Every workaround needed to run the real Megatron-Bridge without CUDA, Transformer Engine or mamba_ssm.
-
-One module per missing dependency (no_te, no_cuda, no_mamba_ssm; provider holds settings, not patches), so a module
-can be deleted whole once upstream no longer needs it. SHIMS lists each shim with its upstream file:line and the
-test that fails once it is no longer needed. No shim changes what a mapping computes.
-"""
+"""Every workaround needed to run the real Megatron-Bridge without CUDA, Transformer Engine or mamba_ssm: one module
+per missing dependency (no_te, no_cuda, no_mamba_ssm) plus provider settings; SHIMS lists them."""
 
 from __future__ import annotations
 

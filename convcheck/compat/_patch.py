@@ -33,10 +33,8 @@ def upstream(func: Any) -> Any:
 
 
 def _patch(owner: Any, attr: str, make: Callable[[Any], Any], name: str | None = None) -> Any:
-    """Set owner.attr to make(current) unless shim `name` (default: make's qualified name) already wraps it.
-
-    Returns the installed wrapper. Shims of different names may wrap the same attribute, each once.
-    """
+    """Set owner.attr to make(current) unless shim `name` (default: make's qualified name) already wraps it; return
+    that shim's wrapper. Shims of different names may wrap the same attribute, each once."""
     name = name or f"{make.__module__}.{make.__qualname__}"
     current = _current(owner, attr)
     layer = current

@@ -1,8 +1,5 @@
-"""Mamba-2 kernels in pure torch: the chunked SSD scan, the depthwise causal conv1d and the gated RMSNorm.
-
-They compute what mamba_ssm's Triton kernels compute (checked against a step-by-step recurrence and transformers'
-NemotronH torch path in tests/test_compat_hybrid_forward.py); arguments they do not implement raise.
-"""
+"""Mamba-2 kernels in pure torch computing what mamba_ssm's do: the chunked SSD scan, the depthwise causal conv1d
+and the gated RMSNorm (tested in tests/test_compat_hybrid_forward.py); arguments they do not implement raise."""
 
 from __future__ import annotations
 
@@ -96,10 +93,8 @@ def torch_split_conv1d_scan(zxbcdt: Any, conv1d_weight: Any, conv1d_bias: Any, d
 
 
 class GatedRMSNorm(torch.nn.Module):
-    """y = rmsnorm_per_group(x * silu(z)) * weight (norm_before_gate=False), groups of `group_size` channels.
-
-    Constructor and parameters (`weight` only) as mamba_ssm's RMSNormGated; same formula as HF's Zamba2RMSNormGated.
-    """
+    """y = rmsnorm_per_group(x * silu(z)) * weight (norm_before_gate=False), groups of `group_size` channels;
+    constructor and parameters (`weight` only) as mamba_ssm's RMSNormGated, formula as HF's Zamba2RMSNormGated."""
 
     def __init__(self, hidden_size: int, eps: float = 1e-5, group_size: int | None = None,
                  norm_before_gate: bool = True, device: Any = None, dtype: Any = None) -> None:  # fmt: skip
