@@ -1,4 +1,4 @@
-"""Forward-pass shims 4-6 (convcheck/compat.py): each test fails once upstream no longer needs its shim."""
+"""Forward-pass shims 4-6 (convcheck/compat/no_cuda.py): each test fails once upstream no longer needs its shim."""
 
 import importlib.util
 import subprocess
@@ -69,7 +69,7 @@ def test_forward_shims_compute_what_upstream_computes_and_are_idempotent() -> No
         from megatron.core.utils import GlobalMemoryBuffer
         for fn in (RotaryEmbedding.get_emb, GlobalMemoryBuffer.get_tensor, utils.get_default_causal_mask,
                    CudaRNGStatesTracker.fork):
-            assert fn._convcheck_cpu_shim and not getattr(fn._convcheck_original, "_convcheck_cpu_shim", False)
+            assert fn._convcheck_shim and not getattr(fn._convcheck_original, "_convcheck_shim", False)
         assert fused_softmax.get_default_causal_mask is utils.get_default_causal_mask
         mask = utils.get_default_causal_mask(5)
         assert mask.device.type == "cpu" and torch.equal(mask, torch.triu(torch.ones(5, 5), diagonal=1).bool())

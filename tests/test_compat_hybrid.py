@@ -2,13 +2,15 @@
 
 import inspect
 
+import pytest
 import torch
 
 from convcheck import compat
+from convcheck.kernels.mamba import GatedRMSNorm
 
 
 def _original(func):  # type: ignore[no-untyped-def]
-    return getattr(func, "_convcheck_original", func)
+    return compat.upstream(func)
 
 
 def test_shim7_still_needed_hybrid_final_norm_is_tenorm() -> None:
@@ -41,16 +43,37 @@ def test_shim9_still_needed_router_buffers_on_cuda() -> None:
     assert "'expert_bias'" in source and "device=torch.cuda.current_device()" in source
 
 
+@pytest.mark.parametrize(
+    "module,attribute,where", compat.CPU_CONSTRUCTOR_SITES, ids=[s[1] for s in compat.CPU_CONSTRUCTOR_SITES]
+)
+def test_shim9_sites_still_allocate_on_cuda(module: str, attribute: str, where: str) -> None:
+    """Fails when a constructor in CPU_CONSTRUCTOR_SITES no longer allocates on torch.cuda.current_device() there."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin, module
+    source = Path(spec.origin).read_text().splitlines()
+    line = int(where.rpartition(":")[2])
+    assert "torch.cuda.current_device()" in source[line - 1], f"{where} changed: {source[line - 1].strip()!r}"
+    cls = attribute.partition(".")[0]
+    start = max(i for i, s in enumerate(source[:line]) if s.startswith(f"class {cls}("))
+    init = min(i for i in range(start, line) if source[i].lstrip().startswith("def __init__("))
+    assert not any(s.lstrip().startswith(("def ", "class ")) for s in source[init + 1 : line]), (
+        f"{where} is not inside {attribute} any more"
+    )
+
+
 def test_shims_are_idempotent_and_restore_module_state() -> None:
-    compat.install_hybrid_shims()
+    compat.install("cpu")
     from megatron.core.models.hybrid import hybrid_block
     from megatron.core.ssm import mamba_mixer
     from megatron.core.transformer.moe.router import TopKRouter
 
     inits = (hybrid_block.HybridStack.__init__, mamba_mixer.MambaMixer.__init__, TopKRouter.__init__)
-    compat.install_hybrid_shims()
+    compat.install("cpu")
     assert inits == (hybrid_block.HybridStack.__init__, mamba_mixer.MambaMixer.__init__, TopKRouter.__init__)
-    assert all(getattr(f, "_convcheck_cpu_shim", False) for f in inits)
+    assert all(getattr(f, "_convcheck_shim", False) for f in inits)
     assert hybrid_block.TENorm.__name__ == "TENorm" and mamba_mixer.HAVE_MAMBA_SSM is False
 
 
@@ -58,7 +81,7 @@ def test_cpu_gated_norm_matches_hf_nemotron_h_gated_norm() -> None:
     """The stand-in computes what HF NemotronH's gated RMSNorm computes (groups of d/G, silu gate before norm)."""
     from transformers.models.zamba2.modeling_zamba2 import Zamba2RMSNormGated
 
-    norm = compat._gated_rms_norm_class()(32, eps=1e-5, group_size=16, norm_before_gate=False, dtype=torch.float32)
+    norm = GatedRMSNorm(32, eps=1e-5, group_size=16, norm_before_gate=False, dtype=torch.float32)
     ref = Zamba2RMSNormGated(32, group_size=16, eps=1e-5)
     gen = torch.Generator().manual_seed(0)
     weight = torch.rand(32, generator=gen)

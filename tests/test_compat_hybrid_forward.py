@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from convcheck import compat
+from convcheck.kernels.mamba import GatedRMSNorm, torch_chunk_scan, torch_split_conv1d_scan
 
 
 def _module_text(module: str) -> str:
@@ -52,8 +53,8 @@ def test_shim10_is_idempotent_and_only_fills_missing_kernels() -> None:
 
     compat.install_hybrid_forward_shims()
     compat.install_hybrid_forward_shims()
-    assert mamba_mixer.mamba_split_conv1d_scan_combined is compat.torch_split_conv1d_scan
-    assert mamba_mixer.mamba_chunk_scan_combined is compat.torch_chunk_scan
+    assert mamba_mixer.mamba_split_conv1d_scan_combined is torch_split_conv1d_scan
+    assert mamba_mixer.mamba_chunk_scan_combined is torch_chunk_scan
 
 
 def _recurrence(x, dt, A, B, C, D, z):  # type: ignore[no-untyped-def]
@@ -81,8 +82,8 @@ def test_chunk_scan_equals_the_recurrence(length: int, chunk: int) -> None:
     B, C = (torch.randn(batch, length, groups, state, generator=gen, dtype=torch.float64) for _ in range(2))
     D = torch.randn(heads, generator=gen, dtype=torch.float64)
     z = torch.randn(batch, length, heads, dim, generator=gen, dtype=torch.float64)
-    got = compat.torch_chunk_scan(x.float(), dt_raw.float(), A.float(), B.float(), C.float(), chunk, D=D.float(),
-                                  z=z.float(), dt_bias=dt_bias.float(), dt_softplus=True)  # fmt: skip
+    got = torch_chunk_scan(x.float(), dt_raw.float(), A.float(), B.float(), C.float(), chunk, D=D.float(),
+                           z=z.float(), dt_bias=dt_bias.float(), dt_softplus=True)  # fmt: skip
     want = _recurrence(x, torch.nn.functional.softplus(dt_raw + dt_bias), A, B, C, D, z)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
@@ -106,12 +107,12 @@ def test_split_conv1d_scan_matches_transformers_nemotron_h_mixer() -> None:
         for p in hf.parameters():
             p.copy_(torch.randn_like(p) * 0.5)
     hidden = torch.randn(2, 11, 16)
-    norm = compat._gated_rms_norm_class()(24, eps=config.layer_norm_epsilon, group_size=12, norm_before_gate=False)
+    norm = GatedRMSNorm(24, eps=config.layer_norm_epsilon, group_size=12, norm_before_gate=False)
     with torch.no_grad():
         norm.weight.copy_(hf.norm.weight)
-        y = compat.torch_split_conv1d_scan(hf.in_proj(hidden), hf.conv1d.weight[:, 0], hf.conv1d.bias, hf.dt_bias,
-                                           -torch.exp(hf.A_log.float()), hf.D, config.chunk_size, headdim=6,
-                                           ngroups=2, norm_before_gate=False)  # fmt: skip
+        y = torch_split_conv1d_scan(hf.in_proj(hidden), hf.conv1d.weight[:, 0], hf.conv1d.bias, hf.dt_bias,
+                                    -torch.exp(hf.A_log.float()), hf.D, config.chunk_size, headdim=6,
+                                    ngroups=2, norm_before_gate=False)  # fmt: skip
         ours = hf.out_proj(norm(y))
         want = hf.torch_forward(hidden)
     torch.testing.assert_close(ours, want, rtol=1e-5, atol=1e-5)
@@ -120,5 +121,5 @@ def test_split_conv1d_scan_matches_transformers_nemotron_h_mixer() -> None:
 def test_unsupported_arguments_raise() -> None:
     x = torch.zeros(1, 2, 2, 2)
     with pytest.raises(NotImplementedError, match="initial_states, return_final_states"):
-        compat.torch_chunk_scan(x, torch.zeros(1, 2, 2), torch.zeros(2), torch.zeros(1, 2, 1, 2),
-                                torch.zeros(1, 2, 1, 2), 4, initial_states=x, return_final_states=True)  # fmt: skip
+        torch_chunk_scan(x, torch.zeros(1, 2, 2), torch.zeros(2), torch.zeros(1, 2, 1, 2),
+                         torch.zeros(1, 2, 1, 2), 4, initial_states=x, return_final_states=True)  # fmt: skip

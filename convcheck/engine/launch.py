@@ -51,13 +51,17 @@ def torchrun_command(job_file: Path, nproc: int) -> list[str]:
 
 
 def rank_env(device: str, tmpdir: Path | None = None) -> dict[str, str]:
-    """Environment for the ranks: one thread each, unbuffered output, NVLink multicast off on GPUs."""
+    """Environment for the ranks: one thread each, unbuffered output, no GPU on CPU runs, NVLink multicast off."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     if tmpdir is not None:  # torchrun's torchelastic_* folders land inside the job folder and go with it
         env["TMPDIR"] = str(tmpdir)
+    if device == "cpu":
+        # A CPU run on a GPU host hides the GPUs from its ranks: upstream code that asks "is CUDA available?" then
+        # takes its CPU path, no rank creates a CUDA context, and nothing is allocated on (or blocks) the GPUs.
+        env["CUDA_VISIBLE_DEVICES"] = ""
     if device == "cuda":
         env["NCCL_NVLS_ENABLE"] = "0"
         env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"

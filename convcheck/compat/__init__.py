@@ -1,0 +1,118 @@
+"""Every workaround needed to run the real Megatron-Bridge without CUDA, Transformer Engine or mamba_ssm: one module
+per missing dependency (no_te, no_cuda, no_mamba_ssm) plus provider settings; SHIMS lists them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from convcheck.compat import no_cuda, no_mamba_ssm, no_te
+from convcheck.compat._patch import upstream
+from convcheck.compat.no_cuda import CPU_CONSTRUCTOR_SITES, CPU_DEVICE_SITES
+from convcheck.compat.no_mamba_ssm import MixerGatedRMSNorm
+from convcheck.compat.no_te import cpu_hybrid_stack_spec, install_import_shims, transformer_engine_available
+from convcheck.compat.provider import (
+    CPU_FUSION_FIELDS,
+    configure_hybrid_provider,
+    configure_provider,
+    is_hybrid_provider,
+)
+from convcheck.errors import BadInput
+from convcheck.kernels.mamba import torch_causal_conv1d, torch_chunk_scan, torch_split_conv1d_scan
+
+TARGET_VERSIONS = {"megatron-core": "0.19.2", "megatron-bridge": "0.6.2"}
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class Shim:
+    """One workaround: what it makes up for, where upstream needs it, and the test that says when it can go."""
+
+    number: int
+    name: str
+    missing: str  # "transformer_engine", "cuda" or "mamba_ssm"
+    module: str
+    targets: tuple[str, ...]  # upstream file:line, relative to site-packages
+    test: str  # pytest node id that fails once upstream no longer needs the shim
+
+
+_TE, _CUDA, _MAMBA = "convcheck.compat.no_te", "convcheck.compat.no_cuda", "convcheck.compat.no_mamba_ssm"
+_CORE = "megatron/core/"
+SHIMS = (
+    Shim(1, "lora-layers-te-import", "transformer_engine", _TE, ("megatron/bridge/peft/lora_layers.py:20",),
+         "tests/test_compat.py::test_shim1_still_needed_lora_layers_imports_transformer_engine"),
+    Shim(2, "replicated-mapping-cpu-target", "cuda", _CUDA,
+         ("megatron/bridge/models/conversion/param_mapping.py:1297",),
+         "tests/test_compat.py::test_shim2_still_needed_replicated_mapping_calls_cuda"),
+    Shim(3, "tied-embedding-cuda-move", "cuda", _CUDA,
+         (_CORE + "models/common/language_module/language_module.py:307",),
+         "tests/test_compat.py::test_shim3_still_needed_tied_embedding_setup_calls_cuda"),
+    Shim(4, "forward-device-sites", "cuda", _CUDA, tuple(_CORE + where for _, _, where in CPU_DEVICE_SITES),
+         "tests/test_compat_forward.py::test_shim4_site_still_targets_cuda_current_device"),
+    Shim(5, "causal-mask-on-cuda", "cuda", _CUDA, (_CORE + "transformer/utils.py:39",),
+         "tests/test_compat_forward.py::test_shim5_causal_mask_still_built_on_cuda"),
+    Shim(6, "cuda-rng-fork", "cuda", _CUDA, (_CORE + "transformer/dot_product_attention.py:217",),
+         "tests/test_compat_forward.py::test_shim6_attention_dropout_still_forks_cuda_rng"),
+    Shim(7, "hybrid-final-norm-tenorm", "transformer_engine", _TE, (_CORE + "models/hybrid/hybrid_block.py:215",),
+         "tests/test_compat_hybrid.py::test_shim7_still_needed_hybrid_final_norm_is_tenorm"),
+    Shim(8, "mamba-mixer-construction", "mamba_ssm", _MAMBA, (_CORE + "ssm/mamba_mixer.py:202",),
+         "tests/test_compat_hybrid.py::test_shim8_still_needed_mamba_mixer_needs_mamba_ssm_and_cuda"),
+    Shim(9, "constructor-buffers-on-cuda", "cuda", _CUDA, tuple(_CORE + where for _, _, where in CPU_CONSTRUCTOR_SITES),
+         "tests/test_compat_hybrid.py::test_shim9_sites_still_allocate_on_cuda"),
+    Shim(10, "torch-mamba-scan", "mamba_ssm", _MAMBA, (_CORE + "ssm/mamba_mixer.py:69",),
+         "tests/test_compat_hybrid_forward.py::test_shim10_still_needed_mamba_forward_calls_mamba_ssm_kernels"),
+)  # fmt: skip
+
+
+def install(device: str = "cpu") -> None:
+    """Install every shim needed for a run on `device` ("cpu" or "cuda"); safe to call more than once.
+
+    The no-CUDA shims are installed and active exactly when `device` is "cpu", whatever the host has.
+    """
+    if device not in DEVICES:
+        raise BadInput(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+    no_te.install()
+    no_mamba_ssm.install()
+    if device == "cpu":
+        no_cuda.install()
+    else:
+        no_cuda.set_active(False)
+
+
+def install_hybrid_shims() -> None:
+    """Install the hybrid construction shims that do not depend on the device (7, 8; idempotent)."""
+    no_te.install_hybrid_final_norm()
+    no_mamba_ssm.install_mamba_mixer_construction()
+
+
+def install_hybrid_forward_shims() -> None:
+    """Install shim 10 (idempotent)."""
+    no_mamba_ssm.install_torch_mamba_scan()
+
+
+def _gated_rms_norm_class() -> type:
+    """The gated RMSNorm class shim 8 gives the Mamba mixer (kept for callers of the single-module layout)."""
+    return MixerGatedRMSNorm
+
+
+__all__ = [
+    "CPU_CONSTRUCTOR_SITES",
+    "CPU_DEVICE_SITES",
+    "CPU_FUSION_FIELDS",
+    "DEVICES",
+    "SHIMS",
+    "TARGET_VERSIONS",
+    "Shim",
+    "configure_hybrid_provider",
+    "configure_provider",
+    "cpu_hybrid_stack_spec",
+    "install",
+    "install_hybrid_forward_shims",
+    "install_hybrid_shims",
+    "install_import_shims",
+    "is_hybrid_provider",
+    "torch_causal_conv1d",
+    "torch_chunk_scan",
+    "torch_split_conv1d_scan",
+    "transformer_engine_available",
+    "upstream",
+]

@@ -1,0 +1,216 @@
+"""What exists because this run has no CUDA device: shims 2-6 and 9, installed and active exactly when the run's
+requested device is "cpu", whatever the host has. Each runs the upstream code (or its exact formula) on the CPU."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Iterator
+from typing import Any
+
+from convcheck.compat._patch import _patch
+
+_state = {"active": False}
+
+
+def active() -> bool:
+    """True while the no-CUDA shims route to the CPU (the run asked for device "cpu")."""
+    return _state["active"]
+
+
+def set_active(on: bool) -> None:
+    """Route the installed no-CUDA shims to the CPU (True) or let every one run upstream unchanged (False)."""
+    _state["active"] = bool(on)
+
+
+@contextlib.contextmanager
+def cpu_current_device() -> Iterator[None]:
+    """torch.cuda.current_device() answers "cpu" inside the block, so upstream moves are no-ops and allocations
+    land on the CPU."""
+    import torch
+
+    saved = torch.cuda.current_device
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.cuda.current_device = saved  # type: ignore[assignment]
+
+
+def _on_cpu_device(original: Any) -> Any:
+    """`original` run with torch.cuda.current_device() == "cpu" while the shims are active (else unchanged)."""
+    import functools
+
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if not active():
+            return original(*args, **kwargs)
+        with cpu_current_device():
+            return original(*args, **kwargs)
+
+    return wrapper
+
+
+def _install_sites(sites: tuple[tuple[str, str, str], ...]) -> None:
+    """Wrap every (module, Class.attribute or function, file:line) of `sites` with _on_cpu_device (idempotent)."""
+    for module_name, attribute, _ in sites:
+        owner: Any = importlib.import_module(module_name)
+        *path, name = attribute.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        _patch(owner, name, _on_cpu_device)
+
+
+# --- Shim 2 -----------------------------------------------------------------------------------------
+# megatron-bridge 0.6.2, megatron/bridge/models/conversion/param_mapping.py:1297:
+# ReplicatedMapping.hf_to_megatron compares the target device with torch.cuda.current_device() whenever
+# tp_size > 1 (norms, routers, biases), which raises without a CUDA driver. For a CPU target we run the same
+# steps (rank > 0 gets an empty tensor, then the TP broadcast from rank 0) without the CUDA move; for any
+# other target the original method runs unchanged.
+def install_cpu_replicated_mapping() -> None:
+    """Install shim 2 (idempotent)."""
+    import torch
+    from megatron.bridge.models.conversion import param_mapping
+
+    def cpu_replicated(original: Any) -> Any:
+        def hf_to_megatron(self, hf_weights, megatron_module):  # type: ignore[no-untyped-def]
+            if not active() or self.tp_size == 1:
+                return original(self, hf_weights, megatron_module)
+            if hasattr(megatron_module, "weight"):
+                target_device = megatron_module.weight.device
+            else:
+                target_device = next(megatron_module.parameters()).device
+            if target_device.type != "cpu":
+                return original(self, hf_weights, megatron_module)
+            hf_weights = hf_weights.to(device=target_device)
+            if self.tp_rank > 0:
+                hf_weights = torch.empty_like(hf_weights)
+            return self.broadcast_tensor_to_tp_ranks(hf_weights, src_rank=0)
+
+        return hf_to_megatron
+
+    _patch(param_mapping.ReplicatedMapping, "hf_to_megatron", cpu_replicated)
+
+
+# --- Shim 3 -----------------------------------------------------------------------------------------
+# megatron-core 0.19.2, megatron/core/models/common/language_module/language_module.py:307:
+# setup_embeddings_and_output_layer moves the tied embedding/output weight to CUDA (`weight.data.cuda()`)
+# before all-reducing it over the embedding group whenever PP > 1 and embeddings are tied. On a CPU run we run
+# that method with Tensor.cuda as the identity, so the all-reduce runs on gloo over the CPU tensor; the values
+# it produces are init values that the HF import overwrites either way.
+def install_cpu_tied_embedding_setup() -> None:
+    """Install shim 3 (idempotent)."""
+    import torch
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+
+    def cuda_as_identity(original: Any) -> Any:
+        def setup_embeddings_and_output_layer(self):  # type: ignore[no-untyped-def]
+            if not active():
+                return original(self)
+            saved = torch.Tensor.cuda
+            torch.Tensor.cuda = lambda tensor, *args, **kwargs: tensor  # type: ignore[method-assign]
+            try:
+                return original(self)
+            finally:
+                torch.Tensor.cuda = saved  # type: ignore[method-assign]
+
+        return setup_embeddings_and_output_layer
+
+    _patch(LanguageModule, "setup_embeddings_and_output_layer", cuda_as_identity)
+
+
+# --- Shim 4 -----------------------------------------------------------------------------------------
+# megatron-core 0.19.2 moves or allocates forward-pass tensors on torch.cuda.current_device() at the sites in
+# CPU_DEVICE_SITES (module, attribute, file:line under megatron/core/): the RoPE frequencies, the attention
+# matmul buffer, the router weight and the TP/EP gather/scatter outputs. On a CPU run each listed function runs
+# unchanged with torch.cuda.current_device answering "cpu", so the moves are no-ops and allocations land on
+# the CPU.
+CPU_DEVICE_SITES = (
+    (
+        "megatron.core.models.common.embeddings.rotary_pos_embedding",
+        "RotaryEmbedding.get_emb",
+        "models/common/embeddings/rotary_pos_embedding.py:162",
+    ),
+    ("megatron.core.utils", "GlobalMemoryBuffer.get_tensor", "utils.py:715"),
+    ("megatron.core.transformer.moe.router", "Router.gating", "transformer/moe/router.py:98"),
+    ("megatron.core.tensor_parallel.mappings", "_gather_along_last_dim", "tensor_parallel/mappings.py:95"),
+    ("megatron.core.tensor_parallel.mappings", "_gather_along_first_dim", "tensor_parallel/mappings.py:145"),
+    ("megatron.core.tensor_parallel.mappings", "_reduce_scatter_along_first_dim", "tensor_parallel/mappings.py:185"),
+)
+
+
+def install_cpu_device_sites() -> None:
+    """Install shim 4 at every site of CPU_DEVICE_SITES (idempotent)."""
+    _install_sites(CPU_DEVICE_SITES)
+
+
+# --- Shim 5 -----------------------------------------------------------------------------------------
+# megatron-core 0.19.2, megatron/core/transformer/utils.py:39: get_default_causal_mask builds its mask with
+# device="cuda"; the unfused softmax (fusions/fused_softmax.py:327, imported there by name) calls it when
+# attention_mask is None. On a CPU run the same formula runs on the CPU: triu(ones(sq, sq), diagonal=1).bool().
+def install_cpu_causal_mask() -> None:
+    """Install shim 5 (idempotent) in both modules that bind the name."""
+    import torch
+    from megatron.core.fusions import fused_softmax
+    from megatron.core.transformer import utils
+
+    def cpu_mask(original: Any) -> Any:
+        def get_default_causal_mask(sq: int) -> torch.Tensor:
+            if not active():
+                return original(sq)
+            return torch.triu(torch.ones(sq, sq, device="cpu"), diagonal=1).bool()
+
+        return get_default_causal_mask
+
+    wrapper = _patch(utils, "get_default_causal_mask", cpu_mask)
+    if fused_softmax.get_default_causal_mask is wrapper._convcheck_original:
+        fused_softmax.get_default_causal_mask = wrapper
+
+
+# --- Shim 6 -----------------------------------------------------------------------------------------
+# megatron-core 0.19.2, megatron/core/transformer/dot_product_attention.py:217: attention dropout runs inside
+# tensor_parallel.get_cuda_rng_tracker().fork(), which reads and writes the CUDA RNG state (and raises
+# "cuda rng state model-parallel-rng is not added" when no CUDA seed was set). A CPU tensor's dropout draws
+# from the CPU generator, never from CUDA state, so on a CPU run the fork is a no-op context. The Mamba mixer's
+# forks (ssm/mamba_mixer.py:318, :370) go through the same method.
+def install_cpu_rng_fork() -> None:
+    """Install shim 6 (idempotent)."""
+    from megatron.core.tensor_parallel.random import CudaRNGStatesTracker
+
+    def no_cuda_fork(original: Any) -> Any:
+        def fork(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if not active():
+                return original(self, *args, **kwargs)
+            return contextlib.nullcontext()
+
+        return fork
+
+    _patch(CudaRNGStatesTracker, "fork", no_cuda_fork)
+
+
+# --- Shim 9 -----------------------------------------------------------------------------------------
+# megatron-core 0.19.2 constructors that allocate on torch.cuda.current_device() (CPU_CONSTRUCTOR_SITES):
+# - transformer/moe/router.py:178-194: TopKRouter.__init__ creates the `local_tokens_per_expert` and `expert_bias`
+#   buffers there when moe_router_enable_expert_bias is set (NemotronH);
+# - ssm/mamba_mixer.py:326-422: MambaMixer.__init__ creates conv1d, dt_bias, A_log, D and the gated norm there.
+# On a CPU run each constructor runs with torch.cuda.current_device() answering "cpu" (shim 4's wrapper).
+CPU_CONSTRUCTOR_SITES = (
+    ("megatron.core.transformer.moe.router", "TopKRouter.__init__", "transformer/moe/router.py:184"),
+    ("megatron.core.ssm.mamba_mixer", "MambaMixer.__init__", "ssm/mamba_mixer.py:326"),
+)
+
+
+def install_cpu_constructor_sites() -> None:
+    """Install shim 9 at every site of CPU_CONSTRUCTOR_SITES (idempotent)."""
+    _install_sites(CPU_CONSTRUCTOR_SITES)
+
+
+def install() -> None:
+    """Install shims 2-6 and 9 (idempotent) and route them to the CPU."""
+    install_cpu_replicated_mapping()
+    install_cpu_tied_embedding_setup()
+    install_cpu_device_sites()
+    install_cpu_causal_mask()
+    install_cpu_rng_fork()
+    install_cpu_constructor_sites()
+    set_active(True)

@@ -1,0 +1,66 @@
+"""Provider settings for a run without TE or without CUDA: configuration of the bridge's provider, not patches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from convcheck.compat.no_te import cpu_hybrid_stack_spec, transformer_engine_available
+
+# megatron-bridge 0.6.2:
+# - model_provider.py ~254 / ~315: without an initialised process group the provider starts NCCL and calls
+#   torch.cuda.set_device -> convcheck.rank.dist initialises gloo and parallel_state first.
+# - gpt_provider.py default_layer_spec picks the TE spec; without TE gpt_layer_specs.py:233 fails
+#   ('NoneType' object is not callable) -> local_layer_spec, transformer_impl="local".
+# - qwen/qwen3_moe_bridge.py:67 selects the alltoall dispatcher whose __init__ creates torch.cuda.Stream()
+#   (megatron-core 0.19.2 token_dispatcher.py:469) -> "allgather" on CPU.
+# - fused kernels (bias/activation/rope/softmax/cross-entropy/grad-accum) are CUDA-only -> all off.
+CPU_FUSION_FIELDS = (
+    "bias_activation_fusion",
+    "bias_dropout_fusion",
+    "masked_softmax_fusion",
+    "apply_rope_fusion",
+    "persist_layer_norm",
+    "cross_entropy_loss_fusion",
+    "gradient_accumulation_fusion",
+    "moe_permute_fusion",
+    "moe_router_fusion",
+)
+
+
+def is_hybrid_provider(provider: Any) -> bool:
+    """True for the bridge's HybridModelProvider (NemotronH and other Mamba hybrids)."""
+    return hasattr(provider, "hybrid_stack_spec")
+
+
+def configure_provider(provider: Any, device: str) -> None:
+    """TE-free spec when Transformer Engine is missing; on CPU also CPU init, fusions off, allgather dispatcher."""
+    from megatron.bridge.models.gpt_provider import local_layer_spec
+
+    hybrid = is_hybrid_provider(provider)
+    if hybrid:
+        configure_hybrid_provider(provider, device)
+    if not transformer_engine_available():
+        if not hybrid:
+            provider.transformer_layer_spec = local_layer_spec
+        provider.transformer_impl = "local"
+        for name in CPU_FUSION_FIELDS:
+            if hasattr(provider, name):
+                setattr(provider, name, False)
+    if device == "cpu":
+        provider.use_cpu_initialization = True
+        if getattr(provider, "num_moe_experts", None):
+            provider.moe_token_dispatcher_type = "allgather"
+
+
+# megatron-bridge 0.6.2:
+# - hybrid/hybrid_provider.py:91-104 get_default_hybrid_stack_spec picks the TE spec (or the modelopt spec whose
+#   Norm raises without TE) -> cpu_hybrid_stack_spec while TE is missing.
+# - nemotronh/nemotron_h_bridge.py sets moe_shared_expert_overlap=True; megatron-core 0.19.2
+#   transformer/moe/shared_experts.py:192 then creates torch.cuda.Stream(), and the overlap needs the alltoall
+#   dispatcher (transformer_config.py:1644) -> off on CPU, where the dispatcher is allgather.
+def configure_hybrid_provider(provider: Any, device: str) -> None:
+    """TE-free hybrid stack spec where TE is missing; on CPU no shared-expert overlap stream."""
+    if not transformer_engine_available():
+        provider.hybrid_stack_spec = cpu_hybrid_stack_spec
+    if device == "cpu":
+        provider.moe_shared_expert_overlap = False

@@ -1,0 +1,75 @@
+"""The SHIMS table: every shim listed once, in the module of the dependency it makes up for, with upstream file:line
+targets that exist and a test that exists; and no shim decides by torch.cuda.is_available()."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from pathlib import Path
+
+from convcheck import compat
+from tests.conftest import ROOT
+
+MODULE_FOR = {
+    "transformer_engine": "convcheck.compat.no_te",
+    "cuda": "convcheck.compat.no_cuda",
+    "mamba_ssm": "convcheck.compat.no_mamba_ssm",
+}
+
+
+def _site_packages() -> Path:
+    spec = importlib.util.find_spec("megatron.core")
+    assert spec is not None and spec.origin
+    return Path(spec.origin).parents[2]
+
+
+def table_problems(shims: tuple[compat.Shim, ...]) -> list[str]:
+    """One line per defect of a SHIMS table (empty when it is sound)."""
+    problems = []
+    numbers = [s.number for s in shims]
+    if sorted(numbers) != list(range(1, len(shims) + 1)):
+        problems.append(f"shim numbers are not 1..{len(shims)} once each: {numbers}")
+    site = _site_packages()
+    for s in shims:
+        if MODULE_FOR.get(s.missing) != s.module:
+            problems.append(
+                f"shim {s.number}: missing {s.missing!r} belongs in {MODULE_FOR.get(s.missing)}, not {s.module}"
+            )
+        spec = importlib.util.find_spec(s.module)
+        if spec is None or not spec.origin or f"# --- Shim {s.number} -" not in Path(spec.origin).read_text():
+            problems.append(f"shim {s.number}: no '# --- Shim {s.number}' upstream comment in {s.module}")
+        for target in s.targets:
+            file, _, line = target.rpartition(":")
+            path = site / file
+            if not path.is_file() or not line.isdigit() or int(line) > len(path.read_text().splitlines()):
+                problems.append(f"shim {s.number}: upstream target {target} does not exist")
+        test_file, _, test_name = s.test.partition("::")
+        path = ROOT / test_file
+        if not path.is_file() or f"def {test_name}(" not in path.read_text():
+            problems.append(f"shim {s.number}: test {s.test} does not exist")
+    return problems
+
+
+def test_shims_table_is_sound() -> None:
+    assert table_problems(compat.SHIMS) == []
+    assert [s.missing for s in compat.SHIMS].count("cuda") == 6  # shims 2-6 and 9
+
+
+def test_planted_table_defects_are_named() -> None:
+    bad = list(compat.SHIMS)
+    bad[4] = dataclasses.replace(bad[4], test="tests/test_compat_forward.py::test_gone")
+    bad[6] = dataclasses.replace(bad[6], module="convcheck.compat.no_cuda")
+    bad[9] = dataclasses.replace(bad[9], targets=("megatron/core/ssm/mamba_mixer.py:99999",))
+    assert table_problems(tuple(bad)) == [
+        "shim 5: test tests/test_compat_forward.py::test_gone does not exist",
+        "shim 7: missing 'transformer_engine' belongs in convcheck.compat.no_te, not convcheck.compat.no_cuda",
+        "shim 7: no '# --- Shim 7' upstream comment in convcheck.compat.no_cuda",
+        "shim 10: upstream target megatron/core/ssm/mamba_mixer.py:99999 does not exist",
+    ]
+    assert table_problems(tuple(bad[:-1]) + (dataclasses.replace(bad[-1], number=3),))[0].startswith("shim numbers")
+
+
+def test_no_shim_decides_by_cuda_availability() -> None:
+    """Issue #18: the run's requested device decides, whatever the host has."""
+    for path in sorted((ROOT / "convcheck" / "compat").glob("*.py")):
+        assert "is_available(" not in path.read_text(), path.name
