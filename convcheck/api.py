@@ -11,6 +11,7 @@ from convcheck.errors import BadInput
 from convcheck.layout import ParallelLayout
 from convcheck.progress import ProgressSink
 from convcheck.causes import explain
+from convcheck.device import choose_device, visible_gpu_count
 from convcheck.verdict import OracleVerdict, Report, complete
 
 EXPERT_LAYOUTS = ("sequential", "te-grouped")
@@ -46,21 +47,12 @@ def as_oracles(oracles: Sequence[str] | str | None, experts: str = "sequential")
     return names
 
 
-def check_gpus(needed: int) -> None:
-    """Reject a CUDA run when fewer GPUs are visible than the layout has ranks."""
-    import torch
-
-    found = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if found < needed:
-        raise BadInput(f"--device cuda needs {needed} GPU(s) for this layout, found {found}")
-
-
 def prepare(
     model: str,
     layout: ParallelLayout | str | None = None,
     *,
     oracles: Sequence[str] | str | None = None,
-    device: str = "cpu",
+    device: str = "auto",
     hooks: Sequence[str] = (),
     experts: str = "sequential",
     timeout_s: float = 600.0,
@@ -84,8 +76,10 @@ def prepare(
         raise BadInput(f"--experts te-grouped needs a MoE model; {model} has no experts")
     for hook in hooks:
         parse_hook(hook)
-    if device == "cuda":
-        check_gpus(grid.world_size)
+    gpus = visible_gpu_count() if device != "cpu" else 0
+    device, reason = choose_device(device, gpus, grid.world_size)
+    if progress is not None:
+        progress({"phase": f"running on {device} ({reason})"})
     return Job(
         model_path=str(Path(path).resolve()),
         model_label=model,
@@ -95,6 +89,7 @@ def prepare(
         hooks=tuple(hooks),
         timeout_s=timeout_s,
         experts=experts,
+        device_reason=reason,
     )
 
 
@@ -120,6 +115,7 @@ def run(job: Any, log_dir: str | None = None, progress: ProgressSink | None = No
         oracles=verdicts,
         seconds=time.perf_counter() - started,
         causes=tuple(explain(job.model_path, verdicts)),
+        device_reason=job.device_reason,
     )
 
 
@@ -128,7 +124,7 @@ def verify(
     layout: ParallelLayout | str | None = None,
     *,
     oracles: Sequence[str] | str | None = None,
-    device: str = "cpu",
+    device: str = "auto",
     hooks: Sequence[str] = (),
     experts: str = "sequential",
     timeout_s: float = 600.0,
@@ -155,7 +151,7 @@ def run_in_ranks(
     layout: ParallelLayout | str | None = None,
     *,
     kwargs: dict[str, Any] | None = None,
-    device: str = "cpu",
+    device: str = "auto",
     hooks: Sequence[str] = (),
     experts: str = "sequential",
     timeout_s: float = 600.0,

@@ -29,14 +29,14 @@ class CliResult:
         return {o["name"]: o["verdict"] for o in self.report["oracles"]}
 
 
-def run_cli(*args: str, tmp_path: Path | None = None, timeout: float = 300) -> CliResult:
+def run_cli(*args: str, tmp_path: Path | None = None, timeout: float = 300, env: dict[str, str] | None = None) -> CliResult:
     """Run `python -m convcheck ARGS`; when tmp_path is given, also ask for a JSON report and read it."""
     cmd = [sys.executable, "-m", "convcheck", *args]
     report_path = None
     if tmp_path is not None and args and args[0] == "verify":
         report_path = tmp_path / "report.json"
         cmd += ["--json", str(report_path)]
-    env = {**os.environ, "COLUMNS": "200"}
+    env = {**os.environ, "COLUMNS": "200", **(env or {})}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     report = json.loads(report_path.read_text()) if report_path is not None and report_path.exists() else None
     return CliResult(proc.returncode, proc.stdout, proc.stderr, report)

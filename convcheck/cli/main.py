@@ -41,7 +41,7 @@ def replay_command(
     for key, value in (("tp", layout.tp), ("pp", layout.pp), ("ep", layout.ep), ("etp", layout.etp)):
         if value != 1:
             args += [f"--{key}", str(value)]
-    if device != "cpu":
+    if device != "auto":
         args += ["--device", device]
     if experts != "sequential":
         args += ["--experts", experts]
@@ -78,7 +78,8 @@ Examples:
 @click.option("--ep", type=click.IntRange(min=1), default=1, show_default=True, help="Expert parallel size.")
 @click.option("--etp", type=click.IntRange(min=1), default=1, show_default=True, help="Expert tensor parallel size.")
 @click.option("--oracle", "oracles", type=OracleList(), default=None, help="Comma-separated oracle names (default: all).")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="auto: cuda when every rank gets its own visible GPU, else cpu.")  # fmt: skip
 @click.option("--json", "json_path", type=ReportPath(), help="Write the report as JSON.")
 @click.option("--junit", "junit_path", type=ReportPath(), help="Write JUnit XML.")
 @click.option("--table", type=click.Choice(["all", "failures", "none"]), default="none", show_default=True,
@@ -116,7 +117,7 @@ def verify(
     from convcheck.verdict import PASS
 
     layout = ParallelLayout(tp=tp, pp=pp, ep=ep, etp=etp)
-    display = progress_for(f"{model} {layout.label} on {device}", quiet)
+    display = progress_for(f"{model} {layout.label}", quiet)
     try:
         with display or contextlib.nullcontext():
             job = api.prepare(
@@ -167,6 +168,27 @@ def list_oracles() -> None:
 
     for info in ORACLES.values():
         click.echo(f"{info.name}\n  proves: {info.proves}\n  does not prove: {info.does_not_prove}")
+
+
+@cli.group()
+def cache() -> None:
+    """What convcheck caches: built fixtures and the layout oracle's TP1 reference manifests."""
+
+
+@cache.command(name="path")
+def cache_path() -> None:
+    """Print the cache folder ($CONVCHECK_CACHE_DIR, else $XDG_CACHE_HOME/convcheck, else ~/.cache/convcheck)."""
+    from convcheck.cache import cache_root
+
+    click.echo(str(cache_root()))
+
+
+@cache.command(name="clear")
+def cache_clear() -> None:
+    """Remove everything convcheck cached (fixtures are rebuilt, references rerun, on next use)."""
+    from convcheck.cache import clear_cache
+
+    click.echo(f"cleared {clear_cache()}")
 
 
 @cli.group()

@@ -44,6 +44,7 @@ def print_report(report: Report, table: str = "none", out: Any = None, max_findi
         [
             f"{word} {report.model} {_layout_label(report.layout)} on {report.device}: "
             f"{passed}/{len(report.oracles)} oracles pass ({report.seconds:.1f} s)"
+            + (f"; device: {report.device_reason}" if report.device_reason else "")
         ],
     )
 

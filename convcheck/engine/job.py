@@ -22,6 +22,9 @@ class Job:
     """What the user asked for (a path or tiny:<name>)."""
     layout: ParallelLayout
     device: str = "cpu"
+    """The device the ranks use ("cpu" or "cuda"), already decided (see convcheck.device)."""
+    device_reason: str = ""
+    """Why: what was requested and, for auto, what was visible."""
     oracles: tuple[str, ...] = ()
     hooks: tuple[str, ...] = ()
     """`module:function` or `file.py:function` callables run in every rank before the model is built."""

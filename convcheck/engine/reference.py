@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,17 +14,22 @@ from convcheck.engine.job import Job
 from convcheck.engine.launch import run_ranks
 from convcheck.layout import ParallelLayout
 from convcheck.progress import ProgressSink
+from convcheck.sources import unchanged
 
 LAYOUT_ORACLE = "layout"
 
 
 def reference_key(job: Job) -> str:
-    """Cache key of the TP1 manifest for `job`: checkpoint files, hooks, device, expert layout and versions."""
+    """Cache key of the TP1 manifest: checkpoint files, hooks, device, expert layout, interpreter and import path.
+
+    The code that made a manifest is checked separately, by content (`usable`): a key alone cannot see an edited
+    bridge whose version string did not change."""
     from convcheck.versions import versions
 
     key = hashlib.sha256()
     fields = {"model": job.model_path, "hooks": list(job.hooks), "device": job.device, "experts": job.experts}
-    key.update(json.dumps({**fields, "v": versions()}, sort_keys=True).encode())
+    where = {"python": sys.executable, "path": sys.path, "pythonpath": os.environ.get("PYTHONPATH", "")}
+    key.update(json.dumps({**fields, **where, "v": versions()}, sort_keys=True).encode())
     hook_files = [Path(h.rpartition(":")[0]) for h in job.hooks if h.rpartition(":")[0].endswith(".py")]
     for path in sorted(Path(job.model_path).glob("*.safetensors")) + hook_files:
         stat = path.stat()
@@ -33,7 +40,7 @@ def reference_key(job: Job) -> str:
 def reference_manifest(job: Job, log_dir: str | None = None, progress: ProgressSink | None = None) -> Path:
     """Run (or reuse from the cache) the 1-rank TP1 job that writes the digest manifest for `job`'s checkpoint."""
     manifest = cache_dir("layout") / f"{reference_key(job)}.json"
-    if manifest.is_file():
+    if usable(manifest):
         return manifest
     ref_job = replace(
         job,
@@ -51,6 +58,15 @@ def reference_manifest(job: Job, log_dir: str | None = None, progress: ProgressS
 
     run_ranks(ref_job, log_dir=str(Path(log_dir) / "layout-tp1") if log_dir else None, progress=prefixed)
     return manifest
+
+
+def usable(manifest: Path) -> bool:
+    """A cached manifest is reused only if every source file that produced it still has the same content."""
+    try:
+        recorded = json.loads(manifest.read_text()).get("sources", {})
+    except (OSError, json.JSONDecodeError):
+        return False
+    return unchanged(recorded)
 
 
 def with_reference(job: Job, log_dir: str | None = None, progress: ProgressSink | None = None) -> Job:

@@ -55,9 +55,10 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     if write_to:
         from convcheck.atomic import write_json_atomic
 
-        write_json_atomic(
-            Path(write_to), {"layout": ctx.layout.to_dict(), "export_error": ctx.export_error, "tensors": digests}
-        )
+        from convcheck.sources import loaded_sources
+
+        manifest = {"layout": ctx.layout.to_dict(), "export_error": ctx.export_error, "tensors": digests}
+        write_json_atomic(Path(write_to), {**manifest, "sources": loaded_sources()})
         return make_verdict(NAME, checked=len(digests), findings=[])
     if reference is None:
         return make_verdict(

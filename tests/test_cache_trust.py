@@ -1,0 +1,50 @@
+"""No verdict rests on state from an earlier run: the layout oracle's cached TP1 manifest is keyed by the content of
+the code that made it, so editing the bridge (same version string) between two runs gives both runs the right verdict."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT, run_cli
+
+BUG = '''
+
+_convcheck_original_stream = MegatronModelBridge.stream_weights_megatron_to_hf
+
+
+def _convcheck_doubled_norm(self, *args, **kwargs):
+    for name, tensor in _convcheck_original_stream(self, *args, **kwargs):
+        yield name, (tensor * 2 if name == "model.norm.weight" else tensor)
+
+
+MegatronModelBridge.stream_weights_megatron_to_hf = _convcheck_doubled_norm
+'''
+
+
+@pytest.mark.ranks
+def test_an_edited_bridge_never_reuses_a_stale_reference(tmp_path: Path) -> None:
+    overlay = tmp_path / "overlay"
+    bridge = Path(importlib.util.find_spec("megatron.bridge").origin).parent  # type: ignore[union-attr, arg-type]
+    shutil.copytree(bridge, overlay / "megatron" / "bridge")
+    module = overlay / "megatron" / "bridge" / "models" / "conversion" / "model_bridge.py"
+    healthy = module.read_text()
+    env = {"PYTHONPATH": os.pathsep.join([str(overlay), str(ROOT)]), "CONVCHECK_CACHE_DIR": str(tmp_path / "cache")}
+    args = ("verify", "--model", "tiny:qwen3", "--tp", "2", "--oracle", "roundtrip,layout")
+
+    module.write_text(healthy + BUG)  # a bridge branch with an export bug, same version string
+    buggy = run_cli(*args, tmp_path=tmp_path, env=env)
+    assert buggy.code == 1, buggy.err
+    assert {f["tensor"] for f in buggy.findings("roundtrip")} == {"model.norm.weight"}
+    # the bug is the same at TP1 and TP2: the layouts agree, only the TP1 reference differs from the source
+    assert {(f["tensor"], f["kind"]) for f in buggy.findings("layout")} == {("model.norm.weight", "tp1-differs-from-source")}
+
+    module.write_text(healthy)  # the fix, same version string again
+    fixed = run_cli(*args, tmp_path=tmp_path, env=env)
+    assert fixed.code == 0, fixed.out[-2000:] + fixed.err
+    assert fixed.verdicts() == {"roundtrip": "pass", "layout": "pass"}
+    assert len(list((tmp_path / "cache" / "layout").glob("*.json"))) == 1  # the stale manifest was replaced
