@@ -79,7 +79,8 @@ Examples:
 @click.option("--etp", type=click.IntRange(min=1), default=1, show_default=True, help="Expert tensor parallel size.")
 @click.option("--oracle", "oracles", type=OracleList(), default=None, help="Comma-separated oracle names (default: all).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-              help="auto: cuda when every rank gets its own visible GPU, else cpu.")  # fmt: skip
+              envvar="CONVCHECK_DEVICE", help="auto: cuda when every rank gets its own visible GPU, else cpu "
+              "($CONVCHECK_DEVICE sets the default).")  # fmt: skip
 @click.option("--json", "json_path", type=ReportPath(), help="Write the report as JSON.")
 @click.option("--junit", "junit_path", type=ReportPath(), help="Write JUnit XML.")
 @click.option("--table", type=click.Choice(["all", "failures", "none"]), default="none", show_default=True,
