@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# On a GPU host (device tool): the CPU verify matrix of the test suite with --device cpu, the same with --device auto,
-# then every oracle over NCCL at TP2, EP2, TP2xEP2 and PP2 when 2 GPUs are visible. Needs the wheels in .whl/ (README
-# "GPU runs"). Results: ${OUT:-/tmp/out}/matrix-cpu.txt, matrix-auto.txt, nccl.json.
+# On a GPU host (device tool): the CPU verify matrix of the test suite with --device cpu, the same with --device auto
+# (MODES="" skips both), then every oracle over NCCL at TP2, EP2, TP2xEP2, PP2 (and NemotronH TP2) when 2 GPUs are
+# visible. Needs the wheels in .whl/ (README "GPU runs"). Results: ${OUT:-/tmp/out}/matrix-*.txt, nccl.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
@@ -12,7 +12,7 @@ gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 echo "torch $(python3 -c 'import torch; print(torch.__version__)') gpus $gpus cores $(nproc)"
 for name in qwen2 qwen2-tied qwen3 qwen3-moe llama nemotron-h; do python3 -m convcheck fixtures build "tiny:$name" >/dev/null; done
 workers=${WORKERS:-8}
-for mode in ${MODES:-cpu auto}; do
+for mode in ${MODES-cpu auto}; do
   start=$(date +%s)
   CONVCHECK_DEVICE=$mode python3 -m pytest -q -p no:cacheprovider -n "$workers" tests/test_verify_matrix.py \
     > "$OUT/matrix-$mode.txt" 2>&1
