@@ -470,13 +470,18 @@ def test_tp1(convcheck_ranks, convcheck_checkpoint, n):
     assert not [p for p in fixtures.iterdir() if p.is_dir() and p.name.startswith(".")]
 
 
-def _ranks_under(folder: Path) -> list[psutil.Process]:
-    """Live processes whose command line names a path under `folder` (torchrun and the convcheck ranks)."""
-    out = []
+def _ranks_under(folder: Path) -> dict[int, list[str]]:
+    """pid -> command line of live processes naming a path under `folder` (torchrun and the convcheck ranks)."""
+    out = {}
     for proc in psutil.process_iter(["cmdline"]):
-        if any(str(folder) in part for part in proc.info["cmdline"] or ()) and proc.pid != os.getpid():
-            out.append(proc)
+        cmdline = proc.info["cmdline"] or []
+        if proc.pid != os.getpid() and any(str(folder) in part for part in cmdline):
+            out[proc.pid] = cmdline
     return out
+
+
+def _workers(folder: Path) -> int:
+    return sum("convcheck.engine.worker" in cmdline for cmdline in _ranks_under(folder).values())
 
 
 INTERRUPTED = """
@@ -516,25 +521,26 @@ def test_interrupted(convcheck_verify):
 def test_no_rank_outlives_an_interrupted_test(scratch: pytest.Pytester, tmp_path: Path, how: str) -> None:
     scratch.makepyfile(test_interrupted=INTERRUPTED)
     basetemp = tmp_path / "basetemp"
-    log = (tmp_path / "out.txt").open("w")
     args = [sys.executable, "-m", "pytest", *PLUGIN, f"--basetemp={basetemp}", "test_interrupted.py"]
-    env = {**os.environ, "SCRATCH_HOW": how}
-    proc = subprocess.Popen(args, cwd=scratch.path, stdout=log, stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + 240
-    while len([p for p in _ranks_under(basetemp) if "convcheck.engine.worker" in p.cmdline()]) < 2:
-        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "out.txt").read_text()
-        time.sleep(0.1)
-    if how != "exception":
-        proc.send_signal(getattr(signal, how))
-    code = proc.wait(timeout=120)
-    leftovers: list[psutil.Process] = []
+    with (tmp_path / "out.txt").open("w") as log:
+        proc = subprocess.Popen(
+            args, cwd=scratch.path, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "SCRATCH_HOW": how}
+        )
+        deadline = time.monotonic() + 240
+        while how != "exception" and _workers(basetemp) < 2:  # the exception case raises once its ranks run
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "out.txt").read_text()
+            time.sleep(0.1)
+        if how != "exception":
+            proc.send_signal(getattr(signal, how))
+        code = proc.wait(timeout=120)
+    leftovers: dict[int, list[str]] = {}
     for _ in range(40):  # the launcher gives torchrun 10 s to stop its ranks
         leftovers = _ranks_under(basetemp)
         if not leftovers:
             break
         time.sleep(0.5)
     output = (tmp_path / "out.txt").read_text()
-    assert not leftovers, f"left running: {[p.cmdline() for p in leftovers]}\n{output}"
+    assert not leftovers, f"left running: {list(leftovers.values())}\n{output}"
     expected = {"SIGINT": 2, "SIGTERM": -signal.SIGTERM, "exception": 1}[how]
     assert code == expected, output
     if how == "exception":
