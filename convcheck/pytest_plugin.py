@@ -20,6 +20,7 @@ import pytest
 from convcheck.errors import BadInput, SetupError, one_line
 from convcheck.layout import ParallelLayout
 from convcheck.testing import assert_bitwise_equal, assert_same_checkpoint, assert_verdict_pass
+from convcheck.verdict import Report
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -42,7 +43,7 @@ _MARKERS = (
     + "a layout the model cannot take is skipped with the reason",
 )
 _ONE_LINE_ERRORS = (BadInput, SetupError)
-_folders: dict[str, Path] = {}
+_folders: dict[tuple[str, str], Path] = {}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -111,7 +112,7 @@ def convcheck_layout(request: pytest.FixtureRequest) -> ParallelLayout:
 @pytest.fixture
 def convcheck_verify(
     request: pytest.FixtureRequest, convcheck_layout: ParallelLayout, tmp_path_factory: pytest.TempPathFactory
-) -> Callable[..., Any]:
+) -> Callable[..., Report]:
     """`convcheck_verify(model=None, layout=None, *, tp=1, pp=1, ep=1, etp=1, oracles=None, hooks=(), sender=None,
     receiver=None, **kw) -> Report`: one real verify run (kw: device, experts, timeout_s, log_dir)."""
     default_model = _test_model(request)
@@ -130,7 +131,7 @@ def convcheck_verify(
         sender: str | Callable[..., Any] | None = None,
         receiver: str | type | None = None,
         **kw: Any,
-    ) -> Any:
+    ) -> Report:
         from convcheck import api
 
         grid = _choose_layout(layout, {"tp": tp, "pp": pp, "ep": ep, "etp": etp}, test_layout, ParallelLayout())
@@ -146,8 +147,8 @@ def convcheck_verify(
 def convcheck_ranks(
     request: pytest.FixtureRequest, convcheck_layout: ParallelLayout, tmp_path_factory: pytest.TempPathFactory
 ) -> Callable[..., Any]:
-    """`convcheck_ranks(fn, layout="tp2", model=None, **kwargs)`: call the module-level `fn(ctx, **kwargs)` in every
-    rank of the loaded sharded model and return rank 0's result (layout: the test's convcheck_layout if any)."""
+    """`convcheck_ranks(fn, layout=None, model=None, **kwargs)`: call the module-level `fn(ctx, **kwargs)` in every
+    rank of the loaded sharded model and return rank 0's result (layout: the test's convcheck_layout, else tp2)."""
     default_model = _test_model(request)
     test_layout = convcheck_layout if _layout_parametrized(request) else None
 
@@ -170,12 +171,14 @@ def convcheck_ranks(
 
 def checkpoint_folder(model: str | os.PathLike[str]) -> Path:
     """The checkpoint folder of `model` (a tiny fixture is built once and cached; a folder is validated)."""
-    key = str(model)
-    if key not in _folders:
+    from convcheck.cache import cache_root
+
+    key = (str(model), str(cache_root()))
+    if key not in _folders or not (_folders[key] / "config.json").is_file():
         from convcheck.api import resolve_model
         from convcheck.checkpoint import open_checkpoint
 
-        folder = Path(resolve_model(key))
+        folder = Path(resolve_model(key[0]))
         open_checkpoint(folder)
         _folders[key] = folder.resolve()
     return _folders[key]
