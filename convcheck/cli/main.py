@@ -163,10 +163,14 @@ def write_together(outputs: dict[str, str]) -> None:
 
 
 @cli.command(name="oracles")
-def list_oracles() -> None:
+@click.option("--markdown", is_flag=True, help="As the Markdown table README.md embeds.")
+def list_oracles(markdown: bool) -> None:
     """List the oracles: what each proves and what it does not."""
-    from convcheck.oracles import ORACLES
+    from convcheck.oracles import ORACLES, oracles_markdown
 
+    if markdown:
+        click.echo(oracles_markdown(), nl=False)
+        return
     for info in ORACLES.values():
         click.echo(f"{info.name}\n  proves: {info.proves}\n  does not prove: {info.does_not_prove}")
 

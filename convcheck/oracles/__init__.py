@@ -51,9 +51,16 @@ def parse_oracle_names(spec: str | None) -> tuple[str, ...]:
     return names
 
 
+def oracles_markdown() -> str:
+    """The table README.md embeds between its `oracles:begin` / `oracles:end` markers (the modules' own INFO text)."""
+    lines = ["| oracle | proves | does not prove |", "| --- | --- | --- |"]
+    lines += [f"| `{i.name}` | {i.proves} | {i.does_not_prove} |" for i in ORACLES.values()]
+    return "\n".join(lines) + "\n"
+
+
 def load_oracle(name: str) -> Callable[[Any], Any]:
     """The `run` function of oracle `name`."""
     return _RUN[name]
 
 
-__all__ = ["ORACLES", "OracleInfo", "load_oracle", "parse_oracle_names"]
+__all__ = ["ORACLES", "OracleInfo", "load_oracle", "oracles_markdown", "parse_oracle_names"]
