@@ -62,8 +62,14 @@ def prepare(
     hooks: Sequence[str] = (),
     experts: str = "sequential",
     timeout_s: float = 600.0,
+    sender: str | None = None,
+    receiver: str | None = None,
+    chunk_mb: float = 64.0,
 ) -> Any:
-    """Validate everything a run needs before any rank starts; return the Job (BadInput names the first problem)."""
+    """Validate everything a run needs before any rank starts; return the Job (BadInput names the first problem).
+
+    `sender` / `receiver` / `chunk_mb`: the weight-sync path under test (convcheck.sync; README "Weight-sync paths").
+    """
     from convcheck.checkpoint import open_checkpoint
     from convcheck.engine.job import Job
     from convcheck.hooks import parse_hook
@@ -77,6 +83,7 @@ def prepare(
     grid.validate_for(checkpoint.config)
     for hook in hooks:
         parse_hook(hook)
+    sender = check_sync(names, grid, sender, receiver, chunk_mb)
     if device == "cuda":
         check_gpus(grid.world_size)
     return Job(
@@ -88,7 +95,26 @@ def prepare(
         hooks=tuple(hooks),
         timeout_s=timeout_s,
         experts=experts,
+        sender=sender,
+        receiver=receiver,
+        chunk_mb=float(chunk_mb),
     )
+
+
+def check_sync(
+    oracles: tuple[str, ...], layout: ParallelLayout, sender: str | None, receiver: str | None, chunk_mb: float
+) -> str | None:
+    """Resolve the sender and receiver specs and check they fit the run; the sender as a Job stores it."""
+    from convcheck.sync.adapters import check_adapters, normalize_sender
+
+    sender = normalize_sender(sender)
+    check_adapters(sender, receiver, chunk_mb)
+    if receiver is not None and not {"receiver", "idempotence"} & set(oracles):
+        raise BadInput("--receiver is used only by the receiver and idempotence oracles; add --oracle receiver")
+    if layout.world_size < 2 and ("broadcast" in oracles or sender == "broadcast"):
+        what = "the broadcast oracle" if "broadcast" in oracles else "--sender broadcast"
+        raise BadInput(f"{what} needs at least 2 ranks; the layout {layout.label} has 1")
+    return sender
 
 
 def run(job: Any, log_dir: str | None = None) -> Report:
@@ -119,10 +145,22 @@ def verify(
     experts: str = "sequential",
     timeout_s: float = 600.0,
     log_dir: str | None = None,
+    sender: str | None = None,
+    receiver: str | None = None,
+    chunk_mb: float = 64.0,
 ) -> Report:
     """Build `model` sharded at `layout` through the real bridge and run the oracles; ConvcheckError on bad input."""
     job = prepare(
-        model, layout, oracles=oracles, device=device, hooks=hooks, experts=experts, timeout_s=timeout_s
+        model,
+        layout,
+        oracles=oracles,
+        device=device,
+        hooks=hooks,
+        experts=experts,
+        timeout_s=timeout_s,
+        sender=sender,
+        receiver=receiver,
+        chunk_mb=chunk_mb,
     )
     return run(job, log_dir=log_dir)
 

@@ -11,6 +11,7 @@ import click
 from convcheck.api import EXPERT_LAYOUTS
 from convcheck.cli.types import HookSpecType, OracleList
 from convcheck.errors import ConvcheckError
+from convcheck.sync.adapters import RECEIVERS, SENDERS
 
 if TYPE_CHECKING:
     from convcheck.layout import ParallelLayout
@@ -30,8 +31,9 @@ def replay_command(
     oracles: list[str],
     hooks: tuple[str, ...],
     experts: str = "sequential",
+    extra: tuple[str, ...] = (),
 ) -> str:
-    """One shell line that reruns exactly the failing oracles of this run."""
+    """One shell line that reruns exactly the failing oracles of this run (`extra`: further options, as given)."""
     import shlex
 
     args = ["convcheck", "verify", "--model", model]
@@ -45,7 +47,19 @@ def replay_command(
     args += ["--oracle", ",".join(oracles)]
     for hook in hooks:
         args += ["--hook", hook]
-    return shlex.join(args)
+    return shlex.join([*args, *extra])
+
+
+def sync_options(sender: str | None, receiver: str | None, chunk_mb: float) -> tuple[str, ...]:
+    """The weight-sync options of a run, for its replay line (defaults left out)."""
+    out: list[str] = []
+    if sender is not None:
+        out += ["--sender", sender]
+    if receiver is not None:
+        out += ["--receiver", receiver]
+    if chunk_mb != 64.0:
+        out += ["--chunk-mb", f"{chunk_mb:g}"]
+    return tuple(out)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -72,6 +86,13 @@ def cli() -> None:
               help="Callable run in every rank before the model is built (extensions, planted-bug tests).")  # fmt: skip
 @click.option("--experts", type=click.Choice(EXPERT_LAYOUTS), default="sequential", show_default=True,
               help="MoE expert layout: SequentialMLP, or TEGroupedMLP's linear_fcN.weightE (no forward: no logits).")  # fmt: skip
+@click.option("--sender", type=HookSpecType("sender", builtins=("bridge", *SENDERS)), default=None,
+              help="Weight-sync sender every export consumer reads: bridge (default), bucketed, broadcast, or "
+                   "MODULE:FUNC / FILE.py:FUNC called as FUNC(ctx).")  # fmt: skip
+@click.option("--receiver", type=HookSpecType("receiver", builtins=tuple(RECEIVERS)), default=None,
+              help="Receiver of the receiver/idempotence oracles: hf (default), fused, or MODULE:CLASS / FILE.py:CLASS.")  # fmt: skip
+@click.option("--chunk-mb", type=click.FloatRange(min=0, min_open=True), default=64.0, show_default=True,
+              help="Bound of one broadcast chunk and of one bucket of the bucketed sender, in MiB.")  # fmt: skip
 def verify(
     model: str,
     tp: int,
@@ -87,6 +108,9 @@ def verify(
     log_dir: str | None,
     hooks: tuple[str, ...],
     experts: str,
+    sender: str | None,
+    receiver: str | None,
+    chunk_mb: float,
 ) -> None:
     """Build the sharded Megatron model from MODEL through the real bridge and run the oracles."""
     from convcheck import api
@@ -96,8 +120,9 @@ def verify(
     try:
         layout = ParallelLayout(tp=tp, pp=pp, ep=ep, etp=etp)
         job = api.prepare(
-            model, layout, oracles=oracles, device=device, hooks=hooks, experts=experts, timeout_s=timeout
-        )
+            model, layout, oracles=oracles, device=device, hooks=hooks, experts=experts, timeout_s=timeout,
+            sender=sender, receiver=receiver, chunk_mb=chunk_mb,
+        )  # fmt: skip
         for target in (json_path, junit_path):
             if target and not Path(target).resolve().parent.is_dir():
                 raise ConvcheckError(f"output folder does not exist: {Path(target).parent}")
@@ -109,7 +134,8 @@ def verify(
     print_report(report, table=table)
     if report.verdict != PASS:
         failing = [o.name for o in report.oracles if o.verdict != PASS]
-        click.echo(f"replay: {replay_command(model, layout, device, failing, hooks, experts)}")
+        extra = sync_options(sender, receiver, chunk_mb)
+        click.echo(f"replay: {replay_command(model, layout, device, failing, hooks, experts, extra)}")
     if json_path:
         write_json(report, json_path)
     if junit_path:
@@ -123,7 +149,8 @@ def list_oracles() -> None:
     from convcheck.oracles import ORACLES
 
     for info in ORACLES.values():
-        click.echo(f"{info.name}\n  proves: {info.proves}\n  does not prove: {info.does_not_prove}")
+        opt_in = "" if info.default else f" (not in the default set: --oracle {info.name})"
+        click.echo(f"{info.name}{opt_in}\n  proves: {info.proves}\n  does not prove: {info.does_not_prove}")
 
 
 @cli.group()

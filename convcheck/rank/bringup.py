@@ -29,6 +29,9 @@ class RankSpec:
     experts: str = "sequential"
     reference_manifest: str | None = None
     write_manifest: str | None = None
+    sender: str | None = None
+    receiver: str | None = None
+    chunk_mb: float = 64.0
 
 
 def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bool = True) -> RankContext:
@@ -59,6 +62,9 @@ def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bo
         model=model,
         reference_manifest=spec.reference_manifest,
         write_manifest=spec.write_manifest,
+        sender=spec.sender,
+        receiver=spec.receiver,
+        chunk_mb=spec.chunk_mb,
     )
     if load:
         ctx.load_error = load_weights(bridge, model)
