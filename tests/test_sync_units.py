@@ -109,8 +109,11 @@ def test_delta_replaces_removes_and_refuses_a_wrong_base() -> None:
     del new["b.bias"]
     delta = wire.decode(wire.encode(wire.build_delta(previous, new)))
     assert [(e.name, e.op) for e in delta.entries] == [
-        ("a.weight", "replace"), ("b.bias", "remove"), ("c.weight", "patch"), ("f.new", "replace")
-    ]  # fmt: skip
+        ("a.weight", "replace"),
+        ("b.bias", "remove"),
+        ("c.weight", "patch"),
+        ("f.new", "replace"),
+    ]
     applied = wire.apply_delta(previous, delta)
     assert set(applied) == set(new) and all(bytes_equal(new[n], applied[n]) for n in new)
     with pytest.raises(wire.DeltaError, match="c.weight: the state's tensor is not the base"):
@@ -136,32 +139,51 @@ def test_fused_slots_follow_the_stacked_parameter_names() -> None:
     assert slot_of("model.layers.0.mlp.experts.1.gate_proj.weight", g).param == "model.layers.0.mlp.experts.w13_weight"
     assert slot_of("model.layers.0.mlp.experts.1.down_proj.weight", g).shard == "w2"
     assert slot_of("model.layers.0.mlp.gate.weight", g) is None  # the router stays as it is
-    assert slot_of("model.layers.0.mlp.up_proj.weight", Geometry.from_config({**CONFIG, "mlp_hidden_act": "relu2"})) is None
+    assert (
+        slot_of("model.layers.0.mlp.up_proj.weight", Geometry.from_config({**CONFIG, "mlp_hidden_act": "relu2"}))
+        is None
+    )
 
 
 def layer_tensors() -> dict[str, torch.Tensor]:
     p = "model.layers.0"
     names = {
-        f"{p}.self_attn.q_proj.weight": (8, 8), f"{p}.self_attn.k_proj.weight": (4, 8),
-        f"{p}.self_attn.v_proj.weight": (4, 8), f"{p}.self_attn.q_proj.bias": (8,), f"{p}.self_attn.k_proj.bias": (4,),
-        f"{p}.self_attn.v_proj.bias": (4,), f"{p}.mlp.gate_proj.weight": (6, 8), f"{p}.mlp.up_proj.weight": (6, 8),
-        f"{p}.moe.experts.0.gate_proj.weight": (3, 8), f"{p}.moe.experts.0.up_proj.weight": (3, 8),
-        f"{p}.moe.experts.0.down_proj.weight": (8, 3), f"{p}.moe.experts.1.gate_proj.weight": (3, 8),
-        f"{p}.moe.experts.1.up_proj.weight": (3, 8), f"{p}.moe.experts.1.down_proj.weight": (8, 3),
+        f"{p}.self_attn.q_proj.weight": (8, 8),
+        f"{p}.self_attn.k_proj.weight": (4, 8),
+        f"{p}.self_attn.v_proj.weight": (4, 8),
+        f"{p}.self_attn.q_proj.bias": (8,),
+        f"{p}.self_attn.k_proj.bias": (4,),
+        f"{p}.self_attn.v_proj.bias": (4,),
+        f"{p}.mlp.gate_proj.weight": (6, 8),
+        f"{p}.mlp.up_proj.weight": (6, 8),
+        f"{p}.moe.experts.0.gate_proj.weight": (3, 8),
+        f"{p}.moe.experts.0.up_proj.weight": (3, 8),
+        f"{p}.moe.experts.0.down_proj.weight": (8, 3),
+        f"{p}.moe.experts.1.gate_proj.weight": (3, 8),
+        f"{p}.moe.experts.1.up_proj.weight": (3, 8),
+        f"{p}.moe.experts.1.down_proj.weight": (8, 3),
         f"{p}.input_layernorm.weight": (8,),
-    }  # fmt: skip
+    }
     return {name: distinct(*shape, seed=i) for i, (name, shape) in enumerate(names.items())}
 
 
 def test_pack_stacks_as_inference_engines_do() -> None:
     hf, p = layer_tensors(), "model.layers.0"
     packed = pack(hf, Geometry.from_config(CONFIG))
-    assert sorted(packed) == sorted([
-        f"{p}.self_attn.qkv_proj.weight", f"{p}.self_attn.qkv_proj.bias", f"{p}.mlp.gate_up_proj.weight",
-        f"{p}.moe.experts.w13_weight", f"{p}.moe.experts.w2_weight", f"{p}.input_layernorm.weight",
-    ])  # fmt: skip
+    assert sorted(packed) == sorted(
+        [
+            f"{p}.self_attn.qkv_proj.weight",
+            f"{p}.self_attn.qkv_proj.bias",
+            f"{p}.mlp.gate_up_proj.weight",
+            f"{p}.moe.experts.w13_weight",
+            f"{p}.moe.experts.w2_weight",
+            f"{p}.input_layernorm.weight",
+        ]
+    )
     qkv = packed[f"{p}.self_attn.qkv_proj.weight"]
-    assert bytes_equal(qkv[8:12], hf[f"{p}.self_attn.k_proj.weight"]) and bytes_equal(qkv[12:], hf[f"{p}.self_attn.v_proj.weight"])
+    assert bytes_equal(qkv[8:12], hf[f"{p}.self_attn.k_proj.weight"]) and bytes_equal(
+        qkv[12:], hf[f"{p}.self_attn.v_proj.weight"]
+    )
     assert bytes_equal(packed[f"{p}.mlp.gate_up_proj.weight"][6:], hf[f"{p}.mlp.up_proj.weight"])
     w13 = packed[f"{p}.moe.experts.w13_weight"]
     assert w13.shape == (2, 6, 8) and bytes_equal(w13[1, :3], hf[f"{p}.moe.experts.1.gate_proj.weight"])
@@ -189,10 +211,17 @@ def test_fused_receiver_leaves_a_missing_piece_nan_and_locates_it() -> None:
     qkv = dict(receiver.named_parameters())["model.layers.0.self_attn.qkv_proj.weight"]
     assert bool(qkv[12:].isnan().all()) and not bool(qkv[:12].isnan().any())
     assert receiver.locate("model.layers.0.self_attn.qkv_proj.weight", (13, 2)) == (
-        "model.layers.0.self_attn.v_proj.weight", (1, 2))  # fmt: skip
+        "model.layers.0.self_attn.v_proj.weight",
+        (1, 2),
+    )
     assert receiver.locate("model.layers.0.moe.experts.w13_weight", (1, 4, 0)) == (
-        "model.layers.0.moe.experts.1.up_proj.weight", (1, 0))  # fmt: skip
-    assert locate("x.gate_up_proj.weight", (12, 8), (5, 1), Geometry.from_config(CONFIG)) == ("x.gate_proj.weight", (5, 1))
+        "model.layers.0.moe.experts.1.up_proj.weight",
+        (1, 0),
+    )
+    assert locate("x.gate_up_proj.weight", (12, 8), (5, 1), Geometry.from_config(CONFIG)) == (
+        "x.gate_proj.weight",
+        (5, 1),
+    )
     with pytest.raises(ValueError, match="k_proj.weight: shape"):
         receiver.load_weights([("model.layers.0.self_attn.k_proj.weight", distinct(5, 8))])
 

@@ -33,14 +33,21 @@ def received_finding(received: Any, reader: Any, rank: int) -> Finding | None:
         item = need // max(1, _numel(received.shape))
         first = list(unravel_index(have // item, received.shape)) if have < need else None
         where = f"; first incomplete element {first}" if first is not None else ""
-        return Finding(tensor=name, kind="truncated" if have < need else "size-mismatch",
-                       message=f"rank {rank} reassembled {have} of {need} bytes{where}",
-                       detail={"rank": rank, "received_bytes": have, "expected_bytes": need})  # fmt: skip
+        return Finding(
+            tensor=name,
+            kind="truncated" if have < need else "size-mismatch",
+            message=f"rank {rank} reassembled {have} of {need} bytes{where}",
+            detail={"rank": rank, "received_bytes": have, "expected_bytes": need},
+        )
     finding = compare_bits(name, reader.get(name), received.tensor())
     if finding is None:
         return None
-    return Finding(tensor=name, kind=finding.kind, message=f"on rank {rank}: {finding.message}",
-                   detail={**finding.detail, "rank": rank})  # fmt: skip
+    return Finding(
+        tensor=name,
+        kind=finding.kind,
+        message=f"on rank {rank}: {finding.message}",
+        detail={**finding.detail, "rank": rank},
+    )
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -55,10 +62,11 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     from convcheck.checkpoint import TensorReader
     from convcheck.sync.transport import Channel, chunk_bytes, sync_group
 
-    if ctx.world < 2:
-        return make_verdict(NAME, checked=0, findings=[
-            Finding(tensor="<broadcast>", kind="no-receivers", message="the broadcast oracle needs at least 2 ranks")
-        ]) if ctx.is_reporter else None  # fmt: skip
+    if ctx.world < 2:  # prepare() refuses this; a direct call gets a finding
+        alone = Finding(
+            tensor="<broadcast>", kind="no-receivers", message="the broadcast oracle needs at least 2 ranks"
+        )
+        return make_verdict(NAME, checked=0, findings=[alone])
     channel = Channel(sync_group(), 0, chunk_bytes(ctx.chunk_mb), device=ctx.device)
     reader = None if ctx.is_reporter else TensorReader(ctx.checkpoint)
     findings: list[Finding] = []
@@ -100,8 +108,12 @@ def run(ctx: RankContext) -> OracleVerdict | None:
             verdicts[name] = "fail" if "fail" in (verdict, verdicts.get(name)) else "pass"
     source = ctx.checkpoint.tensors
     table = tuple(
-        TensorRow(tensor=n, shape=source[n].shape if n in source else (),
-                  dtype=source[n].torch_dtype if n in source else "?", verdict=v)  # fmt: skip
+        TensorRow(
+            tensor=n,
+            shape=source[n].shape if n in source else (),
+            dtype=source[n].torch_dtype if n in source else "?",
+            verdict=v,
+        )
         for n, v in sorted(verdicts.items())
     )
     metrics = {

@@ -73,16 +73,26 @@ def check(previous: dict[str, Any], new: dict[str, Any]) -> tuple[list[Finding],
     except wire.DeltaError as exc:
         return [Finding(tensor="<delta>", kind="delta-apply-failed", message=str(exc))], {}
     if not delta.entries:
-        findings.append(Finding(tensor="<delta>", kind="delta-empty",
-                                message="the planted in-place update does not show in the new export"))  # fmt: skip
+        findings.append(
+            Finding(
+                tensor="<delta>",
+                kind="delta-empty",
+                message="the planted in-place update does not show in the new export",
+            )
+        )
     for name in sorted(set(new) | set(applied)):
         if name not in applied or name not in new:
             where = "the new export" if name not in applied else "previous + delta"
             findings.append(Finding(tensor=name, kind="delta-mismatch", message=f"missing from {where}"))
         elif (differs := compare_bits(name, new[name], applied[name])) is not None:
-            findings.append(Finding(tensor=name, kind="delta-mismatch",
-                                    message=f"previous + delta differs from the new export: {differs.message}",
-                                    detail=differs.detail))  # fmt: skip
+            findings.append(
+                Finding(
+                    tensor=name,
+                    kind="delta-mismatch",
+                    message=f"previous + delta differs from the new export: {differs.message}",
+                    detail=differs.detail,
+                )
+            )
     findings += _empty_rules(previous)
     full = sum(t.numel() * t.element_size() for t in new.values())
     metrics = {
@@ -101,21 +111,31 @@ def _empty_rules(previous: dict[str, Any]) -> list[Finding]:
 
     findings = []
     for entry in wire.build_delta(previous, previous).entries:
-        findings.append(Finding(tensor=entry.name, kind="delta-not-empty",
-                                message=f"the delta of an unchanged export has a {entry.op} entry "
-                                f"({entry.values.numel()} elements)"))  # fmt: skip
+        findings.append(
+            Finding(
+                tensor=entry.name,
+                kind="delta-not-empty",
+                message=f"the delta of an unchanged export has a {entry.op} entry ({entry.values.numel()} elements)",
+            )
+        )
     try:
         same = wire.apply_delta(previous, wire.decode(wire.encode(wire.Delta())))
     except wire.DeltaError as exc:
         return findings + [Finding(tensor="<delta>", kind="empty-delta-not-noop", message=str(exc))]
     for name in sorted(set(previous) | set(same)):
         if name not in same or name not in previous:
-            findings.append(Finding(tensor=name, kind="empty-delta-not-noop", message="an empty delta added or "
-                                    "removed this tensor"))  # fmt: skip
+            findings.append(
+                Finding(tensor=name, kind="empty-delta-not-noop", message="an empty delta added or removed this tensor")
+            )
         elif (differs := compare_bits(name, previous[name], same[name])) is not None:
-            findings.append(Finding(tensor=name, kind="empty-delta-not-noop",
-                                    message=f"applying an empty delta changed it: {differs.message}",
-                                    detail=differs.detail))  # fmt: skip
+            findings.append(
+                Finding(
+                    tensor=name,
+                    kind="empty-delta-not-noop",
+                    message=f"applying an empty delta changed it: {differs.message}",
+                    detail=differs.detail,
+                )
+            )
     return findings
 
 

@@ -32,12 +32,12 @@ def diagnose(before: Any, after: Any) -> str | None:
     """What a replay did to a parameter, when it is a plain transform of the snapshot."""
     from convcheck.bits import bytes_equal
 
-    if before.dim() == 2 and tuple(after.shape) == (before.shape[1], before.shape[0]):
-        if bytes_equal(before.t().contiguous(), after):
-            return "transposed by the replay"
-    if tuple(after.shape) == tuple(before.shape) and before.is_floating_point():
-        if bytes_equal(before + before, after):
-            return "accumulated: the replay added onto the state (2x the snapshot)"
+    transposed = before.dim() == 2 and tuple(after.shape) == (before.shape[1], before.shape[0])
+    if transposed and bytes_equal(before.t().contiguous(), after):
+        return "transposed by the replay"
+    same = tuple(after.shape) == tuple(before.shape) and before.is_floating_point()
+    if same and bytes_equal(before + before, after):
+        return "accumulated: the replay added onto the state (2x the snapshot)"
     return None
 
 
@@ -51,7 +51,9 @@ def replay_findings(order: str, snapshot: dict[str, Any], state: dict[str, Any],
             continue
         if name not in state or name not in snapshot:
             where = "vanished from" if name not in state else "appeared in"
-            finding = Finding(tensor=name, kind="not-idempotent", message=f"{where} the receiver on the {order}-order replay")
+            finding = Finding(
+                tensor=name, kind="not-idempotent", message=f"{where} the receiver on the {order}-order replay"
+            )
         else:
             differs = compare_bits(name, snapshot[name], state[name])
             if differs is None:
@@ -78,9 +80,14 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         return make_verdict(NAME, checked=0, findings=findings, unit="parameters")
     for (name, handed), (_, copy) in zip(delivery.handed, delivery.kept):
         if not bytes_equal(copy, handed) or handed.dtype != copy.dtype:
-            findings.append(Finding(tensor=name, kind="input-mutated",
-                                    message="the receiver modified the tensor it was handed (a replay of the same "
-                                    "buffers would load different values)"))  # fmt: skip
+            findings.append(
+                Finding(
+                    tensor=name,
+                    kind="input-mutated",
+                    message="the receiver modified the tensor it was handed (a replay of the same "
+                    "buffers would load different values)",
+                )
+            )
     snapshot = {k: v.detach().clone() for k, v in receive.read_state(receiver).items()}
     done: set[str] = set()
     checked = 0

@@ -39,9 +39,11 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     findings += receive.delivery_findings(delivery, names)
     try:
         state = receive.read_state(receiver)
-        expected = receiver.expected(source) if callable(getattr(receiver, "expected", None)) else {
-            name: source[name] for name in state if name in source
-        }
+        expected = (
+            receiver.expected(source)
+            if callable(getattr(receiver, "expected", None))
+            else {name: source[name] for name in state if name in source}
+        )
     except Exception as exc:  # noqa: BLE001 - a receiver that cannot report its state is a finding
         findings.append(receive.failed(ctx, "while its state or expected() was read", exc))
         return make_verdict(NAME, checked=0, findings=findings, unit="parameters")

@@ -7,8 +7,9 @@ numel * itemsize]`, offsets aligned to ALIGN bytes. A tensor larger than the bou
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 ALIGN = 16
 
@@ -80,6 +81,8 @@ def unpack_bucket(bucket: Bucket) -> Iterator[tuple[str, Any]]:
     for entry in bucket.entries:
         end = entry.offset + entry.nbytes
         if entry.offset < 0 or end > total:
-            raise ValueError(f"bucket entry {entry.name!r} spans bytes [{entry.offset}, {end}) of a {total}-byte bucket")
+            raise ValueError(
+                f"bucket entry {entry.name!r} spans bytes [{entry.offset}, {end}) of a {total}-byte bucket"
+            )
         raw = bucket.buffer[entry.offset : end].clone()
         yield entry.name, raw.view(getattr(torch, entry.dtype)).reshape(entry.shape)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 FORMAT = "convcheck-delta"
 VERSION = 1
@@ -77,20 +78,27 @@ def build_delta(previous: Mapping[str, Any], new: Mapping[str, Any]) -> Delta:
     for name in sorted(set(previous) | set(new)):
         if name not in new:
             old = previous[name]
-            entries.append(DeltaEntry(name, REMOVE, _dtype_name(old), tuple(old.shape), _empty(), _empty(),
-                                      tensor_sha256(old)))  # fmt: skip
+            entries.append(
+                DeltaEntry(name, REMOVE, _dtype_name(old), tuple(old.shape), _empty(), _empty(), tensor_sha256(old))
+            )
             continue
         tensor = new[name]
         old = previous.get(name)
         if old is None or old.dtype != tensor.dtype or tuple(old.shape) != tuple(tensor.shape):
-            entries.append(DeltaEntry(name, REPLACE, _dtype_name(tensor), tuple(tensor.shape), _empty(),
-                                      _flat(tensor).cpu().clone()))  # fmt: skip
+            entries.append(
+                DeltaEntry(
+                    name, REPLACE, _dtype_name(tensor), tuple(tensor.shape), _empty(), _flat(tensor).cpu().clone()
+                )
+            )
             continue
         changed = (int_view(old) != int_view(tensor)).nonzero().reshape(-1)
         if changed.numel():
             values = _flat(tensor)[changed.to(tensor.device)].cpu()
-            entries.append(DeltaEntry(name, PATCH, _dtype_name(tensor), tuple(tensor.shape), changed.cpu(), values,
-                                      tensor_sha256(old)))  # fmt: skip
+            entries.append(
+                DeltaEntry(
+                    name, PATCH, _dtype_name(tensor), tuple(tensor.shape), changed.cpu(), values, tensor_sha256(old)
+                )
+            )
     return Delta(tuple(entries))
 
 
@@ -120,8 +128,10 @@ def apply_delta(state: Mapping[str, Any], delta: Delta) -> dict[str, Any]:
         if entry.op != PATCH:
             raise DeltaError(f"{entry.name}: unknown op {entry.op!r}")
         if _dtype_name(base) != entry.dtype or tuple(base.shape) != entry.shape:
-            raise DeltaError(f"{entry.name}: delta for {entry.dtype} {list(entry.shape)}, state holds "
-                             f"{_dtype_name(base)} {list(base.shape)}")  # fmt: skip
+            raise DeltaError(
+                f"{entry.name}: delta for {entry.dtype} {list(entry.shape)}, state holds "
+                f"{_dtype_name(base)} {list(base.shape)}"
+            )
         numel = math.prod(entry.shape)
         if entry.indices.numel() != entry.values.numel():
             raise DeltaError(f"{entry.name}: {entry.indices.numel()} indices but {entry.values.numel()} values")
@@ -179,6 +189,15 @@ def decode(data: bytes) -> Delta:
                 raise DeltaError(f"{record['name']}: {key} bytes [{begin}, {end}) outside the {len(body)}-byte body")
             raw = torch.frombuffer(bytearray(body[begin:end]), dtype=torch.uint8) if end > begin else None
             buffers.append(raw.view(kind) if raw is not None else torch.empty(0, dtype=kind))
-        entries.append(DeltaEntry(record["name"], record["op"], record["dtype"], tuple(record["shape"]),
-                                  buffers[0], buffers[1], record.get("base_sha256")))  # fmt: skip
+        entries.append(
+            DeltaEntry(
+                record["name"],
+                record["op"],
+                record["dtype"],
+                tuple(record["shape"]),
+                buffers[0],
+                buffers[1],
+                record.get("base_sha256"),
+            )
+        )
     return Delta(tuple(entries))

@@ -37,7 +37,7 @@ class Geometry:
     gated: bool
 
     @classmethod
-    def from_config(cls, config: Any) -> "Geometry":
+    def from_config(cls, config: Any) -> Geometry:
         """Read heads, KV heads, head_dim, experts and the MLP activation from a transformers config (or its dict)."""
         heads = int(_get(config, "num_attention_heads", default=1))
         kv = int(_get(config, "num_key_value_heads", default=heads))
@@ -71,8 +71,12 @@ def slot_of(name: str, geometry: Geometry) -> Slot | None:
         start = {"q": 0, "k": geometry.q_rows, "v": geometry.q_rows + geometry.kv_rows}[m["part"]]
         return Slot(f"{m['prefix']}.qkv_proj.{m['kind']}", m["part"], None, start)
     if geometry.gated and (m := _DENSE.match(name)):
-        return Slot(f"{m['prefix']}.gate_up_proj.{m['kind']}", 0 if m["part"] == "gate" else 1, None,
-                    0 if m["part"] == "gate" else None)  # fmt: skip
+        return Slot(
+            f"{m['prefix']}.gate_up_proj.{m['kind']}",
+            0 if m["part"] == "gate" else 1,
+            None,
+            0 if m["part"] == "gate" else None,
+        )
     return None
 
 
@@ -89,10 +93,10 @@ def pack(tensors: dict[str, Any], geometry: Geometry) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     groups: dict[str, list[tuple[Slot, str]]] = {}
-    for name in tensors:
+    for name, tensor in tensors.items():
         slot = slot_of(name, geometry)
         if slot is None:
-            out[name] = tensors[name]
+            out[name] = tensor
         else:
             groups.setdefault(slot.param, []).append((slot, name))
     for param, members in groups.items():
@@ -111,7 +115,9 @@ def pack(tensors: dict[str, Any], geometry: Geometry) -> dict[str, Any]:
     return out
 
 
-def locate(param: str, shape: tuple[int, ...], index: tuple[int, ...], geometry: Geometry) -> tuple[str, tuple[int, ...]]:
+def locate(
+    param: str, shape: tuple[int, ...], index: tuple[int, ...], geometry: Geometry
+) -> tuple[str, tuple[int, ...]]:
     """The HF tensor and element that element `index` of parameter `param` (of `shape`) is packed from."""
     if param.endswith(".w2_weight"):
         expert, *rest = index

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from convcheck.errors import one_line
 from convcheck.verdict import Finding
@@ -134,11 +134,11 @@ def feeds(receiver: Any, param: str, hf_names: list[str]) -> list[str]:
 
 
 def origin(receiver: Any, param: str, index: list[int]) -> str:
-    """`hf_name[i, j]`: where element `index` of `param` comes from (the receiver's `locate`, else itself)."""
-    name, where = param, tuple(index)
-    if callable(getattr(receiver, "locate", None)):
-        name, where = receiver.locate(param, tuple(index))
-    return f"{name}{list(where)}"
+    """` <- hf_name[i, j]`: where element `index` of `param` comes from (the receiver's `locate`); "" for itself."""
+    if not callable(getattr(receiver, "locate", None)):
+        return ""
+    name, where = receiver.locate(param, tuple(index))
+    return "" if name == param else f" <- {name}{list(where)}"
 
 
 def _names_text(names: list[str]) -> str:
@@ -150,11 +150,11 @@ def compare_param(receiver: Any, param: str, actual: Any, expected: Any, hf_name
     wrong element (`not-written` when it still holds the sentinel)."""
     from convcheck.bits import compare_bits, unravel_index
 
-    sources = feeds(receiver, param, hf_names)
-    fed = f"fed by {_names_text(sources)}"
     finding = compare_bits(param, expected, actual)
     if finding is None:
         return None
+    sources = feeds(receiver, param, hf_names)
+    fed = f"; fed by {_names_text(sources)}" if sources != [param] else ""
     detail = {**finding.detail, "sources": sources}
     if finding.kind == "bytes-differ" and actual.is_floating_point():
         unset = (actual.isnan() & ~expected.isnan()).reshape(-1)
@@ -165,14 +165,15 @@ def compare_param(receiver: Any, param: str, actual: Any, expected: Any, hf_name
                 tensor=param,
                 kind="not-written",
                 message=f"{count}/{unset.numel()} elements never written (still the NaN sentinel), first at index "
-                f"{first} <- {origin(receiver, param, first)}; {fed}",
+                f"{first}{origin(receiver, param, first)}{fed}",
                 detail={**detail, "count": count, "first_index": first},
             )
     if finding.kind == "bytes-differ":
         first = finding.detail["first_index"]
-        message = f"{finding.message}; element {first} <- {origin(receiver, param, first)}; {fed}"
+        source = origin(receiver, param, first)
+        message = f"{finding.message}" + (f"; element {first}{source}" if source else "") + fed
     else:
-        message = f"{finding.message}; {fed}"
+        message = f"{finding.message}{fed}"
     return Finding(tensor=param, kind=finding.kind, message=message, detail=detail)
 
 
@@ -181,12 +182,23 @@ def compare_state(receiver: Any, state: dict[str, Any], expected: dict[str, Any]
     findings = []
     for param in sorted(set(state) | set(expected)):
         if param not in state:
-            findings.append(Finding(tensor=param, kind="missing",
-                                    message=f"the source implies this parameter, the receiver does not hold it; "
-                                    f"fed by {_names_text(feeds(receiver, param, hf_names))}"))  # fmt: skip
+            sources = feeds(receiver, param, hf_names)
+            fed = f"; fed by {_names_text(sources)}" if sources != [param] else ""
+            findings.append(
+                Finding(
+                    tensor=param,
+                    kind="missing",
+                    message=f"the source implies this parameter, the receiver does not hold it{fed}",
+                )
+            )
         elif param not in expected:
-            findings.append(Finding(tensor=param, kind="no-source",
-                                    message="the receiver holds this parameter, the source implies no value for it"))  # fmt: skip
+            findings.append(
+                Finding(
+                    tensor=param,
+                    kind="no-source",
+                    message="the receiver holds this parameter, the source implies no value for it",
+                )
+            )
         elif (finding := compare_param(receiver, param, state[param], expected[param], hf_names)) is not None:
             findings.append(finding)
     return findings
@@ -195,8 +207,12 @@ def compare_state(receiver: Any, state: dict[str, Any], expected: dict[str, Any]
 def delivery_findings(delivery: Delivery, source: list[str]) -> list[Finding]:
     """HF names the sync delivered more than once, or never."""
     findings = [
-        Finding(tensor=name, kind="delivered-twice", message=f"the sender delivered this tensor {count} times",
-                detail={"count": count})  # fmt: skip
+        Finding(
+            tensor=name,
+            kind="delivered-twice",
+            message=f"the sender delivered this tensor {count} times",
+            detail={"count": count},
+        )
         for name, count in sorted(delivery.counts.items())
         if count > 1
     ]

@@ -9,7 +9,8 @@ back, and optionally `expected(hf)` (what the state holds after a full sync), `s
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 from convcheck.sync.fusion import Geometry, locate, pack, slot_of, sources_of
 
@@ -50,7 +51,9 @@ class HFReceiver:
             if name not in keys:
                 continue
             if id(tensor) not in seen:
-                seen[id(tensor)] = torch.arange(offset, offset + tensor.numel(), dtype=torch.int64).reshape(tensor.shape)
+                seen[id(tensor)] = torch.arange(offset, offset + tensor.numel(), dtype=torch.int64).reshape(
+                    tensor.shape
+                )
                 storage.append((name, tensor))
                 offset += tensor.numel()
             positions[name] = seen[id(tensor)]
@@ -165,8 +168,9 @@ class FusedReceiver:
         region = target[start : start + rows]
         part_rows = {"q": self.geometry.q_rows, "k": self.geometry.kv_rows, "v": self.geometry.kv_rows}
         if tuple(region.shape) != tuple(tensor.shape) or part_rows.get(slot.shard, rows) != rows:
-            raise ValueError(f"{name}: shape {list(tensor.shape)} does not fit rows {start}.. of {slot.param} "
-                             f"{list(param.shape)}")  # fmt: skip
+            raise ValueError(
+                f"{name}: shape {list(tensor.shape)} does not fit rows {start}.. of {slot.param} {list(param.shape)}"
+            )
         return region
 
     def _allocate(self, name: str, shape: tuple[int, ...], dtype: Any) -> Any:

@@ -6,7 +6,8 @@ fields of `ctx` a sender may rely on are listed in README ("Weight-sync paths").
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from convcheck.sync.buckets import pack_buckets, unpack_bucket
 from convcheck.sync.transport import Channel, chunk_bytes, sync_group
