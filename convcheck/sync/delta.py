@@ -137,6 +137,8 @@ def apply_delta(state: Mapping[str, Any], delta: Delta) -> dict[str, Any]:
             raise DeltaError(f"{entry.name}: {entry.indices.numel()} indices but {entry.values.numel()} values")
         if entry.indices.numel() and (int(entry.indices.min()) < 0 or int(entry.indices.max()) >= numel):
             raise DeltaError(f"{entry.name}: an index lies outside the {numel} elements")
+        if entry.indices.numel() > 1 and not bool((entry.indices.diff() > 0).all()):
+            raise DeltaError(f"{entry.name}: indices are not strictly increasing")
         patched = base.detach().contiguous().clone()
         bits = int_view(patched)
         bits[entry.indices.to(bits.device)] = int_view(entry.values.to(bits.device))

@@ -1,13 +1,16 @@
-"""Chunked tensor broadcast: per tensor a header object (name, dtype, shape, bytes sent), then its raw bytes in
-chunks of at most `chunk_bytes`, over a process group of its own; a None header ends the stream."""
+"""Chunked tensor broadcast: per tensor a fixed-size header (JSON: name, dtype, shape, bytes sent), then its raw
+bytes in chunks of at most `chunk_bytes`, over a process group of its own; a null header ends the stream."""
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass
 from typing import Any
 
+HEADER_BYTES = 4096
+"""Size of the header broadcast: 8 bytes of length, then the JSON text, zero-padded."""
 _GROUP: Any = None
 
 
@@ -72,11 +75,22 @@ class Channel:
         self.seconds = 0.0
 
     def _header(self, header: Any) -> Any:
+        """Broadcast `header` (on src; any JSON value) and return it on every rank: one fixed-size broadcast."""
+        import torch
         import torch.distributed as dist
 
-        box = [header]
-        dist.broadcast_object_list(box, src=self.src, group=self.group)
-        return box[0]
+        box = torch.zeros(HEADER_BYTES, dtype=torch.uint8)
+        if dist.get_rank() == self.src:
+            text = json.dumps(header).encode()
+            if len(text) > HEADER_BYTES - 8:
+                raise ValueError(f"broadcast header longer than {HEADER_BYTES - 8} bytes: {text[:80]!r}...")
+            box[:8] = torch.tensor(list(len(text).to_bytes(8, "little")), dtype=torch.uint8)
+            box[8 : 8 + len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+        wire = box.to(self.device) if self.device != "cpu" else box
+        dist.broadcast(wire, self.src, self.group)
+        raw = wire.cpu().numpy().tobytes()
+        size = int.from_bytes(raw[:8], "little")
+        return json.loads(raw[8 : 8 + size])
 
     def send(self, name: str, tensor: Any) -> None:
         """On `src`: broadcast `tensor` under `name`."""
@@ -85,7 +99,7 @@ class Channel:
         t0 = time.perf_counter()
         raw = payload(name, tensor)
         dtype = str(tensor.dtype).removeprefix("torch.")
-        self._header((name, dtype, tuple(tensor.shape), raw.numel()))
+        self._header([name, dtype, list(tensor.shape), raw.numel()])
         for start in range(0, raw.numel(), self.chunk):
             piece = raw[start : start + self.chunk]
             dist.broadcast(piece.to(self.device) if piece.device.type != self.device else piece, self.src, self.group)
