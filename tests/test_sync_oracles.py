@@ -141,19 +141,30 @@ def test_broadcast_sender_into_hf_receiver_with_tied_weights(tmp_path: Path) -> 
 
 
 @pytest.mark.ranks
-def test_planted_transport_and_delta_bugs_are_named(tmp_path: Path) -> None:
+def test_planted_sender_transport_and_delta_bugs_are_named(tmp_path: Path) -> None:
+    """One launch, four plants in different places: a flipped bit in the sender's stream, a broadcast chunk cut short,
+    a delta index off by one and an empty delta that is not a no-op; each oracle names its tensor."""
     hooks = [
         x
         for name in ("truncate_broadcast_chunk", "delta_index_off_by_one", "empty_delta_not_noop")
         for x in ("--hook", mutant("sync", name))
     ]
     res = run_cli(
-        "verify", "--model", "tiny:qwen3", "--tp", "2", "--oracle", "broadcast,delta", *hooks, tmp_path=tmp_path
-    )
+        "verify", "--model", "tiny:qwen3", "--tp", "2", "--sender", mutant("sync", "flip_bit"), "--receiver", "fused",
+        "--oracle", "roundtrip,receiver,broadcast,delta", *hooks, tmp_path=tmp_path,
+    )  # fmt: skip
     assert res.code == 1, res.out + res.err
-    assert _kinds(res.findings("broadcast")) == {(TRUNCATED, "truncated")}
-    truncated = res.findings("broadcast")[0]
+    (flipped,) = res.findings("roundtrip")
+    assert (flipped["tensor"], flipped["kind"], flipped["detail"]["first_index"]) == (FLIPPED, "bytes-differ", [0, 5])
+    (packed,) = res.findings("receiver")
+    assert (packed["tensor"], packed["kind"]) == ("model.layers.0.self_attn.qkv_proj.weight", "bytes-differ")
+    assert packed["detail"]["first_index"] == [32, 5] and f"<- {FLIPPED}[0, 5]" in packed["message"]
+
+    # the receiving rank compares with the source: the sender's flipped bit shows too, beside the cut chunk
+    assert _kinds(res.findings("broadcast")) == {(TRUNCATED, "truncated"), (FLIPPED, "bytes-differ")}
+    truncated = next(f for f in res.findings("broadcast") if f["kind"] == "truncated")
     assert truncated["detail"]["received_bytes"] == truncated["detail"]["expected_bytes"] - 2
+
     # the planted update flips bits of lm_head.weight (among others); the delta's first entry is lm_head.weight
     assert _kinds(res.findings("delta")) == {
         ("lm_head.weight", "delta-mismatch"),
@@ -161,32 +172,8 @@ def test_planted_transport_and_delta_bugs_are_named(tmp_path: Path) -> None:
     }
     mismatch = next(f for f in res.findings("delta") if f["kind"] == "delta-mismatch")
     assert mismatch["detail"]["count"] == 2  # the element it should patch and its neighbour it patched instead
-    assert f"--hook {mutant('sync', 'truncate_broadcast_chunk')}" in res.out
-
-
-@pytest.mark.ranks
-def test_flipped_bit_in_the_sender_is_named_by_roundtrip_and_receiver(tmp_path: Path) -> None:
-    res = run_cli(
-        "verify",
-        "--model",
-        "tiny:qwen3",
-        "--tp",
-        "2",
-        "--sender",
-        mutant("sync", "flip_bit"),
-        "--receiver",
-        "fused",
-        "--oracle",
-        "roundtrip,receiver",
-        tmp_path=tmp_path,
-    )
-    assert res.code == 1, res.out + res.err
-    (flipped,) = res.findings("roundtrip")
-    assert (flipped["tensor"], flipped["kind"], flipped["detail"]["first_index"]) == (FLIPPED, "bytes-differ", [0, 5])
-    (packed,) = res.findings("receiver")
-    assert (packed["tensor"], packed["kind"]) == ("model.layers.0.self_attn.qkv_proj.weight", "bytes-differ")
-    assert packed["detail"]["first_index"] == [32, 5] and f"<- {FLIPPED}[0, 5]" in packed["message"]
     assert f"--sender {mutant('sync', 'flip_bit')} --receiver fused" in res.out
+    assert f"--hook {mutant('sync', 'truncate_broadcast_chunk')}" in res.out
 
 
 CASES: dict[str, tuple[str | None, str | None, tuple[str, ...]]] = {

@@ -9,6 +9,8 @@ from convcheck.errors import one_line
 from convcheck.verdict import Finding
 
 MAX_LISTED = 10
+_SENDERS: dict[str, Any] = {}
+"""Senders already resolved in this rank (a FILE.py sender is imported once, not once per export)."""
 
 
 def describe_item(item: Any, known: Any) -> str | None:
@@ -36,7 +38,9 @@ def sender_stream(ctx: Any, cpu: bool = True) -> Iterator[tuple[str, Any]]:
     known = ctx.checkpoint.tensors
     count = 0
     try:
-        items = iter(load_sender(ctx.sender)(ctx))
+        if ctx.sender not in _SENDERS:
+            _SENDERS[ctx.sender] = load_sender(ctx.sender)
+        items = iter(_SENDERS[ctx.sender](ctx))
         for item in items:
             problem = describe_item(item, known)
             if problem is not None:
