@@ -49,10 +49,11 @@ def _worker(rank: int, port: int, args: argparse.Namespace, out: dict) -> None: 
     dist.init_process_group("nccl" if args.device == "cuda" else "gloo", rank=rank, world_size=2)
     per = int(args.mib * 2**20) // args.tensors // 2
     gen = torch.Generator().manual_seed(0)
-    tensors = [torch.randint(-(2**15), 2**15 - 1, (per,), dtype=torch.int16, generator=gen).view(torch.bfloat16)
-               for _ in range(args.tensors)]  # fmt: skip
-    flat = torch.cat([t.view(torch.uint8) for t in tensors]) if rank == 0 else torch.empty(per * 2 * args.tensors,
-                                                                                            dtype=torch.uint8)  # fmt: skip
+    bits = [torch.randint(-(2**15), 2**15 - 1, (per,), dtype=torch.int16, generator=gen) for _ in range(args.tensors)]
+    tensors = [b.view(torch.bfloat16) for b in bits]
+    flat = torch.cat([t.view(torch.uint8) for t in tensors])
+    if rank != 0:
+        flat = torch.empty_like(flat)
     group = sync_group()
     received: list = []  # type: ignore[type-arg]
 

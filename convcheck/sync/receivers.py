@@ -122,7 +122,7 @@ class HFReceiver:
 
 
 class FusedReceiver:
-    """An inference engine's stacked parameters in pure torch (the vLLM / SGLang loading pattern, convcheck.sync.fusion).
+    """An inference engine's stacked parameters in pure torch (vLLM's / SGLang's loading pattern, sync.fusion).
 
     Each fused parameter is allocated NaN-filled when its first piece arrives and written piecewise by row range, in
     whatever order names arrive; every other tensor is kept as it comes (copied in place from the second load on).
