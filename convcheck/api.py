@@ -57,8 +57,14 @@ def prepare(
     experts: str = "sequential",
     timeout_s: float = 600.0,
     progress: ProgressSink | None = None,
+    sender: str | None = None,
+    receiver: str | None = None,
+    chunk_mb: float = 64.0,
 ) -> Any:
-    """Validate everything a run needs before any rank starts; return the Job (BadInput names the first problem)."""
+    """Validate everything a run needs before any rank starts; return the Job (BadInput names the first problem).
+
+    `sender` / `receiver` / `chunk_mb`: the weight-sync path under test (convcheck.sync; README "Weight-sync paths").
+    """
     from convcheck.checkpoint import open_checkpoint
     from convcheck.engine.job import Job
     from convcheck.hooks import parse_hook
@@ -76,6 +82,7 @@ def prepare(
         raise BadInput(f"--experts te-grouped needs a MoE model; {model} has no experts")
     for hook in hooks:
         parse_hook(hook)
+    sender = check_sync(names, grid, sender, receiver, chunk_mb)
     gpus = visible_gpu_count() if device != "cpu" else 0
     device, reason = choose_device(device, gpus, grid.world_size)
     if progress is not None:
@@ -90,12 +97,31 @@ def prepare(
         timeout_s=timeout_s,
         experts=experts,
         device_reason=reason,
+        sender=sender,
+        receiver=receiver,
+        chunk_mb=float(chunk_mb),
     )
 
 
 def _has_experts(config: dict[str, Any]) -> bool:
     cfg = {**config, **(config.get("text_config") or {})}
     return any(cfg.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+
+
+def check_sync(
+    oracles: tuple[str, ...], layout: ParallelLayout, sender: str | None, receiver: str | None, chunk_mb: float
+) -> str | None:
+    """Resolve the sender and receiver specs and check they fit the run; the sender as a Job stores it."""
+    from convcheck.sync.adapters import check_adapters, normalize_sender
+
+    sender = normalize_sender(sender)
+    check_adapters(sender, receiver, chunk_mb)
+    if receiver is not None and not {"receiver", "idempotence"} & set(oracles):
+        raise BadInput("--receiver is used only by the receiver and idempotence oracles; add --oracle receiver")
+    if layout.world_size < 2 and ("broadcast" in oracles or sender == "broadcast"):
+        what = "the broadcast oracle" if "broadcast" in oracles else "--sender broadcast"
+        raise BadInput(f"{what} needs at least 2 ranks; the layout {layout.label} has 1")
+    return sender
 
 
 def run(job: Any, log_dir: str | None = None, progress: ProgressSink | None = None) -> Report:
@@ -130,6 +156,9 @@ def verify(
     timeout_s: float = 600.0,
     log_dir: str | None = None,
     progress: ProgressSink | None = None,
+    sender: str | None = None,
+    receiver: str | None = None,
+    chunk_mb: float = 64.0,
 ) -> Report:
     """Build `model` sharded at `layout` through the real bridge and run the oracles; ConvcheckError on bad input."""
     job = prepare(
@@ -141,6 +170,9 @@ def verify(
         experts=experts,
         timeout_s=timeout_s,
         progress=progress,
+        sender=sender,
+        receiver=receiver,
+        chunk_mb=chunk_mb,
     )
     return run(job, log_dir=log_dir, progress=progress)
 

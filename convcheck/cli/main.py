@@ -14,6 +14,7 @@ import click
 from convcheck.api import EXPERT_LAYOUTS
 from convcheck.cli.types import HookSpecType, OracleList, ReportPath
 from convcheck.errors import ConvcheckError, one_line
+from convcheck.sync.adapters import RECEIVERS, SENDERS
 
 if TYPE_CHECKING:
     from convcheck.layout import ParallelLayout
@@ -33,8 +34,9 @@ def replay_command(
     oracles: list[str],
     hooks: tuple[str, ...],
     experts: str = "sequential",
+    extra: tuple[str, ...] = (),
 ) -> str:
-    """One shell line that reruns exactly the failing oracles of this run."""
+    """One shell line that reruns exactly the failing oracles of this run (`extra`: further options, as given)."""
     import shlex
 
     args = ["convcheck", "verify", "--model", model]
@@ -48,7 +50,19 @@ def replay_command(
     args += ["--oracle", ",".join(oracles)]
     for hook in hooks:
         args += ["--hook", hook]
-    return shlex.join(args)
+    return shlex.join([*args, *extra])
+
+
+def sync_options(sender: str | None, receiver: str | None, chunk_mb: float) -> tuple[str, ...]:
+    """The weight-sync options of a run, for its replay line (defaults left out)."""
+    out: list[str] = []
+    if sender is not None:
+        out += ["--sender", sender]
+    if receiver is not None:
+        out += ["--receiver", receiver]
+    if chunk_mb != 64.0:
+        out += ["--chunk-mb", f"{chunk_mb:g}"]
+    return tuple(out)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -93,6 +107,13 @@ Examples:
               help="Callable run in every rank before the model is built (extensions, planted-bug tests).")  # fmt: skip
 @click.option("--experts", type=click.Choice(EXPERT_LAYOUTS), default="sequential", show_default=True,
               help="MoE expert layout: SequentialMLP, or TEGroupedMLP's linear_fcN.weightE (no forward: no logits).")  # fmt: skip
+@click.option("--sender", type=HookSpecType("sender", builtins=("bridge", *SENDERS)), default=None,
+              help="Weight-sync sender every export consumer reads: bridge (default), bucketed, broadcast, or "
+                   "MODULE:FUNC / FILE.py:FUNC called as FUNC(ctx).")  # fmt: skip
+@click.option("--receiver", type=HookSpecType("receiver", builtins=tuple(RECEIVERS)), default=None,
+              help="Receiver of the receiver/idempotence oracles: hf (default), fused, or MODULE:CLASS / FILE.py:CLASS.")  # fmt: skip
+@click.option("--chunk-mb", type=click.FloatRange(min=0, min_open=True), default=64.0, show_default=True,
+              help="Bound of one broadcast chunk and of one bucket of the bucketed sender, in MiB.")  # fmt: skip
 def verify(
     model: str,
     tp: int,
@@ -109,6 +130,9 @@ def verify(
     log_dir: str | None,
     hooks: tuple[str, ...],
     experts: str,
+    sender: str | None,
+    receiver: str | None,
+    chunk_mb: float,
 ) -> None:
     """Build the sharded Megatron model from MODEL through the real bridge and run the oracles."""
     from convcheck import api
@@ -130,6 +154,9 @@ def verify(
                 experts=experts,
                 timeout_s=timeout,
                 progress=display,
+                sender=sender,
+                receiver=receiver,
+                chunk_mb=chunk_mb,
             )
             report = api.run(job, log_dir=log_dir, progress=display)
     except ConvcheckError as exc:
@@ -137,7 +164,8 @@ def verify(
     print_report(report, table=table)
     if report.verdict != PASS:
         failing = [o.name for o in report.oracles if o.verdict != PASS]
-        click.echo(f"replay: {replay_command(model, layout, device, failing, hooks, experts)}")
+        extra = sync_options(sender, receiver, chunk_mb)
+        click.echo(f"replay: {replay_command(model, layout, device, failing, hooks, experts, extra)}")
     outputs = {path: render(report) for path, render in ((json_path, report_json), (junit_path, junit_xml)) if path}
     try:
         write_together(outputs)
@@ -172,7 +200,8 @@ def list_oracles(markdown: bool) -> None:
         click.echo(oracles_markdown(), nl=False)
         return
     for info in ORACLES.values():
-        click.echo(f"{info.name}\n  proves: {info.proves}\n  does not prove: {info.does_not_prove}")
+        opt_in = "" if info.default else f" (not in the default set: --oracle {info.name})"
+        click.echo(f"{info.name}{opt_in}\n  proves: {info.proves}\n  does not prove: {info.does_not_prove}")
 
 
 @cli.group()

@@ -41,6 +41,12 @@ class Job:
     """`MODULE:FUNC` / `FILE.py:FUNC` called as FUNC(ctx, **kwargs) in every rank instead of the oracles."""
     rank_kwargs_file: str | None = None
     """Pickle of the keyword arguments for `rank_function` (None: no arguments)."""
+    sender: str | None = None
+    """Weight-sync sender feeding every export consumer: a built-in name or `MODULE:FUNC` (None: the bridge)."""
+    receiver: str | None = None
+    """Receiver of the receiver/idempotence oracles: a built-in name or `MODULE:CLASS` (None: "hf")."""
+    chunk_mb: float = 64.0
+    """Bound of one broadcast chunk and of one bucket of the bucketed sender, in MiB."""
 
     def rank_spec(self) -> RankSpec:
         """What each rank needs to bring up its model."""
@@ -53,6 +59,9 @@ class Job:
             reference_manifest=self.reference_manifest,
             write_manifest=self.write_manifest,
             progress_file=str(self.progress_file),
+            sender=self.sender,
+            receiver=self.receiver,
+            chunk_mb=self.chunk_mb,
         )
 
     @property

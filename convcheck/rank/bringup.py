@@ -32,6 +32,9 @@ class RankSpec:
     write_manifest: str | None = None
     progress_file: str | None = None
     """Rank 0 appends progress events here (None: silent)."""
+    sender: str | None = None
+    receiver: str | None = None
+    chunk_mb: float = 64.0
 
 
 def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bool = True) -> RankContext:
@@ -69,6 +72,9 @@ def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bo
         reference_manifest=spec.reference_manifest,
         write_manifest=spec.write_manifest,
         progress=progress,
+        sender=spec.sender,
+        receiver=spec.receiver,
+        chunk_mb=spec.chunk_mb,
     )
     if load:
         progress.emit("loading the checkpoint through the bridge")
