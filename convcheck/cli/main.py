@@ -164,3 +164,6 @@ def main() -> None:
         click.echo(f"convcheck: error: {exc.format_message()}", err=True)
         sys.exit(EXIT_BAD_INPUT)
     sys.exit(code or 0)
+
+
+cli.add_command(__import__("convcheck.cli.selftest", fromlist=["selftest"]).selftest)
