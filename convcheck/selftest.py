@@ -544,6 +544,8 @@ def run_selftest(
                     else error_rows(alone, error or "", seconds)
                 )
                 rows += [_with_note(r, f"ran alone: {why}") for r in new_rows]
+    order = {m.name: i for i, m in enumerate(mutants)}
+    rows.sort(key=lambda r: (order[r.mutant.name], [_spec(lay) for lay in r.mutant.layouts].index(r.layout)))
     return SelftestResult(
         oracles=tuple(ORACLES),
         rows=tuple(rows),

@@ -230,6 +230,16 @@ def test_kill_matrix_cells_and_verdict() -> None:
     assert data["mutants"][1]["cells"]["mapping"] == "caught" and data["clean"][0]["verdict"] == "pass"
 
 
+def test_rows_follow_the_catalog_and_layout_order() -> None:
+    fake = FakeVerify(
+        {"x:a": {"roundtrip": ["model.embed_tokens.weight"]}, "x:t1": {"roundtrip": ["model.norm.weight"]}}
+    )
+    result = run_selftest([A, T1], quick=False, verify=fake)
+    assert [c[:2] for c in fake.calls if c[2]] == [("tiny:qwen3", "tp2"), ("tiny:qwen3", "tp2"), ("tiny:qwen3", "tp1")]
+    assert [(r.mutant.name, r.layout) for r in result.rows] == [("a", "tp2"), ("t1", "tp1"), ("t1", "tp2")]
+    assert result.passed and len(result.clean) == 2
+
+
 def test_survivor_false_alarm_and_error_fail_the_selftest() -> None:
     fake = FakeVerify({}, fail_hooks=("x:b",))
     result = run_selftest([A, replace(B, layout="tp1")], quick=True, verify=fake)
