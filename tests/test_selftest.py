@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from convcheck.errors import SetupError
-from convcheck.mutants.catalog import FORWARD, MUTANTS, Mutant, check_catalog
+from convcheck.mutants.catalog import FORWARD, MUTANTS, Mutant
 from convcheck.oracles import ORACLES
 from convcheck.selftest import (
     CAUGHT,
@@ -22,6 +22,7 @@ from convcheck.selftest import (
     NOT_APPLICABLE,
     NOT_RUN,
     attribute,
+    check_catalog,
     clean_launches,
     globs_meet,
     plan,

@@ -29,10 +29,10 @@ def selftest(models: tuple[str, ...], quick: bool, json_path: str | None, only: 
     """Plant every catalogued bug in the real bridge and check that an oracle catches each, with a clean run of
     every fixture x layout used (exit 1 if a mutant survives or a clean run fails)."""
     from convcheck import selftest as lib
-    from convcheck.mutants.catalog import MUTANTS, check_catalog
+    from convcheck.mutants.catalog import MUTANTS
 
     try:
-        problems = check_catalog(MUTANTS)
+        problems = lib.check_catalog(MUTANTS)
         if problems:
             raise ConvcheckError(f"mutant catalog: {problems[0]}")
         names = tuple(n.strip() for n in only.split(",") if n.strip())

@@ -1,4 +1,4 @@
-"""The mutant catalog `convcheck selftest` runs: each planted bug as data (hook, fixture, layout, expected catchers).
+"""The mutant catalog `convcheck selftest` runs: each planted bug as plain data (hook, fixture, layout, catchers).
 
 Adding a mutant: write its hook in a convcheck.mutants module (or anywhere importable), then add a `Mutant(...)`
 to MUTANTS. `catches` lists the oracles that must catch it; `targets` are fnmatch patterns for every finding name
@@ -486,55 +486,3 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
 )
 """Every shipped mutant, in the order the kill matrix lists them."""
-
-
-def check_catalog(mutants: tuple[Mutant, ...] = MUTANTS, *, deep: bool = False) -> list[str]:
-    """Problems with a catalog, one line each (empty when sound); `deep` also checks each layout against the
-    fixture's HF config (imports transformers)."""
-    from convcheck.api import EXPERT_LAYOUTS
-    from convcheck.errors import ConvcheckError
-    from convcheck.fixtures import get_spec
-    from convcheck.hooks import load_hook
-    from convcheck.layout import ParallelLayout
-    from convcheck.oracles import ORACLES
-
-    problems: list[str] = []
-    seen: set[str] = set()
-    for m in mutants:
-        if m.name in seen or not m.name.isidentifier():
-            problems.append(f"{m.name!r}: names must be unique identifiers")
-        seen.add(m.name)
-        if not m.description or "\n" in m.description:
-            problems.append(f"{m.name}: the description must be one line")
-        unknown = [o for o in m.catches if o not in ORACLES]
-        if unknown or not m.catches:
-            problems.append(f"{m.name}: catches needs known oracles, got {', '.join(unknown) or 'none'}")
-        if m.experts not in EXPERT_LAYOUTS:
-            problems.append(f"{m.name}: unknown expert layout {m.experts!r}")
-        elif m.experts == "te-grouped" and FORWARD in m.catches:
-            problems.append(f"{m.name}: te-grouped experts have no forward, logits cannot catch it")
-        if not m.targets:
-            problems.append(f"{m.name}: targets must name what its findings can be about")
-        if not m.fixture.startswith("tiny:"):
-            problems.append(f"{m.name}: fixture must be a built-in tiny:<name>, got {m.fixture!r}")
-        try:
-            callable(load_hook(m.hook)) or problems.append(f"{m.name}: hook {m.hook} is not callable")
-            spec = get_spec(m.fixture)
-            config = _hf_config(spec.name) if deep else None
-            for layout in m.layouts:
-                grid = ParallelLayout.parse(layout)
-                if config is not None:
-                    grid.validate_for(config)
-        except ConvcheckError as exc:
-            problems.append(f"{m.name}: {exc}")
-    return problems
-
-
-def _hf_config(fixture: str) -> dict[str, object]:
-    """The HF config dict a fixture's checkpoint will carry (built from its spec, no checkpoint written)."""
-    import transformers
-
-    from convcheck.fixtures import get_spec
-
-    spec = get_spec(fixture)
-    return getattr(transformers, spec.config_class)(**spec.config).to_dict()
