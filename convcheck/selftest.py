@@ -266,11 +266,11 @@ def plan(mutants: Sequence[Mutant], quick: bool) -> list[Launch]:
     for m in mutants:
         fits = [g for g in groups if _same_place(g[0], m) and _compatible([*g, m])]
         calm = [g for g in fits if not any(FORWARD in o.targets for o in g)]
-        home = (calm if FORWARD in m.targets and calm else fits or [None])[0]
-        if home is None:
-            groups.append([m])
+        choices = calm if FORWARD in m.targets and calm else fits
+        if choices:
+            choices[0].append(m)
         else:
-            home.append(m)
+            groups.append([m])
     return [_launch(g) for g in groups]
 
 
