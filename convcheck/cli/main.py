@@ -284,7 +284,9 @@ def main() -> None:
     sys.exit(code or 0)
 
 
+from convcheck.cli import selftest as _selftest  # noqa: E402  (does convcheck still bite on this stack?)
 from convcheck.cli import sweep as _sweep  # noqa: E402  (byte-identity sweep and digest manifests)
 
 cli.add_command(_sweep.sweep)
 cli.add_command(_sweep.digest)
+cli.add_command(_selftest.selftest)
