@@ -72,15 +72,19 @@ def export_raises() -> None:
     _fault_in_export(fault)
 
 
-def kill_rank1_mid_export() -> None:
-    """Rank 1 dies abruptly in the middle of the export stream (its peers wait in a gather)."""
-    if os.environ.get("RANK") == "1":
+def _is_last_rank() -> bool:
+    return os.environ.get("RANK", "0") == str(int(os.environ.get("WORLD_SIZE", "1")) - 1)
+
+
+def kill_last_rank_mid_export() -> None:
+    """The last rank dies abruptly in the middle of the export stream (its peers, if any, wait in a gather)."""
+    if _is_last_rank():
         _fault_in_export(lambda: os._exit(9))
 
 
-def hang_rank1_mid_export() -> None:
-    """Rank 1 stops in the middle of the export stream and never returns (its peers wait in a gather)."""
-    if os.environ.get("RANK") == "1":
+def hang_last_rank_mid_export() -> None:
+    """The last rank stops in the middle of the export stream and never returns (its peers wait in a gather)."""
+    if _is_last_rank():
         _fault_in_export(lambda: time.sleep(3600))
 
 
