@@ -512,9 +512,9 @@ def test_two_runs_at_once_share_a_fresh_fixture_cache(tmp_path: Path) -> None:
         )  # fmt: skip
         for i in range(2)
     ]
-    results = [(p.wait(timeout=400), p.communicate()) for p in procs]
-    for code, (out, err) in results:
-        assert code == 0, out[-2000:] + err[-2000:]
+    outputs = [p.communicate(timeout=600) for p in procs]
+    for proc, (out, err) in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, out[-2000:] + err[-2000:]
     for i in range(2):
         assert json.loads((tmp_path / f"report{i}.json").read_text())["verdict"] == "pass"
     fixtures = sorted(p.name for p in (cache / "fixtures").iterdir())
@@ -545,7 +545,7 @@ def test_a_rank_that_hangs_mid_export_is_stopped(ckpt: Path, tmp_path: Path) -> 
     proc = run_verify("--model", str(ckpt), "--oracle", "coverage", "--json", str(report),
                       "--hook", mutant("faults", "hang_last_rank_mid_export"), "--timeout", "15", tmp_path=tmp_path,
                       timeout=120)  # fmt: skip
-    assert time.monotonic() - t0 < 45
+    assert time.monotonic() - t0 < 75  # the timeout, the stop and the start-up of a busy machine; not the hour
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr
     assert_one_line(proc, "did not finish within 15 s (a rank hung or died); stopped all ranks")
     assert not report.exists()
