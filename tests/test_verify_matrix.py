@@ -7,6 +7,7 @@ import pytest
 
 from convcheck.checkpoint import open_checkpoint
 from convcheck.fixtures import FIXTURES, build_fixture
+from convcheck.oracles import ORACLES
 from tests.helpers import run_cli
 
 DENSE_LAYOUTS = [(), ("--tp", "2"), ("--pp", "2")]
@@ -18,6 +19,13 @@ CASES = (
     + [("nemotron-h", layout) for layout in HYBRID_LAYOUTS]
     + [("qwen2", ("--tp", "4"))]  # fewer KV heads (2) than TP ranks (4): each query group split over two ranks
 )
+
+
+def default_oracles(layout: tuple[str, ...]) -> list[str]:
+    """What a plain `verify` must run: every default oracle, less logits for te-grouped experts (no forward)."""
+    names = [name for name, info in ORACLES.items() if getattr(info, "default", True)]
+    te_grouped = "--experts" in layout and layout[layout.index("--experts") + 1] == "te-grouped"
+    return [name for name in names if not (te_grouped and name == "logits")]
 
 
 @pytest.mark.ranks
@@ -32,6 +40,8 @@ def test_verify_passes(name: str, layout: tuple[str, ...], tmp_path: Path) -> No
     assert set(report["versions"]) >= {"torch", "megatron-core", "megatron-bridge", "transformers"}
     assert report["versions"]["megatron-core"] == "0.19.2"
     assert {"coverage", "roundtrip"} <= {o["name"] for o in report["oracles"]}
+    names = [o["name"] for o in report["oracles"]]
+    assert sorted(names) == sorted(default_oracles(layout)), names  # the full default set, each exactly once
     for oracle in report["oracles"]:
         assert oracle["verdict"] == "pass" and oracle["checked"] > 0 and oracle["findings"] == []
     oracles = {o["name"]: o for o in report["oracles"]}
@@ -42,4 +52,6 @@ def test_verify_passes(name: str, layout: tuple[str, ...], tmp_path: Path) -> No
             assert oracles[name_]["checked"] == numel and oracles[name_]["unit"] == "elements"
     if "layout" in oracles:
         assert oracles["layout"]["checked"] == oracles["roundtrip"]["checked"]
+    rows = oracles["mapping"]["tensors"]  # every Megatron parameter covered by an explicit mapping and proven
+    assert rows and [r["tensor"] for r in rows if r["verdict"] != "pass"] == []
     assert "PASS" in res.out.strip().splitlines()[-1]

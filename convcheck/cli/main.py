@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 import sys
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -277,8 +278,9 @@ def main() -> None:
     except ConvcheckError as exc:
         _fail_line(exc)
     except Exception as exc:  # noqa: BLE001 - exit 1 means "a verdict failed" and nothing else
-        if os.environ.get("CONVCHECK_DEBUG"):
-            raise
+        if os.environ.get("CONVCHECK_DEBUG"):  # the traceback, still with exit 2: 1 is only for a failed verdict
+            traceback.print_exc()
+            sys.exit(EXIT_BAD_INPUT)
         click.echo(f"convcheck: error: internal error: {one_line(exc)} (set CONVCHECK_DEBUG=1 for the traceback)", err=True)
         sys.exit(EXIT_BAD_INPUT)
     sys.exit(code or 0)
