@@ -276,7 +276,7 @@ def plan(mutants: Sequence[Mutant], quick: bool) -> list[Launch]:
 
 def clean_launches(launches: Sequence[Launch]) -> list[Launch]:
     """One hook-free launch per fixture x layout x experts used, running every oracle those launches ran."""
-    from convcheck.oracles import ORACLES
+    from convcheck.oracles import DEFAULT_ORACLES as ORACLES
 
     merged: dict[tuple[str, str, str], set[str]] = {}
     for launch in launches:
@@ -451,7 +451,7 @@ def attribute(report: Report, mutants: Sequence[Mutant]) -> Attribution:
 
 def cells_for(mutant: Mutant, launch: Launch, credited: dict[str, list[Finding]]) -> dict[str, str]:
     """One cell per oracle: caught / missed where it ran, not run where the launch skipped it, n/a where it can't."""
-    from convcheck.oracles import ORACLES
+    from convcheck.oracles import DEFAULT_ORACLES as ORACLES
 
     usable = applicable_oracles(mutant.experts)
     out = {}
@@ -481,7 +481,7 @@ def first_credited(credited: dict[str, list[Finding]], order: Sequence[str]) -> 
 
 def rows_from(launch: Launch, report: Report, seconds: float) -> tuple[list[MutantRow], Attribution]:
     """The rows of a finished mutant launch, and how its findings were attributed."""
-    from convcheck.oracles import ORACLES
+    from convcheck.oracles import DEFAULT_ORACLES as ORACLES
 
     found = attribute(report, launch.mutants)
     rows = []
@@ -535,7 +535,7 @@ def run_selftest(
     timeout_s: float = 600.0,
 ) -> SelftestResult:
     """Run the clean launches and the mutant launches (shared ones rerun alone when attribution is unclear)."""
-    from convcheck.oracles import ORACLES
+    from convcheck.oracles import DEFAULT_ORACLES as ORACLES
     from convcheck.versions import versions
 
     if verify is None:

@@ -14,7 +14,7 @@ import pytest
 
 from convcheck.errors import SetupError
 from convcheck.mutants.catalog import FORWARD, MUTANTS, Mutant
-from convcheck.oracles import ORACLES
+from convcheck.oracles import DEFAULT_ORACLES as ORACLES
 from convcheck.selftest import (
     CAUGHT,
     ERROR,
