@@ -7,8 +7,8 @@ projections, routed experts); any other tensor passes. A tensor with no elements
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from convcheck.errors import BadInput

@@ -174,9 +174,7 @@ def overlapping_byte_ranges(ckpt: Path) -> Case:
         )
 
     edit_header(ckpt / SHARD1, change)
-    return Case(
-        "tensors 'model.layers.0.self_attn.k_norm.weight' and 'model.layers.0.self_attn.q_norm.weight' overlap"
-    )
+    return Case("tensors 'model.layers.0.self_attn.k_norm.weight' and 'model.layers.0.self_attn.q_norm.weight' overlap")
 
 
 def bytes_of_no_tensor(ckpt: Path) -> Case:
@@ -506,9 +504,23 @@ def test_two_runs_at_once_share_a_fresh_fixture_cache(tmp_path: Path) -> None:
     env = {**os.environ, "CONVCHECK_CACHE_DIR": str(cache), "TMPDIR": str(tmp_path / "tmp")}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "convcheck", "verify", "--model", "tiny:qwen3", "--oracle", "coverage",
-             "--json", str(tmp_path / f"report{i}.json")],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-m",
+                "convcheck",
+                "verify",
+                "--model",
+                "tiny:qwen3",
+                "--oracle",
+                "coverage",
+                "--json",
+                str(tmp_path / f"report{i}.json"),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )  # fmt: skip
         for i in range(2)
     ]

@@ -271,7 +271,7 @@ def test_unclaimed_finding_in_a_shared_launch_reruns_its_mutants_alone() -> None
     assert all(r.note.startswith("ran alone") and r.shared_with == () for r in result.rows)
 
 
-# --- the command line ------------------------------------------------------------------------------------------------------
+# --- the command line ---------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,8 @@ _MARK = {"caught": "[green]caught[/green]", "missed": "[red]missed[/red]", "erro
 @click.option("--model", "models", multiple=True, metavar="tiny:NAME",
               help="Only the mutants on this fixture (repeatable; default: every mutant).")  # fmt: skip
 @click.option("--quick", is_flag=True,
-              help="One layout per mutant, mutants with disjoint targets sharing a launch, only the oracles needed.")  # fmt: skip
+              help="One layout per mutant, mutants with disjoint targets sharing a launch, "
+              "only the oracles needed.")  # fmt: skip
 @click.option(
     "--json", "json_path", type=click.Path(dir_okay=False, writable=True), help="Write the kill matrix as JSON."
 )

@@ -188,7 +188,9 @@ def _launch(job: Job, workdir: Path, progress: ProgressSink | None) -> dict[str,
     return _result(job, code, log_file, started)
 
 
-def _wait(proc: subprocess.Popen[bytes], timeout_s: float, reader: ProgressReader, progress: ProgressSink | None) -> int:
+def _wait(
+    proc: subprocess.Popen[bytes], timeout_s: float, reader: ProgressReader, progress: ProgressSink | None
+) -> int:
     """Wait for torchrun, handing progress events on as they arrive; TimeoutExpired after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while True:

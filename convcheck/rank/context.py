@@ -101,7 +101,9 @@ class RankContext:
         """The `import-failed` finding when the bridge's import raised, else None."""
         if not self.load_error:
             return None
-        return Finding(tensor="<import>", kind="import-failed", message=f"bridge.load_hf_weights raised {self.load_error}")
+        return Finding(
+            tensor="<import>", kind="import-failed", message=f"bridge.load_hf_weights raised {self.load_error}"
+        )
 
     def gather(self, obj: Any) -> list[Any]:
         """all_gather_object over the world (a list indexed by rank on every rank)."""
@@ -141,4 +143,3 @@ class RankContext:
         from megatron.bridge.models.conversion.model_bridge import _megatron_local_name_to_global
 
         return _megatron_local_name_to_global(self.model, self.model[0].config, local_name, vp_stage)
-
