@@ -57,8 +57,12 @@ def prepare(
     experts: str = "sequential",
     timeout_s: float = 600.0,
     progress: ProgressSink | None = None,
+    pad_vocab: int | None = None,
+    manifest_out: str | None = None,
 ) -> Any:
-    """Validate everything a run needs before any rank starts; return the Job (BadInput names the first problem)."""
+    """Validate everything a run needs before any rank starts; return the Job (BadInput names the first problem).
+
+    `pad_vocab=N` builds the padded vocabulary training uses; `manifest_out` makes rank 0 write the gate manifest."""
     from convcheck.checkpoint import open_checkpoint
     from convcheck.engine.job import Job
     from convcheck.hooks import parse_hook
@@ -67,6 +71,11 @@ def prepare(
         raise BadInput(f"unknown expert layout {experts!r}; known: {', '.join(EXPERT_LAYOUTS)}")
     names = as_oracles(oracles, experts)
     grid = as_layout(layout)
+    check_pad_vocab(pad_vocab)
+    if manifest_out is not None:
+        from convcheck.gate.manifest import check_manifest_path
+
+        manifest_out = check_manifest_path(manifest_out)
     if progress is not None and model.startswith("tiny:"):
         progress({"phase": f"building fixture {model} (cached after the first run)"})
     path = resolve_model(model)
@@ -90,7 +99,17 @@ def prepare(
         timeout_s=timeout_s,
         experts=experts,
         device_reason=reason,
+        pad_vocab=pad_vocab,
+        manifest_out=manifest_out,
     )
+
+
+def check_pad_vocab(pad_vocab: int | None) -> None:
+    """BadInput unless `pad_vocab` is None or a positive integer."""
+    if pad_vocab is None:
+        return
+    if not isinstance(pad_vocab, int) or isinstance(pad_vocab, bool) or pad_vocab < 1:
+        raise BadInput(f"--pad-vocab must be a positive integer, got {pad_vocab!r}")
 
 
 def _has_experts(config: dict[str, Any]) -> bool:
@@ -130,6 +149,8 @@ def verify(
     timeout_s: float = 600.0,
     log_dir: str | None = None,
     progress: ProgressSink | None = None,
+    pad_vocab: int | None = None,
+    manifest_out: str | None = None,
 ) -> Report:
     """Build `model` sharded at `layout` through the real bridge and run the oracles; ConvcheckError on bad input."""
     job = prepare(
@@ -141,6 +162,8 @@ def verify(
         experts=experts,
         timeout_s=timeout_s,
         progress=progress,
+        pad_vocab=pad_vocab,
+        manifest_out=manifest_out,
     )
     return run(job, log_dir=log_dir, progress=progress)
 

@@ -33,6 +33,7 @@ def replay_command(
     oracles: list[str],
     hooks: tuple[str, ...],
     experts: str = "sequential",
+    pad_vocab: int | None = None,
 ) -> str:
     """One shell line that reruns exactly the failing oracles of this run."""
     import shlex
@@ -45,6 +46,8 @@ def replay_command(
         args += ["--device", device]
     if experts != "sequential":
         args += ["--experts", experts]
+    if pad_vocab is not None:
+        args += ["--pad-vocab", str(pad_vocab)]
     args += ["--oracle", ",".join(oracles)]
     for hook in hooks:
         args += ["--hook", hook]
@@ -93,6 +96,10 @@ Examples:
               help="Callable run in every rank before the model is built (extensions, planted-bug tests).")  # fmt: skip
 @click.option("--experts", type=click.Choice(EXPERT_LAYOUTS), default="sequential", show_default=True,
               help="MoE expert layout: SequentialMLP, or TEGroupedMLP's linear_fcN.weightE (no forward: no logits).")  # fmt: skip
+@click.option("--pad-vocab", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Build the padded vocabulary training uses: rows rounded up to a multiple of N x TP.")  # fmt: skip
+@click.option("--manifest", "manifest_path", type=ReportPath(),
+              help="Write this case's gate manifest (export digests, conversion tasks, config, verdicts).")  # fmt: skip
 def verify(
     model: str,
     tp: int,
@@ -109,6 +116,8 @@ def verify(
     log_dir: str | None,
     hooks: tuple[str, ...],
     experts: str,
+    pad_vocab: int | None,
+    manifest_path: str | None,
 ) -> None:
     """Build the sharded Megatron model from MODEL through the real bridge and run the oracles."""
     from convcheck import api
@@ -130,6 +139,8 @@ def verify(
                 experts=experts,
                 timeout_s=timeout,
                 progress=display,
+                pad_vocab=pad_vocab,
+                manifest_out=manifest_path,
             )
             report = api.run(job, log_dir=log_dir, progress=display)
     except ConvcheckError as exc:
@@ -137,7 +148,7 @@ def verify(
     print_report(report, table=table)
     if report.verdict != PASS:
         failing = [o.name for o in report.oracles if o.verdict != PASS]
-        click.echo(f"replay: {replay_command(model, layout, device, failing, hooks, experts)}")
+        click.echo(f"replay: {replay_command(model, layout, device, failing, hooks, experts, pad_vocab)}")
     outputs = {path: render(report) for path, render in ((json_path, report_json), (junit_path, junit_xml)) if path}
     try:
         write_together(outputs)

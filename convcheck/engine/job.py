@@ -41,6 +41,10 @@ class Job:
     """`MODULE:FUNC` / `FILE.py:FUNC` called as FUNC(ctx, **kwargs) in every rank instead of the oracles."""
     rank_kwargs_file: str | None = None
     """Pickle of the keyword arguments for `rank_function` (None: no arguments)."""
+    pad_vocab: int | None = None
+    """Padded vocabulary: the provider's make_vocab_size_divisible_by=N and should_pad_vocab=True (None: off)."""
+    manifest_out: str | None = None
+    """Where rank 0 writes the case's gate manifest (convcheck.gate.manifest) after the oracles ran (None: not)."""
 
     def rank_spec(self) -> RankSpec:
         """What each rank needs to bring up its model."""
@@ -53,6 +57,7 @@ class Job:
             reference_manifest=self.reference_manifest,
             write_manifest=self.write_manifest,
             progress_file=str(self.progress_file),
+            pad_vocab=self.pad_vocab,
         )
 
     @property

@@ -28,6 +28,8 @@ def reference_key(job: Job) -> str:
 
     key = hashlib.sha256()
     fields = {"model": job.model_path, "hooks": list(job.hooks), "device": job.device, "experts": job.experts}
+    if job.pad_vocab is not None:
+        fields["pad_vocab"] = job.pad_vocab
     where = {"python": sys.executable, "path": sys.path, "pythonpath": os.environ.get("PYTHONPATH", "")}
     key.update(json.dumps({**fields, **where, "v": versions()}, sort_keys=True).encode())
     hook_files = [Path(h.rpartition(":")[0]) for h in job.hooks if h.rpartition(":")[0].endswith(".py")]
@@ -49,6 +51,7 @@ def reference_manifest(job: Job, log_dir: str | None = None, progress: ProgressS
         workdir=".",
         reference_manifest=None,
         write_manifest=str(manifest),
+        manifest_out=None,
     )
     prefixed = None
     if progress is not None:
