@@ -266,3 +266,7 @@ from convcheck.cli import sweep as _sweep  # noqa: E402  (byte-identity sweep an
 
 cli.add_command(_sweep.sweep)
 cli.add_command(_sweep.digest)
+
+from convcheck.cli import gate as _gate  # noqa: E402  (bridge-upgrade gate: golden manifests)
+
+cli.add_command(_gate.gate)
