@@ -4,7 +4,8 @@ a *candidate fix*, not a planted bug, to check the rest of the stack under paddi
 Measured with the real bridge 0.6.2: at TP1 `ColumnParallelMapping.hf_to_megatron` returns the unpadded HF rows
 (`param_mapping.py:968`), so the import raises a shape mismatch; at TP>1 the import pads with zero rows
 (`:1005`) but `megatron_to_hf` concatenates the shards without removing them (`:1049`), so the export holds the
-padding rows. `fix_vocab_padding` pads at TP1 too and trims the export to the HF vocabulary.
+padding rows. `fix_vocab_padding` pads at TP1 too and trims each vocabulary mapping's export to the HF vocabulary
+(the size is handed to the mapping when the bridge builds its conversion tasks: every rank and oracle sees it).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def fix_vocab_padding_trim_too_far() -> None:
 def _patch(short_by: int) -> None:
     import torch
     from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge
-    from megatron.bridge.models.conversion.param_mapping import ColumnParallelMapping
+    from megatron.bridge.models.conversion.param_mapping import AutoMapping, ColumnParallelMapping
 
     def make_import(original):  # type: ignore[no-untyped-def]
         def hf_to_megatron(self, hf_weights, megatron_module):  # type: ignore[no-untyped-def]
@@ -45,17 +46,29 @@ def _patch(short_by: int) -> None:
 
         return hf_to_megatron
 
-    def make_export(original):  # type: ignore[no-untyped-def]
-        def stream(self, megatron_model, hf_pretrained, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def make_tasks(original):  # type: ignore[no-untyped-def]
+        def build_conversion_tasks(self, hf_pretrained, megatron_model, *args, **kwargs):  # type: ignore[no-untyped-def]
+            tasks = original(self, hf_pretrained, megatron_model, *args, **kwargs)
             config = getattr(hf_pretrained, "config", hf_pretrained)
             vocab = (getattr(config, "text_config", None) or config).vocab_size
-            registry = self.mapping_registry()
-            mapped = [registry.megatron_to_hf_lookup(p) for p in VOCAB_PARAMS]
-            names = {m.hf_param for m in mapped if m is not None and isinstance(m.hf_param, str)}
-            for name, tensor in original(self, megatron_model, hf_pretrained, *args, **kwargs):
-                yield name, (tensor[: vocab - short_by] if name in names and tensor.shape[0] > vocab else tensor)
+            for task in tasks:
+                if task is not None and task.mapping.megatron_param in VOCAB_PARAMS:
+                    task.mapping.vocab_rows = vocab - short_by  # every rank: the export is collective
+            return tasks
 
-        return stream
+        return build_conversion_tasks
+
+    def make_export(original):  # type: ignore[no-untyped-def]
+        def megatron_to_hf(self, megatron_weights, megatron_module):  # type: ignore[no-untyped-def]
+            out = original(self, megatron_weights, megatron_module)
+            rows = getattr(self, "vocab_rows", None)
+            if rows is None:
+                return out
+            return {name: (t[:rows] if t.shape[0] > rows else t) for name, t in out.items()}
+
+        return megatron_to_hf
 
     wrap(ColumnParallelMapping, "hf_to_megatron", make_import)
-    wrap(MegatronModelBridge, "stream_weights_megatron_to_hf", make_export)
+    wrap(MegatronModelBridge, "build_conversion_tasks", make_tasks)
+    wrap(ColumnParallelMapping, "megatron_to_hf", make_export)
+    wrap(AutoMapping, "megatron_to_hf", make_export)
