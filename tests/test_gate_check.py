@@ -262,3 +262,18 @@ def test_gate_check_names_a_case_that_no_longer_runs(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     assert result["verdict"] == "fail" and result["cases"][0]["status"] == "not-run"
     assert 'name="deleted-checkpoint/tp1"' in (tmp_path / "junit.xml").read_text()
+
+
+def test_golden_manifests_cover_the_default_matrix_on_the_current_pins() -> None:
+    from convcheck.gate import GOLDEN_DIR
+    from convcheck.gate.runner import read_index
+
+    index = read_index(GOLDEN_DIR)
+    assert sorted(index) == sorted(c.id for c in default_matrix())
+    for case in index.values():
+        path = GOLDEN_DIR / case.file_name
+        m = load_manifest(path)
+        assert m["case"]["id"] == case.id
+        assert m["run"]["versions"]["megatron-bridge"] == "0.6.2" and m["run"]["versions"]["megatron-core"] == "0.19.2"
+        assert m["run"]["hooks"] == [] and m["export"]["error"] is None
+        assert path.stat().st_size < 40_000, f"{path.name} is {path.stat().st_size} bytes"
