@@ -262,6 +262,11 @@ def test_gate_check_names_a_case_that_no_longer_runs(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     assert result["verdict"] == "fail" and result["cases"][0]["status"] == "not-run"
     assert 'name="deleted-checkpoint/tp1"' in (tmp_path / "junit.xml").read_text()
+    reviewed = allow_file(tmp_path, [{"kind": "case-not-run", "case": "deleted-*", "reason": "checkpoint retired"}])
+    res = run_gate("check", str(golden), "--allow", str(reviewed))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "ALLOWED <case>: [case-not-run]" in res.stdout
+    assert "PASS deleted-checkpoint/tp1: 0 difference(s), 1 allowed" in res.stdout
 
 
 def test_golden_manifests_cover_the_default_matrix_on_the_current_pins() -> None:
