@@ -60,10 +60,13 @@ def prepare(
     sender: str | None = None,
     receiver: str | None = None,
     chunk_mb: float = 64.0,
+    pad_vocab: int | None = None,
+    manifest_out: str | None = None,
 ) -> Any:
     """Validate everything a run needs before any rank starts; return the Job (BadInput names the first problem).
 
-    `sender` / `receiver` / `chunk_mb`: the weight-sync path under test (convcheck.sync; README "Weight-sync paths").
+    `sender` / `receiver` / `chunk_mb`: the weight-sync path under test (convcheck.sync; README "Weight-sync paths");
+    `pad_vocab=N` builds the padded vocabulary training uses; `manifest_out` makes rank 0 write the gate manifest.
     """
     from convcheck.checkpoint import open_checkpoint
     from convcheck.engine.job import Job
@@ -73,6 +76,11 @@ def prepare(
         raise BadInput(f"unknown expert layout {experts!r}; known: {', '.join(EXPERT_LAYOUTS)}")
     names = as_oracles(oracles, experts)
     grid = as_layout(layout)
+    check_pad_vocab(pad_vocab)
+    if manifest_out is not None:
+        from convcheck.gate.manifest import check_manifest_path
+
+        manifest_out = check_manifest_path(manifest_out)
     if progress is not None and model.startswith("tiny:"):
         progress({"phase": f"building fixture {model} (cached after the first run)"})
     path = resolve_model(model)
@@ -100,7 +108,17 @@ def prepare(
         sender=sender,
         receiver=receiver,
         chunk_mb=float(chunk_mb),
+        pad_vocab=pad_vocab,
+        manifest_out=manifest_out,
     )
+
+
+def check_pad_vocab(pad_vocab: int | None) -> None:
+    """BadInput unless `pad_vocab` is None or a positive integer."""
+    if pad_vocab is None:
+        return
+    if not isinstance(pad_vocab, int) or isinstance(pad_vocab, bool) or pad_vocab < 1:
+        raise BadInput(f"--pad-vocab must be a positive integer, got {pad_vocab!r}")
 
 
 def _has_experts(config: dict[str, Any]) -> bool:
@@ -159,6 +177,8 @@ def verify(
     sender: str | None = None,
     receiver: str | None = None,
     chunk_mb: float = 64.0,
+    pad_vocab: int | None = None,
+    manifest_out: str | None = None,
 ) -> Report:
     """Build `model` sharded at `layout` through the real bridge and run the oracles; ConvcheckError on bad input."""
     job = prepare(
@@ -173,6 +193,8 @@ def verify(
         sender=sender,
         receiver=receiver,
         chunk_mb=chunk_mb,
+        pad_vocab=pad_vocab,
+        manifest_out=manifest_out,
     )
     return run(job, log_dir=log_dir, progress=progress)
 

@@ -36,6 +36,7 @@ def replay_command(
     hooks: tuple[str, ...],
     experts: str = "sequential",
     extra: tuple[str, ...] = (),
+    pad_vocab: int | None = None,
 ) -> str:
     """One shell line that reruns exactly the failing oracles of this run (`extra`: further options, as given)."""
     import shlex
@@ -48,6 +49,8 @@ def replay_command(
         args += ["--device", device]
     if experts != "sequential":
         args += ["--experts", experts]
+    if pad_vocab is not None:
+        args += ["--pad-vocab", str(pad_vocab)]
     args += ["--oracle", ",".join(oracles)]
     for hook in hooks:
         args += ["--hook", hook]
@@ -115,6 +118,10 @@ Examples:
               help="Receiver of the receiver/idempotence oracles: hf (default), fused, or MODULE:CLASS / FILE.py:CLASS.")  # fmt: skip
 @click.option("--chunk-mb", type=click.FloatRange(min=0, min_open=True), default=64.0, show_default=True,
               help="Bound of one broadcast chunk and of one bucket of the bucketed sender, in MiB.")  # fmt: skip
+@click.option("--pad-vocab", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Build the padded vocabulary training uses: rows rounded up to a multiple of N x TP.")  # fmt: skip
+@click.option("--manifest", "manifest_path", type=ReportPath(),
+              help="Write this case's gate manifest (export digests, conversion tasks, config, verdicts).")  # fmt: skip
 def verify(
     model: str,
     tp: int,
@@ -134,6 +141,8 @@ def verify(
     sender: str | None,
     receiver: str | None,
     chunk_mb: float,
+    pad_vocab: int | None,
+    manifest_path: str | None,
 ) -> None:
     """Build the sharded Megatron model from MODEL through the real bridge and run the oracles."""
     from convcheck import api
@@ -158,6 +167,8 @@ def verify(
                 sender=sender,
                 receiver=receiver,
                 chunk_mb=chunk_mb,
+                pad_vocab=pad_vocab,
+                manifest_out=manifest_path,
             )
             report = api.run(job, log_dir=log_dir, progress=display)
     except ConvcheckError as exc:
@@ -166,7 +177,7 @@ def verify(
     if report.verdict != PASS:
         failing = [o.name for o in report.oracles if o.verdict != PASS]
         extra = sync_options(sender, receiver, chunk_mb)
-        click.echo(f"replay: {replay_command(model, layout, device, failing, hooks, experts, extra)}")
+        click.echo(f"replay: {replay_command(model, layout, device, failing, hooks, experts, extra, pad_vocab)}")
     outputs = {path: render(report) for path, render in ((json_path, report_json), (junit_path, junit_xml)) if path}
     try:
         write_together(outputs)
@@ -292,3 +303,7 @@ from convcheck.cli import sweep as _sweep  # noqa: E402  (byte-identity sweep an
 cli.add_command(_sweep.sweep)
 cli.add_command(_sweep.digest)
 cli.add_command(_selftest.selftest)
+
+from convcheck.cli import gate as _gate  # noqa: E402  (bridge-upgrade gate: golden manifests)
+
+cli.add_command(_gate.gate)

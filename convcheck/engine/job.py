@@ -47,6 +47,10 @@ class Job:
     """Receiver of the receiver/idempotence oracles: a built-in name or `MODULE:CLASS` (None: "hf")."""
     chunk_mb: float = 64.0
     """Bound of one broadcast chunk and of one bucket of the bucketed sender, in MiB."""
+    pad_vocab: int | None = None
+    """Padded vocabulary: the provider's make_vocab_size_divisible_by=N and should_pad_vocab=True (None: off)."""
+    manifest_out: str | None = None
+    """Where rank 0 writes the case's gate manifest (convcheck.gate.manifest) after the oracles ran (None: not)."""
 
     def rank_spec(self) -> RankSpec:
         """What each rank needs to bring up its model."""
@@ -62,6 +66,7 @@ class Job:
             sender=self.sender,
             receiver=self.receiver,
             chunk_mb=self.chunk_mb,
+            pad_vocab=self.pad_vocab,
         )
 
     @property

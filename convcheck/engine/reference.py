@@ -30,6 +30,8 @@ def reference_key(job: Job) -> str:
     fields = {"model": job.model_path, "hooks": list(job.hooks), "device": job.device, "experts": job.experts}
     if job.sender is not None:  # the TP1 export runs through the same sender
         fields["sender"] = job.sender
+    if job.pad_vocab is not None:
+        fields["pad_vocab"] = job.pad_vocab
     where = {"python": sys.executable, "path": sys.path, "pythonpath": os.environ.get("PYTHONPATH", "")}
     key.update(json.dumps({**fields, **where, "v": versions()}, sort_keys=True).encode())
     specs = (*job.hooks, *((job.sender,) if job.sender else ()))
@@ -52,6 +54,7 @@ def reference_manifest(job: Job, log_dir: str | None = None, progress: ProgressS
         workdir=".",
         reference_manifest=None,
         write_manifest=str(manifest),
+        manifest_out=None,
     )
     prefixed = None
     if progress is not None:

@@ -27,6 +27,11 @@ def run_job(job: Job) -> dict[str, Any] | None:
     ctx = bring_up(job.rank_spec(), hooks)
     if function is not None:
         return _run_function(job, ctx, function, started)
+    recorder = None
+    if job.manifest_out:
+        from convcheck.gate.recorder import ManifestRecorder
+
+        recorder = ManifestRecorder.start(ctx)  # taps the export stream the oracles drain anyway
     verdicts = []
     for name, oracle in zip(job.oracles, oracles, strict=True):
         ctx.phase = f"oracle {name}"
@@ -35,6 +40,8 @@ def run_job(job: Job) -> dict[str, Any] | None:
         verdict = oracle(ctx)
         if verdict is not None:
             verdicts.append({**verdict.to_dict(), "seconds": round(time.perf_counter() - t0, 3)})
+    if recorder is not None:
+        recorder.finish(job, verdicts)
     if ctx.rank != 0:
         return None
     return {

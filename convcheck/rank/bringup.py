@@ -35,6 +35,8 @@ class RankSpec:
     sender: str | None = None
     receiver: str | None = None
     chunk_mb: float = 64.0
+    pad_vocab: int | None = None
+    """Build the padded vocabulary: make_vocab_size_divisible_by=N, should_pad_vocab=True (None: the HF vocab)."""
 
 
 def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bool = True) -> RankContext:
@@ -57,7 +59,7 @@ def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bo
         hook()
     bridge = load_bridge(spec.model_path)
     progress.emit("building the sharded model")
-    provider = make_provider(bridge, spec.layout, spec.device)
+    provider = make_provider(bridge, spec.layout, spec.device, pad_vocab=spec.pad_vocab)
     model = build_model(provider, spec.device, experts=spec.experts)
     ctx = RankContext(
         rank=rank,

@@ -18,11 +18,16 @@ def load_bridge(model_path: str) -> Any:
         raise BadInput(f"the bridge cannot load {model_path}: {first_line(exc)}") from None
 
 
-def make_provider(bridge: Any, layout: ParallelLayout, device: str) -> Any:
-    """The bridge's provider for this checkpoint, set to `layout` (TE-free where TE is missing, CPU-safe on CPU)."""
+def make_provider(bridge: Any, layout: ParallelLayout, device: str, pad_vocab: int | None = None) -> Any:
+    """The bridge's provider for this checkpoint, set to `layout` (TE-free where TE is missing, CPU-safe on CPU).
+
+    `pad_vocab=N` builds the padded vocabulary training uses: rows rounded up to a multiple of N x TP."""
     from convcheck import compat
 
     provider = bridge.to_megatron_provider(load_weights=False)
+    if pad_vocab is not None:
+        provider.make_vocab_size_divisible_by = pad_vocab
+        provider.should_pad_vocab = True
     provider.tensor_model_parallel_size = layout.tp
     provider.pipeline_model_parallel_size = layout.pp
     provider.expert_model_parallel_size = layout.ep
