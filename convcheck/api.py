@@ -57,8 +57,11 @@ def prepare(
     experts: str = "sequential",
     timeout_s: float = 600.0,
     progress: ProgressSink | None = None,
+    resume_layout: ParallelLayout | str | Sequence[ParallelLayout | str] | None = None,
 ) -> Any:
-    """Validate everything a run needs before any rank starts; return the Job (BadInput names the first problem)."""
+    """Validate everything a run needs before any rank starts; return the Job (BadInput names the first problem).
+
+    `resume_layout`: the layout(s) the distckpt oracle resumes its checkpoint at (TP1 when not given)."""
     from convcheck.checkpoint import open_checkpoint
     from convcheck.engine.job import Job
     from convcheck.hooks import parse_hook
@@ -76,8 +79,9 @@ def prepare(
         raise BadInput(f"--experts te-grouped needs a MoE model; {model} has no experts")
     for hook in hooks:
         parse_hook(hook)
+    resumes = resume_layouts(names, resume_layout, checkpoint.config, experts)
     gpus = visible_gpu_count() if device != "cpu" else 0
-    device, reason = choose_device(device, gpus, grid.world_size)
+    device, reason = choose_device(device, gpus, max(grid.world_size, *(r.world_size for r in resumes)))
     if progress is not None:
         progress({"phase": f"running on {device} ({reason})"})
     return Job(
@@ -90,7 +94,29 @@ def prepare(
         timeout_s=timeout_s,
         experts=experts,
         device_reason=reason,
+        resume_layouts=resumes,
     )
+
+
+def resume_layouts(
+    oracles: tuple[str, ...],
+    requested: ParallelLayout | str | Sequence[ParallelLayout | str] | None,
+    config: dict[str, Any],
+    experts: str = "sequential",
+) -> tuple[ParallelLayout, ...]:
+    """The distckpt oracle's resume layouts, each checked against the model (TP1 when none is requested)."""
+    wanted = [] if requested is None else [requested] if isinstance(requested, (str, ParallelLayout)) else requested
+    layouts = tuple(dict.fromkeys(as_layout(r) for r in wanted))
+    if "distckpt" not in oracles:
+        if layouts:
+            raise BadInput("--resume-layout is used only by the distckpt oracle; add --oracle distckpt")
+        return ()
+    if experts == "te-grouped":
+        raise BadInput("--experts te-grouped has no sharded state dict: the distckpt oracle cannot run on it")
+    layouts = layouts or (ParallelLayout(),)
+    for layout in layouts:
+        layout.validate_for(config)
+    return layouts
 
 
 def _has_experts(config: dict[str, Any]) -> bool:
@@ -99,13 +125,17 @@ def _has_experts(config: dict[str, Any]) -> bool:
 
 
 def run(job: Any, log_dir: str | None = None, progress: ProgressSink | None = None) -> Report:
-    """Launch the ranks of a prepared Job (and the layout oracle's reference job) and return the Report."""
+    """Launch the ranks of a prepared Job (and the layout oracle's reference job, the distckpt resume jobs) and return
+    the Report."""
+    from convcheck.ckpt.resume import checkpoint_folder, run_resumes
     from convcheck.engine.launch import run_ranks
     from convcheck.engine.reference import with_reference
 
     started = time.perf_counter()
     job = with_reference(job, log_dir, progress)
-    result = run_ranks(job, log_dir=log_dir, progress=progress)
+    with checkpoint_folder(job, log_dir) as job:
+        result = run_ranks(job, log_dir=log_dir, progress=progress)
+        result = run_resumes(job, result, log_dir, progress)
     verdicts = complete(job.oracles, tuple(OracleVerdict.from_dict(o) for o in result["oracles"]))
     return Report(
         model=job.model_label,
@@ -130,6 +160,7 @@ def verify(
     timeout_s: float = 600.0,
     log_dir: str | None = None,
     progress: ProgressSink | None = None,
+    resume_layout: ParallelLayout | str | Sequence[ParallelLayout | str] | None = None,
 ) -> Report:
     """Build `model` sharded at `layout` through the real bridge and run the oracles; ConvcheckError on bad input."""
     job = prepare(
@@ -141,6 +172,7 @@ def verify(
         experts=experts,
         timeout_s=timeout_s,
         progress=progress,
+        resume_layout=resume_layout,
     )
     return run(job, log_dir=log_dir, progress=progress)
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import click
 
 from convcheck.api import EXPERT_LAYOUTS
-from convcheck.cli.types import HookSpecType, OracleList, ReportPath
+from convcheck.cli.types import HookSpecType, LayoutType, OracleList, ReportPath
 from convcheck.errors import ConvcheckError, one_line
 
 if TYPE_CHECKING:
@@ -33,6 +33,7 @@ def replay_command(
     oracles: list[str],
     hooks: tuple[str, ...],
     experts: str = "sequential",
+    resume_layouts: tuple["ParallelLayout", ...] = (),
 ) -> str:
     """One shell line that reruns exactly the failing oracles of this run."""
     import shlex
@@ -48,6 +49,9 @@ def replay_command(
     args += ["--oracle", ",".join(oracles)]
     for hook in hooks:
         args += ["--hook", hook]
+    if "distckpt" in oracles:
+        for resume in resume_layouts:
+            args += ["--resume-layout", resume.spec]
     return shlex.join(args)
 
 
@@ -77,7 +81,7 @@ Examples:
 @click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True, help="Pipeline parallel size.")
 @click.option("--ep", type=click.IntRange(min=1), default=1, show_default=True, help="Expert parallel size.")
 @click.option("--etp", type=click.IntRange(min=1), default=1, show_default=True, help="Expert tensor parallel size.")
-@click.option("--oracle", "oracles", type=OracleList(), default=None, help="Comma-separated oracle names (default: all).")
+@click.option("--oracle", "oracles", type=OracleList(), default=None, help="Comma-separated oracle names (default: all but opt-in ones).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               envvar="CONVCHECK_DEVICE", help="auto: cuda when every rank gets its own visible GPU, else cpu "
               "($CONVCHECK_DEVICE sets the default).")  # fmt: skip
@@ -93,6 +97,8 @@ Examples:
               help="Callable run in every rank before the model is built (extensions, planted-bug tests).")  # fmt: skip
 @click.option("--experts", type=click.Choice(EXPERT_LAYOUTS), default="sequential", show_default=True,
               help="MoE expert layout: SequentialMLP, or TEGroupedMLP's linear_fcN.weightE (no forward: no logits).")  # fmt: skip
+@click.option("--resume-layout", "resume_layouts", type=LayoutType(), multiple=True,
+              help="distckpt oracle: resume its checkpoint at this layout (tp1, tp2ep2, pp2; repeatable; default tp1).")  # fmt: skip
 def verify(
     model: str,
     tp: int,
@@ -109,6 +115,7 @@ def verify(
     log_dir: str | None,
     hooks: tuple[str, ...],
     experts: str,
+    resume_layouts: tuple["ParallelLayout", ...],
 ) -> None:
     """Build the sharded Megatron model from MODEL through the real bridge and run the oracles."""
     from convcheck import api
@@ -130,6 +137,7 @@ def verify(
                 experts=experts,
                 timeout_s=timeout,
                 progress=display,
+                resume_layout=resume_layouts or None,
             )
             report = api.run(job, log_dir=log_dir, progress=display)
     except ConvcheckError as exc:
@@ -137,7 +145,7 @@ def verify(
     print_report(report, table=table)
     if report.verdict != PASS:
         failing = [o.name for o in report.oracles if o.verdict != PASS]
-        click.echo(f"replay: {replay_command(model, layout, device, failing, hooks, experts)}")
+        click.echo(f"replay: {replay_command(model, layout, device, failing, hooks, experts, job.resume_layouts)}")
     outputs = {path: render(report) for path, render in ((json_path, report_json), (junit_path, junit_xml)) if path}
     try:
         write_together(outputs)
@@ -168,7 +176,8 @@ def list_oracles() -> None:
     from convcheck.oracles import ORACLES
 
     for info in ORACLES.values():
-        click.echo(f"{info.name}\n  proves: {info.proves}\n  does not prove: {info.does_not_prove}")
+        optin = "" if info.default else " (opt-in: not in the default set)"
+        click.echo(f"{info.name}{optin}\n  proves: {info.proves}\n  does not prove: {info.does_not_prove}")
 
 
 @cli.group()
@@ -255,3 +264,7 @@ from convcheck.cli import sweep as _sweep  # noqa: E402  (byte-identity sweep an
 
 cli.add_command(_sweep.sweep)
 cli.add_command(_sweep.digest)
+
+from convcheck.cli import version as _version  # noqa: E402  (version folders: write and check)
+
+cli.add_command(_version.version)

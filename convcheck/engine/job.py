@@ -41,6 +41,12 @@ class Job:
     """`MODULE:FUNC` / `FILE.py:FUNC` called as FUNC(ctx, **kwargs) in every rank instead of the oracles."""
     rank_kwargs_file: str | None = None
     """Pickle of the keyword arguments for `rank_function` (None: no arguments)."""
+    checkpoint_dir: str | None = None
+    """distckpt oracle: the torch_dist folder the engine owns; the first launch saves into it, a resume job loads it."""
+    resume_layouts: tuple[ParallelLayout, ...] = ()
+    """distckpt oracle: the layouts the engine resumes the checkpoint at, one launch each after the first."""
+    resuming: bool = False
+    """Set only in a resume job: the model is built but not loaded from the HF checkpoint (`checkpoint_dir` is)."""
 
     def rank_spec(self) -> RankSpec:
         """What each rank needs to bring up its model."""
@@ -53,6 +59,8 @@ class Job:
             reference_manifest=self.reference_manifest,
             write_manifest=self.write_manifest,
             progress_file=str(self.progress_file),
+            checkpoint_dir=self.checkpoint_dir,
+            resuming=self.resuming,
         )
 
     @property
@@ -76,6 +84,7 @@ class Job:
         path = Path(self.workdir) / "job.json"
         data = asdict(self)
         data["layout"] = self.layout.to_dict()
+        data["resume_layouts"] = [layout.to_dict() for layout in self.resume_layouts]
         path.write_text(json.dumps(data, indent=2))
         return path
 
@@ -85,5 +94,6 @@ class Job:
         data["layout"] = ParallelLayout.from_dict(data["layout"])
         data["oracles"] = tuple(data["oracles"])
         data["hooks"] = tuple(data["hooks"])
+        data["resume_layouts"] = tuple(ParallelLayout.from_dict(d) for d in data.get("resume_layouts", ()))
         return cls(**data)
 

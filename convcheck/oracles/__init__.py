@@ -15,6 +15,7 @@ from convcheck.oracles import (
     config,
     coverage,
     differential,
+    distckpt,
     elements,
     layout_invariance,
     logits,
@@ -29,20 +30,24 @@ _MODULES: tuple[ModuleType, ...] = (
     config,
     logits,
     differential,
+    distckpt,
     elements,
     layout_invariance,
     mapping,
+    distckpt,
 )
-"""In the order a default run executes them."""
+"""In the order a run executes them; the opt-in ones (INFO.default False) run only when named."""
 
 ORACLES: dict[str, OracleInfo] = {m.INFO.name: m.INFO for m in _MODULES}
 _RUN: dict[str, Callable[[Any], Any]] = {m.INFO.name: m.run for m in _MODULES}
+DEFAULT_ORACLES: tuple[str, ...] = tuple(name for name, info in ORACLES.items() if info.default)
+"""What a plain `verify` runs."""
 
 
 def parse_oracle_names(spec: str | None) -> tuple[str, ...]:
-    """Split `a,b` into known oracle names (all when empty); BadInput names an unknown one."""
+    """Split `a,b` into known oracle names (the default set when empty); BadInput names an unknown one."""
     if not spec:
-        return tuple(ORACLES)
+        return DEFAULT_ORACLES
     names = tuple(dict.fromkeys(n.strip() for n in spec.split(",") if n.strip()))
     unknown = [n for n in names if n not in ORACLES]
     if unknown or not names:
@@ -56,4 +61,4 @@ def load_oracle(name: str) -> Callable[[Any], Any]:
     return _RUN[name]
 
 
-__all__ = ["ORACLES", "OracleInfo", "load_oracle", "parse_oracle_names"]
+__all__ = ["DEFAULT_ORACLES", "ORACLES", "OracleInfo", "load_oracle", "parse_oracle_names"]

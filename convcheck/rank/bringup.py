@@ -32,6 +32,10 @@ class RankSpec:
     write_manifest: str | None = None
     progress_file: str | None = None
     """Rank 0 appends progress events here (None: silent)."""
+    checkpoint_dir: str | None = None
+    """distckpt oracle: the torch_dist folder to save into (first launch) or to resume from (`resuming`)."""
+    resuming: bool = False
+    """A resume job: the model is built but not loaded from the HF checkpoint."""
 
 
 def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bool = True) -> RankContext:
@@ -69,6 +73,8 @@ def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bo
         reference_manifest=spec.reference_manifest,
         write_manifest=spec.write_manifest,
         progress=progress,
+        checkpoint_dir=spec.checkpoint_dir,
+        resuming=spec.resuming,
     )
     if load:
         progress.emit("loading the checkpoint through the bridge")

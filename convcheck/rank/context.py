@@ -42,6 +42,10 @@ class RankContext:
     """Progress events for the launcher (rank 0 writes, other ranks hold a silent writer)."""
     phase: str = ""
     """What the rank is doing now (the running oracle's name), shown with export counts."""
+    checkpoint_dir: str | None = None
+    """distckpt oracle: the torch_dist folder to save into, or (when `resuming`) to load into the fresh model."""
+    resuming: bool = False
+    """A resume job: the model was built but not loaded from the HF checkpoint."""
 
     @property
     def is_reporter(self) -> bool:

@@ -1,0 +1,8 @@
+"""`convcheck version write|check`."""
+
+import click
+
+
+@click.group()
+def version() -> None:
+    """Version folders."""
