@@ -81,7 +81,7 @@ def prepare(
         parse_hook(hook)
     resumes = resume_layouts(names, resume_layout, checkpoint.config, experts)
     gpus = visible_gpu_count() if device != "cpu" else 0
-    device, reason = choose_device(device, gpus, max(grid.world_size, *(r.world_size for r in resumes)))
+    device, reason = choose_device(device, gpus, max([grid.world_size, *(r.world_size for r in resumes)]))
     if progress is not None:
         progress({"phase": f"running on {device} ({reason})"})
     return Job(
@@ -188,9 +188,12 @@ def run_in_ranks(
     experts: str = "sequential",
     timeout_s: float = 600.0,
     log_dir: str | None = None,
+    load_hf: bool = True,
 ) -> Any:
     """Call `function` (`MODULE:FUNC` or `FILE.py:FUNC`) as FUNC(ctx, **kwargs) in every rank of `model` loaded at
-    `layout`; return what rank 0 returned (pickled back). `ctx` is a convcheck.rank.RankContext."""
+    `layout`; return what rank 0 returned (pickled back). `ctx` is a convcheck.rank.RankContext.
+
+    `load_hf=False`: the model is built but not loaded from the HF checkpoint (the function fills it)."""
     import pickle
     import tempfile
     from dataclasses import replace
@@ -207,6 +210,6 @@ def run_in_ranks(
             kwargs_file = str(Path(workdir) / "kwargs.pkl")
             Path(workdir).mkdir(parents=True, exist_ok=True)
             Path(kwargs_file).write_bytes(pickle.dumps(kwargs))
-        job = replace(job, oracles=(), rank_function=function, rank_kwargs_file=kwargs_file)
+        job = replace(job, oracles=(), rank_function=function, rank_kwargs_file=kwargs_file, resuming=not load_hf)
         run_ranks(job, log_dir=workdir)
         return pickle.loads(replace(job, workdir=workdir).value_file.read_bytes())

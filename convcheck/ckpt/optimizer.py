@@ -170,7 +170,9 @@ def check(ctx: RankContext, part: OptimizerPart, where: str) -> tuple[int, list[
         if wrong.numel():
             k = int(wrong[0, 0])
             value = avg[k].item()
-            origin = by_id.get(int(value) - 1, "no parameter") if math.isfinite(value) and value >= 1 else "no parameter"
+            origin = (
+                by_id.get(int(value) - 1, "no parameter") if math.isfinite(value) and value >= 1 else "no parameter"
+            )
             findings.append(
                 _finding(
                     name,
