@@ -55,6 +55,9 @@ def build(ctx: RankContext) -> OptimizerPart:
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     config = ctx.model[0].config
+    for name, param in ctx.named_parameters():  # as TE's expert layers mark them (extensions/transformer_engine.py:110)
+        if ".mlp.experts." in name and not hasattr(param, "allreduce"):
+            param.allreduce = False  # the local spec's expert linears leave it unset: DDP would treat them as dense
     ddp_config = DistributedDataParallelConfig(use_distributed_optimizer=True, grad_reduce_in_fp32=True)
     ddp = [
         DistributedDataParallel(config=config, ddp_config=ddp_config, module=chunk, disable_bucketing=i > 0)
@@ -84,18 +87,16 @@ def _optimizers(optimizer: Any) -> list[Any]:
 
 
 def shards(part: OptimizerPart) -> list[tuple[str, Any, Any, dict[str, Any]]]:
-    """(global name, this rank's slice of the model param, fp32 main param, Adam state) per owned shard."""
+    """(global name, this rank's slice of the model param, fp32 main param, its Adam state) per owned shard, through
+    megatron's own accessor (`_get_main_param_and_optimizer_states`)."""
     out = []
     for opt in _optimizers(part.optimizer):
-        pairs = [
-            *zip(opt.model_float16_groups, opt.shard_fp32_from_float16_groups, strict=True),
-            *zip(opt.model_fp32_groups, opt.shard_fp32_groups, strict=True),
-        ]
-        for models, mains in pairs:
-            for param, main in zip(models, mains, strict=True):
+        for group in (*opt.model_float16_groups, *opt.model_fp32_groups):
+            for param in group:
                 rng = opt._get_model_param_range_map(param)["param"]
                 piece = param.detach().view(-1)[rng.start : rng.end]
-                out.append((part.names[id(param)], piece, main, opt.optimizer.state[main]))
+                tensors = opt._get_main_param_and_optimizer_states(param)
+                out.append((part.names[id(param)], piece, tensors["param"], tensors))
     return out
 
 

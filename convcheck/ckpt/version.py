@@ -110,6 +110,7 @@ def write_in_ranks(
     root = Path(folder)
     phase = save_phase(ctx, root / CHECKPOINT_SUBDIR, step=step, compare=False)
     writer = ShardWriter(root, max_shard_bytes) if ctx.is_reporter else None
+    reset_peak()
     before = memory_mb()
     for name, tensor in ctx.export():
         if writer is not None:
@@ -226,6 +227,7 @@ def check_in_ranks(ctx: RankContext, folder: str, checkpoint: str, step: int | N
     """Rank function: restore the checkpoint into the fresh model, compare its export with the folder's safetensors."""
     from convcheck.ckpt.phases import resume_phase
 
+    reset_peak()
     before = memory_mb()
     phase = resume_phase(ctx, checkpoint)
     if not ctx.is_reporter:
@@ -236,6 +238,14 @@ def check_in_ranks(ctx: RankContext, folder: str, checkpoint: str, step: int | N
         findings.append(Finding(tensor="<step>", kind="step-differs", message=message))
     metrics = {**phase.metrics, **_memory_metrics(before, memory_mb())}
     return {"findings": [f.to_dict() for f in findings], "checked": phase.checked, "metrics": metrics}
+
+
+def reset_peak() -> None:
+    """Start a new high-water mark for this process (Linux: "5" > /proc/self/clear_refs; elsewhere nothing)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
 
 
 def memory_mb() -> dict[str, float]:

@@ -40,17 +40,17 @@ def moment_on_wrong_expert() -> None:
     def make(original: Any) -> Any:
         def load_state_dict(self, state_dict):  # type: ignore[no-untyped-def]
             out = original(self, state_dict)
-            pairs = zip(self.model_float16_groups, self.shard_fp32_from_float16_groups, strict=True)
-            experts = [(p, m) for models, mains in pairs for p, m in zip(models, mains, strict=True)
-                       if getattr(p, "allreduce", True) is False]  # fmt: skip
-            for i, (_, first) in enumerate(experts):
-                other = next((m for _, m in experts[i + 1 :] if m.shape == first.shape), None)
+            experts = [
+                p for group in self.model_float16_groups for p in group if getattr(p, "allreduce", True) is False
+            ]
+            states = [self._get_main_param_and_optimizer_states(p) for p in experts]
+            for i, first in enumerate(states):
+                other = next((s for s in states[i + 1 :] if s["exp_avg"].shape == first["exp_avg"].shape), None)
                 if other is not None:
-                    a, b = self.optimizer.state[first], self.optimizer.state[other]
                     for key in ("exp_avg", "exp_avg_sq"):
-                        saved = a[key].clone()
-                        a[key].copy_(b[key])
-                        b[key].copy_(saved)
+                        saved = first[key].clone()
+                        first[key].copy_(other[key])
+                        other[key].copy_(saved)
                     break
             return out
 
