@@ -62,11 +62,13 @@ def prepare(
     chunk_mb: float = 64.0,
     pad_vocab: int | None = None,
     manifest_out: str | None = None,
+    resume_layout: ParallelLayout | str | Sequence[ParallelLayout | str] | None = None,
 ) -> Any:
     """Validate everything a run needs before any rank starts; return the Job (BadInput names the first problem).
 
     `sender` / `receiver` / `chunk_mb`: the weight-sync path under test (convcheck.sync; README "Weight-sync paths");
-    `pad_vocab=N` builds the padded vocabulary training uses; `manifest_out` makes rank 0 write the gate manifest.
+    `pad_vocab=N` builds the padded vocabulary training uses; `manifest_out` makes rank 0 write the gate manifest;
+    `resume_layout`: the layout(s) the distckpt oracle resumes its checkpoint at (TP1 when not given).
     """
     from convcheck.checkpoint import open_checkpoint
     from convcheck.engine.job import Job
@@ -91,8 +93,9 @@ def prepare(
     for hook in hooks:
         parse_hook(hook)
     sender = check_sync(names, grid, sender, receiver, chunk_mb)
+    resumes = resume_layouts(names, resume_layout, checkpoint.config, experts)
     gpus = visible_gpu_count() if device != "cpu" else 0
-    device, reason = choose_device(device, gpus, grid.world_size)
+    device, reason = choose_device(device, gpus, max([grid.world_size, *(r.world_size for r in resumes)]))
     if progress is not None:
         progress({"phase": f"running on {device} ({reason})"})
     return Job(
@@ -110,6 +113,7 @@ def prepare(
         chunk_mb=float(chunk_mb),
         pad_vocab=pad_vocab,
         manifest_out=manifest_out,
+        resume_layouts=resumes,
     )
 
 
@@ -119,6 +123,27 @@ def check_pad_vocab(pad_vocab: int | None) -> None:
         return
     if not isinstance(pad_vocab, int) or isinstance(pad_vocab, bool) or pad_vocab < 1:
         raise BadInput(f"--pad-vocab must be a positive integer, got {pad_vocab!r}")
+
+
+def resume_layouts(
+    oracles: tuple[str, ...],
+    requested: ParallelLayout | str | Sequence[ParallelLayout | str] | None,
+    config: dict[str, Any],
+    experts: str = "sequential",
+) -> tuple[ParallelLayout, ...]:
+    """The distckpt oracle's resume layouts, each checked against the model (TP1 when none is requested)."""
+    wanted = [] if requested is None else [requested] if isinstance(requested, (str, ParallelLayout)) else requested
+    layouts = tuple(dict.fromkeys(as_layout(r) for r in wanted))
+    if "distckpt" not in oracles:
+        if layouts:
+            raise BadInput("--resume-layout is used only by the distckpt oracle; add --oracle distckpt")
+        return ()
+    if experts == "te-grouped":
+        raise BadInput("--experts te-grouped has no sharded state dict: the distckpt oracle cannot run on it")
+    layouts = layouts or (ParallelLayout(),)
+    for layout in layouts:
+        layout.validate_for(config)
+    return layouts
 
 
 def _has_experts(config: dict[str, Any]) -> bool:
@@ -143,13 +168,17 @@ def check_sync(
 
 
 def run(job: Any, log_dir: str | None = None, progress: ProgressSink | None = None) -> Report:
-    """Launch the ranks of a prepared Job (and the layout oracle's reference job) and return the Report."""
+    """Launch the ranks of a prepared Job (and the layout oracle's reference job, the distckpt resume jobs) and return
+    the Report."""
+    from convcheck.ckpt.resume import checkpoint_folder, run_resumes
     from convcheck.engine.launch import run_ranks
     from convcheck.engine.reference import with_reference
 
     started = time.perf_counter()
     job = with_reference(job, log_dir, progress)
-    result = run_ranks(job, log_dir=log_dir, progress=progress)
+    with checkpoint_folder(job, log_dir) as job:
+        result = run_ranks(job, log_dir=log_dir, progress=progress)
+        result = run_resumes(job, result, log_dir, progress)
     verdicts = complete(job.oracles, tuple(OracleVerdict.from_dict(o) for o in result["oracles"]))
     return Report(
         model=job.model_label,
@@ -179,6 +208,7 @@ def verify(
     chunk_mb: float = 64.0,
     pad_vocab: int | None = None,
     manifest_out: str | None = None,
+    resume_layout: ParallelLayout | str | Sequence[ParallelLayout | str] | None = None,
 ) -> Report:
     """Build `model` sharded at `layout` through the real bridge and run the oracles; ConvcheckError on bad input."""
     job = prepare(
@@ -195,6 +225,7 @@ def verify(
         chunk_mb=chunk_mb,
         pad_vocab=pad_vocab,
         manifest_out=manifest_out,
+        resume_layout=resume_layout,
     )
     return run(job, log_dir=log_dir, progress=progress)
 
@@ -210,9 +241,12 @@ def run_in_ranks(
     experts: str = "sequential",
     timeout_s: float = 600.0,
     log_dir: str | None = None,
+    load_hf: bool = True,
 ) -> Any:
     """Call `function` (`MODULE:FUNC` or `FILE.py:FUNC`) as FUNC(ctx, **kwargs) in every rank of `model` loaded at
-    `layout`; return what rank 0 returned (pickled back). `ctx` is a convcheck.rank.RankContext."""
+    `layout`; return what rank 0 returned (pickled back). `ctx` is a convcheck.rank.RankContext.
+
+    `load_hf=False`: the model is built but not loaded from the HF checkpoint (the function fills it)."""
     import pickle
     import tempfile
     from dataclasses import replace
@@ -229,6 +263,6 @@ def run_in_ranks(
             kwargs_file = str(Path(workdir) / "kwargs.pkl")
             Path(workdir).mkdir(parents=True, exist_ok=True)
             Path(kwargs_file).write_bytes(pickle.dumps(kwargs))
-        job = replace(job, oracles=(), rank_function=function, rank_kwargs_file=kwargs_file)
+        job = replace(job, oracles=(), rank_function=function, rank_kwargs_file=kwargs_file, resuming=not load_hf)
         run_ranks(job, log_dir=workdir)
         return pickle.loads(replace(job, workdir=workdir).value_file.read_bytes())

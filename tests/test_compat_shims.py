@@ -52,7 +52,7 @@ def table_problems(shims: tuple[compat.Shim, ...]) -> list[str]:
 
 def test_shims_table_is_sound() -> None:
     assert table_problems(compat.SHIMS) == []
-    assert [s.missing for s in compat.SHIMS].count("cuda") == 6  # shims 2-6 and 9
+    assert [s.missing for s in compat.SHIMS].count("cuda") == 8  # shims 2-6, 9, 11 and 12
 
 
 def test_planted_table_defects_are_named() -> None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import click
 
 from convcheck.api import EXPERT_LAYOUTS
-from convcheck.cli.types import HookSpecType, OracleList, ReportPath
+from convcheck.cli.types import HookSpecType, LayoutType, OracleList, ReportPath
 from convcheck.errors import ConvcheckError, one_line
 from convcheck.sync.adapters import RECEIVERS, SENDERS
 
@@ -37,6 +37,7 @@ def replay_command(
     experts: str = "sequential",
     extra: tuple[str, ...] = (),
     pad_vocab: int | None = None,
+    resume_layouts: tuple["ParallelLayout", ...] = (),
 ) -> str:
     """One shell line that reruns exactly the failing oracles of this run (`extra`: further options, as given)."""
     import shlex
@@ -54,6 +55,9 @@ def replay_command(
     args += ["--oracle", ",".join(oracles)]
     for hook in hooks:
         args += ["--hook", hook]
+    if "distckpt" in oracles:
+        for resume in resume_layouts:
+            args += ["--resume-layout", resume.spec]
     return shlex.join([*args, *extra])
 
 
@@ -95,7 +99,7 @@ Examples:
 @click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True, help="Pipeline parallel size.")
 @click.option("--ep", type=click.IntRange(min=1), default=1, show_default=True, help="Expert parallel size.")
 @click.option("--etp", type=click.IntRange(min=1), default=1, show_default=True, help="Expert tensor parallel size.")
-@click.option("--oracle", "oracles", type=OracleList(), default=None, help="Comma-separated oracle names (default: all).")
+@click.option("--oracle", "oracles", type=OracleList(), default=None, help="Comma-separated oracle names (default: all but opt-in ones).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               envvar="CONVCHECK_DEVICE", help="auto: cuda when every rank gets its own visible GPU, else cpu "
               "($CONVCHECK_DEVICE sets the default).")  # fmt: skip
@@ -122,6 +126,8 @@ Examples:
               help="Build the padded vocabulary training uses: rows rounded up to a multiple of N x TP.")  # fmt: skip
 @click.option("--manifest", "manifest_path", type=ReportPath(),
               help="Write this case's gate manifest (export digests, conversion tasks, config, verdicts).")  # fmt: skip
+@click.option("--resume-layout", "resume_layouts", type=LayoutType(), multiple=True,
+              help="distckpt oracle: resume its checkpoint at this layout (tp1, tp2ep2, pp2; repeatable; default tp1).")  # fmt: skip
 def verify(
     model: str,
     tp: int,
@@ -143,6 +149,7 @@ def verify(
     chunk_mb: float,
     pad_vocab: int | None,
     manifest_path: str | None,
+    resume_layouts: tuple["ParallelLayout", ...],
 ) -> None:
     """Build the sharded Megatron model from MODEL through the real bridge and run the oracles."""
     from convcheck import api
@@ -169,6 +176,7 @@ def verify(
                 chunk_mb=chunk_mb,
                 pad_vocab=pad_vocab,
                 manifest_out=manifest_path,
+                resume_layout=resume_layouts or None,
             )
             report = api.run(job, log_dir=log_dir, progress=display)
     except ConvcheckError as exc:
@@ -177,7 +185,9 @@ def verify(
     if report.verdict != PASS:
         failing = [o.name for o in report.oracles if o.verdict != PASS]
         extra = sync_options(sender, receiver, chunk_mb)
-        click.echo(f"replay: {replay_command(model, layout, device, failing, hooks, experts, extra, pad_vocab)}")
+        click.echo(
+            f"replay: {replay_command(model, layout, device, failing, hooks, experts, extra, pad_vocab, job.resume_layouts)}"
+        )
     outputs = {path: render(report) for path, render in ((json_path, report_json), (junit_path, junit_xml)) if path}
     try:
         write_together(outputs)
@@ -307,3 +317,7 @@ cli.add_command(_selftest.selftest)
 from convcheck.cli import gate as _gate  # noqa: E402  (bridge-upgrade gate: golden manifests)
 
 cli.add_command(_gate.gate)
+
+from convcheck.cli import version as _version  # noqa: E402  (version folders: write and check)
+
+cli.add_command(_version.version)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from convcheck.compat import no_cuda, no_mamba_ssm, no_te
 from convcheck.compat._patch import upstream
-from convcheck.compat.no_cuda import CPU_CONSTRUCTOR_SITES, CPU_DEVICE_SITES
+from convcheck.compat.no_cuda import CPU_CHECKPOINT_SITES, CPU_CONSTRUCTOR_SITES, CPU_DEVICE_SITES
 from convcheck.compat.no_mamba_ssm import MixerGatedRMSNorm
 from convcheck.compat.no_te import cpu_hybrid_stack_spec, install_import_shims, transformer_engine_available
 from convcheck.compat.provider import (
@@ -60,6 +60,12 @@ SHIMS = (
          "tests/test_compat_hybrid.py::test_shim9_sites_still_allocate_on_cuda"),
     Shim(10, "torch-mamba-scan", "mamba_ssm", _MAMBA, (_CORE + "ssm/mamba_mixer.py:69",),
          "tests/test_compat_hybrid_forward.py::test_shim10_still_needed_mamba_forward_calls_mamba_ssm_kernels"),
+    Shim(11, "checkpoint-preload-cuda-sync", "cuda", _CUDA,
+         (_CORE + "dist_checkpointing/strategies/filesystem_async.py:248",),
+         "tests/test_distckpt.py::test_shim11_still_needed_checkpoint_preload_synchronizes_cuda"),
+    Shim(12, "checkpoint-finalize-cuda-flag", "cuda", _CUDA,
+         tuple(_CORE + where for _, _, where in CPU_CHECKPOINT_SITES),
+         "tests/test_distckpt.py::test_shim12_still_needed_checkpoint_finalize_flag_on_cuda"),
 )  # fmt: skip
 
 
@@ -95,6 +101,7 @@ def _gated_rms_norm_class() -> type:
 
 
 __all__ = [
+    "CPU_CHECKPOINT_SITES",
     "CPU_CONSTRUCTOR_SITES",
     "CPU_DEVICE_SITES",
     "CPU_FUSION_FIELDS",

@@ -51,6 +51,12 @@ class Job:
     """Padded vocabulary: the provider's make_vocab_size_divisible_by=N and should_pad_vocab=True (None: off)."""
     manifest_out: str | None = None
     """Where rank 0 writes the case's gate manifest (convcheck.gate.manifest) after the oracles ran (None: not)."""
+    checkpoint_dir: str | None = None
+    """distckpt oracle: the torch_dist folder the engine owns; the first launch saves into it, a resume job loads it."""
+    resume_layouts: tuple[ParallelLayout, ...] = ()
+    """distckpt oracle: the layouts the engine resumes the checkpoint at, one launch each after the first."""
+    resuming: bool = False
+    """Set only in a resume job: the model is built but not loaded from the HF checkpoint (`checkpoint_dir` is)."""
 
     def rank_spec(self) -> RankSpec:
         """What each rank needs to bring up its model."""
@@ -67,6 +73,8 @@ class Job:
             receiver=self.receiver,
             chunk_mb=self.chunk_mb,
             pad_vocab=self.pad_vocab,
+            checkpoint_dir=self.checkpoint_dir,
+            resuming=self.resuming,
         )
 
     @property
@@ -90,6 +98,7 @@ class Job:
         path = Path(self.workdir) / "job.json"
         data = asdict(self)
         data["layout"] = self.layout.to_dict()
+        data["resume_layouts"] = [layout.to_dict() for layout in self.resume_layouts]
         path.write_text(json.dumps(data, indent=2))
         return path
 
@@ -99,5 +108,6 @@ class Job:
         data["layout"] = ParallelLayout.from_dict(data["layout"])
         data["oracles"] = tuple(data["oracles"])
         data["hooks"] = tuple(data["hooks"])
+        data["resume_layouts"] = tuple(ParallelLayout.from_dict(d) for d in data.get("resume_layouts", ()))
         return cls(**data)
 

@@ -24,7 +24,7 @@ def run_job(job: Job) -> dict[str, Any] | None:
     oracles = [load_oracle(name) for name in job.oracles]
     hooks = tuple(load_hook(h) for h in job.hooks)
     function = load_hook(job.rank_function, what="rank function") if job.rank_function else None
-    ctx = bring_up(job.rank_spec(), hooks)
+    ctx = bring_up(job.rank_spec(), hooks, load=not job.resuming)
     if function is not None:
         return _run_function(job, ctx, function, started)
     recorder = None

@@ -17,6 +17,7 @@ from convcheck.oracles import (
     coverage,
     delta,
     differential,
+    distckpt,
     elements,
     idempotence,
     layout_invariance,
@@ -40,6 +41,7 @@ _MODULES: tuple[ModuleType, ...] = (
     idempotence,
     delta,
     broadcast,
+    distckpt,
 )
 """In the order a run executes them; the opt-in ones (INFO.default False) run only when named."""
 

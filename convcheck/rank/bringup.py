@@ -37,6 +37,10 @@ class RankSpec:
     chunk_mb: float = 64.0
     pad_vocab: int | None = None
     """Build the padded vocabulary: make_vocab_size_divisible_by=N, should_pad_vocab=True (None: the HF vocab)."""
+    checkpoint_dir: str | None = None
+    """distckpt oracle: the torch_dist folder to save into (first launch) or to resume from (`resuming`)."""
+    resuming: bool = False
+    """A resume job: the model is built but not loaded from the HF checkpoint."""
 
 
 def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bool = True) -> RankContext:
@@ -77,6 +81,8 @@ def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bo
         sender=spec.sender,
         receiver=spec.receiver,
         chunk_mb=spec.chunk_mb,
+        checkpoint_dir=spec.checkpoint_dir,
+        resuming=spec.resuming,
     )
     if load:
         progress.emit("loading the checkpoint through the bridge")

@@ -50,6 +50,10 @@ class RankContext:
     """Bound of one broadcast chunk and of one bucket of the bucketed sender, in MiB."""
     sender_issues: list[str] = field(default_factory=list)
     """What the last sender stream yielded that was not (known HF name, tensor): skipped and reported."""
+    checkpoint_dir: str | None = None
+    """distckpt oracle: the torch_dist folder to save into, or (when `resuming`) to load into the fresh model."""
+    resuming: bool = False
+    """A resume job: the model was built but not loaded from the HF checkpoint."""
 
     @property
     def is_reporter(self) -> bool:
