@@ -14,7 +14,8 @@ from tests.helpers import mutant, run_cli
 def test_gate_check_names_a_planted_bug_as_bytes_changed(tmp_path: Path) -> None:
     out = tmp_path / "gate.json"
     hook = mutant("bridge", "transpose_o_proj")
-    res = run_cli("gate", "check", "--model", "tiny:qwen3", "--layout", "tp2", "--hook", hook, "--json", str(out))
+    res = run_cli("gate", "check", "--model", "tiny:qwen3", "--layout", "tp2", "--hook", hook, "--json", str(out),
+                  timeout=900)  # fmt: skip
     assert res.code == 1, res.out[-3000:] + res.err[-2000:]
     line = next(x for x in res.out.splitlines() if x.startswith("FAIL model.layers.0.self_attn.o_proj.weight"))
     assert "[bytes-changed] bytes changed: sha256 " in line
