@@ -14,11 +14,12 @@ from tests.helpers import mutant, run_cli
 def test_gate_check_names_a_planted_bug_as_bytes_changed(tmp_path: Path) -> None:
     out = tmp_path / "gate.json"
     hook = mutant("bridge", "transpose_o_proj")
-    res = run_cli("gate", "check", "--model", "tiny:qwen3", "--layout", "tp2", "--hook", hook, "--json", str(out))
+    res = run_cli("gate", "check", "--model", "tiny:qwen3", "--layout", "tp2", "--hook", hook, "--json", str(out),
+                  timeout=900)  # fmt: skip
     assert res.code == 1, res.out[-3000:] + res.err[-2000:]
     line = next(x for x in res.out.splitlines() if x.startswith("FAIL model.layers.0.self_attn.o_proj.weight"))
     assert "[bytes-changed] bytes changed: sha256 " in line
-    assert "roundtrip now: [bytes-differ]" in line and "diagnosis: transpose" in line
+    assert "roundtrip now: [bytes-differ]" in line and "diagnosis: export is the source transposed" in line
     assert f"replay: convcheck gate check --case qwen3/tp2 --hook {hook}" in res.out
     result = json.loads(out.read_text())
     assert [c["id"] for c in result["cases"]] == ["qwen3/tp2"]

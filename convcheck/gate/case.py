@@ -108,9 +108,11 @@ def select(
     layouts: tuple[str, ...] = (),
     ids: tuple[str, ...] = (),
 ) -> list[Case]:
-    """The cases matching every given filter (model label, layout spelling, case id); BadInput when none does."""
+    """The cases matching every given filter (model label, layout with its variant, case id); BadInput when none does.
+
+    `--layout tp2` selects the plain TP2 cases; `tp2+pad128` the padded one (as its case id spells it)."""
     wanted_models = {normalise_model(m) for m in models}
-    wanted_layouts = {ParallelLayout.parse(text).spec for text in layouts}
+    wanted_layouts = {_layout_key(text) for text in layouts}
     unknown = sorted(set(ids) - {c.id for c in cases})
     if unknown:
         raise BadInput(f"unknown gate case {unknown[0]!r}; known: {', '.join(c.id for c in cases)}")
@@ -118,10 +120,16 @@ def select(
         c
         for c in cases
         if (not wanted_models or c.model in wanted_models)
-        and (not wanted_layouts or c.layout.spec in wanted_layouts)
+        and (not wanted_layouts or c.id.partition("/")[2] in wanted_layouts)
         and (not ids or c.id in ids)
     ]
     if not out:
         shown = ", ".join([*models, *layouts, *ids])
         raise BadInput(f"no gate case matches {shown}; known: {', '.join(c.id for c in cases)}")
     return out
+
+
+def _layout_key(text: str) -> str:
+    """`TP2` -> `tp2`, `tp2+pad128` -> `tp2+pad128`: a layout names the unpadded case unless its variant is given."""
+    layout, plus, variant = text.partition("+")
+    return ParallelLayout.parse(layout).spec + plus + variant
