@@ -31,6 +31,24 @@ def test_shim12_still_needed_checkpoint_finalize_flag_on_cuda() -> None:
     assert "device=torch.cuda.current_device()" in inspect.getsource(method)
 
 
+def test_shim11_follows_the_requested_device() -> None:
+    """On a CPU run the staging makes no CUDA call; on a CUDA run (shim inactive) upstream runs unchanged."""
+    import torch
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
+
+    from convcheck.compat import no_cuda
+
+    compat.install("cpu")
+    try:
+        assert FileSystemWriterAsync.preload_tensors([], True) == []
+        no_cuda.set_active(False)
+        if not torch.cuda.is_available():
+            with pytest.raises(RuntimeError):  # upstream's torch.cuda.synchronize() without a driver
+                FileSystemWriterAsync.preload_tensors([], True)
+    finally:
+        no_cuda.set_active(True)
+
+
 def test_optimizer_part_still_cuda_only() -> None:
     """Fails when megatron-core's DDP / distributed optimizer no longer need CUDA (then run the optimizer part on CPU)."""
     from megatron.core.distributed import param_and_grad_buffer

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from convcheck.errors import one_line
 from convcheck.rank.context import RankContext
 from convcheck.verdict import Finding
 
@@ -28,6 +29,9 @@ CPU_BLOCKERS = (
 """Where megatron-core 0.19.2 needs CUDA for DDP + the distributed optimizer: the DDP buffers are allocated on
 torch.cuda.current_device(); MixedPrecisionOptimizer.__init__ makes its unit scale with device='cuda';
 DistributedOptimizer accepts only torch.cuda.*Tensor parameters (TypeError at :475 otherwise)."""
+SHARDING = {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True}
+"""The optimizer checkpoint format that reshards across TP/PP/EP (megatron-core 0.19.2 rejects the default
+`fully_sharded_model_space`: "ShardedTensor.flattened_range is not supported")."""
 NOT_RUN_ON_CPU = "not run on CPU (CUDA-only upstream: " + ", ".join(CPU_BLOCKERS) + ")"
 
 
@@ -95,15 +99,20 @@ def shards(part: OptimizerPart) -> list[tuple[str, Any, Any, dict[str, Any]]]:
             for param in group:
                 rng = opt._get_model_param_range_map(param)["param"]
                 piece = param.detach().view(-1)[rng.start : rng.end]
-                tensors = opt._get_main_param_and_optimizer_states(param)
-                out.append((part.names[id(param)], piece, tensors["param"], tensors))
+                main = opt._get_main_param_and_optimizer_states(param)["param"]
+                out.append((part.names[id(param)], piece, main, opt.optimizer.state[main]))
     return out
 
 
 def init_states(part: OptimizerPart) -> None:
-    """Create the Adam state tensors (megatron's own init_state_fn) on every owned shard."""
+    """Create the Adam state tensors (megatron's own init_state_fn) on every owned shard, at Adam step 1 (the
+    optimizer's state_dict reads the step torch's Adam keeps per parameter)."""
+    import torch
+
     for opt in _optimizers(part.optimizer):
         opt.init_state_fn(opt.optimizer, opt.config)
+    for *_, state in shards(part):
+        state.setdefault("step", torch.tensor(1.0))
 
 
 def encode(part: OptimizerPart) -> None:
@@ -135,14 +144,28 @@ def sharded_entries(part: OptimizerPart, loading: bool) -> Callable[[dict[str, A
 
     def entries(model_state: dict[str, Any]) -> dict[str, Any]:
         model_sd = model_state.get("model") or model_state
-        return {"optimizer": part.optimizer.sharded_state_dict(model_sd, is_loading=loading)}
+        return {"optimizer": part.optimizer.sharded_state_dict(model_sd, is_loading=loading, metadata=SHARDING)}
 
     return entries
 
 
-def apply_loaded(part: OptimizerPart, loaded: dict[str, Any]) -> None:
-    """Hand the loaded optimizer state to the optimizer, as a trainer's resume does."""
-    part.optimizer.load_state_dict(loaded["optimizer"])
+def apply_loaded(part: OptimizerPart, loaded: dict[str, Any]) -> str | None:
+    """Hand the loaded optimizer state to the optimizer, as a trainer's resume does; one line when that raised.
+
+    The line says how many chained optimizer states (dense, expert) the checkpoint holds and how many this layout
+    builds: megatron-core gives experts their own optimizer only where they use expert process groups (EP > 1 or
+    ETP != TP, tensor_parallel/layers.py:961), so an EP2 checkpoint holds two and a TP1 model builds one."""
+    state = loaded.get("optimizer")
+    try:
+        part.optimizer.load_state_dict(state)
+    except Exception as exc:  # noqa: BLE001 - reported as a finding, never a silent pass
+        saved = len([k for k in state if isinstance(k, int)]) if isinstance(state, dict) else 0
+        now = len(_optimizers(part.optimizer))
+        return (
+            f"optimizer.load_state_dict raised {one_line(exc)} (the checkpoint holds {saved or 1} chained optimizer "
+            f"state(s), this layout builds {now})"
+        )
+    return None
 
 
 def check(ctx: RankContext, part: OptimizerPart, where: str) -> tuple[int, list[Finding]]:

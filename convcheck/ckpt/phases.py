@@ -97,10 +97,15 @@ def resume_phase(ctx: RankContext, folder: str | os.PathLike[str]) -> Phase:
     report, loaded = restore_checkpoint(ctx, folder, extra=extra)
     findings += restore_findings(report, where)
     if part is not None and report.error is None:
-        opt.apply_loaded(part, loaded)
-        elements, optimizer_findings = opt.check(ctx, part, where)
-        findings += optimizer_findings
-        note = f"{elements} elements checked (exp_avg, exp_avg_sq, fp32 main param)"
+        failures = [f for f in ctx.gather(opt.apply_loaded(part, loaded)) if f]
+        if not failures:
+            elements, optimizer_findings = opt.check(ctx, part, where)
+            findings += optimizer_findings
+            note = f"{elements} elements checked (exp_avg, exp_avg_sq, fp32 main param)"
+        else:
+            note = "restore failed"
+            message = f"{where}: {failures[0]}"
+            findings.append(Finding(tensor="<optimizer>", kind="optimizer-restore-failed", message=message))
     phase = compare_export(ctx, where)
     phase.findings = findings + phase.findings
     phase.step = report.step
