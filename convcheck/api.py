@@ -7,11 +7,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from convcheck.causes import explain
+from convcheck.device import choose_device, visible_gpu_count
 from convcheck.errors import BadInput
 from convcheck.layout import ParallelLayout
 from convcheck.progress import ProgressSink
-from convcheck.causes import explain
-from convcheck.device import choose_device, visible_gpu_count
 from convcheck.verdict import OracleVerdict, Report, complete
 
 EXPERT_LAYOUTS = ("sequential", "te-grouped")

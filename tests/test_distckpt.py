@@ -50,7 +50,8 @@ def test_shim11_follows_the_requested_device() -> None:
 
 
 def test_optimizer_part_still_cuda_only() -> None:
-    """Fails when megatron-core's DDP / distributed optimizer no longer need CUDA (then run the optimizer part on CPU)."""
+    """Fails when megatron-core's DDP / distributed optimizer no longer need CUDA (then run the optimizer part on
+    CPU)."""
     from megatron.core.distributed import param_and_grad_buffer
     from megatron.core.optimizer import distrib_optimizer, optimizer
 

@@ -65,7 +65,11 @@ def test_changed_bytes_name_the_tensor_and_the_oracle_finding_that_explains_them
     now = manifest()
     now["export"]["tensors"]["w.b"].update(sha256=SHA["c"], equals_source=False)
     now["oracles"]["roundtrip"].update(verdict="fail", findings=[
-        {"kind": "bytes-differ", "tensor": "w.b", "message": "8/8 elements differ; first at index [0, 0]; diagnosis: transpose"}
+        {
+            "kind": "bytes-differ",
+            "tensor": "w.b",
+            "message": "8/8 elements differ; first at index [0, 0]; diagnosis: transpose",
+        }
     ])  # fmt: skip
     diffs = compare(manifest(), now)
     assert kinds(diffs) == [("bytes-changed", "w.b"), ("verdict-regression", "roundtrip")]
@@ -134,10 +138,14 @@ def test_changed_config_fields_including_type_and_absence() -> None:
 
 def test_verdicts_regression_improvement_findings_and_counts() -> None:
     golden = manifest()
-    golden["oracles"]["roundtrip"].update(verdict="fail", findings=[{"kind": "missing", "tensor": "w.a", "message": "m"}])
+    golden["oracles"]["roundtrip"].update(
+        verdict="fail", findings=[{"kind": "missing", "tensor": "w.a", "message": "m"}]
+    )
     golden["oracles"]["config"] = {"verdict": "pass", "checked": 9, "unit": "fields", "findings": []}
     now = manifest()
-    now["oracles"]["coverage"].update(verdict="fail", checked=5, findings=[{"kind": "claimed-twice", "tensor": "p.a", "message": "m"}])
+    now["oracles"]["coverage"].update(
+        verdict="fail", checked=5, findings=[{"kind": "claimed-twice", "tensor": "p.a", "message": "m"}]
+    )
     now["oracles"]["layout"] = {"verdict": "pass", "checked": 2, "unit": "tensors", "findings": []}
     assert kinds(compare(golden, now)) == [
         ("oracle-missing", "config"),

@@ -26,12 +26,15 @@ def test_pad_vocab_zero_is_one_line_exit_2() -> None:
 def test_export_trimmed_too_far_under_padding_is_named(tmp_path: Path) -> None:
     """With the candidate padding fix (TP1 import pads, export trims), trimming 8 real rows too many is named;
     every other tensor round-trips, so the padded rows themselves cause no false alarm."""
+    hook = mutant("padding", "fix_vocab_padding_trim_too_far")
     res = run_cli("verify", "--model", "tiny:qwen2-tied", "--pad-vocab", "128", "--oracle", "coverage,roundtrip,mapping",
-                  "--hook", mutant("padding", "fix_vocab_padding_trim_too_far"), tmp_path=tmp_path)  # fmt: skip
+                  "--hook", hook, tmp_path=tmp_path)  # fmt: skip
     assert res.code == 1, res.out[-3000:] + res.err[-2000:]
     roundtrip = res.findings("roundtrip")
     assert [(f["tensor"], f["kind"]) for f in roundtrip] == [("model.embed_tokens.weight", "shape")]
     assert "shape [144, 32], expected [152, 32]" in roundtrip[0]["message"]
     assert "8 rows dropped along dim 0" in roundtrip[0]["message"]
-    assert {(f["tensor"], f["kind"]) for f in res.findings("mapping")} == {("model.embed_tokens.weight", "export-shape")}
+    assert {(f["tensor"], f["kind"]) for f in res.findings("mapping")} == {
+        ("model.embed_tokens.weight", "export-shape")
+    }
     assert res.verdicts()["coverage"] == "pass"

@@ -102,7 +102,9 @@ def test_padded_vocabulary_export_keeps_the_padding_rows(tmp_path: Path) -> None
     assert {o for o, v in verdicts.items() if v == "pass"} == {"coverage", "config", "logits", "differential"}
     padded = {"lm_head.weight", "model.embed_tokens.weight"}
     assert {(f["tensor"], f["kind"]) for f in res.findings("roundtrip")} == {(t, "shape") for t in padded}
-    assert all("104 rows padded along dim 0 after the 152 source rows" in f["message"] for f in res.findings("roundtrip"))
+    assert all(
+        "104 rows padded along dim 0 after the 152 source rows" in f["message"] for f in res.findings("roundtrip")
+    )
     assert {(f["tensor"], f["kind"]) for f in res.findings("mapping")} == {(t, "export-shape") for t in padded}
     assert {f["tensor"] for f in res.findings("elements")} == padded
     assert "--pad-vocab 128" in res.out.strip().splitlines()[-1]  # the replay line

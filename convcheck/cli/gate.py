@@ -139,10 +139,12 @@ def _record_cases(
 @gate.command(name="check", epilog=GATE_EPILOG)
 @click.argument("folder", required=False, type=click.Path(file_okay=False))
 @click.option("--allow", "allow_file", type=click.Path(dir_okay=False),
-              help="Reviewed expected differences (JSON or .toml; each entry: kind, reason, optional case, subject).")  # fmt: skip
+              help="Reviewed expected differences (JSON or .toml; each entry: kind, reason, optional case, "
+              "subject).")  # fmt: skip
 @_selection
 @click.option("--hook", "hooks", type=HookSpecType(), multiple=True,
-              help="Callable run in every rank of every case before the model is built (planted-bug tests).")  # fmt: skip
+              help="Callable run in every rank of every case before the model is built "
+              "(planted-bug tests).")  # fmt: skip
 @click.option("--json", "json_path", type=ReportPath(), help="Write the gate result as JSON.")
 @click.option("--junit", "junit_path", type=ReportPath(), help="Write JUnit XML (one testcase per case).")
 def check(

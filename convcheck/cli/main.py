@@ -99,7 +99,13 @@ Examples:
 @click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True, help="Pipeline parallel size.")
 @click.option("--ep", type=click.IntRange(min=1), default=1, show_default=True, help="Expert parallel size.")
 @click.option("--etp", type=click.IntRange(min=1), default=1, show_default=True, help="Expert tensor parallel size.")
-@click.option("--oracle", "oracles", type=OracleList(), default=None, help="Comma-separated oracle names (default: all but opt-in ones).")
+@click.option(
+    "--oracle",
+    "oracles",
+    type=OracleList(),
+    default=None,
+    help="Comma-separated oracle names (default: all but opt-in ones).",
+)
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               envvar="CONVCHECK_DEVICE", help="auto: cuda when every rank gets its own visible GPU, else cpu "
               "($CONVCHECK_DEVICE sets the default).")  # fmt: skip
@@ -114,12 +120,14 @@ Examples:
 @click.option("--hook", "hooks", type=HookSpecType(), multiple=True,
               help="Callable run in every rank before the model is built (extensions, planted-bug tests).")  # fmt: skip
 @click.option("--experts", type=click.Choice(EXPERT_LAYOUTS), default="sequential", show_default=True,
-              help="MoE expert layout: SequentialMLP, or TEGroupedMLP's linear_fcN.weightE (no forward: no logits).")  # fmt: skip
+              help="MoE expert layout: SequentialMLP, or TEGroupedMLP's linear_fcN.weightE "
+              "(no forward: no logits).")  # fmt: skip
 @click.option("--sender", type=HookSpecType("sender", builtins=("bridge", *SENDERS)), default=None,
               help="Weight-sync sender every export consumer reads: bridge (default), bucketed, broadcast, or "
                    "MODULE:FUNC / FILE.py:FUNC called as FUNC(ctx).")  # fmt: skip
 @click.option("--receiver", type=HookSpecType("receiver", builtins=tuple(RECEIVERS)), default=None,
-              help="Receiver of the receiver/idempotence oracles: hf (default), fused, or MODULE:CLASS / FILE.py:CLASS.")  # fmt: skip
+              help="Receiver of the receiver/idempotence oracles: hf (default), fused, "
+              "or MODULE:CLASS / FILE.py:CLASS.")  # fmt: skip
 @click.option("--chunk-mb", type=click.FloatRange(min=0, min_open=True), default=64.0, show_default=True,
               help="Bound of one broadcast chunk and of one bucket of the bucketed sender, in MiB.")  # fmt: skip
 @click.option("--pad-vocab", type=click.IntRange(min=1), default=None, metavar="N",
@@ -127,7 +135,8 @@ Examples:
 @click.option("--manifest", "manifest_path", type=ReportPath(),
               help="Write this case's gate manifest (export digests, conversion tasks, config, verdicts).")  # fmt: skip
 @click.option("--resume-layout", "resume_layouts", type=LayoutType(), multiple=True,
-              help="distckpt oracle: resume its checkpoint at this layout (tp1, tp2ep2, pp2; repeatable; default tp1).")  # fmt: skip
+              help="distckpt oracle: resume its checkpoint at this layout (tp1, tp2ep2, pp2; repeatable; "
+              "default tp1).")  # fmt: skip
 def verify(
     model: str,
     tp: int,
@@ -186,7 +195,8 @@ def verify(
         failing = [o.name for o in report.oracles if o.verdict != PASS]
         extra = sync_options(sender, receiver, chunk_mb)
         click.echo(
-            f"replay: {replay_command(model, layout, device, failing, hooks, experts, extra, pad_vocab, job.resume_layouts)}"
+            "replay: "
+            + replay_command(model, layout, device, failing, hooks, experts, extra, pad_vocab, job.resume_layouts)
         )
     outputs = {path: render(report) for path, render in ((json_path, report_json), (junit_path, junit_xml)) if path}
     try:
@@ -302,7 +312,9 @@ def main() -> None:
         if os.environ.get("CONVCHECK_DEBUG"):  # the traceback, still with exit 2: 1 is only for a failed verdict
             traceback.print_exc()
             sys.exit(EXIT_BAD_INPUT)
-        click.echo(f"convcheck: error: internal error: {one_line(exc)} (set CONVCHECK_DEBUG=1 for the traceback)", err=True)
+        click.echo(
+            f"convcheck: error: internal error: {one_line(exc)} (set CONVCHECK_DEBUG=1 for the traceback)", err=True
+        )
         sys.exit(EXIT_BAD_INPUT)
     sys.exit(code or 0)
 

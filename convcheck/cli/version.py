@@ -117,9 +117,9 @@ def check(
     json_path: str | None,
 ) -> None:
     """Prove version folder FOLDER: index vs shards, manifest vs bytes, and safetensors == export of ckpt/, bitwise."""
+    from convcheck.ckpt.version import check_version
     from convcheck.cli.main import write_together
     from convcheck.cli.render import group_findings, oracle_summary, report_json
-    from convcheck.ckpt.version import check_version
     from convcheck.verdict import PASS
 
     try:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
-from convcheck.atomic import write_json_atomic
 from convcheck.layout import ParallelLayout
 from convcheck.rank.bringup import RankSpec
 
@@ -110,4 +108,3 @@ class Job:
         data["hooks"] = tuple(data["hooks"])
         data["resume_layouts"] = tuple(ParallelLayout.from_dict(d) for d in data.get("resume_layouts", ()))
         return cls(**data)
-

@@ -70,9 +70,8 @@ def _run_function(job: Job, ctx: Any, function: Any, started: float) -> dict[str
 
 def main(argv: list[str] | None = None) -> int:
     """torchrun target: `python -m convcheck.engine.worker JOB.json`."""
-    from convcheck.rank.bringup import quiet
-
     from convcheck.engine.launch import die_with_parent
+    from convcheck.rank.bringup import quiet
 
     die_with_parent()  # torchrun killed -> this rank too
     if os.getppid() == 1:  # torchrun died before the line above

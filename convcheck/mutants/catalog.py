@@ -427,7 +427,7 @@ MUTANTS: tuple[Mutant, ...] = (
         catches=("config", "logits"),
         targets=(*_rule("num_experts_per_tok", "moe_router_topk"), FORWARD),
     ),
-    # --- Mamba (NemotronH) ---------------------------------------------------------------------------------------------
+    # --- Mamba (NemotronH) ------------------------------------------------------------------------------------------
     Mutant(
         name="dt_before_bc",
         description="Mamba in_proj dt-before-B/C: each rank's in_proj rows are [z, x, dt, B, C] (import and export)",

@@ -6,19 +6,18 @@ from collections import Counter
 from typing import Any
 
 from convcheck.layout import RankCoord
-
+from convcheck.oracles.base import OracleInfo
 from convcheck.rank.context import RankContext
 from convcheck.rank.model import named_tensors
-from convcheck.oracles.base import OracleInfo
 from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
 
 NAME = "coverage"
 INFO = OracleInfo(
     name=NAME,
     proves="every Megatron parameter and persistent buffer has a bridge mapping whose HF tensors exist, "
-                "every element was written by the import, every global parameter is held exactly once per "
-                "model-parallel replica (no two EP ranks or PP stages claim one name), and the export produces every "
-                "source tensor exactly once with no extra names",
+    "every element was written by the import, every global parameter is held exactly once per "
+    "model-parallel replica (no two EP ranks or PP stages claim one name), and the export produces every "
+    "source tensor exactly once with no extra names",
     does_not_prove="that any value landed in the right place (see roundtrip)",
 )
 
