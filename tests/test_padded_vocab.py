@@ -27,7 +27,8 @@ def test_export_trimmed_too_far_under_padding_is_named(tmp_path: Path) -> None:
     """With the candidate padding fix (TP1 import pads, export trims), trimming 8 real rows too many is named;
     every other tensor round-trips, so the padded rows themselves cause no false alarm."""
     hook = mutant("padding", "fix_vocab_padding_trim_too_far")
-    res = run_cli("verify", "--model", "tiny:qwen2-tied", "--pad-vocab", "128", "--oracle", "coverage,roundtrip,mapping",
+    oracles = "coverage,roundtrip,mapping"
+    res = run_cli("verify", "--model", "tiny:qwen2-tied", "--pad-vocab", "128", "--oracle", oracles,
                   "--hook", hook, tmp_path=tmp_path)  # fmt: skip
     assert res.code == 1, res.out[-3000:] + res.err[-2000:]
     roundtrip = res.findings("roundtrip")
