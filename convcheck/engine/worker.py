@@ -9,7 +9,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from convcheck.engine.job import Job, write_json_atomic
+from convcheck.atomic import write_json_atomic
+from convcheck.engine.job import Job
 from convcheck.errors import BadInput, one_line
 
 
