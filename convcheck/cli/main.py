@@ -81,7 +81,8 @@ Examples:
 @click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True, help="Pipeline parallel size.")
 @click.option("--ep", type=click.IntRange(min=1), default=1, show_default=True, help="Expert parallel size.")
 @click.option("--etp", type=click.IntRange(min=1), default=1, show_default=True, help="Expert tensor parallel size.")
-@click.option("--oracle", "oracles", type=OracleList(), default=None, help="Comma-separated oracle names (default: all but opt-in ones).")
+@click.option("--oracle", "oracles", type=OracleList(), default=None,
+              help="Comma-separated oracle names (default: all but the opt-in ones).")  # fmt: skip
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               envvar="CONVCHECK_DEVICE", help="auto: cuda when every rank gets its own visible GPU, else cpu "
               "($CONVCHECK_DEVICE sets the default).")  # fmt: skip

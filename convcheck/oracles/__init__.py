@@ -30,7 +30,6 @@ _MODULES: tuple[ModuleType, ...] = (
     config,
     logits,
     differential,
-    distckpt,
     elements,
     layout_invariance,
     mapping,
