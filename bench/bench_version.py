@@ -98,10 +98,11 @@ def one_size(work: Path, hidden: int, layers: int, layout: str) -> dict[str, obj
         "write_s": round(write_s, 1),
         "check_s": round(check_s, 1),
         "verdicts": {name: o.verdict for name, o in checks.items()},
-        "write_rank0_rss_before_MB": write_metrics.get("rank0_rss_before_MB"),
-        "write_rank0_peak_rss_MB": write_metrics.get("rank0_peak_rss_MB"),
-        "check_rank0_rss_before_MB": check_metrics.get("rank0_rss_before_MB"),
-        "check_rank0_peak_rss_MB": check_metrics.get("rank0_peak_rss_MB"),
+        "write_rank0_rss_before_export_MB": write_metrics.get("rank0_rss_before_export_MB"),
+        "write_rank0_export_peak_MB": write_metrics.get("rank0_export_peak_MB"),
+        "check_rank0_restore_peak_MB": check_metrics.get("rank0_restore_peak_MB"),
+        "check_rank0_rss_before_export_MB": check_metrics.get("rank0_rss_before_export_MB"),
+        "check_rank0_export_peak_MB": check_metrics.get("rank0_export_peak_MB"),
         "pure_checks_peak_rss_MB": pure["peak_rss_MB"],
         "pure_checks_s": pure["seconds"],
     }
@@ -128,11 +129,14 @@ def main() -> None:
     first, last = results[0], results[-1]
     growth = {
         "model": round(last["model_MB"] / first["model_MB"], 2),
-        "write_rank0_extra_MB": [
-            round(r["write_rank0_peak_rss_MB"] - r["write_rank0_rss_before_MB"], 1) for r in results
+        "write_export_extra_MB": [
+            round(r["write_rank0_export_peak_MB"] - r["write_rank0_rss_before_export_MB"], 1) for r in results
         ],
-        "check_rank0_extra_MB": [
-            round(r["check_rank0_peak_rss_MB"] - r["check_rank0_rss_before_MB"], 1) for r in results
+        "check_export_extra_MB": [
+            round(r["check_rank0_export_peak_MB"] - r["check_rank0_rss_before_export_MB"], 1) for r in results
+        ],
+        "check_restore_over_loaded_MB": [
+            round(r["check_rank0_restore_peak_MB"] - r["check_rank0_rss_before_export_MB"], 1) for r in results
         ],
         "pure_checks_peak_rss_MB": [r["pure_checks_peak_rss_MB"] for r in results],
     }

@@ -59,9 +59,6 @@ def build(ctx: RankContext) -> OptimizerPart:
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     config = ctx.model[0].config
-    for name, param in ctx.named_parameters():  # as TE's expert layers mark them (extensions/transformer_engine.py:110)
-        if ".mlp.experts." in name and not hasattr(param, "allreduce"):
-            param.allreduce = False  # the local spec's expert linears leave it unset: DDP would treat them as dense
     ddp_config = DistributedDataParallelConfig(use_distributed_optimizer=True, grad_reduce_in_fp32=True)
     ddp = [
         DistributedDataParallel(config=config, ddp_config=ddp_config, module=chunk, disable_bucketing=i > 0)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from convcheck.ckpt import optimizer as opt
+from convcheck.ckpt.memory import memory_mb, reset_peak
 from convcheck.ckpt.store import relabel, restore_checkpoint, restore_findings, save_checkpoint
 from convcheck.errors import one_line
 from convcheck.rank.context import RankContext
@@ -94,7 +95,9 @@ def resume_phase(ctx: RankContext, folder: str | os.PathLike[str]) -> Phase:
             note = f"failed: {one_line(exc)}"
             findings.append(Finding(tensor="<optimizer>", kind="optimizer-failed", message=f"{where}: {note}"))
     extra = opt.sharded_entries(part, loading=True) if part is not None else None
+    reset_peak()
     report, loaded = restore_checkpoint(ctx, folder, extra=extra)
+    restore_peak = memory_mb().get("VmHWM", -1.0)
     findings += restore_findings(report, where)
     if part is not None and report.error is None:
         failures = [f for f in ctx.gather(opt.apply_loaded(part, loaded)) if f]
@@ -106,6 +109,8 @@ def resume_phase(ctx: RankContext, folder: str | os.PathLike[str]) -> Phase:
             note = "restore failed"
             message = f"{where}: {failures[0]}"
             findings.append(Finding(tensor="<optimizer>", kind="optimizer-restore-failed", message=message))
+    reset_peak()
+    before_export = memory_mb()
     phase = compare_export(ctx, where)
     phase.findings = findings + phase.findings
     phase.step = report.step
@@ -114,5 +119,8 @@ def resume_phase(ctx: RankContext, folder: str | os.PathLike[str]) -> Phase:
         "restored_keys": report.keys,
         "load_s": round(report.seconds, 2),
         "optimizer": note,
+        "rank0_restore_peak_MB": restore_peak,
+        "rank0_rss_before_export_MB": before_export.get("VmRSS", -1.0),
+        "rank0_export_peak_MB": memory_mb().get("VmHWM", -1.0),
     }
     return phase

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from convcheck.ckpt.folder import Structure, check_index, check_manifest
+from convcheck.ckpt.memory import memory_mb, reset_peak
 from convcheck.ckpt.manifest import CHECKPOINT_SUBDIR, MANIFEST_NAME, VersionManifest, read_version_manifest
 from convcheck.ckpt.shards import DEFAULT_MAX_SHARD_BYTES
 from convcheck.errors import BadInput
@@ -227,8 +228,6 @@ def check_in_ranks(ctx: RankContext, folder: str, checkpoint: str, step: int | N
     """Rank function: restore the checkpoint into the fresh model, compare its export with the folder's safetensors."""
     from convcheck.ckpt.phases import resume_phase
 
-    reset_peak()
-    before = memory_mb()
     phase = resume_phase(ctx, checkpoint)
     if not ctx.is_reporter:
         return None
@@ -236,31 +235,12 @@ def check_in_ranks(ctx: RankContext, folder: str, checkpoint: str, step: int | N
     if phase.step != step:
         message = f"the manifest says step {step}, the checkpoint's common state says {phase.step}"
         findings.append(Finding(tensor="<step>", kind="step-differs", message=message))
-    metrics = {**phase.metrics, **_memory_metrics(before, memory_mb())}
-    return {"findings": [f.to_dict() for f in findings], "checked": phase.checked, "metrics": metrics}
-
-
-def reset_peak() -> None:
-    """Start a new high-water mark for this process (Linux: "5" > /proc/self/clear_refs; elsewhere nothing)."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
-
-
-def memory_mb() -> dict[str, float]:
-    """This process's resident set now and its high-water mark (VmRSS, VmHWM), in MB."""
-    out = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            out[key] = round(int(value.split()[0]) / 1024, 1)
-    return out
+    return {"findings": [f.to_dict() for f in findings], "checked": phase.checked, "metrics": phase.metrics}
 
 
 def _memory_metrics(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """Rank 0's memory around the streamed part: resident before it, high-water mark after it."""
-    return {"rank0_rss_before_MB": before.get("VmRSS", -1.0), "rank0_peak_rss_MB": after.get("VmHWM", -1.0)}
+    """Rank 0's memory around the streamed export: resident before it, high-water mark during it."""
+    return {"rank0_rss_before_export_MB": before.get("VmRSS", -1.0), "rank0_export_peak_MB": after.get("VmHWM", -1.0)}
 
 
 def _timed(verdict: OracleVerdict, started: float, metrics: dict[str, Any]) -> OracleVerdict:
