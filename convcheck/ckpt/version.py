@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from convcheck.ckpt.folder import Structure, check_index, check_manifest
-from convcheck.ckpt.memory import memory_mb, reset_peak
 from convcheck.ckpt.manifest import CHECKPOINT_SUBDIR, MANIFEST_NAME, VersionManifest, read_version_manifest
+from convcheck.ckpt.memory import memory_mb, reset_peak
 from convcheck.ckpt.shards import DEFAULT_MAX_SHARD_BYTES
 from convcheck.errors import BadInput
 from convcheck.layout import ParallelLayout
