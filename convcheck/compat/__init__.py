@@ -66,6 +66,9 @@ SHIMS = (
     Shim(12, "checkpoint-finalize-cuda-flag", "cuda", _CUDA,
          tuple(_CORE + where for _, _, where in CPU_CHECKPOINT_SITES),
          "tests/test_distckpt.py::test_shim12_still_needed_checkpoint_finalize_flag_on_cuda"),
+    Shim(13, "torch-adam-step-reshardable", "transformer_engine", _TE,
+         (_CORE + "optimizer/distrib_optimizer.py:1219", _CORE + "optimizer/distrib_optimizer.py:2390"),
+         "tests/test_distckpt.py::test_shim13_still_needed_reshardable_load_leaves_out_step"),
 )  # fmt: skip
 
 
