@@ -5,7 +5,7 @@ export CONVCHECK_CACHE_DIR ?= $(CURDIR)/.cache
 export OMP_NUM_THREADS ?= 1
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench clean env test-release
 
 setup:
 	@scripts/setup-venv.sh
@@ -23,5 +23,13 @@ lint: setup
 bench: setup
 	$(VENV)/bin/python bench/run_all.py
 
+# Older Megatron-Bridge releases (requirements/releases.toml): `make env BRIDGE=0.5.1` makes .venv-bridge-0.5.1/,
+# `make test-release BRIDGE=0.5.1` runs the release smoke there (tests/test_releases.py, verify at TP1 and TP2).
+env:
+	@scripts/make-env.sh $(BRIDGE)
+
+test-release: env
+	CONVCHECK_RELEASE_SMOKE=1 .venv-bridge-$(BRIDGE)/bin/python -m pytest -q -p no:cacheprovider tests/test_releases.py
+
 clean:
-	rm -rf $(VENV) .cache
+	rm -rf $(VENV) .cache .venv-bridge-*
