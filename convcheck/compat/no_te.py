@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from convcheck.compat._patch import _patch
+from convcheck.compat.detect import hybrid_stack, skip
 
 
 def transformer_engine_available() -> bool:
@@ -137,14 +138,14 @@ def te_stand_in_modules() -> list[str]:
 # megatron-bridge 0.6.2 hybrid/hybrid_provider.py:91-104 picks the TE spec, or the modelopt local spec whose `Norm`
 # raises without TE (megatron-core 0.19.2 post_training/modelopt/layers.py:61).
 def cpu_hybrid_stack_spec() -> Any:
-    """TE-free HybridStack spec: torch norms, local linears, DotProductAttention, local (SequentialMLP) MoE.
+    """TE-free hybrid stack spec (HybridStack, or MambaStack up to megatron-core 0.17): torch norms, local linears,
+    DotProductAttention, local (SequentialMLP) MoE.
 
     Parameter names are the modelopt local spec's: `norm.weight` (Mamba), `input_layernorm.weight` /
     `pre_mlp_layernorm.weight` (attention, MLP, MoE).
     """
     from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
     from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec
-    from megatron.core.models.hybrid.hybrid_block import HybridStack, HybridStackSubmodules
     from megatron.core.ssm.mamba_layer import MambaLayer, MambaLayerSubmodules
     from megatron.core.ssm.mamba_mixer import MambaMixer, MambaMixerSubmodules
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
@@ -156,6 +157,10 @@ def cpu_hybrid_stack_spec() -> Any:
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
     from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
+    found = hybrid_stack()
+    if found is None:
+        raise RuntimeError("this megatron-core has no Mamba hybrid stack (HybridStack or MambaStack)")
+    _, stack, submodules = found
     bda = get_bias_dropout_add
     mamba = ModuleSpec(
         module=MambaLayer,
@@ -201,35 +206,41 @@ def cpu_hybrid_stack_spec() -> Any:
         ),
     )
     return ModuleSpec(
-        module=HybridStack,
-        submodules=HybridStackSubmodules(mamba_layer=mamba, attention_layer=attention, mlp_layer=mlp, moe_layer=moe),
+        module=stack,
+        submodules=submodules(mamba_layer=mamba, attention_layer=attention, mlp_layer=mlp, moe_layer=moe),
     )
 
 
 # --- Shim 7 -----------------------------------------------------------------------------------------
 # megatron-core 0.19.2, megatron/core/models/hybrid/hybrid_block.py:215: HybridStack.__init__ builds the final norm
-# with TENorm whatever the spec says (TENorm raises without TE). While TE is missing, the constructor runs with
-# the module's TENorm name bound to megatron-core's WrappedTorchNorm (torch.nn.RMSNorm / LayerNorm, parameter
-# `final_norm.weight` as with TENorm).
+# with TENorm whatever the spec says (TENorm raises without TE); megatron-core 0.16-0.17 do the same in
+# ssm/mamba_block.py:166-172 (MambaStack). While TE is missing, the constructor runs with the module's TENorm name
+# bound to megatron-core's WrappedTorchNorm (torch.nn.RMSNorm / LayerNorm, parameter `final_norm.weight` as with
+# TENorm). Feature detection: the stack class of this release (convcheck.compat.detect.HYBRID_STACKS); skipped when
+# it has none or its module binds no TENorm.
 def install_hybrid_final_norm() -> None:
     """Install shim 7 (idempotent) while TE is missing."""
     if transformer_engine_available():
         return
-    from megatron.core.models.hybrid import hybrid_block
+    found = hybrid_stack()
+    if found is None or not hasattr(found[0], "TENorm"):
+        skip(7, "no hybrid stack module binding TENorm in this megatron-core")
+        return
+    block, stack, _ = found
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
     def torch_final_norm(original: Any) -> Any:
         def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-            saved = hybrid_block.TENorm
-            hybrid_block.TENorm = WrappedTorchNorm
+            saved = block.TENorm
+            block.TENorm = WrappedTorchNorm
             try:
                 return original(self, *args, **kwargs)
             finally:
-                hybrid_block.TENorm = saved
+                block.TENorm = saved
 
         return __init__
 
-    _patch(hybrid_block.HybridStack, "__init__", torch_final_norm)
+    _patch(stack, "__init__", torch_final_norm)
 
 
 def install() -> None:
