@@ -387,10 +387,20 @@ TINY_NEMOTRON_H = FixtureSpec(
     renames={"backbone.embedding.weight": EMBEDDING},
 )
 
+# The same without the dense MLP layer: transformers 5.3 (bridge 0.4.x) knows only mamba, attention and moe layers.
+TINY_NEMOTRON_H_MOE = FixtureSpec(
+    name="nemotron-h-moe",
+    config_class="NemotronHConfig",
+    description="NemotronH hybrid M*ME: Mamba, attention, MoE, no dense MLP layer (the layer types transformers 5.3 has)",
+    config={**TINY_NEMOTRON_H.config, "hybrid_override_pattern": "M*ME"},
+    fp32_tensors=TINY_NEMOTRON_H.fp32_tensors,
+    renames=TINY_NEMOTRON_H.renames,
+)
+
 NEMOTRON_H = Architecture(
     hf_classes=("NemotronHForCausalLM",),
     model_type="nemotron_h",
     mapping_rules=hybrid_rules,
     config_rules=NEMOTRON_H_TABLE,
-    fixtures=(TINY_NEMOTRON_H,),
+    fixtures=(TINY_NEMOTRON_H, TINY_NEMOTRON_H_MOE),
 )

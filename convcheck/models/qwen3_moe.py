@@ -73,5 +73,16 @@ QWEN3_MOE = Architecture(
             mlp_only_layers=[],
             norm_topk_prob=True,
         ),
+        tiny_spec(
+            "qwen3-moe-unnorm",
+            "Qwen3MoeConfig",
+            "Qwen3-MoE with norm_topk_prob false (top-k weights not renormalised: Megatron's pre-softmax router)",
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            norm_topk_prob=False,
+        ),
     ),
 )
