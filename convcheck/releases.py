@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from convcheck.errors import BadInput
@@ -27,6 +27,11 @@ class Release:
     tokenizers: str
     extras: tuple[str, ...] = ()
     """Further pip requirements its environment installs (`name==version`)."""
+    unsupported: dict[str, str] = field(default_factory=dict)
+    """Fixture name -> why its transformers cannot load that fixture (verify then stops with exit 2)."""
+    smoke: dict[str, dict[str, str]] = field(default_factory=dict)
+    """`make test-release` case (`FIXTURE@LAYOUT`) -> {failing oracle: its first finding `TENSOR [KIND]`}: the bugs
+    this release ships that the smoke names (a case not listed must pass)."""
 
     def requirements(self) -> list[str]:
         """Every pip requirement its environment installs with --no-deps, one `name==version` each."""
@@ -46,6 +51,8 @@ def load_releases(path: str | Path = TABLE) -> dict[str, Release]:
     for bridge, row in data.get("releases", {}).items():
         fields = {k.replace("-", "_"): v for k, v in row.items()}
         fields["extras"] = tuple(fields.get("extras", ()))
+        fields["unsupported"] = dict(fields.get("unsupported", {}))
+        fields["smoke"] = {case: dict(expected) for case, expected in fields.get("smoke", {}).items()}
         try:
             out[bridge] = Release(bridge=bridge, **fields)
         except TypeError as exc:

@@ -67,6 +67,9 @@ SHIMS = (
     Shim(10, "torch-mamba-scan", "mamba_ssm", _MAMBA, (_CORE + "ssm/mamba_mixer.py:69",),
          "tests/test_compat_hybrid_forward.py::test_shim10_still_needed_mamba_forward_calls_mamba_ssm_kernels",
          "megatron-core 0.17.0-0.19.2 (kernel names bound to None); 0.16.x (names left unbound)"),
+    Shim(11, "moe-utils-te-names-unbound", "transformer_engine", _TE, (_CORE + "transformer/moe/moe_utils.py:24",),
+         "tests/test_releases.py::test_shim11_still_needed_moe_utils_leaves_te_names_unbound",
+         "megatron-core 0.16.0-0.16.1 (0.17+ bind the names to None)"),
 )  # fmt: skip
 
 

@@ -1,5 +1,5 @@
 """What exists because Transformer Engine is missing: the TE import stand-in (shim 1), the TE-free hybrid stack
-spec and the hybrid final norm (shim 7). Delete this module once the bridge and megatron-core build without TE."""
+spec, the hybrid final norm (shim 7) and megatron-core 0.16's unbound MoE TE names (shim 11). Delete this module once the bridge and megatron-core build without TE."""
 
 from __future__ import annotations
 
@@ -243,7 +243,40 @@ def install_hybrid_final_norm() -> None:
     _patch(stack, "__init__", torch_final_norm)
 
 
+# --- Shim 11 ----------------------------------------------------------------------------------------
+# megatron-core 0.16.x, megatron/core/transformer/moe/moe_utils.py:24-37 imports te_general_gemm and the fused MoE
+# kernels from TE inside try/except and, without TE, leaves the names unbound; RouterGatingLinearFunction.forward
+# (:1192) then raises NameError on `te_general_gemm is not None` at every router forward. megatron-core 0.17+ bind
+# them to None (moe_utils.py:27-50), which selects upstream's torch.mm path. While TE is missing, the names this
+# release leaves unbound are bound to None, as 0.17+ does; nothing is bound where the module already has them.
+MOE_UTILS_TE_NAMES = (
+    "fused_compute_score_for_moe_aux_loss",
+    "fused_moe_aux_loss",
+    "fused_permute",
+    "fused_permute_with_probs",
+    "fused_sort_chunks_by_index",
+    "fused_sort_chunks_by_index_with_probs",
+    "fused_topk_with_score_function",
+    "fused_unpermute",
+    "te_general_gemm",
+)
+
+
+def install_moe_utils_te_names() -> None:
+    """Install shim 11 (idempotent) while TE is missing: bind the TE names moe_utils left unbound to None."""
+    if transformer_engine_available():
+        return
+    from megatron.core.transformer.moe import moe_utils
+
+    unbound = [name for name in MOE_UTILS_TE_NAMES if not hasattr(moe_utils, name)]
+    if not unbound:
+        skip(11, "moe_utils binds its TE names without TE (megatron-core >= 0.17)")
+    for name in unbound:
+        setattr(moe_utils, name, None)
+
+
 def install() -> None:
-    """Install every shim of this module (1 and 7; idempotent). Shim 1 must come before megatron.bridge imports."""
+    """Install every shim of this module (1, 7, 11; idempotent). Shim 1 must come before megatron.bridge imports."""
     install_import_shims()
     install_hybrid_final_norm()
+    install_moe_utils_te_names()
