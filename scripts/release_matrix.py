@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -20,8 +21,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYOUTS = {"tp1": ["--tp", "1"], "tp2": ["--tp", "2"], "ep2": ["--ep", "2"]}
-FIXTURE_LAYOUTS = {"qwen3-moe": ("tp1", "tp2", "ep2"), "nemotron-h": ("tp1", "tp2", "ep2")}
-DEFAULT_FIXTURES = ("qwen2", "qwen2-tied", "qwen3", "qwen3-moe", "llama", "nemotron-h")
+FIXTURE_LAYOUTS = {
+    "qwen3-moe": ("tp1", "tp2", "ep2"),
+    "nemotron-h": ("tp1", "tp2", "ep2"),
+    "nemotron-h-moe": ("tp1", "tp2", "ep2"),
+}
+DEFAULT_FIXTURES = (
+    "qwen2", "qwen2-tied", "qwen3", "qwen3-moe", "qwen3-moe-unnorm", "llama", "nemotron-h", "nemotron-h-moe"
+)  # fmt: skip
 
 
 def run_case(release: str, fixture: str, layout: str, out: Path, timeout: int) -> dict:
@@ -53,9 +60,11 @@ def run_case(release: str, fixture: str, layout: str, out: Path, timeout: int) -
 
 
 def cell(outcome: dict, report: Path) -> str:
-    """The table cell of one case."""
+    """The table cell of one case: pass, the first finding of each failing oracle, or the exit-2 line."""
     if outcome["code"] not in (0, 1):
-        return f"exit {outcome['code']}: {outcome['error']}"
+        line = re.sub(r"/\S*/fixtures/[\w.-]+", "the fixture", outcome["error"].removeprefix("convcheck: error: "))
+        line = re.sub(r"Failed to load configuration from .*? Last error: ", "", line)
+        return f"exit {outcome['code']}: {line}"
     data = json.loads(report.read_text())
     failing = [o for o in data["oracles"] if o["verdict"] != "pass"]
     if not failing:
@@ -63,20 +72,30 @@ def cell(outcome: dict, report: Path) -> str:
     parts = []
     for oracle in failing:
         first = oracle["findings"][0] if oracle["findings"] else {"tensor": "-", "kind": "no findings"}
-        parts.append(f"{oracle['name']}: {first['tensor']} [{first['kind']}] (+{len(oracle['findings']) - 1})")
-    return "fail: " + "; ".join(parts)
+        more = f" (+{len(oracle['findings']) - 1})" if len(oracle["findings"]) > 1 else ""
+        parts.append(f"{oracle['name']}: `{first['tensor']}` [{first['kind']}]{more}")
+    return "; ".join(parts)
+
+
+def _version_key(release: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in release.split("."))
 
 
 def table(out: Path) -> str:
-    """Markdown table of every recorded case under `out`."""
-    rows = ["| release | fixture | layout | result |", "| --- | --- | --- | --- |"]
-    for path in sorted(out.glob("*/*.outcome.json")):
+    """Markdown table of every recorded case under `out`: one row per release and fixture, one column per layout."""
+    cells: dict[tuple[str, str], dict[str, str]] = {}
+    for path in out.glob("*/*.outcome.json"):
         outcome = json.loads(path.read_text())
         report = path.with_name(path.name.replace(".outcome.json", ".json"))
-        rows.append(
-            f"| {outcome['release']} | tiny:{outcome['fixture']} | {outcome['layout'].upper()} | "
-            f"{cell(outcome, report)} |"
-        )
+        cells.setdefault((outcome["release"], outcome["fixture"]), {})[outcome["layout"]] = cell(outcome, report)
+    order = {name: i for i, name in enumerate(DEFAULT_FIXTURES)}
+    rows = ["| bridge | fixture | TP1 | TP2 | EP2 |", "| --- | --- | --- | --- | --- |"]
+    for release, fixture in sorted(cells, key=lambda k: (_version_key(k[0]), order.get(k[1], 99), k[1])):
+        by_layout = cells[(release, fixture)]
+        shown = [by_layout.get(layout, "") for layout in LAYOUTS]
+        if len({c for c in shown if c}) == 1 and shown[0].startswith("exit 2"):  # one setup line for the row
+            shown = [shown[0], *("same" if c else "" for c in shown[1:])]
+        rows.append(f"| {release} | tiny:{fixture} | " + " | ".join(shown) + " |")
     return "\n".join(rows) + "\n"
 
 
