@@ -64,6 +64,7 @@ def cell(outcome: dict, report: Path) -> str:
     if outcome["code"] not in (0, 1):
         line = re.sub(r"/\S*/fixtures/[\w.-]+", "the fixture", outcome["error"].removeprefix("convcheck: error: "))
         line = re.sub(r"Failed to load configuration from .*? Last error: ", "", line)
+        line = re.sub(r"\{('[^{}]*')\}", lambda m: "{" + ", ".join(sorted(m.group(1).split(", "))) + "}", line)
         return f"exit {outcome['code']}: {line}"
     data = json.loads(report.read_text())
     failing = [o for o in data["oracles"] if o["verdict"] != "pass"]
