@@ -17,8 +17,8 @@ test: setup
 	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -q --durations=15 tests
 
 lint: setup
-	$(VENV)/bin/ruff check convcheck tests bench --select E,F,W,B --ignore E501,B905
-	$(VENV)/bin/ruff format --check convcheck/engine convcheck/cli convcheck/probe
+	$(VENV)/bin/ruff check convcheck tests bench examples scripts --select E,F,W,B,I --ignore B905
+	$(VENV)/bin/ruff format --check convcheck tests bench examples scripts
 
 bench: setup
 	$(VENV)/bin/python bench/run_all.py

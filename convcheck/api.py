@@ -7,11 +7,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from convcheck.causes import explain
+from convcheck.device import choose_device, visible_gpu_count
 from convcheck.errors import BadInput
 from convcheck.layout import ParallelLayout
 from convcheck.progress import ProgressSink
-from convcheck.causes import explain
-from convcheck.device import choose_device, visible_gpu_count
 from convcheck.verdict import OracleVerdict, Report, complete
 
 EXPERT_LAYOUTS = ("sequential", "te-grouped")
@@ -57,8 +57,19 @@ def prepare(
     experts: str = "sequential",
     timeout_s: float = 600.0,
     progress: ProgressSink | None = None,
+    sender: str | None = None,
+    receiver: str | None = None,
+    chunk_mb: float = 64.0,
+    pad_vocab: int | None = None,
+    manifest_out: str | None = None,
+    resume_layout: ParallelLayout | str | Sequence[ParallelLayout | str] | None = None,
 ) -> Any:
-    """Validate everything a run needs before any rank starts; return the Job (BadInput names the first problem)."""
+    """Validate everything a run needs before any rank starts; return the Job (BadInput names the first problem).
+
+    `sender` / `receiver` / `chunk_mb`: the weight-sync path under test (convcheck.sync; README "Weight-sync paths");
+    `pad_vocab=N` builds the padded vocabulary training uses; `manifest_out` makes rank 0 write the gate manifest;
+    `resume_layout`: the layout(s) the distckpt oracle resumes its checkpoint at (TP1 when not given).
+    """
     from convcheck.checkpoint import open_checkpoint
     from convcheck.engine.job import Job
     from convcheck.hooks import parse_hook
@@ -67,6 +78,11 @@ def prepare(
         raise BadInput(f"unknown expert layout {experts!r}; known: {', '.join(EXPERT_LAYOUTS)}")
     names = as_oracles(oracles, experts)
     grid = as_layout(layout)
+    check_pad_vocab(pad_vocab)
+    if manifest_out is not None:
+        from convcheck.gate.manifest import check_manifest_path
+
+        manifest_out = check_manifest_path(manifest_out)
     if progress is not None and model.startswith("tiny:"):
         progress({"phase": f"building fixture {model} (cached after the first run)"})
     path = resolve_model(model)
@@ -76,8 +92,10 @@ def prepare(
         raise BadInput(f"--experts te-grouped needs a MoE model; {model} has no experts")
     for hook in hooks:
         parse_hook(hook)
+    sender = check_sync(names, grid, sender, receiver, chunk_mb)
+    resumes = resume_layouts(names, resume_layout, checkpoint.config, experts)
     gpus = visible_gpu_count() if device != "cpu" else 0
-    device, reason = choose_device(device, gpus, grid.world_size)
+    device, reason = choose_device(device, gpus, max([grid.world_size, *(r.world_size for r in resumes)]))
     if progress is not None:
         progress({"phase": f"running on {device} ({reason})"})
     return Job(
@@ -90,7 +108,42 @@ def prepare(
         timeout_s=timeout_s,
         experts=experts,
         device_reason=reason,
+        sender=sender,
+        receiver=receiver,
+        chunk_mb=float(chunk_mb),
+        pad_vocab=pad_vocab,
+        manifest_out=manifest_out,
+        resume_layouts=resumes,
     )
+
+
+def check_pad_vocab(pad_vocab: int | None) -> None:
+    """BadInput unless `pad_vocab` is None or a positive integer."""
+    if pad_vocab is None:
+        return
+    if not isinstance(pad_vocab, int) or isinstance(pad_vocab, bool) or pad_vocab < 1:
+        raise BadInput(f"--pad-vocab must be a positive integer, got {pad_vocab!r}")
+
+
+def resume_layouts(
+    oracles: tuple[str, ...],
+    requested: ParallelLayout | str | Sequence[ParallelLayout | str] | None,
+    config: dict[str, Any],
+    experts: str = "sequential",
+) -> tuple[ParallelLayout, ...]:
+    """The distckpt oracle's resume layouts, each checked against the model (TP1 when none is requested)."""
+    wanted = [] if requested is None else [requested] if isinstance(requested, (str, ParallelLayout)) else requested
+    layouts = tuple(dict.fromkeys(as_layout(r) for r in wanted))
+    if "distckpt" not in oracles:
+        if layouts:
+            raise BadInput("--resume-layout is used only by the distckpt oracle; add --oracle distckpt")
+        return ()
+    if experts == "te-grouped":
+        raise BadInput("--experts te-grouped has no sharded state dict: the distckpt oracle cannot run on it")
+    layouts = layouts or (ParallelLayout(),)
+    for layout in layouts:
+        layout.validate_for(config)
+    return layouts
 
 
 def _has_experts(config: dict[str, Any]) -> bool:
@@ -98,14 +151,34 @@ def _has_experts(config: dict[str, Any]) -> bool:
     return any(cfg.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
 
 
+def check_sync(
+    oracles: tuple[str, ...], layout: ParallelLayout, sender: str | None, receiver: str | None, chunk_mb: float
+) -> str | None:
+    """Resolve the sender and receiver specs and check they fit the run; the sender as a Job stores it."""
+    from convcheck.sync.adapters import check_adapters, normalize_sender
+
+    sender = normalize_sender(sender)
+    check_adapters(sender, receiver, chunk_mb)
+    if receiver is not None and not {"receiver", "idempotence"} & set(oracles):
+        raise BadInput("--receiver is used only by the receiver and idempotence oracles; add --oracle receiver")
+    if layout.world_size < 2 and ("broadcast" in oracles or sender == "broadcast"):
+        what = "the broadcast oracle" if "broadcast" in oracles else "--sender broadcast"
+        raise BadInput(f"{what} needs at least 2 ranks; the layout {layout.label} has 1")
+    return sender
+
+
 def run(job: Any, log_dir: str | None = None, progress: ProgressSink | None = None) -> Report:
-    """Launch the ranks of a prepared Job (and the layout oracle's reference job) and return the Report."""
+    """Launch the ranks of a prepared Job (and the layout oracle's reference job, the distckpt resume jobs) and return
+    the Report."""
+    from convcheck.ckpt.resume import checkpoint_folder, run_resumes
     from convcheck.engine.launch import run_ranks
     from convcheck.engine.reference import with_reference
 
     started = time.perf_counter()
     job = with_reference(job, log_dir, progress)
-    result = run_ranks(job, log_dir=log_dir, progress=progress)
+    with checkpoint_folder(job, log_dir) as job:
+        result = run_ranks(job, log_dir=log_dir, progress=progress)
+        result = run_resumes(job, result, log_dir, progress)
     verdicts = complete(job.oracles, tuple(OracleVerdict.from_dict(o) for o in result["oracles"]))
     return Report(
         model=job.model_label,
@@ -130,6 +203,12 @@ def verify(
     timeout_s: float = 600.0,
     log_dir: str | None = None,
     progress: ProgressSink | None = None,
+    sender: str | None = None,
+    receiver: str | None = None,
+    chunk_mb: float = 64.0,
+    pad_vocab: int | None = None,
+    manifest_out: str | None = None,
+    resume_layout: ParallelLayout | str | Sequence[ParallelLayout | str] | None = None,
 ) -> Report:
     """Build `model` sharded at `layout` through the real bridge and run the oracles; ConvcheckError on bad input."""
     job = prepare(
@@ -141,6 +220,12 @@ def verify(
         experts=experts,
         timeout_s=timeout_s,
         progress=progress,
+        sender=sender,
+        receiver=receiver,
+        chunk_mb=chunk_mb,
+        pad_vocab=pad_vocab,
+        manifest_out=manifest_out,
+        resume_layout=resume_layout,
     )
     return run(job, log_dir=log_dir, progress=progress)
 
@@ -156,9 +241,12 @@ def run_in_ranks(
     experts: str = "sequential",
     timeout_s: float = 600.0,
     log_dir: str | None = None,
+    load_hf: bool = True,
 ) -> Any:
     """Call `function` (`MODULE:FUNC` or `FILE.py:FUNC`) as FUNC(ctx, **kwargs) in every rank of `model` loaded at
-    `layout`; return what rank 0 returned (pickled back). `ctx` is a convcheck.rank.RankContext."""
+    `layout`; return what rank 0 returned (pickled back). `ctx` is a convcheck.rank.RankContext.
+
+    `load_hf=False`: the model is built but not loaded from the HF checkpoint (the function fills it)."""
     import pickle
     import tempfile
     from dataclasses import replace
@@ -175,6 +263,6 @@ def run_in_ranks(
             kwargs_file = str(Path(workdir) / "kwargs.pkl")
             Path(workdir).mkdir(parents=True, exist_ok=True)
             Path(kwargs_file).write_bytes(pickle.dumps(kwargs))
-        job = replace(job, oracles=(), rank_function=function, rank_kwargs_file=kwargs_file)
+        job = replace(job, oracles=(), rank_function=function, rank_kwargs_file=kwargs_file, resuming=not load_hf)
         run_ranks(job, log_dir=workdir)
         return pickle.loads(replace(job, workdir=workdir).value_file.read_bytes())

@@ -68,7 +68,7 @@ def compare_bits(name: str, expected: Any, actual: Any) -> Finding | None:
         return Finding(
             tensor=name,
             kind="dtype",
-            message=f"dtype {str(actual.dtype).removeprefix('torch.')}, expected {str(expected.dtype).removeprefix('torch.')}",
+            message=f"dtype {_dtype_name(actual)}, expected {_dtype_name(expected)}",
             detail={"expected": str(expected.dtype), "actual": str(actual.dtype)},
         )
     if tuple(expected.shape) != tuple(actual.shape):
@@ -93,3 +93,7 @@ def compare_bits(name: str, expected: Any, actual: Any) -> Finding | None:
         ),
         detail={"count": count, "numel": diff.numel(), "first_index": list(index), "expected": exp_s, "actual": act_s},
     )
+
+
+def _dtype_name(tensor: Any) -> str:
+    return str(tensor.dtype).removeprefix("torch.")

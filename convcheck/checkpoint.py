@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -77,6 +78,7 @@ def read_header(file: Path) -> dict[str, Any]:
 
 def _parse_header(file: Path) -> tuple[dict[str, Any], int]:
     """read_header's work: the checked header and the file offset where the tensor data starts."""
+    _require_regular(file, f"safetensors file {file}")
     try:
         size = file.stat().st_size
         with open(file, "rb") as fh:
@@ -86,7 +88,9 @@ def _parse_header(file: Path) -> tuple[dict[str, Any], int]:
             (header_len,) = struct.unpack("<Q", raw_len)
             if header_len > min(_MAX_HEADER, size - 8):
                 raise BadInput(f"corrupt safetensors file {file}: header length {header_len} exceeds the file")
-            header = json.loads(fh.read(header_len))
+            header = json.loads(fh.read(header_len), object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        raise BadInput(f"corrupt safetensors file {file}: the header names {exc.args[0]!r} twice") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadInput(
             f"corrupt safetensors file {file}: header is not valid JSON ({exc.__class__.__name__})"
@@ -95,27 +99,90 @@ def _parse_header(file: Path) -> tuple[dict[str, Any], int]:
         raise BadInput(f"cannot read {file}: {exc.strerror or exc}") from None
     if not isinstance(header, dict):
         raise BadInput(f"corrupt safetensors file {file}: header is not a JSON object")
-    data_size = size - 8 - header_len
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
-            numel = 1
-            for d in shape:
-                numel *= int(d)
-            expected = numel * _DTYPE_SIZES[dtype]
-        except (KeyError, TypeError, ValueError):
-            raise BadInput(f"corrupt safetensors file {file}: bad header entry for tensor {name!r}") from None
-        if end - begin != expected or begin < 0:
-            raise BadInput(
-                f"corrupt safetensors file {file}: tensor {name!r} has {end - begin} bytes, needs {expected}"
-            )
+    metadata = header.get("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise BadInput(f"corrupt safetensors file {file}: __metadata__ must map strings to strings")
+    ranges = [(*_entry_range(file, name, entry), name) for name, entry in header.items() if name != "__metadata__"]
+    _check_ranges(file, ranges, size - 8 - header_len)
+    return header, 8 + header_len
+
+
+class _DuplicateKey(ValueError):
+    """A JSON object names one key twice (json.loads would silently keep the last)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _entry_range(file: Path, name: str, entry: Any) -> tuple[int, int]:
+    """The checked [begin, end) data byte range of one header entry; BadInput names the tensor and the defect."""
+    where = f"corrupt safetensors file {file}: tensor {name!r}"
+    if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= set(entry):
+        raise BadInput(f"{where} has a bad header entry (needs dtype, shape and data_offsets)")
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in _DTYPE_SIZES:
+        raise BadInput(f"{where} has unknown dtype {dtype!r}; known: {', '.join(_DTYPE_SIZES)}")
+    if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+        raise BadInput(f"{where} has shape {shape!r}, not a list of non-negative integers")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(o) for o in offsets):
+        raise BadInput(f"{where} has data_offsets {offsets!r}, not two non-negative integers")
+    begin, end = offsets
+    expected = math.prod(shape) * _DTYPE_SIZES[dtype]
+    if end - begin != expected:
+        raise BadInput(f"{where} has {end - begin} bytes, needs {expected} ({dtype} {shape})")
+    return begin, end
+
+
+def _check_ranges(file: Path, ranges: list[tuple[int, int, str]], data_size: int) -> None:
+    """The tensors' byte ranges must tile the data exactly, as safetensors requires: no overlap, gap or tail."""
+    position, previous = 0, None
+    for begin, end, name in sorted(ranges):
         if end > data_size:
             raise BadInput(
-                f"truncated safetensors file {file}: tensor {name!r} ends at byte {end} of {data_size} data bytes"
+                f"truncated safetensors file {file}: tensor {name!r} ends at data byte {end}, "
+                f"past the {data_size} data bytes the file holds"
             )
-    return header, 8 + header_len
+        if begin < position:
+            raise BadInput(
+                f"corrupt safetensors file {file}: tensors {previous!r} and {name!r} overlap "
+                f"(data bytes {begin}-{position} are claimed by both)"
+            )
+        if begin > position:
+            raise BadInput(f"corrupt safetensors file {file}: data bytes {position}-{begin} belong to no tensor")
+        position, previous = end, name
+    if position != data_size:
+        raise BadInput(
+            f"corrupt safetensors file {file}: {data_size - position} bytes after the last tensor's data "
+            f"(the header covers {position} of {data_size} data bytes)"
+        )
+
+
+def _require_regular(path: Path, what: str) -> None:
+    """BadInput unless `path` (followed through symlinks) is a regular file: a FIFO would block a read forever."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise BadInput(f"{what} not found") from None
+    except OSError as exc:
+        raise BadInput(f"cannot read {what}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        raise BadInput(f"{what} is not a regular file (it is {_kind(mode)})")
+
+
+def _kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))  # fmt: skip
+    return next((label for test, label in kinds if test(mode)), "not a file")
 
 
 def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
@@ -126,16 +193,26 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     if not folder.is_dir():
         raise BadInput(f"model path is not a directory: {folder}")
     config_file = folder / "config.json"
-    if not config_file.is_file():
+    if not config_file.exists():
         raise BadInput(f"no config.json in {folder}")
+    _require_regular(config_file, f"config.json in {folder}")
     try:
         config = json.loads(config_file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BadInput(f"config.json in {folder} is not valid JSON: {exc}") from None
+    except OSError as exc:
+        raise BadInput(f"cannot read config.json in {folder}: {exc.strerror or exc}") from None
     if not isinstance(config, dict) or not config.get("architectures"):
         raise BadInput(f"config.json in {folder} names no architecture ('architectures' is missing)")
+    archs = config["architectures"]
+    if not isinstance(archs, list) or not all(isinstance(a, str) and a for a in archs):
+        raise BadInput(f"config.json in {folder}: 'architectures' must be a list of class names, got {archs!r}")
 
-    return Checkpoint(path=folder, config=config, tensors=_folder_tensors(folder))
+    checkpoint = Checkpoint(path=folder, config=config, tensors=_folder_tensors(folder))
+    from convcheck.config_shapes import check_config_shapes
+
+    check_config_shapes(checkpoint)
+    return checkpoint
 
 
 def open_weights(path: str | os.PathLike[str]) -> Checkpoint:
@@ -154,16 +231,13 @@ def open_weights(path: str | os.PathLike[str]) -> Checkpoint:
 def _folder_tensors(folder: Path) -> dict[str, TensorEntry]:
     """The tensors of a folder's weights: the index's shards, model.safetensors, or every *.safetensors file."""
     index_file = folder / INDEX_NAME
-    if index_file.is_file():
-        try:
-            weight_map = json.loads(index_file.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
-            raise BadInput(f"{index_file} is not a valid safetensors index (no weight_map)") from None
+    if index_file.exists():
+        weight_map = _weight_map(index_file)
         files = sorted(set(weight_map.values()))
         for name in files:
-            if not (folder / name).is_file():
+            if not (folder / name).exists():
                 raise BadInput(f"missing shard {name} named by {INDEX_NAME} in {folder}")
-    elif (folder / SINGLE_NAME).is_file():
+    elif (folder / SINGLE_NAME).exists():
         weight_map, files = None, [SINGLE_NAME]
     else:
         files = sorted(p.name for p in folder.glob("*.safetensors"))
@@ -178,6 +252,24 @@ def _folder_tensors(folder: Path) -> dict[str, TensorEntry]:
         weight_map = None
 
     return _read_tensors(folder, files, weight_map)
+
+
+def _weight_map(index_file: Path) -> dict[str, str]:
+    """The index's tensor -> shard map, each shard a file name inside the index's folder."""
+    _require_regular(index_file, str(index_file))
+    try:
+        weight_map = json.loads(index_file.read_text())["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
+        raise BadInput(f"{index_file} is not a valid safetensors index (no weight_map)") from None
+    except OSError as exc:
+        raise BadInput(f"cannot read {index_file}: {exc.strerror or exc}") from None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise BadInput(f"{index_file} is not a valid safetensors index (weight_map must map names to shard files)")
+    for name, shard in weight_map.items():
+        parts = Path(shard).parts
+        if not shard or Path(shard).is_absolute() or ".." in parts:
+            raise BadInput(f"{index_file} puts tensor {name!r} in {shard!r}, outside the checkpoint folder")
+    return weight_map
 
 
 def _read_tensors(
@@ -203,6 +295,11 @@ def _read_tensors(
         for name, fname in weight_map.items():
             if name not in tensors or tensors[name].file != fname:
                 raise BadInput(f"{INDEX_NAME} says {name!r} is in {fname}, but that shard does not hold it")
+        for name, entry in tensors.items():
+            if name not in weight_map:
+                raise BadInput(
+                    f"shard {entry.file} holds tensor {name!r}, which {INDEX_NAME} in {folder} does not list"
+                )
     if not tensors:
         raise BadInput(f"{where} holds no tensors" if where else f"the safetensors files in {folder} hold no tensors")
     return tensors

@@ -93,7 +93,8 @@ def _describe_dim(segs: list[Segment], expected_name: str, n_expected: int, dim:
                 return Diagnosis(
                     kind="block-reorder",
                     text=f"{len(perm)} blocks of {size} {unit} reordered along dim {dim}: source block order "
-                    f"{perm} (TP-size blocks out of order when {len(perm)} is the TP size: a shard concatenation order bug)",
+                    f"{perm} (TP-size blocks out of order when {len(perm)} is the TP size: "
+                    "a shard concatenation order bug)",
                 )
         pieces = ", ".join(f"{a0}:{a1}<-{s0}:{s0 + a1 - a0}" for a0, a1, _, s0 in segs[:8])
         return Diagnosis(kind="permuted", text=f"{unit} along dim {dim} permuted (actual<-source): {pieces}")

@@ -129,4 +129,3 @@ class RankCoord:
         for axis, size in (("tp", layout.tp), ("ep", layout.ep), ("etp", layout.etp), ("pp", layout.pp)):
             if getattr(self, f"{axis}_rank") >= size:
                 raise MappingError(f"{self} is outside layout {layout.label}: {axis}_rank must be < {size}")
-

@@ -134,7 +134,9 @@ class Report:
 
 def missing_verdict(name: str) -> OracleVerdict:
     """The failing verdict of an oracle that was asked for but produced none."""
-    finding = Finding(tensor="<oracle>", kind="no-verdict", message=f"oracle {name} was requested but returned no verdict")
+    finding = Finding(
+        tensor="<oracle>", kind="no-verdict", message=f"oracle {name} was requested but returned no verdict"
+    )
     return OracleVerdict(name=name, checked=0, findings=(finding,))
 
 

@@ -29,7 +29,9 @@ class CliResult:
         return {o["name"]: o["verdict"] for o in self.report["oracles"]}
 
 
-def run_cli(*args: str, tmp_path: Path | None = None, timeout: float = 300, env: dict[str, str] | None = None) -> CliResult:
+def run_cli(
+    *args: str, tmp_path: Path | None = None, timeout: float = 300, env: dict[str, str] | None = None
+) -> CliResult:
     """Run `python -m convcheck ARGS`; when tmp_path is given, also ask for a JSON report and read it."""
     cmd = [sys.executable, "-m", "convcheck", *args]
     report_path = None

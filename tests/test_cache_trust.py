@@ -1,5 +1,6 @@
-"""No verdict rests on state from an earlier run: the layout oracle's cached TP1 manifest is keyed by the content of
-the code that made it, so editing the bridge (same version string) between two runs gives both runs the right verdict."""
+"""No verdict rests on state from an earlier run: the layout oracle's cached TP1 manifest is keyed by the content
+of the code that made it, so editing the bridge (same version string) between two runs gives both runs the right
+verdict."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from tests.helpers import ROOT, run_cli
 
-BUG = '''
+BUG = """
 
 _convcheck_original_stream = MegatronModelBridge.stream_weights_megatron_to_hf
 
@@ -23,7 +24,7 @@ def _convcheck_doubled_norm(self, *args, **kwargs):
 
 
 MegatronModelBridge.stream_weights_megatron_to_hf = _convcheck_doubled_norm
-'''
+"""
 
 
 @pytest.mark.ranks
@@ -41,7 +42,9 @@ def test_an_edited_bridge_never_reuses_a_stale_reference(tmp_path: Path) -> None
     assert buggy.code == 1, buggy.err
     assert {f["tensor"] for f in buggy.findings("roundtrip")} == {"model.norm.weight"}
     # the bug is the same at TP1 and TP2: the layouts agree, only the TP1 reference differs from the source
-    assert {(f["tensor"], f["kind"]) for f in buggy.findings("layout")} == {("model.norm.weight", "tp1-differs-from-source")}
+    assert {(f["tensor"], f["kind"]) for f in buggy.findings("layout")} == {
+        ("model.norm.weight", "tp1-differs-from-source")
+    }
 
     module.write_text(healthy)  # the fix, same version string again
     fixed = run_cli(*args, tmp_path=tmp_path, env=env)

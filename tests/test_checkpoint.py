@@ -56,7 +56,9 @@ def index_names_wrong_shard(folder: Path) -> str:
     index = folder / "model.safetensors.index.json"
     data = json.loads(index.read_text())
     name = next(iter(data["weight_map"]))
-    data["weight_map"][name] = next(f for f in sorted(set(data["weight_map"].values())) if f != data["weight_map"][name])
+    data["weight_map"][name] = next(
+        f for f in sorted(set(data["weight_map"].values())) if f != data["weight_map"][name]
+    )
     index.write_text(json.dumps(data))
     return "does not hold it"
 
@@ -115,7 +117,9 @@ def test_unknown_architecture(ckpt: Path) -> None:
 
 @pytest.mark.ranks
 def test_dead_rank_ends_the_run() -> None:
-    res = run_cli("verify", "--model", "tiny:qwen3", "--tp", "2", "--hook", mutant("faults", "kill_rank1"), "--timeout", "120")
+    res = run_cli(
+        "verify", "--model", "tiny:qwen3", "--tp", "2", "--hook", mutant("faults", "kill_rank1"), "--timeout", "120"
+    )
     assert res.code == 2
     assert "rank 1 died" in res.err
     assert len(res.err.strip().splitlines()) == 1, res.err
@@ -126,7 +130,9 @@ def test_hung_rank_is_stopped_within_the_timeout() -> None:
     import time
 
     t0 = time.monotonic()
-    res = run_cli("verify", "--model", "tiny:qwen3", "--tp", "2", "--hook", mutant("faults", "hang_rank1"), "--timeout", "25")
+    res = run_cli(
+        "verify", "--model", "tiny:qwen3", "--tp", "2", "--hook", mutant("faults", "hang_rank1"), "--timeout", "25"
+    )
     assert res.code == 2
     assert "did not finish within 25 s" in res.err
     assert time.monotonic() - t0 < 60

@@ -11,7 +11,6 @@ from convcheck.oracles.config import check_rule, flatten, uncovered
 from tests.helpers import mutant, run_cli
 
 
-
 def _view(**overrides):  # type: ignore[no-untyped-def]
     import transformers
 

@@ -22,7 +22,17 @@ def qwen3_tp2_plants(tmp_path_factory: pytest.TempPathFactory) -> CliResult:
     """One TP2 launch with four planted bugs on distinct tensors."""
     hooks = ["tp_concat_reversed", "gqa_qk_swap_group1", "gate_up_swapped_under_tp", "drop_vocab_rows"]
     args = [a for h in hooks for a in ("--hook", mutant("collectives", h))]
-    return run_cli("verify", "--model", "tiny:qwen3", "--tp", "2", "--oracle", ORACLES, *args, tmp_path=tmp_path_factory.mktemp("p"))
+    return run_cli(
+        "verify",
+        "--model",
+        "tiny:qwen3",
+        "--tp",
+        "2",
+        "--oracle",
+        ORACLES,
+        *args,
+        tmp_path=tmp_path_factory.mktemp("p"),
+    )
 
 
 @pytest.mark.ranks
@@ -66,7 +76,18 @@ def test_other_tensors_pass(qwen3_tp2_plants: CliResult) -> None:
 
 @pytest.mark.ranks
 def test_ep_local_expert_ids(tmp_path: Path) -> None:
-    r = run_cli("verify", "--model", "tiny:qwen3-moe", "--ep", "2", "--oracle", ORACLES, "--hook", mutant("collectives", "ep_local_ids"), tmp_path=tmp_path)
+    r = run_cli(
+        "verify",
+        "--model",
+        "tiny:qwen3-moe",
+        "--ep",
+        "2",
+        "--oracle",
+        ORACLES,
+        "--hook",
+        mutant("collectives", "ep_local_ids"),
+        tmp_path=tmp_path,
+    )
     assert r.code == 1
     d = _find(r, "differential", "model.layers.1.mlp.experts.0.up_proj.weight")
     assert d["kind"] == "differs" and d["detail"]["first_index"] == [0, 0]
@@ -79,7 +100,20 @@ def test_ep_local_expert_ids(tmp_path: Path) -> None:
 
 @pytest.mark.ranks
 def test_etp_expert_not_gathered(tmp_path: Path) -> None:
-    r = run_cli("verify", "--model", "tiny:qwen3-moe", "--tp", "2", "--etp", "2", "--oracle", ORACLES, "--hook", mutant("collectives", "etp_not_gathered"), tmp_path=tmp_path)
+    r = run_cli(
+        "verify",
+        "--model",
+        "tiny:qwen3-moe",
+        "--tp",
+        "2",
+        "--etp",
+        "2",
+        "--oracle",
+        ORACLES,
+        "--hook",
+        mutant("collectives", "etp_not_gathered"),
+        tmp_path=tmp_path,
+    )
     assert r.code == 1
     name = "model.layers.0.mlp.experts.0.down_proj.weight"
     kinds = {f["kind"] for f in r.findings("differential") if f["tensor"] == name}

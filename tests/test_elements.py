@@ -23,13 +23,25 @@ def test_ranges_and_counts() -> None:
 
 
 def _rec(task: int, writer: list, ranges: list, shape: list) -> dict:
-    return {"task": task, "param": f"p{task}", "hf": "w", "shape": shape, "writer": writer, "ranges": ranges, "owned": sum(b - a for a, b in ranges)}
+    return {
+        "task": task,
+        "param": f"p{task}",
+        "hf": "w",
+        "shape": shape,
+        "writer": writer,
+        "ranges": ranges,
+        "owned": sum(b - a for a, b in ranges),
+    }
 
 
 def test_gap_and_overlap_named_by_hf_index() -> None:
-    ok, proven = assemble([[_rec(0, [["tp", 0]], [(0, 8)], [4, 4])], [_rec(0, [["tp", 1]], [(8, 16)], [4, 4])]], {"w": (4, 4)})
+    ok, proven = assemble(
+        [[_rec(0, [["tp", 0]], [(0, 8)], [4, 4])], [_rec(0, [["tp", 1]], [(8, 16)], [4, 4])]], {"w": (4, 4)}
+    )
     assert not ok and proven == 16
-    findings, _ = assemble([[_rec(0, [["tp", 0]], [(0, 10)], [4, 4])], [_rec(0, [["tp", 1]], [(8, 14)], [4, 4])]], {"w": (4, 4)})
+    findings, _ = assemble(
+        [[_rec(0, [["tp", 0]], [(0, 10)], [4, 4])], [_rec(0, [["tp", 1]], [(8, 14)], [4, 4])]], {"w": (4, 4)}
+    )
     kinds = {f.kind: f for f in findings}
     assert kinds["overlap"].detail["first_index"] == [2, 0] and "[2, 0]..[2, 1]" in kinds["overlap"].message
     assert kinds["gap"].detail["first_index"] == [3, 2]

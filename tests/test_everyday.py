@@ -106,7 +106,9 @@ def test_progress_on_a_terminal_and_nothing_extra_when_piped(tmp_path: Path) -> 
     assert piped.code == 0 and piped.err == ""  # piped: no progress at all
     lines = piped.out.splitlines()
     assert all(line == line.rstrip() for line in lines)
-    assert any(line.startswith("PASS coverage: checked 44 names (25 HF tensors + 19 Megatron parameters)") for line in lines)
+    assert any(
+        line.startswith("PASS coverage: checked 44 names (25 HF tensors + 19 Megatron parameters)") for line in lines
+    )
 
 
 @pytest.mark.ranks

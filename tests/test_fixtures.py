@@ -10,7 +10,6 @@ from convcheck.bits import int_view
 from convcheck.checkpoint import open_checkpoint
 from convcheck.fixtures import FIXTURES, build_fixture, get_spec
 from convcheck.fixtures.values import POOL_SIZE, distinct_values
-
 from tests.helpers import run_cli
 
 

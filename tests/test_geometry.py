@@ -39,4 +39,6 @@ def test_hybrid_layer_list_gives_layers_and_mamba() -> None:
 def test_registry_names_the_missing_field() -> None:
     geometry = Geometry.from_hf_config({"num_attention_heads": 4, "vocab_size": 16})
     with pytest.raises(MappingError, match="HF config lacks hidden_size$"):
-        build_registry("Qwen3ForCausalLM", geometry, ["embedding.word_embeddings.weight"], ["model.embed_tokens.weight"])
+        build_registry(
+            "Qwen3ForCausalLM", geometry, ["embedding.word_embeddings.weight"], ["model.embed_tokens.weight"]
+        )

@@ -11,7 +11,6 @@ from convcheck.oracles.config import flatten, uncovered
 from tests.helpers import mutant, run_cli
 
 
-
 def test_nemotron_h_table_covers_every_fixture_field() -> None:
     import transformers
 

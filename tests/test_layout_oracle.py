@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from convcheck.checkpoint import open_checkpoint
 from convcheck.api import resolve_model
+from convcheck.checkpoint import open_checkpoint
 from tests.helpers import mutant, run_cli
 
 ORACLES = "coverage,roundtrip,config,logits,differential,elements,layout,mapping"
@@ -20,7 +20,9 @@ MATRIX = [
 
 
 @pytest.mark.ranks
-@pytest.mark.parametrize(("model", "layout"), MATRIX, ids=[f"{m}-{'x'.join(lay[1::2]) or '1'}{''.join(lay[::2])}" for m, lay in MATRIX])
+@pytest.mark.parametrize(
+    ("model", "layout"), MATRIX, ids=[f"{m}-{'x'.join(lay[1::2]) or '1'}{''.join(lay[::2])}" for m, lay in MATRIX]
+)
 def test_layout_matrix(model: str, layout: tuple[str, ...], tmp_path: Path) -> None:
     r = run_cli("verify", "--model", model, *layout, "--oracle", ORACLES, tmp_path=tmp_path)
     assert r.report is not None, r.err

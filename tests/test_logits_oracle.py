@@ -5,9 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from convcheck.oracles.logits import ABS_TOL, fixed_tokens, compare, upcast_fp32
+from convcheck.oracles.logits import ABS_TOL, compare, fixed_tokens, upcast_fp32
 from tests.helpers import mutant, run_cli
-
 
 
 def _logits(vocab: int = 10) -> torch.Tensor:

@@ -8,7 +8,6 @@ import pytest
 from tests.helpers import mutant, run_cli
 
 
-
 @pytest.mark.ranks
 def test_mapping_oracle_passes_qwen3_moe_tp2_ep2(tmp_path: Path) -> None:
     res = run_cli("verify", "--model", "tiny:qwen3-moe", "--tp", "2", "--ep", "2", "--oracle", "mapping",

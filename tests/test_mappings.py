@@ -45,8 +45,15 @@ def unique(*shape: int) -> torch.Tensor:
 
 def qkv(bias: bool = False) -> tuple[FusedQKV, dict[str, torch.Tensor]]:
     kind = "bias" if bias else "weight"
-    m = FusedQKV(megatron=f"decoder.layers.0.self_attention.linear_qkv.{kind}", q=f"q.{kind}", k=f"k.{kind}",
-                 v=f"v.{kind}", num_heads=H, num_query_groups=G, head_dim=D)
+    m = FusedQKV(
+        megatron=f"decoder.layers.0.self_attention.linear_qkv.{kind}",
+        q=f"q.{kind}",
+        k=f"k.{kind}",
+        v=f"v.{kind}",
+        num_heads=H,
+        num_query_groups=G,
+        head_dim=D,
+    )
     rest = () if bias else (HIDDEN,)
     return m, {m.q: unique(H * D, *rest), m.k: unique(G * D, *rest), m.v: unique(G * D, *rest)}
 
@@ -62,10 +69,21 @@ def experts_hf(layer: int = 0) -> dict[str, torch.Tensor]:
 
 def grouped(layer: int = 0, fc1_cls: type = GroupedFc1, fc2_cls: type = GroupedFc2) -> tuple[Any, Any]:
     t = f"model.layers.{layer}.mlp.experts.{{expert}}."
-    fc1 = fc1_cls(megatron=f"decoder.layers.{layer}.mlp.experts.weight1", num_experts=E, hidden=HIDDEN, ffn=F,
-                  gate=t + "gate_proj.weight", up=t + "up_proj.weight")
-    fc2 = fc2_cls(megatron=f"decoder.layers.{layer}.mlp.experts.weight2", num_experts=E, hidden=HIDDEN, ffn=F,
-                  down=t + "down_proj.weight")
+    fc1 = fc1_cls(
+        megatron=f"decoder.layers.{layer}.mlp.experts.weight1",
+        num_experts=E,
+        hidden=HIDDEN,
+        ffn=F,
+        gate=t + "gate_proj.weight",
+        up=t + "up_proj.weight",
+    )
+    fc2 = fc2_cls(
+        megatron=f"decoder.layers.{layer}.mlp.experts.weight2",
+        num_experts=E,
+        hidden=HIDDEN,
+        ffn=F,
+        down=t + "down_proj.weight",
+    )
     return fc1, fc2
 
 
@@ -84,8 +102,16 @@ def test_qkv_shard_is_whole_query_groups() -> None:
     shard = m.to_shard(hf, ParallelLayout(tp=2), RankCoord(tp_rank=1))
     n = H // G
     # rank 1 of 2 holds groups 2 and 3: [q4, q5, k2, v2, q6, q7, k3, v3]
-    expect = torch.cat([hf[m.q][4 * D : 6 * D], hf[m.k][2 * D : 3 * D], hf[m.v][2 * D : 3 * D],
-                        hf[m.q][6 * D : 8 * D], hf[m.k][3 * D : 4 * D], hf[m.v][3 * D : 4 * D]])
+    expect = torch.cat(
+        [
+            hf[m.q][4 * D : 6 * D],
+            hf[m.k][2 * D : 3 * D],
+            hf[m.v][2 * D : 3 * D],
+            hf[m.q][6 * D : 8 * D],
+            hf[m.k][3 * D : 4 * D],
+            hf[m.v][3 * D : 4 * D],
+        ]
+    )
     assert n == 2 and compare_bits("shard", expect, shard) is None
 
 
@@ -100,8 +126,15 @@ def test_qkv_fewer_kv_heads_than_tp_splits_each_group() -> None:
 
 
 def test_qkv_rejects_groups_and_tp_that_do_not_divide() -> None:
-    m = FusedQKV(megatron="decoder.layers.0.self_attention.linear_qkv.weight", q="q", k="k", v="v",
-                 num_heads=6, num_query_groups=3, head_dim=4)
+    m = FusedQKV(
+        megatron="decoder.layers.0.self_attention.linear_qkv.weight",
+        q="q",
+        k="k",
+        v="v",
+        num_heads=6,
+        num_query_groups=3,
+        head_dim=4,
+    )
     with pytest.raises(MappingError, match="num_query_groups=3 and tp=2 do not divide one another"):
         m.to_shard({}, ParallelLayout(tp=2), RankCoord(tp_rank=0))
 
@@ -149,10 +182,22 @@ def test_sequential_expert_mappings_use_global_ids(ep: int, etp: int) -> None:
     hf = experts_hf()
     layout = ParallelLayout(ep=ep, etp=etp)
     p = "model.layers.0.mlp.experts.5."
-    fc1 = Gated(megatron="decoder.layers.0.mlp.experts.local_experts.5.linear_fc1.weight", axis="etp", expert=5,
-                num_experts=E, gate=p + "gate_proj.weight", up=p + "up_proj.weight")
-    fc2 = Split(megatron="decoder.layers.0.mlp.experts.local_experts.5.linear_fc2.weight", axis="etp", dim=1,
-                expert=5, num_experts=E, hf=p + "down_proj.weight")
+    fc1 = Gated(
+        megatron="decoder.layers.0.mlp.experts.local_experts.5.linear_fc1.weight",
+        axis="etp",
+        expert=5,
+        num_experts=E,
+        gate=p + "gate_proj.weight",
+        up=p + "up_proj.weight",
+    )
+    fc2 = Split(
+        megatron="decoder.layers.0.mlp.experts.local_experts.5.linear_fc2.weight",
+        axis="etp",
+        dim=1,
+        expert=5,
+        num_experts=E,
+        hf=p + "down_proj.weight",
+    )
     assert roundtrip_findings(fc1, hf, layout) == [] and roundtrip_findings(fc2, hf, layout) == []
     if ep > 1:
         with pytest.raises(MappingError, match="expert 5 lives on ep_rank"):
@@ -192,13 +237,14 @@ def test_qkv_agrees_with_bridge_merge_and_split(bridge_qkv_helpers: Any, tp: int
 # --- GroupedMLP functional test: Megatron-Core 0.16.1 view semantics vs HF Qwen3-MoE experts ---------
 
 
-def grouped_mlp_forward(shards1: dict, shards2: dict, layout: ParallelLayout, x: torch.Tensor,
-                        top_idx: torch.Tensor, top_w: torch.Tensor) -> torch.Tensor:
+def grouped_mlp_forward(
+    shards1: dict, shards2: dict, layout: ParallelLayout, x: torch.Tensor, top_idx: torch.Tensor, top_w: torch.Tensor
+) -> torch.Tensor:
     """GroupedMLP.forward on every (EP, ETP) rank: w1 = weight1.view(E_local, hidden, -1), glu,
     w2 = weight2.view(E_local, -1, hidden); the ETP partial sums are added (the reduce-scatter)."""
     local = E // layout.ep
     out = torch.zeros_like(x)
-    for (coord, w1flat) in shards1.items():
+    for coord, w1flat in shards1.items():
         w1 = w1flat.view(local, HIDDEN, -1)
         w2 = shards2[coord].view(local, -1, HIDDEN)
         for le in range(local):
@@ -217,8 +263,9 @@ def hf_experts(seed: int = 0) -> tuple[Any, dict[str, torch.Tensor]]:
     from transformers import Qwen3MoeConfig
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 
-    config = Qwen3MoeConfig(hidden_size=HIDDEN, moe_intermediate_size=F, num_experts=E, num_experts_per_tok=2,
-                            hidden_act="silu")
+    config = Qwen3MoeConfig(
+        hidden_size=HIDDEN, moe_intermediate_size=F, num_experts=E, num_experts_per_tok=2, hidden_act="silu"
+    )
     experts = Qwen3MoeExperts(config).float()
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -265,13 +312,32 @@ def qwen3_moe_names(layers: int = 2, grouped_experts: bool = False) -> tuple[lis
     hf = ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
     for i in range(layers):
         d, h = f"decoder.layers.{i}.", f"model.layers.{i}."
-        meg += [d + s for s in ("input_layernorm.weight", "pre_mlp_layernorm.weight",
-                                "self_attention.linear_qkv.weight",
-                                "self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight",
-                                "self_attention.linear_proj.weight", "mlp.router.weight")]
-        hf += [h + s for s in ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
-                               "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.q_norm.weight",
-                               "self_attn.k_norm.weight", "self_attn.o_proj.weight", "mlp.gate.weight")]
+        meg += [
+            d + s
+            for s in (
+                "input_layernorm.weight",
+                "pre_mlp_layernorm.weight",
+                "self_attention.linear_qkv.weight",
+                "self_attention.q_layernorm.weight",
+                "self_attention.k_layernorm.weight",
+                "self_attention.linear_proj.weight",
+                "mlp.router.weight",
+            )
+        ]
+        hf += [
+            h + s
+            for s in (
+                "input_layernorm.weight",
+                "post_attention_layernorm.weight",
+                "self_attn.q_proj.weight",
+                "self_attn.k_proj.weight",
+                "self_attn.v_proj.weight",
+                "self_attn.q_norm.weight",
+                "self_attn.k_norm.weight",
+                "self_attn.o_proj.weight",
+                "mlp.gate.weight",
+            )
+        ]
         if grouped_experts:
             meg += [d + "mlp.experts.weight1", d + "mlp.experts.weight2"]
         for e in range(E):
@@ -281,8 +347,9 @@ def qwen3_moe_names(layers: int = 2, grouped_experts: bool = False) -> tuple[lis
     return meg, hf
 
 
-GEOM = Geometry(hidden=HIDDEN, num_heads=H, num_query_groups=G, head_dim=D, vocab=10, padded_vocab=16,
-                num_experts=E, moe_ffn=F)
+GEOM = Geometry(
+    hidden=HIDDEN, num_heads=H, num_query_groups=G, head_dim=D, vocab=10, padded_vocab=16, num_experts=E, moe_ffn=F
+)
 
 
 @pytest.mark.parametrize("grouped_experts", [False, True])
@@ -330,8 +397,10 @@ class InterleavedBothWays(InterleavedFc1):
         n, width = self.local_experts(layout), 2 * self.ffn // layout.etp
         for ep_rank in range(layout.ep):
             for local in range(n):
-                rows = [shards[RankCoord(ep_rank=ep_rank, etp_rank=r)][:, local * width : (local + 1) * width].t()
-                        for r in range(layout.etp)]
+                rows = [
+                    shards[RankCoord(ep_rank=ep_rank, etp_rank=r)][:, local * width : (local + 1) * width].t()
+                    for r in range(layout.etp)
+                ]
                 e = self.global_expert(layout, ep_rank, local)
                 yield self.gate.format(expert=e), torch.cat([x[: width // 2] for x in rows]).contiguous()
                 yield self.up.format(expert=e), torch.cat([x[width // 2 :] for x in rows]).contiguous()
@@ -382,8 +451,13 @@ def test_plant_local_expert_id_caught_by_roundtrip_names() -> None:
 
 
 def test_plant_local_expert_id_caught_by_registry(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(GroupedFc2, "hf_names", property(lambda self: tuple(
-        self.down.format(expert=e % (self.num_experts // 2)) for e in range(self.num_experts))))
+    monkeypatch.setattr(
+        GroupedFc2,
+        "hf_names",
+        property(
+            lambda self: tuple(self.down.format(expert=e % (self.num_experts // 2)) for e in range(self.num_experts))
+        ),
+    )
     meg, hf = qwen3_moe_names(grouped_experts=True)
     never = r"model\.layers\.0\.mlp\.experts\.7\.down_proj\.weight: HF tensor would be produced 0 times"
     with pytest.raises(CoverageError, match=never):
@@ -399,11 +473,20 @@ def test_plant_wrong_etp_half_caught_by_roundtrip() -> None:
 
 def test_registry_maps_te_grouped_expert_names_with_global_ids() -> None:
     meg, hf = qwen3_moe_names()
-    te = [n.replace(f"local_experts.{e}.linear_fc{i}.weight", f"linear_fc{i}.weight{e}")
-          for n in meg for e in range(E) for i in (1, 2) if f"local_experts.{e}.linear_fc{i}." in n]
+    te = [
+        n.replace(f"local_experts.{e}.linear_fc{i}.weight", f"linear_fc{i}.weight{e}")
+        for n in meg
+        for e in range(E)
+        for i in (1, 2)
+        if f"local_experts.{e}.linear_fc{i}." in n
+    ]
     meg = [n for n in meg if "local_experts" not in n] + te
     reg = build_registry("Qwen3MoeForCausalLM", GEOM, meg, hf)
     m = reg.get("decoder.layers.1.mlp.experts.linear_fc1.weight6")
-    assert isinstance(m, Gated) and m.expert == 6 and m.hf_names == (
-        "model.layers.1.mlp.experts.6.gate_proj.weight", "model.layers.1.mlp.experts.6.up_proj.weight")
+    assert (
+        isinstance(m, Gated)
+        and m.expert == 6
+        and m.hf_names
+        == ("model.layers.1.mlp.experts.6.gate_proj.weight", "model.layers.1.mlp.experts.6.up_proj.weight")
+    )
     assert roundtrip_findings(m, experts_hf(layer=1), ParallelLayout(ep=2, etp=2)) == []

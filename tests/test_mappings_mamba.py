@@ -64,7 +64,10 @@ def test_mamba_mappings_roundtrip_bitwise(tp: int) -> None:
     conv_rows = D + 2 * GN
     cases = [
         in_proj(),
-        (mamba_conv1d(megatron="l.conv1d_weight", hf="conv1d.weight", **DIMS), {"conv1d.weight": rows(conv_rows, 1, K)}),
+        (
+            mamba_conv1d(megatron="l.conv1d_weight", hf="conv1d.weight", **DIMS),
+            {"conv1d.weight": rows(conv_rows, 1, K)},
+        ),
         (mamba_conv1d(megatron="l.conv1d_bias", hf="conv1d.bias", **DIMS), {"conv1d.bias": rows(conv_rows)}),
     ]
     for name, n in (("A_log", HEADS), ("D", HEADS), ("dt_bias", HEADS), ("norm.weight", D)):
@@ -124,7 +127,8 @@ def nemotron_h_names() -> tuple[list[str], list[str]]:
 
 GEOMETRY = Geometry(hidden=32, num_heads=4, num_query_groups=2, head_dim=8, vocab=152, padded_vocab=152,
                     num_layers=5, ffn=64, layer_types=("mamba", "attention", "mlp", "mamba", "moe"),
-                    num_experts=4, moe_ffn=16, mamba_heads=4, mamba_head_dim=8, mamba_groups=2, mamba_state=8)  # fmt: skip
+                    num_experts=4, moe_ffn=16, mamba_heads=4, mamba_head_dim=8, mamba_groups=2,
+                    mamba_state=8)  # fmt: skip
 
 
 def test_registry_covers_nemotron_h_exactly_once() -> None:

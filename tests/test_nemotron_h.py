@@ -59,8 +59,8 @@ def test_dt_before_bc_passes_roundtrip_but_not_mapping(tmp_path: Path) -> None:
     assert res.verdicts() == {"roundtrip": "pass", "mapping": "fail"}
     findings = res.findings("mapping")
     kinds = {(f["tensor"], f["kind"]) for f in findings}
-    assert kinds == {
-        (f"decoder.layers.{i}.mixer.in_proj.weight", "import-bytes-differ") for i in (0, 3)
-    } | {(f"backbone.layers.{i}.mixer.in_proj.weight", "export-bytes-differ") for i in (0, 3)}
+    assert kinds == {(f"decoder.layers.{i}.mixer.in_proj.weight", "import-bytes-differ") for i in (0, 3)} | {
+        (f"backbone.layers.{i}.mixer.in_proj.weight", "export-bytes-differ") for i in (0, 3)
+    }
     first = next(f for f in findings if f["kind"] == "import-bytes-differ")
     assert first["detail"]["first_index"] == [32, 0]  # the row after z_r, x_r (16 rows each at TP2)

@@ -30,7 +30,8 @@ def test_swapped_qk_head_is_caught_with_first_element(tmp_path: Path) -> None:
     assert q["detail"]["count"] == 8 * 32
     assert "model.layers.0.self_attn.k_proj.weight" in _kinds(res, "roundtrip")
     assert "model.layers.0.self_attn.q_proj.weight" in res.out
-    assert f"replay: convcheck verify --model tiny:qwen3 --tp 2 --oracle roundtrip --hook {mutant('bridge', 'swap_qk_head0')}" in res.out
+    hook = mutant("bridge", "swap_qk_head0")
+    assert f"replay: convcheck verify --model tiny:qwen3 --tp 2 --oracle roundtrip --hook {hook}" in res.out
     suite = ElementTree.parse(junit).getroot()
     assert suite.get("failures") == "1"
     failed = [c.get("name") for c in suite.iter("testcase") if c.find("failure") is not None]
@@ -39,7 +40,17 @@ def test_swapped_qk_head_is_caught_with_first_element(tmp_path: Path) -> None:
 
 @pytest.mark.ranks
 def test_dropped_expert_is_caught_under_ep(tmp_path: Path) -> None:
-    res = run_cli("verify", *BASE, "--model", "tiny:qwen3-moe", "--ep", "2", "--hook", mutant("bridge", "drop_expert3"), tmp_path=tmp_path)
+    res = run_cli(
+        "verify",
+        *BASE,
+        "--model",
+        "tiny:qwen3-moe",
+        "--ep",
+        "2",
+        "--hook",
+        mutant("bridge", "drop_expert3"),
+        tmp_path=tmp_path,
+    )
     assert res.code == 1
     names = {f"model.layers.1.mlp.experts.3.{p}_proj.weight" for p in ("gate", "up", "down")}
     assert {t for t, k in _kinds(res, "coverage").items() if "not-exported" in k} == names
@@ -48,7 +59,9 @@ def test_dropped_expert_is_caught_under_ep(tmp_path: Path) -> None:
 
 @pytest.mark.ranks
 def test_transposed_weight_is_caught(tmp_path: Path) -> None:
-    res = run_cli("verify", *BASE, "--model", "tiny:llama", "--hook", mutant("bridge", "transpose_o_proj"), tmp_path=tmp_path)
+    res = run_cli(
+        "verify", *BASE, "--model", "tiny:llama", "--hook", mutant("bridge", "transpose_o_proj"), tmp_path=tmp_path
+    )
     assert res.code == 1
     assert _kinds(res, "roundtrip") == {"model.layers.0.self_attn.o_proj.weight": {"bytes-differ"}}
     assert res.verdicts()["coverage"] == "pass"
@@ -56,7 +69,17 @@ def test_transposed_weight_is_caught(tmp_path: Path) -> None:
 
 @pytest.mark.ranks
 def test_duplicated_name_is_caught(tmp_path: Path) -> None:
-    res = run_cli("verify", *BASE, "--model", "tiny:qwen2", "--tp", "2", "--hook", mutant("bridge", "duplicate_name"), tmp_path=tmp_path)
+    res = run_cli(
+        "verify",
+        *BASE,
+        "--model",
+        "tiny:qwen2",
+        "--tp",
+        "2",
+        "--hook",
+        mutant("bridge", "duplicate_name"),
+        tmp_path=tmp_path,
+    )
     assert res.code == 1
     assert _kinds(res, "coverage") == {"model.norm.weight": {"duplicate"}}
 
@@ -73,8 +96,8 @@ def test_dtype_change_is_caught(tmp_path: Path) -> None:
 
 @pytest.mark.ranks
 def test_parameter_left_at_init_is_caught(tmp_path: Path) -> None:
-    res = run_cli("verify", *BASE, "--model", "tiny:qwen3-moe", "--tp", "2", "--hook", mutant("bridge", "skip_load_final_norm"),
-                  tmp_path=tmp_path)  # fmt: skip
+    hook = mutant("bridge", "skip_load_final_norm")
+    res = run_cli("verify", *BASE, "--model", "tiny:qwen3-moe", "--tp", "2", "--hook", hook, tmp_path=tmp_path)
     assert res.code == 1
     assert _kinds(res, "coverage") == {"decoder.final_layernorm.weight": {"not-loaded"}}
     assert _kinds(res, "roundtrip") == {"model.norm.weight": {"bytes-differ"}}

@@ -197,7 +197,8 @@ def test_layout_choice_and_adapter_support() -> None:
 def test_importing_the_plugin_loads_no_heavy_module() -> None:
     code = (
         "import sys, convcheck.pytest_plugin, convcheck.testing; "
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron', 'transformers', 'safetensors')))"
+        "heavy = ('torch', 'megatron', 'transformers', 'safetensors'); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"
@@ -329,7 +330,8 @@ def test_fixtures_markers_and_helpers(scratch: pytest.Pytester) -> None:
             "*test_layouts?tp2? PASSED*",
             "*test_layouts?ep2? SKIPPED*",
             "*test_moe_layouts?tp2ep2? PASSED*",
-            "E *AssertionError: model.norm.weight: 1/32 elements differ; first at index [[]3[]]: got * (0x*), expected *",
+            "E *AssertionError: model.norm.weight: 1/32 elements differ; "
+            "first at index [[]3[]]: got * (0x*), expected *",
             "SKIPPED * layout ep2 is illegal for tiny:qwen3: impossible layout EP2: the model has no experts*",
         ]
     )

@@ -58,8 +58,10 @@ def test_table_lists_the_pypi_releases_with_their_megatron_core_pins() -> None:
         "0.5.0": "0.18.0", "0.5.1": "0.18.2", "0.6.0": "0.19.0", "0.6.2": "0.19.2",
     }  # fmt: skip
     lock = {r.bridge: r.transformers for r in RELEASES.values()}
-    assert lock == {**dict.fromkeys(("0.3.0", "0.3.1"), "4.57.6"), **dict.fromkeys(("0.4.0", "0.4.1", "0.4.2"), "5.3.0"),
-                    **dict.fromkeys(("0.5.0", "0.5.1"), "5.8.1"), **dict.fromkeys(("0.6.0", "0.6.2"), "5.12.1")}  # fmt: skip
+    assert lock == {
+        **dict.fromkeys(("0.3.0", "0.3.1"), "4.57.6"), **dict.fromkeys(("0.4.0", "0.4.1", "0.4.2"), "5.3.0"),
+        **dict.fromkeys(("0.5.0", "0.5.1"), "5.8.1"), **dict.fromkeys(("0.6.0", "0.6.2"), "5.12.1"),
+    }  # fmt: skip
     assert all(len(r.core_pin) == 40 for r in RELEASES.values() if r.bridge != current_release())
 
 
@@ -71,7 +73,7 @@ def test_current_release_is_the_current_pins() -> None:
 
 
 def test_extras_are_what_each_release_imports() -> None:
-    """modelopt where auto_bridge imports it at module level (0.4.x, 0.5.x); huggingface_hub < 1 for transformers 4.57."""
+    """modelopt where auto_bridge imports it at module level (0.4.x, 0.5.x); huggingface_hub < 1 for 4.57."""
     for row in RELEASES.values():
         names = {extra.split("==")[0] for extra in row.extras}
         assert ("nvidia-modelopt" in names) == row.bridge.startswith(("0.4.", "0.5.")), row.bridge
@@ -189,17 +191,17 @@ def test_shims_skipped_in_this_release_are_those_whose_target_is_absent() -> Non
     assert res.stdout.strip().splitlines()[-1] == ("[]" if legacy else "[11]"), release_label()
 
 
-def test_shim11_still_needed_moe_utils_leaves_te_names_unbound() -> None:
+def test_shim13_still_needed_moe_utils_leaves_te_names_unbound() -> None:
     """Fails when megatron-core's moe_utils binds te_general_gemm without TE (0.17+ do: the shim's target is absent)."""
     res = _run("from megatron.core.transformer.moe import moe_utils\nprint(hasattr(moe_utils, 'te_general_gemm'))")
     assert res.returncode == 0, res.stderr[-2000:]
     if res.stdout.strip() == "True":
-        pytest.skip(f"{release_label()}: moe_utils binds its TE names without TE, so shim 11 is not needed")
+        pytest.skip(f"{release_label()}: moe_utils binds its TE names without TE, so shim 13 is not needed")
     source = Path(optional_module("megatron.core.transformer.moe.moe_utils").__file__).read_text()
     assert "if te_general_gemm is not None" in source
 
 
-def test_shim11_lets_the_router_gating_run_upstream_torch_path() -> None:
+def test_shim13_lets_the_router_gating_run_upstream_torch_path() -> None:
     res = _run(
         """
         import torch

@@ -24,7 +24,10 @@ def test_tp2_ep2_default_oracles_pass_without_logits(tmp_path: Path) -> None:
     assert set(CORE.split(",")) <= set(verdicts) and set(verdicts.values()) == {"pass"}
     names = _grouped_rows(res, "mapping")  # every expert under its GLOBAL weightE name (EP rank 1 holds 4..7)
     assert sorted(names) == sorted(
-        f"decoder.layers.{layer}.mlp.experts.linear_fc{fc}.weight{e}" for layer in (0, 1) for fc in (1, 2) for e in range(8)
+        f"decoder.layers.{layer}.mlp.experts.linear_fc{fc}.weight{e}"
+        for layer in (0, 1)
+        for fc in (1, 2)
+        for e in range(8)
     )
 
 

@@ -6,14 +6,16 @@ import contextlib
 import os
 import signal
 import sys
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
 from convcheck.api import EXPERT_LAYOUTS
-from convcheck.cli.types import HookSpecType, OracleList, ReportPath
+from convcheck.cli.types import HookSpecType, LayoutType, OracleList, ReportPath
 from convcheck.errors import ConvcheckError, one_line
+from convcheck.sync.adapters import RECEIVERS, SENDERS
 
 if TYPE_CHECKING:
     from convcheck.layout import ParallelLayout
@@ -33,8 +35,11 @@ def replay_command(
     oracles: list[str],
     hooks: tuple[str, ...],
     experts: str = "sequential",
+    extra: tuple[str, ...] = (),
+    pad_vocab: int | None = None,
+    resume_layouts: tuple["ParallelLayout", ...] = (),
 ) -> str:
-    """One shell line that reruns exactly the failing oracles of this run."""
+    """One shell line that reruns exactly the failing oracles of this run (`extra`: further options, as given)."""
     import shlex
 
     args = ["convcheck", "verify", "--model", model]
@@ -45,10 +50,27 @@ def replay_command(
         args += ["--device", device]
     if experts != "sequential":
         args += ["--experts", experts]
+    if pad_vocab is not None:
+        args += ["--pad-vocab", str(pad_vocab)]
     args += ["--oracle", ",".join(oracles)]
     for hook in hooks:
         args += ["--hook", hook]
-    return shlex.join(args)
+    if "distckpt" in oracles:
+        for resume in resume_layouts:
+            args += ["--resume-layout", resume.spec]
+    return shlex.join([*args, *extra])
+
+
+def sync_options(sender: str | None, receiver: str | None, chunk_mb: float) -> tuple[str, ...]:
+    """The weight-sync options of a run, for its replay line (defaults left out)."""
+    out: list[str] = []
+    if sender is not None:
+        out += ["--sender", sender]
+    if receiver is not None:
+        out += ["--receiver", receiver]
+    if chunk_mb != 64.0:
+        out += ["--chunk-mb", f"{chunk_mb:g}"]
+    return tuple(out)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -77,7 +99,13 @@ Examples:
 @click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True, help="Pipeline parallel size.")
 @click.option("--ep", type=click.IntRange(min=1), default=1, show_default=True, help="Expert parallel size.")
 @click.option("--etp", type=click.IntRange(min=1), default=1, show_default=True, help="Expert tensor parallel size.")
-@click.option("--oracle", "oracles", type=OracleList(), default=None, help="Comma-separated oracle names (default: all).")
+@click.option(
+    "--oracle",
+    "oracles",
+    type=OracleList(),
+    default=None,
+    help="Comma-separated oracle names (default: all but opt-in ones).",
+)
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               envvar="CONVCHECK_DEVICE", help="auto: cuda when every rank gets its own visible GPU, else cpu "
               "($CONVCHECK_DEVICE sets the default).")  # fmt: skip
@@ -92,7 +120,23 @@ Examples:
 @click.option("--hook", "hooks", type=HookSpecType(), multiple=True,
               help="Callable run in every rank before the model is built (extensions, planted-bug tests).")  # fmt: skip
 @click.option("--experts", type=click.Choice(EXPERT_LAYOUTS), default="sequential", show_default=True,
-              help="MoE expert layout: SequentialMLP, or TEGroupedMLP's linear_fcN.weightE (no forward: no logits).")  # fmt: skip
+              help="MoE expert layout: SequentialMLP, or TEGroupedMLP's linear_fcN.weightE "
+              "(no forward: no logits).")  # fmt: skip
+@click.option("--sender", type=HookSpecType("sender", builtins=("bridge", *SENDERS)), default=None,
+              help="Weight-sync sender every export consumer reads: bridge (default), bucketed, broadcast, or "
+                   "MODULE:FUNC / FILE.py:FUNC called as FUNC(ctx).")  # fmt: skip
+@click.option("--receiver", type=HookSpecType("receiver", builtins=tuple(RECEIVERS)), default=None,
+              help="Receiver of the receiver/idempotence oracles: hf (default), fused, "
+              "or MODULE:CLASS / FILE.py:CLASS.")  # fmt: skip
+@click.option("--chunk-mb", type=click.FloatRange(min=0, min_open=True), default=64.0, show_default=True,
+              help="Bound of one broadcast chunk and of one bucket of the bucketed sender, in MiB.")  # fmt: skip
+@click.option("--pad-vocab", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Build the padded vocabulary training uses: rows rounded up to a multiple of N x TP.")  # fmt: skip
+@click.option("--manifest", "manifest_path", type=ReportPath(),
+              help="Write this case's gate manifest (export digests, conversion tasks, config, verdicts).")  # fmt: skip
+@click.option("--resume-layout", "resume_layouts", type=LayoutType(), multiple=True,
+              help="distckpt oracle: resume its checkpoint at this layout (tp1, tp2ep2, pp2; repeatable; "
+              "default tp1).")  # fmt: skip
 def verify(
     model: str,
     tp: int,
@@ -109,6 +153,12 @@ def verify(
     log_dir: str | None,
     hooks: tuple[str, ...],
     experts: str,
+    sender: str | None,
+    receiver: str | None,
+    chunk_mb: float,
+    pad_vocab: int | None,
+    manifest_path: str | None,
+    resume_layouts: tuple["ParallelLayout", ...],
 ) -> None:
     """Build the sharded Megatron model from MODEL through the real bridge and run the oracles."""
     from convcheck import api
@@ -130,6 +180,12 @@ def verify(
                 experts=experts,
                 timeout_s=timeout,
                 progress=display,
+                sender=sender,
+                receiver=receiver,
+                chunk_mb=chunk_mb,
+                pad_vocab=pad_vocab,
+                manifest_out=manifest_path,
+                resume_layout=resume_layouts or None,
             )
             report = api.run(job, log_dir=log_dir, progress=display)
     except ConvcheckError as exc:
@@ -137,7 +193,11 @@ def verify(
     print_report(report, table=table)
     if report.verdict != PASS:
         failing = [o.name for o in report.oracles if o.verdict != PASS]
-        click.echo(f"replay: {replay_command(model, layout, device, failing, hooks, experts)}")
+        extra = sync_options(sender, receiver, chunk_mb)
+        click.echo(
+            "replay: "
+            + replay_command(model, layout, device, failing, hooks, experts, extra, pad_vocab, job.resume_layouts)
+        )
     outputs = {path: render(report) for path, render in ((json_path, report_json), (junit_path, junit_xml)) if path}
     try:
         write_together(outputs)
@@ -172,7 +232,8 @@ def list_oracles(markdown: bool) -> None:
         click.echo(oracles_markdown(), nl=False)
         return
     for info in ORACLES.values():
-        click.echo(f"{info.name}\n  proves: {info.proves}\n  does not prove: {info.does_not_prove}")
+        opt_in = "" if info.default else f" (not in the default set: --oracle {info.name})"
+        click.echo(f"{info.name}{opt_in}\n  proves: {info.proves}\n  does not prove: {info.does_not_prove}")
 
 
 @cli.group()
@@ -248,14 +309,27 @@ def main() -> None:
     except ConvcheckError as exc:
         _fail_line(exc)
     except Exception as exc:  # noqa: BLE001 - exit 1 means "a verdict failed" and nothing else
-        if os.environ.get("CONVCHECK_DEBUG"):
-            raise
-        click.echo(f"convcheck: error: internal error: {one_line(exc)} (set CONVCHECK_DEBUG=1 for the traceback)", err=True)
+        if os.environ.get("CONVCHECK_DEBUG"):  # the traceback, still with exit 2: 1 is only for a failed verdict
+            traceback.print_exc()
+            sys.exit(EXIT_BAD_INPUT)
+        click.echo(
+            f"convcheck: error: internal error: {one_line(exc)} (set CONVCHECK_DEBUG=1 for the traceback)", err=True
+        )
         sys.exit(EXIT_BAD_INPUT)
     sys.exit(code or 0)
 
 
+from convcheck.cli import selftest as _selftest  # noqa: E402  (does convcheck still bite on this stack?)
 from convcheck.cli import sweep as _sweep  # noqa: E402  (byte-identity sweep and digest manifests)
 
 cli.add_command(_sweep.sweep)
 cli.add_command(_sweep.digest)
+cli.add_command(_selftest.selftest)
+
+from convcheck.cli import gate as _gate  # noqa: E402  (bridge-upgrade gate: golden manifests)
+
+cli.add_command(_gate.gate)
+
+from convcheck.cli import version as _version  # noqa: E402  (version folders: write and check)
+
+cli.add_command(_version.version)

@@ -1,4 +1,4 @@
-"""Progress on stderr while a run waits on its ranks: a spinner line with the phase and tensor counts (terminals only)."""
+"""Progress on stderr while a run waits on its ranks: phase lines and a live count (terminals only)."""
 
 from __future__ import annotations
 

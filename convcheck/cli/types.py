@@ -32,12 +32,15 @@ class HookSpecType(click.ParamType):
 
     name = "MODULE:FUNC"
 
-    def __init__(self, what: str = "hook") -> None:
+    def __init__(self, what: str = "hook", builtins: tuple[str, ...] = ()) -> None:
         self.what = what
+        self.builtins = builtins  # names accepted as they are (built-in adapters such as `bucketed`)
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
         from convcheck.hooks import parse_hook
 
+        if value in self.builtins:
+            return str(value)
         try:
             return str(parse_hook(str(value), what=self.what))
         except ConvcheckError as exc:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from convcheck.compat import no_cuda, no_mamba_ssm, no_te
 from convcheck.compat._patch import upstream
 from convcheck.compat.detect import skipped
-from convcheck.compat.no_cuda import CPU_CONSTRUCTOR_SITES, CPU_DEVICE_SITES
+from convcheck.compat.no_cuda import CPU_CHECKPOINT_SITES, CPU_CONSTRUCTOR_SITES, CPU_DEVICE_SITES
 from convcheck.compat.no_mamba_ssm import MixerGatedRMSNorm
 from convcheck.compat.no_te import cpu_hybrid_stack_spec, install_import_shims, transformer_engine_available
 from convcheck.compat.provider import (
@@ -67,8 +67,14 @@ SHIMS = (
     Shim(10, "torch-mamba-scan", "mamba_ssm", _MAMBA, (_CORE + "ssm/mamba_mixer.py:69",),
          "tests/test_compat_hybrid_forward.py::test_shim10_still_needed_mamba_forward_calls_mamba_ssm_kernels",
          "megatron-core 0.17.0-0.19.2 (kernel names bound to None); 0.16.x (names left unbound)"),
-    Shim(11, "moe-utils-te-names-unbound", "transformer_engine", _TE, (_CORE + "transformer/moe/moe_utils.py:24",),
-         "tests/test_releases.py::test_shim11_still_needed_moe_utils_leaves_te_names_unbound",
+    Shim(11, "checkpoint-preload-cuda-sync", "cuda", _CUDA,
+         (_CORE + "dist_checkpointing/strategies/filesystem_async.py:248",),
+         "tests/test_distckpt.py::test_shim11_still_needed_checkpoint_preload_synchronizes_cuda", _CORES),
+    Shim(12, "checkpoint-finalize-cuda-flag", "cuda", _CUDA,
+         tuple(_CORE + where for _, _, where in CPU_CHECKPOINT_SITES),
+         "tests/test_distckpt.py::test_shim12_still_needed_checkpoint_finalize_flag_on_cuda", _CORES),
+    Shim(13, "moe-utils-te-names-unbound", "transformer_engine", _TE, (_CORE + "transformer/moe/moe_utils.py:24",),
+         "tests/test_releases.py::test_shim13_still_needed_moe_utils_leaves_te_names_unbound",
          "megatron-core 0.16.0-0.16.1 (0.17+ bind the names to None)"),
 )  # fmt: skip
 
@@ -105,6 +111,7 @@ def _gated_rms_norm_class() -> type:
 
 
 __all__ = [
+    "CPU_CHECKPOINT_SITES",
     "CPU_CONSTRUCTOR_SITES",
     "CPU_DEVICE_SITES",
     "CPU_FUSION_FIELDS",

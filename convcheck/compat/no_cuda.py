@@ -1,4 +1,4 @@
-"""What exists because this run has no CUDA device: shims 2-6 and 9, installed and active exactly when the run's
+"""What exists because this run has no CUDA device: shims 2-6, 9, 11 and 12, installed and active exactly when the run's
 requested device is "cpu", whatever the host has. Each runs the upstream code (or its exact formula) on the CPU."""
 
 from __future__ import annotations
@@ -209,12 +209,52 @@ def install_cpu_constructor_sites() -> None:
     _install_sites(CPU_CONSTRUCTOR_SITES, 9)
 
 
+# --- Shim 11 ----------------------------------------------------------------------------------------
+# megatron-core 0.19.2, megatron/core/dist_checkpointing/strategies/filesystem_async.py:248:
+# FileSystemWriterAsync.preload_tensors stages the tensors of a torch_dist save with non_blocking=True copies and
+# then calls torch.cuda.synchronize(), which raises without a CUDA driver. A CPU tensor's `.to("cpu")` is the tensor
+# itself, so on a CPU run the same method runs with non_blocking=False: the same staging, no CUDA call.
+def install_cpu_checkpoint_preload() -> None:
+    """Install shim 11 (idempotent)."""
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
+
+    def blocking_on_cpu(original: Any) -> Any:
+        function = original.__func__ if isinstance(original, staticmethod) else original
+
+        def preload_tensors(write_buckets, non_blocking=True):  # type: ignore[no-untyped-def]
+            return function(write_buckets, non_blocking and not active())
+
+        return staticmethod(preload_tensors)
+
+    _patch(FileSystemWriterAsync, "preload_tensors", blocking_on_cpu)
+
+
+# --- Shim 12 ----------------------------------------------------------------------------------------
+# megatron-core 0.19.2, megatron/core/dist_checkpointing/strategies/state_dict_saver.py:252:
+# save_state_dict_async_finalize broadcasts its failure flag in a tensor made on torch.cuda.current_device(). On a
+# CPU run it runs with torch.cuda.current_device() answering "cpu" (shim 4's wrapper): the flag goes over gloo.
+CPU_CHECKPOINT_SITES = (
+    (
+        "megatron.core.dist_checkpointing.strategies.state_dict_saver",
+        "save_state_dict_async_finalize",
+        "dist_checkpointing/strategies/state_dict_saver.py:252",
+    ),
+)
+
+
+def install_cpu_checkpoint_finalize() -> None:
+    """Install shim 12 at every site of CPU_CHECKPOINT_SITES (idempotent)."""
+    _install_sites(CPU_CHECKPOINT_SITES)
+
+
 def install() -> None:
-    """Install shims 2-6 and 9 (idempotent) and route them to the CPU."""
+    """Install shims 2-6, 9, 11 and 12 (idempotent) and route them to the CPU."""
     install_cpu_replicated_mapping()
     install_cpu_tied_embedding_setup()
     install_cpu_device_sites()
     install_cpu_causal_mask()
     install_cpu_rng_fork()
     install_cpu_constructor_sites()
+    install_cpu_checkpoint_preload()
+    install_cpu_checkpoint_finalize()
     set_active(True)

@@ -1,5 +1,6 @@
 """What exists because Transformer Engine is missing: the TE import stand-in (shim 1), the TE-free hybrid stack
-spec, the hybrid final norm (shim 7) and megatron-core 0.16's unbound MoE TE names (shim 11). Delete this module once the bridge and megatron-core build without TE."""
+spec, the hybrid final norm (shim 7) and megatron-core 0.16's unbound MoE TE names (shim 13).
+Delete this module once the bridge and megatron-core build without TE."""
 
 from __future__ import annotations
 
@@ -243,7 +244,7 @@ def install_hybrid_final_norm() -> None:
     _patch(stack, "__init__", torch_final_norm)
 
 
-# --- Shim 11 ----------------------------------------------------------------------------------------
+# --- Shim 13 ----------------------------------------------------------------------------------------
 # megatron-core 0.16.x, megatron/core/transformer/moe/moe_utils.py:24-37 imports te_general_gemm and the fused MoE
 # kernels from TE inside try/except and, without TE, leaves the names unbound; RouterGatingLinearFunction.forward
 # (:1192) then raises NameError on `te_general_gemm is not None` at every router forward. megatron-core 0.17+ bind
@@ -263,20 +264,20 @@ MOE_UTILS_TE_NAMES = (
 
 
 def install_moe_utils_te_names() -> None:
-    """Install shim 11 (idempotent) while TE is missing: bind the TE names moe_utils left unbound to None."""
+    """Install shim 13 (idempotent) while TE is missing: bind the TE names moe_utils left unbound to None."""
     if transformer_engine_available():
         return
     from megatron.core.transformer.moe import moe_utils
 
     unbound = [name for name in MOE_UTILS_TE_NAMES if not hasattr(moe_utils, name)]
     if not unbound:
-        skip(11, "moe_utils binds its TE names without TE (megatron-core >= 0.17)")
+        skip(13, "moe_utils binds its TE names without TE (megatron-core >= 0.17)")
     for name in unbound:
         setattr(moe_utils, name, None)
 
 
 def install() -> None:
-    """Install every shim of this module (1, 7, 11; idempotent). Shim 1 must come before megatron.bridge imports."""
+    """Install every shim of this module (1, 7, 13; idempotent). Shim 1 must come before megatron.bridge imports."""
     install_import_shims()
     install_hybrid_final_norm()
     install_moe_utils_te_names()

@@ -31,7 +31,8 @@ CPU_FUSION_FIELDS = (
 
 
 HYBRID_SPEC_FIELDS = ("hybrid_stack_spec", "mamba_stack_spec")
-"""The provider field holding the hybrid stack spec: HybridModelProvider (bridge >= 0.6), MambaModelProvider (<= 0.5)."""
+"""The provider field holding the hybrid stack spec: HybridModelProvider (bridge >= 0.6), MambaModelProvider
+(<= 0.5)."""
 
 
 def hybrid_spec_field(provider: Any) -> str | None:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
-from convcheck.atomic import write_json_atomic
 from convcheck.layout import ParallelLayout
 from convcheck.rank.bringup import RankSpec
 
@@ -41,6 +39,22 @@ class Job:
     """`MODULE:FUNC` / `FILE.py:FUNC` called as FUNC(ctx, **kwargs) in every rank instead of the oracles."""
     rank_kwargs_file: str | None = None
     """Pickle of the keyword arguments for `rank_function` (None: no arguments)."""
+    sender: str | None = None
+    """Weight-sync sender feeding every export consumer: a built-in name or `MODULE:FUNC` (None: the bridge)."""
+    receiver: str | None = None
+    """Receiver of the receiver/idempotence oracles: a built-in name or `MODULE:CLASS` (None: "hf")."""
+    chunk_mb: float = 64.0
+    """Bound of one broadcast chunk and of one bucket of the bucketed sender, in MiB."""
+    pad_vocab: int | None = None
+    """Padded vocabulary: the provider's make_vocab_size_divisible_by=N and should_pad_vocab=True (None: off)."""
+    manifest_out: str | None = None
+    """Where rank 0 writes the case's gate manifest (convcheck.gate.manifest) after the oracles ran (None: not)."""
+    checkpoint_dir: str | None = None
+    """distckpt oracle: the torch_dist folder the engine owns; the first launch saves into it, a resume job loads it."""
+    resume_layouts: tuple[ParallelLayout, ...] = ()
+    """distckpt oracle: the layouts the engine resumes the checkpoint at, one launch each after the first."""
+    resuming: bool = False
+    """Set only in a resume job: the model is built but not loaded from the HF checkpoint (`checkpoint_dir` is)."""
 
     def rank_spec(self) -> RankSpec:
         """What each rank needs to bring up its model."""
@@ -53,6 +67,12 @@ class Job:
             reference_manifest=self.reference_manifest,
             write_manifest=self.write_manifest,
             progress_file=str(self.progress_file),
+            sender=self.sender,
+            receiver=self.receiver,
+            chunk_mb=self.chunk_mb,
+            pad_vocab=self.pad_vocab,
+            checkpoint_dir=self.checkpoint_dir,
+            resuming=self.resuming,
         )
 
     @property
@@ -76,6 +96,7 @@ class Job:
         path = Path(self.workdir) / "job.json"
         data = asdict(self)
         data["layout"] = self.layout.to_dict()
+        data["resume_layouts"] = [layout.to_dict() for layout in self.resume_layouts]
         path.write_text(json.dumps(data, indent=2))
         return path
 
@@ -85,5 +106,5 @@ class Job:
         data["layout"] = ParallelLayout.from_dict(data["layout"])
         data["oracles"] = tuple(data["oracles"])
         data["hooks"] = tuple(data["hooks"])
+        data["resume_layouts"] = tuple(ParallelLayout.from_dict(d) for d in data.get("resume_layouts", ()))
         return cls(**data)
-

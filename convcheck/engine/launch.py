@@ -188,7 +188,9 @@ def _launch(job: Job, workdir: Path, progress: ProgressSink | None) -> dict[str,
     return _result(job, code, log_file, started)
 
 
-def _wait(proc: subprocess.Popen[bytes], timeout_s: float, reader: ProgressReader, progress: ProgressSink | None) -> int:
+def _wait(
+    proc: subprocess.Popen[bytes], timeout_s: float, reader: ProgressReader, progress: ProgressSink | None
+) -> int:
     """Wait for torchrun, handing progress events on as they arrive; TimeoutExpired after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -206,7 +208,8 @@ def _wait(proc: subprocess.Popen[bytes], timeout_s: float, reader: ProgressReade
 def _result(job: Job, code: int, log_file: Path, started: float) -> dict[str, Any]:
     errors = _rank_errors(job)
     if code != 0 and not any(e["status"] == "bad_input" for e in errors):
-        silent = sorted(set(range(job.layout.world_size)) - {e["rank"] for e in errors})
+        stopped = {rank for rank, exit_code in exit_codes(log_file).items() if exit_code == -signal.SIGTERM}
+        silent = sorted(set(range(job.layout.world_size)) - {e["rank"] for e in errors} - stopped)
         if silent and errors:
             raise SetupError(
                 f"rank {', '.join(map(str, silent))} died without reporting an error (torchrun exit code {code}); "
@@ -224,6 +227,18 @@ def _result(job: Job, code: int, log_file: Path, started: float) -> dict[str, An
     return json.loads(job.result_file.read_text())
 
 
+_EXIT = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank[^)]*\)\s*exitcode\s*:\s*(-?\d+)")
+
+
+def exit_codes(log_file: Path) -> dict[int, int]:
+    """Rank -> exit code of every failed rank in torchrun's summary (-15: torchrun stopped it after another failed)."""
+    try:
+        text = log_file.read_text(errors="replace")[-20000:]
+    except OSError:
+        return {}
+    return {int(rank): int(code) for rank, code in _EXIT.findall(text)}
+
+
 _ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
 
 
@@ -237,13 +252,14 @@ def root_cause(log_file: Path) -> tuple[int, int] | None:
 
 
 def _rank_errors(job: Job) -> list[dict[str, Any]]:
-    """Error files left by ranks, bad input first, then by rank."""
+    """Error files left by ranks: bad input first, then the earliest written (the cause; its peers' errors follow)."""
     out = []
     for rank in range(job.layout.world_size):
         path = job.error_file(rank)
         if path.exists():
             try:
-                out.append(json.loads(path.read_text()))
+                error = json.loads(path.read_text())
             except json.JSONDecodeError:
-                out.append({"status": "error", "rank": rank, "error": "unreadable error file"})
-    return sorted(out, key=lambda e: (e["status"] != "bad_input", e["rank"]))
+                error = {"status": "error", "rank": rank, "error": "unreadable error file"}
+            out.append((error["status"] != "bad_input", path.stat().st_mtime_ns, rank, error))
+    return [error for *_, error in sorted(out, key=lambda item: item[:3])]

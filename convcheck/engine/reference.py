@@ -28,9 +28,14 @@ def reference_key(job: Job) -> str:
 
     key = hashlib.sha256()
     fields = {"model": job.model_path, "hooks": list(job.hooks), "device": job.device, "experts": job.experts}
+    if job.sender is not None:  # the TP1 export runs through the same sender
+        fields["sender"] = job.sender
+    if job.pad_vocab is not None:
+        fields["pad_vocab"] = job.pad_vocab
     where = {"python": sys.executable, "path": sys.path, "pythonpath": os.environ.get("PYTHONPATH", "")}
     key.update(json.dumps({**fields, **where, "v": versions()}, sort_keys=True).encode())
-    hook_files = [Path(h.rpartition(":")[0]) for h in job.hooks if h.rpartition(":")[0].endswith(".py")]
+    specs = (*job.hooks, *((job.sender,) if job.sender else ()))
+    hook_files = [Path(h.rpartition(":")[0]) for h in specs if h.rpartition(":")[0].endswith(".py")]
     for path in sorted(Path(job.model_path).glob("*.safetensors")) + hook_files:
         stat = path.stat()
         key.update(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
@@ -49,6 +54,7 @@ def reference_manifest(job: Job, log_dir: str | None = None, progress: ProgressS
         workdir=".",
         reference_manifest=None,
         write_manifest=str(manifest),
+        manifest_out=None,
     )
     prefixed = None
     if progress is not None:

@@ -9,7 +9,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from convcheck.engine.job import Job, write_json_atomic
+from convcheck.atomic import write_json_atomic
+from convcheck.engine.job import Job
 from convcheck.errors import BadInput, one_line
 
 
@@ -24,9 +25,14 @@ def run_job(job: Job) -> dict[str, Any] | None:
     oracles = [load_oracle(name) for name in job.oracles]
     hooks = tuple(load_hook(h) for h in job.hooks)
     function = load_hook(job.rank_function, what="rank function") if job.rank_function else None
-    ctx = bring_up(job.rank_spec(), hooks)
+    ctx = bring_up(job.rank_spec(), hooks, load=not job.resuming)
     if function is not None:
         return _run_function(job, ctx, function, started)
+    recorder = None
+    if job.manifest_out:
+        from convcheck.gate.recorder import ManifestRecorder
+
+        recorder = ManifestRecorder.start(ctx)  # taps the export stream the oracles drain anyway
     verdicts = []
     for name, oracle in zip(job.oracles, oracles, strict=True):
         ctx.phase = f"oracle {name}"
@@ -35,6 +41,8 @@ def run_job(job: Job) -> dict[str, Any] | None:
         verdict = oracle(ctx)
         if verdict is not None:
             verdicts.append({**verdict.to_dict(), "seconds": round(time.perf_counter() - t0, 3)})
+    if recorder is not None:
+        recorder.finish(job, verdicts)
     if ctx.rank != 0:
         return None
     return {
@@ -63,9 +71,8 @@ def _run_function(job: Job, ctx: Any, function: Any, started: float) -> dict[str
 
 def main(argv: list[str] | None = None) -> int:
     """torchrun target: `python -m convcheck.engine.worker JOB.json`."""
-    from convcheck.rank.bringup import quiet
-
     from convcheck.engine.launch import die_with_parent
+    from convcheck.rank.bringup import quiet
 
     die_with_parent()  # torchrun killed -> this rank too
     if os.getppid() == 1:  # torchrun died before the line above

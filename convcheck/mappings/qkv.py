@@ -58,7 +58,9 @@ class FusedQKV:
                 "Megatron-Core needs num_query_groups % tp == 0 or tp % num_query_groups == 0"
             )
         if (g * (self.heads_per_group + 2) * self.head_dim) % tp:
-            raise MappingError(f"{self.megatron}: {g * (self.heads_per_group + 2) * self.head_dim} rows do not split over tp={tp}")
+            raise MappingError(
+                f"{self.megatron}: {g * (self.heads_per_group + 2) * self.head_dim} rows do not split over tp={tp}"
+            )
 
     def canonical(self, coord: RankCoord) -> RankCoord:
         return RankCoord(tp_rank=coord.tp_rank)

@@ -35,7 +35,10 @@ def ep_local_ids() -> None:
             if ".layers.1." not in str(hf_param_name) or self.ep_size == 1:
                 return out
             per_rank = self._get_config(module).num_moe_experts // self.ep_size
-            return {re.sub(r"experts\.(\d+)", lambda m: f"experts.{int(m.group(1)) % per_rank}", n): t for n, t in out.items()}
+            return {
+                re.sub(r"experts\.(\d+)", lambda m: f"experts.{int(m.group(1)) % per_rank}", n): t
+                for n, t in out.items()
+            }
 
         return gather_from_ep_ranks
 
@@ -114,3 +117,49 @@ def drop_vocab_rows() -> None:
         return megatron_to_hf
 
     wrap(ColumnParallelMapping, "megatron_to_hf", make)
+
+
+def etp_halves_swapped() -> None:
+    """The expert-tensor-parallel gather hands back the ETP shards in reverse order, for layer 1's experts."""
+    from megatron.bridge.models.conversion.param_mapping import MegatronParamMapping
+
+    def make(original):  # type: ignore[no-untyped-def]
+        def gather_from_tp_ranks(self, tensor):  # type: ignore[no-untyped-def]
+            out = original(self, tensor)
+            return out[::-1] if self.is_expert and ".layers.1." in self.megatron_param else out
+
+        return gather_from_tp_ranks
+
+    wrap(MegatronParamMapping, "gather_from_tp_ranks", make)
+
+
+def ep_not_gathered() -> None:
+    """The EP gather is skipped for layer 0's expert down projections: each rank exports only its own experts."""
+    from megatron.bridge.models.conversion.param_mapping import MegatronParamMapping
+
+    def make(original):  # type: ignore[no-untyped-def]
+        def gather_from_ep_ranks(self, weights, module, hf_param_name):  # type: ignore[no-untyped-def]
+            if ".layers.0." in str(hf_param_name) and "linear_fc2" in self.megatron_param:
+                return {str(hf_param_name): weights}
+            return original(self, weights, module, hf_param_name)
+
+        return gather_from_ep_ranks
+
+    wrap(MegatronParamMapping, "gather_from_ep_ranks", make)
+
+
+def qkv_groups_reversed() -> None:
+    """QKV export splits layer 1's query groups in reverse order (group g's q, k, v land at group G-1-g)."""
+    from megatron.bridge.models.conversion.param_mapping import QKVMapping
+
+    def make(original):  # type: ignore[no-untyped-def]
+        def megatron_to_hf(self, weights, module):  # type: ignore[no-untyped-def]
+            out = original(self, weights, module)
+            if ".layers.1." not in self.megatron_param or module is None or not out:
+                return out
+            groups = self._get_config(module).num_query_groups
+            return {n: t.reshape(groups, -1, *t.shape[1:]).flip(0).reshape(t.shape) for n, t in out.items()}
+
+        return megatron_to_hf
+
+    wrap(QKVMapping, "megatron_to_hf", make)

@@ -1,6 +1,7 @@
 """Planted bugs for the mapping oracle: `convcheck verify --hook convcheck.mutants.symmetric:NAME` runs them per rank.
 
-Each patches the real Megatron-Bridge QKVMapping symmetrically, so a roundtrip cannot see it.
+Each patches the real Megatron-Bridge QKV conversion (QKVMapping or its merge/split helpers) symmetrically, so a
+roundtrip cannot see it.
 """
 
 from __future__ import annotations
@@ -30,3 +31,21 @@ def qk_order_swapped() -> None:
     permute_rows_symmetrically(
         QKVMapping, lambda mapping, module, rows, inverse: _group_perm(mapping._get_config(module), rows, inverse)
     )
+
+
+def qkv_not_interleaved() -> None:
+    """The bridge's QKV merge writes [all q; all k; all v] instead of one block per query group, and its split reads
+    that back the same way (weights only)."""
+    import torch
+    from megatron.bridge.models.conversion import param_mapping
+
+    def merge_qkv_weights(provider, q, k, v):  # type: ignore[no-untyped-def]
+        return torch.cat([q, k, v], dim=0)
+
+    def split_qkv_weights(provider, qkv, *args, **kwargs):  # type: ignore[no-untyped-def]
+        heads, groups = provider.num_attention_heads, provider.num_query_groups
+        kv_rows = qkv.shape[0] * groups // (heads + 2 * groups)
+        return torch.split(qkv, [qkv.shape[0] - 2 * kv_rows, kv_rows, kv_rows], dim=0)
+
+    param_mapping.merge_qkv_weights = merge_qkv_weights
+    param_mapping.split_qkv_weights = split_qkv_weights

@@ -1,4 +1,5 @@
-"""Planted bugs for `--experts te-grouped`: `convcheck verify --hook convcheck.mutants.te_grouped:NAME` runs them per rank.
+"""Planted bugs for `--experts te-grouped`: `convcheck verify --hook convcheck.mutants.te_grouped:NAME` runs them in
+every rank.
 
 Each patches real Megatron-Bridge mapping code only for TEGroupedMLP's `experts.linear_fcN.weightE` naming, so
 SequentialMLP (`experts.local_experts.E.*`) is untouched.

@@ -12,13 +12,18 @@ from typing import Any, Callable
 
 from convcheck.errors import BadInput
 from convcheck.oracles import (
+    broadcast,
     config,
     coverage,
+    delta,
     differential,
+    distckpt,
     elements,
+    idempotence,
     layout_invariance,
     logits,
     mapping,
+    receiver,
     roundtrip,
 )
 from convcheck.oracles.base import OracleInfo
@@ -32,17 +37,24 @@ _MODULES: tuple[ModuleType, ...] = (
     elements,
     layout_invariance,
     mapping,
+    receiver,
+    idempotence,
+    delta,
+    broadcast,
+    distckpt,
 )
-"""In the order a default run executes them."""
+"""In the order a run executes them; the opt-in ones (INFO.default False) run only when named."""
 
 ORACLES: dict[str, OracleInfo] = {m.INFO.name: m.INFO for m in _MODULES}
 _RUN: dict[str, Callable[[Any], Any]] = {m.INFO.name: m.run for m in _MODULES}
+DEFAULT_ORACLES: tuple[str, ...] = tuple(name for name, info in ORACLES.items() if info.default)
+"""What a plain `verify` runs."""
 
 
 def parse_oracle_names(spec: str | None) -> tuple[str, ...]:
-    """Split `a,b` into known oracle names (all when empty); BadInput names an unknown one."""
+    """Split `a,b` into known oracle names (the default set when empty); BadInput names an unknown one."""
     if not spec:
-        return tuple(ORACLES)
+        return DEFAULT_ORACLES
     names = tuple(dict.fromkeys(n.strip() for n in spec.split(",") if n.strip()))
     unknown = [n for n in names if n not in ORACLES]
     if unknown or not names:
@@ -63,4 +75,4 @@ def load_oracle(name: str) -> Callable[[Any], Any]:
     return _RUN[name]
 
 
-__all__ = ["ORACLES", "OracleInfo", "load_oracle", "oracles_markdown", "parse_oracle_names"]
+__all__ = ["DEFAULT_ORACLES", "ORACLES", "OracleInfo", "load_oracle", "oracles_markdown", "parse_oracle_names"]

@@ -12,3 +12,5 @@ class OracleInfo:
     name: str
     proves: str
     does_not_prove: str
+    default: bool = True
+    """Runs in a plain `verify` (False: only when named with --oracle)."""

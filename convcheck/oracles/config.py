@@ -14,11 +14,11 @@ NAME = "config"
 INFO = OracleInfo(
     name=NAME,
     proves="every field of the per-architecture table (shapes, heads/groups, rope, norm eps, qk-norm, "
-                "activation, tied embeddings, biases, MoE routing) holds in the built model's TransformerConfig, "
-                "no HF field outside the table differs from its class default, and the bridge's "
-                "megatron_to_hf_config gives back the same values",
+    "activation, tied embeddings, biases, MoE routing) holds in the built model's TransformerConfig, "
+    "no HF field outside the table differs from its class default, and the bridge's "
+    "megatron_to_hf_config gives back the same values",
     does_not_prove="that Megatron computes what the HF code computes for equal settings (see logits); fields that "
-                "equal their class default are not examined",
+    "equal their class default are not examined",
 )
 _ABSENT = "<absent>"
 

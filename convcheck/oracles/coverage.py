@@ -5,17 +5,19 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from convcheck.layout import RankCoord
+from convcheck.oracles.base import OracleInfo
 from convcheck.rank.context import RankContext
 from convcheck.rank.model import named_tensors
-from convcheck.oracles.base import OracleInfo
 from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
 
 NAME = "coverage"
 INFO = OracleInfo(
     name=NAME,
     proves="every Megatron parameter and persistent buffer has a bridge mapping whose HF tensors exist, "
-                "every element was written by the import, and the export produces every source tensor exactly "
-                "once with no extra names",
+    "every element was written by the import, every global parameter is held exactly once per "
+    "model-parallel replica (no two EP ranks or PP stages claim one name), and the export produces every "
+    "source tensor exactly once with no extra names",
     does_not_prove="that any value landed in the right place (see roundtrip)",
 )
 
@@ -23,6 +25,60 @@ INFO = OracleInfo(
 def _hf_names(mapping: Any) -> list[str]:
     hf = mapping.hf_param
     return [hf] if isinstance(hf, str) else list(hf.values())
+
+
+def is_expert(name: str, tensor: Any = None) -> bool:
+    """A routed-expert parameter: Megatron marks it `allreduce=False`; the bridge's names hold `.experts.`."""
+    if tensor is not None and getattr(tensor, "allreduce", True) is False:
+        return True
+    return ".experts.local_experts." in name or ".experts.linear_fc" in name
+
+
+def claims(ctx: RankContext) -> dict[str, Any]:
+    """What this rank claims: its coordinates and, per global name, how many local tensors and whether expert."""
+    counts: Counter[str] = Counter()
+    expert: set[str] = set()
+    for vp_stage, local, tensor in named_tensors(ctx.model):
+        name = ctx.global_name(local, vp_stage)
+        counts[name] += 1
+        if is_expert(name, tensor):
+            expert.add(name)
+    return {"rank": ctx.rank, "coord": ctx.coord, "counts": dict(counts), "expert": sorted(expert)}
+
+
+def exactly_once(gathered: list[dict[str, Any]]) -> list[Finding]:
+    """Global names claimed outside a legal replica: twice on one rank, by two PP stages, or (experts) two EP ranks.
+
+    Legal copies: a dense parameter on every TP rank and DP replica of its stage (same global name, TP-sharded or
+    replicated); an expert parameter on every ETP rank and expert-DP replica of its EP rank."""
+    holders: dict[str, list[tuple[int, RankCoord]]] = {}
+    expert: set[str] = set()
+    findings = []
+    for part in gathered:
+        expert.update(part["expert"])
+        for name, count in part["counts"].items():
+            holders.setdefault(name, []).append((part["rank"], part["coord"]))
+            if count > 1:
+                message = f"{count} local tensors of rank {part['rank']} claim this global name"
+                findings.append(
+                    Finding(tensor=name, kind="claimed-twice", message=message, detail={"rank": part["rank"]})
+                )
+    for name, held in sorted(holders.items()):
+        axes = ("ep_rank", "pp_rank") if name in expert else ("pp_rank",)
+        owners = sorted({tuple(getattr(c, a) for a in axes) for _, c in held})
+        if len(owners) < 2:
+            continue
+        what = "EP rank / PP stage" if name in expert else "PP stage"
+        shown = ", ".join("/".join(map(str, o)) for o in owners)
+        ranks = sorted(r for r, _ in held)
+        message = (
+            f"claimed by {len(owners)} different {what} owners ({shown}; ranks {', '.join(map(str, ranks))}): "
+            "not a legal replica, so one of them holds another's parameter"
+        )
+        findings.append(
+            Finding(tensor=name, kind="claimed-twice", message=message, detail={"ranks": ranks, "owners": owners})
+        )
+    return findings
 
 
 def megatron_side(ctx: RankContext) -> tuple[set[str], list[Finding]]:
@@ -91,17 +147,17 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     counts: Counter[str] = Counter(name for name, _ in ctx.export())
     if (failure := ctx.export_failure()) is not None:
         findings.append(failure)
-    gathered = ctx.gather((sorted(names), [f.to_dict() for f in findings]))
+    gathered = ctx.gather((sorted(names), [f.to_dict() for f in findings], claims(ctx)))
     if not ctx.is_reporter:
         return None
     all_names: set[str] = set()
     unique: dict[tuple[str, str], Finding] = {}
-    for rank_names, rank_findings in gathered:
+    for rank_names, rank_findings, _ in gathered:
         all_names.update(rank_names)
         for f in rank_findings:
             unique.setdefault((f["tensor"], f["kind"]), Finding.from_dict(f))
     source = set(ctx.checkpoint.tensors)
-    all_findings = list(unique.values()) + export_side(counts, source)
+    all_findings = list(unique.values()) + exactly_once([c for _, _, c in gathered]) + export_side(counts, source)
     bad = {f.tensor for f in all_findings}
     rows = tuple(
         TensorRow(

@@ -11,18 +11,18 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from convcheck.rank.context import RankContext
 from convcheck.oracles.base import OracleInfo
+from convcheck.rank.context import RankContext
 from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
 
 NAME = "differential"
 INFO = OracleInfo(
     name=NAME,
     proves="per conversion task, the real megatron_to_hf (true collectives) equals, bitwise, the union over "
-                "ranks of a comm-stub probe run of the same mapping: every element covered, ranks agree, no probe "
-                "slot missing from the real output",
+    "ranks of a comm-stub probe run of the same mapping: every element covered, ranks agree, no probe "
+    "slot missing from the real output",
     does_not_prove="that the mapping's local math is right (a bug outside the collectives is in both sides; see "
-                "roundtrip); mappings that compute values instead of moving them are reported, not proven",
+    "roundtrip); mappings that compute values instead of moving them are reported, not proven",
 )
 
 
@@ -94,7 +94,8 @@ def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[
                     Finding(
                         tensor=hf,
                         kind="missing-in-real",
-                        message=f"rank {r}'s probe writes {e['owned']} elements of {hf} ({e['param']}) but the real export has no such tensor",
+                        message=f"rank {r}'s probe writes {e['owned']} elements of {hf} ({e['param']}) "
+                        "but the real export has no such tensor",
                         detail={"rank": r, "first_index": [0] * len(e["shape"])},
                     )
                 )
@@ -104,7 +105,8 @@ def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[
                     Finding(
                         tensor=hf,
                         kind="shape",
-                        message=f"real shape {e['real']['shape']}, probe shape {e['shape']} (rank {r}); first HF index the real export lacks: {first}",
+                        message=f"real shape {e['real']['shape']}, probe shape {e['shape']} (rank {r}); "
+                        f"first HF index the real export lacks: {first}",
                         detail={"rank": r, "first_index": first},
                     )
                 )
@@ -112,7 +114,8 @@ def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[
                 m = e["mismatch"]
                 add(Finding(
                     tensor=hf, kind="differs",
-                    message=f"rank {r}: {m['count']} of its elements are not where the probe puts them; first at HF index {m['first']}: real {m['real']}, probe {m['probe']} ({e['param']})",
+                    message=f"rank {r}: {m['count']} of its elements are not where the probe puts them; "
+                    f"first at HF index {m['first']}: real {m['real']}, probe {m['probe']} ({e['param']})",
                     detail={"rank": r, "first_index": m["first"], "count": m["count"]},
                 ))  # fmt: skip
         if not probes:

@@ -9,15 +9,15 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from convcheck.rank.context import RankContext
 from convcheck.oracles.base import OracleInfo
+from convcheck.rank.context import RankContext
 from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
 
 NAME = "elements"
 INFO = OracleInfo(
     name=NAME,
     proves="with index-coded shards, every element of every source HF tensor is written exactly once across "
-                "ranks (replicas count once); gaps and overlaps are named as HF index ranges",
+    "ranks (replicas count once); gaps and overlaps are named as HF index ranges",
     does_not_prove="that the element written at an index holds the right value (see roundtrip, differential)",
 )
 
@@ -89,7 +89,8 @@ def assemble(gathered: list[list[dict[str, Any]]], source: dict[str, tuple[int, 
             first = first_outside(e["shape"], want)
             findings.append(Finding(
                 tensor=name, kind="shape",
-                message=f"the export writes shape {e['shape']} but the source is {list(want)}: elements from HF index {first} on are never written (rank {r}, {e['param']})",
+                message=f"the export writes shape {e['shape']} but the source is {list(want)}: "
+                f"elements from HF index {first} on are never written (rank {r}, {e['param']})",
                 detail={"first_index": first, "rank": r},
             ))  # fmt: skip
             continue

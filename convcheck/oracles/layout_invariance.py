@@ -13,15 +13,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from convcheck.rank.context import RankContext
 from convcheck.oracles.base import OracleInfo
+from convcheck.rank.context import RankContext
 from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
 
 NAME = "layout"
 INFO = OracleInfo(
     name=NAME,
     proves="the export at the requested layout is byte-identical, tensor by tensor, to a TP1 export of the "
-                "same checkpoint (digest manifest from a separate 1-rank job) and to the source",
+    "same checkpoint (digest manifest from a separate 1-rank job) and to the source",
     does_not_prove="that a bug present identically at every layout (including TP1) is absent (see roundtrip)",
 )
 
@@ -54,7 +54,6 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         return None
     if write_to:
         from convcheck.atomic import write_json_atomic
-
         from convcheck.sources import loaded_sources
 
         manifest = {"layout": ctx.layout.to_dict(), "export_error": ctx.export_error, "tensors": digests}
@@ -162,4 +161,3 @@ def digest_cmp(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 
 def _brief(d: dict[str, Any]) -> str:
     return f"{d['dtype']} {d['shape']} sha256 {d['sha256'][:12]}"
-

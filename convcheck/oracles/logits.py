@@ -12,17 +12,17 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from convcheck.errors import one_line
-from convcheck.rank.context import RankContext
 from convcheck.oracles.base import OracleInfo
+from convcheck.rank.context import RankContext
 from convcheck.verdict import Finding, OracleVerdict, make_verdict
 
 NAME = "logits"
 INFO = OracleInfo(
     name=NAME,
     proves="the HF model and the loaded, sharded Megatron model (real TP/EP/PP collectives, upcast to fp32) "
-                "give the same logits within the reported tolerance and the same greedy tokens on fixed random tokens",
+    "give the same logits within the reported tolerance and the same greedy tokens on fixed random tokens",
     does_not_prove="bitwise equality, nor behaviour on other inputs, longer sequences, bf16, KV caching, dropout or "
-                "training",
+    "training",
 )
 SEED = 1234
 """Seed of the token generator (torch.Generator, CPU)."""

@@ -11,20 +11,20 @@ from typing import Any
 
 from convcheck.bits import compare_bits
 from convcheck.checkpoint import TensorReader
-from convcheck.rank.context import RankContext
-from convcheck.rank.model import named_tensors
 from convcheck.mappings import Geometry, MappingError, MappingRegistry, RankCoord, build_registry
 from convcheck.oracles.base import OracleInfo
+from convcheck.rank.context import RankContext
+from convcheck.rank.model import named_tensors
 from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
 
 NAME = "mapping"
 INFO = OracleInfo(
     name=NAME,
     proves="every parameter convcheck's explicit mappings cover holds, on every rank, exactly the shard those "
-                "mappings derive from the HF checkpoint, and the bridge's export equals the HF tensors the mappings "
-                "rebuild from the loaded shards (bitwise); catches bugs made identically in import and export",
+    "mappings derive from the HF checkpoint, and the bridge's export equals the HF tensors the mappings "
+    "rebuild from the loaded shards (bitwise); catches bugs made identically in import and export",
     does_not_prove="anything about parameters the explicit registry does not cover (listed as uncovered), nor that "
-                "the explicit mappings themselves match Megatron's forward beyond their own tests",
+    "the explicit mappings themselves match Megatron's forward beyond their own tests",
 )
 KEEP_BYTES = 1 << 30
 """Rebuilt bytes of mismatching tensors rank 0 keeps for one extra export stream (one tensor if larger)."""
@@ -151,7 +151,9 @@ def _uncovered(registry: MappingRegistry) -> list[Finding]:
     out = []
     for problem in registry.problems:
         name, _, what = problem.partition(": ")
-        out.append(Finding(tensor=name, kind="uncovered", message=f"explicit mappings for {registry.architecture}: {what}"))
+        out.append(
+            Finding(tensor=name, kind="uncovered", message=f"explicit mappings for {registry.architecture}: {what}")
+        )
     return out
 
 

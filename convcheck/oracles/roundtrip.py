@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from convcheck.bits import compare_bits
 from convcheck.checkpoint import TensorReader
-from convcheck.rank.context import RankContext
 from convcheck.oracles.base import OracleInfo
+from convcheck.rank.context import RankContext
 from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
 
 NAME = "roundtrip"
 INFO = OracleInfo(
     name=NAME,
     proves="HF -> sharded Megatron -> HF export is byte-identical to the source checkpoint, tensor by tensor "
-                "(dtype, shape and raw bytes)",
+    "(dtype, shape and raw bytes)",
     does_not_prove="that the Megatron shards are laid out as Megatron's forward expects: a bug made identically in "
-                "import and export cancels out",
+    "import and export cancels out",
 )
 
 

@@ -32,6 +32,15 @@ class RankSpec:
     write_manifest: str | None = None
     progress_file: str | None = None
     """Rank 0 appends progress events here (None: silent)."""
+    sender: str | None = None
+    receiver: str | None = None
+    chunk_mb: float = 64.0
+    pad_vocab: int | None = None
+    """Build the padded vocabulary: make_vocab_size_divisible_by=N, should_pad_vocab=True (None: the HF vocab)."""
+    checkpoint_dir: str | None = None
+    """distckpt oracle: the torch_dist folder to save into (first launch) or to resume from (`resuming`)."""
+    resuming: bool = False
+    """A resume job: the model is built but not loaded from the HF checkpoint."""
 
 
 def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bool = True) -> RankContext:
@@ -54,7 +63,7 @@ def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bo
         hook()
     bridge = load_bridge(spec.model_path)
     progress.emit("building the sharded model")
-    provider = make_provider(bridge, spec.layout, spec.device)
+    provider = make_provider(bridge, spec.layout, spec.device, pad_vocab=spec.pad_vocab)
     model = build_model(provider, spec.device, experts=spec.experts)
     ctx = RankContext(
         rank=rank,
@@ -69,6 +78,11 @@ def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bo
         reference_manifest=spec.reference_manifest,
         write_manifest=spec.write_manifest,
         progress=progress,
+        sender=spec.sender,
+        receiver=spec.receiver,
+        chunk_mb=spec.chunk_mb,
+        checkpoint_dir=spec.checkpoint_dir,
+        resuming=spec.resuming,
     )
     if load:
         progress.emit("loading the checkpoint through the bridge")

@@ -42,6 +42,18 @@ class RankContext:
     """Progress events for the launcher (rank 0 writes, other ranks hold a silent writer)."""
     phase: str = ""
     """What the rank is doing now (the running oracle's name), shown with export counts."""
+    sender: str | None = None
+    """The weight-sync sender `export()` streams: a built-in name or `MODULE:FUNC` (None: the bridge's export)."""
+    receiver: str | None = None
+    """The receiver the receiver/idempotence oracles sync into: a built-in name or `MODULE:CLASS` (None: "hf")."""
+    chunk_mb: float = 64.0
+    """Bound of one broadcast chunk and of one bucket of the bucketed sender, in MiB."""
+    sender_issues: list[str] = field(default_factory=list)
+    """What the last sender stream yielded that was not (known HF name, tensor): skipped and reported."""
+    checkpoint_dir: str | None = None
+    """distckpt oracle: the torch_dist folder to save into, or (when `resuming`) to load into the fresh model."""
+    resuming: bool = False
+    """A resume job: the model was built but not loaded from the HF checkpoint."""
 
     @property
     def is_reporter(self) -> bool:
@@ -49,21 +61,40 @@ class RankContext:
         return self.rank == 0
 
     def export(self, cpu: bool = True) -> Iterator[tuple[str, Any]]:
-        """Stream the bridge's HF export (one tensor at a time, CPU); every rank must drain it.
+        """Stream the HF export of the chosen sender (default: the bridge's), one tensor at a time; every rank must
+        drain it.
 
-        If the bridge raises, the stream ends and `export_error` says why (oracles report it as a finding).
+        If the stream raises, it ends and `export_error` says why (oracles report it as a finding); a custom
+        sender's bad items are skipped and listed in `sender_issues` (convcheck.sync.stream).
         """
-        self.export_error = None
         total = len(self.checkpoint.tensors)
+        for done, item in enumerate(self._stream(cpu), 1):
+            self.progress.emit(self.phase or "export", done=done, total=total, unit="tensors")
+            yield item
+
+    def _stream(self, cpu: bool) -> Iterator[tuple[str, Any]]:
+        if self.sender is not None:
+            from convcheck.sync.stream import sender_stream
+
+            yield from sender_stream(self, cpu)
+            return
+        self.export_error = None
         try:
-            for done, item in enumerate(self.bridge.export_hf_weights(self.model, cpu=cpu, show_progress=False), 1):
-                self.progress.emit(self.phase or "export", done=done, total=total, unit="tensors")
-                yield item
+            yield from self.bridge_export(cpu)
         except Exception as exc:  # noqa: BLE001 - a crashing export is a finding, not a crash of convcheck
             self.export_error = one_line(exc)
 
+    def bridge_export(self, cpu: bool = True) -> Iterator[tuple[str, Any]]:
+        """The bridge's own `export_hf_weights` stream (what senders build on); raises what the bridge raises."""
+        return self.bridge.export_hf_weights(self.model, cpu=cpu, show_progress=False)
+
     def export_failure(self) -> Finding | None:
-        """The `export-failed` finding for the last export stream, or None when it ran to the end."""
+        """The `export-failed` (or, for a custom sender, `sender-failed` / `sender-bad-item`) finding for the last
+        export stream, or None when it ran to the end cleanly."""
+        if self.sender is not None:
+            from convcheck.sync.stream import sender_failure
+
+            return sender_failure(self)
         if not self.export_error:
             return None
         return Finding(
@@ -74,7 +105,9 @@ class RankContext:
         """The `import-failed` finding when the bridge's import raised, else None."""
         if not self.load_error:
             return None
-        return Finding(tensor="<import>", kind="import-failed", message=f"bridge.load_hf_weights raised {self.load_error}")
+        return Finding(
+            tensor="<import>", kind="import-failed", message=f"bridge.load_hf_weights raised {self.load_error}"
+        )
 
     def gather(self, obj: Any) -> list[Any]:
         """all_gather_object over the world (a list indexed by rank on every rank)."""
@@ -114,4 +147,3 @@ class RankContext:
         from megatron.bridge.models.conversion.model_bridge import _megatron_local_name_to_global
 
         return _megatron_local_name_to_global(self.model, self.model[0].config, local_name, vp_stage)
-

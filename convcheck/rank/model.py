@@ -21,11 +21,16 @@ def load_bridge(model_path: str) -> Any:
         raise BadInput(f"the bridge cannot load {model_path} ({stack}): {first_line(exc)}") from None
 
 
-def make_provider(bridge: Any, layout: ParallelLayout, device: str) -> Any:
-    """The bridge's provider for this checkpoint, set to `layout` (TE-free where TE is missing, CPU-safe on CPU)."""
+def make_provider(bridge: Any, layout: ParallelLayout, device: str, pad_vocab: int | None = None) -> Any:
+    """The bridge's provider for this checkpoint, set to `layout` (TE-free where TE is missing, CPU-safe on CPU).
+
+    `pad_vocab=N` builds the padded vocabulary training uses: rows rounded up to a multiple of N x TP."""
     from convcheck import compat
 
     provider = bridge.to_megatron_provider(load_weights=False)
+    if pad_vocab is not None:
+        provider.make_vocab_size_divisible_by = pad_vocab
+        provider.should_pad_vocab = True
     provider.tensor_model_parallel_size = layout.tp
     provider.pipeline_model_parallel_size = layout.pp
     provider.expert_model_parallel_size = layout.ep
@@ -64,22 +69,52 @@ def named_tensors(model: list[Any]) -> list[tuple[int, str, Any]]:
     return out
 
 
+SENTINEL_BITS = {"bfloat16": 0x7FA5, "float16": 0x7CA5, "float32": 0x7FA5A5A5, "float64": 0x7FF4A5A5A5A5A5A5}
+"""The pre-load fill of each float dtype, as raw bits: a NaN with a payload no arithmetic produces (torch's own NaN
+is 0x7FC0 in bf16), so a checkpoint's NaN weights are not mistaken for elements the import never wrote."""
+
+
+def sentinel_bits(dtype: Any) -> int:
+    """The sentinel's bits for a float dtype (a dtype without a listed payload gets its own default NaN)."""
+    import torch
+
+    name = str(dtype).removeprefix("torch.")
+    if name in SENTINEL_BITS:
+        return SENTINEL_BITS[name]
+    from convcheck.bits import int_view
+
+    return int(int_view(torch.full((1,), float("nan"), dtype=dtype))[0])
+
+
+def _bits_view(tensor: Any) -> Any:
+    """The tensor's storage seen as integers of the same width (any strides; writes go through)."""
+    import torch
+
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return tensor.detach().view(ints[tensor.element_size()])
+
+
 def fill_sentinel(model: list[Any]) -> None:
-    """Set every floating parameter and persistent buffer to NaN, so anything the import skips shows."""
+    """Set every floating parameter and persistent buffer to the sentinel NaN, so anything the import skips shows."""
     import torch
 
     with torch.no_grad():
         for _, _, tensor in named_tensors(model):
             if tensor.is_floating_point():
-                tensor.fill_(float("nan"))
+                _bits_view(tensor).fill_(sentinel_bits(tensor.dtype))
+
+
+def sentinel_count(tensor: Any) -> int:
+    """How many elements of a float tensor hold exactly the sentinel's bits (other NaNs do not count)."""
+    return int((_bits_view(tensor) == sentinel_bits(tensor.dtype)).sum())
 
 
 def unloaded_counts(global_name: Callable[[str, int], str], model: list[Any]) -> dict[str, int]:
-    """Global name -> count of elements that still hold the NaN sentinel after the import."""
+    """Global name -> count of elements that still hold the sentinel bits after the import."""
     out = {}
     for vp_stage, local, tensor in named_tensors(model):
         if tensor.is_floating_point():
-            count = int(tensor.isnan().sum())
+            count = sentinel_count(tensor)
             if count:
                 out[global_name(local, vp_stage)] = count
     return out

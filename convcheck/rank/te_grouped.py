@@ -69,7 +69,8 @@ def _classes() -> tuple[type, type]:
 
 
 def te_grouped_experts(config: Any, num_local_experts: int, dtype: Any, device: Any) -> Any:
-    """A TEGroupedMLP-shaped experts module: `linear_fc1.weight{i}` [2F/etp, hidden], `linear_fc2.weight{i}` [hidden, F/etp]."""
+    """A TEGroupedMLP-shaped experts module: `linear_fc1.weight{i}` [2F/etp, hidden], `linear_fc2.weight{i}`
+    [hidden, F/etp]."""
     import torch
 
     etp = int(getattr(config, "expert_tensor_parallel_size", None) or 1)

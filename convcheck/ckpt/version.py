@@ -1,0 +1,255 @@
+"""Version folders: what a trainer keeps per synced version, written and checked.
+
+    DIR/ckpt/                          Megatron distributed checkpoint (torch_dist): the source of truth for resume
+    DIR/model-0000N-of-0000M.safetensors, DIR/model.safetensors.index.json, DIR/config.json: the HF export
+    DIR/manifest.json                  format tag, step, layout, versions, per-tensor sha256 (convcheck.ckpt.manifest)
+
+`write_version` loads a model through the bridge at a layout (as `verify` does), saves `ckpt/` and streams the export
+into shards. `check_version` proves the index against the shards and the manifest against the bytes (no ranks), then
+restores `ckpt/` into a fresh model at the manifest's layout and proves the safetensors equal its export, bitwise.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from convcheck.ckpt.folder import Structure, check_index, check_manifest
+from convcheck.ckpt.manifest import CHECKPOINT_SUBDIR, MANIFEST_NAME, VersionManifest, read_version_manifest
+from convcheck.ckpt.memory import memory_mb, reset_peak
+from convcheck.ckpt.shards import DEFAULT_MAX_SHARD_BYTES
+from convcheck.errors import BadInput
+from convcheck.layout import ParallelLayout
+from convcheck.rank.context import RankContext
+from convcheck.verdict import Finding, OracleVerdict, Report, make_verdict
+
+COPIED = ("config.json", "generation_config.json")
+"""Files of the source checkpoint copied beside the export (the bridge needs config.json to load the folder)."""
+CHECKS = ("index", "manifest", "checkpoint")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WriteResult:
+    """What `write_version` wrote (or, with findings, why it wrote nothing)."""
+
+    folder: Path
+    findings: tuple[Finding, ...]
+    tensors: int = 0
+    bytes: int = 0
+    shards: int = 0
+    metrics: dict[str, Any] | None = None
+    seconds: float = 0.0
+
+
+def write_version(
+    folder: str | os.PathLike[str],
+    model: str,
+    layout: ParallelLayout | str | None = None,
+    *,
+    step: int | None = None,
+    device: str = "auto",
+    hooks: tuple[str, ...] = (),
+    timeout_s: float = 600.0,
+    log_dir: str | None = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+) -> WriteResult:
+    """Load `model` at `layout` through the bridge and write the version folder `folder` (all of it, or nothing)."""
+    from convcheck import api
+
+    started = time.perf_counter()
+    target = Path(folder)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise BadInput(f"version folder {target} already exists and is not empty")
+    if not target.resolve().parent.is_dir():
+        raise BadInput(f"parent folder does not exist: {target.parent}")
+    if step is not None and step < 0:
+        raise BadInput(f"--step must be a non-negative integer, got {step}")
+    staging = target.resolve().parent / f".{target.name}.writing-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        kwargs = {"folder": str(staging), "step": step, "model": model, "max_shard_bytes": max_shard_bytes}
+        function = "convcheck.ckpt.version:write_in_ranks"
+        value = api.run_in_ranks(
+            function, model, layout, kwargs=kwargs, device=device, hooks=hooks, timeout_s=timeout_s, log_dir=log_dir
+        )
+        findings = tuple(Finding.from_dict(f) for f in value["findings"])
+        if not findings:
+            source = Path(api.resolve_model(model))
+            for name in COPIED:
+                if (source / name).is_file():
+                    shutil.copy2(source / name, staging / name)
+            if target.exists():
+                target.rmdir()
+            staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return WriteResult(
+        folder=target,
+        findings=findings,
+        tensors=value["tensors"],
+        bytes=value["bytes"],
+        shards=value["shards"],
+        metrics=value["metrics"],
+        seconds=time.perf_counter() - started,
+    )
+
+
+def write_in_ranks(
+    ctx: RankContext, folder: str, step: int | None, model: str, max_shard_bytes: int
+) -> dict[str, Any] | None:
+    """Rank function: save ckpt/ as torch_dist, then stream the export into shards and the manifest (rank 0)."""
+    from convcheck.ckpt.manifest import VersionManifest
+    from convcheck.ckpt.phases import save_phase
+    from convcheck.ckpt.shards import ShardWriter
+    from convcheck.versions import versions
+
+    root = Path(folder)
+    phase = save_phase(ctx, root / CHECKPOINT_SUBDIR, step=step, compare=False)
+    writer = ShardWriter(root, max_shard_bytes) if ctx.is_reporter else None
+    reset_peak()
+    before = memory_mb()
+    for name, tensor in ctx.export():
+        if writer is not None:
+            writer.add(name, tensor)
+    if writer is None:
+        return None
+    findings = list(phase.findings)
+    if (failure := ctx.export_failure()) is not None:
+        findings.append(failure)
+    findings += [
+        Finding(tensor=n, kind="duplicate", message="the export produced this name twice") for n in writer.duplicates
+    ]
+    if not writer.digests:
+        findings.append(Finding(tensor="<export>", kind="empty", message="the export produced no tensor"))
+    shards = 0
+    if findings:
+        writer.discard()
+    else:
+        shards = len(set(writer.close().values()))
+        manifest = VersionManifest(
+            step=step, layout=ctx.layout, model=model, versions=versions(), tensors=dict(writer.digests)
+        )
+        (root / MANIFEST_NAME).write_text(manifest.to_json())
+    after = memory_mb()
+    metrics = {**phase.metrics, **_memory_metrics(before, after)}
+    return {
+        "findings": [f.to_dict() for f in findings],
+        "tensors": len(writer.digests),
+        "bytes": sum(d.nbytes for d in writer.digests.values()),
+        "shards": shards,
+        "metrics": metrics,
+    }
+
+
+def check_version(
+    folder: str | os.PathLike[str],
+    *,
+    layout: ParallelLayout | str | None = None,
+    device: str = "auto",
+    hooks: tuple[str, ...] = (),
+    timeout_s: float = 600.0,
+    log_dir: str | None = None,
+    ranks: bool = True,
+) -> Report:
+    """Check a version folder: index, manifest (no ranks), then its checkpoint's export against the safetensors.
+
+    `layout` (default: the manifest's) is where ckpt/ is restored; `ranks=False` skips that part (it then fails)."""
+    from convcheck import api
+
+    started = time.perf_counter()
+    root = Path(folder)
+    if not root.is_dir():
+        raise BadInput(f"version folder not found: {root}")
+    manifest = read_version_manifest(root / MANIFEST_NAME)
+    grid = api.as_layout(layout) if layout is not None else manifest.layout
+    t0 = time.perf_counter()
+    structure = check_index(root, manifest.index)
+    index = make_verdict("index", checked=len(structure.tensors), findings=list(structure.findings))
+    index = _timed(index, t0, {"shards": structure.shards})
+    t0 = time.perf_counter()
+    checked, findings = check_manifest(root, manifest, structure)
+    manifest_verdict = _timed(make_verdict("manifest", checked=checked, findings=findings), t0, {"step": manifest.step})
+    checkpoint = _checkpoint_verdict(root, manifest, structure, grid, device, hooks, timeout_s, log_dir, ranks)
+    return Report(
+        model=str(root),
+        layout=grid.to_dict(),
+        device=checkpoint.metrics.get("device", "none"),
+        versions=manifest.versions,
+        oracles=(index, manifest_verdict, checkpoint),
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _checkpoint_verdict(
+    root: Path,
+    manifest: VersionManifest,
+    structure: Structure,
+    layout: ParallelLayout,
+    device: str,
+    hooks: tuple[str, ...],
+    timeout_s: float,
+    log_dir: str | None,
+    ranks: bool,
+) -> OracleVerdict:
+    """Restore ckpt/ at `layout` and compare its export with the stored safetensors (in ranks)."""
+    from convcheck import api
+    from convcheck.device import choose_device, visible_gpu_count
+
+    ckpt = root / manifest.checkpoint
+    reason = None
+    if not ranks:
+        reason = "not run (ranks were not requested)"
+    elif not structure.loadable:
+        reason = "not run: the export's index and shards are inconsistent (see the index check)"
+    elif not (ckpt / "metadata.json").is_file():
+        reason = f"not run: {ckpt} is not a distributed checkpoint (no metadata.json)"
+    if reason is not None:
+        return make_verdict(
+            "checkpoint", checked=0, findings=[Finding(tensor="<checkpoint>", kind="not-run", message=reason)]
+        )
+    t0 = time.perf_counter()
+    device, _ = choose_device(device, visible_gpu_count() if device != "cpu" else 0, layout.world_size)
+    kwargs = {"folder": str(root), "checkpoint": str(ckpt), "step": manifest.step}
+    value = api.run_in_ranks(
+        "convcheck.ckpt.version:check_in_ranks", str(root), layout, kwargs=kwargs, device=device, hooks=hooks,
+        timeout_s=timeout_s, log_dir=log_dir, load_hf=False,
+    )  # fmt: skip
+    findings = [Finding.from_dict(f) for f in value["findings"]]
+    metrics = {**value["metrics"], "device": device}
+    return _timed(make_verdict("checkpoint", checked=value["checked"], findings=findings), t0, metrics)
+
+
+def check_in_ranks(ctx: RankContext, folder: str, checkpoint: str, step: int | None) -> dict[str, Any] | None:
+    """Rank function: restore the checkpoint into the fresh model, compare its export with the folder's safetensors."""
+    from convcheck.ckpt.phases import resume_phase
+
+    phase = resume_phase(ctx, checkpoint)
+    if not ctx.is_reporter:
+        return None
+    findings = list(phase.findings)
+    if phase.step != step:
+        message = f"the manifest says step {step}, the checkpoint's common state says {phase.step}"
+        findings.append(Finding(tensor="<step>", kind="step-differs", message=message))
+    return {"findings": [f.to_dict() for f in findings], "checked": phase.checked, "metrics": phase.metrics}
+
+
+def _memory_metrics(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Rank 0's memory around the streamed export: resident before it, high-water mark during it."""
+    return {"rank0_rss_before_export_MB": before.get("VmRSS", -1.0), "rank0_export_peak_MB": after.get("VmHWM", -1.0)}
+
+
+def _timed(verdict: OracleVerdict, started: float, metrics: dict[str, Any]) -> OracleVerdict:
+    return OracleVerdict(
+        name=verdict.name,
+        checked=verdict.checked,
+        unit=verdict.unit,
+        findings=verdict.findings,
+        rows=verdict.rows,
+        seconds=time.perf_counter() - started,
+        metrics=metrics,
+    )

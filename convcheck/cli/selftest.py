@@ -1,0 +1,108 @@
+"""`convcheck selftest`: run the mutant catalog against the installed stack and print the kill matrix."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from convcheck.errors import ConvcheckError
+
+_MARK = {"caught": "[green]caught[/green]", "missed": "[red]missed[/red]", "error": "[red]error[/red]",
+         "n/a": "[dim]n/a[/dim]", "not run": "[dim]-[/dim]"}  # fmt: skip
+
+
+@click.command(name="selftest")
+@click.option("--model", "models", multiple=True, metavar="tiny:NAME",
+              help="Only the mutants on this fixture (repeatable; default: every mutant).")  # fmt: skip
+@click.option("--quick", is_flag=True,
+              help="One layout per mutant, mutants with disjoint targets sharing a launch, "
+              "only the oracles needed.")  # fmt: skip
+@click.option(
+    "--json", "json_path", type=click.Path(dir_okay=False, writable=True), help="Write the kill matrix as JSON."
+)
+@click.option("--only", "only", default="", hidden=True, help="Comma-separated mutant names (tests).")
+@click.option("--timeout", type=click.FloatRange(min=1), default=600.0, show_default=True,
+              help="Seconds before one launch's hung or dead ranks are stopped.")  # fmt: skip
+def selftest(models: tuple[str, ...], quick: bool, json_path: str | None, only: str, timeout: float) -> None:
+    """Plant every catalogued bug in the real bridge and check that an oracle catches each, with a clean run of
+    every fixture x layout used (exit 1 if a mutant survives or a clean run fails)."""
+    from convcheck import selftest as lib
+    from convcheck.mutants.catalog import MUTANTS
+
+    try:
+        problems = lib.check_catalog(MUTANTS)
+        if problems:
+            raise ConvcheckError(f"mutant catalog: {problems[0]}")
+        names = tuple(n.strip() for n in only.split(",") if n.strip())
+        chosen = lib.select(MUTANTS, models, names)
+        if json_path and not Path(json_path).resolve().parent.is_dir():
+            raise ConvcheckError(f"output folder does not exist: {Path(json_path).parent}")
+    except ConvcheckError as exc:
+        click.echo(f"convcheck: error: {exc}", err=True)
+        sys.exit(2)
+    mode = "quick" if quick else "full"
+    click.echo(f"selftest ({mode}): {len(chosen)} mutant(s); {_versions_line()}")
+    result = lib.run_selftest(chosen, quick=quick, progress=click.echo, timeout_s=timeout)
+    print_matrix(result)
+    if json_path:
+        from convcheck.atomic import write_json_atomic
+
+        write_json_atomic(json_path, result.to_dict())
+    sys.exit(0 if result.passed else 1)
+
+
+def _versions_line() -> str:
+    from convcheck.versions import versions
+
+    v = versions()
+    return ", ".join(f"{k} {v[k]}" for k in ("megatron-core", "megatron-bridge", "transformers", "torch"))
+
+
+def print_matrix(result: Any, console: Any = None) -> None:
+    """The kill matrix (mutant x oracle), each mutant's first finding, the clean runs and a summary line."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = console or Console()
+    grid = Table(title=f"kill matrix ({'quick' if result.quick else 'full'})")
+    grid.add_column("mutant", overflow="fold")
+    grid.add_column("fixture / layout", overflow="fold")
+    for oracle in result.oracles:
+        grid.add_column(oracle)
+    for row in result.rows:
+        where = f"{row.mutant.fixture} {row.layout}" + ("" if row.mutant.experts == "sequential" else " te-grouped")
+        cells = [
+            _MARK.get(c, c) + ("*" if o in row.mutant.catches and c != "caught" else "") for o, c in row.cells.items()
+        ]
+        name = row.mutant.name if row.killed else f"[bold red]{row.mutant.name}[/bold red]"
+        grid.add_row(name, where, *cells)
+    console.print(grid)
+    console.print("[dim]* an oracle the catalog expects to catch it[/dim]", highlight=False)
+    for row in result.rows:
+        verdict = "[green]KILLED[/green]" if row.killed else "[bold red]SURVIVED[/bold red]"
+        line = escape(row.first_finding or "no finding")
+        console.print(f"{verdict} {row.mutant.name} ({row.layout}): {line}", highlight=False, soft_wrap=True)
+        if row.expected_missed:
+            console.print(f"  [yellow]expected but missed by: {', '.join(row.expected_missed)}[/yellow]",
+                          highlight=False)  # fmt: skip
+        if row.note:
+            console.print(f"  [dim]{escape(row.note)}[/dim]", highlight=False)
+    for clean in result.clean:
+        word = "[green]PASS[/green]" if clean.passed else "[bold red]FALSE ALARM[/bold red]"
+        tail = "" if clean.passed else f": {escape(clean.first_finding or ', '.join(clean.failing))}"
+        console.print(f"{word} clean {escape(clean.launch.label)} ({','.join(clean.launch.oracles)}){tail}",
+                      highlight=False, soft_wrap=True)  # fmt: skip
+    killed = sum(r.killed for r in result.rows)
+    weaker = sum(bool(r.expected_missed) for r in result.rows)
+    word = "[bold green]PASS[/bold green]" if result.passed else "[bold red]FAIL[/bold red]"
+    console.print(
+        f"{word} selftest: {killed}/{len(result.rows)} mutants killed, "
+        f"{sum(c.passed for c in result.clean)}/{len(result.clean)} clean runs pass"
+        + (f", {weaker} with an expected oracle missing" if weaker else "")
+        + f"; {result.launches} launches in {result.seconds:.0f} s ({result.seconds / 60:.1f} min)",
+        highlight=False,
+    )

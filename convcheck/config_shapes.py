@@ -1,0 +1,90 @@
+"""The shapes config.json implies for the HF tensors decoder-only families name alike, checked before any rank starts.
+
+Only names whose shape follows from the config in every family are checked (embeddings, norms, attention and MLP
+projections, routed experts); any other tensor passes. A tensor with no elements is never a model weight.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from convcheck.errors import BadInput
+from convcheck.geometry import Geometry
+
+if TYPE_CHECKING:
+    from convcheck.checkpoint import Checkpoint
+
+_LAYER = r"(?:model\.|model\.language_model\.|language_model\.model\.|backbone\.)?layers\.\d+\."
+Dim = tuple[str, Callable[[Geometry], int]]
+"""(config field, its value in the geometry); a value of 0 means the config does not say, so any size passes."""
+_HIDDEN: Dim = ("hidden_size", lambda g: g.hidden)
+_VOCAB: Dim = ("vocab_size", lambda g: g.vocab)
+_FFN: Dim = ("intermediate_size", lambda g: g.ffn)
+_MOE_FFN: Dim = ("moe_intermediate_size", lambda g: g.moe_ffn)
+_EXPERTS: Dim = ("num_experts", lambda g: g.num_experts)
+_ANY: Dim = ("", lambda g: 0)
+
+
+@dataclass(frozen=True, slots=True)
+class ShapeRule:
+    """Tensors whose full name matches `pattern` have one dimension per entry of `dims`."""
+
+    pattern: str
+    dims: tuple[Dim, ...]
+
+
+RULES: tuple[ShapeRule, ...] = (
+    ShapeRule(
+        r"(?:model\.(?:language_model\.)?|language_model\.model\.)?embed_tokens\.weight|backbone\.embeddings?\.weight"
+        r"|(?:language_model\.)?lm_head\.weight",
+        (_VOCAB, _HIDDEN),
+    ),
+    ShapeRule(_LAYER + r"(?:input_layernorm|post_attention_layernorm)\.weight", (_HIDDEN,)),
+    ShapeRule(
+        r"(?:model\.|model\.language_model\.|language_model\.model\.)norm\.weight|backbone\.norm_f\.weight", (_HIDDEN,)
+    ),
+    ShapeRule(_LAYER + r"(?:self_attn|mixer)\.[qkv]_proj\.weight", (_ANY, _HIDDEN)),
+    ShapeRule(_LAYER + r"(?:self_attn|mixer)\.o_proj\.weight", (_HIDDEN, _ANY)),
+    ShapeRule(_LAYER + r"mlp\.(?:gate|up)_proj\.weight", (_FFN, _HIDDEN)),
+    ShapeRule(_LAYER + r"mlp\.down_proj\.weight", (_HIDDEN, _FFN)),
+    ShapeRule(_LAYER + r"mlp\.experts\.\d+\.(?:gate|up)_proj\.weight", (_MOE_FFN, _HIDDEN)),
+    ShapeRule(_LAYER + r"mlp\.experts\.\d+\.down_proj\.weight", (_HIDDEN, _MOE_FFN)),
+    ShapeRule(_LAYER + r"mlp\.gate\.weight", (_EXPERTS, _HIDDEN)),
+)
+_COMPILED = tuple((re.compile(rule.pattern), rule) for rule in RULES)
+
+
+def expected_shape(name: str, geometry: Geometry) -> tuple[tuple[int, ...], str] | None:
+    """(implied shape, 0 where free; the config fields it follows from) for tensor `name`, None when no rule."""
+    for pattern, rule in _COMPILED:
+        if pattern.fullmatch(name):
+            sizes = tuple(value(geometry) for _, value in rule.dims)
+            fields = ", ".join(f"{field}={size}" for (field, _), size in zip(rule.dims, sizes, strict=True) if field)
+            return sizes, fields
+    return None
+
+
+def check_config_shapes(checkpoint: Checkpoint) -> None:
+    """BadInput naming the file and the tensor when a tensor is empty or its shape contradicts config.json."""
+    geometry = Geometry.from_hf_config(checkpoint.config)
+    for name in sorted(checkpoint.tensors):
+        entry = checkpoint.tensors[name]
+        if 0 in entry.shape:
+            raise BadInput(
+                f"tensor {name!r} in {entry.file} has no elements (shape {list(entry.shape)}); a model weight is "
+                f"never empty"
+            )
+        implied = expected_shape(name, geometry)
+        if implied is None:
+            continue
+        sizes, fields = implied
+        fits = len(sizes) == len(entry.shape) and all(s in (0, d) for s, d in zip(sizes, entry.shape, strict=False))
+        if not fits:
+            shown = "[" + ", ".join(str(s) if s else "*" for s in sizes) + "]"
+            raise BadInput(
+                f"config/weights shape mismatch: tensor {name!r} in {entry.file} has shape {list(entry.shape)}, "
+                f"but config.json ({fields}) implies {shown}"
+            )

@@ -1,0 +1,13 @@
+"""The bridge-upgrade gate: per-case manifests recorded inside verify, compared across library versions.
+
+`case` names a (fixture, layout) case and the default matrix, `manifest` records one case inside its verify launch,
+`check` compares two manifests (pure, no torch), `allow` reads the reviewed expected differences, `runner` runs
+the matrix for `convcheck gate record` / `gate check`; `golden/` holds the manifests recorded on the current pins.
+"""
+
+from pathlib import Path
+
+GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
+"""Golden manifests shipped with convcheck for its own fixtures (what `convcheck gate check` uses by default)."""
+
+__all__ = ["GOLDEN_DIR"]

@@ -1,0 +1,135 @@
+"""One gate case (model, layout, padded vocabulary) and the default matrix of convcheck's own fixtures."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from convcheck.errors import BadInput
+from convcheck.layout import ParallelLayout
+
+STANDARD_LAYOUTS = ("tp1", "tp2", "pp2", "ep2", "tp2ep2")
+"""Layouts every fixture is gated at where `ParallelLayout.validate_for` allows them."""
+LAYOUTS_BY_FIXTURE = {"nemotron-h": ("tp1", "tp2", "ep2")}
+"""Fixtures gated at a fixed list instead (NemotronH: 5 layers, no PP2; TP2xEP2 is not part of its matrix)."""
+EXTRA_CASES = (("tiny:qwen2", "tp4", None), ("tiny:qwen3", "tp2", 128))
+"""Beyond the standard layouts: fewer KV heads than TP ranks, and the padded vocabulary training uses."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Case:
+    """One verify launch of the gate: a model (tiny:NAME or a folder) at one layout."""
+
+    model: str
+    layout: ParallelLayout
+    pad_vocab: int | None = None
+    experts: str = "sequential"
+
+    @property
+    def id(self) -> str:
+        """`qwen3/tp2`, `qwen3/tp2+pad128`, `qwen3-moe/ep2+te-grouped`: stable across releases."""
+        name = self.model.removeprefix("tiny:") if self.model.startswith("tiny:") else _folder_label(self.model)
+        extra = (f"+pad{self.pad_vocab}" if self.pad_vocab else "") + (
+            f"+{self.experts}" if self.experts != "sequential" else ""
+        )
+        return f"{name}/{self.layout.spec}{extra}"
+
+    @property
+    def file_name(self) -> str:
+        """The manifest's file name inside a gate folder."""
+        return self.id.replace("/", "__").replace("+", "_") + ".json"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "model": self.model,
+            "layout": self.layout.spec,
+            "pad_vocab": self.pad_vocab,
+            "experts": self.experts,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Case":
+        return cls(
+            model=str(data["model"]),
+            layout=ParallelLayout.parse(str(data["layout"])),
+            pad_vocab=data.get("pad_vocab"),
+            experts=str(data.get("experts", "sequential")),
+        )
+
+
+def _folder_label(path: str) -> str:
+    """The last part of a checkpoint folder, safe in a file name."""
+    tail = path.rstrip("/").rpartition("/")[2] or "model"
+    return re.sub(r"[^A-Za-z0-9._-]", "_", tail)
+
+
+def fixture_layouts(model: str) -> tuple[str, ...]:
+    """The layouts a fixture is gated at by default (its legal standard layouts, or its fixed list)."""
+    from convcheck.fixtures import get_spec
+
+    spec = get_spec(model)
+    wanted = LAYOUTS_BY_FIXTURE.get(spec.name, STANDARD_LAYOUTS)
+    out = []
+    for text in wanted:
+        try:
+            ParallelLayout.parse(text).validate_for(spec.config)
+        except BadInput:
+            continue
+        out.append(text)
+    return tuple(out)
+
+
+def default_matrix() -> list[Case]:
+    """Every fixture at its layouts, then the extra cases (what `gate record` records with no selection)."""
+    from convcheck.fixtures import FIXTURES
+
+    cases = [
+        Case(model=f"tiny:{name}", layout=ParallelLayout.parse(layout))
+        for name in sorted(FIXTURES)
+        for layout in fixture_layouts(name)
+    ]
+    cases += [Case(model=m, layout=ParallelLayout.parse(lay), pad_vocab=pad) for m, lay, pad in EXTRA_CASES]
+    return cases
+
+
+def normalise_model(model: str) -> str:
+    """`qwen3` and `tiny:qwen3` name the same fixture; anything else is a checkpoint folder, kept as given."""
+    from convcheck.fixtures import FIXTURES
+
+    return f"tiny:{model}" if model in FIXTURES else model
+
+
+def select(
+    cases: list[Case],
+    *,
+    models: tuple[str, ...] = (),
+    layouts: tuple[str, ...] = (),
+    ids: tuple[str, ...] = (),
+) -> list[Case]:
+    """The cases matching every given filter (model label, layout with its variant, case id); BadInput when none does.
+
+    `--layout tp2` selects the plain TP2 cases; `tp2+pad128` the padded one (as its case id spells it)."""
+    wanted_models = {normalise_model(m) for m in models}
+    wanted_layouts = {_layout_key(text) for text in layouts}
+    unknown = sorted(set(ids) - {c.id for c in cases})
+    if unknown:
+        raise BadInput(f"unknown gate case {unknown[0]!r}; known: {', '.join(c.id for c in cases)}")
+    out = [
+        c
+        for c in cases
+        if (not wanted_models or c.model in wanted_models)
+        and (not wanted_layouts or c.id.partition("/")[2] in wanted_layouts)
+        and (not ids or c.id in ids)
+    ]
+    if not out:
+        shown = ", ".join([*models, *layouts, *ids])
+        raise BadInput(f"no gate case matches {shown}; known: {', '.join(c.id for c in cases)}")
+    return out
+
+
+def _layout_key(text: str) -> str:
+    """`TP2` -> `tp2`, `tp2+pad128` -> `tp2+pad128`: a layout names the unpadded case unless its variant is given."""
+    layout, plus, variant = text.partition("+")
+    return ParallelLayout.parse(layout).spec + plus + variant

@@ -1,0 +1,146 @@
+"""Rank side of the gate manifest: tap the export the oracles drain, gather the conversion tasks, write on rank 0."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator
+
+from convcheck.gate.manifest import build_manifest, jsonable, tensor_entry, write_manifest
+from convcheck.rank.context import RankContext
+
+
+class ExportTap:
+    """Records (rank 0) the digests of the first export stream drained to its end, so no extra drain is needed."""
+
+    def __init__(self, ctx: RankContext) -> None:
+        self.ctx = ctx
+        self._stream = ctx.export
+        self.done = False
+        self.drained_again = False
+        self.tensors: dict[str, dict[str, Any]] = {}
+        self.error: str | None = None
+
+    def export(self, cpu: bool = True) -> Iterator[tuple[str, Any]]:
+        """The context's export stream, unchanged; the first complete pass is digested on the way."""
+        record = not self.done
+        seen: dict[str, dict[str, Any]] = {}
+        for name, tensor in self._stream(cpu=cpu):
+            if record and self.ctx.is_reporter:
+                if name in seen:
+                    seen[name]["copies"] = seen[name].get("copies", 1) + 1
+                else:
+                    seen[name] = tensor_entry(tensor)
+            yield name, tensor
+        if record:
+            self.done, self.tensors, self.error = True, seen, self.ctx.export_error
+
+    def digests(self) -> tuple[dict[str, dict[str, Any]], str | None]:
+        """Collective: the recorded digests, draining the export once when no oracle drained it to its end."""
+        if not self.done:
+            self.drained_again = True
+            for _ in self.export():
+                pass
+        return self.tensors, self.error
+
+
+def describe_mapping(mapping: Any, module: Any) -> dict[str, Any]:
+    """Mapping class, the HF names it converts to, and (AutoMapping) the parallelism it resolves to."""
+    if mapping is None:
+        return {"mapping": None, "hf": None}
+    out: dict[str, Any] = {"mapping": type(mapping).__name__, "hf": jsonable(mapping.hf_param)}
+    detect = getattr(mapping, "_detect_parallelism_type", None)
+    if detect is not None and module is not None:
+        try:
+            out["resolved"] = str(detect(module))
+        except Exception:  # noqa: BLE001 - a mapping that cannot tell is recorded without it
+            pass
+    return out
+
+
+def local_tasks(ctx: RankContext) -> dict[str, dict[str, Any]]:
+    """This rank's global Megatron parameter -> its bridge mapping (registry lookup, as the conversion does)."""
+    from convcheck.rank.model import named_tensors
+
+    registry = ctx.bridge._model_bridge.mapping_registry()
+    chunks = []
+    for chunk in ctx.model:
+        while hasattr(chunk, "module"):
+            chunk = chunk.module
+        chunks.append(chunk)
+    out = {}
+    for vp_stage, local, _ in named_tensors(ctx.model):
+        name = ctx.global_name(local, vp_stage)
+        try:
+            module = chunks[vp_stage].get_submodule(local.rpartition(".")[0])
+        except AttributeError:
+            module = None
+        out[name] = describe_mapping(registry.megatron_to_hf_lookup(name), module)
+    return out
+
+
+def exported_config(ctx: RankContext) -> dict[str, Any]:
+    """The HF config the bridge writes for this model (its megatron_to_hf_config), flattened one level."""
+    from convcheck.errors import one_line
+    from convcheck.oracles.config import flatten
+
+    try:
+        return flatten(type(ctx.bridge._model_bridge).megatron_to_hf_config(ctx.provider))
+    except Exception as exc:  # noqa: BLE001 - recorded, and compared like any field
+        return {"<megatron_to_hf_config>": f"raised {one_line(exc)}"}
+
+
+def source_entries(ctx: RankContext) -> dict[str, dict[str, Any]]:
+    """dtype, shape and sha256 of every tensor of the source checkpoint (rank 0)."""
+    from convcheck.checkpoint import TensorReader
+
+    reader = TensorReader(ctx.checkpoint)
+    return {name: tensor_entry(reader.get(name)) for name in sorted(ctx.checkpoint.tensors)}
+
+
+class ManifestRecorder:
+    """Started before the oracles (taps the export, reads the exported config), finished after them."""
+
+    def __init__(self, ctx: RankContext, tap: ExportTap) -> None:
+        self.ctx = ctx
+        self.tap = tap
+        self.config = exported_config(ctx) if ctx.is_reporter else {}
+
+    @classmethod
+    def start(cls, ctx: RankContext) -> "ManifestRecorder":
+        """Install the export tap on `ctx` (its `export` now records the first full stream) and read the config."""
+        tap = ExportTap(ctx)
+        ctx.export = tap.export  # type: ignore[method-assign]
+        return cls(ctx, tap)
+
+    def finish(self, job: Any, verdicts: list[dict[str, Any]]) -> None:
+        """Collective: gather the tasks, complete the digests; rank 0 writes the manifest to `job.manifest_out`."""
+        from convcheck.gate.case import Case
+        from convcheck.versions import versions
+
+        started = time.perf_counter()
+        gathered = self.ctx.gather(local_tasks(self.ctx))
+        exported, error = self.tap.digests()
+        if not self.ctx.is_reporter:
+            return
+        tasks: dict[str, Any] = {}
+        for part in gathered:
+            for name, entry in part.items():
+                tasks.setdefault(name, entry)
+        case = Case(model=job.model_label, layout=job.layout, pad_vocab=job.pad_vocab, experts=job.experts)
+        run = {"versions": versions(), "device": job.device, "hooks": list(job.hooks)}
+        manifest = build_manifest(
+            case=case.to_dict(),
+            run=run,
+            source=source_entries(self.ctx),
+            exported=exported,
+            export_error=error,
+            tasks=tasks,
+            config=self.config,
+            verdicts=verdicts,
+        )
+        write_manifest(job.manifest_out, manifest)
+        how = "a second export drain" if self.tap.drained_again else "the oracles' export stream"
+        print(
+            f"convcheck: gate manifest written in {time.perf_counter() - started:.3f} s (digests from {how})",
+            flush=True,
+        )

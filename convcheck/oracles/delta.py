@@ -1,0 +1,158 @@
+"""Delta oracle: a sparse delta in final HF coordinates turns the previous export into the new one, bitwise.
+
+The ranks plant an in-place update (the lowest bit of a few elements of a few parameters flipped), export again
+and restore the bits; rank 0 builds the delta between the two exports (convcheck.sync.delta), sends it through the
+wire format and applies it to a copy of the previous export.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from convcheck.oracles.base import OracleInfo
+from convcheck.rank.context import RankContext
+from convcheck.sync import delta as wire
+from convcheck.verdict import Finding, OracleVerdict, make_verdict
+
+NAME = "delta"
+INFO = OracleInfo(
+    name=NAME,
+    proves="previous export + the sparse delta (built in HF coordinates, encoded and decoded through the wire "
+    "format) == the export after a planted in-place update of a few parameters, bitwise, tensor by tensor; the "
+    "update shows in the delta; the delta of an unchanged export is empty and applying an empty delta is a no-op",
+    does_not_prove="that a real optimizer step's changes are exported (the planted update flips low bits of a few "
+    "elements), or anything about a receiver applying the delta (see receiver)",
+    default=False,
+)
+PARAMS = 3
+ELEMENTS = 4
+
+
+def _export(ctx: RankContext) -> dict[str, Any]:
+    """Collective: drain the sender's stream; rank 0 keeps a copy of every tensor."""
+    kept = {}
+    for name, tensor in ctx.export():
+        if ctx.is_reporter:
+            kept[name] = tensor.detach().clone()
+    return kept
+
+
+def plant_update(ctx: RankContext) -> list[tuple[Any, Any]]:
+    """Collective: flip the lowest bit of ELEMENTS evenly spaced elements of PARAMS parameters (first, middle and
+    last of the sorted global names); returns what `undo` needs. Replicas get the same flips."""
+    from convcheck.bits import int_view
+
+    mine = {name: t for name, t in ctx.named_parameters() if t.is_floating_point() and t.is_contiguous()}
+    names = sorted({n for rank_names in ctx.gather(sorted(mine)) for n in rank_names})
+    chosen = {names[round(i * (len(names) - 1) / max(PARAMS - 1, 1))] for i in range(PARAMS)} if names else set()
+    flipped = []
+    for name in sorted(chosen & set(mine)):
+        bits = int_view(mine[name].data)
+        step = max(1, bits.numel() // ELEMENTS)
+        positions = list(range(0, bits.numel(), step))[:ELEMENTS]
+        bits[positions] ^= 1
+        flipped.append((bits, positions))
+    return flipped
+
+
+def undo(flipped: list[tuple[Any, Any]]) -> None:
+    """Flip the planted bits back (exact: XOR)."""
+    for bits, positions in flipped:
+        bits[positions] ^= 1
+
+
+def check(previous: dict[str, Any], new: dict[str, Any]) -> tuple[list[Finding], dict[str, Any]]:
+    """Findings and metrics for previous + delta(previous, new) == new and the empty-delta rules."""
+    from convcheck.bits import compare_bits
+
+    findings: list[Finding] = []
+    try:
+        delta = wire.build_delta(previous, new)
+        encoded = wire.encode(delta)
+        applied = wire.apply_delta(previous, wire.decode(encoded))
+    except wire.DeltaError as exc:
+        return [Finding(tensor="<delta>", kind="delta-apply-failed", message=str(exc))], {}
+    if not delta.entries:
+        findings.append(
+            Finding(
+                tensor="<delta>",
+                kind="delta-empty",
+                message="the planted in-place update does not show in the new export",
+            )
+        )
+    for name in sorted(set(new) | set(applied)):
+        if name not in applied or name not in new:
+            where = "the new export" if name not in applied else "previous + delta"
+            findings.append(Finding(tensor=name, kind="delta-mismatch", message=f"missing from {where}"))
+        elif (differs := compare_bits(name, new[name], applied[name])) is not None:
+            findings.append(
+                Finding(
+                    tensor=name,
+                    kind="delta-mismatch",
+                    message=f"previous + delta differs from the new export: {differs.message}",
+                    detail=differs.detail,
+                )
+            )
+    findings += _empty_rules(previous)
+    full = sum(t.numel() * t.element_size() for t in new.values())
+    metrics = {
+        "delta_tensors": len(delta.entries),
+        "delta_elements": delta.elements,
+        "delta_bytes": len(encoded),
+        "full_bytes": full,
+        "delta_fraction": round(len(encoded) / full, 6) if full else 0.0,
+    }
+    return findings, metrics
+
+
+def _empty_rules(previous: dict[str, Any]) -> list[Finding]:
+    """The delta of an unchanged state is empty; an empty delta (through the wire) changes nothing."""
+    from convcheck.bits import compare_bits
+
+    findings = []
+    for entry in wire.build_delta(previous, previous).entries:
+        findings.append(
+            Finding(
+                tensor=entry.name,
+                kind="delta-not-empty",
+                message=f"the delta of an unchanged export has a {entry.op} entry ({entry.values.numel()} elements)",
+            )
+        )
+    try:
+        same = wire.apply_delta(previous, wire.decode(wire.encode(wire.Delta())))
+    except wire.DeltaError as exc:
+        return findings + [Finding(tensor="<delta>", kind="empty-delta-not-noop", message=str(exc))]
+    for name in sorted(set(previous) | set(same)):
+        if name not in same or name not in previous:
+            findings.append(
+                Finding(tensor=name, kind="empty-delta-not-noop", message="an empty delta added or removed this tensor")
+            )
+        elif (differs := compare_bits(name, previous[name], same[name])) is not None:
+            findings.append(
+                Finding(
+                    tensor=name,
+                    kind="empty-delta-not-noop",
+                    message=f"applying an empty delta changed it: {differs.message}",
+                    detail=differs.detail,
+                )
+            )
+    return findings
+
+
+def run(ctx: RankContext) -> OracleVerdict | None:
+    """Collective: export, plant the update, export again, restore; rank 0 checks the delta between the two."""
+    import torch
+
+    previous = _export(ctx)
+    failure = ctx.export_failure()
+    with torch.no_grad():
+        flipped = plant_update(ctx)
+        try:
+            new = _export(ctx)
+        finally:
+            undo(flipped)
+    if not ctx.is_reporter:
+        return None
+    findings = [f for f in (failure, ctx.export_failure()) if f is not None]
+    more, metrics = check(previous, new)
+    return make_verdict(NAME, checked=len(new), findings=findings + more, metrics=metrics)

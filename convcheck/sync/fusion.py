@@ -1,0 +1,140 @@
+"""Stacked-parameter names of an inference engine: which fused parameter and which part of it an HF tensor fills.
+
+The pattern vLLM and SGLang load with: q/k/v into `qkv_proj` (shard ids "q", "k", "v", rows stacked in that
+order), gate/up into `gate_up_proj` (shard ids 0, 1), and every MoE expert's gate/up/down into the expert stacks
+`experts.w13_weight` [E, 2I, H] (w1 = gate rows, then w3 = up rows) and `experts.w2_weight` [E, H, I]. Squared-ReLU
+MLPs (no gate, e.g. NemotronH) keep `up_proj` unfused and stack only the experts' up rows into w13.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+_EXPERT = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<expert>\d+)\.(?P<part>gate|up|down)_proj\.weight$")
+_ATTENTION = re.compile(r"^(?P<prefix>.*)\.(?P<part>q|k|v)_proj\.(?P<kind>weight|bias)$")
+_DENSE = re.compile(r"^(?P<prefix>.*)\.(?P<part>gate|up)_proj\.(?P<kind>weight|bias)$")
+_ORDER: dict[str | int, int] = {"q": 0, "k": 1, "v": 2, 0: 0, 1: 1, "w1": 0, "w3": 1, "w2": 0}
+"""Row order of the parts inside one fused parameter (per expert for the stacks)."""
+
+
+def _get(config: Any, *names: str, default: Any = None) -> Any:
+    for name in names:
+        value = config.get(name) if isinstance(config, dict) else getattr(config, name, None)
+        if value is not None:
+            return value
+    return default
+
+
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """What packing needs from the model config: q and k/v rows, the expert count, and whether MLPs are gated."""
+
+    q_rows: int
+    kv_rows: int
+    experts: int
+    gated: bool
+
+    @classmethod
+    def from_config(cls, config: Any) -> Geometry:
+        """Read heads, KV heads, head_dim, experts and the MLP activation from a transformers config (or its dict)."""
+        heads = int(_get(config, "num_attention_heads", default=1))
+        kv = int(_get(config, "num_key_value_heads", default=heads))
+        head_dim = int(_get(config, "head_dim", default=int(_get(config, "hidden_size", default=heads)) // heads))
+        experts = int(_get(config, "num_experts", "num_local_experts", "n_routed_experts", default=0))
+        act = str(_get(config, "mlp_hidden_act", "hidden_act", default="silu"))
+        return cls(q_rows=heads * head_dim, kv_rows=kv * head_dim, experts=experts, gated=act != "relu2")
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """Where one HF tensor goes: the fused parameter, the engine's shard id, the expert (stacks) and the row range."""
+
+    param: str
+    shard: str | int
+    expert: int | None
+    row_start: int | None
+    """First row of the part in the fused parameter (per expert for stacks); None: after the gate part."""
+
+
+def slot_of(name: str, geometry: Geometry) -> Slot | None:
+    """The fused slot of HF tensor `name`, or None when the engine keeps it as it is."""
+    if m := _EXPERT.match(name):
+        part, expert = m["part"], int(m["expert"])
+        if part == "down":
+            return Slot(f"{m['prefix']}.w2_weight", "w2", expert, 0)
+        if part == "gate":
+            return Slot(f"{m['prefix']}.w13_weight", "w1", expert, 0)
+        return Slot(f"{m['prefix']}.w13_weight", "w3", expert, None if geometry.gated else 0)
+    if m := _ATTENTION.match(name):
+        start = {"q": 0, "k": geometry.q_rows, "v": geometry.q_rows + geometry.kv_rows}[m["part"]]
+        return Slot(f"{m['prefix']}.qkv_proj.{m['kind']}", m["part"], None, start)
+    if geometry.gated and (m := _DENSE.match(name)):
+        return Slot(
+            f"{m['prefix']}.gate_up_proj.{m['kind']}",
+            0 if m["part"] == "gate" else 1,
+            None,
+            0 if m["part"] == "gate" else None,
+        )
+    return None
+
+
+def sources_of(param: str, names: list[str], geometry: Geometry) -> list[str]:
+    """The HF names among `names` that feed fused parameter `param` (just `param` when it is not fused)."""
+    fed = [(slot, n) for n in names if (slot := slot_of(n, geometry)) is not None and slot.param == param]
+    fed.sort(key=lambda pair: (pair[0].expert or 0, _ORDER[pair[0].shard]))
+    return [n for _, n in fed] or [param]
+
+
+def pack(tensors: dict[str, Any], geometry: Geometry) -> dict[str, Any]:
+    """What an engine holds after loading every tensor of `tensors`: fused parameters stacked, the rest as they are."""
+    import torch
+
+    out: dict[str, Any] = {}
+    groups: dict[str, list[tuple[Slot, str]]] = {}
+    for name, tensor in tensors.items():
+        slot = slot_of(name, geometry)
+        if slot is None:
+            out[name] = tensor
+        else:
+            groups.setdefault(slot.param, []).append((slot, name))
+    for param, members in groups.items():
+        if members[0][0].expert is None:
+            parts = sorted(members, key=lambda m: _ORDER[m[0].shard])
+            out[param] = torch.cat([tensors[n] for _, n in parts], dim=0)
+            continue
+        per_expert: dict[int, list[tuple[Slot, str]]] = {}
+        for slot, name in members:
+            per_expert.setdefault(slot.expert, []).append((slot, name))  # type: ignore[arg-type]
+        stacked = []
+        for expert in sorted(per_expert):
+            parts = sorted(per_expert[expert], key=lambda m: _ORDER[m[0].shard])
+            stacked.append(torch.cat([tensors[n] for _, n in parts], dim=0))
+        out[param] = torch.stack(stacked)
+    return out
+
+
+def locate(
+    param: str, shape: tuple[int, ...], index: tuple[int, ...], geometry: Geometry
+) -> tuple[str, tuple[int, ...]]:
+    """The HF tensor and element that element `index` of parameter `param` (of `shape`) is packed from."""
+    if param.endswith(".w2_weight"):
+        expert, *rest = index
+        return f"{param.removesuffix('.w2_weight')}.{expert}.down_proj.weight", tuple(rest)
+    if param.endswith(".w13_weight"):
+        expert, row, *rest = index
+        half = shape[1] // 2 if geometry.gated else shape[1]
+        part, row = ("gate", row) if geometry.gated and row < half else ("up", row - half if geometry.gated else row)
+        return f"{param.removesuffix('.w13_weight')}.{expert}.{part}_proj.weight", (row, *rest)
+    if m := re.match(r"^(?P<prefix>.*)\.qkv_proj\.(?P<kind>weight|bias)$", param):
+        row, *rest = index
+        k_start, v_start = geometry.q_rows, geometry.q_rows + geometry.kv_rows
+        part, start = ("q", 0) if row < k_start else ("k", k_start) if row < v_start else ("v", v_start)
+        return f"{m['prefix']}.{part}_proj.{m['kind']}", (row - start, *rest)
+    if m := re.match(r"^(?P<prefix>.*)\.gate_up_proj\.(?P<kind>weight|bias)$", param):
+        row, *rest = index
+        half = shape[0] // 2
+        part, row = ("gate", row) if row < half else ("up", row - half)
+        return f"{m['prefix']}.{part}_proj.{m['kind']}", (row, *rest)
+    return param, tuple(index)

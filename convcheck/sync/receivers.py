@@ -1,0 +1,200 @@
+"""Reference receivers for the receiver and idempotence oracles: `hf` (a transformers model) and `fused` (pure torch,
+stacked parameters as inference engines load them).
+
+The receiver contract (README, "Weight-sync paths"): `CLASS(config=<transformers config>)`, `load_weights(iterable
+of (hf_name, tensor))` callable piecewise in any order, `state_dict()` or `named_parameters()` to read the state
+back, and optionally `expected(hf)` (what the state holds after a full sync), `sources(param, hf_names)` and
+`locate(param, index)` (which HF tensors and element feed a parameter, for findings).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from convcheck.sync.fusion import Geometry, locate, pack, slot_of, sources_of
+
+
+class HFReceiver:
+    """The checkpoint's transformers model class, built on the meta device and materialised on the CPU in the
+    checkpoint's dtype; reads its state back under checkpoint names through transformers' own save-time conversion
+    (so fused MoE experts show as per-expert tensors), tied weights under each of their names.
+
+    Loading writes each element where transformers' conversion mapping places it (found once by converting a tensor
+    of element positions), with `copy_`, as transformers' loader does.
+    """
+
+    def __init__(self, config: Any) -> None:
+        import torch
+        import transformers
+
+        cls = getattr(transformers, config.architectures[0])
+        with torch.device("meta"):
+            self.model = cls._from_config(config, dtype=getattr(config, "dtype", None) or torch.float32)
+        self.model.to_empty(device="cpu")
+        self.model.tie_weights()
+        self._storage, self._placement = self._placements()
+
+    def _placements(self) -> tuple[list[tuple[str, Any]], dict[str, tuple[tuple[int, ...], list[Any]]]]:
+        """Unique storages (model name, tensor) and, per checkpoint name, its shape and (storage, source, target)
+        index pieces: a slice start where the target elements are contiguous, else an index tensor."""
+        import torch
+        from transformers.core_model_loading import revert_weight_conversion
+
+        keys = set(self.model.state_dict())
+        storage: list[tuple[str, Any]] = []
+        positions: dict[str, Any] = {}
+        seen: dict[int, Any] = {}
+        offset = 0
+        named = list(self.model.named_parameters(remove_duplicate=False)) + list(self.model.named_buffers())
+        for name, tensor in named:
+            if name not in keys:
+                continue
+            if id(tensor) not in seen:
+                seen[id(tensor)] = torch.arange(offset, offset + tensor.numel(), dtype=torch.int64).reshape(
+                    tensor.shape
+                )
+                storage.append((name, tensor))
+                offset += tensor.numel()
+            positions[name] = seen[id(tensor)]
+        starts = torch.tensor([0] + [t.numel() for _, t in storage]).cumsum(0)
+        placement = {}
+        for name, where in revert_weight_conversion(self.model, positions).items():
+            flat = where.reshape(-1)
+            owner = torch.searchsorted(starts, flat, right=True) - 1
+            pieces = []
+            for index in owner.unique().tolist():
+                source = (owner == index).nonzero().reshape(-1)
+                target = flat[source] - starts[index]
+                contiguous = bool((target.diff() == 1).all()) and bool((source.diff() == 1).all())
+                if contiguous:
+                    pieces.append((index, int(source[0]), int(target[0]), target.numel()))
+                else:
+                    pieces.append((index, source, target, None))
+            placement[name] = (tuple(where.shape), pieces)
+        return storage, placement
+
+    def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
+        """Write each (checkpoint name, tensor) into the model; an unknown name or a wrong shape raises."""
+        import torch
+
+        with torch.no_grad():
+            for name, tensor in weights:
+                if name not in self._placement:
+                    raise KeyError(f"{name!r} is not a tensor of {type(self.model).__name__}")
+                shape, pieces = self._placement[name]
+                if tuple(tensor.shape) != shape:
+                    raise ValueError(f"{name}: shape {list(tensor.shape)}, the model expects {list(shape)}")
+                source = tensor.detach().reshape(-1)
+                for index, src, dst, count in pieces:
+                    target = self._storage[index][1].data.view(-1)
+                    if count is not None:
+                        target[dst : dst + count].copy_(source[src : src + count])
+                    else:
+                        target[dst] = source[src].to(target.dtype)
+
+    def named_parameters(self) -> Iterator[tuple[str, Any]]:
+        """The model's own storage (model names, each tied tensor once): what the oracles fill before a sync."""
+        return iter(self._storage)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state under checkpoint names, as transformers would save it."""
+        from transformers.core_model_loading import revert_weight_conversion
+
+        return revert_weight_conversion(self.model, self.model.state_dict())
+
+    def expected(self, hf: Mapping[str, Any]) -> dict[str, Any]:
+        """Every checkpoint name holds its source tensor; a tied name absent from the source holds its twin's."""
+        out = {}
+        by_place: dict[Any, list[str]] = {}
+        for name, (_, pieces) in self._placement.items():
+            if all(count is not None for *_, count in pieces):
+                by_place.setdefault(tuple(pieces), []).append(name)
+        for name, (_, pieces) in self._placement.items():
+            if name in hf:
+                out[name] = hf[name]
+                continue
+            twins = by_place.get(tuple(pieces), []) if all(c is not None for *_, c in pieces) else []
+            source = next((t for t in twins if t in hf), None)
+            if source is not None:
+                out[name] = hf[source]
+        return out
+
+
+class FusedReceiver:
+    """An inference engine's stacked parameters in pure torch (vLLM's / SGLang's loading pattern, sync.fusion).
+
+    Each fused parameter is allocated NaN-filled when its first piece arrives and written piecewise by row range, in
+    whatever order names arrive; every other tensor is kept as it comes (copied in place from the second load on).
+    """
+
+    def __init__(self, config: Any) -> None:
+        self.geometry = Geometry.from_config(config)
+        self.params: dict[str, Any] = {}
+
+    def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
+        """Load (hf_name, tensor) pairs, fused ones into their slot; a piece that does not fit raises."""
+        import torch
+
+        with torch.no_grad():
+            for name, tensor in weights:
+                slot = slot_of(name, self.geometry)
+                if slot is None:
+                    self._load_plain(name, tensor)
+                else:
+                    self._region(name, slot, tensor).copy_(tensor)
+
+    def _load_plain(self, name: str, tensor: Any) -> None:
+        param = self.params.get(name)
+        if param is None or tuple(param.shape) != tuple(tensor.shape):
+            self.params[name] = tensor.detach().cpu().clone()
+        else:
+            param.copy_(tensor)
+
+    def _region(self, name: str, slot: Any, tensor: Any) -> Any:
+        """The view of the fused parameter that `tensor` (HF tensor `name`) fills, allocated on first use."""
+        rows = tensor.shape[0]
+        parts = 2 if self.geometry.gated else 1
+        if slot.expert is None:
+            total = self.geometry.q_rows + 2 * self.geometry.kv_rows if slot.shard in ("q", "k", "v") else 2 * rows
+            shape = (total, *tensor.shape[1:])
+        elif slot.shard == "w2":
+            shape = (self.geometry.experts, *tensor.shape)
+        else:
+            shape = (self.geometry.experts, parts * rows, *tensor.shape[1:])
+        param = self._allocate(slot.param, shape, tensor.dtype)
+        target = param if slot.expert is None else param[slot.expert]
+        start = rows if slot.row_start is None else slot.row_start
+        region = target[start : start + rows]
+        part_rows = {"q": self.geometry.q_rows, "k": self.geometry.kv_rows, "v": self.geometry.kv_rows}
+        if tuple(region.shape) != tuple(tensor.shape) or part_rows.get(slot.shard, rows) != rows:
+            raise ValueError(
+                f"{name}: shape {list(tensor.shape)} does not fit rows {start}.. of {slot.param} {list(param.shape)}"
+            )
+        return region
+
+    def _allocate(self, name: str, shape: tuple[int, ...], dtype: Any) -> Any:
+        import torch
+
+        param = self.params.get(name)
+        if param is None:
+            param = torch.empty(shape, dtype=dtype)
+            param.fill_(float("nan") if param.is_floating_point() else 0)
+            self.params[name] = param
+        elif tuple(param.shape) != tuple(shape):
+            raise ValueError(f"{name}: a piece implies shape {list(shape)}, the parameter is {list(param.shape)}")
+        return param
+
+    def named_parameters(self) -> Iterator[tuple[str, Any]]:
+        return iter(sorted(self.params.items()))
+
+    def expected(self, hf: Mapping[str, Any]) -> dict[str, Any]:
+        """The source tensors packed the way this engine stacks them (torch.cat / torch.stack of whole tensors)."""
+        return pack(hf, self.geometry)
+
+    def sources(self, param: str, hf_names: list[str]) -> list[str]:
+        return sources_of(param, hf_names, self.geometry)
+
+    def locate(self, param: str, index: tuple[int, ...]) -> tuple[str, tuple[int, ...]]:
+        shape = tuple(self.params[param].shape) if param in self.params else ()
+        return locate(param, shape, index, self.geometry)

@@ -1,0 +1,252 @@
+"""Weight-sync building blocks without ranks: buckets, deltas and their wire format, fused packing, adapter specs."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from convcheck.bits import bytes_equal, int_view
+from convcheck.errors import BadInput
+from convcheck.sync import delta as wire
+from convcheck.sync.adapters import check_adapters, load_receiver, load_sender, normalize_sender
+from convcheck.sync.buckets import ALIGN, Bucket, pack_buckets, unpack_bucket
+from convcheck.sync.fusion import Geometry, locate, pack, slot_of
+from convcheck.sync.receivers import FusedReceiver
+from convcheck.sync.stream import describe_item
+
+CONFIG = {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 2, "hidden_size": 8, "num_experts": 2}
+
+
+def distinct(*shape: int, dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> torch.Tensor:
+    """A tensor of pairwise distinct values (a permutation of n bf16 magnitudes), so any misplacement shows."""
+    n = 1
+    for d in shape:
+        n *= d
+    values = torch.arange(1, n + 1, dtype=torch.float32) / (n + 1)
+    return values[torch.randperm(n, generator=torch.Generator().manual_seed(seed))].to(dtype).reshape(shape)
+
+
+def items() -> list[tuple[str, torch.Tensor]]:
+    return [
+        ("a.weight", distinct(3, 5)),
+        ("b.bias", distinct(7, dtype=torch.float32, seed=1)),
+        ("c.weight", distinct(40, 8, seed=2)),
+        ("d.flag", torch.tensor([True, False, True])),
+        ("e.scalar", torch.tensor(3, dtype=torch.int64)),
+    ]
+
+
+def test_buckets_round_trip_bitwise_within_the_bound() -> None:
+    buckets = list(pack_buckets(items(), bucket_bytes=128))
+    assert len(buckets) >= 3
+    for bucket in buckets:
+        assert bucket.buffer.dtype == torch.uint8
+        assert bucket.buffer.numel() <= 128 or len(bucket.entries) == 1  # only an oversized tensor exceeds it
+        assert all(e.offset % ALIGN == 0 for e in bucket.entries)
+    out = [pair for bucket in buckets for pair in unpack_bucket(bucket)]
+    assert [n for n, _ in out] == [n for n, _ in items()]
+    for (_, want), (_, got) in zip(items(), out):
+        assert got.dtype == want.dtype and got.shape == want.shape and bytes_equal(want, got)
+
+
+def test_bucket_offset_off_by_one_corrupts_the_named_tensor() -> None:
+    (bucket,) = pack_buckets(items(), bucket_bytes=1 << 20)
+    entries = list(bucket.entries)
+    entries[1] = replace(entries[1], offset=entries[1].offset + 1)
+    out = dict(unpack_bucket(Bucket(buffer=bucket.buffer, entries=tuple(entries))))
+    assert not bytes_equal(dict(items())["b.bias"], out["b.bias"])
+    assert bytes_equal(dict(items())["a.weight"], out["a.weight"])
+    entries[-1] = replace(entries[-1], offset=bucket.buffer.numel())
+    with pytest.raises(ValueError, match="e.scalar"):
+        list(unpack_bucket(Bucket(buffer=bucket.buffer, entries=tuple(entries))))
+
+
+def previous_and_new() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    previous = dict(items()[:3])
+    new = {k: v.clone() for k, v in previous.items()}
+    int_view(new["c.weight"])[[0, 17, 319]] ^= 1
+    new["b.bias"][3] = -0.0 if previous["b.bias"][3] == 0 else -previous["b.bias"][3]
+    return previous, new
+
+
+def test_delta_holds_only_changed_elements_and_applies_bitwise() -> None:
+    previous, new = previous_and_new()
+    delta = wire.build_delta(previous, new)
+    assert delta.names == ["b.bias", "c.weight"]
+    assert delta.entries[1].indices.tolist() == [0, 17, 319] and delta.elements == 4
+    applied = wire.apply_delta(previous, wire.decode(wire.encode(delta)))
+    for name in new:
+        assert bytes_equal(new[name], applied[name]), name
+    assert applied["a.weight"] is previous["a.weight"]  # untouched tensors are shared, not copied
+    assert bytes_equal(previous["c.weight"], items()[2][1])  # the previous state is left as it was
+
+
+def test_delta_counts_negative_zero_and_nan_payloads() -> None:
+    previous = {"x": torch.tensor([0.0, float("nan"), 1.0])}
+    new = {"x": torch.tensor([-0.0, float("nan"), 1.0])}
+    int_view(new["x"])[1] = int(int_view(previous["x"])[1]) ^ 1  # another NaN payload
+    delta = wire.build_delta(previous, new)
+    assert delta.entries[0].indices.tolist() == [0, 1]
+    assert bytes_equal(new["x"], wire.apply_delta(previous, delta)["x"])
+
+
+def test_empty_delta_is_a_no_op_through_the_wire() -> None:
+    previous, _ = previous_and_new()
+    assert wire.build_delta(previous, previous).entries == ()
+    empty = wire.decode(wire.encode(wire.Delta()))
+    assert empty.entries == ()
+    same = wire.apply_delta(previous, empty)
+    assert all(same[n] is previous[n] for n in previous) and set(same) == set(previous)
+
+
+def test_delta_replaces_removes_and_refuses_a_wrong_base() -> None:
+    previous, new = previous_and_new()
+    new["a.weight"] = new["a.weight"].float()  # dtype change: whole tensor
+    new["f.new"] = distinct(2, 2)
+    del new["b.bias"]
+    delta = wire.decode(wire.encode(wire.build_delta(previous, new)))
+    assert [(e.name, e.op) for e in delta.entries] == [
+        ("a.weight", "replace"),
+        ("b.bias", "remove"),
+        ("c.weight", "patch"),
+        ("f.new", "replace"),
+    ]
+    applied = wire.apply_delta(previous, delta)
+    assert set(applied) == set(new) and all(bytes_equal(new[n], applied[n]) for n in new)
+    with pytest.raises(wire.DeltaError, match="c.weight: the state's tensor is not the base"):
+        wire.apply_delta({**previous, "c.weight": new["c.weight"]}, delta)
+    with pytest.raises(wire.DeltaError, match="not a convcheck-delta"):
+        wire.decode(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
+
+
+def test_delta_index_out_of_range_is_refused() -> None:
+    previous, new = previous_and_new()
+    delta = wire.build_delta(previous, new)
+    bad = replace(delta.entries[1], indices=torch.tensor([0, 17, 320]))
+    with pytest.raises(wire.DeltaError, match="c.weight: an index lies outside"):
+        wire.apply_delta(previous, wire.Delta((delta.entries[0], bad)))
+
+
+def test_fused_slots_follow_the_stacked_parameter_names() -> None:
+    g = Geometry.from_config(CONFIG)
+    assert (g.q_rows, g.kv_rows, g.experts, g.gated) == (8, 4, 2, True)
+    assert slot_of("model.layers.0.self_attn.v_proj.bias", g).param == "model.layers.0.self_attn.qkv_proj.bias"
+    assert slot_of("model.layers.0.self_attn.v_proj.bias", g).row_start == 12
+    assert slot_of("model.layers.0.mlp.up_proj.weight", g).shard == 1
+    assert slot_of("model.layers.0.mlp.experts.1.gate_proj.weight", g).param == "model.layers.0.mlp.experts.w13_weight"
+    assert slot_of("model.layers.0.mlp.experts.1.down_proj.weight", g).shard == "w2"
+    assert slot_of("model.layers.0.mlp.gate.weight", g) is None  # the router stays as it is
+    assert (
+        slot_of("model.layers.0.mlp.up_proj.weight", Geometry.from_config({**CONFIG, "mlp_hidden_act": "relu2"}))
+        is None
+    )
+
+
+def layer_tensors() -> dict[str, torch.Tensor]:
+    p = "model.layers.0"
+    names = {
+        f"{p}.self_attn.q_proj.weight": (8, 8),
+        f"{p}.self_attn.k_proj.weight": (4, 8),
+        f"{p}.self_attn.v_proj.weight": (4, 8),
+        f"{p}.self_attn.q_proj.bias": (8,),
+        f"{p}.self_attn.k_proj.bias": (4,),
+        f"{p}.self_attn.v_proj.bias": (4,),
+        f"{p}.mlp.gate_proj.weight": (6, 8),
+        f"{p}.mlp.up_proj.weight": (6, 8),
+        f"{p}.moe.experts.0.gate_proj.weight": (3, 8),
+        f"{p}.moe.experts.0.up_proj.weight": (3, 8),
+        f"{p}.moe.experts.0.down_proj.weight": (8, 3),
+        f"{p}.moe.experts.1.gate_proj.weight": (3, 8),
+        f"{p}.moe.experts.1.up_proj.weight": (3, 8),
+        f"{p}.moe.experts.1.down_proj.weight": (8, 3),
+        f"{p}.input_layernorm.weight": (8,),
+    }
+    return {name: distinct(*shape, seed=i) for i, (name, shape) in enumerate(names.items())}
+
+
+def test_pack_stacks_as_inference_engines_do() -> None:
+    hf, p = layer_tensors(), "model.layers.0"
+    packed = pack(hf, Geometry.from_config(CONFIG))
+    assert sorted(packed) == sorted(
+        [
+            f"{p}.self_attn.qkv_proj.weight",
+            f"{p}.self_attn.qkv_proj.bias",
+            f"{p}.mlp.gate_up_proj.weight",
+            f"{p}.moe.experts.w13_weight",
+            f"{p}.moe.experts.w2_weight",
+            f"{p}.input_layernorm.weight",
+        ]
+    )
+    qkv = packed[f"{p}.self_attn.qkv_proj.weight"]
+    assert bytes_equal(qkv[8:12], hf[f"{p}.self_attn.k_proj.weight"]) and bytes_equal(
+        qkv[12:], hf[f"{p}.self_attn.v_proj.weight"]
+    )
+    assert bytes_equal(packed[f"{p}.mlp.gate_up_proj.weight"][6:], hf[f"{p}.mlp.up_proj.weight"])
+    w13 = packed[f"{p}.moe.experts.w13_weight"]
+    assert w13.shape == (2, 6, 8) and bytes_equal(w13[1, :3], hf[f"{p}.moe.experts.1.gate_proj.weight"])
+    assert bytes_equal(w13[1, 3:], hf[f"{p}.moe.experts.1.up_proj.weight"])
+    assert bytes_equal(packed[f"{p}.moe.experts.w2_weight"][0], hf[f"{p}.moe.experts.0.down_proj.weight"])
+
+
+@pytest.mark.parametrize("order", ["forward", "reversed", "interleaved"])
+def test_fused_receiver_loads_piecewise_in_any_order(order: str) -> None:
+    hf = layer_tensors()
+    pairs = list(hf.items())
+    pairs = {"forward": pairs, "reversed": pairs[::-1], "interleaved": pairs[::2] + pairs[1::2]}[order]
+    receiver = FusedReceiver(config=CONFIG)
+    for pair in pairs:  # one call per tensor: the pieces of a fused parameter arrive in separate calls
+        receiver.load_weights([pair])
+    state, expected = dict(receiver.named_parameters()), receiver.expected(hf)
+    assert sorted(state) == sorted(expected)
+    assert all(bytes_equal(expected[n], state[n]) for n in state)
+
+
+def test_fused_receiver_leaves_a_missing_piece_nan_and_locates_it() -> None:
+    hf = layer_tensors()
+    receiver = FusedReceiver(config=CONFIG)
+    receiver.load_weights((n, t) for n, t in hf.items() if n != "model.layers.0.self_attn.v_proj.weight")
+    qkv = dict(receiver.named_parameters())["model.layers.0.self_attn.qkv_proj.weight"]
+    assert bool(qkv[12:].isnan().all()) and not bool(qkv[:12].isnan().any())
+    assert receiver.locate("model.layers.0.self_attn.qkv_proj.weight", (13, 2)) == (
+        "model.layers.0.self_attn.v_proj.weight",
+        (1, 2),
+    )
+    assert receiver.locate("model.layers.0.moe.experts.w13_weight", (1, 4, 0)) == (
+        "model.layers.0.moe.experts.1.up_proj.weight",
+        (1, 0),
+    )
+    assert locate("x.gate_up_proj.weight", (12, 8), (5, 1), Geometry.from_config(CONFIG)) == (
+        "x.gate_proj.weight",
+        (5, 1),
+    )
+    with pytest.raises(ValueError, match="k_proj.weight: shape"):
+        receiver.load_weights([("model.layers.0.self_attn.k_proj.weight", distinct(5, 8))])
+
+
+def test_sender_items_are_checked() -> None:
+    known = {"a.weight": None}
+    assert describe_item(("a.weight", torch.zeros(1)), known) is None
+    assert "not a tensor of the source" in describe_item(("zzz", torch.zeros(1)), known)
+    assert "list instead of a tensor" in describe_item(("a.weight", [1.0]), known)
+    assert "instead of a (name, tensor) pair" in describe_item(torch.zeros(2), known)
+
+
+def test_adapter_specs_resolve_or_are_bad_input(tmp_path: Path) -> None:
+    assert normalize_sender("bridge") is None and normalize_sender("bucketed") == "bucketed"
+    assert load_sender("bucketed").__name__ == "bucketed"
+    assert load_receiver(None).__name__ == "HFReceiver" and load_receiver("fused") is FusedReceiver
+    with pytest.raises(BadInput, match="has no load_weights"):
+        load_receiver("convcheck.mutants.sync:NoLoadWeights")
+    with pytest.raises(BadInput, match="has no attribute 'nope'"):
+        check_adapters("convcheck.mutants.sync:nope", None, 64)
+    with pytest.raises(BadInput, match="cannot import"):
+        check_adapters("no_such_module_xyz:send", None, 64)
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise RuntimeError('boom at import')\n")
+    with pytest.raises(BadInput, match="cannot be imported: RuntimeError: boom at import"):
+        check_adapters(f"{broken}:send", None, 64)
+    with pytest.raises(BadInput, match="chunk-mb must be positive"):
+        check_adapters(None, None, 0)
