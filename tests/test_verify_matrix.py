@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from convcheck.checkpoint import open_checkpoint
-from convcheck.fixtures import FIXTURES, build_fixture
+from convcheck.fixtures import FIXTURES, RELEASE_VARIANTS, build_fixture
 from convcheck.gate import GOLDEN_DIR
 from convcheck.gate.case import Case, default_matrix
 from convcheck.gate.check import compare
@@ -22,7 +22,6 @@ from tests.helpers import run_cli
 DENSE_LAYOUTS = [(), ("--tp", "2"), ("--pp", "2")]
 MOE_LAYOUTS = [("--ep", "2"), ("--tp", "2", "--ep", "2")]
 HYBRID_LAYOUTS = [(), ("--tp", "2"), ("--ep", "2")]
-RELEASE_VARIANTS = ("qwen3-moe-unnorm", "nemotron-h-moe")  # knobs for older bridge releases: tests/test_releases.py
 DENSE = [name for name in sorted(FIXTURES) if name not in ("nemotron-h", *RELEASE_VARIANTS)]
 CASES = (
     [(name, layout) for name in DENSE for layout in DENSE_LAYOUTS]

@@ -215,8 +215,12 @@ def install_cpu_constructor_sites() -> None:
 # then calls torch.cuda.synchronize(), which raises without a CUDA driver. A CPU tensor's `.to("cpu")` is the tensor
 # itself, so on a CPU run the same method runs with non_blocking=False: the same staging, no CUDA call.
 def install_cpu_checkpoint_preload() -> None:
-    """Install shim 11 (idempotent)."""
-    from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
+    """Install shim 11 (idempotent); skipped where this release has no FileSystemWriterAsync.preload_tensors."""
+    module = optional_module("megatron.core.dist_checkpointing.strategies.filesystem_async")
+    if module is None or not has_attr(module, "FileSystemWriterAsync.preload_tensors"):
+        skip(11, "dist_checkpointing FileSystemWriterAsync.preload_tensors is absent in this release")
+        return
+    FileSystemWriterAsync = module.FileSystemWriterAsync  # noqa: N806
 
     def blocking_on_cpu(original: Any) -> Any:
         function = original.__func__ if isinstance(original, staticmethod) else original
@@ -244,7 +248,7 @@ CPU_CHECKPOINT_SITES = (
 
 def install_cpu_checkpoint_finalize() -> None:
     """Install shim 12 at every site of CPU_CHECKPOINT_SITES (idempotent)."""
-    _install_sites(CPU_CHECKPOINT_SITES)
+    _install_sites(CPU_CHECKPOINT_SITES, 12)
 
 
 def install() -> None:
