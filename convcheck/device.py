@@ -28,6 +28,13 @@ def choose_device(requested: str, visible_gpus: int, world_size: int) -> tuple[s
 
 def visible_gpu_count() -> int:
     """GPUs this process may use (CUDA_VISIBLE_DEVICES respected), counted without creating a CUDA context."""
+    import glob
+    import os
+
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1") or not glob.glob("/dev/nvidia[0-9]*") + glob.glob(
+        "/dev/kfd"
+    ):
+        return 0  # no GPU device node (NVIDIA or ROCm): torch would count none; spare the CLI its import
     import torch
 
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -13,3 +14,10 @@ from tests.helpers import ROOT
 def _cache_dir() -> None:
     """Use the repo's cache (set by the Makefile) or a private one, never the user's home."""
     os.environ.setdefault("CONVCHECK_CACHE_DIR", str(ROOT / ".cache"))
+
+
+@pytest.fixture(scope="session")
+def shared_root(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """A folder every xdist worker of this session sees (for runs several tests share: tests.helpers.shared_run)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if worker_id != "master" else base

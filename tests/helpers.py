@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,3 +49,26 @@ def run_cli(
 def mutant(module: str, name: str) -> str:
     """The `--hook` spec of one planted bug in convcheck.mutants (e.g. mutant("bridge", "swap_qk_head0"))."""
     return f"convcheck.mutants.{module}:{name}"
+
+
+def shared_run(root: Path, *args: str, timeout: float = 300) -> tuple[CliResult, Path]:
+    """`run_cli(*args)` once per test session, by whichever xdist worker asks first; the others wait and read it.
+
+    `{dir}` in an argument is replaced by the run's own folder (returned too), e.g. `--manifest {dir}/m.json`.
+    """
+    folder = root / "shared-runs" / hashlib.sha256("\0".join(args).encode()).hexdigest()[:16]
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        saved = folder / "result.json"
+        if saved.exists():
+            return CliResult(**json.loads(saved.read_text())), folder
+        res = run_cli(*(a.replace("{dir}", str(folder)) for a in args), tmp_path=folder, timeout=timeout)
+        saved.write_text(json.dumps(asdict(res)))
+        return res, folder
+
+
+def matrix_run(root: Path, name: str, layout: tuple[str, ...]) -> tuple[CliResult, Path]:
+    """The verify-matrix case of tiny:NAME at `layout` (every default oracle, gate manifest written), run once."""
+    return shared_run(root, "verify", "--model", f"tiny:{name}", *layout, "--table", "failures",
+                      "--manifest", "{dir}/manifest.json")  # fmt: skip

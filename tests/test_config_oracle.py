@@ -8,7 +8,7 @@ from convcheck.models import TABLES
 from convcheck.models.config_rules import Coverage, FieldRule
 from convcheck.models.dense import QWEN3_TABLE as QWEN3
 from convcheck.oracles.config import check_rule, flatten, uncovered
-from tests.helpers import mutant, run_cli
+from tests.helpers import matrix_run, mutant, run_cli
 
 
 def _view(**overrides):  # type: ignore[no-untyped-def]
@@ -68,13 +68,13 @@ def test_bool_is_not_equal_to_int() -> None:
 @pytest.mark.ranks
 @pytest.mark.parametrize(
     "model,layout",
-    [("tiny:qwen3", ("--tp", "1")), ("tiny:qwen3-moe", ("--ep", "2"))],
+    [("qwen3", ()), ("qwen3-moe", ("--ep", "2"))],
     ids=["qwen3-TP1", "qwen3-moe-EP2"],
 )
-def test_config_and_logits_pass(tmp_path: Path, model: str, layout: tuple[str, ...]) -> None:
-    res = run_cli("verify", "--oracle", "config,logits", "--model", model, *layout, tmp_path=tmp_path)
+def test_config_and_logits_pass(shared_root: Path, model: str, layout: tuple[str, ...]) -> None:
+    res, _ = matrix_run(shared_root, model, layout)  # the verify-matrix run of this case: every default oracle
     assert res.code == 0, res.out + res.err
-    assert res.verdicts() == {"config": "pass", "logits": "pass"}
+    assert res.verdicts()["config"] == "pass" and res.verdicts()["logits"] == "pass"
     config = next(o for o in res.report["oracles"] if o["name"] == "config")
     assert config["unit"] == "fields" and config["metrics"]["rules"] >= 28 and config["metrics"]["roundtrip_rules"] > 0
 

@@ -175,3 +175,48 @@ def test_key_dropped_on_restore_is_named(tmp_path: Path) -> None:
     assert ("model.norm.weight", "bytes-differ") in found
     assert all("resumed at TP1" in f["message"] for f in r.findings("distckpt")), r.findings()
     assert "--resume-layout tp1" in r.out and "--oracle distckpt" in r.out  # the replay line
+
+
+def test_shim13_still_needed_reshardable_load_leaves_out_step() -> None:
+    """Fails when the fully_reshardable loader hands `step` on, or the copy stops requiring it (then delete shim 13)."""
+    from megatron.core.optimizer import distrib_optimizer
+
+    cls = distrib_optimizer.DistributedOptimizer
+    loader = inspect.getsource(cls.load_parameter_state_from_fully_reshardable)
+    copy = inspect.getsource(compat.upstream(cls._set_main_param_and_optimizer_states))
+    assert 'if k == "step":' in loader and "continue" in loader.split('if k == "step":', 1)[1][:200]
+    assert "dst_tensors[key].copy_(tensors[key])" in copy and "key not in tensors" not in copy
+
+
+def test_shim13_copies_main_param_and_moments_without_step() -> None:
+    """Upstream's copy over a real torch Adam: KeyError 'step' without the shim; with it every tensor but `step`."""
+    import types
+
+    import torch
+    from megatron.core.optimizer import distrib_optimizer
+
+    from convcheck.compat.no_te import install_torch_adam_step
+
+    install_torch_adam_step()
+    if distrib_optimizer.HAVE_APEX_OR_TE:
+        pytest.skip("Apex or TE is installed: megatron-core uses its fused Adam and shim 13 stays out")
+    main = torch.nn.Parameter(torch.zeros(4))
+    adam = torch.optim.Adam([main])
+    main.grad = torch.ones(4)
+    adam.step()
+    owner = types.SimpleNamespace(
+        model_param_group_index_map={"w": (0, 0)},
+        config=types.SimpleNamespace(use_precision_aware_optimizer_no_fp8_or_ds_fp8=False),
+        optimizer=adam,
+    )
+    loaded = {"param": torch.full((4,), 2.0), "exp_avg": torch.full((4,), 3.0), "exp_avg_sq": torch.full((4,), 4.0)}
+    cls = distrib_optimizer.DistributedOptimizer
+    step = adam.state[main]["step"].clone()
+    with torch.no_grad():  # as upstream's load_state_dict runs it
+        with pytest.raises(KeyError, match="step"):
+            compat.upstream(cls._set_main_param_and_optimizer_states)(owner, "w", loaded)
+        cls._set_main_param_and_optimizer_states(owner, "w", loaded)
+    state = adam.state[main]
+    assert main.detach().tolist() == [2.0] * 4
+    assert state["exp_avg"].tolist() == [3.0] * 4 and state["exp_avg_sq"].tolist() == [4.0] * 4
+    assert torch.equal(state["step"], step)

@@ -8,7 +8,7 @@ from convcheck.models import TABLES
 from convcheck.models.config_rules import Coverage
 from convcheck.models.nemotron_h import NEMOTRON_H_TABLE as NEMOTRON_H
 from convcheck.oracles.config import flatten, uncovered
-from tests.helpers import mutant, run_cli
+from tests.helpers import matrix_run, mutant, run_cli
 
 
 def test_nemotron_h_table_covers_every_fixture_field() -> None:
@@ -27,10 +27,10 @@ def test_nemotron_h_table_covers_every_fixture_field() -> None:
 
 @pytest.mark.ranks
 @pytest.mark.parametrize("layout", [(), ("--tp", "2")], ids=["TP1", "TP2"])
-def test_config_and_logits_pass(tmp_path: Path, layout: tuple[str, ...]) -> None:
-    res = run_cli("verify", "--oracle", "config,logits", "--model", "tiny:nemotron-h", *layout, tmp_path=tmp_path)
+def test_config_and_logits_pass(shared_root: Path, layout: tuple[str, ...]) -> None:
+    res, _ = matrix_run(shared_root, "nemotron-h", layout)  # the verify-matrix run of this case: every default oracle
     assert res.code == 0, res.out + res.err
-    assert res.verdicts() == {"config": "pass", "logits": "pass"}
+    assert res.verdicts()["config"] == "pass" and res.verdicts()["logits"] == "pass"
     oracles = {o["name"]: o for o in res.report["oracles"]}
     assert oracles["config"]["metrics"]["rules"] == len(NEMOTRON_H) and oracles["config"]["metrics"]["roundtrip_rules"]
     metrics = oracles["logits"]["metrics"]

@@ -5,13 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import mutant, run_cli
+from tests.helpers import matrix_run, mutant, run_cli
 
 
 @pytest.mark.ranks
-def test_mapping_oracle_passes_qwen3_moe_tp2_ep2(tmp_path: Path) -> None:
-    res = run_cli("verify", "--model", "tiny:qwen3-moe", "--tp", "2", "--ep", "2", "--oracle", "mapping",
-                  tmp_path=tmp_path)  # fmt: skip
+def test_mapping_oracle_passes_qwen3_moe_tp2_ep2(shared_root: Path) -> None:
+    res, _ = matrix_run(shared_root, "qwen3-moe", ("--tp", "2", "--ep", "2"))  # the verify-matrix run of this case
     assert res.code == 0, res.err
     oracle = next(o for o in res.report["oracles"] if o["name"] == "mapping")
     assert oracle["verdict"] == "pass" and oracle["checked"] > 0
@@ -22,8 +21,8 @@ def test_mapping_oracle_passes_qwen3_moe_tp2_ep2(tmp_path: Path) -> None:
 
 
 @pytest.mark.ranks
-def test_mapping_oracle_passes_qwen2_qkv_bias_tp2(tmp_path: Path) -> None:
-    res = run_cli("verify", "--model", "tiny:qwen2", "--tp", "2", "--oracle", "mapping", tmp_path=tmp_path)
+def test_mapping_oracle_passes_qwen2_qkv_bias_tp2(shared_root: Path) -> None:
+    res, _ = matrix_run(shared_root, "qwen2", ("--tp", "2"))  # the verify-matrix run of this case
     assert res.code == 0, res.err
     oracle = next(o for o in res.report["oracles"] if o["name"] == "mapping")
     rows = {t["tensor"]: t["verdict"] for t in oracle["tensors"]}

@@ -188,20 +188,20 @@ def test_shims_skipped_in_this_release_are_those_whose_target_is_absent() -> Non
     )
     assert res.returncode == 0, res.stderr[-2000:]
     legacy = metadata.version("megatron-core").startswith("0.16.")
-    assert res.stdout.strip().splitlines()[-1] == ("[]" if legacy else "[13]"), release_label()
+    assert res.stdout.strip().splitlines()[-1] == ("[]" if legacy else "[14]"), release_label()
 
 
-def test_shim13_still_needed_moe_utils_leaves_te_names_unbound() -> None:
+def test_shim14_still_needed_moe_utils_leaves_te_names_unbound() -> None:
     """Fails when megatron-core's moe_utils binds te_general_gemm without TE (0.17+ do: the shim's target is absent)."""
     res = _run("from megatron.core.transformer.moe import moe_utils\nprint(hasattr(moe_utils, 'te_general_gemm'))")
     assert res.returncode == 0, res.stderr[-2000:]
     if res.stdout.strip() == "True":
-        pytest.skip(f"{release_label()}: moe_utils binds its TE names without TE, so shim 13 is not needed")
+        pytest.skip(f"{release_label()}: moe_utils binds its TE names without TE, so shim 14 is not needed")
     source = Path(optional_module("megatron.core.transformer.moe.moe_utils").__file__).read_text()
     assert "if te_general_gemm is not None" in source
 
 
-def test_shim13_lets_the_router_gating_run_upstream_torch_path() -> None:
+def test_shim14_lets_the_router_gating_run_upstream_torch_path() -> None:
     res = _run(
         """
         import torch

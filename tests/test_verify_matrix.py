@@ -17,7 +17,7 @@ from convcheck.gate.check import compare
 from convcheck.gate.manifest import load_manifest
 from convcheck.layout import ParallelLayout
 from convcheck.oracles import DEFAULT_ORACLES
-from tests.helpers import run_cli
+from tests.helpers import matrix_run, run_cli
 
 DENSE_LAYOUTS = [(), ("--tp", "2"), ("--pp", "2")]
 MOE_LAYOUTS = [("--ep", "2"), ("--tp", "2", "--ep", "2")]
@@ -61,10 +61,9 @@ def default_oracles(layout: tuple[str, ...]) -> list[str]:
 
 @pytest.mark.ranks
 @pytest.mark.parametrize(("name", "layout"), CASES, ids=[f"{n}-{'-'.join(lay) or 'tp1'}" for n, lay in CASES])
-def test_verify_passes(name: str, layout: tuple[str, ...], tmp_path: Path) -> None:
-    manifest = tmp_path / "manifest.json"
-    res = run_cli("verify", "--model", f"tiny:{name}", *layout, "--table", "failures", "--manifest", str(manifest),
-                  tmp_path=tmp_path)  # fmt: skip
+def test_verify_passes(name: str, layout: tuple[str, ...], shared_root: Path) -> None:
+    res, folder = matrix_run(shared_root, name, layout)  # other files' tests read this run's report too
+    manifest = folder / "manifest.json"
     assert res.code == 0, res.out[-3000:] + res.err[-2000:]
     report = res.report
     assert report is not None

@@ -58,6 +58,10 @@ def build(ctx: RankContext) -> OptimizerPart:
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+    from convcheck.compat.no_te import install_torch_adam_step
+
+    install_torch_adam_step()
+
     config = ctx.model[0].config
     ddp_config = DistributedDataParallelConfig(use_distributed_optimizer=True, grad_reduce_in_fp32=True)
     ddp = [

@@ -295,6 +295,7 @@ def main() -> None:
     from convcheck.engine.launch import Interrupted
 
     signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, _terminate)  # the launcher hands a caught signal back here once ranks are stopped
     try:
         code = cli.main(standalone_mode=False)
     except Interrupted as exc:

@@ -73,8 +73,11 @@ SHIMS = (
     Shim(12, "checkpoint-finalize-cuda-flag", "cuda", _CUDA,
          tuple(_CORE + where for _, _, where in CPU_CHECKPOINT_SITES),
          "tests/test_distckpt.py::test_shim12_still_needed_checkpoint_finalize_flag_on_cuda", _CORES),
-    Shim(13, "moe-utils-te-names-unbound", "transformer_engine", _TE, (_CORE + "transformer/moe/moe_utils.py:24",),
-         "tests/test_releases.py::test_shim13_still_needed_moe_utils_leaves_te_names_unbound",
+    Shim(13, "torch-adam-step-reshardable", "transformer_engine", _TE,
+         (_CORE + "optimizer/distrib_optimizer.py:1219", _CORE + "optimizer/distrib_optimizer.py:2390"),
+         "tests/test_distckpt.py::test_shim13_still_needed_reshardable_load_leaves_out_step", _CORES),
+    Shim(14, "moe-utils-te-names-unbound", "transformer_engine", _TE, (_CORE + "transformer/moe/moe_utils.py:24",),
+         "tests/test_releases.py::test_shim14_still_needed_moe_utils_leaves_te_names_unbound",
          "megatron-core 0.16.0-0.16.1 (0.17+ bind the names to None)"),
 )  # fmt: skip
 

@@ -1,5 +1,6 @@
 """What exists because Transformer Engine is missing: the TE import stand-in (shim 1), the TE-free hybrid stack
-spec, the hybrid final norm (shim 7) and megatron-core 0.16's unbound MoE TE names (shim 13).
+spec, the hybrid final norm (shim 7), the torch-Adam `step` on a reshardable resume (shim 13) and megatron-core
+0.16's unbound MoE TE names (shim 14).
 Delete this module once the bridge and megatron-core build without TE."""
 
 from __future__ import annotations
@@ -244,7 +245,7 @@ def install_hybrid_final_norm() -> None:
     _patch(stack, "__init__", torch_final_norm)
 
 
-# --- Shim 13 ----------------------------------------------------------------------------------------
+# --- Shim 14 ----------------------------------------------------------------------------------------
 # megatron-core 0.16.x, megatron/core/transformer/moe/moe_utils.py:24-37 imports te_general_gemm and the fused MoE
 # kernels from TE inside try/except and, without TE, leaves the names unbound; RouterGatingLinearFunction.forward
 # (:1192) then raises NameError on `te_general_gemm is not None` at every router forward. megatron-core 0.17+ bind
@@ -264,20 +265,45 @@ MOE_UTILS_TE_NAMES = (
 
 
 def install_moe_utils_te_names() -> None:
-    """Install shim 13 (idempotent) while TE is missing: bind the TE names moe_utils left unbound to None."""
+    """Install shim 14 (idempotent) while TE is missing: bind the TE names moe_utils left unbound to None."""
     if transformer_engine_available():
         return
     from megatron.core.transformer.moe import moe_utils
 
     unbound = [name for name in MOE_UTILS_TE_NAMES if not hasattr(moe_utils, name)]
     if not unbound:
-        skip(13, "moe_utils binds its TE names without TE (megatron-core >= 0.17)")
+        skip(14, "moe_utils binds its TE names without TE (megatron-core >= 0.17)")
     for name in unbound:
         setattr(moe_utils, name, None)
 
 
 def install() -> None:
-    """Install every shim of this module (1, 7, 13; idempotent). Shim 1 must come before megatron.bridge imports."""
+    """Install shims 1, 7 and 14 (idempotent; shim 13 is installed where the optimizer is built). Shim 1 comes
+    first: before megatron.bridge imports."""
     install_import_shims()
     install_hybrid_final_norm()
     install_moe_utils_te_names()
+
+
+# --- Shim 13 ----------------------------------------------------------------------------------------
+# megatron-core 0.19.2, megatron/core/optimizer/distrib_optimizer.py:1219: without Apex or TE the distributed
+# optimizer runs torch's Adam, whose state holds a tensor `step` (put there by load_state_dict, :1026-1032).
+# _set_main_param_and_optimizer_states copies every tensor state from `tensors`, but the fully_reshardable loader
+# leaves `step` out of them (:2390), so every resume raises KeyError: 'step'. While Apex and TE are missing, the
+# copy runs with `step` given as None, which upstream skips; the step itself was already restored at :1031.
+def install_torch_adam_step() -> None:
+    """Install shim 13 (idempotent) while megatron-core's distributed optimizer runs without Apex and TE."""
+    from megatron.core.optimizer import distrib_optimizer
+
+    if distrib_optimizer.HAVE_APEX_OR_TE:
+        return
+
+    def step_left_to_load_state_dict(original: Any) -> Any:
+        def _set_main_param_and_optimizer_states(self, model_param, tensors):  # type: ignore[no-untyped-def]
+            if "step" not in tensors:
+                tensors = {**tensors, "step": None}
+            return original(self, model_param, tensors)
+
+        return _set_main_param_and_optimizer_states
+
+    _patch(distrib_optimizer.DistributedOptimizer, "_set_main_param_and_optimizer_states", step_left_to_load_state_dict)

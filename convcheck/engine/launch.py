@@ -108,13 +108,15 @@ def stop_group(proc: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S) -> 
 
 
 class _Signals:
-    """While active, SIGINT and SIGTERM raise Interrupted in the launcher (restored on exit)."""
+    """While active, SIGINT and SIGTERM raise Interrupted; on leaving, the signal goes on to the earlier handler."""
 
     def __enter__(self) -> "_Signals":
         self.saved: dict[int, Any] = {}
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
-                self.saved[sig] = signal.signal(sig, self._raise)
+                previous = signal.getsignal(sig)
+                if previous is not signal.SIG_IGN:
+                    self.saved[sig] = signal.signal(sig, self._raise)
             except ValueError:  # not the main thread: leave handlers alone
                 pass
         return self
@@ -123,9 +125,20 @@ class _Signals:
     def _raise(signum: int, _frame: Any) -> None:
         raise Interrupted(signum)
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, _type: Any, exc: BaseException | None, _tb: Any) -> None:
         for sig, handler in self.saved.items():
             signal.signal(sig, handler)
+        if isinstance(exc, Interrupted) and exc.signum in self.saved:
+            _redeliver(exc, self.saved[exc.signum])
+
+
+def _redeliver(exc: Interrupted, handler: Any) -> None:
+    """Hand a signal the launcher caught (ranks stopped, temp folder gone) to the handler the caller had."""
+    if callable(handler):  # Python's SIGINT default raises KeyboardInterrupt; a pytest plugin's may exit
+        handler(exc.signum, None)
+    elif handler == signal.SIG_DFL:
+        os.kill(os.getpid(), exc.signum)  # the default action, as if the launcher had never been here
+        time.sleep(1.0)
 
 
 def prepare_workdir(log_dir: str | None) -> tuple[Path, bool]:
@@ -142,17 +155,19 @@ def prepare_workdir(log_dir: str | None) -> tuple[Path, bool]:
 
 def run_ranks(job: Job, log_dir: str | None = None, progress: ProgressSink | None = None) -> dict[str, Any]:
     """Run `job` under torchrun; return rank 0's result dict, or raise BadInput / SetupError / Interrupted."""
-    workdir, temporary = prepare_workdir(log_dir)
-    keep = not temporary
-    try:
-        job = replace(job, workdir=str(workdir))
-        result = _launch(job, workdir, progress)
-    except SetupError:
-        keep = True  # its message names the log in this folder
-        raise
-    finally:
-        if not keep:
-            shutil.rmtree(workdir, ignore_errors=True)
+    with _Signals():  # a signal is passed on only after the ranks are stopped and the temp folder removed
+        workdir, keep = None, True
+        try:
+            workdir, temporary = prepare_workdir(log_dir)
+            keep = not temporary
+            job = replace(job, workdir=str(workdir))
+            result = _launch(job, workdir, progress)
+        except SetupError:
+            keep = True  # its message names the log in this folder
+            raise
+        finally:
+            if workdir is not None and not keep:
+                shutil.rmtree(workdir, ignore_errors=True)
     return result
 
 
@@ -164,7 +179,7 @@ def _launch(job: Job, workdir: Path, progress: ProgressSink | None) -> dict[str,
     reader = ProgressReader(job.progress_file)
     if progress is not None:
         progress({"phase": "starting ranks", "world": job.layout.world_size})
-    with open(log_file, "wb") as log, _Signals():
+    with open(log_file, "wb") as log:
         proc = subprocess.Popen(
             torchrun_command(job_file, job.layout.world_size),
             stdout=log,

@@ -76,7 +76,8 @@ def usable(manifest: Path) -> bool:
 
 
 def with_reference(job: Job, log_dir: str | None = None, progress: ProgressSink | None = None) -> Job:
-    """`job` with its TP1 reference manifest attached when the layout oracle is among its oracles."""
-    if LAYOUT_ORACLE not in job.oracles:
+    """`job` with its TP1 reference manifest attached when the layout oracle is among its oracles (a 1-rank run is its
+    own reference: no second launch)."""
+    if LAYOUT_ORACLE not in job.oracles or job.layout.world_size == 1:
         return job
     return replace(job, reference_manifest=str(reference_manifest(job, log_dir, progress)))

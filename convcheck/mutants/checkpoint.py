@@ -40,9 +40,8 @@ def moment_on_wrong_expert() -> None:
     def make(original: Any) -> Any:
         def load_state_dict(self, state_dict):  # type: ignore[no-untyped-def]
             out = original(self, state_dict)
-            experts = [
-                p for group in self.model_float16_groups for p in group if getattr(p, "allreduce", True) is False
-            ]
+            names = {p: n for chunk in self.model_chunks for n, p in chunk.named_parameters()}
+            experts = [p for group in self.model_float16_groups for p in group if ".experts." in names.get(p, "")]
             states = [self._get_main_param_and_optimizer_states(p) for p in experts]
             for i, first in enumerate(states):
                 other = next((s for s in states[i + 1 :] if s["exp_avg"].shape == first["exp_avg"].shape), None)

@@ -21,7 +21,8 @@ NAME = "layout"
 INFO = OracleInfo(
     name=NAME,
     proves="the export at the requested layout is byte-identical, tensor by tensor, to a TP1 export of the "
-    "same checkpoint (digest manifest from a separate 1-rank job) and to the source",
+    "same checkpoint (digest manifest from a separate 1-rank job; a 1-rank run is its own reference) and to the "
+    "source",
     does_not_prove="that a bug present identically at every layout (including TP1) is absent (see roundtrip)",
 )
 
@@ -59,6 +60,10 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         manifest = {"layout": ctx.layout.to_dict(), "export_error": ctx.export_error, "tensors": digests}
         write_json_atomic(Path(write_to), {**manifest, "sources": loaded_sources()})
         return make_verdict(NAME, checked=len(digests), findings=[])
+    if reference is None and ctx.layout.world_size == 1:  # TP1 is the reference layout: nothing to launch or compare
+        rows = tuple(TensorRow(tensor=n, shape=tuple(d["shape"]), dtype=d["dtype"], verdict="pass")
+                     for n, d in sorted(digests.items()))  # fmt: skip
+        return make_verdict(NAME, checked=len(digests), findings=[], rows=rows, metrics={"reference": "this run (TP1)"})
     if reference is None:
         return make_verdict(
             NAME,
