@@ -5,7 +5,7 @@ export CONVCHECK_CACHE_DIR ?= $(CURDIR)/.cache
 export OMP_NUM_THREADS ?= 1
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench clean env test-release
 
 setup:
 	@scripts/setup-venv.sh
@@ -23,5 +23,17 @@ lint: setup
 bench: setup
 	$(VENV)/bin/python bench/run_all.py
 
+# Older Megatron-Bridge releases (requirements/releases.toml): `make env BRIDGE=0.5.1` makes .venv-bridge-0.5.1/
+# (base venv: $$CONVCHECK_BASE_VENV, else .venv); `make test-release BRIDGE=0.5.1` runs, in it, the release checks and
+# smoke (tests/test_releases.py: verify of tiny:qwen3 and tiny:qwen3-moe at TP1 and TP2) and every compat shim test.
+RELEASE_TESTS := tests/test_releases.py tests/test_compat.py tests/test_compat_shims.py tests/test_compat_device.py \
+	tests/test_compat_forward.py tests/test_compat_hybrid.py tests/test_compat_hybrid_forward.py
+
+env:
+	@scripts/make-env.sh $(BRIDGE)
+
+test-release: env
+	CONVCHECK_RELEASE_SMOKE=1 .venv-bridge-$(BRIDGE)/bin/python -m pytest -q -rs -p no:cacheprovider $(RELEASE_TESTS)
+
 clean:
-	rm -rf $(VENV) .cache
+	rm -rf $(VENV) .cache .venv-bridge-*

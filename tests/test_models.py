@@ -14,7 +14,9 @@ def test_lookups_cover_every_architecture_in_listing_order() -> None:
     assert sorted(BY_HF_CLASS) == ["LlamaForCausalLM", "NemotronHForCausalLM", "Qwen2ForCausalLM",
                                    "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"]  # fmt: skip
     assert list(TABLES) == ["qwen2", "qwen3", "qwen3_moe", "llama", "nemotron_h"]
-    assert list(FIXTURES) == ["qwen2", "qwen2-tied", "qwen3", "qwen3-moe", "llama", "nemotron-h"]
+    assert list(FIXTURES) == [
+        "qwen2", "qwen2-tied", "qwen3", "qwen3-moe", "qwen3-moe-unnorm", "llama", "nemotron-h", "nemotron-h-moe"
+    ]  # fmt: skip
     for arch in SUPPORTED:
         assert BY_MODEL_TYPE[arch.model_type] is arch and all(BY_HF_CLASS[c] is arch for c in arch.hf_classes)
 

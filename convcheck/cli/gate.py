@@ -108,7 +108,7 @@ def _record_cases(
     """The default matrix (filtered by --case), or every --model at every --layout (illegal pairs: bad input)."""
     from convcheck.checkpoint import open_checkpoint
     from convcheck.errors import BadInput
-    from convcheck.fixtures import FIXTURES, get_spec
+    from convcheck.fixtures import FIXTURES, RELEASE_VARIANTS, get_spec
     from convcheck.gate.case import Case, default_matrix, fixture_layouts, normalise_model, select
     from convcheck.layout import ParallelLayout
 
@@ -119,7 +119,9 @@ def _record_cases(
     if not models and not layouts:
         return select(default_matrix(), ids=case_ids) if case_ids else default_matrix()
     cases = []
-    for model in [normalise_model(m) for m in models] or [f"tiny:{n}" for n in sorted(FIXTURES)]:
+    for model in [normalise_model(m) for m in models] or [
+        f"tiny:{n}" for n in sorted(FIXTURES) if n not in RELEASE_VARIANTS
+    ]:
         tiny = model.startswith("tiny:")
         config = get_spec(model).config if tiny else open_checkpoint(model).config
         for text in layouts or (fixture_layouts(model) if tiny else ("tp1", "tp2", "pp2", "ep2", "tp2ep2")):

@@ -1,5 +1,6 @@
 """Every workaround needed to run the real Megatron-Bridge without CUDA, Transformer Engine or mamba_ssm: one module
-per missing dependency (no_te, no_cuda, no_mamba_ssm) plus provider settings; SHIMS lists them."""
+per missing dependency (no_te, no_cuda, no_mamba_ssm) plus provider settings; SHIMS lists them. Each shim finds its
+upstream target by feature detection (compat.detect): a release without that target skips it (`skipped()`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass
 
 from convcheck.compat import no_cuda, no_mamba_ssm, no_te
 from convcheck.compat._patch import upstream
+from convcheck.compat.detect import skipped
 from convcheck.compat.no_cuda import CPU_CHECKPOINT_SITES, CPU_CONSTRUCTOR_SITES, CPU_DEVICE_SITES
 from convcheck.compat.no_mamba_ssm import MixerGatedRMSNorm
 from convcheck.compat.no_te import cpu_hybrid_stack_spec, install_import_shims, transformer_engine_available
@@ -31,44 +33,52 @@ class Shim:
     name: str
     missing: str  # "transformer_engine", "cuda" or "mamba_ssm"
     module: str
-    targets: tuple[str, ...]  # upstream file:line, relative to site-packages
+    targets: tuple[str, ...]  # upstream file:line in the current pins, relative to site-packages
     test: str  # pytest node id that fails once upstream no longer needs the shim
+    seen_in: str = ""  # the releases whose upstream needs it (requirements/releases.toml; where the target moved)
 
 
 _TE, _CUDA, _MAMBA = "convcheck.compat.no_te", "convcheck.compat.no_cuda", "convcheck.compat.no_mamba_ssm"
 _CORE = "megatron/core/"
+_BRIDGES, _CORES = "megatron-bridge 0.3.0-0.6.2", "megatron-core 0.16.0-0.19.2"
 SHIMS = (
     Shim(1, "lora-layers-te-import", "transformer_engine", _TE, ("megatron/bridge/peft/lora_layers.py:20",),
-         "tests/test_compat.py::test_shim1_still_needed_lora_layers_imports_transformer_engine"),
+         "tests/test_compat.py::test_shim1_still_needed_lora_layers_imports_transformer_engine",
+         _BRIDGES + "; also peft/lora.py:21-22 in 0.3.0-0.5.1"),
     Shim(2, "replicated-mapping-cpu-target", "cuda", _CUDA,
          ("megatron/bridge/models/conversion/param_mapping.py:1297",),
-         "tests/test_compat.py::test_shim2_still_needed_replicated_mapping_calls_cuda"),
+         "tests/test_compat.py::test_shim2_still_needed_replicated_mapping_calls_cuda", _BRIDGES),
     Shim(3, "tied-embedding-cuda-move", "cuda", _CUDA,
          (_CORE + "models/common/language_module/language_module.py:307",),
-         "tests/test_compat.py::test_shim3_still_needed_tied_embedding_setup_calls_cuda"),
+         "tests/test_compat.py::test_shim3_still_needed_tied_embedding_setup_calls_cuda", _CORES),
     Shim(4, "forward-device-sites", "cuda", _CUDA, tuple(_CORE + where for _, _, where in CPU_DEVICE_SITES),
-         "tests/test_compat_forward.py::test_shim4_site_still_targets_cuda_current_device"),
+         "tests/test_compat_forward.py::test_shim4_site_still_targets_cuda_current_device", _CORES),
     Shim(5, "causal-mask-on-cuda", "cuda", _CUDA, (_CORE + "transformer/utils.py:39",),
-         "tests/test_compat_forward.py::test_shim5_causal_mask_still_built_on_cuda"),
+         "tests/test_compat_forward.py::test_shim5_causal_mask_still_built_on_cuda", _CORES),
     Shim(6, "cuda-rng-fork", "cuda", _CUDA, (_CORE + "transformer/dot_product_attention.py:217",),
-         "tests/test_compat_forward.py::test_shim6_attention_dropout_still_forks_cuda_rng"),
+         "tests/test_compat_forward.py::test_shim6_attention_dropout_still_forks_cuda_rng", _CORES),
     Shim(7, "hybrid-final-norm-tenorm", "transformer_engine", _TE, (_CORE + "models/hybrid/hybrid_block.py:215",),
-         "tests/test_compat_hybrid.py::test_shim7_still_needed_hybrid_final_norm_is_tenorm"),
+         "tests/test_compat_hybrid.py::test_shim7_still_needed_hybrid_final_norm_is_tenorm",
+         "megatron-core 0.18.0-0.19.2; 0.16.0-0.17.1 in ssm/mamba_block.py:166-172 (MambaStack)"),
     Shim(8, "mamba-mixer-construction", "mamba_ssm", _MAMBA, (_CORE + "ssm/mamba_mixer.py:202",),
-         "tests/test_compat_hybrid.py::test_shim8_still_needed_mamba_mixer_needs_mamba_ssm_and_cuda"),
+         "tests/test_compat_hybrid.py::test_shim8_still_needed_mamba_mixer_needs_mamba_ssm_and_cuda", _CORES),
     Shim(9, "constructor-buffers-on-cuda", "cuda", _CUDA, tuple(_CORE + where for _, _, where in CPU_CONSTRUCTOR_SITES),
-         "tests/test_compat_hybrid.py::test_shim9_sites_still_allocate_on_cuda"),
+         "tests/test_compat_hybrid.py::test_shim9_sites_still_allocate_on_cuda", _CORES),
     Shim(10, "torch-mamba-scan", "mamba_ssm", _MAMBA, (_CORE + "ssm/mamba_mixer.py:69",),
-         "tests/test_compat_hybrid_forward.py::test_shim10_still_needed_mamba_forward_calls_mamba_ssm_kernels"),
+         "tests/test_compat_hybrid_forward.py::test_shim10_still_needed_mamba_forward_calls_mamba_ssm_kernels",
+         "megatron-core 0.17.0-0.19.2 (kernel names bound to None); 0.16.x (names left unbound)"),
     Shim(11, "checkpoint-preload-cuda-sync", "cuda", _CUDA,
          (_CORE + "dist_checkpointing/strategies/filesystem_async.py:248",),
-         "tests/test_distckpt.py::test_shim11_still_needed_checkpoint_preload_synchronizes_cuda"),
+         "tests/test_distckpt.py::test_shim11_still_needed_checkpoint_preload_synchronizes_cuda", _CORES),
     Shim(12, "checkpoint-finalize-cuda-flag", "cuda", _CUDA,
          tuple(_CORE + where for _, _, where in CPU_CHECKPOINT_SITES),
-         "tests/test_distckpt.py::test_shim12_still_needed_checkpoint_finalize_flag_on_cuda"),
+         "tests/test_distckpt.py::test_shim12_still_needed_checkpoint_finalize_flag_on_cuda", _CORES),
     Shim(13, "torch-adam-step-reshardable", "transformer_engine", _TE,
          (_CORE + "optimizer/distrib_optimizer.py:1219", _CORE + "optimizer/distrib_optimizer.py:2390"),
-         "tests/test_distckpt.py::test_shim13_still_needed_reshardable_load_leaves_out_step"),
+         "tests/test_distckpt.py::test_shim13_still_needed_reshardable_load_leaves_out_step", _CORES),
+    Shim(14, "moe-utils-te-names-unbound", "transformer_engine", _TE, (_CORE + "transformer/moe/moe_utils.py:24",),
+         "tests/test_releases.py::test_shim14_still_needed_moe_utils_leaves_te_names_unbound",
+         "megatron-core 0.16.0-0.16.1 (0.17+ bind the names to None)"),
 )  # fmt: skip
 
 
@@ -120,6 +130,7 @@ __all__ = [
     "install_hybrid_shims",
     "install_import_shims",
     "is_hybrid_provider",
+    "skipped",
     "torch_causal_conv1d",
     "torch_chunk_scan",
     "torch_split_conv1d_scan",

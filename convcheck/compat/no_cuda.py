@@ -4,11 +4,11 @@ requested device is "cpu", whatever the host has. Each runs the upstream code (o
 from __future__ import annotations
 
 import contextlib
-import importlib
 from collections.abc import Iterator
 from typing import Any
 
 from convcheck.compat._patch import _patch
+from convcheck.compat.detect import has_attr, optional_module, skip
 
 _state = {"active": False}
 
@@ -51,10 +51,14 @@ def _on_cpu_device(original: Any) -> Any:
     return wrapper
 
 
-def _install_sites(sites: tuple[tuple[str, str, str], ...]) -> None:
-    """Wrap every (module, Class.attribute or function, file:line) of `sites` with _on_cpu_device (idempotent)."""
-    for module_name, attribute, _ in sites:
-        owner: Any = importlib.import_module(module_name)
+def _install_sites(sites: tuple[tuple[str, str, str], ...], number: int) -> None:
+    """Wrap every (module, Class.attribute or function, file:line) of `sites` with _on_cpu_device (idempotent); a
+    site this release lacks is skipped and recorded under shim `number`."""
+    for module_name, attribute, where in sites:
+        owner: Any = optional_module(module_name)
+        if owner is None or not has_attr(owner, attribute):
+            skip(number, f"{module_name}.{attribute} ({where}) is absent in this release")
+            continue
         *path, name = attribute.split(".")
         for part in path:
             owner = getattr(owner, part)
@@ -141,7 +145,7 @@ CPU_DEVICE_SITES = (
 
 def install_cpu_device_sites() -> None:
     """Install shim 4 at every site of CPU_DEVICE_SITES (idempotent)."""
-    _install_sites(CPU_DEVICE_SITES)
+    _install_sites(CPU_DEVICE_SITES, 4)
 
 
 # --- Shim 5 -----------------------------------------------------------------------------------------
@@ -202,7 +206,7 @@ CPU_CONSTRUCTOR_SITES = (
 
 def install_cpu_constructor_sites() -> None:
     """Install shim 9 at every site of CPU_CONSTRUCTOR_SITES (idempotent)."""
-    _install_sites(CPU_CONSTRUCTOR_SITES)
+    _install_sites(CPU_CONSTRUCTOR_SITES, 9)
 
 
 # --- Shim 11 ----------------------------------------------------------------------------------------
@@ -211,8 +215,12 @@ def install_cpu_constructor_sites() -> None:
 # then calls torch.cuda.synchronize(), which raises without a CUDA driver. A CPU tensor's `.to("cpu")` is the tensor
 # itself, so on a CPU run the same method runs with non_blocking=False: the same staging, no CUDA call.
 def install_cpu_checkpoint_preload() -> None:
-    """Install shim 11 (idempotent)."""
-    from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
+    """Install shim 11 (idempotent); skipped where this release has no FileSystemWriterAsync.preload_tensors."""
+    module = optional_module("megatron.core.dist_checkpointing.strategies.filesystem_async")
+    if module is None or not has_attr(module, "FileSystemWriterAsync.preload_tensors"):
+        skip(11, "dist_checkpointing FileSystemWriterAsync.preload_tensors is absent in this release")
+        return
+    FileSystemWriterAsync = module.FileSystemWriterAsync  # noqa: N806
 
     def blocking_on_cpu(original: Any) -> Any:
         function = original.__func__ if isinstance(original, staticmethod) else original
@@ -240,7 +248,7 @@ CPU_CHECKPOINT_SITES = (
 
 def install_cpu_checkpoint_finalize() -> None:
     """Install shim 12 at every site of CPU_CHECKPOINT_SITES (idempotent)."""
-    _install_sites(CPU_CHECKPOINT_SITES)
+    _install_sites(CPU_CHECKPOINT_SITES, 12)
 
 
 def install() -> None:

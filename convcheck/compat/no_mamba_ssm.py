@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from convcheck.compat._patch import _patch
+from convcheck.compat.detect import optional_module, skip
 from convcheck.kernels.mamba import GatedRMSNorm, torch_chunk_scan, torch_split_conv1d_scan
 
 
@@ -31,8 +32,10 @@ class MixerGatedRMSNorm(GatedRMSNorm):
 # (:326-422) are shim 9's, its CUDA RNG forks (:318, :370) shim 6's (convcheck.compat.no_cuda, CPU runs only).
 def install_mamba_mixer_construction() -> None:
     """Install shim 8 (idempotent) while mamba_ssm is missing."""
-    from megatron.core.ssm import mamba_mixer
-
+    mamba_mixer = optional_module("megatron.core.ssm.mamba_mixer")
+    if mamba_mixer is None or not hasattr(mamba_mixer, "ExtendedRMSNorm"):
+        skip(8, "this megatron-core has no ssm/mamba_mixer.py ExtendedRMSNorm")
+        return
     if mamba_mixer.HAVE_MAMBA_SSM:
         return
 
@@ -54,18 +57,21 @@ def install_mamba_mixer_construction() -> None:
 # megatron-core 0.19.2, megatron/core/ssm/mamba_mixer.py:69-79 binds mamba_chunk_scan_combined and
 # mamba_split_conv1d_scan_combined to None without mamba_ssm; MambaMixer._ssm_training calls the latter at :755
 # (the path of every forward outside inference mode) and _ssm_prefill the former at :1063 (static inference).
+# megatron-core 0.16 leaves both names unbound without mamba_ssm (mamba_mixer.py:59-71).
 # While mamba_ssm is missing both module names are bound to convcheck.kernels.mamba's torch_split_conv1d_scan /
 # torch_chunk_scan: depthwise causal conv1d + SiLU, dt = softplus(dt + dt_bias) (clamped only for a non-default
 # dt_limit), the chunked SSD scan in fp32 (exact intra-chunk form, states handed from chunk to chunk), the D skip
 # and the SiLU(z) gate, as mamba_ssm's kernels do. Arguments they do not implement (initial states, seq_idx, final
 # states, fused norm or out_proj, the non-SSM swiglu part) raise NotImplementedError instead of being ignored.
 def install_torch_mamba_scan() -> None:
-    """Install shim 10 (idempotent); only while mamba_ssm is missing (its kernels are then None upstream)."""
-    from megatron.core.ssm import mamba_mixer
-
-    if mamba_mixer.mamba_split_conv1d_scan_combined is None:
+    """Install shim 10 (idempotent); only while mamba_ssm is missing (its kernels are then None or unbound upstream)."""
+    mamba_mixer = optional_module("megatron.core.ssm.mamba_mixer")
+    if mamba_mixer is None or not hasattr(mamba_mixer, "MambaMixer"):
+        skip(10, "this megatron-core has no ssm/mamba_mixer.py MambaMixer")
+        return
+    if getattr(mamba_mixer, "mamba_split_conv1d_scan_combined", None) is None:
         mamba_mixer.mamba_split_conv1d_scan_combined = torch_split_conv1d_scan
-    if mamba_mixer.mamba_chunk_scan_combined is None:
+    if getattr(mamba_mixer, "mamba_chunk_scan_combined", None) is None:
         mamba_mixer.mamba_chunk_scan_combined = torch_chunk_scan
 
 

@@ -1,18 +1,22 @@
 """What exists because Transformer Engine is missing: the TE import stand-in (shim 1), the TE-free hybrid stack
-spec, the hybrid final norm (shim 7) and the torch-Adam `step` on a reshardable resume (shim 13).
+spec, the hybrid final norm (shim 7), the torch-Adam `step` on a reshardable resume (shim 13) and megatron-core
+0.16's unbound MoE TE names (shim 14).
 Delete this module once the bridge and megatron-core build without TE."""
 
 from __future__ import annotations
 
+import ast
 import builtins
 import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
 import types
+from pathlib import Path
 from typing import Any
 
 from convcheck.compat._patch import _patch
+from convcheck.compat.detect import hybrid_stack, skip
 
 
 def transformer_engine_available() -> bool:
@@ -23,10 +27,14 @@ def transformer_engine_available() -> bool:
 # --- Shim 1 -----------------------------------------------------------------------------------------
 # megatron-bridge 0.6.2, megatron/bridge/peft/lora_layers.py:20 does `import transformer_engine.pytorch as te`
 # unconditionally (reached from auto_bridge.py:40 -> model_bridge.py:56 -> conversion/peft_bridge.py:41 ->
-# peft/canonical_lora.py:26). Module-level uses are annotations only (te.ops.Sequential). We give ONLY that
-# module an inert stand-in through a private __import__ while its body executes; nothing enters sys.modules,
-# so megatron.core keeps HAVE_TE=False.
-LORA_LAYERS_MODULE = "megatron.bridge.peft.lora_layers"
+# peft/canonical_lora.py:26); bridge 0.3.0-0.5.1 also do it in peft/lora.py:21-22 (reached from peft_bridge.py:42).
+# Module-level uses are annotations and class comparisons only (te.ops.Sequential, te.Linear). We give ONLY those
+# modules an inert stand-in through a private __import__ while their body executes; nothing enters sys.modules, so
+# megatron.core keeps HAVE_TE=False. Feature detection: a module gets it only when its source imports
+# transformer_engine at module level (outside try/except).
+TE_IMPORTERS = ("megatron.bridge.peft.lora_layers", "megatron.bridge.peft.lora")
+"""Bridge modules seen importing Transformer Engine unconditionally (lora_layers: 0.3.0-0.6.2, lora: 0.3.0-0.5.1)."""
+LORA_LAYERS_MODULE = TE_IMPORTERS[0]
 
 
 class _InertTE(types.ModuleType):
@@ -53,8 +61,21 @@ def _te_stand_in_import(name: str, globals=None, locals=None, fromlist=(), level
     return builtins.__import__(name, globals, locals, fromlist, level)
 
 
-class _LoraLayersLoader(importlib.abc.Loader):
-    """Executes the real lora_layers source with the TE stand-in visible to that module alone."""
+def imports_te_unconditionally(source: str) -> bool:
+    """True when `source` imports transformer_engine at module level outside a try block."""
+    for node in ast.parse(source).body:
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        if any(n == "transformer_engine" or n.startswith("transformer_engine.") for n in names):
+            return True
+    return False
+
+
+class _TEImporterLoader(importlib.abc.Loader):
+    """Executes the real module source with the TE stand-in visible to that module alone."""
 
     def __init__(self, inner: importlib.abc.Loader) -> None:
         self.inner = inner
@@ -72,39 +93,61 @@ class _LoraLayersLoader(importlib.abc.Loader):
             module.__dict__["__builtins__"] = builtins
 
 
-class _LoraLayersFinder(importlib.abc.MetaPathFinder):
-    """Meta-path finder that wraps the loader of megatron.bridge.peft.lora_layers only."""
+_LoraLayersLoader = _TEImporterLoader  # the name of the single-module layout
+
+
+class _TEImporterFinder(importlib.abc.MetaPathFinder):
+    """Meta-path finder that wraps the loader of the TE_IMPORTERS modules whose source imports TE unconditionally."""
+
+    def __init__(self) -> None:
+        self.wrapped: list[str] = []
+        """Modules that got the stand-in in this process (feature detection's outcome)."""
 
     def find_spec(self, fullname, path, target=None):  # type: ignore[no-untyped-def]
-        if fullname != LORA_LAYERS_MODULE:
+        if fullname not in TE_IMPORTERS:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
-        if spec is None or spec.loader is None:
+        if spec is None or spec.loader is None or not spec.origin:
             return None
-        spec.loader = _LoraLayersLoader(spec.loader)
+        try:
+            source = Path(spec.origin).read_text()
+        except OSError:
+            return None
+        if not imports_te_unconditionally(source):
+            return None
+        spec.loader = _TEImporterLoader(spec.loader)
+        self.wrapped.append(fullname)
         return spec
+
+
+_LoraLayersFinder = _TEImporterFinder
 
 
 def install_import_shims() -> None:
     """Install shim 1 (idempotent) while TE is missing. Must run before megatron.bridge is imported."""
     if transformer_engine_available():
         return
-    if not any(isinstance(f, _LoraLayersFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _LoraLayersFinder())
+    if not any(isinstance(f, _TEImporterFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _TEImporterFinder())
+
+
+def te_stand_in_modules() -> list[str]:
+    """The modules shim 1 gave the TE stand-in in this process (empty before megatron.bridge is imported)."""
+    return [m for f in sys.meta_path if isinstance(f, _TEImporterFinder) for m in f.wrapped]
 
 
 # --- TE-free hybrid stack spec (set by convcheck.compat.provider while TE is missing) ----------------
 # megatron-bridge 0.6.2 hybrid/hybrid_provider.py:91-104 picks the TE spec, or the modelopt local spec whose `Norm`
 # raises without TE (megatron-core 0.19.2 post_training/modelopt/layers.py:61).
 def cpu_hybrid_stack_spec() -> Any:
-    """TE-free HybridStack spec: torch norms, local linears, DotProductAttention, local (SequentialMLP) MoE.
+    """TE-free hybrid stack spec (HybridStack, or MambaStack up to megatron-core 0.17): torch norms, local linears,
+    DotProductAttention, local (SequentialMLP) MoE.
 
     Parameter names are the modelopt local spec's: `norm.weight` (Mamba), `input_layernorm.weight` /
     `pre_mlp_layernorm.weight` (attention, MLP, MoE).
     """
     from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
     from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec
-    from megatron.core.models.hybrid.hybrid_block import HybridStack, HybridStackSubmodules
     from megatron.core.ssm.mamba_layer import MambaLayer, MambaLayerSubmodules
     from megatron.core.ssm.mamba_mixer import MambaMixer, MambaMixerSubmodules
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
@@ -116,6 +159,10 @@ def cpu_hybrid_stack_spec() -> Any:
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
     from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
+    found = hybrid_stack()
+    if found is None:
+        raise RuntimeError("this megatron-core has no Mamba hybrid stack (HybridStack or MambaStack)")
+    _, stack, submodules = found
     bda = get_bias_dropout_add
     mamba = ModuleSpec(
         module=MambaLayer,
@@ -161,41 +208,81 @@ def cpu_hybrid_stack_spec() -> Any:
         ),
     )
     return ModuleSpec(
-        module=HybridStack,
-        submodules=HybridStackSubmodules(mamba_layer=mamba, attention_layer=attention, mlp_layer=mlp, moe_layer=moe),
+        module=stack,
+        submodules=submodules(mamba_layer=mamba, attention_layer=attention, mlp_layer=mlp, moe_layer=moe),
     )
 
 
 # --- Shim 7 -----------------------------------------------------------------------------------------
 # megatron-core 0.19.2, megatron/core/models/hybrid/hybrid_block.py:215: HybridStack.__init__ builds the final norm
-# with TENorm whatever the spec says (TENorm raises without TE). While TE is missing, the constructor runs with
-# the module's TENorm name bound to megatron-core's WrappedTorchNorm (torch.nn.RMSNorm / LayerNorm, parameter
-# `final_norm.weight` as with TENorm).
+# with TENorm whatever the spec says (TENorm raises without TE); megatron-core 0.16-0.17 do the same in
+# ssm/mamba_block.py:166-172 (MambaStack). While TE is missing, the constructor runs with the module's TENorm name
+# bound to megatron-core's WrappedTorchNorm (torch.nn.RMSNorm / LayerNorm, parameter `final_norm.weight` as with
+# TENorm). Feature detection: the stack class of this release (convcheck.compat.detect.HYBRID_STACKS); skipped when
+# it has none or its module binds no TENorm.
 def install_hybrid_final_norm() -> None:
     """Install shim 7 (idempotent) while TE is missing."""
     if transformer_engine_available():
         return
-    from megatron.core.models.hybrid import hybrid_block
+    found = hybrid_stack()
+    if found is None or not hasattr(found[0], "TENorm"):
+        skip(7, "no hybrid stack module binding TENorm in this megatron-core")
+        return
+    block, stack, _ = found
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
     def torch_final_norm(original: Any) -> Any:
         def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-            saved = hybrid_block.TENorm
-            hybrid_block.TENorm = WrappedTorchNorm
+            saved = block.TENorm
+            block.TENorm = WrappedTorchNorm
             try:
                 return original(self, *args, **kwargs)
             finally:
-                hybrid_block.TENorm = saved
+                block.TENorm = saved
 
         return __init__
 
-    _patch(hybrid_block.HybridStack, "__init__", torch_final_norm)
+    _patch(stack, "__init__", torch_final_norm)
+
+
+# --- Shim 14 ----------------------------------------------------------------------------------------
+# megatron-core 0.16.x, megatron/core/transformer/moe/moe_utils.py:24-37 imports te_general_gemm and the fused MoE
+# kernels from TE inside try/except and, without TE, leaves the names unbound; RouterGatingLinearFunction.forward
+# (:1192) then raises NameError on `te_general_gemm is not None` at every router forward. megatron-core 0.17+ bind
+# them to None (moe_utils.py:27-50), which selects upstream's torch.mm path. While TE is missing, the names this
+# release leaves unbound are bound to None, as 0.17+ does; nothing is bound where the module already has them.
+MOE_UTILS_TE_NAMES = (
+    "fused_compute_score_for_moe_aux_loss",
+    "fused_moe_aux_loss",
+    "fused_permute",
+    "fused_permute_with_probs",
+    "fused_sort_chunks_by_index",
+    "fused_sort_chunks_by_index_with_probs",
+    "fused_topk_with_score_function",
+    "fused_unpermute",
+    "te_general_gemm",
+)
+
+
+def install_moe_utils_te_names() -> None:
+    """Install shim 14 (idempotent) while TE is missing: bind the TE names moe_utils left unbound to None."""
+    if transformer_engine_available():
+        return
+    from megatron.core.transformer.moe import moe_utils
+
+    unbound = [name for name in MOE_UTILS_TE_NAMES if not hasattr(moe_utils, name)]
+    if not unbound:
+        skip(14, "moe_utils binds its TE names without TE (megatron-core >= 0.17)")
+    for name in unbound:
+        setattr(moe_utils, name, None)
 
 
 def install() -> None:
-    """Install shims 1 and 7 (idempotent; shim 13 is installed where the optimizer is built). Shim 1 comes first."""
+    """Install shims 1, 7 and 14 (idempotent; shim 13 is installed where the optimizer is built). Shim 1 comes
+    first: before megatron.bridge imports."""
     install_import_shims()
     install_hybrid_final_norm()
+    install_moe_utils_te_names()
 
 
 # --- Shim 13 ----------------------------------------------------------------------------------------

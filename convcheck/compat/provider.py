@@ -14,6 +14,9 @@ from convcheck.compat.no_te import cpu_hybrid_stack_spec, transformer_engine_ava
 # - qwen/qwen3_moe_bridge.py:67 selects the alltoall dispatcher whose __init__ creates torch.cuda.Stream()
 #   (megatron-core 0.19.2 token_dispatcher.py:469) -> "allgather" on CPU.
 # - fused kernels (bias/activation/rope/softmax/cross-entropy/grad-accum) are CUDA-only -> all off.
+# megatron-core 0.16.x models/backends.py:117-126: the local spec builds the legacy GroupedMLP when moe_grouped_gemm
+#   is on (every Qwen3-MoE bridge sets it), whose constructor asserts the grouped_gemm package (CUDA) ->
+#   moe_grouped_gemm off where that package is missing; later releases build SequentialMLP either way.
 CPU_FUSION_FIELDS = (
     "bias_activation_fusion",
     "bias_dropout_fusion",
@@ -27,9 +30,31 @@ CPU_FUSION_FIELDS = (
 )
 
 
+HYBRID_SPEC_FIELDS = ("hybrid_stack_spec", "mamba_stack_spec")
+"""The provider field holding the hybrid stack spec: HybridModelProvider (bridge >= 0.6), MambaModelProvider
+(<= 0.5)."""
+
+
+def hybrid_spec_field(provider: Any) -> str | None:
+    """The stack-spec field of a hybrid provider (None for a GPT provider)."""
+    return next((name for name in HYBRID_SPEC_FIELDS if hasattr(provider, name)), None)
+
+
 def is_hybrid_provider(provider: Any) -> bool:
-    """True for the bridge's HybridModelProvider (NemotronH and other Mamba hybrids)."""
-    return hasattr(provider, "hybrid_stack_spec")
+    """True for the bridge's HybridModelProvider / MambaModelProvider (NemotronH and other Mamba hybrids)."""
+    return hybrid_spec_field(provider) is not None
+
+
+def builds_legacy_grouped_mlp() -> bool:
+    """True when this megatron-core's local spec builds the legacy GroupedMLP for moe_grouped_gemm (0.16) and the
+    grouped_gemm package it asserts at construction is missing."""
+    import importlib.util
+    import inspect
+
+    from megatron.core.models.backends import LocalSpecProvider
+
+    source = inspect.getsource(LocalSpecProvider.grouped_mlp_modules)
+    return "GroupedMLP," in source and importlib.util.find_spec("grouped_gemm") is None
 
 
 def configure_provider(provider: Any, device: str) -> None:
@@ -50,17 +75,21 @@ def configure_provider(provider: Any, device: str) -> None:
         provider.use_cpu_initialization = True
         if getattr(provider, "num_moe_experts", None):
             provider.moe_token_dispatcher_type = "allgather"
+    local = getattr(provider, "transformer_impl", "local") == "local"
+    if getattr(provider, "moe_grouped_gemm", False) and local and builds_legacy_grouped_mlp():
+        provider.moe_grouped_gemm = False
 
 
 # megatron-bridge 0.6.2:
 # - hybrid/hybrid_provider.py:91-104 get_default_hybrid_stack_spec picks the TE spec (or the modelopt spec whose
-#   Norm raises without TE) -> cpu_hybrid_stack_spec while TE is missing.
+#   Norm raises without TE) -> cpu_hybrid_stack_spec while TE is missing; bridge 0.3.0-0.5.1 build NemotronH through
+#   mamba/mamba_provider.py MambaModelProvider, whose `mamba_stack_spec` field plays that part.
 # - nemotronh/nemotron_h_bridge.py sets moe_shared_expert_overlap=True; megatron-core 0.19.2
 #   transformer/moe/shared_experts.py:192 then creates torch.cuda.Stream(), and the overlap needs the alltoall
 #   dispatcher (transformer_config.py:1644) -> off on CPU, where the dispatcher is allgather.
 def configure_hybrid_provider(provider: Any, device: str) -> None:
     """TE-free hybrid stack spec where TE is missing; on CPU no shared-expert overlap stream."""
     if not transformer_engine_available():
-        provider.hybrid_stack_spec = cpu_hybrid_stack_spec
+        setattr(provider, hybrid_spec_field(provider) or HYBRID_SPEC_FIELDS[0], cpu_hybrid_stack_spec)
     if device == "cpu":
         provider.moe_shared_expert_overlap = False

@@ -33,6 +33,8 @@ class FieldRule:
     """Megatron value -> canonical form compared with `expect` (e.g. a function -> its name)."""
     note: str = ""
     """Why the correspondence holds (shown in findings)."""
+    also: tuple[str, ...] = ()
+    """The same HF fields as other transformers releases spell them (read where `hf` is absent; covered, unlabelled)."""
 
     @property
     def label(self) -> str:
@@ -40,9 +42,15 @@ class FieldRule:
         return f"{'+'.join(self.hf) or '<implied>'} -> {self.megatron}"
 
 
-def same(hf: str, megatron: str, absent: Any = None, note: str = "") -> FieldRule:
-    """The Megatron field equals the HF field (`absent` when the HF config has no such field)."""
-    return FieldRule(megatron=megatron, hf=(hf,), expect=lambda c, _m: c.get(hf, absent), note=note)
+def same(hf: str, megatron: str, absent: Any = None, note: str = "", also: tuple[str, ...] = ()) -> FieldRule:
+    """The Megatron field equals the HF field, or its first spelling in `also` (`absent` when there is none)."""
+    names = (hf, *also)
+    return FieldRule(megatron=megatron, hf=(hf,), expect=lambda c, _m: first(c, names, absent), note=note, also=also)
+
+
+def first(c: HfView, names: tuple[str, ...], absent: Any = None) -> Any:
+    """The value of the first of `names` the HF view has (one field spelt differently across transformers releases)."""
+    return next((c[name] for name in names if name in c), absent)
 
 
 def implied(megatron: str, value: Any, note: str) -> FieldRule:
@@ -119,5 +127,5 @@ class Coverage:
 
     def covers(self, hf_field: str) -> bool:
         """True when a rule or the ignore list names `hf_field` or the dict it sits in."""
-        named = {f for r in self.rules for f in r.hf} | set(self.ignored)
+        named = {f for r in self.rules for f in (*r.hf, *r.also)} | set(self.ignored)
         return hf_field in named or hf_field.split(".", 1)[0] in named

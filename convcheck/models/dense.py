@@ -18,6 +18,7 @@ from convcheck.models.config_rules import (
     FieldRule,
     HfView,
     MegatronGet,
+    first,
     function_name,
     implied,
     same,
@@ -165,9 +166,26 @@ def decoder_rules(tied: bool) -> list[MappingRule]:
 # ---- config tables -------------------------------------------------------------------------------------------------
 
 
+OLD_ROPE_TYPE = ("rope_scaling.rope_type", "rope_scaling.type", "rope_scaling")
+"""transformers 5 nests rope settings in rope_parameters; 4.57 (bridge 0.3.x) spells them rope_theta / rope_scaling."""
+
+
+LINEAR_FACTOR = ("rope_parameters.factor", "rope_scaling.factor")
+"""Linear RoPE scaling's factor: Megatron divides positions by `seq_len_interpolation_factor`."""
+
+
 def _rope_type(c: HfView, _m: MegatronGet) -> str:
-    kind = c.get("rope_parameters.rope_type", "default")
+    """`rope`, `yarn`, or for linear scaling `rope / F` (positions divided by the factor F)."""
+    kind = first(c, ("rope_parameters.rope_type", *OLD_ROPE_TYPE[:2]), "default")
+    if kind == "linear":
+        return f"rope / {float(first(c, LINEAR_FACTOR))}"
     return {"default": "rope", "yarn": "yarn"}.get(kind, unsupported(f"rope_type {kind!r}"))
+
+
+def _rope_observed(value: Any, m: MegatronGet) -> str:
+    """position_embedding_type, with `/ seq_len_interpolation_factor` where Megatron interpolates positions."""
+    factor = m("seq_len_interpolation_factor")
+    return str(value) if factor is None else f"{value} / {float(factor)}"
 
 
 def _window(c: HfView, _m: MegatronGet) -> Any:
@@ -188,10 +206,15 @@ NORM_ROPE_ACT = (
     same("rms_norm_eps", "layernorm_epsilon"),
     implied("normalization", "RMSNorm", "RMSNorm everywhere (input, post-attention, final, q/k norms)"),
     implied("layernorm_zero_centered_gamma", False, "HF RMSNorm multiplies by weight, not 1 + weight"),
+    same("rope_parameters.rope_theta", "rotary_base", also=("rope_theta",)),
     FieldRule(
-        megatron="rotary_base", hf=("rope_parameters.rope_theta",), expect=lambda c, _m: c["rope_parameters.rope_theta"]
+        megatron="position_embedding_type",
+        hf=("rope_parameters.rope_type",),
+        expect=_rope_type,
+        observe=_rope_observed,
+        also=(*OLD_ROPE_TYPE, *LINEAR_FACTOR),
+        note="linear scaling: seq_len_interpolation_factor",
     ),
-    FieldRule(megatron="position_embedding_type", hf=("rope_parameters.rope_type",), expect=_rope_type),
     FieldRule(
         megatron="rotary_percent",
         hf=("partial_rotary_factor", "rope_parameters.partial_rotary_factor"),

@@ -198,6 +198,13 @@ def per_mixer(attr: str, hf: tuple[str, ...], value: Callable[[HfView], Any], no
     )
 
 
+def _conv_bias(mixer: Any) -> Any:
+    """A Mamba mixer's conv bias: `conv1d_bias` (megatron-core 0.19) or its nn.Conv1d's `bias` (0.16-0.18)."""
+    if hasattr(mixer, "conv1d_bias"):
+        return mixer.conv1d_bias
+    return getattr(getattr(mixer, "conv1d", None), "bias", None)
+
+
 def _mtp_pattern(c: HfView, _m: MegatronGet) -> Any:
     if not c.get("num_nextn_predict_layers"):
         return None
@@ -271,7 +278,13 @@ NEMOTRON_H_TABLE = (
     same("mamba_head_dim", "mamba_head_dim"),
     same("n_groups", "mamba_num_groups"),
     same("ssm_state_size", "mamba_state_dim"),
-    same("chunk_size", "mamba_chunk_size", note="scan block length; the computed function does not depend on it"),
+    per_mixer(
+        "chunk_size",
+        ("chunk_size",),
+        lambda c: c["chunk_size"],
+        note="scan block length, as each built mixer holds it (megatron-core <= 0.18 configs have no "
+        "mamba_chunk_size); the computed function does not depend on it",
+    ),
     per_mixer(
         "d_inner",
         ("mamba_num_heads", "mamba_head_dim", "expand"),
@@ -286,10 +299,10 @@ NEMOTRON_H_TABLE = (
         note="conv activation; megatron-core 0.19.2 always uses silu",
     ),
     FieldRule(
-        megatron=f"{MIXERS}.conv1d_bias",
+        megatron=MIXERS,
         hf=("use_conv_bias",),
         expect=lambda c, m: [c["use_conv_bias"]] * len(m(MIXERS)),
-        observe=lambda value, _m: [bias is not None for bias in value],
+        observe=lambda mixers, _m: [_conv_bias(mixer) is not None for mixer in mixers],
         note="True when the mixer has a conv bias",
     ),
     FieldRule(
@@ -387,10 +400,20 @@ TINY_NEMOTRON_H = FixtureSpec(
     renames={"backbone.embedding.weight": EMBEDDING},
 )
 
+# The same without the dense MLP layer: transformers 5.3 (bridge 0.4.x) knows only mamba, attention and moe layers.
+TINY_NEMOTRON_H_MOE = FixtureSpec(
+    name="nemotron-h-moe",
+    config_class="NemotronHConfig",
+    description="NemotronH hybrid M*ME: Mamba, attention, MoE, no dense MLP (the layer types transformers 5.3 has)",
+    config={**TINY_NEMOTRON_H.config, "hybrid_override_pattern": "M*ME"},
+    fp32_tensors=TINY_NEMOTRON_H.fp32_tensors,
+    renames=TINY_NEMOTRON_H.renames,
+)
+
 NEMOTRON_H = Architecture(
     hf_classes=("NemotronHForCausalLM",),
     model_type="nemotron_h",
     mapping_rules=hybrid_rules,
     config_rules=NEMOTRON_H_TABLE,
-    fixtures=(TINY_NEMOTRON_H,),
+    fixtures=(TINY_NEMOTRON_H, TINY_NEMOTRON_H_MOE),
 )

@@ -5,15 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 from convcheck.models.architecture import Architecture
-from convcheck.models.config_rules import FieldRule, HfView, MegatronGet, implied, same
+from convcheck.models.config_rules import FieldRule, HfView, MegatronGet, first, implied, same
 from convcheck.models.dense import NORM_ROPE_ACT, SHAPES, decoder_rules
 from convcheck.models.fixture_spec import tiny_spec
+
+NUM_EXPERTS = ("num_local_experts", "num_experts")
+"""transformers 5 calls the expert count num_local_experts; 4.57 (bridge 0.3.x) and published configs: num_experts."""
 
 
 def _moe_layers(c: HfView, _m: MegatronGet) -> list[int]:
     """1 where HF builds a sparse MoE block (Qwen3MoeDecoderLayer's rule), else 0."""
     step, dense = c.get("decoder_sparse_step", 1), set(c.get("mlp_only_layers") or [])
-    experts = c["num_local_experts"]
+    experts = first(c, NUM_EXPERTS)
     return [int(i not in dense and experts > 0 and (i + 1) % step == 0) for i in range(c["num_hidden_layers"])]
 
 
@@ -28,7 +31,7 @@ QWEN3_MOE_TABLE = (
     same("attention_bias", "add_qkv_bias"),
     implied("add_bias_linear", False, "Qwen3-MoE o_proj and experts have no bias"),
     implied("qk_layernorm", True, "Qwen3-MoE attention always applies q_norm / k_norm"),
-    same("num_local_experts", "num_moe_experts"),
+    same(NUM_EXPERTS[0], "num_moe_experts", also=NUM_EXPERTS[1:]),
     same("num_experts_per_tok", "moe_router_topk"),
     same("moe_intermediate_size", "moe_ffn_hidden_size"),
     FieldRule(
@@ -44,7 +47,8 @@ QWEN3_MOE_TABLE = (
     implied("moe_shared_expert_intermediate_size", None, "Qwen3-MoE has no shared expert"),
     FieldRule(
         megatron="moe_layer_freq",
-        hf=("decoder_sparse_step", "mlp_only_layers", "num_local_experts"),
+        hf=("decoder_sparse_step", "mlp_only_layers", NUM_EXPERTS[0]),
+        also=NUM_EXPERTS[1:],
         expect=_moe_layers,
         observe=_megatron_moe_layers,
         note="per-layer MoE pattern",
@@ -68,6 +72,17 @@ QWEN3_MOE = Architecture(
             decoder_sparse_step=1,
             mlp_only_layers=[],
             norm_topk_prob=True,
+        ),
+        tiny_spec(
+            "qwen3-moe-unnorm",
+            "Qwen3MoeConfig",
+            "Qwen3-MoE with norm_topk_prob false (top-k weights not renormalised: Megatron's pre-softmax router)",
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            norm_topk_prob=False,
         ),
     ),
 )

@@ -121,6 +121,11 @@ def roundtrip(
 ) -> tuple[int, list[Finding]]:
     """Provider -> the bridge's megatron_to_hf_config -> HF config class: every covered rule must agree."""
     model_bridge = ctx.bridge._model_bridge
+    if not hasattr(type(model_bridge), "megatron_to_hf_config"):  # megatron-bridge 0.3.0
+        from importlib import metadata
+
+        message = f"megatron-bridge {metadata.version('megatron-bridge')} has no megatron_to_hf_config to check"
+        return 0, [Finding(tensor="<megatron_to_hf_config>", kind="not-supported", message=message)]
     try:
         exported = type(model_bridge).megatron_to_hf_config(ctx.provider)
         back = hf_cls(**exported)

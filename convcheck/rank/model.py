@@ -15,7 +15,10 @@ def load_bridge(model_path: str) -> Any:
     try:
         return AutoBridge.from_hf_pretrained(model_path)
     except Exception as exc:  # the bridge wraps every failure in ValueError
-        raise BadInput(f"the bridge cannot load {model_path}: {first_line(exc)}") from None
+        from convcheck.versions import versions
+
+        stack = ", ".join(f"{n} {v}" for n, v in versions().items() if n in ("megatron-bridge", "transformers"))
+        raise BadInput(f"the bridge cannot load {model_path} ({stack}): {first_line(exc)}") from None
 
 
 def make_provider(bridge: Any, layout: ParallelLayout, device: str, pad_vocab: int | None = None) -> Any:
