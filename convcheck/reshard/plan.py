@@ -52,9 +52,9 @@ def spans(start: int, stop: int, block: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def source(shards: list[Shard], index: int, prefer: int) -> Shard:
-    """The trainer shard `index` to read: the one on rank `prefer` when it holds it, else the lowest rank's."""
-    mine = [s for s in shards if s.index == index]
+def source(shards: list[Shard], index: int | None, prefer: int) -> Shard:
+    """Trainer shard `index` (None: any copy) to read: the one on rank `prefer` when it holds it, else the lowest."""
+    mine = [s for s in shards if index is None or s.index == index]
     return next((s for s in mine if s.rank == prefer), min(mine, key=lambda s: s.rank))
 
 
@@ -93,7 +93,7 @@ def plan_param(role: ParamRole, shards: list[Shard], layout: TargetLayout, targe
     full = role.hf_shapes[0]
     if role.expert is not None or role.kind == "replicated":
         shape = (sum(s[0] for s in role.hf_shapes), *full[1:]) if role.kind == "gated" else full
-        s = source(shards, 0, prefer)
+        s = source(shards, None, prefer)
         box = tuple((0, n) for n in s.shape)
         return ParamPlan(
             name=role.name, target=target, shape=shape, dtype=first.dtype, pieces=(Piece(s.rank, s.local, box, box),)
@@ -147,7 +147,8 @@ def build_plan(
         if role.expert is not None and count != 1:
             findings.append(Finding(tensor=name, kind="unplannable", message=f"experts split over {count} ETP ranks"))
             continue
-        missing = sorted(set(range(count)) - {s.index for s in held})
+        whole = role.kind == "replicated" or role.expert is not None
+        missing = [] if whole else sorted(set(range(count)) - {s.index for s in held})
         if not held or missing:
             findings.append(
                 Finding(tensor=name, kind="no-source", message=f"no trainer rank holds shard(s) {missing} of {count}")
