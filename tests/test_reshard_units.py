@@ -127,7 +127,10 @@ def test_dropped_piece_is_a_coverage_finding() -> None:
     broken = replace(plans[0], pieces=plans[0].pieces[:-1])
     finding = coverage(broken, shards)
     assert finding is not None and finding.kind == "plan-coverage"
-    assert finding.message == "target rank 0: 30 element(s) not covered exactly once; first at index [0, 6], covered 0 time(s)"
+    assert (
+        finding.message
+        == "target rank 0: 30 element(s) not covered exactly once; first at index [0, 6], covered 0 time(s)"
+    )
 
 
 def test_missing_shard_is_a_finding_not_a_default() -> None:
