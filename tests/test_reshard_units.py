@@ -157,3 +157,25 @@ def test_target_layout_validates() -> None:
         TargetLayout(ep=3, num_experts=8)
     layout = TargetLayout(tp=2, ep=4, num_experts=8)
     assert layout.world == 4 and [layout.holds(r, 5) for r in range(4)] == [False, False, True, False]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"target_tp": 2}, "--target-tp / --target-ep are used only by the reshard oracle"),
+        ({"oracles": "reshard", "target_tp": 3}, "--target-tp 3 must divide the 4 heads"),
+        ({"oracles": "reshard", "target_ep": 2}, "--target-ep must be a positive integer dividing the 0 experts"),
+    ],
+)
+def test_bad_targets_are_bad_input(kwargs: dict, message: str) -> None:
+    from convcheck.api import prepare
+
+    with pytest.raises(BadInput, match=message):
+        prepare("tiny:qwen3", "tp1", device="cpu", **kwargs)
+
+
+def test_targets_reach_the_job() -> None:
+    from convcheck.api import prepare
+
+    job = prepare("tiny:qwen3-moe", "tp2ep2", oracles="reshard", device="cpu", target_tp=[4, 1, 4], target_ep=2)
+    assert (job.target_tps, job.target_ep, job.rank_spec().target_tps) == ((4, 1), 2, (4, 1))
