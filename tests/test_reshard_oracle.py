@@ -131,3 +131,42 @@ def test_planted_dense_verdict_is_exactly_the_planted_bugs(planted_dense: CliRes
     assert (planted_dense.code, oracle["verdict"], oracle["checked"]) == (1, "fail", DENSE_PARAMS * 6)
     assert {f["tensor"] for f in oracle["findings"]} == {PROJ0, QKV0, QKV1}
     assert "--target-tp 2 --target-tp 4" in planted_dense.out  # the replay line keeps the targets
+
+
+@pytest.fixture(scope="module")
+def planted_moe(tmp_path_factory: pytest.TempPathFactory) -> CliResult:
+    hooks = ("wrong_row_source", "local_expert_id")
+    args = [a for h in hooks for a in ("--hook", mutant("reshard", h))]
+    model = ("--model", "tiny:qwen3-moe", "--tp", "2", "--ep", "2", "--target-tp", "2")
+    return _verify(tmp_path_factory.mktemp("planted-moe"), *model, *args)
+
+
+@pytest.mark.ranks
+def test_planted_wrong_row_source_rank_is_named(planted_moe: CliResult) -> None:
+    """Layer 1's linear_proj slices read from the other TP rank: both target ranks wrong from element [0, 0]."""
+    mine = [_where(f) for f in _oracle(planted_moe)["findings"] if f["tensor"] == PROJ1]
+    assert mine == [(PROJ1, "bytes-differ", "tp2", 0, (0, 0)), (PROJ1, "bytes-differ", "tp2", 1, (0, 0))]
+    first = next(f for f in _oracle(planted_moe)["findings"] if f["tensor"] == PROJ1)
+    assert first["message"].startswith("target tp2 rank 0: 512/512 elements differ; first at index [0, 0]: got ")
+
+
+@pytest.mark.ranks
+def test_planted_local_expert_id_is_named(planted_moe: CliResult) -> None:
+    """Trainer EP rank 1 registers experts 4-7 as local_experts.0-3: a role conflict naming both HF experts, and
+    target rank 1 (hosted on trainer rank 1) assembles expert 4's weights as expert 0's."""
+    oracle = _oracle(planted_moe)
+    assert (planted_moe.code, oracle["verdict"], oracle["checked"]) == (1, "fail", 2 * (17 + 16))
+    experts = [
+        f"decoder.layers.{layer}.mlp.experts.local_experts.{e}.linear_fc{fc}.weight"
+        for layer in (0, 1)
+        for e in range(4)
+        for fc in (1, 2)
+    ]
+    mine = sorted(_where(f) for f in oracle["findings"] if f["tensor"] != PROJ1)
+    assert mine == sorted(
+        [(n, "bytes-differ", "tp2", 1, (0, 0)) for n in experts]
+        + [(n, "role-conflict", None, None, ()) for n in experts]
+    )
+    conflict = next(f for f in oracle["findings"] if f["kind"] == "role-conflict")
+    assert conflict["tensor"] == experts[0] and "experts.4.gate_proj" in conflict["message"]
+    assert "experts.0.gate_proj" in conflict["message"]
