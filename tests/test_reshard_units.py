@@ -179,3 +179,22 @@ def test_targets_reach_the_job() -> None:
 
     job = prepare("tiny:qwen3-moe", "tp2ep2", oracles="reshard", device="cpu", target_tp=[4, 1, 4], target_ep=2)
     assert (job.target_tps, job.target_ep, job.rank_spec().target_tps) == ((4, 1), 2, (4, 1))
+
+
+@pytest.mark.parametrize("trainer_tp", [1, 2])
+@pytest.mark.parametrize("target_tp", [1, 2, 4])
+def test_qkv_bias_rows(trainer_tp: int, target_tp: int) -> None:
+    """A 1-D fused qkv bias (qwen2) follows the same head rows as the weight."""
+    hf = {k: v[:, 0].contiguous() for k, v in _hf().items() if k in "qkv"}
+    role = replace(ROLES["qkv"], name="bias", hf_shapes=((NH * D,), (NKV * D,), (NKV * D,)))
+    full = _megatron_full(hf, "qkv")
+    n = full.shape[0] // trainer_tp
+    tensors = {f"b@{i}": full[i * n : (i + 1) * n].clone() for i in range(trainer_tp)}
+    shards = {"bias": [Shard(rank=0, local=f"b@{i}", index=i, count=trainer_tp, shape=(n,), dtype="float32")
+                       for i in range(trainer_tp)]}  # fmt: skip
+    layout = TargetLayout(tp=target_tp)
+    plans, findings = build_plan({"bias": role}, shards, layout, world=1)
+    assembled, _ = execute(plans, tensors, rank=0, world=1)
+    for (target, _name), got in assembled.items():
+        assert compare_bits("bias", reference_shard(role, [hf["q"], hf["k"], hf["v"]], layout, target), got) is None
+    assert findings == [] and len(assembled) == target_tp
