@@ -57,9 +57,11 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         for name, verdict in rank_rows:
             verdicts[name] = "fail" if "fail" in (verdict, verdicts.get(name)) else "pass"
         for label, m in rank_metrics.items():
-            per_layout.setdefault(label, {"targets": {}, "seconds": 0.0})
-            per_layout[label]["targets"].update(m["targets"])
-            per_layout[label]["seconds"] = max(per_layout[label]["seconds"], m["seconds"])
+            into = per_layout.setdefault(label, {"targets": {}, "received": {}, "seconds": 0.0, "allgather_s": 0.0})
+            into["targets"].update(m["targets"])
+            into["received"].update(m["allgather_received"])
+            into["seconds"] = max(into["seconds"], m["seconds"])
+            into["allgather_s"] = max(into["allgather_s"], m["allgather_seconds"])
     for label, m in per_layout.items():
         targets = [m["targets"][t] for t in sorted(m["targets"])]
         for target, t in enumerate(targets):
@@ -75,7 +77,9 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         per_layout[label] = {
             **{key: [t[key] for t in targets] for key in ("shard_bytes", "moved_bytes", "remote_bytes")},
             "allgather_bytes": _allgather_bytes(roles, shards),
+            "allgather_received_bytes": [m["received"][r] for r in sorted(m["received"])],
             "seconds": m["seconds"],
+            "allgather_seconds": m["allgather_s"],
         }
     bad = {f.tensor for f in all_findings}
     table = tuple(
@@ -92,7 +96,7 @@ def _one_layout(
     """Plan, execute and compare one target layout; this rank's findings, count, rows and byte metrics."""
     from convcheck.bits import compare_bits
     from convcheck.checkpoint import TensorReader
-    from convcheck.reshard.execute import execute
+    from convcheck.reshard.execute import allgather_baseline, execute
     from convcheck.reshard.plan import build_plan, coverage
     from convcheck.reshard.target import reference_shard
 
@@ -104,6 +108,7 @@ def _one_layout(
     started = time.perf_counter()
     assembled, moved = execute(plans, tensors, ctx.rank, ctx.world, ctx.group("world"))
     seconds = time.perf_counter() - started
+    baseline_bytes, baseline_s = allgather_baseline(tensors, ctx.world, ctx.group("world"))
     reader = TensorReader(ctx.checkpoint)
     rows: list[tuple[str, str]] = []
     for (target, name), tensor in sorted(assembled.items()):
@@ -130,7 +135,8 @@ def _one_layout(
         }
         for target, m in moved.items()
     }
-    return findings, len(assembled), rows, {"targets": targets, "seconds": round(seconds, 6)}
+    measured = {"targets": targets, "seconds": round(seconds, 6), "allgather_seconds": round(baseline_s, 6)}
+    return findings, len(assembled), rows, {**measured, "allgather_received": {ctx.rank: baseline_bytes}}
 
 
 def _allgather_bytes(roles: dict[str, Any], shards: dict[str, Any]) -> int:

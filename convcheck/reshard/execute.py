@@ -109,3 +109,28 @@ def _exchange(
             view = dest[_index(piece.dst)]
             view.copy_(buffers[peer][at : at + nbytes].view(dest.dtype).view(view.shape))
             at += nbytes
+
+
+def allgather_baseline(tensors: dict[str, Any], world: int, group: Any = None) -> tuple[int, float]:
+    """Collective: the all-gather a gather-then-slice sync does (every rank's shards to every rank), timed; this
+    rank's received bytes and seconds."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    device = next(iter(tensors.values())).device if tensors else torch.device("cpu")
+    parts = [t.detach().contiguous().view(-1).view(torch.uint8) for _, t in sorted(tensors.items())]
+    mine = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8, device=device)
+    if world == 1:
+        return 0, 0.0
+    started = time.perf_counter()
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([mine.numel()], dtype=torch.int64, device=device), group=group)
+    most = int(max(int(s) for s in sizes))
+    padded = torch.zeros(most, dtype=torch.uint8, device=device)
+    padded[: mine.numel()] = mine
+    out = [torch.empty(most, dtype=torch.uint8, device=device) for _ in range(world)]
+    dist.all_gather(out, padded, group=group)
+    received = sum(int(s) for s in sizes) - mine.numel()
+    return received, time.perf_counter() - started
