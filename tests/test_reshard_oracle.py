@@ -170,3 +170,12 @@ def test_planted_local_expert_id_is_named(planted_moe: CliResult) -> None:
     conflict = next(f for f in oracle["findings"] if f["kind"] == "role-conflict")
     assert conflict["tensor"] == experts[0] and "experts.4.gate_proj" in conflict["message"]
     assert "experts.0.gate_proj" in conflict["message"]
+
+
+@pytest.mark.ranks
+def test_trainer_tp2_qwen2_with_qkv_bias(tmp_path: Path) -> None:
+    """tiny:qwen2's fused qkv bias (1-D) follows the weight's head rows, kv replicated at TP4."""
+    result = _verify(tmp_path, "--model", "tiny:qwen2", "--tp", "2", *TARGETS)
+    oracle = _oracle(result)
+    assert (result.code, oracle["verdict"], oracle["findings"]) == (0, "pass", [])
+    assert any(r["tensor"].endswith("linear_qkv.bias") and r["verdict"] == "pass" for r in oracle["tensors"])
