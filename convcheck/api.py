@@ -63,12 +63,15 @@ def prepare(
     pad_vocab: int | None = None,
     manifest_out: str | None = None,
     resume_layout: ParallelLayout | str | Sequence[ParallelLayout | str] | None = None,
+    target_tp: int | Sequence[int] | None = None,
+    target_ep: int | None = None,
 ) -> Any:
     """Validate everything a run needs before any rank starts; return the Job (BadInput names the first problem).
 
     `sender` / `receiver` / `chunk_mb`: the weight-sync path under test (convcheck.sync; README "Weight-sync paths");
     `pad_vocab=N` builds the padded vocabulary training uses; `manifest_out` makes rank 0 write the gate manifest;
-    `resume_layout`: the layout(s) the distckpt oracle resumes its checkpoint at (TP1 when not given).
+    `resume_layout`: the layout(s) the distckpt oracle resumes its checkpoint at (TP1 when not given);
+    `target_tp` / `target_ep`: the reshard oracle's target TP size(s) (all in one launch) and EP size.
     """
     from convcheck.checkpoint import open_checkpoint
     from convcheck.engine.job import Job
@@ -94,6 +97,7 @@ def prepare(
         parse_hook(hook)
     sender = check_sync(names, grid, sender, receiver, chunk_mb)
     resumes = resume_layouts(names, resume_layout, checkpoint.config, experts)
+    target_tps, target_ep = reshard_targets(names, grid, target_tp, target_ep, checkpoint.config, experts)
     gpus = visible_gpu_count() if device != "cpu" else 0
     device, reason = choose_device(device, gpus, max([grid.world_size, *(r.world_size for r in resumes)]))
     if progress is not None:
@@ -114,7 +118,44 @@ def prepare(
         pad_vocab=pad_vocab,
         manifest_out=manifest_out,
         resume_layouts=resumes,
+        target_tps=target_tps,
+        target_ep=target_ep,
     )
+
+
+def reshard_targets(
+    oracles: tuple[str, ...],
+    layout: ParallelLayout,
+    target_tp: int | Sequence[int] | None,
+    target_ep: int | None,
+    config: dict[str, Any],
+    experts: str = "sequential",
+) -> tuple[tuple[int, ...], int]:
+    """The reshard oracle's target TP sizes and EP size, checked against the model (TP1, EP1 when not given)."""
+    tps = () if target_tp is None else (target_tp,) if isinstance(target_tp, int) else tuple(target_tp)
+    if "reshard" not in oracles:
+        if tps or target_ep is not None:
+            raise BadInput("--target-tp / --target-ep are used only by the reshard oracle; add --oracle reshard")
+        return (1,), 1
+    if experts == "te-grouped" or layout.etp > 1:
+        raise BadInput("the reshard oracle plans sequential experts at ETP 1 only (no --experts te-grouped, --etp)")
+    cfg = {**config, **(config.get("text_config") or {})}
+    heads = cfg.get("num_attention_heads") or 0
+    kv = cfg.get("num_key_value_heads") or heads
+    ffn = [cfg[k] for k in ("intermediate_size", "moe_intermediate_size") if cfg.get(k)]
+    for tp in tps or (1,):
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise BadInput(f"--target-tp must be a positive integer, got {tp!r}")
+        if heads % tp or (kv % tp and tp % kv) or any(f % tp for f in ffn):
+            raise BadInput(
+                f"--target-tp {tp} must divide the {heads} heads and the MLP width(s) {ffn}, and divide or be a "
+                f"multiple of the {kv} kv heads"
+            )
+    ep = 1 if target_ep is None else target_ep
+    num_experts = next((cfg[k] for k in ("num_experts", "num_local_experts", "n_routed_experts") if cfg.get(k)), 0)
+    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1 or (ep > 1 and (not num_experts or num_experts % ep)):
+        raise BadInput(f"--target-ep must be a positive integer dividing the {num_experts} experts, got {ep!r}")
+    return tuple(dict.fromkeys(tps or (1,))), ep
 
 
 def check_pad_vocab(pad_vocab: int | None) -> None:
@@ -209,6 +250,8 @@ def verify(
     pad_vocab: int | None = None,
     manifest_out: str | None = None,
     resume_layout: ParallelLayout | str | Sequence[ParallelLayout | str] | None = None,
+    target_tp: int | Sequence[int] | None = None,
+    target_ep: int | None = None,
 ) -> Report:
     """Build `model` sharded at `layout` through the real bridge and run the oracles; ConvcheckError on bad input."""
     job = prepare(
@@ -226,6 +269,8 @@ def verify(
         pad_vocab=pad_vocab,
         manifest_out=manifest_out,
         resume_layout=resume_layout,
+        target_tp=target_tp,
+        target_ep=target_ep,
     )
     return run(job, log_dir=log_dir, progress=progress)
 

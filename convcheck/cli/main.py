@@ -38,6 +38,8 @@ def replay_command(
     extra: tuple[str, ...] = (),
     pad_vocab: int | None = None,
     resume_layouts: tuple["ParallelLayout", ...] = (),
+    target_tps: tuple[int, ...] = (),
+    target_ep: int = 1,
 ) -> str:
     """One shell line that reruns exactly the failing oracles of this run (`extra`: further options, as given)."""
     import shlex
@@ -58,6 +60,11 @@ def replay_command(
     if "distckpt" in oracles:
         for resume in resume_layouts:
             args += ["--resume-layout", resume.spec]
+    if "reshard" in oracles:
+        for tp in target_tps:
+            args += ["--target-tp", str(tp)]
+        if target_ep != 1:
+            args += ["--target-ep", str(target_ep)]
     return shlex.join([*args, *extra])
 
 
@@ -137,6 +144,10 @@ Examples:
 @click.option("--resume-layout", "resume_layouts", type=LayoutType(), multiple=True,
               help="distckpt oracle: resume its checkpoint at this layout (tp1, tp2ep2, pp2; repeatable; "
               "default tp1).")  # fmt: skip
+@click.option("--target-tp", "target_tps", type=click.IntRange(min=1), multiple=True,
+              help="reshard oracle: the target TP size (repeatable, all in one launch; default 1).")  # fmt: skip
+@click.option("--target-ep", type=click.IntRange(min=1), default=None,
+              help="reshard oracle: the target expert-parallel size (default 1).")  # fmt: skip
 def verify(
     model: str,
     tp: int,
@@ -159,6 +170,8 @@ def verify(
     pad_vocab: int | None,
     manifest_path: str | None,
     resume_layouts: tuple["ParallelLayout", ...],
+    target_tps: tuple[int, ...],
+    target_ep: int | None,
 ) -> None:
     """Build the sharded Megatron model from MODEL through the real bridge and run the oracles."""
     from convcheck import api
@@ -186,6 +199,8 @@ def verify(
                 pad_vocab=pad_vocab,
                 manifest_out=manifest_path,
                 resume_layout=resume_layouts or None,
+                target_tp=target_tps or None,
+                target_ep=target_ep,
             )
             report = api.run(job, log_dir=log_dir, progress=display)
     except ConvcheckError as exc:
@@ -196,7 +211,19 @@ def verify(
         extra = sync_options(sender, receiver, chunk_mb)
         click.echo(
             "replay: "
-            + replay_command(model, layout, device, failing, hooks, experts, extra, pad_vocab, job.resume_layouts)
+            + replay_command(
+                model,
+                layout,
+                device,
+                failing,
+                hooks,
+                experts,
+                extra,
+                pad_vocab,
+                job.resume_layouts,
+                job.target_tps,
+                job.target_ep,
+            )
         )
     outputs = {path: render(report) for path, render in ((json_path, report_json), (junit_path, junit_xml)) if path}
     try:

@@ -53,6 +53,10 @@ class Job:
     """distckpt oracle: the torch_dist folder the engine owns; the first launch saves into it, a resume job loads it."""
     resume_layouts: tuple[ParallelLayout, ...] = ()
     """distckpt oracle: the layouts the engine resumes the checkpoint at, one launch each after the first."""
+    target_tps: tuple[int, ...] = (1,)
+    """Reshard oracle: the target TP sizes, all checked in this one launch."""
+    target_ep: int = 1
+    """Reshard oracle: the target expert-parallel size."""
     resuming: bool = False
     """Set only in a resume job: the model is built but not loaded from the HF checkpoint (`checkpoint_dir` is)."""
 
@@ -73,6 +77,8 @@ class Job:
             pad_vocab=self.pad_vocab,
             checkpoint_dir=self.checkpoint_dir,
             resuming=self.resuming,
+            target_tps=self.target_tps,
+            target_ep=self.target_ep,
         )
 
     @property
@@ -107,4 +113,5 @@ class Job:
         data["oracles"] = tuple(data["oracles"])
         data["hooks"] = tuple(data["hooks"])
         data["resume_layouts"] = tuple(ParallelLayout.from_dict(d) for d in data.get("resume_layouts", ()))
+        data["target_tps"] = tuple(data.get("target_tps", (1,)))
         return cls(**data)

@@ -24,6 +24,7 @@ from convcheck.oracles import (
     logits,
     mapping,
     receiver,
+    reshard,
     roundtrip,
 )
 from convcheck.oracles.base import OracleInfo
@@ -42,6 +43,7 @@ _MODULES: tuple[ModuleType, ...] = (
     delta,
     broadcast,
     distckpt,
+    reshard,
 )
 """In the order a run executes them; the opt-in ones (INFO.default False) run only when named."""
 

@@ -41,6 +41,10 @@ class RankSpec:
     """distckpt oracle: the torch_dist folder to save into (first launch) or to resume from (`resuming`)."""
     resuming: bool = False
     """A resume job: the model is built but not loaded from the HF checkpoint."""
+    target_tps: tuple[int, ...] = (1,)
+    """Reshard oracle: the target TP sizes."""
+    target_ep: int = 1
+    """Reshard oracle: the target expert-parallel size."""
 
 
 def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bool = True) -> RankContext:
@@ -83,6 +87,8 @@ def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bo
         chunk_mb=spec.chunk_mb,
         checkpoint_dir=spec.checkpoint_dir,
         resuming=spec.resuming,
+        target_tps=tuple(spec.target_tps),
+        target_ep=spec.target_ep,
     )
     if load:
         progress.emit("loading the checkpoint through the bridge")

@@ -54,6 +54,10 @@ class RankContext:
     """distckpt oracle: the torch_dist folder to save into, or (when `resuming`) to load into the fresh model."""
     resuming: bool = False
     """A resume job: the model was built but not loaded from the HF checkpoint."""
+    target_tps: tuple[int, ...] = (1,)
+    """Reshard oracle: the target TP sizes to reshard to, one after the other."""
+    target_ep: int = 1
+    """Reshard oracle: the target expert-parallel size."""
 
     @property
     def is_reporter(self) -> bool:

@@ -1,0 +1,91 @@
+"""Planted reshard bugs (`--hook convcheck.mutants.reshard:NAME`): one in the real bridge's role detection, the
+others in convcheck.reshard's planner, each limited to one named tensor so several can share a launch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from convcheck.mutants import wrap
+
+REPLICATED = "decoder.layers.0.self_attention.linear_proj.weight"
+"""The tensor replicated_linear_proj misclassifies (run it at trainer TP1: the import then still fits)."""
+NO_DEINTERLEAVE = "decoder.layers.0.self_attention.linear_qkv.weight"
+KV_NOT_REPLICATED = "decoder.layers.1.self_attention.linear_qkv.weight"
+WRONG_ROW_SOURCE = "decoder.layers.1.self_attention.linear_proj.weight"
+
+
+def replicated_linear_proj() -> None:
+    """AutoMapping resolves layer 0's attention output projection (row parallel) to ReplicatedMapping."""
+    from megatron.bridge.models.conversion.param_mapping import AutoMapping
+
+    def make(original: Any) -> Any:
+        def detect(self, module):  # type: ignore[no-untyped-def]
+            return "replicated" if self.megatron_param == REPLICATED else original(self, module)
+
+        return detect
+
+    wrap(AutoMapping, "_detect_parallelism_type", make)
+
+
+def qkv_no_deinterleave() -> None:
+    """The planner reads layer 0's fused qkv as if it were [all q; all k; all v] (no per-group interleave)."""
+    from convcheck.reshard import plan
+
+    def make(original: Any) -> Any:
+        def row(role, part, head):  # type: ignore[no-untyped-def]
+            if role.name != NO_DEINTERLEAVE:
+                return original(role, part, head)
+            nh, nkv, d = role.heads
+            return {"q": head, "k": nh + head, "v": nh + nkv + head}[part] * d
+
+        return row
+
+    wrap(plan, "megatron_qkv_row", make)
+
+
+def kv_not_replicated() -> None:
+    """With fewer kv heads than target TP, layer 1's kv heads are dealt round-robin instead of replicated in blocks."""
+    from convcheck.reshard import plan
+
+    def make(original: Any) -> Any:
+        def heads(role, tp, p):  # type: ignore[no-untyped-def]
+            nkv = role.heads[1]
+            if role.name != KV_NOT_REPLICATED or nkv >= tp:
+                return original(role, tp, p)
+            return range(p % nkv, p % nkv + 1)
+
+        return heads
+
+    wrap(plan, "kv_heads_for", make)
+
+
+def wrong_row_source() -> None:
+    """Layer 1's row-parallel linear_proj pieces are read from the trainer rank of the next TP shard."""
+    from dataclasses import replace
+
+    from convcheck.reshard import plan
+
+    def make(original: Any) -> Any:
+        def plan_param(role, shards, layout, target, world):  # type: ignore[no-untyped-def]
+            out = original(role, shards, layout, target, world)
+            count = shards[0].count
+            if role.name != WRONG_ROW_SOURCE or count < 2:
+                return out
+            index = {(s.rank, s.local): s.index for s in shards}
+            pieces = []
+            for piece in out.pieces:
+                other = next(s for s in shards if s.index == (index[(piece.rank, piece.key)] + 1) % count)
+                pieces.append(replace(piece, rank=other.rank, key=other.local))
+            return replace(out, pieces=tuple(pieces))
+
+        return plan_param
+
+    wrap(plan, "plan_param", make)
+
+
+def local_expert_id() -> None:
+    """Trainer expert shards are registered under their local expert id (local_experts.N of the rank), not the
+    global one."""
+    from convcheck.reshard import roles
+
+    wrap(roles, "megatron_name", lambda original: lambda task: task.param_name)
