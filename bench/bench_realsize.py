@@ -57,8 +57,9 @@ TINY_DIMS = {
 """Widths of the tensor-count variant: every tensor of the real model, tiny."""
 
 
-def build(folder: Path, layers: int, tiny_dims: bool, experts: int, seed: int = 0) -> Path:
-    """Write the cut checkpoint (config.json + bf16 safetensors shards of <= 2 GB) unless it is already there."""
+def build(folder: Path, layers: int, tiny_dims: bool, experts: int, seed: int = 0, device: str = "cpu") -> Path:
+    """Write the cut checkpoint (config.json + bf16 safetensors shards of <= 2 GB) unless it is already there;
+    random values drawn on `device`."""
     if (folder / ".complete").exists():
         return folder
     import torch
@@ -72,7 +73,7 @@ def build(folder: Path, layers: int, tiny_dims: bool, experts: int, seed: int = 
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     folder.mkdir(parents=True, exist_ok=True)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     shard: dict[str, Any] = {}
     weight_map: dict[str, str] = {}
     files: list[tuple[str, dict[str, Any]]] = []
@@ -87,10 +88,10 @@ def build(folder: Path, layers: int, tiny_dims: bool, experts: int, seed: int = 
     size = 0
     for name, shape in shapes.items():
         if name.endswith("norm.weight"):
-            tensor = 1.0 + 0.01 * torch.randn(shape, generator=gen)
+            tensor = 1.0 + 0.01 * torch.randn(shape, generator=gen, device=device)
         else:
-            tensor = 0.02 * torch.randn(shape, generator=gen)
-        shard[name] = tensor.to(torch.bfloat16)
+            tensor = 0.02 * torch.randn(shape, generator=gen, device=device)
+        shard[name] = tensor.to(torch.bfloat16).cpu()
         size += shard[name].numel() * 2
         if size >= 2 << 30:
             flush()
@@ -126,6 +127,12 @@ def bare_roundtrip(ctx: Any) -> dict[str, Any]:
     return {"export_compare_s": round(time.perf_counter() - t0, 3), "exported": exported, "identical": same}
 
 
+def _note(partial: dict[str, Any]) -> None:
+    """One stage's numbers on stderr as soon as they exist (a run cut short still says what it measured)."""
+    sys.stderr.write(json.dumps(partial) + "\n")
+    sys.stderr.flush()
+
+
 def _timed(fn: Any) -> tuple[Any, float]:
     t0 = time.perf_counter()
     value = fn()
@@ -149,10 +156,18 @@ def main() -> None:
     from convcheck.api import run_in_ranks, verify
 
     tag = f"qwen3-30b-a3b-{'tiny-' if args.tiny_dims else ''}{args.layers}l-{args.experts}e"
-    model = args.model or str(build(Path(args.work) / tag, args.layers, args.tiny_dims, args.experts))
+    built, build_s = _timed(
+        lambda: (
+            args.model
+            or str(build(Path(args.work) / tag, args.layers, args.tiny_dims, args.experts, device=args.device))
+        )
+    )
+    model = str(built)
+    _note({"build_s": build_s})
     layout = f"tp{args.tp}ep{args.ep}"
     common = {"device": args.device, "timeout_s": args.timeout}
     bare, bare_s = _timed(lambda: run_in_ranks(f"{Path(__file__).resolve()}:bare_roundtrip", model, layout, **common))
+    _note({"bare_roundtrip_s": bare_s, "bare": bare})
     out: dict[str, Any] = {
         "bench": "realsize",
         "model": args.model or tag,
@@ -172,6 +187,7 @@ def main() -> None:
                 o.name: {"seconds": o.seconds, "verdict": o.verdict, "checked": o.checked} for o in report.oracles
             },
         }
+        _note({spec: out[f"verify[{spec}]"]})
     sys.stdout.write(json.dumps(out) + "\n")
 
 
