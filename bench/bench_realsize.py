@@ -68,10 +68,8 @@ def build(folder: Path, layers: int, tiny_dims: bool, experts: int, seed: int = 
 
     fields = {**QWEN3_30B_A3B, "num_hidden_layers": layers, "num_experts": experts, **(TINY_DIMS if tiny_dims else {})}
     fields["num_experts_per_tok"] = min(fields["num_experts_per_tok"], experts)
-    config = transformers.Qwen3MoeConfig(**fields)
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    config = transformers.Qwen3MoeConfig(**fields, architectures=["Qwen3MoeForCausalLM"], dtype="bfloat16")
+    shapes = checkpoint_shapes(fields)
     folder.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator(device=device).manual_seed(seed)
     shard: dict[str, Any] = {}
@@ -102,6 +100,33 @@ def build(folder: Path, layers: int, tiny_dims: bool, experts: int, seed: int = 
     (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=1, sort_keys=True))
     (folder / ".complete").write_text("ok\n")
     return folder
+
+
+def checkpoint_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Tensor names and shapes of a Qwen3-MoE checkpoint as published (one tensor per expert projection)."""
+    h, v, hd, inter = cfg["hidden_size"], cfg["vocab_size"], cfg["head_dim"], cfg["moe_intermediate_size"]
+    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+    out = {"model.embed_tokens.weight": (v, h)}
+    for layer in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{layer}."
+        out.update({
+            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
+            p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
+            p + "mlp.gate.weight": (cfg["num_experts"], h),
+        })  # fmt: skip
+        for e in range(cfg["num_experts"]):
+            x = f"{p}mlp.experts.{e}."
+            out.update(
+                {
+                    x + "gate_proj.weight": (inter, h),
+                    x + "up_proj.weight": (inter, h),
+                    x + "down_proj.weight": (h, inter),
+                }
+            )
+    out.update({"model.norm.weight": (h,), "lm_head.weight": (v, h)})
+    return out
 
 
 def _numel(shape: tuple[int, ...]) -> int:
