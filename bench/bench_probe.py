@@ -39,7 +39,7 @@ def _worker(args: argparse.Namespace) -> None:
         elements = 0
         for task in tasks:
             for slot in probe_task(task, rank).values():
-                elements += int(slot.positions.numel())
+                elements += slot.owned
         probe_s.append(time.perf_counter() - t0)
     if rank == 0:
         out = {

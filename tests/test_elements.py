@@ -2,24 +2,78 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from convcheck.bits import int_view
 from convcheck.oracles.elements import assemble
-from convcheck.probe.run import count_writes, decode, shard_codes, to_ranges
+from convcheck.probe import runs as runs_mod
+from convcheck.probe.run import to_ranges, where_hits, write_counts
+from convcheck.probe.runs import decode_runs, diff_positions, hf_ranges, mismatched_runs, owned, shard_codes
+from convcheck.probe.stubs import ProbeCommError
+
+
+def _expand(runs: torch.Tensor) -> tuple[list[int], list[int]]:
+    hf = [h + i for h, _, n in runs.tolist() for i in range(n)]
+    local = [loc + i for _, loc, n in runs.tolist() for i in range(n)]
+    return hf, local
 
 
 def test_codes_roundtrip_through_a_rearrangement() -> None:
     codes, dtype = shard_codes((4, 3), rank=1, numel=12)
     placeholder = torch.zeros_like(codes)
     out = torch.cat([placeholder, codes.t().contiguous().reshape(4, 3)])  # any pure rearrangement
-    positions, local = decode(out, 1, 12, dtype)
-    assert positions.tolist() == list(range(12, 24))
-    assert local.tolist() == codes.t().contiguous().reshape(-1).sub(13).tolist()
+    runs = decode_runs(out, 1, 12, dtype)
+    hf, local = _expand(runs)
+    assert hf == list(range(12, 24))
+    assert local == codes.t().contiguous().reshape(-1).sub(13).tolist()
+    assert owned(runs) == 12 and hf_ranges(runs) == [(12, 24)]
+
+
+def test_contiguous_blocks_decode_to_few_runs() -> None:
+    codes, dtype = shard_codes((4, 6), rank=0, numel=24)
+    out = torch.cat([codes[2:], torch.zeros(2, 6, dtype=dtype), codes[:2]])  # two row blocks swapped, a gap
+    assert decode_runs(out, 0, 24, dtype).tolist() == [[0, 12, 12], [24, 0, 12]]
+    assert hf_ranges(decode_runs(out, 0, 24, dtype)) == [(0, 12), (24, 36)]
+
+
+@pytest.mark.parametrize(
+    "out",
+    [
+        torch.tensor([1, 2, 30], dtype=torch.int32),  # a code past this rank's shard
+        torch.tensor([0, -5, -4], dtype=torch.int32),  # negative codes
+        torch.tensor([2**31 - 1, -(2**31), 1], dtype=torch.int32),  # a run that wraps around the code dtype
+    ],
+)
+def test_foreign_codes_are_refused(out: torch.Tensor) -> None:
+    with pytest.raises(ProbeCommError):
+        decode_runs(out, 0, 3, torch.int32)
+
+
+def test_run_compare_names_every_wrong_element(monkeypatch: pytest.MonkeyPatch) -> None:
+    weight = torch.randn(64, dtype=torch.bfloat16)
+    runs = torch.tensor([[0, 32, 16], [16, 0, 32], [48, 48, 16]])
+    real = torch.cat([weight[32:48], weight[0:32], weight[48:64]])
+    real_bits, mine_bits = int_view(real), int_view(weight)
+    assert mismatched_runs(real_bits, mine_bits, runs) == []
+    real[20] = -real[20] if real[20] != 0 else 1.0  # one wrong element in the second run (local index 4)
+    real[63] = float("nan")
+    for limit in (4096, 1):  # sliced, then batched gathers (two runs per batch)
+        monkeypatch.setattr(runs_mod, "MAX_SLICED_RUNS", limit)
+        monkeypatch.setattr(runs_mod, "GATHER_BATCH", 40)
+        bad = mismatched_runs(int_view(real), mine_bits, runs)
+        assert bad == [1, 2]
+        hf, local = diff_positions(int_view(real), mine_bits, runs[bad])
+        assert hf.tolist() == [20, 63] and local.tolist() == [4, 63]
 
 
 def test_ranges_and_counts() -> None:
     assert to_ranges(torch.tensor([0, 1, 2, 5, 6, 9])) == [(0, 3), (5, 7), (9, 10)]
-    assert count_writes(6, [[(0, 3)], [(2, 5)]]).tolist() == [1, 1, 2, 1, 1, 0]
+    pieces = write_counts(6, [[(0, 3)], [(2, 5)]])
+    assert pieces == [(0, 2, 1), (2, 3, 2), (3, 5, 1), (5, 6, 0)]
+    assert where_hits(pieces, lambda n: n == 0) == [(5, 6)]
+    assert where_hits(pieces, lambda n: n == 1) == [(0, 2), (3, 5)]
+    assert where_hits(write_counts(6, [[(0, 2), (2, 4)], [(4, 6)]]), lambda n: n == 1) == [(0, 6)]
 
 
 def _rec(task: int, writer: list, ranges: list, shape: list) -> dict:

@@ -56,8 +56,8 @@ def _verdict(findings: list[Finding], counts: dict[str, int]) -> OracleVerdict:
 
 def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[str, int]]:
     """Findings and per-task checked-element counts from every rank's records."""
-    from convcheck.probe.collect import first_outside, mask_finding, probe_failed, replica_writers
-    from convcheck.probe.run import count_writes
+    from convcheck.probe.collect import first_outside, probe_failed, ranges_finding, replica_writers
+    from convcheck.probe.run import where_hits, write_counts
 
     findings: list[Finding] = []
     counts: dict[str, int] = {}
@@ -137,13 +137,14 @@ def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[
             )
         for _, e in writers.values():
             counts[e["param"]] += e["owned"]
-        hits = count_writes(numel, [e["ranges"] for _, e in writers.values()])
-        uncovered = mask_finding(hf, "uncovered", hits.eq(0), tuple(shape), "no rank's probe writes")
+        pieces = write_counts(numel, [e["ranges"] for _, e in writers.values()])
+        gaps = where_hits(pieces, lambda n: n == 0)
+        uncovered = ranges_finding(hf, "uncovered", gaps, tuple(shape), "no rank's probe writes")
         if uncovered is not None:
             add(uncovered)
         if any("mismatch" in e for _, e in writers.values()):
             what = "written by several ranks with different bytes"
-            conflict = mask_finding(hf, "conflict", hits.gt(1), tuple(shape), what)
+            conflict = ranges_finding(hf, "conflict", where_hits(pieces, lambda n: n > 1), tuple(shape), what)
             if conflict is not None:
                 add(conflict)
     for param, n in counts.items():

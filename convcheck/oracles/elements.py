@@ -46,8 +46,8 @@ def run(ctx: RankContext) -> OracleVerdict | None:
 
 def assemble(gathered: list[list[dict[str, Any]]], source: dict[str, tuple[int, ...]]) -> tuple[list[Finding], int]:
     """Findings (gaps, overlaps, shape, never written, unexpected) and the count of elements proven written once."""
-    from convcheck.probe.collect import first_outside, mask_finding, probe_failed, replica_writers
-    from convcheck.probe.run import count_writes
+    from convcheck.probe.collect import first_outside, probe_failed, ranges_finding, replica_writers
+    from convcheck.probe.run import where_hits, write_counts
 
     findings: list[Finding] = []
     by_hf: dict[str, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
@@ -97,12 +97,14 @@ def assemble(gathered: list[list[dict[str, Any]]], source: dict[str, tuple[int, 
         numel = 1
         for d in want:
             numel *= d
-        hits = count_writes(numel, [e["ranges"] for _, e in writers.values()])
+        pieces = write_counts(numel, [e["ranges"] for _, e in writers.values()])
         bad = [
             f
             for f in (
-                mask_finding(name, "gap", hits.eq(0), want, "never written"),
-                mask_finding(name, "overlap", hits.gt(1), want, "written by more than one rank"),
+                ranges_finding(name, "gap", where_hits(pieces, lambda n: n == 0), want, "never written"),
+                ranges_finding(
+                    name, "overlap", where_hits(pieces, lambda n: n > 1), want, "written by more than one rank"
+                ),
             )
             if f is not None
         ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from convcheck.probe.run import ProbeSlot, bad_ranges, count_writes, probe_task, to_ranges
+from convcheck.probe.run import ProbeSlot, probe_task, range_labels, to_ranges, where_hits, write_counts
 from convcheck.probe.stubs import ProbeCommError, ProbeGroup, ProbeState, no_communication, probe_copy, warm
 
 __all__ = [
@@ -10,11 +10,12 @@ __all__ = [
     "ProbeGroup",
     "ProbeSlot",
     "ProbeState",
-    "bad_ranges",
-    "count_writes",
     "no_communication",
     "probe_copy",
     "probe_task",
+    "range_labels",
     "to_ranges",
     "warm",
+    "where_hits",
+    "write_counts",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from convcheck.probe.run import probe_task, to_ranges
+from convcheck.probe.runs import hf_ranges
 
 _CACHE_ATTR = "_convcheck_probe_records"
 
@@ -46,47 +47,49 @@ def collect(ctx: Any, *, with_real: bool) -> list[dict[str, Any]]:
             slot = slots.get(name)
             rec: dict[str, Any] = {**base, "hf": name}
             if slot is not None:
-                rec.update(
-                    shape=list(slot.shape), writer=[list(w) for w in slot.writer], ranges=to_ranges(slot.positions)
-                )
-                rec["owned"] = int(slot.positions.numel())
+                rec.update(shape=list(slot.shape), writer=[list(w) for w in slot.writer], ranges=hf_ranges(slot.runs))
+                rec["owned"] = slot.owned
             if with_real:
-                rec.update(_against_real(real.get(name), slot, task.param_weight))
+                rec.update(_against_real(real.get(name), slot, task.param_weight, digest=ctx.world > 1))
             records.append(rec)
     setattr(ctx, _CACHE_ATTR, (with_real, records))
     return records
 
 
-def _against_real(tensor: Any, slot: Any, weight: Any) -> dict[str, Any]:
-    """Compare this rank's probe slot with the real output bitwise; digest the real output for cross-rank checks."""
+def _against_real(tensor: Any, slot: Any, weight: Any, *, digest: bool = True) -> dict[str, Any]:
+    """Compare this rank's probe slot with the real output bitwise, run by run on the weight's device; digest the
+    real output for cross-rank checks (`digest`: several ranks export it)."""
     from convcheck.bits import describe_element, int_view, tensor_sha256, unravel_index
+    from convcheck.probe.runs import diff_positions, mismatched_runs
 
     if tensor is None:
         return {"real": None}
-    tensor = tensor.detach().cpu().contiguous()
+    tensor = tensor.detach()
     out: dict[str, Any] = {
         "real": {
             "shape": list(tensor.shape),
             "dtype": str(tensor.dtype).removeprefix("torch."),
-            "sha256": tensor_sha256(tensor),
+            "sha256": tensor_sha256(tensor) if digest else None,
         }
     }
-    if slot is None or slot.positions.numel() == 0:
+    if slot is None or slot.owned == 0:
         return out
     if tuple(tensor.shape) != tuple(slot.shape) or tensor.element_size() != weight.element_size():
         return out  # the assembler reports the shape / dtype difference
-    real_bits = int_view(tensor)[slot.positions]
-    mine_bits = int_view(weight.detach().cpu())[slot.local]
-    diff = real_bits.ne(mine_bits)
-    if bool(diff.any()):
-        bad = slot.positions[diff]
-        first, src = int(bad[0]), int(slot.local[diff][0])
+    weight = weight.detach()
+    if tensor.device != weight.device:
+        tensor = tensor.to(weight.device)
+    real_bits, mine_bits = int_view(tensor), int_view(weight)
+    bad_runs = mismatched_runs(real_bits, mine_bits, slot.runs)
+    if bad_runs:
+        bad, src = diff_positions(real_bits, mine_bits, slot.runs[bad_runs])
+        first = int(bad[0])
         out["mismatch"] = {
-            "count": int(diff.sum()),
+            "count": int(bad.numel()),
             "first": list(unravel_index(first, tuple(slot.shape))),
             "ranges": to_ranges(bad)[:64],
             "real": describe_element(tensor, first),
-            "probe": describe_element(weight.detach().cpu(), src),
+            "probe": describe_element(weight, int(src[0])),
         }
     return out
 
@@ -124,18 +127,20 @@ def probe_failed(rank: int, record: dict[str, Any]) -> Any:
     )
 
 
-def mask_finding(tensor: str, kind: str, mask: Any, shape: tuple[int, ...], what: str) -> Any:
-    """A finding naming how many HF elements `mask` marks, the first index and the ranges; None when none is."""
-    from convcheck.probe.run import bad_ranges, first_index
+def ranges_finding(tensor: str, kind: str, ranges: list[tuple[int, int]], shape: tuple[int, ...], what: str) -> Any:
+    """A finding naming how many HF elements `ranges` cover, the first index and the ranges; None when empty."""
+    from convcheck.bits import unravel_index
+    from convcheck.probe.run import range_labels
     from convcheck.verdict import Finding
 
-    if not bool(mask.any()):
+    if not ranges:
         return None
-    where = bad_ranges(mask, shape)
-    first = first_index(mask, shape)
+    where = range_labels(ranges, shape)
+    first = list(unravel_index(ranges[0][0], tuple(shape)))
+    count = sum(b - a for a, b in ranges)
     return Finding(
         tensor=tensor,
         kind=kind,
-        message=f"{int(mask.sum())} elements {what}; first at HF index {first}; ranges {', '.join(where)}",
+        message=f"{count} elements {what}; first at HF index {first}; ranges {', '.join(where)}",
         detail={"first_index": first, "ranges": where},
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from convcheck.probe.runs import decode_runs, owned, shard_codes
 from convcheck.probe.stubs import ProbeCommError, ProbeState, no_communication, probe_copy, warm
 
 
@@ -14,40 +15,20 @@ class ProbeSlot:
 
     hf_name: str
     shape: tuple[int, ...]
-    positions: Any
-    """int64 [n]: flat HF indices this rank writes, ascending."""
-    local: Any
-    """int64 [n]: flat index in this rank's Megatron shard of the element written at each position."""
+    runs: Any
+    """int64 [k, 3] on the CPU: (hf_start, local_start, length) blocks, flat HF and shard indices advancing together,
+    ascending by hf_start."""
     writer: tuple[tuple[str, int], ...]
     """The gathers (group kind, rank in group) the element went through: ranks with equal writers are replicas."""
 
-
-def shard_codes(shape: tuple[int, ...], rank: int, numel: int) -> tuple[Any, Any]:
-    """Codes `rank * numel + i + 1` (i the local flat index) shaped like the shard, and their dtype."""
-    import torch
-
-    dtype = torch.int32 if (rank + 1) * numel < 2**31 - 1 else torch.int64
-    codes = torch.arange(rank * numel + 1, rank * numel + numel + 1, dtype=dtype).reshape(shape)
-    return codes, dtype
-
-
-def decode(out: Any, rank: int, numel: int, code_dtype: Any) -> tuple[Any, Any]:
-    """(positions, local indices) of the codes in a probe output; ProbeCommError when codes are foreign."""
-    import torch
-
-    if out.dtype != code_dtype:
-        raise ProbeCommError(f"probe: output dtype {out.dtype} is not the code dtype (the mapping computed, not moved)")
-    flat = out.reshape(-1).to(torch.int64)
-    positions = flat.ne(0).nonzero().squeeze(1)
-    codes = flat[positions] - 1
-    owner = torch.div(codes, max(numel, 1), rounding_mode="floor")
-    if bool(owner.ne(rank).any()) or bool(codes.lt(0).any()):
-        raise ProbeCommError("probe: output holds codes of another rank or out of range (placeholders leaked)")
-    return positions, codes - rank * numel
+    @property
+    def owned(self) -> int:
+        """How many elements of the HF tensor this rank writes."""
+        return owned(self.runs)
 
 
 def probe_task(task: Any, rank: int) -> dict[str, ProbeSlot]:
-    """Run the task's real megatron_to_hf on a probe copy of its mapping over an index-coded shard."""
+    """Run the task's real megatron_to_hf on a probe copy of its mapping over an index-coded shard (on its device)."""
     state = ProbeState()
     warm(task.mapping, task.megatron_module)
     mapping = probe_copy(task.mapping, state)
@@ -56,7 +37,7 @@ def probe_task(task: Any, rank: int) -> dict[str, ProbeSlot]:
         codes, dtype, numel = None, None, 0
     else:
         numel = weight.numel()
-        codes, dtype = shard_codes(tuple(weight.shape), rank, numel)
+        codes, dtype = shard_codes(tuple(weight.shape), rank, numel, weight.device)
         for attr in ("tensor_model_parallel", "partition_dim", "partition_stride"):
             if hasattr(weight, attr):
                 setattr(codes, attr, getattr(weight, attr))
@@ -68,10 +49,8 @@ def probe_task(task: Any, rank: int) -> dict[str, ProbeSlot]:
     for name, tensor in (out or {}).items():
         if codes is None:
             raise ProbeCommError(f"probe: a rank without the parameter produced {name} (needs a PP broadcast)")
-        positions, local = decode(tensor, rank, numel, dtype)
-        slots[str(name)] = ProbeSlot(
-            hf_name=str(name), shape=tuple(tensor.shape), positions=positions, local=local, writer=writer
-        )
+        runs = decode_runs(tensor, rank, numel, dtype)
+        slots[str(name)] = ProbeSlot(hf_name=str(name), shape=tuple(tensor.shape), runs=runs, writer=writer)
     return slots
 
 
@@ -87,30 +66,37 @@ def to_ranges(positions: Any) -> list[tuple[int, int]]:
     return list(zip(starts.tolist(), stops.tolist()))
 
 
-def count_writes(numel: int, writers: list[list[tuple[int, int]]]) -> Any:
-    """int32 [numel]: how many writers cover each flat element (each writer a list of ranges)."""
-    import torch
-
-    delta = torch.zeros(numel + 1, dtype=torch.int32)
+def write_counts(numel: int, writers: list[list[tuple[int, int]]]) -> list[tuple[int, int, int]]:
+    """(start, stop, hits) pieces covering [0, numel): how many writers (each a list of ranges) cover each piece."""
+    delta: dict[int, int] = {0: 0, numel: 0}
     for ranges in writers:
-        if ranges:
-            r = torch.tensor(ranges, dtype=torch.int64)
-            r = r.clamp(0, numel)
-            delta.index_add_(0, r[:, 0], torch.ones(len(r), dtype=torch.int32))
-            delta.index_add_(0, r[:, 1], -torch.ones(len(r), dtype=torch.int32))
-    return delta.cumsum(0)[:numel].to(torch.int32)
+        for a, b in ranges:
+            a, b = min(max(a, 0), numel), min(max(b, 0), numel)
+            if a < b:
+                delta[a] = delta.get(a, 0) + 1
+                delta[b] = delta.get(b, 0) - 1
+    points = sorted(delta)
+    pieces, hits = [], 0
+    for a, b in zip(points, points[1:]):
+        hits += delta[a]
+        pieces.append((a, b, hits))
+    return pieces
 
 
-def first_index(mask: Any, shape: tuple[int, ...]) -> list[int]:
-    """The HF index of the first element where flat bool `mask` holds."""
+def where_hits(pieces: list[tuple[int, int, int]], holds: Any) -> list[tuple[int, int]]:
+    """Maximal half-open ranges of the pieces whose hit count satisfies `holds` (adjacent pieces merged)."""
+    out: list[tuple[int, int]] = []
+    for a, b, hits in pieces:
+        if holds(hits):
+            if out and out[-1][1] == a:
+                out[-1] = (out[-1][0], b)
+            else:
+                out.append((a, b))
+    return out
+
+
+def range_labels(ranges: list[tuple[int, int]], shape: tuple[int, ...], limit: int = 4) -> list[str]:
+    """`[i, j]..[k, l]` HF index labels of the first `limit` flat half-open ranges."""
     from convcheck.bits import unravel_index
 
-    return list(unravel_index(int(mask.nonzero()[0, 0]), tuple(shape)))
-
-
-def bad_ranges(mask: Any, shape: tuple[int, ...], limit: int = 4) -> list[str]:
-    """`[i, j]..[k, l]` HF index ranges where `mask` (flat bool) holds, the first `limit` of them."""
-    from convcheck.bits import unravel_index
-
-    runs = to_ranges(mask.nonzero().squeeze(1))
-    return [f"{list(unravel_index(a, shape))}..{list(unravel_index(b - 1, shape))}" for a, b in runs[:limit]]
+    return [f"{list(unravel_index(a, shape))}..{list(unravel_index(b - 1, shape))}" for a, b in ranges[:limit]]

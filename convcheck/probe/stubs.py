@@ -51,7 +51,7 @@ class ProbeGroup:
 class ProbeState:
     """Shared by the probe copies of one run: placeholder pool and the gathers synthesised for this task."""
 
-    pool: dict[tuple[tuple[int, ...], Any], Any] = field(default_factory=dict)
+    pool: dict[tuple[tuple[int, ...], Any, Any], Any] = field(default_factory=dict)
     writer: set[tuple[str, int]] = field(default_factory=set)
     """(group kind, this rank's index in it) for every gather of size > 1 the task went through."""
 
@@ -59,14 +59,14 @@ class ProbeState:
         """A zero tensor shaped like `like`, shared per (shape, dtype): codes are >= 1, so 0 means 'not mine'."""
         import torch
 
-        key = (tuple(like.shape), like.dtype)
+        key = (tuple(like.shape), like.dtype, like.device)
         if key not in self.pool:
-            self.pool[key] = torch.zeros(like.shape, dtype=like.dtype)
+            self.pool[key] = torch.zeros(like.shape, dtype=like.dtype, device=like.device)
         return self.pool[key]
 
     def check_pool(self) -> None:
         """Raise when a mapping wrote into a shared placeholder in place (its outputs would then lie)."""
-        for (shape, dtype), tensor in self.pool.items():
+        for (shape, dtype, _device), tensor in self.pool.items():
             if bool(tensor.ne(0).any()):
                 raise ProbeCommError(f"probe: a mapping wrote in place into a placeholder {list(shape)} {dtype}")
 

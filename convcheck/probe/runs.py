@@ -1,0 +1,141 @@
+"""Run-length probe results: (hf_start, local_start, length) blocks decoded on the device, compared slice by slice.
+
+A mapping moves contiguous blocks, so a probe output decodes into few runs where the HF flat index and the shard's
+local flat index both advance by one. Decoding is exact (every code checked through its run's endpoints); the
+compare reads every element of every run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from convcheck.probe.stubs import ProbeCommError
+
+MAX_SLICED_RUNS = 4096
+"""Above this many runs a task is compared by batched gathers instead of one slice pair per run."""
+GATHER_BATCH = 1 << 24
+"""Elements per gathered compare batch (bounds the index tensors built on the device)."""
+
+
+def shard_codes(shape: tuple[int, ...], rank: int, numel: int, device: Any = None) -> tuple[Any, Any]:
+    """Codes `rank * numel + i + 1` (i the local flat index) shaped like the shard, on `device`, and their dtype."""
+    import torch
+
+    dtype = torch.int32 if (rank + 1) * numel < 2**31 - 1 else torch.int64
+    codes = torch.arange(rank * numel + 1, rank * numel + numel + 1, dtype=dtype, device=device).reshape(shape)
+    return codes, dtype
+
+
+def decode_runs(out: Any, rank: int, numel: int, code_dtype: Any) -> Any:
+    """int64 [k, 3] CPU runs (hf_start, local_start, length) of this rank's codes in `out`; ProbeCommError when
+    a code is foreign."""
+    import torch
+
+    if out.dtype != code_dtype:
+        raise ProbeCommError(f"probe: output dtype {out.dtype} is not the code dtype (the mapping computed, not moved)")
+    flat = out.detach().reshape(-1)
+    mine = flat.ne(0)
+    follows = torch.zeros_like(mine)
+    if flat.numel() > 1:
+        follows[1:] = mine[1:] & mine[:-1] & flat[1:].sub(flat[:-1]).eq(1)
+    starts = (mine & ~follows).nonzero().squeeze(1)
+    last = torch.ones_like(mine)
+    if flat.numel() > 1:
+        last[:-1] = ~follows[1:]
+    ends = (mine & last).nonzero().squeeze(1)
+    first_code = flat[starts].to(torch.int64)
+    last_code = flat[ends].to(torch.int64)
+    runs = torch.stack([starts, first_code - 1 - rank * numel, ends - starts + 1], dim=1).cpu()
+    last_local = last_code.cpu() - 1 - rank * numel
+    # exact: codes in a run rise by one (checked per element above), so endpoints in range bound every code, and
+    # last - first == length - 1 in int64 rules out a wrap-around inside the code dtype
+    if runs.numel() and (
+        bool(runs[:, 1].lt(0).any())
+        or bool(last_local.ge(numel).any())
+        or bool(last_local.sub(runs[:, 1]).ne(runs[:, 2] - 1).any())
+    ):
+        raise ProbeCommError("probe: output holds codes of another rank or out of range (placeholders leaked)")
+    return runs
+
+
+def owned(runs: Any) -> int:
+    """How many elements the runs cover."""
+    return int(runs[:, 2].sum()) if runs.numel() else 0
+
+
+def hf_ranges(runs: Any) -> list[tuple[int, int]]:
+    """The runs' HF positions as ascending half-open (start, stop) ranges, adjacent ones merged."""
+    out: list[tuple[int, int]] = []
+    for start, _local, length in runs.tolist():
+        if out and out[-1][1] == start:
+            out[-1] = (out[-1][0], start + length)
+        else:
+            out.append((start, start + length))
+    return out
+
+
+def _expand(runs: Any, device: Any) -> tuple[Any, Any]:
+    """Per-element (hf, local) flat indices of a batch of runs, built on `device`."""
+    import torch
+
+    runs = runs.to(device)
+    lengths = runs[:, 2]
+    total = int(lengths.sum())
+    begin = torch.cumsum(lengths, 0) - lengths
+    offset = torch.arange(total, device=device) - torch.repeat_interleave(begin, lengths, output_size=total)
+    hf = torch.repeat_interleave(runs[:, 0], lengths, output_size=total) + offset
+    local = torch.repeat_interleave(runs[:, 1], lengths, output_size=total) + offset
+    return hf, local
+
+
+def _batches(runs: Any) -> list[Any]:
+    """Consecutive groups of runs of at most GATHER_BATCH elements each (a longer run is a group alone)."""
+    groups, begin, total = [], 0, 0
+    for i, length in enumerate(runs[:, 2].tolist()):
+        if total and total + length > GATHER_BATCH:
+            groups.append(runs[begin:i])
+            begin, total = i, 0
+        total += length
+    if begin < len(runs):
+        groups.append(runs[begin:])
+    return groups
+
+
+def _sliced(real_bits: Any, mine_bits: Any, runs: Any) -> list[int]:
+    """Indices of the runs whose slices differ, one slice pair compared per run."""
+    from convcheck.bits import bytes_equal
+
+    return [
+        i
+        for i, (h, loc, n) in enumerate(runs.tolist())
+        if not bytes_equal(real_bits[h : h + n], mine_bits[loc : loc + n])
+    ]
+
+
+def mismatched_runs(real_bits: Any, mine_bits: Any, runs: Any) -> list[int]:
+    """Indices of the runs whose real elements differ bitwise from the shard's (flat integer views, same device)."""
+    import torch
+
+    if len(runs) <= MAX_SLICED_RUNS:
+        return _sliced(real_bits, mine_bits, runs)
+    bad: list[int] = []
+    first = 0
+    for group in _batches(runs):
+        hf, local = _expand(group, real_bits.device)
+        if not torch.equal(real_bits[hf], mine_bits[local]):
+            bad += [first + i for i in _sliced(real_bits, mine_bits, group)]
+        first += len(group)
+    return bad
+
+
+def diff_positions(real_bits: Any, mine_bits: Any, runs: Any) -> tuple[Any, Any]:
+    """(hf, local) int64 CPU flat indices of every differing element of the given runs, ascending by hf."""
+    import torch
+
+    hfs, locals_ = [], []
+    for h, loc, n in runs.tolist():
+        diff = real_bits[h : h + n].ne(mine_bits[loc : loc + n]).nonzero().squeeze(1).cpu()
+        hfs.append(diff + h)
+        locals_.append(diff + loc)
+    empty = torch.zeros(0, dtype=torch.int64)
+    return (torch.cat(hfs) if hfs else empty), (torch.cat(locals_) if locals_ else empty)
