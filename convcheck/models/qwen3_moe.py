@@ -56,6 +56,15 @@ QWEN3_MOE_TABLE = (
     same("router_aux_loss_coef", "moe_aux_loss_coeff", note="training only"),
 )
 
+TINY_MOE = {
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 16,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+}
+"""The MoE fields both tiny Qwen3-MoE fixtures share (they differ in norm_topk_prob only)."""
+
 QWEN3_MOE = Architecture(
     hf_classes=("Qwen3MoeForCausalLM",),
     model_type="qwen3_moe",
@@ -66,22 +75,14 @@ QWEN3_MOE = Architecture(
             "qwen3-moe",
             "Qwen3MoeConfig",
             "Qwen3-MoE, 8 experts top-2, qk-norm",
-            num_experts=8,
-            num_experts_per_tok=2,
-            moe_intermediate_size=16,
-            decoder_sparse_step=1,
-            mlp_only_layers=[],
+            **TINY_MOE,
             norm_topk_prob=True,
         ),
         tiny_spec(
             "qwen3-moe-unnorm",
             "Qwen3MoeConfig",
             "Qwen3-MoE with norm_topk_prob false (top-k weights not renormalised: Megatron's pre-softmax router)",
-            num_experts=8,
-            num_experts_per_tok=2,
-            moe_intermediate_size=16,
-            decoder_sparse_step=1,
-            mlp_only_layers=[],
+            **TINY_MOE,
             norm_topk_prob=False,
         ),
     ),
