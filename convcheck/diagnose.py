@@ -28,8 +28,8 @@ class Diagnosis:
 
 
 def _rows(tensor: Any, dim: int) -> list[bytes]:
-    """Raw bytes of each slice of `tensor` along `dim` (a 1-D tensor gives one slice per element)."""
-    t = tensor.detach()
+    """Raw bytes of each slice of `tensor` along `dim` (a 1-D tensor gives one slice per element); any device."""
+    t = tensor.detach().cpu()
     if t.dim() == 0:
         return [int_view(t).numpy().tobytes()]
     t = t.movedim(dim, 0).contiguous()

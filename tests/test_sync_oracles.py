@@ -258,3 +258,25 @@ def test_planted_senders_and_receivers_are_named() -> None:
     norms = kinds("accumulate_on_reload", "idempotence")
     assert ("model.norm.weight", "not-idempotent") in norms and len(norms) == 9  # 4 norms per layer + the final one
     assert "accumulated" in message("accumulate_on_reload", "idempotence", "not-idempotent")
+
+
+def test_truncate_plant_bites_on_moe_names_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broadcast plant cuts the first up_proj it sees, an expert's on a MoE (on NCCL it once hit nothing)."""
+    import torch
+
+    from convcheck.mutants.sync import truncate_broadcast_chunk
+    from convcheck.sync import transport
+
+    monkeypatch.setattr(transport, "payload", transport.payload)  # restored after the test
+    truncate_broadcast_chunk()
+    t = torch.arange(8, dtype=torch.int16)
+    sizes = [
+        transport.payload(n, t).numel()
+        for n in (
+            "model.layers.0.self_attn.q_proj.weight",
+            "model.layers.0.mlp.experts.3.up_proj.weight",
+            "model.layers.0.mlp.experts.4.up_proj.weight",
+            "model.layers.0.mlp.experts.3.up_proj.weight",
+        )
+    ]
+    assert sizes == [16, 14, 16, 14]

@@ -32,6 +32,11 @@ DistributedOptimizer accepts only torch.cuda.*Tensor parameters (TypeError at :4
 SHARDING = {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True}
 """The optimizer checkpoint format that reshards across TP/PP/EP (megatron-core 0.19.2 rejects the default
 `fully_sharded_model_space`: "ShardedTensor.flattened_range is not supported")."""
+UPSTREAM_CHAIN = (
+    "; megatron-core cannot resume across that change: ChainedOptimizer.load_state_dict, "
+    "megatron/core/optimizer/optimizer.py:1575, reads the state of one optimizer as one, of several by index"
+)
+"""Why a resume fails when the number of chained optimizers differs (megatron-core 0.19.2)."""
 NOT_RUN_ON_CPU = "not run on CPU (CUDA-only upstream: " + ", ".join(CPU_BLOCKERS) + ")"
 
 
@@ -164,7 +169,7 @@ def apply_loaded(part: OptimizerPart, loaded: dict[str, Any]) -> str | None:
         now = len(_optimizers(part.optimizer))
         return (
             f"optimizer.load_state_dict raised {one_line(exc)} (the checkpoint holds {saved or 1} chained optimizer "
-            f"state(s), this layout builds {now})"
+            f"state(s), this layout builds {now}{UPSTREAM_CHAIN if (saved or 1) != now else ''})"
         )
     return None
 

@@ -150,13 +150,19 @@ class NoLoadWeights:
 
 
 def truncate_broadcast_chunk() -> None:
-    """The chunked broadcast cuts the last chunk of TRUNCATED two bytes short."""
+    """The chunked broadcast cuts the last chunk of the first up_proj it sends (TRUNCATED on a dense model, an
+    expert's on a MoE) two bytes short."""
     from convcheck.sync import transport
+
+    hit: list[str] = []
 
     def make(original: Any) -> Any:
         def payload(name: str, tensor: Any) -> Any:
             raw = original(name, tensor)
-            return raw[:-2] if name == TRUNCATED else raw
+            if name.endswith("up_proj.weight") and hit in ([], [name]):
+                hit[:] = [name]
+                return raw[:-2]
+            return raw
 
         return payload
 
