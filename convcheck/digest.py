@@ -16,6 +16,8 @@ from convcheck.checkpoint import Checkpoint, dtype_size, mapped_windows, open_we
 from convcheck.errors import BadInput
 
 FORMAT = "convcheck-digest/1"
+VERSION_FORMAT = "convcheck-version/1"
+"""A version folder's manifest.json (convcheck/ckpt/manifest.py): its "hash" and "tensors" read as a digest's."""
 HASH = "sha256"
 # Chosen by measurement (bench/bench_sweep.py, one thread over 1 GB of bf16 tensors from the page cache, 2-core Xeon
 # with SHA-NI shared with other jobs, 2026-11-30): sha256 705 MB/s, blake2b 681, sha1 647, sha512 451, md5 326,
@@ -139,7 +141,8 @@ def write_digest(
 
 
 def read_manifest(path: str | os.PathLike[str]) -> Manifest:
-    """Load and validate a digest manifest; BadInput names the first defect."""
+    """Load and validate a digest manifest, or the tensor part of a version folder's manifest.json; BadInput names
+    the first defect."""
     file = Path(path)
     try:
         data = json.loads(file.read_text())
@@ -147,13 +150,17 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
         raise BadInput(f"{file} is not a convcheck digest manifest: not valid JSON") from None
     except OSError as exc:
         raise BadInput(f"cannot read {file}: {exc.strerror or exc}") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
+    if not isinstance(data, dict) or data.get("format") not in (FORMAT, VERSION_FORMAT):
         found = data.get("format") if isinstance(data, dict) else None
         raise BadInput(f"{file} is not a convcheck digest manifest: format {found!r}, expected {FORMAT!r}")
     algo = data.get("hash")
     if algo not in _SUPPORTED:
         raise BadInput(f"{file}: unsupported hash {algo!r} (supported: {', '.join(sorted(_SUPPORTED))})")
-    tensors = data.get("tensors")
+    return Manifest(path=file, hash=algo, tensors=parse_entries(data.get("tensors"), algo, file))
+
+
+def parse_entries(tensors: Any, algo: str, file: Path) -> dict[str, DigestEntry]:
+    """The "tensors" object of a digest or version manifest as DigestEntry per name; BadInput on the first defect."""
     if not isinstance(tensors, dict) or not tensors:
         raise BadInput(f"{file}: 'tensors' must be a non-empty object")
     hex_len = 2 * hashlib.new(algo).digest_size
@@ -163,7 +170,7 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
         if entry is None:
             raise BadInput(f"{file}: bad entry for tensor {name!r} (needs dtype, shape and a {algo} hex digest)")
         entries[name] = entry
-    return Manifest(path=file, hash=algo, tensors=entries)
+    return entries
 
 
 def _entry(raw: Any, hex_len: int) -> DigestEntry | None:

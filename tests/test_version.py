@@ -149,6 +149,20 @@ def test_digest_that_disagrees_is_named(folder: Path, tmp_path: Path) -> None:
     assert _checks(target) == [(name, "digest-differs")]
 
 
+def test_sweep_reads_a_version_manifest(folder: Path, tmp_path: Path) -> None:
+    """`convcheck sweep` takes a version folder's manifest.json like a digest manifest: equal, then one flipped byte."""
+    from convcheck.sweep import sweep
+
+    assert sweep(folder / "manifest.json", folder).findings == ()
+    target = _copy(folder, tmp_path)
+    data = json.loads((target / "manifest.json").read_text())
+    name = sorted(data["tensors"])[3]
+    digest = data["tensors"][name]["digest"]
+    data["tensors"][name]["digest"] = ("0" if digest[0] != "0" else "1") + digest[1:]
+    (target / "manifest.json").write_text(json.dumps(data))
+    assert [f.tensor for f in sweep(target / "manifest.json", folder).findings] == [name]
+
+
 def test_truncated_shard_is_named(folder: Path, tmp_path: Path) -> None:
     target = _copy(folder, tmp_path)
     shard = sorted(target.glob("*.safetensors"))[-1]

@@ -6,19 +6,18 @@ the safetensors dtype, the shape and the sha256 of the raw stored bytes, one ten
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from convcheck.checkpoint import INDEX_NAME, dtype_size
-from convcheck.digest import HASH, DigestEntry
+from convcheck.checkpoint import INDEX_NAME
+from convcheck.digest import HASH, VERSION_FORMAT, DigestEntry, parse_entries
 from convcheck.errors import BadInput
 from convcheck.layout import ParallelLayout
 
-FORMAT = "convcheck-version/1"
+FORMAT = VERSION_FORMAT
 MANIFEST_NAME = "manifest.json"
 CHECKPOINT_SUBDIR = "ckpt"
 
@@ -84,15 +83,7 @@ def read_version_manifest(path: str | os.PathLike[str]) -> VersionManifest:
     export = data.get("export") or {}
     if not isinstance(checkpoint, dict) or not isinstance(export, dict):
         raise BadInput(f"{file}: 'checkpoint' and 'export' must be objects")
-    tensors = data.get("tensors")
-    if not isinstance(tensors, dict) or not tensors:
-        raise BadInput(f"{file}: 'tensors' must be a non-empty object")
-    entries = {}
-    for name, raw in tensors.items():
-        entry = _entry(raw)
-        if entry is None:
-            raise BadInput(f"{file}: bad entry for tensor {name!r} (needs dtype, shape and a sha256 hex digest)")
-        entries[name] = entry
+    entries = parse_entries(data.get("tensors"), algo, file)
     return VersionManifest(
         step=step,
         layout=layout,
@@ -113,18 +104,3 @@ def _layout(raw: Any, file: Path) -> ParallelLayout:
         return ParallelLayout.from_dict(raw)
     except (BadInput, TypeError, ValueError) as exc:
         raise BadInput(f"{file}: bad 'layout': {exc}") from None
-
-
-def _entry(raw: Any) -> DigestEntry | None:
-    """A DigestEntry from one tensor record, or None when a field is malformed."""
-    if not isinstance(raw, dict):
-        return None
-    dtype, shape, digest = raw.get("dtype"), raw.get("shape"), raw.get("digest")
-    if not isinstance(dtype, str) or dtype_size(dtype) is None:
-        return None
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        return None
-    hex_len = 2 * hashlib.new(HASH).digest_size
-    if not isinstance(digest, str) or len(digest) != hex_len or digest.strip("0123456789abcdef"):
-        return None
-    return DigestEntry(dtype=dtype, shape=tuple(shape), digest=digest)
