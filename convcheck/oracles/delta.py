@@ -63,7 +63,6 @@ def undo(flipped: list[tuple[Any, Any]]) -> None:
 
 def check(previous: dict[str, Any], new: dict[str, Any]) -> tuple[list[Finding], dict[str, Any]]:
     """Findings and metrics for previous + delta(previous, new) == new and the empty-delta rules."""
-    from convcheck.bits import compare_bits
 
     findings: list[Finding] = []
     try:
@@ -80,19 +79,13 @@ def check(previous: dict[str, Any], new: dict[str, Any]) -> tuple[list[Finding],
                 message="the planted in-place update does not show in the new export",
             )
         )
-    for name in sorted(set(new) | set(applied)):
-        if name not in applied or name not in new:
-            where = "the new export" if name not in applied else "previous + delta"
-            findings.append(Finding(tensor=name, kind="delta-mismatch", message=f"missing from {where}"))
-        elif (differs := compare_bits(name, new[name], applied[name])) is not None:
-            findings.append(
-                Finding(
-                    tensor=name,
-                    kind="delta-mismatch",
-                    message=f"previous + delta differs from the new export: {differs.message}",
-                    detail=differs.detail,
-                )
-            )
+    findings += _state_findings(
+        new,
+        applied,
+        "delta-mismatch",
+        lambda name: f"missing from {'the new export' if name not in applied else 'previous + delta'}",
+        "previous + delta differs from the new export",
+    )
     findings += _empty_rules(previous)
     full = sum(t.numel() * t.element_size() for t in new.values())
     metrics = {
@@ -107,7 +100,6 @@ def check(previous: dict[str, Any], new: dict[str, Any]) -> tuple[list[Finding],
 
 def _empty_rules(previous: dict[str, Any]) -> list[Finding]:
     """The delta of an unchanged state is empty; an empty delta (through the wire) changes nothing."""
-    from convcheck.bits import compare_bits
 
     findings = []
     for entry in wire.build_delta(previous, previous).entries:
@@ -122,21 +114,29 @@ def _empty_rules(previous: dict[str, Any]) -> list[Finding]:
         same = wire.apply_delta(previous, wire.decode(wire.encode(wire.Delta())))
     except wire.DeltaError as exc:
         return findings + [Finding(tensor="<delta>", kind="empty-delta-not-noop", message=str(exc))]
-    for name in sorted(set(previous) | set(same)):
-        if name not in same or name not in previous:
-            findings.append(
-                Finding(tensor=name, kind="empty-delta-not-noop", message="an empty delta added or removed this tensor")
-            )
-        elif (differs := compare_bits(name, previous[name], same[name])) is not None:
-            findings.append(
-                Finding(
-                    tensor=name,
-                    kind="empty-delta-not-noop",
-                    message=f"applying an empty delta changed it: {differs.message}",
-                    detail=differs.detail,
-                )
-            )
-    return findings
+    return findings + _state_findings(
+        previous,
+        same,
+        "empty-delta-not-noop",
+        lambda _: "an empty delta added or removed this tensor",
+        "applying an empty delta changed it",
+    )
+
+
+def _state_findings(
+    expected: dict[str, Any], actual: dict[str, Any], kind: str, absent: Any, differs_prefix: str
+) -> list[Finding]:
+    """One `kind` finding per name in only one state (`absent(name)` says why) or whose bits differ."""
+    from convcheck.bits import compare_bits
+
+    out = []
+    for name in sorted(set(expected) | set(actual)):
+        if name not in expected or name not in actual:
+            out.append(Finding(tensor=name, kind=kind, message=absent(name)))
+        elif (differs := compare_bits(name, expected[name], actual[name])) is not None:
+            message = f"{differs_prefix}: {differs.message}"
+            out.append(Finding(tensor=name, kind=kind, message=message, detail=differs.detail))
+    return out
 
 
 def run(ctx: RankContext) -> OracleVerdict | None:
