@@ -5,6 +5,8 @@ oracle (convcheck.engine.reference) whose context carries `write_manifest`; it w
 tensor: dtype, shape, sha256 of raw bytes). The main job's context carries `reference_manifest`; rank 0 digests
 its own export and names every tensor that differs; a differing tensor is then compared with the source bytes
 (first differing index, and the rearrangement from convcheck.diagnose when one explains it).
+The reference job also records per tensor whether its bytes equal the source (`source`), so the main job hashes only
+its own export, on worker threads (convcheck.hashpool); a 1-rank run is its own reference and hashes nothing.
 """
 
 from __future__ import annotations
@@ -44,13 +46,8 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     ref_path = ctx.reference_manifest
     reference = json.loads(Path(ref_path).read_text()) if ref_path and Path(ref_path).is_file() else None
     ref = (reference or {}).get("tensors", {})
-    digests: dict[str, dict[str, Any]] = {}
-    kept: dict[str, Any] = {}
-    for name, tensor in ctx.export():
-        if ctx.is_reporter:
-            digests[name] = digest(tensor)
-            if name in ref and digests[name] != ref[name]:
-                kept[name] = tensor  # only differing tensors are kept, for diagnosis without a rerun
+    self_reference = reference is None and not write_to and ctx.layout.world_size == 1
+    digests, kept = _digest_export(ctx, ref, hashed=not self_reference, against_source=bool(write_to))
     if not ctx.is_reporter:
         return None
     if write_to:
@@ -60,7 +57,7 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         manifest = {"layout": ctx.layout.to_dict(), "export_error": ctx.export_error, "tensors": digests}
         write_json_atomic(Path(write_to), {**manifest, "sources": loaded_sources()})
         return make_verdict(NAME, checked=len(digests), findings=[])
-    if reference is None and ctx.layout.world_size == 1:  # TP1 is the reference layout: nothing to launch or compare
+    if self_reference:  # TP1 is the reference layout: nothing to launch, hash or compare
         rows = tuple(TensorRow(tensor=n, shape=tuple(d["shape"]), dtype=d["dtype"], verdict="pass")
                      for n, d in sorted(digests.items()))  # fmt: skip
         return make_verdict(NAME, checked=len(digests), findings=[], rows=rows, metrics={"reference": "this run (TP1)"})
@@ -108,7 +105,7 @@ def compare(
             )
         )
     for name in sorted(set(ref) & set(source)):
-        if digest(reader.get(name)) != ref[name]:
+        if not ref[name].get("source", digest(reader.get(name)) == _bare(ref[name])):
             findings.append(
                 Finding(
                     tensor=name,
@@ -126,7 +123,7 @@ def compare(
         )
     first_differing = None
     for name in sorted(set(digests) & set(ref)):
-        if digests[name] == ref[name]:
+        if _bare(digests[name]) == _bare(ref[name]):
             continue
         first_differing = first_differing or name
         message = f"differs from the TP1 export ({_brief(digests[name])} vs TP1 {_brief(ref[name])})"
@@ -157,6 +154,46 @@ def compare(
             )
         )
     return findings
+
+
+def _digest_export(
+    ctx: RankContext, ref: dict[str, Any], hashed: bool, against_source: bool
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Collective: drain the export; rank 0 gets each tensor's digest (hashed on worker threads; only dtype and shape
+    when not `hashed`), with `source` (bytes equal to the source tensor) when `against_source`, and a CPU copy of
+    every tensor whose digest differs from `ref`."""
+    from convcheck.bits import bytes_equal
+    from convcheck.checkpoint import TensorReader
+    from convcheck.hashpool import HashPool
+
+    kept: dict[str, Any] = {}
+
+    def keep_if_differs(name: str, sha: str, cpu: Any) -> None:
+        if name in ref and ref[name].get("sha256") != sha:
+            kept[name] = cpu  # only differing tensors are kept, for diagnosis without a rerun
+
+    pool = HashPool(on_done=keep_if_differs) if ctx.is_reporter and hashed else None
+    reader = TensorReader(ctx.checkpoint) if ctx.is_reporter and against_source else None
+    digests: dict[str, dict[str, Any]] = {}
+    for name, tensor in ctx.export():
+        if not ctx.is_reporter:
+            continue
+        digests[name] = {"dtype": str(tensor.dtype).removeprefix("torch."), "shape": list(tensor.shape)}
+        if reader is not None and name in ctx.checkpoint.tensors:
+            src = reader.get(name)
+            same_kind = src.dtype == tensor.dtype and tuple(src.shape) == tuple(tensor.shape)
+            digests[name]["source"] = same_kind and bytes_equal(src.to(tensor.device), tensor)
+        if pool is not None:
+            pool.submit(name, tensor)
+    if pool is not None:
+        for name, sha in pool.results().items():
+            digests[name]["sha256"] = sha
+    return digests, kept
+
+
+def _bare(d: dict[str, Any]) -> dict[str, Any]:
+    """A manifest entry without the `source` flag (what two exports must agree on)."""
+    return {k: d[k] for k in ("dtype", "shape", "sha256") if k in d}
 
 
 def digest_cmp(a: dict[str, Any], b: dict[str, Any]) -> list[str]:

@@ -1,0 +1,78 @@
+"""sha256 of a stream of tensors on worker threads (hashlib releases the GIL), with a bound on the bytes waiting."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+DEFAULT_BUDGET = 1 << 30
+"""Bytes of CPU copies that may wait for a hashing thread."""
+
+
+def default_threads() -> int:
+    """Hashing threads: at most 4, never more than the CPUs this process may use."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(4, cpus))
+
+
+def raw_bytes(tensor: Any) -> memoryview:
+    """The raw bytes of `tensor` as a flat CPU buffer (copied off the device when needed)."""
+    from convcheck.bits import int_view
+
+    flat = tensor.detach().contiguous().reshape(-1)
+    if flat.device.type != "cpu":
+        flat = flat.cpu()
+    return memoryview(int_view(flat).numpy()).cast("B")
+
+
+class HashPool:
+    """Digest tensors as they stream: `submit` returns at once unless `budget` bytes already wait; `results` waits.
+
+    `on_done(name, sha256, cpu_tensor)` runs on the hashing thread for each tensor (keep the copy only if needed)."""
+
+    def __init__(
+        self,
+        on_done: Callable[[str, str, Any], None] | None = None,
+        threads: int | None = None,
+        budget: int = DEFAULT_BUDGET,
+    ) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=threads or default_threads(), thread_name_prefix="sha256")
+        self._room = threading.Condition()
+        self._waiting = 0
+        self._budget = budget
+        self._on_done = on_done
+        self._futures: dict[str, Future[str]] = {}
+
+    def submit(self, name: str, tensor: Any) -> None:
+        """Queue `tensor` (its bytes copied to the CPU now) for hashing under `name`."""
+        cpu = tensor.detach().contiguous().cpu()
+        size = cpu.numel() * cpu.element_size()
+        with self._room:
+            self._room.wait_for(lambda: self._waiting == 0 or self._waiting + size <= self._budget)
+            self._waiting += size
+        self._futures[name] = self._pool.submit(self._hash, name, cpu, size)
+
+    def _hash(self, name: str, cpu: Any, size: int) -> str:
+        try:
+            value = hashlib.sha256(raw_bytes(cpu)).hexdigest()
+            if self._on_done is not None:
+                self._on_done(name, value, cpu)
+            return value
+        finally:
+            with self._room:
+                self._waiting -= size
+                self._room.notify_all()
+
+    def results(self) -> dict[str, str]:
+        """Every submitted name's sha256 (waits for the threads; re-raises a hashing error)."""
+        try:
+            return {name: future.result() for name, future in self._futures.items()}
+        finally:
+            self._pool.shutdown(wait=True)
