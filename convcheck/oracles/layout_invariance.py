@@ -105,7 +105,8 @@ def compare(
             )
         )
     for name in sorted(set(ref) & set(source)):
-        if not ref[name].get("source", digest(reader.get(name)) == _bare(ref[name])):
+        recorded = ref[name].get("source")  # older manifests lack it: hash the source then
+        if not (recorded if recorded is not None else digest(reader.get(name)) == _bare(ref[name])):
             findings.append(
                 Finding(
                     tensor=name,
