@@ -286,3 +286,21 @@ def test_expert_gated_reference_packs_gate_then_up_per_etp_rank() -> None:
     fc2 = reference_shard(roles["e0.fc2"], [hf["down0"]], layout, 1)
     assert torch.equal(fc1.view(torch.int32), torch.cat([hf["gate0"][4:], hf["up0"][4:]]).view(torch.int32))
     assert torch.equal(fc2.view(torch.int32), hf["down0"][:, 4:].contiguous().view(torch.int32))
+
+
+def test_misplaced_expert_is_a_placement_finding() -> None:
+    """Plans for expert 1 on target rank 0 (EP2: rank 1 owns it) name both ranks; a correct placement is silent."""
+    from convcheck.oracles.reshard import placement_findings
+
+    roles, layout = _expert_roles(), TargetLayout(tp=2, ep=2, num_experts=EXPERTS)
+    shards, _ = _expert_trainer(1)
+    plans, _ = build_plan(roles, shards, layout, world=1)
+    assert placement_findings(plans, roles, layout, set()) == []
+    moved = [replace(p, target=0) if p.name == "e1.fc2" else p for p in plans]
+    (finding,) = placement_findings(moved, roles, layout, set())
+    assert (finding.tensor, finding.kind, finding.detail["extra"], finding.detail["missing"]) == (
+        "e1.fc2",
+        "plan-placement",
+        [0],
+        [1],
+    )
