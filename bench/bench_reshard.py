@@ -1,7 +1,7 @@
 """Benchmark: the reshard executor (slices only) against an all-gather of the whole model, in one verify launch.
 
-Usage: python bench/bench_reshard.py [--model tiny:qwen3] [--tp 2] [--ep 1] [--target-tp 1 --target-tp 4]
-       [--target-ep N] [--device auto]
+Usage: python bench/bench_reshard.py [--model tiny:qwen3] [--tp 2] [--ep 1] [--etp 1] [--target-tp 1 --target-tp 4]
+       [--target-ep N ...] [--target-etp N ...] [--device auto]
 Runs `verify --oracle reshard` once and prints one JSON object: per target layout, the bytes each target rank
 moved against its shard's bytes and against what an all-gather moves (ratios), and the executor's seconds as a
 ratio to the all-gather's, both measured on the same process group in the same run.
@@ -40,8 +40,10 @@ def main() -> int:
     parser.add_argument("--model", default="tiny:qwen3")
     parser.add_argument("--tp", type=int, default=2)
     parser.add_argument("--ep", type=int, default=1)
+    parser.add_argument("--etp", type=int, default=1)
     parser.add_argument("--target-tp", type=int, action="append")
-    parser.add_argument("--target-ep", type=int)
+    parser.add_argument("--target-ep", type=int, action="append")
+    parser.add_argument("--target-etp", type=int, action="append")
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
 
@@ -50,11 +52,12 @@ def main() -> int:
 
     report = convcheck.verify(
         args.model,
-        ParallelLayout(tp=args.tp, ep=args.ep),
+        ParallelLayout(tp=args.tp, ep=args.ep, etp=args.etp),
         oracles=["reshard"],
         device=args.device,
         target_tp=tuple(args.target_tp or (1, 4)),
         target_ep=args.target_ep,
+        target_etp=args.target_etp,
     )
     oracle = next(o for o in report.oracles if o.name == "reshard")
     out = {

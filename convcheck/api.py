@@ -64,14 +64,16 @@ def prepare(
     manifest_out: str | None = None,
     resume_layout: ParallelLayout | str | Sequence[ParallelLayout | str] | None = None,
     target_tp: int | Sequence[int] | None = None,
-    target_ep: int | None = None,
+    target_ep: int | Sequence[int] | None = None,
+    target_etp: int | Sequence[int] | None = None,
 ) -> Any:
     """Validate everything a run needs before any rank starts; return the Job (BadInput names the first problem).
 
     `sender` / `receiver` / `chunk_mb`: the weight-sync path under test (convcheck.sync; README "Weight-sync paths");
     `pad_vocab=N` builds the padded vocabulary training uses; `manifest_out` makes rank 0 write the gate manifest;
     `resume_layout`: the layout(s) the distckpt oracle resumes its checkpoint at (TP1 when not given);
-    `target_tp` / `target_ep`: the reshard oracle's target TP size(s) (all in one launch) and EP size.
+    `target_tp` / `target_ep` / `target_etp`: the reshard oracle's target TP, EP and expert-TP sizes (each one or
+    several; every combination is checked in one launch).
     """
     from convcheck.checkpoint import open_checkpoint
     from convcheck.engine.job import Job
@@ -97,7 +99,7 @@ def prepare(
         parse_hook(hook)
     sender = check_sync(names, grid, sender, receiver, chunk_mb)
     resumes = resume_layouts(names, resume_layout, checkpoint.config, experts)
-    target_tps, target_ep = reshard_targets(names, grid, target_tp, target_ep, checkpoint.config, experts)
+    targets = reshard_targets(names, target_tp, target_ep, target_etp, checkpoint.config, experts)
     gpus = visible_gpu_count() if device != "cpu" else 0
     device, reason = choose_device(device, gpus, max([grid.world_size, *(r.world_size for r in resumes)]))
     if progress is not None:
@@ -118,44 +120,62 @@ def prepare(
         pad_vocab=pad_vocab,
         manifest_out=manifest_out,
         resume_layouts=resumes,
-        target_tps=target_tps,
-        target_ep=target_ep,
+        target_tps=targets[0],
+        target_eps=targets[1],
+        target_etps=targets[2],
     )
+
+
+def _sizes(value: int | Sequence[int] | None, flag: str) -> tuple[int, ...]:
+    """One or several positive sizes as a tuple (empty when not given); BadInput naming `flag` otherwise."""
+    sizes = () if value is None else (value,) if isinstance(value, int) else tuple(value)
+    for size in sizes:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise BadInput(f"{flag} must be a positive integer, got {size!r}")
+    return tuple(dict.fromkeys(sizes))
 
 
 def reshard_targets(
     oracles: tuple[str, ...],
-    layout: ParallelLayout,
     target_tp: int | Sequence[int] | None,
-    target_ep: int | None,
+    target_ep: int | Sequence[int] | None,
+    target_etp: int | Sequence[int] | None,
     config: dict[str, Any],
     experts: str = "sequential",
-) -> tuple[tuple[int, ...], int]:
-    """The reshard oracle's target TP sizes and EP size, checked against the model (TP1, EP1 when not given)."""
-    tps = () if target_tp is None else (target_tp,) if isinstance(target_tp, int) else tuple(target_tp)
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """The reshard oracle's target TP, EP and expert-TP sizes, checked against the model ((1,) each when not given)."""
+    tps, eps, etps = (_sizes(v, f) for v, f in ((target_tp, "--target-tp"), (target_ep, "--target-ep"),
+                                                 (target_etp, "--target-etp")))  # fmt: skip
     if "reshard" not in oracles:
-        if tps or target_ep is not None:
-            raise BadInput("--target-tp / --target-ep are used only by the reshard oracle; add --oracle reshard")
-        return (1,), 1
-    if experts == "te-grouped" or layout.etp > 1:
-        raise BadInput("the reshard oracle plans sequential experts at ETP 1 only (no --experts te-grouped, --etp)")
+        if tps or eps or etps:
+            raise BadInput(
+                "--target-tp / --target-ep / --target-etp are used only by the reshard oracle; add --oracle reshard"
+            )
+        return (1,), (1,), (1,)
+    if experts == "te-grouped":
+        raise BadInput("the reshard oracle plans sequential experts only (no --experts te-grouped)")
     cfg = {**config, **(config.get("text_config") or {})}
     heads = cfg.get("num_attention_heads") or 0
     kv = cfg.get("num_key_value_heads") or heads
     ffn = [cfg[k] for k in ("intermediate_size", "moe_intermediate_size") if cfg.get(k)]
     for tp in tps or (1,):
-        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-            raise BadInput(f"--target-tp must be a positive integer, got {tp!r}")
         if heads % tp or (kv % tp and tp % kv) or any(f % tp for f in ffn):
             raise BadInput(
                 f"--target-tp {tp} must divide the {heads} heads and the MLP width(s) {ffn}, and divide or be a "
                 f"multiple of the {kv} kv heads"
             )
-    ep = 1 if target_ep is None else target_ep
     num_experts = next((cfg[k] for k in ("num_experts", "num_local_experts", "n_routed_experts") if cfg.get(k)), 0)
-    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1 or (ep > 1 and (not num_experts or num_experts % ep)):
-        raise BadInput(f"--target-ep must be a positive integer dividing the {num_experts} experts, got {ep!r}")
-    return tuple(dict.fromkeys(tps or (1,))), ep
+    for ep in eps:
+        if ep > 1 and (not num_experts or num_experts % ep):
+            raise BadInput(f"--target-ep must be a positive integer dividing the {num_experts} experts, got {ep!r}")
+    moe_ffn = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0
+    for etp in etps:
+        if etp > 1 and (not num_experts or moe_ffn % etp):
+            raise BadInput(
+                f"--target-etp {etp} must divide the expert MLP width ({moe_ffn}) of a model with experts "
+                f"({num_experts})"
+            )
+    return tps or (1,), eps or (1,), etps or (1,)
 
 
 def check_pad_vocab(pad_vocab: int | None) -> None:
@@ -251,7 +271,8 @@ def verify(
     manifest_out: str | None = None,
     resume_layout: ParallelLayout | str | Sequence[ParallelLayout | str] | None = None,
     target_tp: int | Sequence[int] | None = None,
-    target_ep: int | None = None,
+    target_ep: int | Sequence[int] | None = None,
+    target_etp: int | Sequence[int] | None = None,
 ) -> Report:
     """Build `model` sharded at `layout` through the real bridge and run the oracles; ConvcheckError on bad input."""
     job = prepare(
@@ -271,6 +292,7 @@ def verify(
         resume_layout=resume_layout,
         target_tp=target_tp,
         target_ep=target_ep,
+        target_etp=target_etp,
     )
     return run(job, log_dir=log_dir, progress=progress)
 

@@ -114,7 +114,8 @@ def convcheck_verify(
     request: pytest.FixtureRequest, convcheck_layout: ParallelLayout, tmp_path_factory: pytest.TempPathFactory
 ) -> Callable[..., Report]:
     """`convcheck_verify(model=None, layout=None, *, tp=1, pp=1, ep=1, etp=1, oracles=None, hooks=(), sender=None,
-    receiver=None, **kw) -> Report`: one real verify run (kw: device, experts, timeout_s, log_dir)."""
+    receiver=None, target_tp=None, target_ep=None, target_etp=None, **kw) -> Report`: one real verify run (target_*:
+    the reshard oracle's target sizes, one or a list each; kw: device, experts, timeout_s, log_dir)."""
     default_model = _test_model(request)
     test_layout = convcheck_layout if _layout_parametrized(request) else None
 
@@ -130,12 +131,16 @@ def convcheck_verify(
         hooks: Sequence[str | Callable[..., Any]] | str = (),
         sender: str | Callable[..., Any] | None = None,
         receiver: str | type | None = None,
+        target_tp: int | Sequence[int] | None = None,
+        target_ep: int | Sequence[int] | None = None,
+        target_etp: int | Sequence[int] | None = None,
         **kw: Any,
     ) -> Report:
         from convcheck import api
 
         grid = _choose_layout(layout, {"tp": tp, "pp": pp, "ep": ep, "etp": etp}, test_layout, ParallelLayout())
         options = {**kw, **_adapter_options(api.verify, sender=sender, receiver=receiver)}
+        options |= {"target_tp": target_tp, "target_ep": target_ep, "target_etp": target_etp}
         options.setdefault("log_dir", str(tmp_path_factory.mktemp("convcheck-verify")))
         with reaping_ranks():
             return api.verify(str(model or default_model), grid, oracles=oracles, hooks=_hook_specs(hooks), **options)

@@ -20,6 +20,8 @@ reshard-tp2|tiny:qwen3|--tp 2 --oracle reshard --target-tp 1 --target-tp 2 --tar
 reshard-ep2|tiny:qwen3-moe|--ep 2 --oracle reshard --target-tp 1 --target-tp 2 --target-tp 4 --target-ep 2
 reshard-tp2-wrong-row|tiny:qwen3|--tp 2 --oracle reshard --target-tp 1 --hook $M.reshard:wrong_row_source
 reshard-ep2-local-id|tiny:qwen3-moe|--ep 2 --oracle reshard --target-tp 1 --target-ep 2 --hook $M.reshard:local_expert_id
+reshard-tp2etp2|tiny:qwen3-moe|--tp 2 --etp 2 --oracle reshard --target-tp 1 --target-tp 2 --target-ep 1 --target-ep 2 --target-etp 1 --target-etp 2
+reshard-tp2etp2-wrong-etp-rank|tiny:qwen3-moe|--tp 2 --etp 2 --oracle reshard --target-tp 2 --target-etp 1 --hook $M.reshard:expert_row_wrong_etp_source
 sync-tp2|tiny:qwen3-moe|--tp 2 --oracle receiver,idempotence,delta,broadcast --receiver fused --chunk-mb 0.05
 sync-ep2-bucketed|tiny:qwen3-moe|--ep 2 --oracle roundtrip,receiver,broadcast --sender bucketed --chunk-mb 0.05
 sync-tp2-truncated|tiny:qwen3-moe|--tp 2 --oracle broadcast --chunk-mb 0.05 --hook $M.sync:truncate_broadcast_chunk

@@ -194,6 +194,20 @@ def test_layout_choice_and_adapter_support() -> None:
     assert _adapter_options(new_verify, sender="bucketed", receiver="hf") == {"sender": "bucketed", "receiver": "hf"}
 
 
+def test_verify_fixture_passes_reshard_targets(convcheck_verify: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """target_tp / target_ep / target_etp (one size or several each) reach the prepared job; api.run is captured, so
+    nothing launches."""
+    from convcheck import api
+
+    jobs: list[Any] = []
+    monkeypatch.setattr(api, "run", lambda job, **_: jobs.append(job) or "report")
+    targets = {"target_tp": [1, 4], "target_ep": 2, "target_etp": [1, 2]}
+    assert convcheck_verify("tiny:qwen3-moe", "tp2ep2", oracles="reshard", device="cpu", **targets) == "report"
+    assert (jobs[0].target_tps, jobs[0].target_eps, jobs[0].target_etps) == ((1, 4), (2,), (1, 2))
+    with pytest.raises(BadInput, match="used only by the reshard oracle"):
+        convcheck_verify("tiny:qwen3", oracles="coverage", device="cpu", target_ep=[1, 2])
+
+
 def test_importing_the_plugin_loads_no_heavy_module() -> None:
     code = (
         "import sys, convcheck.pytest_plugin, convcheck.testing; "

@@ -162,7 +162,9 @@ def test_target_layout_validates() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"target_tp": 2}, "--target-tp / --target-ep are used only by the reshard oracle"),
+        ({"target_tp": 2}, "--target-tp / --target-ep / --target-etp are used only by the reshard oracle"),
+        ({"oracles": "reshard", "target_etp": 2}, "--target-etp 2 must divide the expert MLP width"),
+        ({"oracles": "reshard", "target_ep": [1, 0]}, "--target-ep must be a positive integer, got 0"),
         ({"oracles": "reshard", "target_tp": 3}, "--target-tp 3 must divide the 4 heads"),
         ({"oracles": "reshard", "target_ep": 2}, "--target-ep must be a positive integer dividing the 0 experts"),
     ],
@@ -177,8 +179,13 @@ def test_bad_targets_are_bad_input(kwargs: dict, message: str) -> None:
 def test_targets_reach_the_job() -> None:
     from convcheck.api import prepare
 
-    job = prepare("tiny:qwen3-moe", "tp2ep2", oracles="reshard", device="cpu", target_tp=[4, 1, 4], target_ep=2)
-    assert (job.target_tps, job.target_ep, job.rank_spec().target_tps) == ((4, 1), 2, (4, 1))
+    job = prepare(
+        "tiny:qwen3-moe", "tp2etp2", oracles="reshard", device="cpu", target_tp=[4, 1, 4], target_ep=[2, 1],
+        target_etp=2,
+    )  # fmt: skip
+    spec = job.rank_spec()
+    assert (job.target_tps, job.target_eps, job.target_etps) == ((4, 1), (2, 1), (2,))
+    assert (spec.target_tps, spec.target_eps, spec.target_etps) == ((4, 1), (2, 1), (2,))
 
 
 @pytest.mark.parametrize("trainer_tp", [1, 2])
@@ -198,3 +205,102 @@ def test_qkv_bias_rows(trainer_tp: int, target_tp: int) -> None:
     for (target, _name), got in assembled.items():
         assert compare_bits("bias", reference_shard(role, [hf["q"], hf["k"], hf["v"]], layout, target), got) is None
     assert findings == [] and len(assembled) == target_tp
+
+
+EXPERTS, EFFN = 2, 8
+
+
+def _expert_hf() -> dict[str, torch.Tensor]:
+    """Index-coded HF expert tensors: gate/up [EFFN, H] and down [H, EFFN] per expert."""
+    out, start = {}, 10_000
+    for e in range(EXPERTS):
+        for name, shape in ((f"gate{e}", (EFFN, H)), (f"up{e}", (EFFN, H)), (f"down{e}", (H, EFFN))):
+            out[name] = torch.arange(start, start + EFFN * H, dtype=torch.float32).reshape(shape)
+            start += EFFN * H
+    return out
+
+
+def _expert_roles() -> dict[str, ParamRole]:
+    roles = {}
+    for e in range(EXPERTS):
+        roles[f"e{e}.fc1"] = ParamRole(name=f"e{e}.fc1", kind="gated", core_split="column", hf=(f"gate{e}", f"up{e}"),
+                                       hf_shapes=((EFFN, H), (EFFN, H)), expert=e)  # fmt: skip
+        roles[f"e{e}.fc2"] = ParamRole(name=f"e{e}.fc2", kind="row", core_split="row", hf=(f"down{e}",),
+                                       hf_shapes=((H, EFFN),), expert=e)  # fmt: skip
+    return roles
+
+
+def _expert_trainer(etp: int) -> tuple[dict[str, list[Shard]], dict[str, torch.Tensor]]:
+    """Trainer expert shards at expert TP `etp` (fc1 per shard [gate shard; up shard], fc2 column blocks), rank 0."""
+    hf = _expert_hf()
+    shards, tensors = {}, {}
+    n = EFFN // etp
+    for name, role in _expert_roles().items():
+        for i in range(etp):
+            if role.kind == "gated":
+                gate, up = (hf[h] for h in role.hf)
+                part = torch.cat([gate[i * n : (i + 1) * n], up[i * n : (i + 1) * n]])
+            else:
+                part = hf[role.hf[0]][:, i * n : (i + 1) * n].contiguous()
+            tensors[f"{name}@{i}"] = part
+            shards.setdefault(name, []).append(
+                Shard(rank=0, local=f"{name}@{i}", index=i, count=etp, shape=tuple(part.shape), dtype="float32")
+            )
+    return shards, tensors
+
+
+@pytest.mark.parametrize("trainer_etp", [1, 2, 4])
+@pytest.mark.parametrize(("target_ep", "target_etp"), [(1, 1), (1, 2), (2, 1), (2, 2), (1, 4), (2, 4)])
+def test_experts_between_expert_tp_sizes(trainer_etp: int, target_ep: int, target_etp: int) -> None:
+    """Trainer ETP 1/2/4 -> target EP x ETP: each target rank of the owning EP rank assembles [gate; up] rows and
+    down columns of its etp rank, bitwise the reference, moving exactly its shard's bytes."""
+    roles, hf = _expert_roles(), _expert_hf()
+    shards, tensors = _expert_trainer(trainer_etp)
+    layout = TargetLayout(tp=2, ep=target_ep, etp=target_etp, num_experts=EXPERTS)
+    plans, findings = build_plan(roles, shards, layout, world=1)
+    assert findings == [] and [coverage(p, shards) for p in plans] == [None] * len(plans)
+    assembled, moved = execute(plans, tensors, rank=0, world=1)
+    want = {(t, n) for t in range(layout.world) for n, r in roles.items() if layout.holds(t, r.expert)}
+    assert set(assembled) == want and len(want) == 4 * layout.world // target_ep
+    for (target, name), got in assembled.items():
+        expected = reference_shard(roles[name], [hf[h] for h in roles[name].hf], layout, target)
+        assert compare_bits(name, expected, got) is None, (name, target)
+    assert all(m.moved_bytes == m.shard_bytes for m in moved.values())
+
+
+def test_target_expert_grid_is_expert_tp_innermost() -> None:
+    """EP2 x ETP2 over 4 target ranks: ranks 0, 1 hold experts 0-3 (etp 0, 1), ranks 2, 3 experts 4-7."""
+    layout = TargetLayout(tp=2, ep=2, etp=2, num_experts=8)
+    assert [layout.expert_coord(r) for r in range(4)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [layout.holds(r, 7) for r in range(4)] == [False, False, True, True]
+    assert (layout.world, layout.label, layout.split(3, 7), layout.split(3, None)) == (4, "tp2ep2etp2", (1, 2), (1, 2))
+    with pytest.raises(BadInput):
+        TargetLayout(etp=2)
+
+
+def test_expert_gated_reference_packs_gate_then_up_per_etp_rank() -> None:
+    """Target ETP2 rank 1 of expert 0: [gate rows 4..7; up rows 4..7] (vLLM's w13 under TP), down columns 4..7."""
+    roles, hf = _expert_roles(), _expert_hf()
+    layout = TargetLayout(ep=1, etp=2, num_experts=EXPERTS)
+    fc1 = reference_shard(roles["e0.fc1"], [hf["gate0"], hf["up0"]], layout, 1)
+    fc2 = reference_shard(roles["e0.fc2"], [hf["down0"]], layout, 1)
+    assert torch.equal(fc1.view(torch.int32), torch.cat([hf["gate0"][4:], hf["up0"][4:]]).view(torch.int32))
+    assert torch.equal(fc2.view(torch.int32), hf["down0"][:, 4:].contiguous().view(torch.int32))
+
+
+def test_misplaced_expert_is_a_placement_finding() -> None:
+    """Plans for expert 1 on target rank 0 (EP2: rank 1 owns it) name both ranks; a correct placement is silent."""
+    from convcheck.oracles.reshard import placement_findings
+
+    roles, layout = _expert_roles(), TargetLayout(tp=2, ep=2, num_experts=EXPERTS)
+    shards, _ = _expert_trainer(1)
+    plans, _ = build_plan(roles, shards, layout, world=1)
+    assert placement_findings(plans, roles, layout, set()) == []
+    moved = [replace(p, target=0) if p.name == "e1.fc2" else p for p in plans]
+    (finding,) = placement_findings(moved, roles, layout, set())
+    assert (finding.tensor, finding.kind, finding.detail["extra"], finding.detail["missing"]) == (
+        "e1.fc2",
+        "plan-placement",
+        [0],
+        [1],
+    )

@@ -39,7 +39,8 @@ def replay_command(
     pad_vocab: int | None = None,
     resume_layouts: tuple["ParallelLayout", ...] = (),
     target_tps: tuple[int, ...] = (),
-    target_ep: int = 1,
+    target_eps: tuple[int, ...] = (),
+    target_etps: tuple[int, ...] = (),
 ) -> str:
     """One shell line that reruns exactly the failing oracles of this run (`extra`: further options, as given)."""
     import shlex
@@ -61,10 +62,9 @@ def replay_command(
         for resume in resume_layouts:
             args += ["--resume-layout", resume.spec]
     if "reshard" in oracles:
-        for tp in target_tps:
-            args += ["--target-tp", str(tp)]
-        if target_ep != 1:
-            args += ["--target-ep", str(target_ep)]
+        for flag, sizes in (("--target-tp", target_tps), ("--target-ep", target_eps), ("--target-etp", target_etps)):
+            if tuple(sizes) != (1,):
+                args += [a for size in sizes for a in (flag, str(size))]
     return shlex.join([*args, *extra])
 
 
@@ -146,8 +146,12 @@ Examples:
               "default tp1).")  # fmt: skip
 @click.option("--target-tp", "target_tps", type=click.IntRange(min=1), multiple=True,
               help="reshard oracle: the target TP size (repeatable, all in one launch; default 1).")  # fmt: skip
-@click.option("--target-ep", type=click.IntRange(min=1), default=None,
-              help="reshard oracle: the target expert-parallel size (default 1).")  # fmt: skip
+@click.option("--target-ep", "target_eps", type=click.IntRange(min=1), multiple=True,
+              help="reshard oracle: the target expert-parallel size (repeatable; every target TP x EP x ETP "
+              "in one launch; default 1).")  # fmt: skip
+@click.option("--target-etp", "target_etps", type=click.IntRange(min=1), multiple=True,
+              help="reshard oracle: the target expert-TP size, each expert split over it (repeatable; "
+              "default 1: experts whole).")  # fmt: skip
 def verify(
     model: str,
     tp: int,
@@ -171,7 +175,8 @@ def verify(
     manifest_path: str | None,
     resume_layouts: tuple["ParallelLayout", ...],
     target_tps: tuple[int, ...],
-    target_ep: int | None,
+    target_eps: tuple[int, ...],
+    target_etps: tuple[int, ...],
 ) -> None:
     """Build the sharded Megatron model from MODEL through the real bridge and run the oracles."""
     from convcheck import api
@@ -200,7 +205,8 @@ def verify(
                 manifest_out=manifest_path,
                 resume_layout=resume_layouts or None,
                 target_tp=target_tps or None,
-                target_ep=target_ep,
+                target_ep=target_eps or None,
+                target_etp=target_etps or None,
             )
             report = api.run(job, log_dir=log_dir, progress=display)
     except ConvcheckError as exc:
@@ -222,7 +228,8 @@ def verify(
                 pad_vocab,
                 job.resume_layouts,
                 job.target_tps,
-                job.target_ep,
+                job.target_eps,
+                job.target_etps,
             )
         )
     outputs = {path: render(report) for path, render in ((json_path, report_json), (junit_path, junit_xml)) if path}

@@ -55,8 +55,10 @@ class Job:
     """distckpt oracle: the layouts the engine resumes the checkpoint at, one launch each after the first."""
     target_tps: tuple[int, ...] = (1,)
     """Reshard oracle: the target TP sizes, all checked in this one launch."""
-    target_ep: int = 1
-    """Reshard oracle: the target expert-parallel size."""
+    target_eps: tuple[int, ...] = (1,)
+    """Reshard oracle: the target expert-parallel sizes (each with every target TP and ETP)."""
+    target_etps: tuple[int, ...] = (1,)
+    """Reshard oracle: the target expert-TP sizes (1: each expert whole on its target EP rank)."""
     resuming: bool = False
     """Set only in a resume job: the model is built but not loaded from the HF checkpoint (`checkpoint_dir` is)."""
 
@@ -78,7 +80,8 @@ class Job:
             checkpoint_dir=self.checkpoint_dir,
             resuming=self.resuming,
             target_tps=self.target_tps,
-            target_ep=self.target_ep,
+            target_eps=self.target_eps,
+            target_etps=self.target_etps,
         )
 
     @property
@@ -113,5 +116,6 @@ class Job:
         data["oracles"] = tuple(data["oracles"])
         data["hooks"] = tuple(data["hooks"])
         data["resume_layouts"] = tuple(ParallelLayout.from_dict(d) for d in data.get("resume_layouts", ()))
-        data["target_tps"] = tuple(data.get("target_tps", (1,)))
+        for key in ("target_tps", "target_eps", "target_etps"):
+            data[key] = tuple(data.get(key, (1,)))
         return cls(**data)

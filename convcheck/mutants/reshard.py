@@ -89,3 +89,73 @@ def local_expert_id() -> None:
     from convcheck.reshard import roles
 
     wrap(roles, "megatron_name", lambda original: lambda task: task.param_name)
+
+
+EXPERT_ROW = "decoder.layers.0.mlp.experts.local_experts.1.linear_fc2.weight"
+"""The expert down projection expert_row_wrong_etp_source reads from the wrong trainer expert-TP rank (ETP > 1)."""
+EXPERT_GATED = "decoder.layers.1.mlp.experts.local_experts.2.linear_fc1.weight"
+"""The expert gate|up projection expert_gate_up_not_deinterleaved plans as plain rows."""
+SWAPPED_EXPERT = 7
+"""The global expert id whose target placement target_expert_axes_swapped computes with EP innermost."""
+
+
+def expert_row_wrong_etp_source() -> None:
+    """Layer 0 expert 1's row-parallel linear_fc2 pieces are read from the trainer rank of the next expert-TP shard."""
+    from dataclasses import replace
+
+    from convcheck.reshard import plan
+
+    def make(original: Any) -> Any:
+        def plan_param(role, shards, layout, target, world):  # type: ignore[no-untyped-def]
+            out = original(role, shards, layout, target, world)
+            count = shards[0].count
+            if role.name != EXPERT_ROW or count < 2:
+                return out
+            index = {(s.rank, s.local): s.index for s in shards}
+            pieces = []
+            for piece in out.pieces:
+                other = next(s for s in shards if s.index == (index[(piece.rank, piece.key)] + 1) % count)
+                pieces.append(replace(piece, rank=other.rank, key=other.local))
+            return replace(out, pieces=tuple(pieces))
+
+        return plan_param
+
+    wrap(plan, "plan_param", make)
+
+
+def expert_gate_up_not_deinterleaved() -> None:
+    """Layer 1 expert 2's linear_fc1 is planned as plain column rows of the trainer's fc1 shards (each packed
+    [gate shard; up shard]), so a target expert-TP rank gets a block of that packing, not [its gate; its up]."""
+    from dataclasses import replace
+
+    from convcheck.reshard import plan
+
+    def make(original: Any) -> Any:
+        def plan_param(role, shards, layout, target, world):  # type: ignore[no-untyped-def]
+            if role.name != EXPERT_GATED:
+                return original(role, shards, layout, target, world)
+            (gate, _up), rows = role.hf_shapes, sum(s[0] for s in role.hf_shapes)
+            plain = replace(role, kind="column", hf_shapes=((rows, *gate[1:]),))
+            return original(plain, shards, layout, target, world)
+
+        return plan_param
+
+    wrap(plan, "plan_param", make)
+
+
+def target_expert_axes_swapped() -> None:
+    """The planner places expert 7 on the target grid with EP innermost (ep rank r % ep, etp rank (r // ep) % etp)
+    instead of expert TP innermost."""
+    from convcheck.reshard import plan
+
+    def make(original: Any) -> Any:
+        def placement(layout, target, expert):  # type: ignore[no-untyped-def]
+            if expert != SWAPPED_EXPERT:
+                return original(layout, target, expert)
+            ep_rank, etp_rank = target % layout.ep, (target // layout.ep) % layout.etp
+            per_rank = layout.num_experts // layout.ep
+            return (etp_rank, layout.etp) if ep_rank * per_rank <= expert < (ep_rank + 1) * per_rank else None
+
+        return placement
+
+    wrap(plan, "placement", make)

@@ -3,6 +3,7 @@ shards, equal bitwise the reference target shards computed from the HF tensors (
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
@@ -13,13 +14,15 @@ from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
 NAME = "reshard"
 INFO = OracleInfo(
     name=NAME,
-    proves="for each --target-tp (and --target-ep), every target rank's shard of every parameter, assembled over "
-    "torch.distributed from only the slices of the trainer ranks' loaded shards its plan names (roles from the "
-    "bridge mapping classes: fused qkv with GQA and kv replication, gate|up, column/vocab, row, replicated, "
-    "experts), equals bitwise the shard computed from the HF tensors; the plan covers every element exactly "
-    "once; no target rank moves more than its shard's bytes; the bridge's role agrees with megatron-core's",
-    does_not_prove="an inference engine's own loader or kernels, quantized or fused-MoE target layouts, expert "
-    "TP on the target (experts land whole), trainer ETP > 1; the target ranks are simulated on the trainer ranks",
+    proves="for each target layout (every --target-tp x --target-ep x --target-etp), every target rank's shard of "
+    "every parameter, assembled over torch.distributed from only the slices of the trainer ranks' loaded shards "
+    "its plan names (roles from the bridge mapping classes: fused qkv with GQA and kv replication, gate|up, "
+    "column/vocab, row, replicated, experts per EP rank, split over expert TP on either side), equals bitwise the "
+    "shard computed from the HF tensors; each target rank gets exactly the parameters the target layout gives "
+    "it; the plan covers every element exactly once; no target rank moves more than its shard's bytes; the "
+    "bridge's role agrees with megatron-core's",
+    does_not_prove="an inference engine's own loader or kernels, quantized or fused-MoE (3-D w13/w2) target "
+    "layouts, --experts te-grouped; the target ranks are simulated on the trainer ranks",
     default=False,
 )
 
@@ -37,8 +40,8 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     rows: list[tuple[str, str]] = []
     metrics: dict[str, Any] = {}
     checked = 0
-    for tp in ctx.target_tps:
-        layout = TargetLayout(tp=tp, ep=ctx.target_ep, num_experts=experts)
+    for tp, ep, etp in itertools.product(ctx.target_tps, ctx.target_eps, ctx.target_etps):
+        layout = TargetLayout(tp=tp, ep=ep, etp=etp, num_experts=experts)
         found, counted, seen, measured = _one_layout(ctx, roles, shards, tensors, layout)
         findings += found
         checked += counted
@@ -105,6 +108,7 @@ def _one_layout(
         findings = []
     else:
         findings += [f for f in (coverage(p, shards) for p in plans) if f is not None]
+        findings += placement_findings(plans, roles, layout, {f.tensor for f in findings})
     started = time.perf_counter()
     assembled, moved = execute(plans, tensors, ctx.rank, ctx.world, ctx.group("world"))
     seconds = time.perf_counter() - started
@@ -137,6 +141,36 @@ def _one_layout(
     }
     measured = {"targets": targets, "seconds": round(seconds, 6), "allgather_seconds": round(baseline_s, 6)}
     return findings, len(assembled), rows, {**measured, "allgather_received": {ctx.rank: baseline_bytes}}
+
+
+def placement_findings(plans: list[Any], roles: dict[str, Any], layout: Any, skipped: set[str]) -> list[Finding]:
+    """A finding per parameter whose planned target ranks differ from the ranks the reference layout gives it."""
+    planned: dict[str, set[int]] = {}
+    for plan in plans:
+        planned.setdefault(plan.name, set()).add(plan.target)
+    out = []
+    for name, role in sorted(roles.items()):
+        if name in skipped and name not in planned:
+            continue
+        want = {t for t in range(layout.world) if layout.holds(t, role.expert)}
+        got = planned.get(name, set())
+        if got != want:
+            extra, missing = sorted(got - want), sorted(want - got)
+            out.append(
+                Finding(
+                    tensor=name,
+                    kind="plan-placement",
+                    message=f"target {layout.label}: planned on target rank(s) {extra} that do not hold it, "
+                    f"not planned on {missing} that do",
+                    detail={
+                        "target": layout.label,
+                        "target_rank": (extra or missing)[0],
+                        "extra": extra,
+                        "missing": missing,
+                    },
+                )
+            )
+    return out
 
 
 def _allgather_bytes(roles: dict[str, Any], shards: dict[str, Any]) -> int:

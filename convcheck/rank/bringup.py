@@ -43,8 +43,10 @@ class RankSpec:
     """A resume job: the model is built but not loaded from the HF checkpoint."""
     target_tps: tuple[int, ...] = (1,)
     """Reshard oracle: the target TP sizes."""
-    target_ep: int = 1
-    """Reshard oracle: the target expert-parallel size."""
+    target_eps: tuple[int, ...] = (1,)
+    """Reshard oracle: the target expert-parallel sizes (each with every target TP and ETP)."""
+    target_etps: tuple[int, ...] = (1,)
+    """Reshard oracle: the target expert-TP sizes (1: each expert whole on its target EP rank)."""
 
 
 def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bool = True) -> RankContext:
@@ -88,7 +90,8 @@ def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bo
         checkpoint_dir=spec.checkpoint_dir,
         resuming=spec.resuming,
         target_tps=tuple(spec.target_tps),
-        target_ep=spec.target_ep,
+        target_eps=tuple(spec.target_eps),
+        target_etps=tuple(spec.target_etps),
     )
     if load:
         progress.emit("loading the checkpoint through the bridge")

@@ -56,8 +56,10 @@ class RankContext:
     """A resume job: the model was built but not loaded from the HF checkpoint."""
     target_tps: tuple[int, ...] = (1,)
     """Reshard oracle: the target TP sizes to reshard to, one after the other."""
-    target_ep: int = 1
-    """Reshard oracle: the target expert-parallel size."""
+    target_eps: tuple[int, ...] = (1,)
+    """Reshard oracle: the target expert-parallel sizes (each with every target TP and ETP)."""
+    target_etps: tuple[int, ...] = (1,)
+    """Reshard oracle: the target expert-TP sizes (1: each expert whole on its target EP rank)."""
 
     @property
     def is_reporter(self) -> bool:

@@ -86,17 +86,42 @@ def _rows(shards: list[Shard], prefer: int, start: int, stop: int, at: int) -> l
     return pieces
 
 
+def placement(layout: TargetLayout, target: int, expert: int | None) -> tuple[int, int] | None:
+    """The planner's (split index, split count) of `target` for a dense parameter (tp) or global expert `expert`
+    (etp, expert TP innermost in the target grid); None when `target` does not hold that expert."""
+    if expert is None:
+        return target % layout.tp, layout.tp
+    etp_rank, ep_rank = target % layout.etp, (target // layout.etp) % layout.ep
+    per_rank = layout.num_experts // layout.ep
+    return (etp_rank, layout.etp) if ep_rank * per_rank <= expert < (ep_rank + 1) * per_rank else None
+
+
+def gated_pieces(shards: list[Shard], prefer: int, p: int, n: int) -> list[Piece]:
+    """Target rows [gate rows p*n..; up rows p*n..] from trainer shards each packed [gate shard; up shard]."""
+    first = shards[0]
+    half = first.shape[0] // 2
+    pieces = []
+    for at, offset in ((0, 0), (n, half)):
+        for index, lo, hi in spans(p * n, (p + 1) * n, half):
+            s = source(shards, index, prefer)
+            rest = tuple((0, k) for k in s.shape[1:])
+            pieces.append(Piece(s.rank, s.local, ((offset + lo, offset + hi), *rest), ((at, at + hi - lo), *rest)))
+            at += hi - lo
+    return pieces
+
+
 def plan_param(role: ParamRole, shards: list[Shard], layout: TargetLayout, target: int, world: int) -> ParamPlan:
-    """Target rank `target`'s plan for `role`, read from the trainer `shards` (every shard index present)."""
-    prefer, p, tp = host(target, world), target % layout.tp, layout.tp
+    """Target rank `target`'s plan for `role`, read from the trainer `shards` (every shard index present); an
+    expert is split over the target's etp as a dense tensor over its tp."""
+    prefer = host(target, world)
+    p, tp = placement(layout, target, role.expert) or (0, 1)
     first = shards[0]
     full = role.hf_shapes[0]
-    if role.expert is not None or role.kind == "replicated":
-        shape = (sum(s[0] for s in role.hf_shapes), *full[1:]) if role.kind == "gated" else full
+    if role.kind == "replicated":
         s = source(shards, None, prefer)
         box = tuple((0, n) for n in s.shape)
         return ParamPlan(
-            name=role.name, target=target, shape=shape, dtype=first.dtype, pieces=(Piece(s.rank, s.local, box, box),)
+            name=role.name, target=target, shape=full, dtype=first.dtype, pieces=(Piece(s.rank, s.local, box, box),)
         )
     pieces: list[Piece] = []
     if role.kind == "qkv":
@@ -110,13 +135,7 @@ def plan_param(role: ParamRole, shards: list[Shard], layout: TargetLayout, targe
         shape = (len(wanted) * d, *full[1:])
     elif role.kind == "gated":
         n = full[0] // tp
-        half = first.shape[0] // 2
-        for at, offset in ((0, 0), (n, half)):
-            for index, lo, hi in spans(p * n, (p + 1) * n, half):
-                s = source(shards, index, prefer)
-                rest = tuple((0, k) for k in s.shape[1:])
-                pieces.append(Piece(s.rank, s.local, ((offset + lo, offset + hi), *rest), ((at, at + hi - lo), *rest)))
-                at += hi - lo
+        pieces = gated_pieces(shards, prefer, p, n)
         shape = (2 * n, *full[1:])
     else:
         dim = 0 if role.kind == "column" else 1
@@ -144,18 +163,14 @@ def build_plan(
     for name in sorted(roles):
         role, held = roles[name], shards.get(name, [])
         count = held[0].count if held else 0
-        if role.expert is not None and count != 1:
-            findings.append(Finding(tensor=name, kind="unplannable", message=f"experts split over {count} ETP ranks"))
-            continue
-        whole = role.kind == "replicated" or role.expert is not None
-        missing = [] if whole else sorted(set(range(count)) - {s.index for s in held})
+        missing = [] if role.kind == "replicated" else sorted(set(range(count)) - {s.index for s in held})
         if not held or missing:
             findings.append(
                 Finding(tensor=name, kind="no-source", message=f"no trainer rank holds shard(s) {missing} of {count}")
             )
             continue
         for target in range(layout.world):
-            if layout.holds(target, role.expert):
+            if placement(layout, target, role.expert) is not None:
                 plans.append(plan_param(role, held, layout, target, world))
     plans.sort(key=lambda plan: (plan.target, plan.name))
     return plans, findings

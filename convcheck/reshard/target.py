@@ -1,13 +1,15 @@
-"""The reference target shards: what a rollout rank at target TP/EP holds, computed straight from the HF tensors.
+"""The reference target shards: what a rollout rank at target TP/EP/ETP holds, computed straight from the HF tensors.
 
-Per role, for target rank r with tp rank p = r % tp (shapes for a [rows, cols] HF weight):
+Target rank r has tp rank p = r % tp for dense tensors, and for experts etp rank q = r % etp and ep rank
+(r // etp) % ep (expert TP innermost, as Megatron orders its expert grid; world lcm(tp, ep * etp)). Per role (shapes
+for a [rows, cols] HF weight), with (i, n) = (p, tp) for a dense tensor and (q, etp) for an expert's:
 - qkv: [q heads of p; k heads; v heads], [(nh/tp + 2 * kvh) * d, hidden], kvh = nkv/tp, or 1 when nkv < tp:
   the kv head p // (tp / nkv), replicated on tp / nkv ranks;
-- gated: [gate rows of p; up rows of p], [2 * ffn/tp, hidden];
-- column (vocab too): rows [p*n, (p+1)*n), n = ceil(rows/tp), rows past the end zero: [n, cols];
-- row: the same along cols: [rows, ceil(cols/tp)];
+- gated: [gate rows of i; up rows of i], [2 * ffn/n, hidden] (vLLM's w13 under TP: gate|up packed per rank);
+- column (vocab too): rows [i*m, (i+1)*m), m = ceil(rows/n), rows past the end zero: [m, cols];
+- row: the same along cols: [rows, ceil(cols/n)] (an expert's down projection: vLLM's w2 under TP);
 - replicated: the whole tensor;
-- experts: whole (expert TP 1) on the target ranks whose ep rank r % ep owns them (experts/ep consecutive ids).
+- experts: only on the target ranks whose ep rank owns them (experts/ep consecutive global ids), split over etp.
 Written independently of the planner (plan.py reads Megatron's interleaved layout; this reads HF's).
 """
 
@@ -22,34 +24,46 @@ from convcheck.errors import BadInput
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TargetLayout:
-    """A rollout engine's layout: `tp` ranks per dense tensor, experts over `ep` ranks; lcm(tp, ep) ranks."""
+    """A rollout engine's layout: `tp` ranks per dense tensor, experts over `ep` ranks, each split over `etp`."""
 
     tp: int = 1
     ep: int = 1
+    etp: int = 1
+    """Expert TP: ranks one expert is split over (1: whole on its EP rank; vLLM without EP: etp = tp)."""
     num_experts: int = 0
     """Experts per MoE layer (0: a dense model)."""
 
     def __post_init__(self) -> None:
-        for field_name in ("tp", "ep"):
+        for field_name in ("tp", "ep", "etp"):
             value = getattr(self, field_name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise BadInput(f"target {field_name} must be a positive integer, got {value!r}")
         if self.ep > 1 and (self.num_experts == 0 or self.num_experts % self.ep):
             raise BadInput(f"target ep {self.ep} must divide the number of experts ({self.num_experts})")
+        if self.etp > 1 and self.num_experts == 0:
+            raise BadInput(f"target etp {self.etp} needs a model with experts")
 
     @property
     def world(self) -> int:
-        return math.lcm(self.tp, self.ep)
+        return math.lcm(self.tp, self.ep * self.etp)
 
     @property
     def label(self) -> str:
-        return f"tp{self.tp}" + (f"ep{self.ep}" if self.ep > 1 else "")
+        return f"tp{self.tp}" + (f"ep{self.ep}" if self.ep > 1 else "") + (f"etp{self.etp}" if self.etp > 1 else "")
+
+    def expert_coord(self, rank: int) -> tuple[int, int]:
+        """(ep rank, etp rank) of target `rank`: expert TP innermost."""
+        return (rank // self.etp) % self.ep, rank % self.etp
 
     def holds(self, rank: int, expert: int | None) -> bool:
         """Whether target `rank` holds a dense parameter (expert None) or global expert `expert`."""
         if expert is None:
             return True
-        return expert // (self.num_experts // self.ep) == rank % self.ep
+        return expert // (self.num_experts // self.ep) == self.expert_coord(rank)[0]
+
+    def split(self, rank: int, expert: int | None) -> tuple[int, int]:
+        """(index, count) of target `rank`'s split of a dense parameter (tp) or an expert's (etp)."""
+        return (rank % self.tp, self.tp) if expert is None else (self.expert_coord(rank)[1], self.etp)
 
 
 def reference_kind(role: Any) -> str:
@@ -61,9 +75,8 @@ def reference_shard(role: Any, hf: list[Any], layout: TargetLayout, rank: int) -
     """Target rank `rank`'s shard of `role` from its HF tensors `hf` (in role.hf order)."""
     import torch
 
-    kind, p, tp = reference_kind(role), rank % layout.tp, layout.tp
-    if role.expert is not None:
-        return torch.cat(hf, 0) if kind == "gated" else hf[0].clone()
+    kind = reference_kind(role)
+    p, tp = layout.split(rank, role.expert)
     if kind == "qkv":
         nh, nkv, d = role.heads
         q, k, v = hf
