@@ -149,7 +149,44 @@ def bare_roundtrip(ctx: Any) -> dict[str, Any]:
         exported += 1
         if reader is not None and name in ctx.checkpoint.tensors:
             same += bytes_equal(reader.get(name).to(tensor.device), tensor)
-    return {"export_compare_s": round(time.perf_counter() - t0, 3), "exported": exported, "identical": same}
+    from convcheck.ckpt.memory import memory_mb
+
+    seconds = round(time.perf_counter() - t0, 3)
+    peak = memory_mb().get("VmHWM", -1.0)
+    return {"export_compare_s": seconds, "exported": exported, "identical": same, "rank0_peak_MB": peak}
+
+
+ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8}
+"""Bytes per element of the safetensors dtypes a checkpoint here holds."""
+
+
+def memory_goal(folder: Path, tp: int, ep: int) -> dict[str, float]:
+    """Rank 0's share of the checkpoint (dense / tp, experts / (ep * tp)), its largest tensor, and the goal
+    share + 2 x largest + 1 GB, in MB."""
+    import json as _json
+
+    from safetensors import safe_open
+
+    index = folder / "model.safetensors.index.json"
+    files = sorted(set(_json.loads(index.read_text())["weight_map"].values())) if index.exists() else []
+    dense = experts = largest = 0
+    for file in files or ["model.safetensors"]:
+        with safe_open(str(folder / file), framework="pt") as f:
+            for name in f.keys():
+                piece = f.get_slice(name)
+                nbytes = _numel(tuple(piece.get_shape())) * ITEMSIZE.get(piece.get_dtype(), 4)
+                largest = max(largest, nbytes)
+                if ".mlp.experts." in name:
+                    experts += nbytes
+                else:
+                    dense += nbytes
+    share = dense / tp + experts / (ep * tp)
+    mb = 1 << 20
+    return {
+        "rank0_share_MB": round(share / mb, 1),
+        "largest_tensor_MB": round(largest / mb, 1),
+        "goal_MB": round((share + 2 * largest + (1 << 30)) / mb, 1),
+    }
 
 
 def _note(partial: dict[str, Any]) -> None:
@@ -200,6 +237,7 @@ def main() -> None:
         "device": args.device,
         "bare_roundtrip_s": bare_s,
         "bare": bare,
+        "memory_goal": memory_goal(Path(model), args.tp, args.ep),
     }
     for spec in args.runs.split(";"):
         oracles = None if spec == "default" else spec
@@ -208,6 +246,8 @@ def main() -> None:
             "seconds": seconds,
             "ratio": round(seconds / bare_s, 3),
             "verdict": report.verdict,
+            "rank0_peak_MB": max(report.rank0_peak_MB.values(), default=-1.0),
+            "rank0_peak_MB_by_phase": report.rank0_peak_MB,
             "oracles": {
                 o.name: {"seconds": o.seconds, "verdict": o.verdict, "checked": o.checked} for o in report.oracles
             },

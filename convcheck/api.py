@@ -250,6 +250,7 @@ def run(job: Any, log_dir: str | None = None, progress: ProgressSink | None = No
         seconds=time.perf_counter() - started,
         causes=tuple(explain(job.model_path, verdicts)),
         device_reason=job.device_reason,
+        rank0_peak_MB=dict(result.get("rank0_peak_MB", {})),
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from convcheck.bits import int_view
 
@@ -172,9 +172,24 @@ def diagnose(name: str, expected: Any, actual: Any, others: Mapping[str, Any] | 
     return None
 
 
-def sibling_names(name: str, names: list[str], limit: int = 32) -> list[str]:
+def sibling_names(name: str, names: Iterable[str], limit: int = 32) -> list[str]:
     """Source tensors an export bug may have taken rows from: same module, or the same name up to numbers."""
-    parent = name.rsplit(".", 2)[0]
-    pattern = _strip_digits(name)
-    out = [n for n in names if n != name and (n.rsplit(".", 2)[0] == parent or _strip_digits(n) == pattern)]
-    return sorted(out)[:limit]
+    return SiblingIndex(names).siblings(name, limit)
+
+
+class SiblingIndex:
+    """The names bucketed (sorted) by module and by digit-free pattern: each `siblings` call costs O(limit), so
+    diagnosing every tensor of a large checkpoint stays linear in its tensor count."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self._by_parent: dict[str, list[str]] = {}
+        self._by_pattern: dict[str, list[str]] = {}
+        for n in sorted(set(names)):
+            self._by_parent.setdefault(n.rsplit(".", 2)[0], []).append(n)
+            self._by_pattern.setdefault(_strip_digits(n), []).append(n)
+
+    def siblings(self, name: str, limit: int = 32) -> list[str]:
+        """What `sibling_names(name, names, limit)` returns: the first `limit` of each sorted bucket suffice."""
+        heads = self._by_parent.get(name.rsplit(".", 2)[0], [])[: limit + 1]
+        heads += self._by_pattern.get(_strip_digits(name), [])[: limit + 1]
+        return sorted({n for n in heads if n != name})[:limit]

@@ -113,6 +113,8 @@ class Report:
     """One line per cause that explains many findings at once (shown before them)."""
     device_reason: str = ""
     """Why the run used `device` (requested, or what --device auto decided)."""
+    rank0_peak_MB: dict[str, float] = field(default_factory=dict)
+    """Rank 0's RSS high-water mark per phase (bring_up, then each oracle), in MB; not part of to_dict."""
 
     @property
     def verdict(self) -> str:

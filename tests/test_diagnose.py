@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from convcheck.diagnose import diagnose, sibling_names
+from convcheck.diagnose import SiblingIndex, _strip_digits, diagnose, sibling_names
 from convcheck.fixtures.values import distinct_values
 
 Q = "model.layers.0.self_attn.q_proj.weight"
@@ -103,3 +103,19 @@ def test_sibling_names() -> None:
     names = [Q, K, GATE, UP, "m.layers.1.mlp.experts.4.up_proj.weight", "m.layers.1.mlp.experts.0.up_proj.weight"]
     assert K in sibling_names(Q, names)
     assert "m.layers.1.mlp.experts.4.up_proj.weight" in sibling_names("m.layers.1.mlp.experts.0.up_proj.weight", names)
+
+
+def _brute_siblings(name: str, names: list[str], limit: int) -> list[str]:
+    """The definition: every other name of the same module or the same digit-free pattern, sorted, first `limit`."""
+    parent, pattern = name.rsplit(".", 2)[0], _strip_digits(name)
+    out = [n for n in names if n != name and (n.rsplit(".", 2)[0] == parent or _strip_digits(n) == pattern)]
+    return sorted(out)[:limit]
+
+
+def test_sibling_index_equals_the_full_scan_for_every_name() -> None:
+    names = [f"m.layers.{i}.mlp.experts.{e}.{p}_proj.weight" for i in range(3) for e in range(40) for p in "gud"]
+    names += [f"m.layers.{i}.self_attn.{p}_proj.weight" for i in range(3) for p in "qkvo"] + ["m.norm.weight"]
+    index = SiblingIndex(names)
+    for limit in (1, 5, 32):
+        for name in names[::7] + ["m.layers.9.self_attn.q_proj.weight"]:
+            assert index.siblings(name, limit) == _brute_siblings(name, names, limit), (name, limit)

@@ -14,7 +14,7 @@ import pytest
 from convcheck.errors import BadInput
 from convcheck.gate.allow import load_allow, triage
 from convcheck.gate.case import Case, default_matrix, select
-from convcheck.gate.check import KINDS, compare
+from convcheck.gate.check import KINDS, compare, renamed
 from convcheck.gate.manifest import build_manifest, dumps, load_manifest
 from convcheck.layout import ParallelLayout
 from tests.helpers import ROOT
@@ -59,6 +59,17 @@ def test_renamed_tensor_is_named_once_with_its_new_name() -> None:
     diffs = compare(manifest(), now)
     assert kinds(diffs) == [("tensor-renamed", "w.a")]
     assert "renamed to w.renamed" in diffs[0].message and diffs[0].case == "qwen3/tp2"
+
+
+def test_renames_pair_in_name_order_by_bytes_in_linear_time() -> None:
+    entry = {"dtype": "bfloat16", "shape": [2, 2]}
+    old = {f"a.{i:05d}": {**entry, "sha256": f"h{i % 3}"} for i in range(20000)}
+    new = {f"b.{i:05d}": {**entry, "sha256": f"h{i % 3}"} for i in range(19999)}
+    new["b.extra"] = {**entry, "sha256": "other"}
+    twins = renamed(sorted(old), sorted(new), old, new)
+    assert len(twins) == 19999 and "a.19999" not in twins and "b.extra" not in twins.values()
+    assert twins["a.00000"] == "b.00000" and twins["a.00004"] == "b.00004"  # first unpaired twin, in name order
+    assert all(old[a]["sha256"] == new[b]["sha256"] for a, b in twins.items())
 
 
 def test_changed_bytes_name_the_tensor_and_the_oracle_finding_that_explains_them() -> None:

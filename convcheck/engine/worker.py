@@ -34,6 +34,7 @@ def run_job(job: Job) -> dict[str, Any] | None:
 
         recorder = ManifestRecorder.start(ctx)  # taps the export stream the oracles drain anyway
     verdicts = []
+    memory = {"bring_up": peak_mb()}
     for name, oracle in zip(job.oracles, oracles, strict=True):
         ctx.phase = f"oracle {name}"
         ctx.progress.emit(ctx.phase)
@@ -41,6 +42,7 @@ def run_job(job: Job) -> dict[str, Any] | None:
         verdict = oracle(ctx)
         if verdict is not None:
             verdicts.append({**verdict.to_dict(), "seconds": round(time.perf_counter() - t0, 3)})
+        memory[name] = peak_mb()
     if recorder is not None:
         recorder.finish(job, verdicts)
     if ctx.rank != 0:
@@ -50,7 +52,17 @@ def run_job(job: Job) -> dict[str, Any] | None:
         "versions": versions(),
         "oracles": verdicts,
         "seconds": round(time.perf_counter() - started, 3),
+        "rank0_peak_MB": memory,
     }
+
+
+def peak_mb() -> float:
+    """This process's RSS high-water mark since the last call, in MB (-1 where unknown); starts a new one."""
+    from convcheck.ckpt.memory import memory_mb, reset_peak
+
+    peak = memory_mb().get("VmHWM", -1.0)
+    reset_peak()
+    return peak
 
 
 def _run_function(job: Job, ctx: Any, function: Any, started: float) -> dict[str, Any] | None:

@@ -83,8 +83,24 @@ def _brief(entry: dict[str, Any]) -> str:
     return f"{entry['dtype']} {entry['shape']} sha256 {entry['sha256'][:12]}"
 
 
-def _same_bytes(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return all(a.get(k) == b.get(k) for k in ("dtype", "shape", "sha256"))
+def _bytes_key(entry: dict[str, Any]) -> tuple[Any, ...]:
+    """(dtype, shape, sha256) of a manifest entry, hashable: equal keys mean the same bytes."""
+    shape = entry.get("shape")
+    return entry.get("dtype"), tuple(shape) if isinstance(shape, list) else shape, entry.get("sha256")
+
+
+def renamed(removed: list[str], added: list[str], old: dict[str, Any], new: dict[str, Any]) -> dict[str, str]:
+    """Each removed name (in order) paired with the first still-unpaired added name holding the same bytes; one
+    dict lookup per name, so a release that renames every tensor costs linear time."""
+    by_key: dict[tuple[Any, ...], list[str]] = {}
+    for name in reversed(added):
+        by_key.setdefault(_bytes_key(new[name]), []).append(name)  # reversed: pop() gives the first
+    out = {}
+    for name in removed:
+        bucket = by_key.get(_bytes_key(old[name]))
+        if bucket:
+            out[name] = bucket.pop()
+    return out
 
 
 def _export(case: str, golden: dict[str, Any], current: dict[str, Any], oracles: dict[str, Any]) -> list[Difference]:
@@ -95,14 +111,13 @@ def _export(case: str, golden: dict[str, Any], current: dict[str, Any], oracles:
     old, new = golden["tensors"], current["tensors"]
     removed = sorted(set(old) - set(new))
     added = sorted(set(new) - set(old))
-    for name in list(removed):
-        twin = next((a for a in added if _same_bytes(old[name], new[a])), None)
-        if twin is None:
-            continue
-        removed.remove(name)
-        added.remove(twin)
+    twins = renamed(removed, added, old, new)
+    for name, twin in twins.items():
         message = f"renamed to {twin} (same bytes: {_brief(old[name])})"
         out.append(Difference(case=case, kind="tensor-renamed", subject=name, message=message, detail={"to": twin}))
+    taken = set(twins.values())
+    removed = [n for n in removed if n not in twins]
+    added = [n for n in added if n not in taken]
     for name in removed:
         message = f"no longer exported (golden: {_brief(old[name])})"
         out.append(Difference(case=case, kind="tensor-removed", subject=name, message=message))

@@ -147,13 +147,11 @@ def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[
             conflict = ranges_finding(hf, "conflict", where_hits(pieces, lambda n: n > 1), tuple(shape), what)
             if conflict is not None:
                 add(conflict)
+    named = {f.tensor for f in findings}
+    owned = {e["param"] for es in by_hf.values() for _, e in es}
     for param, n in counts.items():
-        if n == 0 and not any(f.tensor == param for f in findings):
-            owned_somewhere = any(e["param"] == param for es in by_hf.values() for _, e in es)
-            if not owned_somewhere:
-                add(
-                    Finding(
-                        tensor=param, kind="nothing-checked", message="the task exported nothing any probe could check"
-                    )
-                )
+        if n == 0 and param not in named and param not in owned:
+            add(
+                Finding(tensor=param, kind="nothing-checked", message="the task exported nothing any probe could check")
+            )
     return findings, counts

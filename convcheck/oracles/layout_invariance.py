@@ -88,7 +88,7 @@ def compare(
     """Findings for tensors whose digest differs from the TP1 manifest or the source (named, with first index)."""
     from convcheck.bits import compare_bits
     from convcheck.checkpoint import TensorReader
-    from convcheck.diagnose import diagnose, sibling_names
+    from convcheck.diagnose import SiblingIndex, diagnose
 
     findings: list[Finding] = []
     ref = reference.get("tensors", {})
@@ -123,6 +123,7 @@ def compare(
             Finding(tensor=name, kind="extra", message=f"in the {ctx.layout.label} export, not in the TP1 export")
         )
     first_differing = None
+    siblings: SiblingIndex | None = None  # built at the first tensor to diagnose
     for name in sorted(set(digests) & set(ref)):
         if _bare(digests[name]) == _bare(ref[name]):
             continue
@@ -137,7 +138,8 @@ def compare(
                 if against is not None:
                     message += f"; against the source: {against.message}"
                     detail.update({k: v for k, v in against.detail.items() if k in ("first_index", "count")})
-                    others = {n: reader.get(n) for n in sibling_names(name, list(source))}
+                    siblings = siblings or SiblingIndex(source)
+                    others = {n: reader.get(n) for n in siblings.siblings(name)}
                     found = diagnose(name, src, tensor, others)
                     if found is not None:
                         message += f"; diagnosis: {found.text}"

@@ -1,12 +1,16 @@
 """Mapping oracle: the bridge's shards and export, compared bitwise with convcheck's own explicit mappings.
 
-Memory bound (rank 0): one parameter's gathered shards plus what `from_shards` yields at once (one HF tensor or
-one expert), a (dtype, shape, sha256) digest per HF tensor, and, only for mismatching tensors, at most
-`KEEP_BYTES` of rebuilt tensors (or one tensor, if larger) per extra export stream; other ranks hold their shards.
+Memory bound (rank 0): one batch of gathered shards (at most `GATHER_BYTES`, or one parameter's shards if larger)
+plus what `from_shards` yields at once (one HF tensor or one expert), a (dtype, shape, sha256) digest per HF tensor,
+and, only for mismatching tensors, at most `KEEP_BYTES` of rebuilt tensors (or one tensor, if larger) per extra
+export stream; other ranks hold their shards. Shards travel in batches of whole parameters, one `gather_object` per
+batch, so the number of collectives follows the model's bytes, not its parameter count.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from convcheck.bits import compare_bits
@@ -28,6 +32,9 @@ INFO = OracleInfo(
 )
 KEEP_BYTES = 1 << 30
 """Rebuilt bytes of mismatching tensors rank 0 keeps for one extra export stream (one tensor if larger)."""
+
+GATHER_BYTES = 64 << 20
+"""Shard bytes (summed over the sending ranks) one gather to rank 0 carries; a larger parameter goes alone."""
 
 Digest = tuple[str, tuple[int, ...], str]
 """(dtype, shape, sha256 of the raw bytes) of one tensor."""
@@ -99,23 +106,18 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     covered = sorted(((n, t) for n, t in local.items() if registry.get(n) is not None), key=lambda item: item[0])
     findings = _import_findings(ctx, registry, coord, covered)
     held = {n: registry.get(n).canonical(coord) for n, _ in covered}  # type: ignore[union-attr]
-    gathered = ctx.gather(([f.to_dict() for f in findings], held))
-    findings = [Finding.from_dict(f) for rank_findings, _ in gathered for f in rank_findings]
-    senders: dict[tuple[str, RankCoord], int] = {}
-    for rank, (_, rank_held) in enumerate(gathered):
-        for name, canonical in rank_held.items():
-            senders.setdefault((name, canonical), rank)  # the lowest rank holding a shard sends it
-    mine = {n for n, c in held.items() if senders[(n, c)] == ctx.rank}
+    nbytes = {n: t.numel() * t.element_size() for n, t in covered}
+    gathered = ctx.gather(([f.to_dict() for f in findings], held, nbytes))
+    findings = [Finding.from_dict(f) for rank_findings, _, _ in gathered for f in rank_findings]
+    mine, sizes = _senders(gathered, ctx.rank)
     del gathered
     params = sorted(n for n in all_names if registry.get(n) is not None and n not in registry.copies)
+    shipping = _Shipping(local=local, held=held, mine=mine, sizes=sizes)
 
     exported = _export_digests(ctx)
     export_failure = ctx.export_failure()  # read now: _localise re-streams the export
     ours: dict[str, tuple[str, Digest]] = {}
-    for name in params:
-        shards = _gather_param(ctx, name, local, held, mine)
-        if shards is None:
-            continue
+    for name, shards in _gathered(ctx, params, shipping):
         try:
             for hf_name, tensor in registry.get(name).from_shards(shards, ctx.layout):  # type: ignore[union-attr]
                 ours[hf_name] = (name, digest(tensor))
@@ -127,7 +129,7 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     sizes = {hf: _nbytes(ours[hf][1]) for hf in mismatched}
     plan = ctx.gather(_plan(mismatched, sizes) if ctx.is_reporter else None)[0]
     for batch in plan:
-        findings += _localise(ctx, registry, batch, local, held, mine)
+        findings += _localise(ctx, registry, batch, shipping)
 
     if not ctx.is_reporter:
         return None
@@ -143,7 +145,22 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     )
     covered_count = sum(1 for n in all_names if registry.get(n) is not None)
     unit = f"names ({covered_count} Megatron parameters + {len(checked_exports)} HF tensors)"
-    return make_verdict(NAME, checked=covered_count + len(checked_exports), findings=findings, rows=rows, unit=unit)
+    metrics = {"gathers": shipping.gathers, "gather_bytes": GATHER_BYTES}
+    checked = covered_count + len(checked_exports)
+    return make_verdict(NAME, checked=checked, findings=findings, rows=rows, unit=unit, metrics=metrics)
+
+
+def _senders(gathered: list[Any], rank: int) -> tuple[set[str], dict[str, int]]:
+    """The names this rank sends (the lowest rank holding a canonical shard sends it) and each parameter's bytes
+    summed over its senders, the same on every rank."""
+    senders: dict[tuple[str, RankCoord], int] = {}
+    sizes: dict[str, int] = {}
+    for r, (_, rank_held, rank_bytes) in enumerate(gathered):
+        for name, canonical in rank_held.items():
+            if senders.setdefault((name, canonical), r) == r:
+                sizes[name] = sizes.get(name, 0) + rank_bytes[name]
+    mine = {n for (n, _), r in senders.items() if r == rank}
+    return mine, sizes
 
 
 def _uncovered(registry: MappingRegistry) -> list[Finding]:
@@ -166,21 +183,58 @@ def _export_digests(ctx: RankContext) -> dict[str, list[Digest]]:
     return out
 
 
-def _gather_param(
-    ctx: RankContext, name: str, local: dict[str, Any], held: dict[str, RankCoord], mine: set[str]
-) -> dict[RankCoord, Any] | None:
-    """Collective: one parameter's shards, one per canonical coordinate, on rank 0 (None on other ranks)."""
-    obj = (held[name], local[name].detach().cpu()) if name in mine else None
-    if ctx.world == 1:
-        parts: list[Any] | None = [obj]
-    else:
-        import torch.distributed as dist
+@dataclass
+class _Shipping:
+    """What this rank needs to send its shards to rank 0 in batches, and the count of gathers made."""
 
-        parts = [None] * ctx.world if ctx.is_reporter else None
-        dist.gather_object(obj, parts, dst=0)
-    if parts is None:
-        return None
-    return dict(part for part in parts if part is not None)
+    local: dict[str, Any]
+    held: dict[str, RankCoord]
+    mine: set[str]
+    sizes: dict[str, int]
+    gathers: int = 0
+
+
+def batches(names: list[str], sizes: dict[str, int], budget: int) -> list[list[str]]:
+    """`names` in order, cut into runs whose summed sizes stay within `budget` (a larger name goes alone)."""
+    out: list[list[str]] = []
+    batch: list[str] = []
+    used = 0
+    for name in names:
+        size = sizes.get(name, 0)
+        if batch and used + size > budget:
+            out.append(batch)
+            batch, used = [], 0
+        batch.append(name)
+        used += size
+    return out + [batch] if batch else out
+
+
+def _gathered(ctx: RankContext, names: list[str], ship: _Shipping) -> Iterator[tuple[str, dict[RankCoord, Any]]]:
+    """Collective: each parameter's shards, one per canonical coordinate, on rank 0, one `gather_object` per batch
+    of at most GATHER_BYTES; other ranks yield nothing (but must drain it)."""
+    for batch in batches(names, ship.sizes, GATHER_BYTES):
+        parts = _gather_batch(ctx, [(n, ship.held[n], ship.local[n].detach().cpu()) for n in batch if n in ship.mine])
+        ship.gathers += 1
+        if parts is None:
+            continue
+        shards: dict[str, dict[RankCoord, Any]] = {n: {} for n in batch}
+        for part in parts:
+            for name, canonical, tensor in part:
+                shards[name][canonical] = tensor
+        del parts
+        for name in batch:
+            yield name, shards.pop(name)
+
+
+def _gather_batch(ctx: RankContext, obj: list[Any]) -> list[list[Any]] | None:
+    """Collective: every rank's list on rank 0 (None on other ranks)."""
+    if ctx.world == 1:
+        return [obj]
+    import torch.distributed as dist
+
+    parts: list[Any] | None = [None] * ctx.world if ctx.is_reporter else None
+    dist.gather_object(obj, parts, dst=0)
+    return parts
 
 
 def _plan(mismatched: dict[str, str], sizes: dict[str, int]) -> list[dict[str, list[str]]]:
@@ -205,17 +259,12 @@ def _localise(
     ctx: RankContext,
     registry: MappingRegistry,
     batch: dict[str, list[str]],
-    local: dict[str, Any],
-    held: dict[str, RankCoord],
-    mine: set[str],
+    ship: _Shipping,
 ) -> list[Finding]:
     """Collective: rebuild this batch's mismatching tensors again, stream the export once, name each difference."""
     keep: dict[str, tuple[str, Any]] = {}
-    for megatron, hf_names in batch.items():
-        shards = _gather_param(ctx, megatron, local, held, mine)
-        if shards is None:
-            continue
-        wanted = set(hf_names)
+    for megatron, shards in _gathered(ctx, sorted(batch), ship):
+        wanted = set(batch[megatron])
         try:
             for hf_name, tensor in registry.get(megatron).from_shards(shards, ctx.layout):  # type: ignore[union-attr]
                 if hf_name in wanted:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from convcheck.bits import compare_bits
 from convcheck.checkpoint import TensorReader
 from convcheck.oracles.base import OracleInfo
@@ -25,6 +27,7 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     findings: list[Finding] = []
     rows: dict[str, TensorRow] = {}
     checked = 0
+    siblings = None  # a SiblingIndex of the source names, built at the first differing tensor
     on_device = ctx.device == "cuda"  # compare in device memory: the source tensor travels, the export stays
     for name, tensor in ctx.export(cpu=not on_device):
         if reader is None:
@@ -35,7 +38,8 @@ def run(ctx: RankContext) -> OracleVerdict | None:
             continue
         finding = compare_bits(name, reader.get(name).to(tensor.device), tensor)
         if finding is not None and finding.kind in ("bytes-differ", "shape"):
-            finding = _with_diagnosis(finding, reader, name, tensor)
+            siblings = siblings or _sibling_index(source)
+            finding = _with_diagnosis(finding, reader, name, tensor, siblings)
         checked += 1
         failed = finding is not None or rows.get(name, None) is not None and rows[name].verdict == "fail"
         if finding is not None:
@@ -54,11 +58,18 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     return make_verdict(NAME, checked=checked, findings=findings, rows=tuple(rows[n] for n in sorted(rows)))
 
 
-def _with_diagnosis(finding: Finding, reader: TensorReader, name: str, tensor: object) -> Finding:
-    """Add the rearrangement that explains a differing export (convcheck.diagnose), when one does."""
-    from convcheck.diagnose import diagnose, sibling_names
+def _sibling_index(names: Any) -> Any:
+    """A convcheck.diagnose.SiblingIndex of `names` (built once per run, not once per differing tensor)."""
+    from convcheck.diagnose import SiblingIndex
 
-    others = {n: reader.get(n) for n in sibling_names(name, list(reader.checkpoint.tensors))}
+    return SiblingIndex(names)
+
+
+def _with_diagnosis(finding: Finding, reader: TensorReader, name: str, tensor: object, siblings: Any) -> Finding:
+    """Add the rearrangement that explains a differing export (convcheck.diagnose), when one does."""
+    from convcheck.diagnose import diagnose
+
+    others = {n: reader.get(n) for n in siblings.siblings(name)}
     found = diagnose(name, reader.get(name), tensor, others)
     if found is None:
         return finding
