@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -39,7 +39,7 @@ class HashPool:
 
     def __init__(
         self,
-        on_done: Callable[[str, str, Any], None] | None = None,
+        on_done: Callable[[Any, str, Any], None] | None = None,
         threads: int | None = None,
         budget: int = DEFAULT_BUDGET,
     ) -> None:
@@ -48,18 +48,19 @@ class HashPool:
         self._waiting = 0
         self._budget = budget
         self._on_done = on_done
-        self._futures: dict[str, Future[str]] = {}
+        self._futures: dict[Hashable, Future[str]] = {}
 
-    def submit(self, name: str, tensor: Any) -> None:
-        """Queue `tensor` (its bytes copied to the CPU now) for hashing under `name`."""
-        cpu = tensor.detach().contiguous().cpu()
+    def submit(self, name: Hashable, tensor: Any) -> None:
+        """Queue a copy of `tensor` on the CPU (taken now: the producer may reuse its buffer) for hashing under `name`
+        (any hashable key)."""
+        cpu = tensor.detach().to("cpu", copy=True).contiguous()
         size = cpu.numel() * cpu.element_size()
         with self._room:
             self._room.wait_for(lambda: self._waiting == 0 or self._waiting + size <= self._budget)
             self._waiting += size
         self._futures[name] = self._pool.submit(self._hash, name, cpu, size)
 
-    def _hash(self, name: str, cpu: Any, size: int) -> str:
+    def _hash(self, name: Hashable, cpu: Any, size: int) -> str:
         try:
             value = hashlib.sha256(raw_bytes(cpu)).hexdigest()
             if self._on_done is not None:
@@ -70,7 +71,7 @@ class HashPool:
                 self._waiting -= size
                 self._room.notify_all()
 
-    def results(self) -> dict[str, str]:
+    def results(self) -> dict[Hashable, str]:
         """Every submitted name's sha256 (waits for the threads; re-raises a hashing error)."""
         try:
             return {name: future.result() for name, future in self._futures.items()}

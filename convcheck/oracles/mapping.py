@@ -4,7 +4,8 @@ Memory bound (rank 0): one batch of gathered shards (at most `GATHER_BYTES`, or 
 plus what `from_shards` yields at once (one HF tensor or one expert), a (dtype, shape, sha256) digest per HF tensor,
 and, only for mismatching tensors, at most `KEEP_BYTES` of rebuilt tensors (or one tensor, if larger) per extra
 export stream; other ranks hold their shards. Shards travel in batches of whole parameters, one `gather_object` per
-batch, so the number of collectives follows the model's bytes, not its parameter count.
+batch, so the number of collectives follows the model's bytes, not its parameter count. Digests are hashed on
+worker threads (convcheck.hashpool), with at most its budget of tensor copies waiting.
 """
 
 from __future__ import annotations
@@ -60,13 +61,6 @@ def registry_for(ctx: RankContext, all_names: set[str]) -> MappingRegistry:
     )
 
 
-def digest(tensor: Any) -> Digest:
-    """(dtype, shape, sha256 of the raw bytes): equal digests mean what `compare_bits` calls equal."""
-    from convcheck.bits import tensor_sha256
-
-    return str(tensor.dtype), tuple(tensor.shape), tensor_sha256(tensor)
-
-
 def _import_findings(ctx: RankContext, registry: MappingRegistry, coord: RankCoord, local: list) -> list[Finding]:
     """Each covered local shard vs `to_shard` of the HF checkpoint for this rank."""
     reader = TensorReader(ctx.checkpoint)
@@ -116,13 +110,14 @@ def run(ctx: RankContext) -> OracleVerdict | None:
 
     exported = _export_digests(ctx)
     export_failure = ctx.export_failure()  # read now: _localise re-streams the export
-    ours: dict[str, tuple[str, Digest]] = {}
+    rebuilt = _Digests()
     for name, shards in _gathered(ctx, params, shipping):
         try:
             for hf_name, tensor in registry.get(name).from_shards(shards, ctx.layout):  # type: ignore[union-attr]
-                ours[hf_name] = (name, digest(tensor))
+                rebuilt.add(hf_name, tensor, owner=name)
         except MappingError as exc:
             findings.append(Finding(tensor=name, kind="mapping-error", message=str(exc)))
+    ours = {hf: (owner, d) for hf, owner, d in rebuilt.results()}  # the last rebuild of a name wins
     mismatched = {
         hf: megatron for hf, (megatron, d) in ours.items() if hf in exported and any(e != d for e in exported[hf])
     }
@@ -176,11 +171,33 @@ def _uncovered(registry: MappingRegistry) -> list[Finding]:
 
 def _export_digests(ctx: RankContext) -> dict[str, list[Digest]]:
     """Collective: stream the bridge export once; rank 0 keeps each yielded tensor's digest (in yield order)."""
-    out: dict[str, list[Digest]] = {}
+    digests = _Digests() if ctx.is_reporter else None
     for hf_name, tensor in ctx.export():
-        if ctx.is_reporter:
-            out.setdefault(hf_name, []).append(digest(tensor))
+        if digests is not None:
+            digests.add(hf_name, tensor)
+    out: dict[str, list[Digest]] = {}
+    for hf_name, _, d in digests.results() if digests is not None else ():
+        out.setdefault(hf_name, []).append(d)
     return out
+
+
+class _Digests:
+    """Digests of a stream of (name, tensor), hashed on worker threads (convcheck.hashpool), read back in order."""
+
+    def __init__(self) -> None:
+        from convcheck.hashpool import HashPool
+
+        self._pool = HashPool()
+        self._order: list[tuple[str, str, str, tuple[int, ...]]] = []
+
+    def add(self, name: str, tensor: Any, owner: str = "") -> None:
+        self._order.append((name, owner, str(tensor.dtype), tuple(tensor.shape)))
+        self._pool.submit(len(self._order) - 1, tensor)
+
+    def results(self) -> list[tuple[str, str, Digest]]:
+        """(name, owner, (dtype, shape, sha256)) per added tensor, in the order added."""
+        shas = self._pool.results()
+        return [(name, owner, (dtype, shape, shas[i])) for i, (name, owner, dtype, shape) in enumerate(self._order)]
 
 
 @dataclass
