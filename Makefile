@@ -5,7 +5,7 @@ export CONVCHECK_CACHE_DIR ?= $(CURDIR)/.cache
 export OMP_NUM_THREADS ?= 1
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup demo test lint bench clean env test-release
+.PHONY: setup demo test lint bench bench-realsize clean env test-release
 
 setup:
 	@scripts/setup-venv.sh
@@ -22,6 +22,17 @@ lint: setup
 
 bench: setup
 	$(VENV)/bin/python bench/run_all.py
+
+# The real-size CPU cases of issue #15 (tens of minutes each on 2 cores; checkpoints up to 5.9 GB in the cache dir):
+# 48 layers x 128 experts at tiny dims (~18.9k HF tensors), the real-dims 1-layer cut, and the memory slope.
+REALSIZE_DATE ?= $(shell date -u +%F)
+bench-realsize: setup
+	$(VENV)/bin/python bench/bench_realsize.py --layers 48 --tiny-dims --ep 2 --timeout 3600 \
+		> bench/results/cpu-realsize-tiny-48l-ep2-$(REALSIZE_DATE).json
+	$(VENV)/bin/python bench/bench_realsize.py --layers 1 --ep 2 --timeout 3600 \
+		> bench/results/cpu-realsize-1l-ep2-$(REALSIZE_DATE).json
+	for n in 1 2 4; do $(VENV)/bin/python bench/bench_realsize.py --layers $$n --ep 2 --runs default --timeout 3600 \
+		> bench/results/cpu-realsize-memory-$${n}l-$(REALSIZE_DATE).json; done
 
 # Older Megatron-Bridge releases (requirements/releases.toml): `make env BRIDGE=0.5.1` makes .venv-bridge-0.5.1/
 # (base venv: $$CONVCHECK_BASE_VENV, else .venv); `make test-release BRIDGE=0.5.1` runs, in it, the release checks and

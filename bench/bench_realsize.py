@@ -195,6 +195,12 @@ def _note(partial: dict[str, Any]) -> None:
     sys.stderr.flush()
 
 
+def _metrics(verdict: Any) -> dict[str, Any]:
+    """The oracle's own metrics (e.g. the mapping oracle's gathers), when it reports any."""
+    metrics = getattr(verdict, "metrics", None)
+    return {"metrics": dict(metrics)} if metrics else {}
+
+
 def _timed(fn: Any) -> tuple[Any, float]:
     t0 = time.perf_counter()
     value = fn()
@@ -249,7 +255,8 @@ def main() -> None:
             "rank0_peak_MB": max(report.rank0_peak_MB.values(), default=-1.0),
             "rank0_peak_MB_by_phase": report.rank0_peak_MB,
             "oracles": {
-                o.name: {"seconds": o.seconds, "verdict": o.verdict, "checked": o.checked} for o in report.oracles
+                o.name: {"seconds": o.seconds, "verdict": o.verdict, "checked": o.checked, **_metrics(o)}
+                for o in report.oracles
             },
         }
         _note({spec: out[f"verify[{spec}]"]})
