@@ -72,3 +72,19 @@ def matrix_run(root: Path, name: str, layout: tuple[str, ...]) -> tuple[CliResul
     """The verify-matrix case of tiny:NAME at `layout` (every default oracle, gate manifest written), run once."""
     return shared_run(root, "verify", "--model", f"tiny:{name}", *layout, "--table", "failures",
                       "--manifest", "{dir}/manifest.json")  # fmt: skip
+
+
+def processes_holding(folder: Path) -> list[int]:
+    """Pids of live processes with a file under `folder` open (a rank's descendants keep its log open)."""
+    prefix = str(folder.resolve())
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            links = [os.readlink(fd) for fd in (entry / "fd").iterdir()]
+        except OSError:
+            continue
+        if any(link.startswith(prefix) for link in links):
+            out.append(int(entry.name))
+    return out

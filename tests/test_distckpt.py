@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from convcheck import compat
-from tests.helpers import mutant, run_cli
+from tests.helpers import mutant, processes_holding, run_cli
 
 
 def test_shim11_still_needed_checkpoint_preload_synchronizes_cuda() -> None:
@@ -156,9 +156,12 @@ def test_tp1_checkpoint_resumes_at_tp2_ep2_and_pp2(tmp_path: Path) -> None:
 
 @pytest.mark.ranks
 def test_tp2ep2_checkpoint_resumes_at_tp1(tmp_path: Path) -> None:
-    """TP2xEP2 -> TP1 (so TP2 -> TP1 and EP2 -> EP1 at once), world size 2 -> 1."""
-    r = _verify(tmp_path, "tiny:qwen3-moe", ("--tp", "2", "--ep", "2"), ("tp1",))
+    """TP2xEP2 -> TP1 (so TP2 -> TP1 and EP2 -> EP1 at once), world size 2 -> 1; the save's multiprocessing workers
+    do not outlive the ranks (they once did: a rank's os._exit skipped multiprocessing's atexit)."""
+    logs = tmp_path / "logs"
+    r = _verify(tmp_path, "tiny:qwen3-moe", ("--tp", "2", "--ep", "2", "--log-dir", str(logs)), ("tp1",))
     assert r.code == 0, (r.err, r.findings())
+    assert processes_holding(logs) == []
     metrics = r.report["oracles"][0]["metrics"]
     assert metrics["saved_at"] == "TP2xEP2" and metrics["resumed_at"] == "TP1"
 

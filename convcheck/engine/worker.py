@@ -117,8 +117,43 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def reap_children() -> list[int]:
+    """SIGKILL and reap every child process this rank still has (e.g. multiprocessing workers a checkpoint save
+    started, whose atexit cleanup `os._exit` skips); return their pids."""
+    import signal
+
+    pids = _child_pids()
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+    return pids
+
+
+def _child_pids() -> list[int]:
+    """Pids whose parent is this process (Linux /proc; none found elsewhere)."""
+    me, out = os.getpid(), []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return out
+    for entry in entries:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == me:
+                out.append(int(entry))
+    return out
+
+
 if __name__ == "__main__":
     exit_code = main()
     sys.stdout.flush()
     sys.stderr.flush()
+    reap_children()  # os._exit skips multiprocessing's atexit, which would have stopped them
     os._exit(exit_code)  # results are on disk and the process group is gone: skip ~2 s of interpreter teardown
