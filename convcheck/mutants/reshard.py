@@ -61,6 +61,11 @@ def kv_not_replicated() -> None:
 
 def wrong_row_source() -> None:
     """Layer 1's row-parallel linear_proj pieces are read from the trainer rank of the next TP shard."""
+    _read_next_shard(WRONG_ROW_SOURCE)
+
+
+def _read_next_shard(target_name: str) -> None:
+    """Plant: every planned piece of parameter `target_name` is read from the trainer rank of the next shard."""
     from dataclasses import replace
 
     from convcheck.reshard import plan
@@ -69,7 +74,7 @@ def wrong_row_source() -> None:
         def plan_param(role, shards, layout, target, world):  # type: ignore[no-untyped-def]
             out = original(role, shards, layout, target, world)
             count = shards[0].count
-            if role.name != WRONG_ROW_SOURCE or count < 2:
+            if role.name != target_name or count < 2:
                 return out
             index = {(s.rank, s.local): s.index for s in shards}
             pieces = []
@@ -101,26 +106,7 @@ SWAPPED_EXPERT = 7
 
 def expert_row_wrong_etp_source() -> None:
     """Layer 0 expert 1's row-parallel linear_fc2 pieces are read from the trainer rank of the next expert-TP shard."""
-    from dataclasses import replace
-
-    from convcheck.reshard import plan
-
-    def make(original: Any) -> Any:
-        def plan_param(role, shards, layout, target, world):  # type: ignore[no-untyped-def]
-            out = original(role, shards, layout, target, world)
-            count = shards[0].count
-            if role.name != EXPERT_ROW or count < 2:
-                return out
-            index = {(s.rank, s.local): s.index for s in shards}
-            pieces = []
-            for piece in out.pieces:
-                other = next(s for s in shards if s.index == (index[(piece.rank, piece.key)] + 1) % count)
-                pieces.append(replace(piece, rank=other.rank, key=other.local))
-            return replace(out, pieces=tuple(pieces))
-
-        return plan_param
-
-    wrap(plan, "plan_param", make)
+    _read_next_shard(EXPERT_ROW)
 
 
 def expert_gate_up_not_deinterleaved() -> None:
