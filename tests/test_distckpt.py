@@ -157,8 +157,9 @@ def test_tp1_checkpoint_resumes_at_tp2_ep2_and_pp2(tmp_path: Path) -> None:
 @pytest.mark.ranks
 def test_tp2ep2_checkpoint_resumes_at_tp1(tmp_path: Path) -> None:
     """TP2xEP2 -> TP1 (so TP2 -> TP1 and EP2 -> EP1 at once), world size 2 -> 1; the save's multiprocessing workers
-    do not outlive the ranks (they once did: a rank's os._exit skipped multiprocessing's atexit)."""
-    logs = tmp_path / "logs"
+    do not outlive the ranks (they once did: a rank's os._exit skipped multiprocessing's atexit), and a log folder
+    too deep for a socket path under it does not break the save (it once failed with EOFError)."""
+    logs = tmp_path / ("deep-" * 12) / "logs"
     r = _verify(tmp_path, "tiny:qwen3-moe", ("--tp", "2", "--ep", "2", "--log-dir", str(logs)), ("tp1",))
     assert r.code == 0, (r.err, r.findings())
     assert processes_holding(logs) == []

@@ -179,3 +179,18 @@ def test_findings_on_numbered_names_share_one_line() -> None:
     ]
     verdict = OracleVerdict(name="roundtrip", checked=70, findings=tuple(findings[:2]))
     assert oracle_summary(verdict).startswith("checked 70 tensors, 2 finding(s) on 2 name(s)")
+
+
+def test_rank_tmpdir_is_short_enough_for_sockets(tmp_path: Path) -> None:
+    """A deep --log-dir gets a short TMPDIR of its own (multiprocessing's AF_UNIX listeners live under it)."""
+    from convcheck.engine.launch import TMPDIR_MAX, rank_tmpdir
+
+    shallow = Path("/tmp") / f"cc-short-{os.getpid()}"
+    shallow.mkdir()
+    assert rank_tmpdir(shallow) == shallow / "tmp"
+    deep = tmp_path / ("deep-" * 12)
+    short = rank_tmpdir(deep)
+    assert short.parent != deep and short.is_dir() and len(str(short)) <= TMPDIR_MAX
+    short.rmdir()
+    (shallow / "tmp").rmdir()
+    shallow.rmdir()

@@ -486,6 +486,12 @@ def test_tp1(convcheck_ranks, convcheck_checkpoint, n):
     assert not [p for p in fixtures.iterdir() if p.is_dir() and p.name.startswith(".")]
 
 
+def _default_sigint() -> None:
+    """In the child before exec: SIGINT back to its default, so Python installs KeyboardInterrupt for it (a process
+    started with SIGINT ignored, as `cmd &` in a non-interactive shell is, keeps it ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _ranks_under(folder: Path) -> dict[int, list[str]]:
     """pid -> command line of live processes naming a path under `folder` (torchrun and the convcheck ranks)."""
     out = {}
@@ -540,7 +546,12 @@ def test_no_rank_outlives_an_interrupted_test(scratch: pytest.Pytester, tmp_path
     args = [sys.executable, "-m", "pytest", *PLUGIN, f"--basetemp={basetemp}", "test_interrupted.py"]
     with (tmp_path / "out.txt").open("w") as log:
         proc = subprocess.Popen(
-            args, cwd=scratch.path, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "SCRATCH_HOW": how}
+            args,
+            cwd=scratch.path,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "SCRATCH_HOW": how},
+            preexec_fn=_default_sigint,  # a runner started in the background (`make test &`) ignores SIGINT
         )
         deadline = time.monotonic() + 240
         while how != "exception" and _workers(basetemp) < 2:  # the exception case raises once its ranks run

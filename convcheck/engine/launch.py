@@ -174,8 +174,32 @@ def run_ranks(job: Job, log_dir: str | None = None, progress: ProgressSink | Non
 def _launch(job: Job, workdir: Path, progress: ProgressSink | None) -> dict[str, Any]:
     job_file = job.save()
     log_file = workdir / "ranks.log"
+    tmpdir = rank_tmpdir(workdir)
+    try:
+        return _launch_with(job, job_file, log_file, tmpdir, progress)
+    finally:
+        if tmpdir.parent != workdir:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+TMPDIR_MAX = 64
+"""Longest TMPDIR the ranks get: multiprocessing puts AF_UNIX listeners at TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX,
+and a socket path over 107 bytes makes megatron-core's checkpoint save fail with EOFError."""
+
+
+def rank_tmpdir(workdir: Path) -> Path:
+    """The ranks' TMPDIR: `workdir`/tmp, or a short folder of its own under the system temp dir when that path is
+    too long for a socket (a deep --log-dir); the caller removes the latter."""
     tmpdir = workdir / "tmp"
+    if len(str(tmpdir)) > TMPDIR_MAX:
+        return Path(tempfile.mkdtemp(prefix="convcheck-tmp-"))
     tmpdir.mkdir(exist_ok=True)
+    return tmpdir
+
+
+def _launch_with(
+    job: Job, job_file: Path, log_file: Path, tmpdir: Path, progress: ProgressSink | None
+) -> dict[str, Any]:
     reader = ProgressReader(job.progress_file)
     if progress is not None:
         progress({"phase": "starting ranks", "world": job.layout.world_size})
