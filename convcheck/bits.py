@@ -44,14 +44,19 @@ def unravel_index(flat_index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
+def raw_bytes(tensor: Any) -> memoryview:
+    """The raw bytes of `tensor` as a flat CPU buffer (copied off the device when needed)."""
+    flat = tensor.detach().contiguous().reshape(-1)
+    if flat.device.type != "cpu":
+        flat = flat.cpu()
+    return memoryview(int_view(flat).numpy()).cast("B")
+
+
 def tensor_sha256(tensor: Any) -> str:
     """sha256 of a tensor's raw bytes (contiguous, on the CPU): equal digests mean equal bytes."""
     import hashlib
 
-    flat = tensor.detach().contiguous().reshape(-1)
-    if flat.device.type != "cpu":
-        flat = flat.cpu()
-    return hashlib.sha256(memoryview(int_view(flat).numpy()).cast("B")).hexdigest()
+    return hashlib.sha256(raw_bytes(tensor)).hexdigest()
 
 
 def describe_element(tensor: Any, flat_index: int) -> str:

@@ -9,6 +9,8 @@ from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from convcheck.bits import raw_bytes
+
 DEFAULT_BUDGET = 1 << 30
 """Bytes of CPU copies that may wait for a hashing thread."""
 
@@ -20,16 +22,6 @@ def default_threads() -> int:
     except AttributeError:  # not on Linux
         cpus = os.cpu_count() or 1
     return max(1, min(4, cpus))
-
-
-def raw_bytes(tensor: Any) -> memoryview:
-    """The raw bytes of `tensor` as a flat CPU buffer (copied off the device when needed)."""
-    from convcheck.bits import int_view
-
-    flat = tensor.detach().contiguous().reshape(-1)
-    if flat.device.type != "cpu":
-        flat = flat.cpu()
-    return memoryview(int_view(flat).numpy()).cast("B")
 
 
 class HashPool:
