@@ -229,18 +229,23 @@ def check_sync(
 
 
 def run(job: Any, log_dir: str | None = None, progress: ProgressSink | None = None) -> Report:
-    """Launch the ranks of a prepared Job (and the layout oracle's reference job, the distckpt resume jobs) and return
-    the Report."""
+    """Launch the ranks of a prepared Job (then the distckpt resume jobs, and the layout oracle's TP1 job when its
+    export differed from the source) and return the Report."""
     from convcheck.ckpt.resume import checkpoint_folder, run_resumes
     from convcheck.engine.launch import run_ranks
-    from convcheck.engine.reference import with_reference
+    from convcheck.engine.reference import attribute_layout
 
     started = time.perf_counter()
-    job = with_reference(job, log_dir, progress)
     with checkpoint_folder(job, log_dir) as job:
         result = run_ranks(job, log_dir=log_dir, progress=progress)
         result = run_resumes(job, result, log_dir, progress)
-    verdicts = complete(job.oracles, tuple(OracleVerdict.from_dict(o) for o in result["oracles"]))
+    ranked = tuple(OracleVerdict.from_dict(o) for o in result["oracles"])
+    attributed = attribute_layout(job, ranked, log_dir, progress)
+    if attributed != ranked and job.manifest_out and Path(job.manifest_out).is_file():
+        from convcheck.gate.manifest import update_oracles
+
+        update_oracles(job.manifest_out, [v.to_dict() for v in attributed])
+    verdicts = complete(job.oracles, attributed)
     return Report(
         model=job.model_label,
         layout=job.layout.to_dict(),

@@ -1,5 +1,5 @@
 """No verdict rests on state from an earlier run: the layout oracle's cached TP1 manifest is keyed by the content
-of the code that made it, so editing the bridge (same version string) between two runs gives both runs the right
+of the code that made it, so editing the bridge (same version string) between runs gives every run the right
 verdict."""
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ BUG = """
 _convcheck_original_stream = MegatronModelBridge.stream_weights_megatron_to_hf
 
 
-def _convcheck_doubled_norm(self, *args, **kwargs):
+def _convcheck_scaled_norm(self, *args, **kwargs):
     for name, tensor in _convcheck_original_stream(self, *args, **kwargs):
-        yield name, (tensor * 2 if name == "model.norm.weight" else tensor)
+        yield name, (tensor * FACTOR if name == "model.norm.weight" else tensor)
 
 
-MegatronModelBridge.stream_weights_megatron_to_hf = _convcheck_doubled_norm
+MegatronModelBridge.stream_weights_megatron_to_hf = _convcheck_scaled_norm
 """
 
 
@@ -36,18 +36,24 @@ def test_an_edited_bridge_never_reuses_a_stale_reference(tmp_path: Path) -> None
     healthy = module.read_text()
     env = {"PYTHONPATH": os.pathsep.join([str(overlay), str(ROOT)]), "CONVCHECK_CACHE_DIR": str(tmp_path / "cache")}
     args = ("verify", "--model", "tiny:qwen3", "--tp", "2", "--oracle", "roundtrip,layout")
+    manifests = tmp_path / "cache" / "layout"
 
-    module.write_text(healthy + BUG)  # a bridge branch with an export bug, same version string
-    buggy = run_cli(*args, tmp_path=tmp_path, env=env)
-    assert buggy.code == 1, buggy.err
-    assert {f["tensor"] for f in buggy.findings("roundtrip")} == {"model.norm.weight"}
-    # the bug is the same at TP1 and TP2: the layouts agree, only the TP1 reference differs from the source
-    assert {(f["tensor"], f["kind"]) for f in buggy.findings("layout")} == {
-        ("model.norm.weight", "tp1-differs-from-source")
-    }
+    for factor in (2, 3):  # two bridge branches with an export bug, same version string
+        module.write_text(healthy + BUG.replace("FACTOR", str(factor)))
+        buggy = run_cli(*args, tmp_path=tmp_path, env=env)
+        assert buggy.code == 1, buggy.err
+        assert {f["tensor"] for f in buggy.findings("roundtrip")} == {"model.norm.weight"}
+        # the bug is the same at TP1 and TP2: the TP1 job (run because TP2 differs from the source) exports the same
+        # bytes; a stale manifest from the x2 branch would have called the x3 branch layout-dependent
+        assert {(f["tensor"], f["kind"]) for f in buggy.findings("layout")} == {
+            ("model.norm.weight", "tp1-differs-from-source")
+        }
+        assert len(list(manifests.glob("*.json"))) == 1  # the stale manifest was replaced
 
     module.write_text(healthy)  # the fix, same version string again
     fixed = run_cli(*args, tmp_path=tmp_path, env=env)
     assert fixed.code == 0, fixed.out[-2000:] + fixed.err
     assert fixed.verdicts() == {"roundtrip": "pass", "layout": "pass"}
-    assert len(list((tmp_path / "cache" / "layout").glob("*.json"))) == 1  # the stale manifest was replaced
+    layout = next(o for o in fixed.report["oracles"] if o["name"] == "layout")
+    # every tensor equals the source (roundtrip's drain told): no TP1 job, no drain of its own
+    assert layout["metrics"] == {"reference": "source", "export": "roundtrip"}

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from convcheck.oracles.logits import ABS_TOL, compare, fixed_tokens, upcast_fp32
+from convcheck.oracles.logits import ABS_TOL, blockwise_fp32, compare, fixed_tokens, hf_logits, upcast_fp32
 from tests.helpers import matrix_run, mutant, run_cli
 
 
@@ -55,6 +55,29 @@ def test_upcast_restores_the_original_tensors_bit_for_bit() -> None:
         assert layer.weight.dtype == torch.float32
     assert layer.weight.dtype == torch.bfloat16 and layer.weight.data_ptr() == before.data_ptr()
     assert torch.equal(layer.weight.detach().view(torch.int16), snapshot.view(torch.int16))
+
+
+@pytest.mark.parametrize("name", ["tiny:qwen3", "tiny:qwen3-moe", "tiny:qwen2-tied", "tiny:nemotron-h"])
+def test_blockwise_fp32_reference_is_bitwise_the_fp32_model(name: str) -> None:
+    """The HF reference loads in bf16 and upcasts one block at a time: the logits equal, bit for bit, those of the
+    model loaded whole in fp32, and the bf16 parameters are back afterwards."""
+    import transformers
+
+    from convcheck.api import resolve_model
+
+    path = resolve_model(name)
+    tokens = fixed_tokens(int(transformers.AutoConfig.from_pretrained(path).vocab_size))
+    fp32 = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    with torch.no_grad():
+        want = fp32.eval()(input_ids=tokens).logits.float()
+    got = hf_logits(path, tokens)
+    assert got.dtype == torch.float32 and torch.equal(got.view(torch.int32), want.view(torch.int32))
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype="auto", attn_implementation="eager").eval()
+    before = {n: p.data_ptr() for n, p in model.named_parameters()}
+    with blockwise_fp32(model), torch.no_grad():
+        model(input_ids=tokens)
+    assert {n: p.data_ptr() for n, p in model.named_parameters()} == before
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
 
 
 def test_tokens_are_fixed() -> None:

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from convcheck.oracles.mapping import batches
-from tests.helpers import run_cli
+from tests.helpers import mutant, run_cli
 
 BUDGET_HOOK = Path(__file__).with_name("hooks_mapping_budget.py")
 
@@ -22,16 +22,19 @@ def _mapping(tmp_path: Path, *hook: str) -> dict:
     tmp_path.mkdir(parents=True)
     res = run_cli("verify", "--model", "tiny:qwen3-moe", "--tp", "2", "--ep", "2", "--oracle", "mapping", *hook,
                   tmp_path=tmp_path)  # fmt: skip
-    assert res.code == 0, res.err
+    assert res.code == 1, res.err
     return next(o for o in res.report["oracles"] if o["name"] == "mapping")
 
 
 @pytest.mark.ranks
 def test_gathers_follow_bytes_not_parameters(tmp_path: Path) -> None:
-    batched = _mapping(tmp_path / "default")
-    one_each = _mapping(tmp_path / "tiny-budget", "--hook", f"{BUDGET_HOOK}:one_byte")
-    params = sum(1 for t in batched["tensors"] if t["verdict"] == "pass")
-    assert batched["metrics"]["gathers"] == 1  # the whole tiny model fits one 64 MiB batch
-    assert one_each["metrics"]["gathers"] >= params // 2 > 1  # every rebuilt parameter alone
+    """Only parameters with a wrong shard are gathered and rebuilt (here both layers' QKV, made wrong the same way in
+    import and export), in one batch by default and one gather each at a 1-byte budget, with the same verdict."""
+    planted = ("--hook", mutant("symmetric", "qk_order_swapped"))
+    batched = _mapping(tmp_path / "default", *planted)
+    one_each = _mapping(tmp_path / "tiny-budget", *planted, "--hook", f"{BUDGET_HOOK}:one_byte")
+    assert batched["metrics"]["rebuilt_from_shards"] == one_each["metrics"]["rebuilt_from_shards"] == 2
+    assert batched["metrics"]["gathers"] == 2  # the rebuild, then the localising rebuild: one batch each
+    assert one_each["metrics"]["gathers"] == 4  # every rebuilt parameter alone
     for key in ("verdict", "checked", "unit", "findings", "tensors"):
         assert batched[key] == one_each[key], key

@@ -14,6 +14,9 @@ def test_mapping_oracle_passes_qwen3_moe_tp2_ep2(shared_root: Path) -> None:
     assert res.code == 0, res.err
     oracle = next(o for o in res.report["oracles"] if o["name"] == "mapping")
     assert oracle["verdict"] == "pass" and oracle["checked"] > 0
+    assert oracle["metrics"]["gathers"] == oracle["metrics"]["rebuilt_from_shards"] == 0  # every shard matched
+    assert oracle["metrics"]["export_vs_source"] == 69  # every HF tensor, each against the source
+    assert oracle["metrics"]["export"] == "shared (roundtrip)"  # roundtrip's drain answered it: no drain of its own
     rows = {t["tensor"]: t["verdict"] for t in oracle["tensors"]}
     assert rows["decoder.layers.0.self_attention.linear_qkv.weight"] == "pass"
     assert rows["decoder.layers.1.mlp.experts.local_experts.7.linear_fc1.weight"] == "pass"  # global expert id

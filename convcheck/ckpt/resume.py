@@ -50,7 +50,6 @@ def resume_job(job: Job, layout: ParallelLayout) -> Job:
         layout=layout,
         oracles=(ORACLE,),
         resuming=True,
-        reference_manifest=None,
         write_manifest=None,
         rank_function=None,
         rank_kwargs_file=None,

@@ -31,8 +31,6 @@ class Job:
     timeout_s: float = 600.0
     experts: str = "sequential"
     """MoE expert layout: "sequential" (SequentialMLP) or "te-grouped" (TEGroupedMLP's parameters)."""
-    reference_manifest: str | None = None
-    """Layout oracle: the TP1 digest manifest the engine's reference job wrote."""
     write_manifest: str | None = None
     """Set only in the reference job: where the layout oracle writes its export digests."""
     rank_function: str | None = None
@@ -70,7 +68,6 @@ class Job:
             device=self.device,
             timeout_s=self.timeout_s,
             experts=self.experts,
-            reference_manifest=self.reference_manifest,
             write_manifest=self.write_manifest,
             progress_file=str(self.progress_file),
             sender=self.sender,

@@ -1,4 +1,5 @@
-"""The layout oracle's TP1 reference: a separate 1-rank job that writes a digest manifest, cached per input."""
+"""The layout oracle's TP1 reference: a 1-rank job, run only after a multi-rank export differed from the source,
+that writes a digest manifest (cached by content) to attribute those differences."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from convcheck.engine.launch import run_ranks
 from convcheck.layout import ParallelLayout
 from convcheck.progress import ProgressSink
 from convcheck.sources import unchanged
+from convcheck.verdict import OracleVerdict
 
 LAYOUT_ORACLE = "layout"
 
@@ -52,7 +55,6 @@ def reference_manifest(job: Job, log_dir: str | None = None, progress: ProgressS
         layout=ParallelLayout(),
         oracles=(LAYOUT_ORACLE,),
         workdir=".",
-        reference_manifest=None,
         write_manifest=str(manifest),
         manifest_out=None,
     )
@@ -75,9 +77,16 @@ def usable(manifest: Path) -> bool:
     return unchanged(recorded)
 
 
-def with_reference(job: Job, log_dir: str | None = None, progress: ProgressSink | None = None) -> Job:
-    """`job` with its TP1 reference manifest attached when the layout oracle is among its oracles (a 1-rank run is its
-    own reference: no second launch)."""
-    if LAYOUT_ORACLE not in job.oracles or job.layout.world_size == 1:
-        return job
-    return replace(job, reference_manifest=str(reference_manifest(job, log_dir, progress)))
+def attribute_layout(
+    job: Job, verdicts: tuple[OracleVerdict, ...], log_dir: str | None = None, progress: ProgressSink | None = None
+) -> tuple[OracleVerdict, ...]:
+    """`verdicts` with a pending layout verdict attributed by the TP1 manifest (launched, or reused from the cache,
+    only then); every other verdict unchanged."""
+    from convcheck.oracles.layout_invariance import attribute, pending
+
+    if not any(pending(v) for v in verdicts):
+        return verdicts
+    started = time.perf_counter()
+    manifest = reference_manifest(job, log_dir, progress)
+    seconds = round(time.perf_counter() - started, 3)
+    return tuple(attribute(v, manifest, job.layout.label, seconds) if pending(v) else v for v in verdicts)

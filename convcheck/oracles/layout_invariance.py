@@ -1,12 +1,12 @@
-"""Layout oracle: the export at the requested layout is byte-identical to a TP1 export and to the source.
+"""Layout oracle: the export at the requested layout equals the source byte for byte; a tensor that does not is
+attributed by a TP1 export (layout-dependent, or the same at TP1).
 
-Design: a TP1 export needs its own model, so before the main job the engine runs a separate 1-rank job of this
-oracle (convcheck.engine.reference) whose context carries `write_manifest`; it writes a digest manifest (per
-tensor: dtype, shape, sha256 of raw bytes). The main job's context carries `reference_manifest`; rank 0 digests
-its own export and names every tensor that differs; a differing tensor is then compared with the source bytes
-(first differing index, and the rearrangement from convcheck.diagnose when one explains it).
-The reference job also records per tensor whether its bytes equal the source (`source`), so the main job hashes only
-its own export, on worker threads (convcheck.hashpool); a 1-rank run is its own reference and hashes nothing.
+Design: the source is the layout-free fixed point, so rank 0 compares each exported tensor with the source bytes
+(convcheck.rank.source_match: roundtrip's drain when it ran) and needs no second launch when every tensor equals;
+a difference is explained from one more stream of the export. Only when some differ
+does the engine run a separate 1-rank TP1 job afterwards (convcheck.engine.reference, cached by content) that
+writes a digest manifest; `attribute` then tells, per differing tensor, whether TP1 exports the same wrong bytes
+(not layout-dependent: a mapping bug) or other bytes (the layout changes the export).
 """
 
 from __future__ import annotations
@@ -22,11 +22,15 @@ from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
 NAME = "layout"
 INFO = OracleInfo(
     name=NAME,
-    proves="the export at the requested layout is byte-identical, tensor by tensor, to a TP1 export of the "
-    "same checkpoint (digest manifest from a separate 1-rank job; a 1-rank run is its own reference) and to the "
-    "source",
-    does_not_prove="that a bug present identically at every layout (including TP1) is absent (see roundtrip)",
+    proves="the export at the requested layout is byte-identical, tensor by tensor, to the source; every tensor "
+    "that is not is attributed by a TP1 export (a separate 1-rank job, launched only then): layout-dependent, or "
+    "wrong the same way at TP1",
+    does_not_prove="that a TP1 export of tensors that equal the source at this layout would equal them too "
+    "(a TP1 run's own roundtrip proves that)",
 )
+PENDING = "tp1_reference"
+"""Metric set by a multi-rank run with differing tensors: the engine attributes them with a TP1 manifest."""
+DIFFERS = "differs-from-source"
 
 
 def digest(tensor: Any) -> dict[str, Any]:
@@ -41,161 +45,170 @@ def digest(tensor: Any) -> dict[str, Any]:
 
 
 def run(ctx: RankContext) -> OracleVerdict | None:
-    """Collective: every rank drains the export; rank 0 writes the manifest (reference job) or compares with it."""
-    write_to = ctx.write_manifest
-    ref_path = ctx.reference_manifest
-    reference = json.loads(Path(ref_path).read_text()) if ref_path and Path(ref_path).is_file() else None
-    ref = (reference or {}).get("tensors", {})
-    self_reference = reference is None and not write_to and ctx.layout.world_size == 1
-    digests, kept = _digest_export(ctx, ref, hashed=not self_reference, against_source=bool(write_to))
+    """Collective: every rank drains the export; rank 0 writes the manifest (reference job) or compares with the
+    source."""
+    if ctx.write_manifest:
+        return _write_reference(ctx, Path(ctx.write_manifest))
+    from convcheck.rank.source_match import source_match
+
+    match = source_match(ctx)  # roundtrip's drain when it ran, else one of our own
+    if match.clean:
+        if not ctx.is_reporter:
+            return None
+        rows = tuple(TensorRow(tensor=n, shape=shape, dtype=dtype, verdict="pass")
+                     for n, (shape, dtype) in sorted(match.kinds.items()))  # fmt: skip
+        metrics = {"reference": "source", "export": match.by}
+        return make_verdict(NAME, checked=len(rows), findings=[], rows=rows, metrics=metrics)
+    findings, rows = _against_source(ctx)  # something differs: stream again to explain each difference
     if not ctx.is_reporter:
         return None
-    if write_to:
-        from convcheck.atomic import write_json_atomic
-        from convcheck.sources import loaded_sources
-
-        manifest = {"layout": ctx.layout.to_dict(), "export_error": ctx.export_error, "tensors": digests}
-        write_json_atomic(Path(write_to), {**manifest, "sources": loaded_sources()})
-        return make_verdict(NAME, checked=len(digests), findings=[])
-    if self_reference:  # TP1 is the reference layout: nothing to launch, hash or compare
-        rows = tuple(TensorRow(tensor=n, shape=tuple(d["shape"]), dtype=d["dtype"], verdict="pass")
-                     for n, d in sorted(digests.items()))  # fmt: skip
-        return make_verdict(NAME, checked=len(digests), findings=[], rows=rows, metrics={"reference": "this run (TP1)"})
-    if reference is None:
-        return make_verdict(
-            NAME,
-            checked=0,
-            findings=[
-                Finding(
-                    tensor="<layout>",
-                    kind="no-reference",
-                    message="no TP1 manifest (the engine's reference job writes it; `convcheck verify` runs it)",
-                )
-            ],
-        )
-    findings = compare(ctx, digests, reference, kept)
-    bad = {f.tensor for f in findings}
-    rows = tuple(
-        TensorRow(tensor=n, shape=tuple(d["shape"]), dtype=d["dtype"], verdict="fail" if n in bad else "pass")
-        for n, d in sorted(digests.items())
-    )
-    return make_verdict(NAME, checked=len(digests), findings=findings, rows=rows)
+    checked = len(rows)
+    at_tp1 = ctx.layout.world_size == 1
+    if at_tp1:  # this run is the reference layout: a difference is the TP1 export's own
+        findings = [_retag(f, "tp1-differs-from-source", "at TP1") if f.kind == DIFFERS else f for f in findings]
+    if not findings:
+        return make_verdict(NAME, checked=checked, findings=[], rows=rows, metrics={"reference": "source"})
+    metrics = {"reference": "source"} if at_tp1 else {"reference": "source", PENDING: "pending"}
+    return make_verdict(NAME, checked=checked, findings=findings, rows=rows, metrics=metrics)
 
 
-def compare(
-    ctx: RankContext, digests: dict[str, dict[str, Any]], reference: dict[str, Any], kept: dict[str, Any]
-) -> list[Finding]:
-    """Findings for tensors whose digest differs from the TP1 manifest or the source (named, with first index)."""
-    from convcheck.bits import compare_bits
+def _against_source(ctx: RankContext) -> tuple[list[Finding], tuple[TensorRow, ...]]:
+    """Collective: drain the export; rank 0 compares each tensor with the source on its device and explains every
+    one that differs (digest, first differing index, rearrangement diagnosis)."""
+    from convcheck.bits import bytes_equal
     from convcheck.checkpoint import TensorReader
+
+    reader = TensorReader(ctx.checkpoint) if ctx.is_reporter else None
+    source = ctx.checkpoint.tensors
+    findings: list[Finding] = []
+    rows: list[TensorRow] = []
+    seen: set[str] = set()
+    for name, tensor in ctx.export(cpu=ctx.device != "cuda"):
+        if reader is None:
+            continue
+        seen.add(name)
+        src = reader.get(name) if name in source else None
+        same = (
+            src is not None
+            and src.dtype == tensor.dtype
+            and tuple(src.shape) == tuple(tensor.shape)
+            and bytes_equal(src.to(tensor.device), tensor)
+        )
+        if not same:
+            findings.append(_explain(ctx, name, tensor, src, reader))
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        rows.append(TensorRow(tensor=name, shape=tuple(tensor.shape), dtype=dtype, verdict="pass" if same else "fail"))
+    if reader is None:
+        return [], ()
+    if (failure := ctx.export_failure()) is not None:
+        findings.insert(0, failure)
+    for name in sorted(set(source) - seen):
+        findings.append(
+            Finding(tensor=name, kind="missing", message=f"in the source, not in the {ctx.layout.label} export")
+        )
+    return findings, tuple(sorted(rows, key=lambda r: r.tensor))
+
+
+def _explain(ctx: RankContext, name: str, tensor: Any, src: Any, reader: Any) -> Finding:
+    """The `differs-from-source` finding of one exported tensor, with its digest for the TP1 attribution."""
+    from convcheck.bits import compare_bits
     from convcheck.diagnose import SiblingIndex, diagnose
 
+    detail: dict[str, Any] = {"digest": digest(tensor)}
+    if src is None:
+        message = f"in the {ctx.layout.label} export, not in the source"
+        return Finding(tensor=name, kind=DIFFERS, message=message, detail=detail)
+    against = compare_bits(name, src.to(tensor.device), tensor)
+    message = f"differs from the source at {ctx.layout.label}: {against.message if against else 'bytes'}"
+    if against is not None:
+        detail.update({k: v for k, v in against.detail.items() if k in ("first_index", "count")})
+    siblings = SiblingIndex(ctx.checkpoint.tensors)
+    found = diagnose(name, src, tensor.cpu(), {n: reader.get(n) for n in siblings.siblings(name)})
+    if found is not None:
+        message += f"; diagnosis: {found.text}"
+        detail["diagnosis"] = found.text
+    return Finding(tensor=name, kind=DIFFERS, message=message, detail=detail)
+
+
+def _write_reference(ctx: RankContext, path: Path) -> OracleVerdict | None:
+    """Reference job: digest every exported tensor (hashed on worker threads) into the manifest at `path`."""
+    from convcheck.atomic import write_json_atomic
+    from convcheck.hashpool import HashPool
+    from convcheck.sources import loaded_sources
+
+    pool = HashPool() if ctx.is_reporter else None
+    digests: dict[str, dict[str, Any]] = {}
+    for name, tensor in ctx.export():
+        if pool is not None:
+            digests[name] = {"dtype": str(tensor.dtype).removeprefix("torch."), "shape": list(tensor.shape)}
+            pool.submit(name, tensor)
+    if pool is None:
+        return None
+    for name, sha in pool.results().items():
+        digests[name]["sha256"] = sha
+    manifest = {"layout": ctx.layout.to_dict(), "export_error": ctx.export_error, "tensors": digests}
+    write_json_atomic(path, {**manifest, "sources": loaded_sources()})
+    return make_verdict(NAME, checked=len(digests), findings=[])
+
+
+def pending(verdict: OracleVerdict) -> bool:
+    """True when a multi-rank layout verdict waits for its TP1 attribution."""
+    return verdict.name == NAME and verdict.metrics.get(PENDING) == "pending"
+
+
+def attribute(verdict: OracleVerdict, manifest_path: Path, layout_label: str, seconds: float = 0.0) -> OracleVerdict:
+    """The layout verdict with each difference from the source attributed by the TP1 manifest: the same bytes at
+    TP1 (`tp1-differs-from-source`, not layout-dependent) or other bytes (`layout-differs`)."""
+    manifest = json.loads(Path(manifest_path).read_text())
+    ref = manifest.get("tensors", {})
     findings: list[Finding] = []
-    ref = reference.get("tensors", {})
-    reader = TensorReader(ctx.checkpoint)
-    source = ctx.checkpoint.tensors
-    if (failure := ctx.export_failure()) is not None:
-        findings.append(failure)
-    if reference.get("export_error"):
-        findings.append(
-            Finding(
-                tensor="<export>",
-                kind="tp1-export-failed",
-                message=f"the TP1 export raised {reference['export_error']}",
-            )
-        )
-    for name in sorted(set(ref) & set(source)):
-        recorded = ref[name].get("source")  # older manifests lack it: hash the source then
-        if not (recorded if recorded is not None else digest(reader.get(name)) == _bare(ref[name])):
+    first = None
+    for f in verdict.findings:
+        if f.kind == DIFFERS:
+            mine = f.detail.get("digest", {})
+            theirs = ref.get(f.tensor)
+            if theirs is not None and _bare(theirs) == _bare(mine):
+                findings.append(_retag(f, "tp1-differs-from-source", "the same at TP1: not layout-dependent"))
+                continue
+            first = first or f.tensor
+            at_tp1 = "not in the TP1 export" if theirs is None else f"TP1 exports {_brief(theirs)}"
+            layout = digest_cmp(mine, theirs or {})
             findings.append(
                 Finding(
-                    tensor=name,
-                    kind="tp1-differs-from-source",
-                    message="the TP1 export of this tensor differs from the source bytes (see roundtrip at TP1)",
+                    tensor=f.tensor,
+                    kind="layout-differs",
+                    message=f"{f.message}; {at_tp1}",
+                    detail={**f.detail, "layout": layout},
                 )
             )
-    for name in sorted(set(ref) - set(digests)):
-        findings.append(
-            Finding(tensor=name, kind="missing", message=f"in the TP1 export, not in the {ctx.layout.label} export")
-        )
-    for name in sorted(set(digests) - set(ref)):
-        findings.append(
-            Finding(tensor=name, kind="extra", message=f"in the {ctx.layout.label} export, not in the TP1 export")
-        )
-    first_differing = None
-    siblings: SiblingIndex | None = None  # built at the first tensor to diagnose
-    for name in sorted(set(digests) & set(ref)):
-        if _bare(digests[name]) == _bare(ref[name]):
-            continue
-        first_differing = first_differing or name
-        message = f"differs from the TP1 export ({_brief(digests[name])} vs TP1 {_brief(ref[name])})"
-        detail: dict[str, Any] = {"layout": digest_cmp(digests[name], ref[name])}
-        if name in source:
-            tensor = kept.get(name)
-            src = reader.get(name)
-            if tensor is not None:
-                against = compare_bits(name, src, tensor)
-                if against is not None:
-                    message += f"; against the source: {against.message}"
-                    detail.update({k: v for k, v in against.detail.items() if k in ("first_index", "count")})
-                    siblings = siblings or SiblingIndex(source)
-                    others = {n: reader.get(n) for n in siblings.siblings(name)}
-                    found = diagnose(name, src, tensor, others)
-                    if found is not None:
-                        message += f"; diagnosis: {found.text}"
-                        detail["diagnosis"] = found.text
-                else:
-                    message += "; equals the source (the TP1 export is the one that differs)"
-        findings.append(Finding(tensor=name, kind="layout-differs", message=message, detail=detail))
-    if first_differing is not None:
+        elif f.kind == "missing":
+            where = "also missing from the TP1 export" if f.tensor not in ref else "the TP1 export has it"
+            first = first or (f.tensor if f.tensor in ref else None)
+            findings.append(_retag(f, f.kind, where))
+        else:
+            findings.append(f)
+    if manifest.get("export_error"):
+        message = f"the TP1 export raised {manifest['export_error']}"
+        findings.append(Finding(tensor="<export>", kind="tp1-export-failed", message=message))
+    if first is not None:
         findings.append(
             Finding(
                 tensor="<layout>",
                 kind="first-differing",
-                message=f"first tensor that differs from the TP1 export: {first_differing}",
-                detail={"tensor": first_differing},
+                message=f"first tensor whose {layout_label} export differs from the TP1 export: {first}",
+                detail={"tensor": first},
             )
         )
-    return findings
+    metrics = {**verdict.metrics, PENDING: str(manifest_path), "tp1_reference_s": seconds}
+    return make_verdict(NAME, verdict.checked, findings, rows=verdict.rows, metrics=metrics, seconds=verdict.seconds)
 
 
-def _digest_export(
-    ctx: RankContext, ref: dict[str, Any], hashed: bool, against_source: bool
-) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    """Collective: drain the export; rank 0 gets each tensor's digest (hashed on worker threads; only dtype and shape
-    when not `hashed`), with `source` (bytes equal to the source tensor) when `against_source`, and a CPU copy of
-    every tensor whose digest differs from `ref`."""
-    from convcheck.bits import bytes_equal
-    from convcheck.checkpoint import TensorReader
-    from convcheck.hashpool import HashPool
-
-    kept: dict[str, Any] = {}
-
-    def keep_if_differs(name: str, sha: str, cpu: Any) -> None:
-        if name in ref and ref[name].get("sha256") != sha:
-            kept[name] = cpu  # only differing tensors are kept, for diagnosis without a rerun
-
-    pool = HashPool(on_done=keep_if_differs) if ctx.is_reporter and hashed else None
-    reader = TensorReader(ctx.checkpoint) if ctx.is_reporter and against_source else None
-    digests: dict[str, dict[str, Any]] = {}
-    for name, tensor in ctx.export():
-        if not ctx.is_reporter:
-            continue
-        digests[name] = {"dtype": str(tensor.dtype).removeprefix("torch."), "shape": list(tensor.shape)}
-        if reader is not None and name in ctx.checkpoint.tensors:
-            src = reader.get(name)
-            same_kind = src.dtype == tensor.dtype and tuple(src.shape) == tuple(tensor.shape)
-            digests[name]["source"] = same_kind and bytes_equal(src.to(tensor.device), tensor)
-        if pool is not None:
-            pool.submit(name, tensor)
-    if pool is not None:
-        for name, sha in pool.results().items():
-            digests[name]["sha256"] = sha
-    return digests, kept
+def _retag(f: Finding, kind: str, note: str) -> Finding:
+    return Finding(tensor=f.tensor, kind=kind, message=f"{f.message} ({note})", detail=f.detail)
 
 
 def _bare(d: dict[str, Any]) -> dict[str, Any]:
-    """A manifest entry without the `source` flag (what two exports must agree on)."""
+    """A manifest entry's dtype, shape and digest (what two exports must agree on)."""
     return {k: d[k] for k in ("dtype", "shape", "sha256") if k in d}
 
 

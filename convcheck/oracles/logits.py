@@ -3,7 +3,8 @@
 Numeric, not bitwise: both models run in fp32 on the same fixed tokens; the verdict reports the measured
 max abs error, the max error relative to the largest |HF logit|, and the thresholds they are held to.
 The Megatron side is the very model the bridge loaded (every rank, real TP/EP/PP collectives), upcast in
-place to fp32 for the forward and restored to its original tensors afterwards.
+place to fp32 for the forward and restored to its original tensors afterwards. The HF side is loaded in the
+checkpoint's dtype on rank 0's device and upcast one block at a time (bitwise the fp32-loaded model's logits).
 """
 
 from __future__ import annotations
@@ -115,15 +116,64 @@ def megatron_logits(ctx: RankContext, tokens: Any) -> Any | None:
     return out.cpu()
 
 
-def hf_logits(path: Any, tokens: Any) -> Any:
-    """fp32 logits [B, S, V] of the HF model loaded by transformers from the checkpoint (eager attention)."""
+def hf_logits(path: Any, tokens: Any, device: str = "cpu") -> Any:
+    """fp32 logits [B, S, V] of the HF model loaded by transformers from the checkpoint (eager attention).
+
+    The model is loaded in the checkpoint's dtype on `device`; each top-level block (embedding, every layer, the
+    final norm, the head) runs on fp32 copies of its parameters made just before it and dropped after it, so the
+    forward is fp32 while memory holds the model once plus one block in fp32."""
     import torch
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
-    model.eval()
-    with torch.no_grad():
-        return model(input_ids=tokens).logits.float()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype="auto", attn_implementation="eager")
+    model.to(device).eval()
+    with blockwise_fp32(model), torch.no_grad():
+        return model(input_ids=tokens.to(device)).logits.float().cpu()
+
+
+@contextmanager
+def blockwise_fp32(model: Any) -> Iterator[None]:
+    """Hooks that give each top-level block fp32 parameters for its own forward only (restored bit for bit)."""
+    import torch
+
+    def up(module: Any, _args: Any) -> None:
+        saved = []
+        for param in module.parameters():
+            if param.is_floating_point() and param.dtype != torch.float32:
+                saved.append((param, param.data))
+                param.data = param.data.float()
+        module._convcheck_saved = saved
+
+    def down(module: Any, _args: Any, _out: Any) -> None:
+        for param, data in module.__dict__.pop("_convcheck_saved", []):
+            param.data = data
+
+    handles = []
+    for block in _blocks(model):
+        handles += [block.register_forward_pre_hook(up), block.register_forward_hook(down)]
+    buffers = [(b, b.data) for b in model.buffers() if b.is_floating_point() and b.dtype != torch.float32]
+    for b, data in buffers:
+        b.data = data.float()
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        for b, data in buffers:
+            b.data = data
+
+
+def _blocks(model: Any) -> list[Any]:
+    """The modules that own parameters directly under the model's trunk: embedding, each layer, norm, head."""
+    import torch
+
+    out = []
+    for child in model.children():
+        if isinstance(child, torch.nn.ModuleList) or any(True for _ in child.parameters(recurse=False)):
+            out += list(child) if isinstance(child, torch.nn.ModuleList) else [child]
+        elif any(True for _ in child.parameters()):
+            out += _blocks(child)
+    return out
 
 
 def compare(megatron: Any, hf: Any) -> tuple[list[Finding], dict[str, Any]]:
@@ -185,6 +235,15 @@ def _where(exc: BaseException) -> str:
     return " <- ".join(f"{f.filename.rpartition('site-packages/')[2]}:{f.lineno}" for f in reversed(frames[-3:]))
 
 
+def _hf_device(ctx: RankContext) -> str:
+    """Where rank 0 runs the HF reference: its own device (the GPU of a CUDA run), so the host holds no model."""
+    import torch
+
+    params = (p for chunk in ctx.model for p in chunk.parameters())
+    first = next(params, None)
+    return str(first.device) if first is not None and first.device.type == "cuda" else str(torch.device("cpu"))
+
+
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank runs its part of the Megatron forward; rank 0 runs HF and compares."""
     from convcheck.bits import int_view
@@ -220,7 +279,7 @@ def run(ctx: RankContext) -> OracleVerdict | None:
                 )
             )
     try:
-        hf = hf_logits(ctx.checkpoint.path, tokens)
+        hf = hf_logits(ctx.checkpoint.path, tokens, device=_hf_device(ctx))
     except Exception as exc:  # noqa: BLE001 - reported, the Megatron side already ran
         findings.append(Finding(tensor="<hf forward>", kind="hf-failed", message=one_line(exc)))
         return make_verdict(NAME, checked=0, findings=findings, unit="logits")

@@ -1,11 +1,11 @@
 """Mapping oracle: the bridge's shards and export, compared bitwise with convcheck's own explicit mappings.
 
-Memory bound (rank 0): one batch of gathered shards (at most `GATHER_BYTES`, or one parameter's shards if larger)
-plus what `from_shards` yields at once (one HF tensor or one expert), a (dtype, shape, sha256) digest per HF tensor,
-and, only for mismatching tensors, at most `KEEP_BYTES` of rebuilt tensors (or one tensor, if larger) per extra
-export stream; other ranks hold their shards. Shards travel in batches of whole parameters, one `gather_object` per
-batch, so the number of collectives follows the model's bytes, not its parameter count. Digests are hashed on
-worker threads (convcheck.hashpool), with at most its budget of tensor copies waiting.
+Every rank compares its shards with `to_shard` of the HF checkpoint. Where all of a parameter's shards match, the
+mapping rebuilds exactly the source tensors from them (`from_shards` inverts `to_shard`, tests/test_mappings.py),
+so rank 0 compares the export with the source bytes as it streams. Only parameters with a wrong shard ("suspect")
+are gathered to rank 0 and rebuilt, in batches of at most `GATHER_BYTES` (one `gather_object` per batch), and their
+export digests compared; a mismatch of either kind is localised by rebuilding it and re-streaming the export, keeping
+at most `KEEP_BYTES` of rebuilt tensors per stream.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ INFO = OracleInfo(
     name=NAME,
     proves="every parameter convcheck's explicit mappings cover holds, on every rank, exactly the shard those "
     "mappings derive from the HF checkpoint, and the bridge's export equals the HF tensors the mappings "
-    "rebuild from the loaded shards (bitwise); catches bugs made identically in import and export",
+    "rebuild from the loaded shards (bitwise: the source tensor where every shard matched, else rebuilt from the "
+    "gathered shards); catches bugs made identically in import and export",
     does_not_prove="anything about parameters the explicit registry does not cover (listed as uncovered), nor that "
     "the explicit mappings themselves match Megatron's forward beyond their own tests",
 )
@@ -87,8 +88,9 @@ def _import_findings(ctx: RankContext, registry: MappingRegistry, coord: RankCoo
 
 
 def run(ctx: RankContext) -> OracleVerdict | None:
-    """Collective: every rank checks its shards; rank 0 rebuilds HF tensors one parameter at a time and checks the
-    export against their digests, re-streaming the export only to localise mismatches."""
+    """Collective: every rank checks its shards against the explicit mappings; rank 0 checks the export against the
+    source where every shard matched (the mappings rebuild the source from such shards) and against tensors rebuilt
+    from the gathered shards elsewhere, re-streaming the export only to localise mismatches."""
     coord = ctx.coord
     local = {ctx.global_name(n, vp): t for vp, n, t in named_tensors(ctx.model)}
     all_names = {n for names in ctx.gather(sorted(local)) for n in names}
@@ -106,31 +108,32 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     mine, sizes = _senders(gathered, ctx.rank)
     del gathered
     params = sorted(n for n in all_names if registry.get(n) is not None and n not in registry.copies)
+    owner = {hf: n for n in params for hf in registry.get(n).hf_names}  # type: ignore[union-attr]
+    suspect = {f.tensor for f in findings} & set(params)  # same on every rank: the findings were gathered
     shipping = _Shipping(local=local, held=held, mine=mine, sizes=sizes)
 
-    exported = _export_digests(ctx)
-    export_failure = ctx.export_failure()  # read now: _localise re-streams the export
+    exported, mismatched, export_failure, seen, export_from = _check_export(ctx, owner, suspect)
     rebuilt = _Digests()
-    for name, shards in _gathered(ctx, params, shipping):
+    for name, shards in _gathered(ctx, sorted(suspect), shipping):
         try:
             for hf_name, tensor in registry.get(name).from_shards(shards, ctx.layout):  # type: ignore[union-attr]
                 rebuilt.add(hf_name, tensor, owner=name)
         except MappingError as exc:
             findings.append(Finding(tensor=name, kind="mapping-error", message=str(exc)))
-    ours = {hf: (owner, d) for hf, owner, d in rebuilt.results()}  # the last rebuild of a name wins
-    mismatched = {
-        hf: megatron for hf, (megatron, d) in ours.items() if hf in exported and any(e != d for e in exported[hf])
-    }
-    sizes = {hf: _nbytes(ours[hf][1]) for hf in mismatched}
+    ours = {hf: (megatron, d) for hf, megatron, d in rebuilt.results()}  # the last rebuild of a name wins
+    for hf, (megatron, d) in ours.items():
+        if hf in exported and any(e != d for e in exported[hf]):
+            mismatched[hf] = megatron
+    sizes = {hf: _nbytes(ours[hf][1]) if hf in ours else seen[hf] for hf in mismatched}
     plan = ctx.gather(_plan(mismatched, sizes) if ctx.is_reporter else None)[0]
     for batch in plan:
-        findings += _localise(ctx, registry, batch, shipping)
+        findings += _localise(ctx, registry, batch, shipping, from_source=set(mismatched) - set(ours))
 
     if not ctx.is_reporter:
         return None
     findings += _uncovered(registry)
-    checked_exports = set(ours) & set(exported)
-    for hf_name in sorted(set(ours) - checked_exports):
+    checked_exports = set(owner) & set(exported)
+    for hf_name in sorted(set(owner) - checked_exports):
         findings.append(Finding(tensor=hf_name, kind="not-exported", message="the bridge export never produced it"))
     if export_failure is not None:
         findings.append(export_failure)
@@ -140,9 +143,74 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     )
     covered_count = sum(1 for n in all_names if registry.get(n) is not None)
     unit = f"names ({covered_count} Megatron parameters + {len(checked_exports)} HF tensors)"
-    metrics = {"gathers": shipping.gathers, "gather_bytes": GATHER_BYTES}
+    metrics = {
+        "gathers": shipping.gathers,
+        "gather_bytes": GATHER_BYTES,
+        "rebuilt_from_shards": len(suspect),
+        "export_vs_source": len(checked_exports) - len(set(ours) & checked_exports),
+        "export": export_from,
+    }
     checked = covered_count + len(checked_exports)
     return make_verdict(NAME, checked=checked, findings=findings, rows=rows, unit=unit, metrics=metrics)
+
+
+def _check_export(
+    ctx: RankContext, owner: dict[str, str], suspect: set[str]
+) -> tuple[dict[str, list[Digest]], dict[str, str], Finding | None, dict[str, int], str]:
+    """Collective: exported names (digests for suspect ones), source-checked mismatches, the export failure, the
+    mismatches' sizes and where the answer came from (the run's shared source match when no shard was wrong and the
+    export equals the source, else a drain of our own)."""
+    from convcheck.rank.source_match import source_match
+
+    if not suspect:
+        match = source_match(ctx)
+        if match.clean:
+            return {n: [] for n in match.equal}, {}, None, {}, f"shared ({match.by})"
+    seen = _ExportCheck(ctx, owner, suspect)
+    for hf_name, tensor in ctx.export(cpu=ctx.device != "cuda"):
+        seen.add(hf_name, tensor)
+    export_failure = ctx.export_failure()  # read now: _localise re-streams the export
+    exported, mismatched = seen.results()
+    return exported, mismatched, export_failure, seen.nbytes, "own drain"
+
+
+class _ExportCheck:
+    """Rank 0's pass over the export: a tensor whose owning parameter's shards all matched is compared with the
+    source bytes (what the mapping rebuilds from those shards); a suspect parameter's tensors are digested for the
+    comparison with its rebuild."""
+
+    def __init__(self, ctx: RankContext, owner: dict[str, str], suspect: set[str]) -> None:
+        self.reader = TensorReader(ctx.checkpoint) if ctx.is_reporter else None
+        self.owner, self.suspect, self.source = owner, suspect, ctx.checkpoint.tensors
+        self.digests = _Digests()
+        self.names: set[str] = set()
+        self.mismatched: dict[str, str] = {}
+        self.nbytes: dict[str, int] = {}
+
+    def add(self, hf_name: str, tensor: Any) -> None:
+        if self.reader is None:
+            return
+        self.names.add(hf_name)
+        megatron = self.owner.get(hf_name)
+        if megatron is None:
+            return
+        if megatron in self.suspect or hf_name not in self.source:
+            self.digests.add(hf_name, tensor)
+            return
+        from convcheck.bits import bytes_equal
+
+        src = self.reader.get(hf_name)
+        same_kind = src.dtype == tensor.dtype and tuple(src.shape) == tuple(tensor.shape)
+        if not (same_kind and bytes_equal(src.to(tensor.device), tensor)):
+            self.mismatched[hf_name] = megatron
+            self.nbytes[hf_name] = src.numel() * src.element_size()
+
+    def results(self) -> tuple[dict[str, list[Digest]], dict[str, str]]:
+        """Exported names (with digests for the suspect ones, in yield order) and the source-checked mismatches."""
+        exported: dict[str, list[Digest]] = {n: [] for n in self.names}
+        for hf_name, _, d in self.digests.results():
+            exported[hf_name].append(d)
+        return exported, self.mismatched
 
 
 def _senders(gathered: list[Any], rank: int) -> tuple[set[str], dict[str, int]]:
@@ -166,18 +234,6 @@ def _uncovered(registry: MappingRegistry) -> list[Finding]:
         out.append(
             Finding(tensor=name, kind="uncovered", message=f"explicit mappings for {registry.architecture}: {what}")
         )
-    return out
-
-
-def _export_digests(ctx: RankContext) -> dict[str, list[Digest]]:
-    """Collective: stream the bridge export once; rank 0 keeps each yielded tensor's digest (in yield order)."""
-    digests = _Digests() if ctx.is_reporter else None
-    for hf_name, tensor in ctx.export():
-        if digests is not None:
-            digests.add(hf_name, tensor)
-    out: dict[str, list[Digest]] = {}
-    for hf_name, _, d in digests.results() if digests is not None else ():
-        out.setdefault(hf_name, []).append(d)
     return out
 
 
@@ -277,8 +333,11 @@ def _localise(
     registry: MappingRegistry,
     batch: dict[str, list[str]],
     ship: _Shipping,
+    from_source: set[str],
 ) -> list[Finding]:
-    """Collective: rebuild this batch's mismatching tensors again, stream the export once, name each difference."""
+    """Collective: rebuild this batch's mismatching tensors from the gathered shards, stream the export once, name
+    each difference (`from_source`: found against the source, so a rebuild equal to the export is our mapping's
+    fault)."""
     keep: dict[str, tuple[str, Any]] = {}
     for megatron, shards in _gathered(ctx, sorted(batch), ship):
         wanted = set(batch[megatron])
@@ -305,7 +364,14 @@ def _localise(
                     detail={**finding.detail, "megatron": megatron},
                 )
             )
-    for hf_name in sorted(set(keep) - named):  # the digests differed, the second stream matched
+    for hf_name in sorted(set(keep) - named):  # the first pass differed, the rebuild matches the second stream
+        if hf_name in from_source:
+            message = (
+                f"the export differs from the source, yet equals what the explicit mapping of {keep[hf_name][0]} "
+                "rebuilds from shards that match its own to_shard: the mapping's from_shards is not to_shard's inverse"
+            )
+            findings.append(Finding(tensor=hf_name, kind="mapping-not-inverse", message=message))
+            continue
         message = "the bridge export differed between two streams of the same model"
         findings.append(Finding(tensor=hf_name, kind="export-unstable", message=message))
     return findings

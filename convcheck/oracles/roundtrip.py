@@ -47,6 +47,10 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         rows[name] = TensorRow(
             tensor=name, shape=tuple(tensor.shape), dtype=_dt(tensor), verdict="fail" if failed else "pass"
         )
+    from convcheck.rank.source_match import record
+
+    equal = {n: r.verdict == "pass" and n in source for n, r in rows.items()}
+    record(ctx, equal, {n: (r.shape, r.dtype) for n, r in rows.items()}, by=NAME)  # layout and mapping reuse it
     if reader is None:
         return None
     if (failure := ctx.export_failure()) is not None:

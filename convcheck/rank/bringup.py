@@ -28,7 +28,6 @@ class RankSpec:
     device: str = "cpu"
     timeout_s: float = 600.0
     experts: str = "sequential"
-    reference_manifest: str | None = None
     write_manifest: str | None = None
     progress_file: str | None = None
     """Rank 0 appends progress events here (None: silent)."""
@@ -81,7 +80,6 @@ def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bo
         bridge=bridge,
         provider=provider,
         model=model,
-        reference_manifest=spec.reference_manifest,
         write_manifest=spec.write_manifest,
         progress=progress,
         sender=spec.sender,

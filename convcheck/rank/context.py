@@ -34,8 +34,8 @@ class RankContext:
     """One line when the bridge's import raised (the model then holds what was written before)."""
     export_error: str | None = None
     """One line when the last export stream raised (it then ends early)."""
-    reference_manifest: str | None = None
-    """Layout oracle: the TP1 digest manifest to compare with (written by the engine's reference job)."""
+    source_match: Any = None
+    """This run's export-vs-source answer once a drain recorded it (convcheck.rank.source_match)."""
     write_manifest: str | None = None
     """Layout oracle in the reference job: write this rank's export digests here instead of comparing."""
     progress: ProgressWriter = field(default_factory=lambda: ProgressWriter(None))
