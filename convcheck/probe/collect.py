@@ -25,7 +25,10 @@ def collect(ctx: Any, *, with_real: bool) -> list[dict[str, Any]]:
     cached = getattr(ctx, _CACHE_ATTR, None)
     if cached is not None and (cached[0] or not with_real):
         return cached[1]
+    from convcheck.hashpool import HashPool
+
     records: list[dict[str, Any]] = []
+    pool = HashPool() if with_real and ctx.world > 1 else None  # real outputs hashed on worker threads
     for index, task in enumerate(tasks_of(ctx)):
         param = str(getattr(task, "global_param_name", "") or task.param_name)
         base = {"task": index, "param": param}
@@ -50,16 +53,21 @@ def collect(ctx: Any, *, with_real: bool) -> list[dict[str, Any]]:
                 rec.update(shape=list(slot.shape), writer=[list(w) for w in slot.writer], ranges=hf_ranges(slot.runs))
                 rec["owned"] = slot.owned
             if with_real:
-                rec.update(_against_real(real.get(name), slot, task.param_weight, digest=ctx.world > 1))
+                rec.update(_against_real(real.get(name), slot, task.param_weight))
+                if pool is not None and rec["real"] is not None:  # several ranks export it: digest for the assembler
+                    pool.submit(len(records), real[name])
             records.append(rec)
+    if pool is not None:
+        for at, sha in pool.results().items():
+            records[at]["real"]["sha256"] = sha
     setattr(ctx, _CACHE_ATTR, (with_real, records))
     return records
 
 
-def _against_real(tensor: Any, slot: Any, weight: Any, *, digest: bool = True) -> dict[str, Any]:
-    """Compare this rank's probe slot with the real output bitwise, run by run on the weight's device; digest the
-    real output for cross-rank checks (`digest`: several ranks export it)."""
-    from convcheck.bits import describe_element, int_view, tensor_sha256, unravel_index
+def _against_real(tensor: Any, slot: Any, weight: Any) -> dict[str, Any]:
+    """Compare this rank's probe slot with the real output bitwise, run by run on the weight's device (its digest,
+    for the cross-rank check, is filled in by `collect`)."""
+    from convcheck.bits import describe_element, int_view, unravel_index
     from convcheck.probe.runs import diff_positions, mismatched_runs
 
     if tensor is None:
@@ -69,7 +77,7 @@ def _against_real(tensor: Any, slot: Any, weight: Any, *, digest: bool = True) -
         "real": {
             "shape": list(tensor.shape),
             "dtype": str(tensor.dtype).removeprefix("torch."),
-            "sha256": tensor_sha256(tensor) if digest else None,
+            "sha256": None,
         }
     }
     if slot is None or slot.owned == 0:
