@@ -104,3 +104,53 @@ def test_gap_and_overlap_named_by_hf_index() -> None:
 def test_replicas_count_once() -> None:
     findings, proven = assemble([[_rec(0, [], [(0, 16)], [4, 4])], [_rec(0, [], [(0, 16)], [4, 4])]], {"w": (4, 4)})
     assert not findings and proven == 16
+
+
+def _patterns(shape: tuple[int, ...], rank: int) -> tuple[list[torch.Tensor], int, torch.dtype]:
+    """Probe outputs a mapping can make of one shard: whole rows moved, rows placed among zeros, rows reordered,
+    column blocks, transposes, permutations, duplicates, and two with a foreign code."""
+    numel = 1
+    for d in shape:
+        numel *= d
+    codes, dtype = shard_codes(shape, rank, numel)
+    zeros = torch.zeros_like(codes)
+    rows = codes.reshape(-1, codes.shape[-1])
+    out = [
+        codes,
+        torch.cat([codes, zeros]),
+        torch.cat([zeros, codes]),
+        torch.cat([codes, codes]),
+        codes.flip(0).contiguous(),
+        codes.reshape(-1).flip(0).reshape(shape).contiguous(),
+        codes.reshape(-1)[torch.randperm(numel, generator=torch.Generator().manual_seed(rank))].reshape(shape),
+        torch.cat([rows[rows.shape[0] // 2 :], torch.zeros_like(rows[:1]), rows[: rows.shape[0] // 2]]),
+    ]
+    if codes.dim() >= 2:
+        out += [torch.cat([codes, zeros], -1), codes.transpose(-1, -2).contiguous()]
+    for at, value in ((-1, 100), (0, -3)):
+        bad = codes.clone().reshape(-1)
+        bad[at] = bad[at] + value
+        out.append(bad.reshape(shape))
+    return out, numel, dtype
+
+
+@pytest.mark.parametrize("shape", [(4, 6), (8, 3), (12,), (2, 3, 4), (1, 5), (6, 1)])
+@pytest.mark.parametrize("rank", [0, 1, 2])
+def test_row_decoder_agrees_with_the_element_decoder(shape: tuple[int, ...], rank: int) -> None:
+    """The whole-row fast path gives exactly the element decoder's runs, or its refusal, on every pattern."""
+    from convcheck.probe.runs import _element_runs, _row_runs
+
+    outs, numel, dtype = _patterns(shape, rank)
+    fast = 0
+    for out in outs:
+        try:
+            want = _element_runs(out, rank, numel).tolist()
+        except ProbeCommError:
+            want = None
+        try:
+            got = decode_runs(out, rank, numel, dtype).tolist()
+        except ProbeCommError:
+            got = None
+        assert got == want, out
+        fast += _row_runs(out, rank, numel) is not None
+    assert fast >= 2  # whole-row patterns took the fast path

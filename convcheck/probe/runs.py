@@ -29,11 +29,71 @@ def shard_codes(shape: tuple[int, ...], rank: int, numel: int, device: Any = Non
 def decode_runs(out: Any, rank: int, numel: int, code_dtype: Any) -> Any:
     """int64 [k, 3] CPU runs (hf_start, local_start, length) of this rank's codes in `out`; ProbeCommError when
     a code is foreign."""
-    import torch
 
     if out.dtype != code_dtype:
         raise ProbeCommError(f"probe: output dtype {out.dtype} is not the code dtype (the mapping computed, not moved)")
-    flat = out.detach().reshape(-1)
+    fast = _row_runs(out.detach(), rank, numel)
+    if fast is not None:
+        return fast
+    return _element_runs(out.detach(), rank, numel)
+
+
+def _row_runs(out: Any, rank: int, numel: int) -> Any | None:
+    """The runs when every row (last dim) of `out` is all zero or one contiguous in-range block of this rank's
+    codes (the common case: whole rows moved), proven by one comparison with the rows the first codes imply; None
+    when not (then the element decoder decides). Runs of consecutive rows are merged, as the element decoder does."""
+    import torch
+
+    cols = out.shape[-1] if out.dim() else 1
+    if out.numel() == 0 or cols == 0:
+        return None
+    rows = out.reshape(-1, cols)
+    first = rows[:, 0]
+    mine = first.ne(0)
+    local = first.to(torch.int64) - 1 - rank * numel
+    if bool((mine & (local.lt(0) | local.gt(numel - cols))).any()):
+        return None  # out of range: leave the verdict to the element decoder
+    index = mine.nonzero().squeeze(1)
+    if not _rows_hold(rows, first, mine, index):
+        return None
+    starts = local[index]
+    if index.numel() > 1:  # a row continues the previous one: both the HF row and the codes advance by one row
+        joins = index[1:].sub(index[:-1]).eq(1) & starts[1:].sub(starts[:-1]).eq(cols)
+        keep = torch.cat([torch.ones(1, dtype=torch.bool, device=joins.device), ~joins])
+    else:
+        keep = torch.ones(index.numel(), dtype=torch.bool, device=index.device)
+    heads = keep.nonzero().squeeze(1)
+    counts = torch.diff(torch.cat([heads, torch.tensor([index.numel()], device=heads.device)]))
+    runs = torch.stack([index[heads] * cols, starts[heads], counts * cols], dim=1)
+    return runs.cpu()
+
+
+def _rows_hold(rows: Any, first: Any, mine: Any, index: Any) -> bool:
+    """True when the rows marked `mine` each equal their first code plus 0, 1, 2, ... and every other row is zero
+    (one block of rows is checked through views, without copies)."""
+    import torch
+
+    if index.numel() == 0:
+        return not bool(rows.any())
+    a, b = int(index[0]), int(index[-1]) + 1
+    if b - a == index.numel():  # the rows of this rank form one block
+        block = rows[a:b]
+        if bool(rows[:a].any()) or bool(rows[b:].any()):
+            return False
+        if bool(first[a + 1 : b].sub(first[a : b - 1]).eq(rows.shape[1]).all()):  # one run: compare with a ramp
+            ramp = torch.arange(block.numel(), dtype=rows.dtype, device=rows.device).add_(first[a])
+            return torch.equal(block.reshape(-1), ramp)
+        ramp = torch.arange(rows.shape[1], dtype=rows.dtype, device=rows.device)
+        return torch.equal(block, first[a:b].unsqueeze(1) + ramp)
+    ramp = torch.arange(rows.shape[1], dtype=rows.dtype, device=rows.device)
+    return not bool(rows[~mine].any()) and torch.equal(rows[mine], first[mine].unsqueeze(1) + ramp)
+
+
+def _element_runs(out: Any, rank: int, numel: int) -> Any:
+    """The runs decoded element by element (any rearrangement); ProbeCommError when a code is foreign."""
+    import torch
+
+    flat = out.reshape(-1)
     mine = flat.ne(0)
     follows = torch.zeros_like(mine)
     if flat.numel() > 1:
