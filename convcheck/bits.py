@@ -35,6 +35,13 @@ def bytes_equal(expected: Any, actual: Any) -> bool:
     return bool(torch.equal(a, b))  # exact on integer views: no float semantics involved
 
 
+def same_tensor(expected: Any, actual: Any) -> bool:
+    """True when `actual` has the dtype, shape and raw bytes of `expected` (moved to `actual`'s device to compare)."""
+    if expected.dtype != actual.dtype or tuple(expected.shape) != tuple(actual.shape):
+        return False
+    return bytes_equal(expected.to(actual.device), actual)
+
+
 def unravel_index(flat_index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
     """The index in `shape` of the element at `flat_index` of the row-major flattening."""
     out = []

@@ -75,27 +75,25 @@ def run(ctx: RankContext) -> OracleVerdict | None:
 def _against_source(ctx: RankContext) -> tuple[list[Finding], tuple[TensorRow, ...]]:
     """Collective: drain the export; rank 0 compares each tensor with the source on its device and explains every
     one that differs (digest, first differing index, rearrangement diagnosis)."""
-    from convcheck.bits import bytes_equal
+    from convcheck.bits import same_tensor
     from convcheck.checkpoint import TensorReader
+    from convcheck.diagnose import SiblingIndex
 
     reader = TensorReader(ctx.checkpoint) if ctx.is_reporter else None
     source = ctx.checkpoint.tensors
     findings: list[Finding] = []
     rows: list[TensorRow] = []
     seen: set[str] = set()
+    siblings = None
     for name, tensor in ctx.export(cpu=ctx.device != "cuda"):
         if reader is None:
             continue
         seen.add(name)
         src = reader.get(name) if name in source else None
-        same = (
-            src is not None
-            and src.dtype == tensor.dtype
-            and tuple(src.shape) == tuple(tensor.shape)
-            and bytes_equal(src.to(tensor.device), tensor)
-        )
+        same = src is not None and same_tensor(src, tensor)
         if not same:
-            findings.append(_explain(ctx, name, tensor, src, reader))
+            siblings = siblings if siblings is not None else SiblingIndex(source)  # built at the first difference
+            findings.append(_explain(ctx, name, tensor, src, reader, siblings))
         dtype = str(tensor.dtype).removeprefix("torch.")
         rows.append(TensorRow(tensor=name, shape=tuple(tensor.shape), dtype=dtype, verdict="pass" if same else "fail"))
     if reader is None:
@@ -109,10 +107,10 @@ def _against_source(ctx: RankContext) -> tuple[list[Finding], tuple[TensorRow, .
     return findings, tuple(sorted(rows, key=lambda r: r.tensor))
 
 
-def _explain(ctx: RankContext, name: str, tensor: Any, src: Any, reader: Any) -> Finding:
+def _explain(ctx: RankContext, name: str, tensor: Any, src: Any, reader: Any, siblings: Any) -> Finding:
     """The `differs-from-source` finding of one exported tensor, with its digest for the TP1 attribution."""
     from convcheck.bits import compare_bits
-    from convcheck.diagnose import SiblingIndex, diagnose
+    from convcheck.diagnose import diagnose
 
     detail: dict[str, Any] = {"digest": digest(tensor)}
     if src is None:
@@ -122,7 +120,6 @@ def _explain(ctx: RankContext, name: str, tensor: Any, src: Any, reader: Any) ->
     message = f"differs from the source at {ctx.layout.label}: {against.message if against else 'bytes'}"
     if against is not None:
         detail.update({k: v for k, v in against.detail.items() if k in ("first_index", "count")})
-    siblings = SiblingIndex(ctx.checkpoint.tensors)
     found = diagnose(name, src, tensor.cpu(), {n: reader.get(n) for n in siblings.siblings(name)})
     if found is not None:
         message += f"; diagnosis: {found.text}"

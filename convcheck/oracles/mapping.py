@@ -197,11 +197,10 @@ class _ExportCheck:
         if megatron in self.suspect or hf_name not in self.source:
             self.digests.add(hf_name, tensor)
             return
-        from convcheck.bits import bytes_equal
+        from convcheck.bits import same_tensor
 
         src = self.reader.get(hf_name)
-        same_kind = src.dtype == tensor.dtype and tuple(src.shape) == tuple(tensor.shape)
-        if not (same_kind and bytes_equal(src.to(tensor.device), tensor)):
+        if not same_tensor(src, tensor):
             self.mismatched[hf_name] = megatron
             self.nbytes[hf_name] = src.numel() * src.element_size()
 

@@ -73,6 +73,8 @@ def _rows_hold(rows: Any, first: Any, mine: Any, index: Any) -> bool:
     (one block of rows is checked through views, without copies)."""
     import torch
 
+    from convcheck.bits import bytes_equal
+
     if index.numel() == 0:
         return not bool(rows.any())
     a, b = int(index[0]), int(index[-1]) + 1
@@ -82,11 +84,11 @@ def _rows_hold(rows: Any, first: Any, mine: Any, index: Any) -> bool:
             return False
         if bool(first[a + 1 : b].sub(first[a : b - 1]).eq(rows.shape[1]).all()):  # one run: compare with a ramp
             ramp = torch.arange(block.numel(), dtype=rows.dtype, device=rows.device).add_(first[a])
-            return torch.equal(block.reshape(-1), ramp)
+            return bytes_equal(ramp, block)
         ramp = torch.arange(rows.shape[1], dtype=rows.dtype, device=rows.device)
-        return torch.equal(block, first[a:b].unsqueeze(1) + ramp)
+        return bytes_equal(first[a:b].unsqueeze(1) + ramp, block)
     ramp = torch.arange(rows.shape[1], dtype=rows.dtype, device=rows.device)
-    return not bool(rows[~mine].any()) and torch.equal(rows[mine], first[mine].unsqueeze(1) + ramp)
+    return not bool(rows[~mine].any()) and bytes_equal(first[mine].unsqueeze(1) + ramp, rows[mine])
 
 
 def _element_runs(out: Any, rank: int, numel: int) -> Any:
@@ -174,7 +176,7 @@ def _sliced(real_bits: Any, mine_bits: Any, runs: Any) -> list[int]:
 
 def mismatched_runs(real_bits: Any, mine_bits: Any, runs: Any) -> list[int]:
     """Indices of the runs whose real elements differ bitwise from the shard's (flat integer views, same device)."""
-    import torch
+    from convcheck.bits import bytes_equal
 
     if len(runs) <= MAX_SLICED_RUNS:
         return _sliced(real_bits, mine_bits, runs)
@@ -182,7 +184,7 @@ def mismatched_runs(real_bits: Any, mine_bits: Any, runs: Any) -> list[int]:
     first = 0
     for group in _batches(runs):
         hf, local = _expand(group, real_bits.device)
-        if not torch.equal(real_bits[hf], mine_bits[local]):
+        if not bytes_equal(mine_bits[local], real_bits[hf]):
             bad += [first + i for i in _sliced(real_bits, mine_bits, group)]
         first += len(group)
     return bad

@@ -36,7 +36,7 @@ def source_match(ctx: RankContext) -> SourceMatch:
     """Collective: this run's source match, draining the export (on the run's device) only if nothing recorded it."""
     if isinstance(ctx.source_match, SourceMatch):
         return ctx.source_match
-    from convcheck.bits import bytes_equal
+    from convcheck.bits import same_tensor
     from convcheck.checkpoint import TensorReader
 
     reader = TensorReader(ctx.checkpoint) if ctx.is_reporter else None
@@ -46,11 +46,6 @@ def source_match(ctx: RankContext) -> SourceMatch:
     for name, tensor in ctx.export(cpu=ctx.device != "cuda"):
         if reader is None:
             continue
-        same = name in source and equal.get(name, True)
-        if same:
-            src = reader.get(name)
-            same = src.dtype == tensor.dtype and tuple(src.shape) == tuple(tensor.shape)
-            same = same and bytes_equal(src.to(tensor.device), tensor)
-        equal[name] = same
+        equal[name] = name in source and equal.get(name, True) and same_tensor(reader.get(name), tensor)
         kinds[name] = (tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."))
     return record(ctx, equal, kinds, by="own drain")
