@@ -141,6 +141,9 @@ def bare_roundtrip(ctx: Any) -> dict[str, Any]:
     from convcheck.bits import bytes_equal
     from convcheck.checkpoint import TensorReader
 
+    from convcheck.ckpt.memory import AnonPeak
+
+    anon = AnonPeak()
     reader = TensorReader(ctx.checkpoint) if ctx.is_reporter else None
     on_device = ctx.device == "cuda"
     t0 = time.perf_counter()
@@ -153,7 +156,15 @@ def bare_roundtrip(ctx: Any) -> dict[str, Any]:
 
     seconds = round(time.perf_counter() - t0, 3)
     peak = memory_mb().get("VmHWM", -1.0)
-    return {"export_compare_s": seconds, "exported": exported, "identical": same, "rank0_peak_MB": peak}
+    export_anon = anon.take()
+    anon.stop()
+    return {
+        "export_compare_s": seconds,
+        "exported": exported,
+        "identical": same,
+        "rank0_peak_MB": peak,
+        "rank0_export_anon_peak_MB": export_anon,
+    }
 
 
 ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8}
@@ -254,6 +265,8 @@ def main() -> None:
             "verdict": report.verdict,
             "rank0_peak_MB": max(report.rank0_peak_MB.values(), default=-1.0),
             "rank0_peak_MB_by_phase": report.rank0_peak_MB,
+            "rank0_anon_peak_MB": max(report.rank0_anon_peak_MB.values(), default=-1.0),
+            "rank0_anon_peak_MB_by_phase": report.rank0_anon_peak_MB,
             "oracles": {
                 o.name: {"seconds": o.seconds, "verdict": o.verdict, "checked": o.checked, **_metrics(o)}
                 for o in report.oracles

@@ -256,6 +256,7 @@ def run(job: Any, log_dir: str | None = None, progress: ProgressSink | None = No
         causes=tuple(explain(job.model_path, verdicts)),
         device_reason=job.device_reason,
         rank0_peak_MB=dict(result.get("rank0_peak_MB", {})),
+        rank0_anon_peak_MB=dict(result.get("rank0_anon_peak_MB", {})),
     )
 
 

@@ -19,6 +19,19 @@ def int_view(tensor: Any) -> Any:
     return flat.view(getattr(torch, _INT_FOR_SIZE[flat.element_size()]))
 
 
+def count_true(mask: Any) -> int:
+    """How many elements of a bool tensor are True (no int64 copy, unlike mask.sum())."""
+    return int(mask.count_nonzero())
+
+
+def first_true(mask: Any) -> int:
+    """The flat index of the first True of a bool tensor that has one (one byte per element of scratch, not the
+    eight per True element of nonzero())."""
+    import torch
+
+    return int(mask.reshape(-1).view(torch.uint8).argmax())
+
+
 def bytes_equal(expected: Any, actual: Any) -> bool:
     """True when both tensors hold the same raw bytes (compared as the widest integer view that fits)."""
     import torch
@@ -93,8 +106,8 @@ def compare_bits(name: str, expected: Any, actual: Any) -> Finding | None:
     if bytes_equal(expected, actual):
         return None
     diff = int_view(expected) != int_view(actual)
-    count = int(diff.sum())
-    first = int(diff.nonzero()[0, 0])
+    count = count_true(diff)
+    first = first_true(diff)
     index = unravel_index(first, tuple(expected.shape))
     exp_s, act_s = describe_element(expected, first), describe_element(actual, first)
     return Finding(

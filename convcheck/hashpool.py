@@ -11,8 +11,8 @@ from typing import Any
 
 from convcheck.bits import raw_bytes
 
-DEFAULT_BUDGET = 1 << 30
-"""Bytes of CPU copies that may wait for a hashing thread."""
+DEFAULT_BUDGET = 256 << 20
+"""Bytes of CPU copies that may wait for a hashing thread (a tensor larger than this waits alone)."""
 
 
 def default_threads() -> int:
@@ -45,11 +45,15 @@ class HashPool:
     def submit(self, name: Hashable, tensor: Any) -> None:
         """Queue a copy of `tensor` on the CPU (taken now: the producer may reuse its buffer) for hashing under `name`
         (any hashable key)."""
-        cpu = tensor.detach().to("cpu", copy=True).contiguous()
-        size = cpu.numel() * cpu.element_size()
-        with self._room:
+        size = tensor.numel() * tensor.element_size()
+        with self._room:  # wait for room before copying: at most `budget` bytes (or one tensor) are held here
             self._room.wait_for(lambda: self._waiting == 0 or self._waiting + size <= self._budget)
             self._waiting += size
+        try:
+            cpu = tensor.detach().to("cpu", copy=True).contiguous()
+        except BaseException:
+            self._release(size)
+            raise
         self._futures[name] = self._pool.submit(self._hash, name, cpu, size)
 
     def _hash(self, name: Hashable, cpu: Any, size: int) -> str:
@@ -59,9 +63,12 @@ class HashPool:
                 self._on_done(name, value, cpu)
             return value
         finally:
-            with self._room:
-                self._waiting -= size
-                self._room.notify_all()
+            self._release(size)
+
+    def _release(self, size: int) -> None:
+        with self._room:
+            self._waiting -= size
+            self._room.notify_all()
 
     def results(self) -> dict[Hashable, str]:
         """Every submitted name's sha256 (waits for the threads; re-raises a hashing error)."""

@@ -115,6 +115,8 @@ class Report:
     """Why the run used `device` (requested, or what --device auto decided)."""
     rank0_peak_MB: dict[str, float] = field(default_factory=dict)
     """Rank 0's RSS high-water mark per phase (bring_up, then each oracle), in MB; not part of to_dict."""
+    rank0_anon_peak_MB: dict[str, float] = field(default_factory=dict)
+    """The same for its anonymous memory alone (RssAnon, sampled every 20 ms: mapped file pages left out)."""
 
     @property
     def verdict(self) -> str:

@@ -16,6 +16,17 @@ def _cache_dir() -> None:
     os.environ.setdefault("CONVCHECK_CACHE_DIR", str(ROOT / ".cache"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _temp_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Temp folders of the session (a kept setup-error log, a planted crash's job folder) go under pytest's own
+    base temp, which pytest prunes, instead of piling up in the system temp dir."""
+    import tempfile
+
+    folder = tmp_path_factory.mktemp("t", numbered=False)
+    os.environ["TMPDIR"] = str(folder)
+    tempfile.tempdir = None  # re-read TMPDIR
+
+
 @pytest.fixture(scope="session")
 def shared_root(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
     """A folder every xdist worker of this session sees (for runs several tests share: tests.helpers.shared_run)."""

@@ -43,3 +43,17 @@ def test_dtype_and_shape_mismatch() -> None:
     a = torch.zeros(2, 3, dtype=torch.bfloat16)
     assert compare_bits("w", a, a.float()).kind == "dtype"  # type: ignore[union-attr]
     assert compare_bits("w", a, a.t()).kind == "shape"  # type: ignore[union-attr]
+
+
+def test_count_and_first_true_match_sum_and_nonzero() -> None:
+    from convcheck.bits import count_true, first_true
+
+    gen = torch.Generator().manual_seed(3)
+    for shape in [(1,), (7,), (5, 9), (2, 3, 4)]:
+        mask = torch.rand(shape, generator=gen) < 0.3
+        mask.reshape(-1)[-1] = True
+        assert count_true(mask) == int(mask.sum())
+        assert first_true(mask) == int(mask.reshape(-1).nonzero()[0, 0])
+    wide = torch.zeros(3, 5, dtype=torch.bool)[:, 1:4]  # a strided view
+    wide[2, 1] = True
+    assert count_true(wide) == 1 and first_true(wide) == 7

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from convcheck.bits import bytes_equal
-from convcheck.oracles.logits import ABS_TOL, blockwise_fp32, compare, fixed_tokens, hf_logits, upcast_fp32
+from convcheck.oracles.fp32 import fp32_forward
+from convcheck.oracles.logits import ABS_TOL, compare, fixed_tokens, hf_logits, upcast_fp32
 from tests.helpers import matrix_run, mutant, run_cli
 
 
@@ -75,10 +76,38 @@ def test_blockwise_fp32_reference_is_bitwise_the_fp32_model(name: str) -> None:
     assert got.dtype == torch.float32 and bytes_equal(want, got)
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype="auto", attn_implementation="eager").eval()
     before = {n: p.data_ptr() for n, p in model.named_parameters()}
-    with blockwise_fp32(model), torch.no_grad():
+    with fp32_forward([model]), torch.no_grad():
         model(input_ids=tokens)
     assert {n: p.data_ptr() for n, p in model.named_parameters()} == before
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+
+
+def block_and_whole_upcast(ctx) -> dict:  # type: ignore[no-untyped-def]
+    """Rank function: the Megatron logits upcast block by block and whole, and the parameters after each."""
+    from convcheck.oracles.logits import megatron_logits
+
+    params = lambda: {n: (p.dtype, p.data_ptr()) for c in ctx.model for n, p in c.named_parameters()}  # noqa: E731
+    before = params()
+    tokens = fixed_tokens(int(ctx.checkpoint.config["vocab_size"]))
+    block = megatron_logits(ctx, tokens)
+    after = params()
+    whole = megatron_logits(ctx, tokens, whole=True)
+    same = block is None or (block.dtype == torch.float32 and bytes_equal(block, whole))
+    ok = ctx.gather((same, before == after == params(), sorted({str(d) for d, _ in before.values()})))
+    return {"same": [s for s, _, _ in ok], "restored": [r for _, r, _ in ok], "dtypes": ok[0][2]}
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize(
+    "model,layout", [("tiny:qwen2-tied", "tp2"), ("tiny:nemotron-h", "tp2"), ("tiny:qwen3-moe", "pp2")]
+)
+def test_megatron_blockwise_upcast_is_bitwise_the_whole_upcast(model: str, layout: str) -> None:
+    """The logits oracle upcasts one Megatron block at a time: the same logits, bit for bit, as upcasting the whole
+    chunk (tied embedding read by the head, Mamba's params_dtype cast, a pipeline), every parameter back after."""
+    from convcheck.api import run_in_ranks
+
+    out = run_in_ranks(f"{__file__}:block_and_whole_upcast", model, layout)
+    assert out == {"same": [True, True], "restored": [True, True], "dtypes": ["torch.bfloat16"]}
 
 
 def test_tokens_are_fixed() -> None:

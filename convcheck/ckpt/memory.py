@@ -25,3 +25,50 @@ def memory_mb() -> dict[str, float]:
         if key in ("VmRSS", "VmHWM"):
             out[key] = round(int(value.split()[0]) / 1024, 1)
     return out
+
+
+def anon_mb() -> float:
+    """Anonymous resident memory now (RssAnon: heap and tensors, not mapped file pages), in MB; -1 where unknown."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return -1.0
+
+
+class AnonPeak:
+    """The highest RssAnon a background thread sees (sampled every `every` seconds) since the last take()."""
+
+    def __init__(self, every: float = 0.02) -> None:
+        import threading
+
+        self._peak = anon_mb()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, args=(every,), name="convcheck-anon-peak", daemon=True)
+        self._thread.start()
+
+    def _sample(self, every: float) -> None:
+        while not self._stop.wait(every):
+            self._peak = max(self._peak, anon_mb())
+
+    def take(self) -> float:
+        """The peak since the previous take (including now), and start a new one."""
+        now = anon_mb()
+        peak, self._peak = max(self._peak, now), now
+        return peak
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def trim() -> None:
+    """Hand freed heap pages back to the system (glibc malloc_trim), so one phase's garbage is not the next's RSS."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

@@ -176,7 +176,7 @@ def apply_loaded(part: OptimizerPart, loaded: dict[str, Any]) -> str | None:
 
 def check(ctx: RankContext, part: OptimizerPart, where: str) -> tuple[int, list[Finding]]:
     """Collective: (elements checked on every rank, findings on rank 0) for the restored optimizer state."""
-    from convcheck.bits import int_view
+    from convcheck.bits import first_true, int_view
 
     by_id = {i: n for n, i in part.ids.items()}
     checked, findings = 0, []
@@ -185,7 +185,7 @@ def check(ctx: RankContext, part: OptimizerPart, where: str) -> tuple[int, list[
         expected_avg = float(part.ids[name] + 1)
         main_bits, model_bits = int_view(main), int_view(piece.float())
         if bool((main_bits != model_bits).any()):
-            k = int((main_bits != model_bits).nonzero()[0, 0])
+            k = first_true(main_bits != model_bits)
             findings.append(
                 _finding(
                     name,
@@ -214,7 +214,7 @@ def check(ctx: RankContext, part: OptimizerPart, where: str) -> tuple[int, list[
             )
         sq_bits, neg_bits = int_view(state["exp_avg_sq"]), int_view(-main)
         if bool((sq_bits != neg_bits).any()):
-            k = int((sq_bits != neg_bits).nonzero()[0, 0])
+            k = first_true(sq_bits != neg_bits)
             findings.append(
                 _finding(
                     name,

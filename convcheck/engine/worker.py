@@ -16,12 +16,14 @@ from convcheck.errors import BadInput, one_line
 
 def run_job(job: Job) -> dict[str, Any] | None:
     """Run every selected oracle (or the job's rank function) on this rank; the result dict on rank 0, else None."""
+    from convcheck.ckpt.memory import AnonPeak
     from convcheck.hooks import load_hook
     from convcheck.oracles import load_oracle
     from convcheck.rank.bringup import bring_up
     from convcheck.versions import versions
 
     started = time.perf_counter()
+    anon = AnonPeak()
     oracles = [load_oracle(name) for name in job.oracles]
     hooks = tuple(load_hook(h) for h in job.hooks)
     function = load_hook(job.rank_function, what="rank function") if job.rank_function else None
@@ -34,7 +36,7 @@ def run_job(job: Job) -> dict[str, Any] | None:
 
         recorder = ManifestRecorder.start(ctx)  # taps the export stream the oracles drain anyway
     verdicts = []
-    memory = {"bring_up": peak_mb()}
+    memory, anon_peaks = {"bring_up": peak_mb()}, {"bring_up": anon.take()}
     for name, oracle in zip(job.oracles, oracles, strict=True):
         ctx.phase = f"oracle {name}"
         ctx.progress.emit(ctx.phase)
@@ -42,7 +44,7 @@ def run_job(job: Job) -> dict[str, Any] | None:
         verdict = oracle(ctx)
         if verdict is not None:
             verdicts.append({**verdict.to_dict(), "seconds": round(time.perf_counter() - t0, 3)})
-        memory[name] = peak_mb()
+        memory[name], anon_peaks[name] = peak_mb(), anon.take()
     if recorder is not None:
         recorder.finish(job, verdicts)
     if ctx.rank != 0:
@@ -53,14 +55,17 @@ def run_job(job: Job) -> dict[str, Any] | None:
         "oracles": verdicts,
         "seconds": round(time.perf_counter() - started, 3),
         "rank0_peak_MB": memory,
+        "rank0_anon_peak_MB": anon_peaks,
     }
 
 
 def peak_mb() -> float:
-    """This process's RSS high-water mark since the last call, in MB (-1 where unknown); starts a new one."""
-    from convcheck.ckpt.memory import memory_mb, reset_peak
+    """This process's RSS high-water mark since the last call, in MB (-1 where unknown); starts a new one after
+    handing the phase's freed heap back."""
+    from convcheck.ckpt.memory import memory_mb, reset_peak, trim
 
     peak = memory_mb().get("VmHWM", -1.0)
+    trim()
     reset_peak()
     return peak
 

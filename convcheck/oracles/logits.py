@@ -14,6 +14,7 @@ from typing import Any, Iterator
 
 from convcheck.errors import one_line
 from convcheck.oracles.base import OracleInfo
+from convcheck.oracles.fp32 import fp32_forward
 from convcheck.rank.context import RankContext
 from convcheck.verdict import Finding, OracleVerdict, make_verdict
 
@@ -50,15 +51,12 @@ def _unwrap(module: Any) -> Any:
 
 
 @contextmanager
-def upcast_fp32(model: list[Any]) -> Iterator[None]:
-    """Point every floating parameter/buffer at an fp32 copy and every module config's params_dtype at fp32.
-
-    Restores the original tensors and dtypes on exit (no rounding). params_dtype matters where a forward casts
-    activations to it (megatron-core 0.19.2 ssm/mamba_layer.py:151).
-    """
+def upcast_fp32(model: list[Any], whole: bool = False) -> Iterator[None]:
+    """fp32 forward of the Megatron chunks, one block at a time (`whole`: all at once); module configs'
+    params_dtype is fp32 meanwhile, as a forward casts activations to it (megatron-core 0.19.2
+    ssm/mamba_layer.py:151). Restores the original tensors and dtypes on exit (no rounding)."""
     import torch
 
-    saved: list[tuple[Any, str, Any]] = []
     configs: dict[int, tuple[Any, Any]] = {}
     try:
         for chunk in model:
@@ -67,20 +65,29 @@ def upcast_fp32(model: list[Any]) -> Iterator[None]:
                 if getattr(config, "params_dtype", torch.float32) != torch.float32 and id(config) not in configs:
                     configs[id(config)] = (config, config.params_dtype)
                     config.params_dtype = torch.float32
-                for name, tensor in list(module._parameters.items()) + list(module._buffers.items()):
-                    if tensor is not None and tensor.is_floating_point() and tensor.dtype != torch.float32:
-                        saved.append((tensor, name, tensor.data))
-                        tensor.data = tensor.data.float()
-        yield
+        with fp32_forward(model, shared=_tied(model), whole=whole):
+            yield
     finally:
-        for tensor, _, data in saved:
-            tensor.data = data
         for config, dtype in configs.values():
             config.params_dtype = dtype
 
 
-def megatron_logits(ctx: RankContext, tokens: Any) -> Any | None:
-    """Collective fp32 forward of this rank's chunk; full-vocab logits [B, S, V] on last-stage ranks, else None."""
+def _tied(model: list[Any]) -> list[Any]:
+    """The embedding weights the output layer reads too (GPTModel/MambaModel with tied embeddings)."""
+    out = []
+    for chunk in model:
+        inner = _unwrap(chunk)
+        if getattr(inner, "share_embeddings_and_output_weights", False):
+            weight = inner.shared_embedding_or_output_weight()
+            if weight is not None:
+                out.append(weight)
+    return out
+
+
+def megatron_logits(ctx: RankContext, tokens: Any, whole: bool = False) -> Any | None:
+    """Collective fp32 forward of this rank's chunk; full-vocab logits [B, S, V] on last-stage ranks, else None.
+
+    `whole`: upcast the whole chunk up front instead of block by block (the same bits, more memory)."""
     import torch
     import torch.distributed as dist
 
@@ -91,7 +98,7 @@ def megatron_logits(ctx: RankContext, tokens: Any) -> Any | None:
     device = next(gpt.parameters()).device
     tokens = tokens.to(device)
     positions = torch.arange(tokens.shape[1], device=device).unsqueeze(0).expand_as(tokens)
-    with upcast_fp32(ctx.model), torch.no_grad():
+    with upcast_fp32(ctx.model, whole=whole), torch.no_grad():
         was_training = [c.training for c in ctx.model]
         for chunk in ctx.model:
             chunk.eval()
@@ -127,53 +134,8 @@ def hf_logits(path: Any, tokens: Any, device: str = "cpu") -> Any:
 
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype="auto", attn_implementation="eager")
     model.to(device).eval()
-    with blockwise_fp32(model), torch.no_grad():
+    with fp32_forward([model]), torch.no_grad():
         return model(input_ids=tokens.to(device)).logits.float().cpu()
-
-
-@contextmanager
-def blockwise_fp32(model: Any) -> Iterator[None]:
-    """Hooks that give each top-level block fp32 parameters for its own forward only (restored bit for bit)."""
-    import torch
-
-    def up(module: Any, _args: Any) -> None:
-        saved = []
-        for param in module.parameters():
-            if param.is_floating_point() and param.dtype != torch.float32:
-                saved.append((param, param.data))
-                param.data = param.data.float()
-        module._convcheck_saved = saved
-
-    def down(module: Any, _args: Any, _out: Any) -> None:
-        for param, data in module.__dict__.pop("_convcheck_saved", []):
-            param.data = data
-
-    handles = []
-    for block in _blocks(model):
-        handles += [block.register_forward_pre_hook(up), block.register_forward_hook(down)]
-    buffers = [(b, b.data) for b in model.buffers() if b.is_floating_point() and b.dtype != torch.float32]
-    for b, data in buffers:
-        b.data = data.float()
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
-        for b, data in buffers:
-            b.data = data
-
-
-def _blocks(model: Any) -> list[Any]:
-    """The modules that own parameters directly under the model's trunk: embedding, each layer, norm, head."""
-    import torch
-
-    out = []
-    for child in model.children():
-        if isinstance(child, torch.nn.ModuleList) or any(True for _ in child.parameters(recurse=False)):
-            out += list(child) if isinstance(child, torch.nn.ModuleList) else [child]
-        elif any(True for _ in child.parameters()):
-            out += _blocks(child)
-    return out
 
 
 def compare(megatron: Any, hf: Any) -> tuple[list[Finding], dict[str, Any]]:

@@ -71,9 +71,6 @@ def _row_runs(out: Any, rank: int, numel: int) -> Any | None:
 def _rows_hold(rows: Any, first: Any, mine: Any, index: Any) -> bool:
     """True when the rows marked `mine` each equal their first code plus 0, 1, 2, ... and every other row is zero
     (one block of rows is checked through views, without copies)."""
-    import torch
-
-    from convcheck.bits import bytes_equal
 
     if index.numel() == 0:
         return not bool(rows.any())
@@ -82,13 +79,27 @@ def _rows_hold(rows: Any, first: Any, mine: Any, index: Any) -> bool:
         block = rows[a:b]
         if bool(rows[:a].any()) or bool(rows[b:].any()):
             return False
-        if bool(first[a + 1 : b].sub(first[a : b - 1]).eq(rows.shape[1]).all()):  # one run: compare with a ramp
-            ramp = torch.arange(block.numel(), dtype=rows.dtype, device=rows.device).add_(first[a])
-            return bytes_equal(ramp, block)
-        ramp = torch.arange(rows.shape[1], dtype=rows.dtype, device=rows.device)
-        return bytes_equal(first[a:b].unsqueeze(1) + ramp, block)
-    ramp = torch.arange(rows.shape[1], dtype=rows.dtype, device=rows.device)
-    return not bool(rows[~mine].any()) and bytes_equal(first[mine].unsqueeze(1) + ramp, rows[mine])
+        return _ramps_hold(block, first[a:b])
+    return not bool(rows[~mine].any()) and _ramps_hold(rows[mine], first[mine])
+
+
+RAMP_BATCH = 1 << 24
+"""Elements of the expected-codes ramp built at once (bounds the probe's memory on a large tensor)."""
+
+
+def _ramps_hold(block: Any, first: Any) -> bool:
+    """True when each row of `block` [r, c] equals its first code plus 0 .. c-1, compared a batch of rows at a time."""
+    import torch
+
+    from convcheck.bits import bytes_equal
+
+    cols = block.shape[1]
+    ramp = torch.arange(cols, dtype=block.dtype, device=block.device)
+    step = max(1, RAMP_BATCH // max(cols, 1))
+    return all(
+        bytes_equal(first[i : i + step].unsqueeze(1) + ramp, block[i : i + step])
+        for i in range(0, block.shape[0], step)
+    )
 
 
 def _element_runs(out: Any, rank: int, numel: int) -> Any:

@@ -106,7 +106,9 @@ def fill_sentinel(model: list[Any]) -> None:
 
 def sentinel_count(tensor: Any) -> int:
     """How many elements of a float tensor hold exactly the sentinel's bits (other NaNs do not count)."""
-    return int((_bits_view(tensor) == sentinel_bits(tensor.dtype)).sum())
+    from convcheck.bits import count_true
+
+    return count_true(_bits_view(tensor) == sentinel_bits(tensor.dtype))
 
 
 def unloaded_counts(global_name: Callable[[str, int], str], model: list[Any]) -> dict[str, int]:

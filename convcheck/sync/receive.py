@@ -148,7 +148,7 @@ def _names_text(names: list[str]) -> str:
 def compare_param(receiver: Any, param: str, actual: Any, expected: Any, hf_names: list[str]) -> Finding | None:
     """None when `actual` is bitwise `expected`; else a finding naming the parameter, its HF sources and the first
     wrong element (`not-written` when it still holds the sentinel)."""
-    from convcheck.bits import compare_bits, unravel_index
+    from convcheck.bits import compare_bits, count_true, first_true, unravel_index
 
     finding = compare_bits(param, expected, actual)
     if finding is None:
@@ -159,8 +159,8 @@ def compare_param(receiver: Any, param: str, actual: Any, expected: Any, hf_name
     if finding.kind == "bytes-differ" and actual.is_floating_point():
         unset = (actual.isnan() & ~expected.isnan()).reshape(-1)
         if bool(unset.any()):
-            first = list(unravel_index(int(unset.nonzero()[0, 0]), tuple(actual.shape)))
-            count = int(unset.sum())
+            first = list(unravel_index(first_true(unset), tuple(actual.shape)))
+            count = count_true(unset)
             return Finding(
                 tensor=param,
                 kind="not-written",
