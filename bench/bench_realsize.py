@@ -140,7 +140,6 @@ def bare_roundtrip(ctx: Any) -> dict[str, Any]:
     """Rank function: the bridge's export of the loaded model, every tensor's bytes compared with the source."""
     from convcheck.bits import bytes_equal
     from convcheck.checkpoint import TensorReader
-
     from convcheck.ckpt.memory import AnonPeak
 
     anon = AnonPeak()
