@@ -82,6 +82,50 @@ def test_blockwise_fp32_reference_is_bitwise_the_fp32_model(name: str) -> None:
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
 
 
+@pytest.mark.parametrize("name", ["tiny:qwen3", "tiny:qwen3-moe", "tiny:qwen2-tied", "tiny:nemotron-h"])
+def test_streamed_reference_is_bitwise_the_fp32_model(name: str) -> None:
+    """The HF reference streamed one block at a time (transformers' own loader per block, fused experts, tied head,
+    hybrid Mamba) gives, bit for bit, the logits of the model loaded whole in fp32, and leaves nothing loaded."""
+    import transformers
+
+    from convcheck.api import resolve_model
+    from convcheck.oracles import hf_stream
+    from convcheck.oracles.logits import hf_reference
+
+    path = resolve_model(name)
+    tokens = fixed_tokens(int(transformers.AutoConfig.from_pretrained(path).vocab_size))
+    fp32 = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    with torch.no_grad():
+        want = fp32.eval()(input_ids=tokens).logits.float()
+    loads: list[str] = []
+    real = hf_stream.BlockLoader.load
+    try:
+        hf_stream.BlockLoader.load = lambda self, prefix, block: (loads.append(prefix), real(self, prefix, block))[1]
+        got, how = hf_reference(path, tokens)
+    finally:
+        hf_stream.BlockLoader.load = real
+    assert how == "streamed" and got.dtype == torch.float32 and bytes_equal(want, got)
+    assert len(loads) == len(set(loads)) == fp32.config.num_hidden_layers + 3  # embedding, layers, norm, head
+
+
+def test_streamed_reference_refuses_a_conversion_it_cannot_prove(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key conversion not known to only move elements (here: every one, by emptying the list) is refused; the
+    reference says so and loads the model whole (same bits)."""
+    import transformers
+
+    from convcheck.api import resolve_model
+    from convcheck.oracles import hf_stream
+    from convcheck.oracles.logits import hf_reference
+
+    path = resolve_model("tiny:qwen3-moe")
+    tokens = fixed_tokens(int(transformers.AutoConfig.from_pretrained(path).vocab_size))
+    monkeypatch.setattr(hf_stream, "MOVES_ONLY", set())
+    with pytest.raises(NotImplementedError, match="key conversions that compute"):
+        hf_stream.streamed_logits(str(path), tokens)
+    got, how = hf_reference(path, tokens)
+    assert how.startswith("whole (not streamed: NotImplementedError") and bytes_equal(hf_logits(path, tokens), got)
+
+
 def block_and_whole_upcast(ctx) -> dict:  # type: ignore[no-untyped-def]
     """Rank function: the Megatron logits upcast block by block and whole, and the parameters after each."""
     from convcheck.oracles.logits import megatron_logits

@@ -3,8 +3,9 @@
 Numeric, not bitwise: both models run in fp32 on the same fixed tokens; the verdict reports the measured
 max abs error, the max error relative to the largest |HF logit|, and the thresholds they are held to.
 The Megatron side is the very model the bridge loaded (every rank, real TP/EP/PP collectives), upcast in
-place to fp32 for the forward and restored to its original tensors afterwards. The HF side is loaded in the
-checkpoint's dtype on rank 0's device and upcast one block at a time (bitwise the fp32-loaded model's logits).
+place to fp32 one block at a time and restored to its original tensors afterwards. The HF side runs on rank 0's
+device, each block streamed from the checkpoint in fp32 by transformers' loader just before it runs (or, where that
+is not possible, the model loaded whole and upcast per block); both are bitwise the fp32-loaded model's logits.
 """
 
 from __future__ import annotations
@@ -124,11 +125,10 @@ def megatron_logits(ctx: RankContext, tokens: Any, whole: bool = False) -> Any |
 
 
 def hf_logits(path: Any, tokens: Any, device: str = "cpu") -> Any:
-    """fp32 logits [B, S, V] of the HF model loaded by transformers from the checkpoint (eager attention).
+    """fp32 logits [B, S, V] of the HF model loaded whole by transformers from the checkpoint (eager attention).
 
-    The model is loaded in the checkpoint's dtype on `device`; each top-level block (embedding, every layer, the
-    final norm, the head) runs on fp32 copies of its parameters made just before it and dropped after it, so the
-    forward is fp32 while memory holds the model once plus one block in fp32."""
+    Loaded in the checkpoint's dtype on `device`; each top-level block runs on fp32 copies of its parameters made
+    just before it (convcheck.oracles.fp32), so memory holds the model once plus one block in fp32."""
     import torch
     import transformers
 
@@ -136,6 +136,17 @@ def hf_logits(path: Any, tokens: Any, device: str = "cpu") -> Any:
     model.to(device).eval()
     with fp32_forward([model]), torch.no_grad():
         return model(input_ids=tokens.to(device)).logits.float().cpu()
+
+
+def hf_reference(path: Any, tokens: Any, device: str = "cpu") -> tuple[Any, str]:
+    """The HF logits and how they were made: streamed one block at a time (convcheck.oracles.hf_stream), or, where
+    this transformers cannot stream the model, loaded whole (`hf_logits`). Both are bitwise the fp32 model's."""
+    from convcheck.oracles.hf_stream import streamed_logits
+
+    try:
+        return streamed_logits(str(path), tokens, device=device), "streamed"
+    except Exception as exc:  # noqa: BLE001 - the reference falls back; the verdict says so
+        return hf_logits(path, tokens, device=device), f"whole (not streamed: {one_line(exc)[:160]})"
 
 
 def compare(megatron: Any, hf: Any) -> tuple[list[Finding], dict[str, Any]]:
@@ -241,7 +252,7 @@ def run(ctx: RankContext) -> OracleVerdict | None:
                 )
             )
     try:
-        hf = hf_logits(ctx.checkpoint.path, tokens, device=_hf_device(ctx))
+        hf, how = hf_reference(ctx.checkpoint.path, tokens, device=_hf_device(ctx))
     except Exception as exc:  # noqa: BLE001 - reported, the Megatron side already ran
         findings.append(Finding(tensor="<hf forward>", kind="hf-failed", message=one_line(exc)))
         return make_verdict(NAME, checked=0, findings=findings, unit="logits")
@@ -252,4 +263,5 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         if not worst or metrics.get("max_abs_err", 0) > worst.get("max_abs_err", 0):
             worst = {**metrics, "worst_rank": r}
     worst["replicas"] = len(replicas)
+    worst["hf_reference"] = how
     return make_verdict(NAME, checked=hf.numel() * len(replicas), findings=findings, unit="logits", metrics=worst)
