@@ -194,3 +194,18 @@ def test_rank_tmpdir_is_short_enough_for_sockets(tmp_path: Path) -> None:
     short.rmdir()
     (shallow / "tmp").rmdir()
     shallow.rmdir()
+
+
+def test_rank_tmpdir_stays_short_under_a_deep_system_temp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A $TMPDIR itself too deep for a socket path: the ranks' TMPDIR goes under /tmp, nothing left in $TMPDIR."""
+    import tempfile
+
+    from convcheck.engine.launch import TMPDIR_MAX, rank_tmpdir
+
+    system = tmp_path / ("sys-" * 16)
+    system.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(system))
+    short = rank_tmpdir(tmp_path / ("deep-" * 12))
+    assert short.is_dir() and len(str(short)) <= TMPDIR_MAX and short.parent == Path("/tmp")
+    assert list(system.iterdir()) == []
+    short.rmdir()

@@ -188,13 +188,17 @@ and a socket path over 107 bytes makes megatron-core's checkpoint save fail with
 
 
 def rank_tmpdir(workdir: Path) -> Path:
-    """The ranks' TMPDIR: `workdir`/tmp, or a short folder of its own under the system temp dir when that path is
-    too long for a socket (a deep --log-dir); the caller removes the latter."""
+    """The ranks' TMPDIR: `workdir`/tmp, or a short folder of its own under the system temp dir (under /tmp when that
+    too is deep) when that path is too long for a socket (a deep --log-dir); the caller removes the latter."""
     tmpdir = workdir / "tmp"
-    if len(str(tmpdir)) > TMPDIR_MAX:
-        return Path(tempfile.mkdtemp(prefix="convcheck-tmp-"))
-    tmpdir.mkdir(exist_ok=True)
-    return tmpdir
+    if len(str(tmpdir)) <= TMPDIR_MAX:
+        tmpdir.mkdir(exist_ok=True)
+        return tmpdir
+    short = Path(tempfile.mkdtemp(prefix="convcheck-tmp-"))
+    if len(str(short)) <= TMPDIR_MAX:
+        return short
+    short.rmdir()  # the system temp dir is itself too deep (a long $TMPDIR): use /tmp
+    return Path(tempfile.mkdtemp(prefix="convcheck-tmp-", dir="/tmp"))
 
 
 def _launch_with(
