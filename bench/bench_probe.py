@@ -21,6 +21,7 @@ def _worker(args: argparse.Namespace) -> None:
     from convcheck.layout import ParallelLayout
     from convcheck.probe import probe_task
     from convcheck.probe.collect import tasks_of
+    from convcheck.probe.run import CodeCache
     from convcheck.rank import RankSpec, bring_up, quiet
     from convcheck.rank.dist import shutdown_distributed
 
@@ -37,8 +38,9 @@ def _worker(args: argparse.Namespace) -> None:
         t0 = time.perf_counter()
         tasks = tasks_of(ctx)  # the export builds its tasks too: counted on both sides
         elements = 0
+        codes = CodeCache()  # as the oracles' collect does
         for task in tasks:
-            for slot in probe_task(task, rank).values():
+            for slot in probe_task(task, rank, codes).values():
                 elements += slot.owned
         probe_s.append(time.perf_counter() - t0)
     if rank == 0:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from convcheck.bits import int_view
+from convcheck.bits import bytes_equal, int_view
 from convcheck.oracles.elements import assemble
 from convcheck.probe import runs as runs_mod
 from convcheck.probe.run import to_ranges, where_hits, write_counts
@@ -154,3 +154,25 @@ def test_row_decoder_agrees_with_the_element_decoder(shape: tuple[int, ...], ran
         assert got == want, out
         fast += _row_runs(out, rank, numel) is not None
     assert fast >= 2  # whole-row patterns took the fast path
+
+
+def test_code_cache_reuses_pristine_codes_only() -> None:
+    """Tasks of one shape share their codes; a write into them, or a shard over the size cap, is not reused; a view
+    per task keeps one task's attributes off the next."""
+    from convcheck.probe.run import CodeCache
+
+    cache = CodeCache(size=2, max_bytes=1 << 10)
+    first, dtype, key = cache.get((4, 3), 1, 12, "cpu")
+    first.partition_dim = 0
+    cache.release(key)
+    again, _, key = cache.get((4, 3), 1, 12, "cpu")
+    assert again.data_ptr() == first.data_ptr() and not hasattr(again, "partition_dim")
+    assert bytes_equal(again, shard_codes((4, 3), 1, 12)[0]) and dtype == torch.int32
+    again[0, 0] = 0  # a mapping that writes into its input
+    cache.release(key)
+    fresh, _, key = cache.get((4, 3), 1, 12, "cpu")
+    assert fresh.data_ptr() != first.data_ptr() and bytes_equal(fresh, shard_codes((4, 3), 1, 12)[0])
+    cache.release(key)
+    big, _, key = cache.get((64, 8), 0, 512, "cpu")  # 2 KiB > the 1 KiB cap
+    cache.release(key)
+    assert cache.get((64, 8), 0, 512, "cpu")[0].data_ptr() != big.data_ptr()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from convcheck.probe.run import probe_task, to_ranges
+from convcheck.probe.run import CodeCache, probe_task, to_ranges
 from convcheck.probe.runs import hf_ranges
 
 _CACHE_ATTR = "_convcheck_probe_records"
@@ -28,6 +28,7 @@ def collect(ctx: Any, *, with_real: bool) -> list[dict[str, Any]]:
     from convcheck.hashpool import HashPool
 
     records: list[dict[str, Any]] = []
+    codes = CodeCache()
     pool = HashPool() if with_real and ctx.world > 1 else None  # real outputs hashed on worker threads
     for index, task in enumerate(tasks_of(ctx)):
         param = str(getattr(task, "global_param_name", "") or task.param_name)
@@ -42,7 +43,7 @@ def collect(ctx: Any, *, with_real: bool) -> list[dict[str, Any]]:
             except Exception as exc:  # noqa: BLE001 - a crashing export is a finding
                 records.append({**base, "error": f"real megatron_to_hf raised {_first_line(exc)}"})
         try:
-            slots = probe_task(task, ctx.rank)
+            slots = probe_task(task, ctx.rank, codes)
         except Exception as exc:  # noqa: BLE001 - an unsupported pattern fails loud as a finding
             records.append({**base, "error": f"probe failed: {_first_line(exc)}"})
             continue

@@ -27,22 +27,59 @@ class ProbeSlot:
         return owned(self.runs)
 
 
-def probe_task(task: Any, rank: int) -> dict[str, ProbeSlot]:
+class CodeCache:
+    """Index-coded shards reused by later tasks of the same shape, rank and device (experts share a few shapes);
+    shards up to `max_bytes` each, the `size` most recent kept. A mapping that writes into one (its version counter
+    moves) has it dropped, so every task starts from pristine codes."""
+
+    def __init__(self, size: int = 8, max_bytes: int = 64 << 20) -> None:
+        self.size, self.max_bytes = size, max_bytes
+        self._codes: dict[tuple[Any, ...], tuple[Any, Any, int]] = {}
+
+    def get(self, shape: tuple[int, ...], rank: int, numel: int, device: Any) -> tuple[Any, Any, Any]:
+        """(a fresh view of the codes, their dtype, a token for `release`)."""
+        key = (shape, rank, numel, str(device))
+        hit = self._codes.pop(key, None)
+        if hit is None:
+            codes, dtype = shard_codes(shape, rank, numel, device)
+            hit = (codes, dtype, codes._version)
+        self._codes[key] = hit  # most recent last
+        if len(self._codes) > self.size:
+            self._codes.pop(next(iter(self._codes)))
+        codes, dtype, _ = hit
+        return codes.view(shape), dtype, key
+
+    def release(self, key: tuple[Any, ...]) -> None:
+        """Drop the codes of `key` when the task wrote into them, or when they are too large to keep."""
+        hit = self._codes.get(key)
+        if hit is not None and (hit[0]._version != hit[2] or hit[0].numel() * hit[0].element_size() > self.max_bytes):
+            del self._codes[key]
+
+
+def probe_task(task: Any, rank: int, cache: CodeCache | None = None) -> dict[str, ProbeSlot]:
     """Run the task's real megatron_to_hf on a probe copy of its mapping over an index-coded shard (on its device)."""
     state = ProbeState()
     warm(task.mapping, task.megatron_module)
     mapping = probe_copy(task.mapping, state)
     weight = task.param_weight
+    key = None
     if weight is None:
         codes, dtype, numel = None, None, 0
     else:
         numel = weight.numel()
-        codes, dtype = shard_codes(tuple(weight.shape), rank, numel, weight.device)
+        if cache is not None:
+            codes, dtype, key = cache.get(tuple(weight.shape), rank, numel, weight.device)
+        else:
+            codes, dtype = shard_codes(tuple(weight.shape), rank, numel, weight.device)
         for attr in ("tensor_model_parallel", "partition_dim", "partition_stride"):
             if hasattr(weight, attr):
                 setattr(codes, attr, getattr(weight, attr))
-    with no_communication():
-        out = mapping.megatron_to_hf(codes, task.megatron_module)
+    try:
+        with no_communication():
+            out = mapping.megatron_to_hf(codes, task.megatron_module)
+    finally:
+        if key is not None:
+            cache.release(key)
     state.check_pool()
     writer = tuple(sorted(state.writer))
     slots = {}
