@@ -133,9 +133,9 @@ class BlockLoader:
         for name in wanted:
             tensor = self.model.get_parameter_or_buffer(name)
             if not tensor.is_meta and (tensor.dtype != torch.float32 or tensor.device.type != self.device):
-                self._set(
-                    name, tensor.to(device=self.device, dtype=torch.float32 if tensor.is_floating_point() else None)
-                )
+                moved = tensor.to(self.device)  # the stored dtype crosses to the device, the upcast happens there
+                self._set(name, moved.float() if moved.is_floating_point() else moved)
+                del moved
             del tensor
         for target, source in tied.items():  # what tie_weights does after from_pretrained's load
             parent, _, attr = target.rpartition(".")

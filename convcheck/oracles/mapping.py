@@ -74,7 +74,7 @@ def _import_findings(ctx: RankContext, registry: MappingRegistry, coord: RankCoo
         except MappingError as exc:
             findings.append(Finding(tensor=name, kind="mapping-error", message=str(exc), detail={"rank": ctx.rank}))
             continue
-        finding = compare_bits(name, expected, tensor.detach().cpu())
+        finding = compare_bits(name, expected.to(tensor.device), tensor.detach())  # on the shard's device
         if finding is not None:
             findings.append(
                 Finding(
