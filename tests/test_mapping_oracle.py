@@ -50,3 +50,18 @@ def test_symmetric_qkv_bug_passes_roundtrip_but_not_mapping(tmp_path: Path) -> N
         for proj in ("q", "k"):  # the export rebuilt from the loaded shards differs from the bridge's too
             assert (f"model.layers.{i}.self_attn.{proj}_proj.weight", "export-bytes-differ") in kinds
     assert all("linear_qkv" in t or "_proj.weight" in t for t, _ in kinds)
+
+
+def test_from_shards_that_is_not_to_shards_inverse_is_named(tmp_path: Path) -> None:
+    """The export is wrong and convcheck's own mapping rebuilds the same wrong tensor from shards that match its
+    to_shard: the finding blames the mapping (not to_shard's inverse), not the bridge's export."""
+    res = run_cli("verify", "--model", "tiny:llama", "--oracle", "roundtrip,mapping",
+                  "--hook", "tests.hooks_mapping_inverse:transposed_o_proj_both", tmp_path=tmp_path)  # fmt: skip
+    assert res.code == 1, res.err
+    assert res.verdicts() == {"roundtrip": "fail", "mapping": "fail"}
+    findings = res.findings("mapping")
+    assert [(f["tensor"], f["kind"]) for f in findings] == [
+        ("model.layers.0.self_attn.o_proj.weight", "mapping-not-inverse")
+    ]
+    assert "from_shards is not to_shard's inverse" in findings[0]["message"]
+    assert res.findings("roundtrip")[0]["tensor"] == "model.layers.0.self_attn.o_proj.weight"
