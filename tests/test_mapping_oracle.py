@@ -52,11 +52,14 @@ def test_symmetric_qkv_bug_passes_roundtrip_but_not_mapping(tmp_path: Path) -> N
     assert all("linear_qkv" in t or "_proj.weight" in t for t, _ in kinds)
 
 
+HOOKS = Path(__file__).with_name("hooks_mapping_inverse.py")
+
+
 def test_from_shards_that_is_not_to_shards_inverse_is_named(tmp_path: Path) -> None:
     """The export is wrong and convcheck's own mapping rebuilds the same wrong tensor from shards that match its
     to_shard: the finding blames the mapping (not to_shard's inverse), not the bridge's export."""
     res = run_cli("verify", "--model", "tiny:llama", "--oracle", "roundtrip,mapping",
-                  "--hook", "tests.hooks_mapping_inverse:transposed_o_proj_both", tmp_path=tmp_path)  # fmt: skip
+                  "--hook", f"{HOOKS}:transposed_o_proj_both", tmp_path=tmp_path)  # fmt: skip
     assert res.code == 1, res.err
     assert res.verdicts() == {"roundtrip": "fail", "mapping": "fail"}
     findings = res.findings("mapping")
