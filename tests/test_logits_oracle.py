@@ -184,3 +184,22 @@ def test_weight_bug_invisible_to_config_is_caught_by_logits(tmp_path: Path) -> N
     kinds = {f["kind"]: f for f in res.findings("logits")}
     assert kinds["logits-differ"]["tensor"] == "logits"
     assert kinds["logits-differ"]["detail"]["max_abs_err"] > ABS_TOL
+
+
+def test_streamed_reference_reads_only_the_files_from_pretrained_reads(tmp_path: Path) -> None:
+    """The index's files, else model.safetensors, else the one *.safetensors: a stray file (an adapter, a consolidated
+    copy) is never streamed as model weights."""
+    import json
+
+    from convcheck.oracles.hf_stream import _weight_files
+
+    for name in ("model-00001.safetensors", "model-00002.safetensors", "adapter.safetensors"):
+        (tmp_path / name).write_bytes(b"")
+    index = {"weight_map": {"a": "model-00002.safetensors", "b": "model-00001.safetensors"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert [f.name for f in _weight_files(tmp_path)] == ["model-00001.safetensors", "model-00002.safetensors"]
+    (tmp_path / "model.safetensors.index.json").unlink()
+    with pytest.raises(FileNotFoundError, match="3 other"):
+        _weight_files(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    assert [f.name for f in _weight_files(tmp_path)] == ["model.safetensors"]

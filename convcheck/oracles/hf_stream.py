@@ -61,6 +61,22 @@ def _blocks(model: Any) -> list[tuple[str, Any]]:
     return list(walk("", model))
 
 
+def _weight_files(folder: Path) -> list[Path]:
+    """The safetensors files from_pretrained reads: those the index names, else model.safetensors, else the only
+    *.safetensors of the folder."""
+    import json
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return [folder / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    if (folder / "model.safetensors").is_file():
+        return [folder / "model.safetensors"]
+    found = sorted(folder.glob("*.safetensors"))
+    if len(found) != 1:
+        raise FileNotFoundError(f"no model.safetensors(.index.json) in {folder} and {len(found)} other *.safetensors")
+    return found
+
+
 class BlockLoader:
     """Loads one block's tensors through transformers' converter (fp32, on `device`); sends them back to meta."""
 
@@ -84,9 +100,7 @@ class BlockLoader:
         )
         renamings = [m for m in mapping if isinstance(m, WeightRenaming)]
         converters = [m for m in mapping if isinstance(m, WeightConverter)]
-        files = sorted(Path(path).glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"no *.safetensors in {path}")
+        files = _weight_files(Path(path))
         meta = model.state_dict()
         self.file_of: dict[str, str] = {}
         self.keys_of: dict[str, list[str]] = {}  # model key -> the checkpoint keys it is made from
