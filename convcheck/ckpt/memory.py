@@ -14,7 +14,8 @@ def reset_peak() -> None:
 
 
 def memory_mb() -> dict[str, float]:
-    """Resident set now and its high-water mark since the last reset (VmRSS, VmHWM), in MB; empty where unknown."""
+    """Resident set now, its high-water mark since the last reset and its anonymous part (VmRSS, VmHWM, RssAnon), in
+    MB; empty where unknown."""
     out = {}
     try:
         lines = Path("/proc/self/status").read_text().splitlines()
@@ -22,20 +23,14 @@ def memory_mb() -> dict[str, float]:
         return out
     for line in lines:
         key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
+        if key in ("VmRSS", "VmHWM", "RssAnon"):
             out[key] = round(int(value.split()[0]) / 1024, 1)
     return out
 
 
 def anon_mb() -> float:
     """Anonymous resident memory now (RssAnon: heap and tensors, not mapped file pages), in MB; -1 where unknown."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("RssAnon:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        pass
-    return -1.0
+    return memory_mb().get("RssAnon", -1.0)
 
 
 class AnonPeak:
@@ -66,9 +61,8 @@ class AnonPeak:
 def trim() -> None:
     """Hand freed heap pages back to the system (glibc malloc_trim), so one phase's garbage is not the next's RSS."""
     import ctypes
-    import ctypes.util
 
     try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)  # the C library this process already runs on
+    except (OSError, AttributeError):  # not glibc
         pass

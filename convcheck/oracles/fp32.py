@@ -28,19 +28,25 @@ def _restore(saved: list[tuple[Any, Any]]) -> None:
         tensor.data = data
 
 
-def blocks(module: Any) -> list[Any]:
-    """The modules that own parameters directly under the model's trunk: embedding, each layer, norm, head."""
+def named_blocks(module: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """(qualified name, module) of the modules that own parameters directly under the model's trunk: embedding,
+    each layer, norm, head, in model order."""
     import torch
 
     out = []
-    for child in module.children():
+    for name, child in module.named_children():
         if isinstance(child, torch.nn.ModuleList):
-            out += list(child)
+            out += [(f"{prefix}{name}.{i}", layer) for i, layer in enumerate(child)]
         elif any(True for _ in child.parameters(recurse=False)):
-            out.append(child)
+            out.append((f"{prefix}{name}", child))
         elif any(True for _ in child.parameters()):
-            out += blocks(child)
+            out += named_blocks(child, f"{prefix}{name}.")
     return out
+
+
+def blocks(module: Any) -> list[Any]:
+    """The trunk's blocks of `named_blocks`, without their names."""
+    return [block for _, block in named_blocks(module)]
 
 
 @contextmanager

@@ -13,6 +13,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from convcheck.oracles.fp32 import named_blocks
+
 MOVES_ONLY = {"MergeModulelist", "SplitModulelist", "Concatenate", "Chunk", "Transpose", "PermuteForRope"}
 """Key conversions that only move elements: converting in the stored dtype and upcasting after gives the same bits."""
 STORED = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
@@ -43,22 +45,6 @@ def meta_model(path: str) -> Any:
         tensor._is_hf_initialized = True  # initialize_weights then fills only the buffers
     model.initialize_weights()
     return model.eval()
-
-
-def _blocks(model: Any) -> list[tuple[str, Any]]:
-    """(qualified name, module) of each top-level block, in model order."""
-    import torch
-
-    def walk(prefix: str, module: Any) -> Any:
-        for name, child in module.named_children():
-            if isinstance(child, torch.nn.ModuleList):
-                yield from ((f"{prefix}{name}.{i}", layer) for i, layer in enumerate(child))
-            elif any(True for _ in child.parameters(recurse=False)):
-                yield f"{prefix}{name}", child
-            elif any(True for _ in child.parameters()):
-                yield from walk(f"{prefix}{name}.", child)
-
-    return list(walk("", model))
 
 
 def _weight_files(folder: Path) -> list[Path]:
@@ -113,6 +99,7 @@ class BlockLoader:
                     self.keys_of.setdefault(target, []).append(key)
                     self.stored.setdefault(target, set()).add(STORED.get(handle.get_slice(key).get_dtype(), "?"))
         self.ties = dict(model.all_tied_weights_keys)  # {tied param: its source}, e.g. lm_head <- embed_tokens
+        self.live: set[str] = set()  # what the last load made real
 
     def load(self, prefix: str, block: Any) -> None:
         """Materialise the block's parameters and persistent buffers in fp32 on the device."""
@@ -123,6 +110,7 @@ class BlockLoader:
         names = {f"{prefix}.{n}" for n in block.state_dict()}
         tied = {t: s for t, s in self.ties.items() if t in names and t not in self.keys_of}
         wanted = names | set(tied.values())
+        self.live = wanted
         for name in wanted:  # convert in the stored dtype (elements only move), upcast one tensor at a time after
             stored = self.stored.get(name, set())
             if len(stored) == 1 and "?" not in stored:
@@ -169,16 +157,12 @@ class BlockLoader:
             module._buffers[attr] = value
 
     def drop(self) -> None:
-        """Every materialised parameter and persistent buffer back to meta."""
-        import torch
-
-        for module in self.model.modules():
-            for attr, param in list(module._parameters.items()):
-                if param is not None and not param.is_meta:
-                    module._parameters[attr] = torch.nn.Parameter(param.to("meta"), requires_grad=False)
-            for attr, buffer in list(module._buffers.items()):
-                if buffer is not None and not buffer.is_meta and attr not in module._non_persistent_buffers_set:
-                    module._buffers[attr] = buffer.to("meta")
+        """What the last load made real (the block's tensors, a tied source) back to meta."""
+        for name in self.live:
+            tensor = self.model.get_parameter_or_buffer(name)
+            if not tensor.is_meta:
+                self._set(name, tensor.to("meta"))
+        self.live = set()
 
 
 @contextmanager
@@ -202,7 +186,7 @@ def streamed_logits(path: str, tokens: Any, device: str = "cpu") -> Any:
     from transformers.utils import logging as hf_logging
 
     model = meta_model(path)
-    blocks = _blocks(model)
+    blocks = named_blocks(model)
     inside = {f"{prefix}.{n}" for prefix, block in blocks for n, _ in block.named_parameters()}
     outside = [n for n, _ in model.named_parameters() if n not in inside]
     if outside:

@@ -37,22 +37,23 @@ class CodeCache:
         self._codes: dict[tuple[Any, ...], tuple[Any, Any, int]] = {}
 
     def get(self, shape: tuple[int, ...], rank: int, numel: int, device: Any) -> tuple[Any, Any, Any]:
-        """(a fresh view of the codes, their dtype, a token for `release`)."""
+        """(a fresh view of the codes, their dtype, a token for `release`: None when they are not kept)."""
         key = (shape, rank, numel, str(device))
         hit = self._codes.pop(key, None)
         if hit is None:
             codes, dtype = shard_codes(shape, rank, numel, device)
+            if codes.numel() * codes.element_size() > self.max_bytes:
+                return codes, dtype, None
             hit = (codes, dtype, codes._version)
         self._codes[key] = hit  # most recent last
         if len(self._codes) > self.size:
             self._codes.pop(next(iter(self._codes)))
-        codes, dtype, _ = hit
-        return codes.view(shape), dtype, key
+        return hit[0].view(shape), hit[1], key
 
-    def release(self, key: tuple[Any, ...]) -> None:
-        """Drop the codes of `key` when the task wrote into them, or when they are too large to keep."""
-        hit = self._codes.get(key)
-        if hit is not None and (hit[0]._version != hit[2] or hit[0].numel() * hit[0].element_size() > self.max_bytes):
+    def release(self, key: tuple[Any, ...] | None) -> None:
+        """Drop the codes of `key` when the task wrote into them."""
+        hit = self._codes.get(key) if key is not None else None
+        if hit is not None and hit[0]._version != hit[2]:
             del self._codes[key]
 
 
@@ -78,7 +79,7 @@ def probe_task(task: Any, rank: int, cache: CodeCache | None = None) -> dict[str
         with no_communication():
             out = mapping.megatron_to_hf(codes, task.megatron_module)
     finally:
-        if key is not None:
+        if cache is not None:
             cache.release(key)
     state.check_pool()
     writer = tuple(sorted(state.writer))

@@ -71,7 +71,6 @@ def _row_runs(out: Any, rank: int, numel: int) -> Any | None:
 def _rows_hold(rows: Any, first: Any, mine: Any, index: Any) -> bool:
     """True when the rows marked `mine` each equal their first code plus 0, 1, 2, ... and every other row is zero
     (one block of rows is checked through views, without copies)."""
-
     if index.numel() == 0:
         return not bool(rows.any())
     a, b = int(index[0]), int(index[-1]) + 1
