@@ -75,7 +75,7 @@ def test_other_tensors_pass(qwen3_tp2_plants: CliResult) -> None:
 
 
 @pytest.mark.ranks
-def test_ep_local_expert_ids(tmp_path: Path) -> None:
+def test_ep_local_expert_ids_and_a_stale_gather_off_rank0(tmp_path: Path) -> None:
     r = run_cli(
         "verify",
         "--model",
@@ -86,6 +86,8 @@ def test_ep_local_expert_ids(tmp_path: Path) -> None:
         ORACLES,
         "--hook",
         mutant("collectives", "ep_local_ids"),
+        "--hook",
+        mutant("collectives", "ep_gather_stale_off_rank0"),
         tmp_path=tmp_path,
     )
     assert r.code == 1
@@ -95,7 +97,13 @@ def test_ep_local_expert_ids(tmp_path: Path) -> None:
     assert miss["kind"] == "missing-in-real"
     rt = _find(r, "roundtrip", "model.layers.1.mlp.experts.0.up_proj.weight")
     assert rt["detail"]["diagnosis_kind"] == "renumbered" and "experts.4." in rt["detail"]["diagnosis"]
-    assert not [f for f in r.findings("differential") if ".layers.0." in f["tensor"]]
+    # rank 1 hands back its own expert under every global id: rank 0's export (what roundtrip reads) is right, and
+    # only the cross-rank digest sees rank 1's experts 0-3 (rank 0's part of its output)
+    stale = {f"model.layers.0.mlp.experts.{e}.{p}_proj.weight" for e in range(4) for p in ("gate", "up")}
+    layer0 = {(f["tensor"], f["kind"]) for f in r.findings("differential") if ".layers.0." in f["tensor"]}
+    assert layer0 == {(t, "ranks-disagree") for t in stale}, layer0
+    assert _find(r, "differential", sorted(stale)[0])["detail"]["rank_groups"] == [[0], [1]]
+    assert not [f for f in r.findings("roundtrip") if ".layers.0." in f["tensor"]]
 
 
 @pytest.mark.ranks

@@ -176,3 +176,72 @@ def test_code_cache_reuses_pristine_codes_only() -> None:
     big, _, key = cache.get((64, 8), 0, 512, "cpu")  # 2 KiB > the 1 KiB cap
     cache.release(key)
     assert cache.get((64, 8), 0, 512, "cpu")[0].data_ptr() != big.data_ptr()
+
+
+def _views(codes: torch.Tensor) -> list[torch.Tensor]:
+    """Views a mapping can return of its input: itself, reshapes, row slices (vocab unpadding), chunks (gate/up),
+    column slices, a broadcast, a transpose, a stepped slice."""
+    rows = codes.reshape(-1, codes.shape[-1])
+    half = max(1, rows.shape[0] // 2)
+    out = [codes, codes.reshape(-1), rows[:half], rows[half:], *torch.chunk(rows, 2, dim=0), rows[1:, :]]
+    if rows.shape[-1] > 1:
+        out += [rows[:, 1:], rows[:, : rows.shape[-1] // 2 or 1], rows.t(), rows[::2], rows[:, ::2]]
+    out.append(rows[:1].expand(3, -1))
+    return [v for v in out if v.numel()]
+
+
+@pytest.mark.parametrize("shape", [(4, 6), (8, 3), (12,), (2, 3, 4), (1, 5), (6, 1)])
+@pytest.mark.parametrize("rank", [0, 2])
+def test_view_runs_are_the_decoders_runs(shape: tuple[int, ...], rank: int) -> None:
+    """For an output that is a view of the codes, the runs read from its strides are exactly the decoded runs; a
+    copy or another storage is left to the decoder (None)."""
+    from convcheck.probe.runs import view_runs
+
+    numel = 1
+    for d in shape:
+        numel *= d
+    codes, dtype = shard_codes(shape, rank, numel)
+    taken = 0
+    for view in _views(codes):
+        got = view_runs(view, codes)
+        want = decode_runs(view, rank, numel, dtype).tolist()
+        if got is not None:
+            taken += 1
+            assert got.tolist() == want, (view.shape, view.stride(), view.storage_offset())
+    assert taken >= 5
+    assert view_runs(codes.clone(), codes) is None
+    assert view_runs(codes.view(torch.float32) if dtype == torch.int32 else codes.float(), codes) is None
+
+
+def test_probe_reads_values_once_the_mapping_wrote_into_its_input() -> None:
+    """A mapping that writes into its input and returns it: the version counter moved, so the probe decodes the
+    values (the written element is not this rank's code) instead of trusting the view."""
+    from types import SimpleNamespace
+
+    from convcheck import compat
+    from convcheck.probe.run import probe_task
+
+    compat.install_import_shims()  # the probe imports the bridge's mapping classes
+
+    class Writes:
+        def megatron_to_hf(self, weights: torch.Tensor, module: object) -> dict[str, torch.Tensor]:
+            weights.reshape(-1)[3] = weights.reshape(-1)[0]  # element 3 now holds element 0's code
+            return {"w": weights}
+
+    task = SimpleNamespace(mapping=Writes(), megatron_module=None, param_weight=torch.zeros(4, 6, dtype=torch.bfloat16))
+    runs = probe_task(task, 0)["w"].runs.tolist()
+    assert runs == [[0, 0, 3], [3, 0, 1], [4, 4, 20]]
+
+
+def test_a_write_into_a_placeholder_is_refused() -> None:
+    """Placeholders are shared zeros: an in-place write into one (through a view too) raises; reads do not."""
+    from convcheck.probe.stubs import ProbeState
+
+    state = ProbeState()
+    like = torch.ones(4, 3, dtype=torch.int32)
+    zeros = state.placeholder(like)
+    assert state.placeholder(like) is zeros and not bool(zeros.clone().add_(1).eq(0).any())
+    state.check_pool()
+    zeros.reshape(-1)[5:6].fill_(7)
+    with pytest.raises(ProbeCommError, match="placeholder"):
+        state.check_pool()

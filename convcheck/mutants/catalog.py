@@ -331,6 +331,17 @@ MUTANTS: tuple[Mutant, ...] = (
         targets=("*.layers.1.mlp.experts.3.*", "*.layers.1.mlp.experts.local_experts.3.*"),
     ),
     Mutant(
+        name="ep_gather_stale_off_rank0",
+        description="EP gather result discarded off rank 0: the other ranks export their own expert under every "
+        "global id of layer 0's up/gate projections (rank 0's export is right)",
+        hook=_M + "collectives:ep_gather_stale_off_rank0",
+        fixture=_MOE,
+        layout="ep2",
+        more_layouts=("tp2ep2",),
+        catches=("differential",),
+        targets=("*.layers.0.mlp.experts.*.gate_proj.weight", "*.layers.0.mlp.experts.*.up_proj.weight"),
+    ),
+    Mutant(
         name="ep_not_gathered",
         description="EP gather missing: layer 0's expert down projections are exported from the own EP rank only",
         hook=_M + "collectives:ep_not_gathered",

@@ -163,3 +163,21 @@ def qkv_groups_reversed() -> None:
         return megatron_to_hf
 
     wrap(QKVMapping, "megatron_to_hf", make)
+
+
+def ep_gather_stale_off_rank0() -> None:
+    """EP ranks other than 0 discard the gather's result for layer 0's expert up/gate projections and hand back
+    their own expert under every global id: rank 0's export is right, the other ranks send wrong experts."""
+    from megatron.bridge.models.conversion.param_mapping import MegatronParamMapping
+
+    def make(original):  # type: ignore[no-untyped-def]
+        def gather_from_ep_ranks(self, weights, module, hf_param_name):  # type: ignore[no-untyped-def]
+            out = original(self, weights, module, hf_param_name)  # every rank still joins the collective
+            if self.ep_rank == 0 or ".layers.0." not in str(hf_param_name) or "linear_fc1" not in self.megatron_param:
+                return out
+            own = list(out.values())[self.ep_rank]
+            return {name: own.clone() for name in out}
+
+        return gather_from_ep_ranks
+
+    wrap(MegatronParamMapping, "gather_from_ep_ranks", make)

@@ -2,7 +2,8 @@
 
 Each rank runs every task's real megatron_to_hf, then the probe (convcheck.probe) on an index-coded shard: the
 probe says where each of this rank's elements must land. A rank checks its own elements bitwise against its
-real output; rank 0 checks the real outputs agree across ranks (sha256) and the probe slots cover every element.
+real output; rank 0 checks the real outputs agree across ranks (convcheck.fold digests) and the probe slots
+cover every element.
 Mappings that compute values rather than move them are reported (the probe follows codes, not arithmetic).
 """
 
@@ -79,13 +80,19 @@ def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[
     for hf, entries in sorted(by_hf.items()):
         probes = [(r, e) for r, e in entries if "ranges" in e]
         reals = [(r, e) for r, e in entries if e.get("real")]
-        digests = {e["real"]["sha256"] for _, e in reals}
+        digests: dict[Any, list[int]] = defaultdict(list)
+        for r, e in reals:
+            digests[e["real"]["digest"]].append(r)
         if len(digests) > 1:
+            groups = sorted(sorted(ranks) for ranks in digests.values())
+            shown = " vs ".join("ranks " + ",".join(map(str, g)) if len(g) > 1 else f"rank {g[0]}" for g in groups)
             add(
                 Finding(
                     tensor=hf,
                     kind="ranks-disagree",
-                    message=f"the real export differs between ranks ({len(digests)} distinct byte strings)",
+                    message=f"the real export differs between ranks ({len(digests)} distinct byte strings: {shown}); "
+                    "each rank's own elements are where the probe puts them, so another rank's part differs",
+                    detail={"rank_groups": groups},
                 )
             )
         for r, e in probes:

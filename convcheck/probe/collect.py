@@ -25,11 +25,11 @@ def collect(ctx: Any, *, with_real: bool) -> list[dict[str, Any]]:
     cached = getattr(ctx, _CACHE_ATTR, None)
     if cached is not None and (cached[0] or not with_real):
         return cached[1]
-    from convcheck.hashpool import HashPool
+    from convcheck.fold import digest
 
     records: list[dict[str, Any]] = []
     codes = CodeCache()
-    pool = HashPool() if with_real and ctx.world > 1 else None  # real outputs hashed on worker threads
+    cross_rank = with_real and ctx.world > 1  # several ranks export each tensor: digests for the assembler
     for index, task in enumerate(tasks_of(ctx)):
         param = str(getattr(task, "global_param_name", "") or task.param_name)
         base = {"task": index, "param": param}
@@ -55,12 +55,9 @@ def collect(ctx: Any, *, with_real: bool) -> list[dict[str, Any]]:
                 rec["owned"] = slot.owned
             if with_real:
                 rec.update(_against_real(real.get(name), slot, task.param_weight))
-                if pool is not None and rec["real"] is not None:  # several ranks export it: digest for the assembler
-                    pool.submit(len(records), real[name])
+                if cross_rank and rec["real"] is not None:
+                    rec["real"]["digest"] = digest(real[name])  # on the tensor's device, no host copy
             records.append(rec)
-    if pool is not None:
-        for at, sha in pool.results().items():
-            records[at]["real"]["sha256"] = sha
     setattr(ctx, _CACHE_ATTR, (with_real, records))
     return records
 
@@ -78,7 +75,7 @@ def _against_real(tensor: Any, slot: Any, weight: Any) -> dict[str, Any]:
         "real": {
             "shape": list(tensor.shape),
             "dtype": str(tensor.dtype).removeprefix("torch."),
-            "sha256": None,
+            "digest": None,
         }
     }
     if slot is None or slot.owned == 0:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from convcheck.probe.runs import decode_runs, owned, shard_codes
+from convcheck.probe.runs import code_dtype, decode_runs, owned, shard_codes, view_runs
 from convcheck.probe.stubs import ProbeCommError, ProbeState, no_communication, probe_copy, warm
 
 
@@ -57,39 +57,72 @@ class CodeCache:
             del self._codes[key]
 
 
+UNFILLED_MIN = 1 << 22
+"""Shards of at least this many elements are first probed with unfilled codes: when every output is a view of them,
+the views' strides say where each element lands and the codes are never written (nor their pages touched)."""
+
+
 def probe_task(task: Any, rank: int, cache: CodeCache | None = None) -> dict[str, ProbeSlot]:
     """Run the task's real megatron_to_hf on a probe copy of its mapping over an index-coded shard (on its device)."""
-    state = ProbeState()
-    warm(task.mapping, task.megatron_module)
-    mapping = probe_copy(task.mapping, state)
+    import torch
+
     weight = task.param_weight
-    key = None
     if weight is None:
-        codes, dtype, numel = None, None, 0
+        out, _, _ = _run(task, None)
+        if out:
+            raise ProbeCommError(
+                f"probe: a rank without the parameter produced {next(iter(out))} (needs a PP broadcast)"
+            )
+        return {}
+    numel, shape = weight.numel(), tuple(weight.shape)
+    if numel >= UNFILLED_MIN:
+        blank = _like(torch.empty(shape, dtype=code_dtype(rank, numel), device=weight.device), weight)
+        out, writer, pristine = _run(task, blank)
+        runs = {name: view_runs(tensor, blank) for name, tensor in out.items()} if pristine else {}
+        if runs and all(r is not None for r in runs.values()):
+            return {
+                str(n): ProbeSlot(hf_name=str(n), shape=tuple(out[n].shape), runs=r, writer=writer)
+                for n, r in runs.items()
+            }
+        del out, blank  # not all views: the values matter, probe again with real codes
+    key = None
+    if cache is not None:
+        codes, dtype, key = cache.get(shape, rank, numel, weight.device)
     else:
-        numel = weight.numel()
-        if cache is not None:
-            codes, dtype, key = cache.get(tuple(weight.shape), rank, numel, weight.device)
-        else:
-            codes, dtype = shard_codes(tuple(weight.shape), rank, numel, weight.device)
-        for attr in ("tensor_model_parallel", "partition_dim", "partition_stride"):
-            if hasattr(weight, attr):
-                setattr(codes, attr, getattr(weight, attr))
+        codes, dtype = shard_codes(shape, rank, numel, weight.device)
     try:
-        with no_communication():
-            out = mapping.megatron_to_hf(codes, task.megatron_module)
+        out, writer, pristine = _run(task, _like(codes, weight))
     finally:
         if cache is not None:
             cache.release(key)
-    state.check_pool()
-    writer = tuple(sorted(state.writer))
     slots = {}
-    for name, tensor in (out or {}).items():
-        if codes is None:
-            raise ProbeCommError(f"probe: a rank without the parameter produced {name} (needs a PP broadcast)")
-        runs = decode_runs(tensor, rank, numel, dtype)
+    for name, tensor in out.items():
+        runs = view_runs(tensor, codes) if pristine else None  # a view of the codes: its strides say where
+        if runs is None:
+            runs = decode_runs(tensor, rank, numel, dtype)
         slots[str(name)] = ProbeSlot(hf_name=str(name), shape=tuple(tensor.shape), runs=runs, writer=writer)
     return slots
+
+
+def _like(codes: Any, weight: Any) -> Any:
+    """`codes` carrying the weight's TP attributes (the mapping reads them)."""
+    for attr in ("tensor_model_parallel", "partition_dim", "partition_stride"):
+        if hasattr(weight, attr):
+            setattr(codes, attr, getattr(weight, attr))
+    return codes
+
+
+def _run(task: Any, codes: Any) -> tuple[dict[str, Any], tuple[tuple[str, int], ...], bool]:
+    """(outputs, the gathers' writer coordinates, whether the codes are unwritten) of one probe run of the task."""
+    state = ProbeState()
+    warm(task.mapping, task.megatron_module)
+    mapping = probe_copy(task.mapping, state)
+    version = None if codes is None else codes._version
+    with no_communication():
+        out = mapping.megatron_to_hf(codes, task.megatron_module)
+    pristine = codes is not None and codes._version == version  # nothing wrote into the codes
+    state.check_pool()
+    return dict(out or {}), tuple(sorted(state.writer)), pristine
 
 
 def to_ranges(positions: Any) -> list[tuple[int, int]]:

@@ -21,9 +21,16 @@ def shard_codes(shape: tuple[int, ...], rank: int, numel: int, device: Any = Non
     """Codes `rank * numel + i + 1` (i the local flat index) shaped like the shard, on `device`, and their dtype."""
     import torch
 
-    dtype = torch.int32 if (rank + 1) * numel < 2**31 - 1 else torch.int64
+    dtype = code_dtype(rank, numel)
     codes = torch.arange(rank * numel + 1, rank * numel + numel + 1, dtype=dtype, device=device).reshape(shape)
     return codes, dtype
+
+
+def code_dtype(rank: int, numel: int) -> Any:
+    """int32 when every code of this rank fits, else int64."""
+    import torch
+
+    return torch.int32 if (rank + 1) * numel < 2**31 - 1 else torch.int64
 
 
 def decode_runs(out: Any, rank: int, numel: int, code_dtype: Any) -> Any:
@@ -36,6 +43,36 @@ def decode_runs(out: Any, rank: int, numel: int, code_dtype: Any) -> Any:
     if fast is not None:
         return fast
     return _element_runs(out.detach(), rank, numel)
+
+
+def view_runs(out: Any, codes: Any) -> Any | None:
+    """The runs of an output that is a view of the (unwritten) codes whose last dim is contiguous, read from its
+    storage offset and strides instead of its values (exact: each element is the code stored there); None when
+    it is not such a view."""
+    import torch
+
+    if out.dtype != codes.dtype or out.numel() == 0 or out.dim() == 0:
+        return None
+    if out.untyped_storage().data_ptr() != codes.untyped_storage().data_ptr() or not codes.is_contiguous():
+        return None
+    shape, stride = list(out.shape), list(out.stride())
+    if stride[-1] != 1 and shape[-1] != 1:
+        return None
+    cols = shape[-1]
+    starts = torch.zeros(1, dtype=torch.int64)
+    for size, step in zip(shape[:-1], stride[:-1]):  # row starts, row-major over the leading dims
+        starts = (starts.unsqueeze(1) + torch.arange(size, dtype=torch.int64) * step).reshape(-1)
+    starts += out.storage_offset() - codes.storage_offset()
+    if bool(starts.lt(0).any()) or bool(starts.gt(codes.numel() - cols).any()):
+        return None
+    rows = torch.arange(starts.numel(), dtype=torch.int64)
+    if starts.numel() > 1:  # consecutive rows that continue each other in the shard form one run
+        keep = torch.cat([torch.ones(1, dtype=torch.bool), starts[1:].sub(starts[:-1]).ne(cols)])
+    else:
+        keep = torch.ones(1, dtype=torch.bool)
+    heads = keep.nonzero().squeeze(1)
+    counts = torch.diff(torch.cat([heads, torch.tensor([starts.numel()])]))
+    return torch.stack([rows[heads] * cols, starts[heads], counts * cols], dim=1)
 
 
 def _row_runs(out: Any, rank: int, numel: int) -> Any | None:

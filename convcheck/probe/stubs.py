@@ -52,6 +52,7 @@ class ProbeState:
     """Shared by the probe copies of one run: placeholder pool and the gathers synthesised for this task."""
 
     pool: dict[tuple[tuple[int, ...], Any, Any], Any] = field(default_factory=dict)
+    versions: dict[tuple[tuple[int, ...], Any, Any], int] = field(default_factory=dict)
     writer: set[tuple[str, int]] = field(default_factory=set)
     """(group kind, this rank's index in it) for every gather of size > 1 the task went through."""
 
@@ -61,13 +62,16 @@ class ProbeState:
 
         key = (tuple(like.shape), like.dtype, like.device)
         if key not in self.pool:
-            self.pool[key] = torch.zeros(like.shape, dtype=like.dtype, device=like.device)
+            zeros = torch.zeros(like.shape, dtype=like.dtype, device=like.device)
+            self.pool[key] = zeros
+            self.versions[key] = zeros._version
         return self.pool[key]
 
     def check_pool(self) -> None:
-        """Raise when a mapping wrote into a shared placeholder in place (its outputs would then lie)."""
+        """Raise when a mapping wrote into a shared placeholder in place (its outputs would then lie); only a
+        placeholder whose version counter moved is read."""
         for (shape, dtype, _device), tensor in self.pool.items():
-            if bool(tensor.ne(0).any()):
+            if tensor._version != self.versions[(shape, dtype, _device)] and bool(tensor.ne(0).any()):
                 raise ProbeCommError(f"probe: a mapping wrote in place into a placeholder {list(shape)} {dtype}")
 
 
