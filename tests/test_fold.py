@@ -47,3 +47,11 @@ def test_sign_flips_in_many_chunks_are_caught() -> None:
     y = x.clone()
     y[1 :: 2 * fold.WORDS // 7] ^= -(2**15)
     assert fold.digest(y) != fold.digest(x)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_a_gpu_digest_is_the_cpu_digest() -> None:
+    """Ranks on GPUs and a CPU run agree: the same bytes give the same digest on either device."""
+    for n in (5, fold.WORDS * 3 + 7, (64 << 20) // 2 + 3):
+        x = _data(n)
+        assert fold.digest(x.cuda()) == fold.digest(x)

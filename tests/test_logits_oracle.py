@@ -7,7 +7,7 @@ import torch
 
 from convcheck.bits import bytes_equal
 from convcheck.oracles.fp32 import fp32_forward
-from convcheck.oracles.logits import ABS_TOL, compare, fixed_tokens, hf_logits, upcast_fp32
+from convcheck.oracles.logits import ABS_TOL, compare, eager, fixed_tokens, hf_logits, upcast_fp32
 from tests.helpers import matrix_run, mutant, run_cli
 
 
@@ -69,12 +69,12 @@ def test_blockwise_fp32_reference_is_bitwise_the_fp32_model(name: str) -> None:
 
     path = resolve_model(name)
     tokens = fixed_tokens(int(transformers.AutoConfig.from_pretrained(path).vocab_size))
-    fp32 = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    fp32 = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **eager())
     with torch.no_grad():
         want = fp32.eval()(input_ids=tokens).logits.float()
     got = hf_logits(path, tokens)
     assert got.dtype == torch.float32 and bytes_equal(want, got)
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype="auto", attn_implementation="eager").eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype="auto", **eager()).eval()
     before = {n: p.data_ptr() for n, p in model.named_parameters()}
     with fp32_forward([model]), torch.no_grad():
         model(input_ids=tokens)
@@ -94,18 +94,41 @@ def test_streamed_reference_is_bitwise_the_fp32_model(name: str) -> None:
 
     path = resolve_model(name)
     tokens = fixed_tokens(int(transformers.AutoConfig.from_pretrained(path).vocab_size))
-    fp32 = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    fp32 = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **eager())
     with torch.no_grad():
         want = fp32.eval()(input_ids=tokens).logits.float()
     loads: list[str] = []
-    real = hf_stream.BlockLoader.load
+    lazy: list[str] = []
+    real, real_set = hf_stream.BlockLoader.load, hf_stream.BlockLoader._set
     try:
         hf_stream.BlockLoader.load = lambda self, prefix, block: (loads.append(prefix), real(self, prefix, block))[1]
+        hf_stream.BlockLoader._set = lambda self, n, v, lazy_=False, **kw: (
+            lazy.append(n) if kw.get("lazy", lazy_) else None,
+            real_set(self, n, v, **kw),
+        )[1]
         got, how = hf_reference(path, tokens)
     finally:
-        hf_stream.BlockLoader.load = real
+        hf_stream.BlockLoader.load, hf_stream.BlockLoader._set = real, real_set
     assert how == "streamed" and got.dtype == torch.float32 and bytes_equal(want, got)
     assert len(loads) == len(set(loads)) == fp32.config.num_hidden_layers + 3  # embedding, layers, norm, head
+    if name == "tiny:qwen3-moe":  # the fused experts stayed bf16 and were upcast one expert at a time
+        assert {n.rsplit(".", 1)[1] for n in lazy if ".mlp.experts." in n} == {"gate_up_proj", "down_proj"}, lazy
+
+
+def test_upcast_on_use_reads_as_fp32_and_upcasts_only_the_slice_indexed() -> None:
+    """A lazily upcast parameter keeps its stored bytes; an expert slice comes back fp32 and equal to the upcast
+    whole; any other op sees the whole upcast; metadata reads touch nothing."""
+    from convcheck.oracles.hf_stream import upcast_on_use
+
+    stored = torch.randn(4, 3, 5).to(torch.bfloat16)
+    p = upcast_on_use()(stored, requires_grad=False)
+    assert p.dtype == torch.float32 and p.shape == (4, 3, 5) and p.dim() == 3 and not p.is_meta
+    assert p.data_ptr() == stored.data_ptr()
+    one = p[2]
+    assert type(one) is torch.Tensor and one.dtype == torch.float32 and bytes_equal(one, stored[2].float())
+    x = torch.randn(7, 5)
+    assert bytes_equal(torch.nn.functional.linear(x, p[1]), torch.nn.functional.linear(x, stored.float()[1]))
+    assert bytes_equal(p * 2, stored.float() * 2)
 
 
 def test_streamed_reference_refuses_a_conversion_it_cannot_prove(monkeypatch: pytest.MonkeyPatch) -> None:

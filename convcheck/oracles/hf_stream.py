@@ -21,15 +21,18 @@ STORED = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 
 
 def meta_model(path: str) -> Any:
-    """The fp32 eager causal LM of `path` as from_pretrained builds it, parameters and persistent buffers on meta
+    """The fp32 causal LM of `path` as from_pretrained builds it with `eager()` kernels, parameters and persistent buffers on meta
     (non-persistent buffers such as rotary inv_freq real, initialised as from_pretrained does)."""
     import torch
     import transformers
     from transformers.modeling_utils import _load_parameter_into_model
     from transformers.monkey_patching import patch_output_recorders
 
+    from convcheck.oracles.logits import eager
+
     config = transformers.AutoConfig.from_pretrained(path)
-    config._attn_implementation = "eager"
+    for key, value in eager().items():  # the kernels hf_logits asks from_pretrained for
+        setattr(config, f"_{key}", value)
     config.dtype = torch.float32
     cls = transformers.models.auto.auto_factory._get_model_class(
         config, transformers.AutoModelForCausalLM._model_mapping
@@ -136,7 +139,10 @@ class BlockLoader:
             tensor = self.model.get_parameter_or_buffer(name)
             if not tensor.is_meta and (tensor.dtype != torch.float32 or tensor.device.type != self.device):
                 moved = tensor.to(self.device)  # the stored dtype crosses to the device, the upcast happens there
-                self._set(name, moved.float() if moved.is_floating_point() else moved)
+                if moved.is_floating_point() and moved.dim() >= 3 and moved.dtype != torch.float32:
+                    self._set(name, moved, lazy=True)  # fused experts: upcast one expert at a time, when used
+                else:
+                    self._set(name, moved.float() if moved.is_floating_point() else moved)
                 del moved
             del tensor
         for target, source in tied.items():  # what tie_weights does after from_pretrained's load
@@ -146,23 +152,57 @@ class BlockLoader:
         if missing:
             raise RuntimeError(f"{prefix}: not in the checkpoint: {missing[:3]}")
 
-    def _set(self, name: str, value: Any) -> None:
+    def _set(self, name: str, value: Any, lazy: bool = False) -> None:
         import torch
 
         parent, _, attr = name.rpartition(".")
         module = self.model.get_submodule(parent)
         if attr in module._parameters:
-            module._parameters[attr] = torch.nn.Parameter(value, requires_grad=False)
+            kind = upcast_on_use() if lazy else torch.nn.Parameter
+            module._parameters[attr] = kind(value, requires_grad=False)
         else:
             module._buffers[attr] = value
 
     def drop(self) -> None:
         """What the last load made real (the block's tensors, a tied source) back to meta."""
+        import torch
+
         for name in self.live:
             tensor = self.model.get_parameter_or_buffer(name)
             if not tensor.is_meta:
-                self._set(name, tensor.to("meta"))
+                dtype = torch.float32 if isinstance(tensor, upcast_on_use()) else tensor.dtype
+                self._set(name, torch.empty(tensor.shape, dtype=dtype, device="meta"))
         self.live = set()
+
+
+_UPCAST: list[Any] = []
+_METADATA = {"__get__", "dim", "size", "numel", "is_floating_point", "__len__", "data_ptr", "stride", "is_contiguous"}
+"""Uses that read no values (attribute getters, sizes): answered from the stored tensor, nothing upcast."""
+
+
+def upcast_on_use() -> Any:
+    """The Parameter class whose stored-dtype data reads as fp32: an indexed slice (one expert of a fused expert
+    tensor) is upcast alone, any other use upcasts the whole (exact either way: upcasting is exact)."""
+    if not _UPCAST:
+        import torch
+        from torch.utils._pytree import tree_map
+
+        class UpcastOnUse(torch.nn.Parameter):
+            @classmethod
+            def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                kwargs = kwargs or {}
+                with torch._C.DisableTorchFunctionSubclass():
+                    if func is torch.Tensor.__getitem__ and isinstance(args[0], cls):
+                        return func(*args, **kwargs).float()
+                    if getattr(func, "__self__", None) is torch.Tensor.dtype:  # the dtype getter
+                        return torch.float32  # what it reads as
+                    if getattr(func, "__name__", "") in _METADATA:  # shape, device, is_meta, dim(), size() ...
+                        return func(*args, **kwargs)
+                    up = tree_map(lambda t: t.float() if isinstance(t, cls) else t, (args, kwargs))
+                    return func(*up[0], **up[1])
+
+        _UPCAST.append(UpcastOnUse)
+    return _UPCAST[0]
 
 
 @contextmanager

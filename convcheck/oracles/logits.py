@@ -124,15 +124,26 @@ def megatron_logits(ctx: RankContext, tokens: Any, whole: bool = False) -> Any |
     return out.cpu()
 
 
+def eager() -> dict[str, str]:
+    """from_pretrained's keywords for HF's reference implementations: eager attention and, where transformers has
+    a choice of MoE kernels, the eager per-expert loop (one expert's weights used at a time)."""
+    import transformers
+
+    kinds = {"attn_implementation": "eager"}
+    if hasattr(transformers.PreTrainedModel, "set_experts_implementation"):
+        kinds["experts_implementation"] = "eager"
+    return kinds
+
+
 def hf_logits(path: Any, tokens: Any, device: str = "cpu") -> Any:
-    """fp32 logits [B, S, V] of the HF model loaded whole by transformers from the checkpoint (eager attention).
+    """fp32 logits [B, S, V] of the HF model loaded whole by transformers from the checkpoint (`eager()` kernels).
 
     Loaded in the checkpoint's dtype on `device`; each top-level block runs on fp32 copies of its parameters made
     just before it (convcheck.oracles.fp32), so memory holds the model once plus one block in fp32."""
     import torch
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype="auto", attn_implementation="eager")
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype="auto", **eager())
     model.to(device).eval()
     with fp32_forward([model]), torch.no_grad():
         return model(input_ids=tokens.to(device)).logits.float().cpu()

@@ -69,7 +69,8 @@ def _import_findings(ctx: RankContext, registry: MappingRegistry, coord: RankCoo
     for name, tensor in local:
         mapping = registry.get(name)
         try:
-            hf = {n: reader.get(n) for n in mapping.hf_names if n in ctx.checkpoint.tensors}
+            # the HF tensors travel to the shard's device once; to_shard's slices and concatenations run there
+            hf = {n: reader.get(n).to(tensor.device) for n in mapping.hf_names if n in ctx.checkpoint.tensors}
             expected = mapping.to_shard(hf, ctx.layout, coord)
         except MappingError as exc:
             findings.append(Finding(tensor=name, kind="mapping-error", message=str(exc), detail={"rank": ctx.rank}))
