@@ -21,8 +21,8 @@ STORED = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 
 
 def meta_model(path: str) -> Any:
-    """The fp32 causal LM of `path` as from_pretrained builds it with `eager()` kernels, parameters and persistent buffers on meta
-    (non-persistent buffers such as rotary inv_freq real, initialised as from_pretrained does)."""
+    """The fp32 causal LM of `path` as from_pretrained builds it with `eager()` kernels, parameters and persistent
+    buffers on meta (non-persistent buffers such as rotary inv_freq real, initialised as from_pretrained does)."""
     import torch
     import transformers
     from transformers.modeling_utils import _load_parameter_into_model
