@@ -11,6 +11,13 @@ from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
 
 
+def trim() -> None:
+    """convcheck.ckpt.memory.trim (glibc malloc_trim)."""
+    from convcheck.ckpt.memory import trim as _trim
+
+    _trim()
+
+
 def _upcast(tensors: Iterable[Any]) -> list[tuple[Any, Any]]:
     """Point each floating non-fp32 tensor at an fp32 copy; the (tensor, original data) pairs to restore."""
     import torch
@@ -67,6 +74,7 @@ def fp32_forward(models: list[Any], shared: Iterable[Any] = (), whole: bool = Fa
 
     def down(block: Any, _args: Any, _out: Any) -> None:
         _restore(block.__dict__.pop("_convcheck_fp32", []))
+        trim()  # the block's fp32 copies go back to the system, not into a heap the next block only partly reuses
 
     try:
         if whole:

@@ -13,7 +13,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from convcheck.oracles.fp32 import named_blocks
+from convcheck.oracles.fp32 import named_blocks, trim
 
 MOVES_ONLY = {"MergeModulelist", "SplitModulelist", "Concatenate", "Chunk", "Transpose", "PermuteForRope"}
 """Key conversions that only move elements: converting in the stored dtype and upcasting after gives the same bits."""
@@ -173,6 +173,7 @@ class BlockLoader:
                 dtype = torch.float32 if isinstance(tensor, upcast_on_use()) else tensor.dtype
                 self._set(name, torch.empty(tensor.shape, dtype=dtype, device="meta"))
         self.live = set()
+        trim()  # the block's memory goes back to the system before the next block loads
 
 
 _UPCAST: list[Any] = []
