@@ -245,3 +245,37 @@ def test_a_write_into_a_placeholder_is_refused() -> None:
     zeros.reshape(-1)[5:6].fill_(7)
     with pytest.raises(ProbeCommError, match="placeholder"):
         state.check_pool()
+
+
+@pytest.mark.parametrize("how", ["chunk", "rows", "flip", "raises-on-blank"])
+def test_unfilled_codes_give_the_filled_codes_runs(how: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large shard is first probed with unfilled codes: outputs that are views get the runs the filled codes
+    give; anything else (a copy, a mapping that fails on the unfilled values) is probed again with filled codes."""
+    from types import SimpleNamespace
+
+    from convcheck import compat
+    from convcheck.probe import run as run_mod
+
+    compat.install_import_shims()
+
+    class Mapping:
+        def megatron_to_hf(self, weights: torch.Tensor, module: object) -> dict[str, torch.Tensor]:
+            if how == "chunk":
+                gate, up = torch.chunk(weights, 2, dim=0)
+                return {"gate": gate, "up": up}
+            if how == "rows":
+                return {"w": weights[1:-3]}
+            if how == "raises-on-blank" and not bool(weights.reshape(-1)[:4].eq(torch.arange(1, 5)).all()):
+                raise ValueError("values the mapping did not expect")
+            return {"w": weights.flip(0).contiguous()}
+
+    task = SimpleNamespace(mapping=Mapping(), megatron_module=None, param_weight=torch.zeros(64, 48))
+    filled_codes: list[tuple[int, ...]] = []
+    real_codes = run_mod.shard_codes
+    monkeypatch.setattr(run_mod, "shard_codes", lambda *a: (filled_codes.append(a[0]), real_codes(*a))[1])
+    monkeypatch.setattr(run_mod, "UNFILLED_MIN", 1)
+    blank = {n: s.runs.tolist() for n, s in run_mod.probe_task(task, 0).items()}
+    assert bool(filled_codes) == (how in ("flip", "raises-on-blank"))  # views never wrote their codes
+    monkeypatch.setattr(run_mod, "UNFILLED_MIN", 1 << 40)
+    filled = {n: s.runs.tolist() for n, s in run_mod.probe_task(task, 0).items()}
+    assert blank == filled and filled
