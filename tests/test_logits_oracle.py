@@ -115,6 +115,30 @@ def test_streamed_reference_is_bitwise_the_fp32_model(name: str) -> None:
         assert {n.rsplit(".", 1)[1] for n in lazy if ".mlp.experts." in n} == {"gate_up_proj", "down_proj"}, lazy
 
 
+@pytest.mark.parametrize("name", ["tiny:qwen3-moe", "tiny:nemotron-h"])
+def test_streamed_reference_with_one_loader_call_per_parameter_is_the_same(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At real size each large parameter gets a loader call of its own (the converter's staging never overlaps):
+    with every parameter alone, the logits are still bitwise the fp32 model's."""
+    import transformers
+
+    from convcheck.api import resolve_model
+    from convcheck.oracles import hf_stream
+
+    path = resolve_model(name)
+    tokens = fixed_tokens(int(transformers.AutoConfig.from_pretrained(path).vocab_size))
+    fp32 = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **eager())
+    with torch.no_grad():
+        want = fp32.eval()(input_ids=tokens).logits.float()
+    calls: list[int] = []
+    real = hf_stream._batches
+    monkeypatch.setattr(hf_stream, "ALONE_BYTES", 1)
+    monkeypatch.setattr(hf_stream, "_batches", lambda *a: (lambda b: (calls.append(len(b)), b)[1])(real(*a)))
+    assert bytes_equal(want, hf_stream.streamed_logits(path, tokens))
+    assert max(calls) > 3  # a layer's parameters went through several loader calls
+
+
 def test_upcast_on_use_reads_as_fp32_and_upcasts_only_the_slice_indexed() -> None:
     """A lazily upcast parameter keeps its stored bytes; an expert slice comes back fp32 and equal to the upcast
     whole; any other op sees the whole upcast; metadata reads touch nothing."""

@@ -18,6 +18,7 @@ from convcheck.oracles.fp32 import named_blocks, trim
 MOVES_ONLY = {"MergeModulelist", "SplitModulelist", "Concatenate", "Chunk", "Transpose", "PermuteForRope"}
 """Key conversions that only move elements: converting in the stored dtype and upcasting after gives the same bits."""
 STORED = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
+ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 
 
 def meta_model(path: str) -> Any:
@@ -119,22 +120,22 @@ class BlockLoader:
             if len(stored) == 1 and "?" not in stored:
                 dtype = getattr(torch, next(iter(stored)))
                 self._set(name, torch.empty_like(self.model.get_parameter_or_buffer(name), dtype=dtype))
-        keys = [k for name in wanted for k in self.keys_of.get(name, [])]
         handles: dict[str, Any] = {}
         slices = {}
-        for key in keys:
+        for key in (k for name in wanted for k in self.keys_of.get(name, [])):
             file = self.file_of[key]
             if file not in handles:
                 handles[file] = safe_open(file, framework="pt", device="cpu")
             slices[key] = handles[file].get_slice(key)
-        with _sequential_loads():
-            info, _ = convert_and_load_state_dict_in_model(self.model, slices, self.config, tp_plan=None)
+        for batch in _batches(wanted, self.keys_of, slices):
+            with _sequential_loads():
+                info, _ = convert_and_load_state_dict_in_model(self.model, batch, self.config, tp_plan=None)
+            refused = bool(info.mismatched_keys or info.conversion_errors or info.error_msgs)
+            del info, batch
+            if refused:
+                raise RuntimeError(f"transformers could not load {prefix}")
         handles.clear()
         slices.clear()
-        refused = bool(info.mismatched_keys or info.conversion_errors or info.error_msgs)
-        del info
-        if refused:
-            raise RuntimeError(f"transformers could not load {prefix}")
         for name in wanted:
             tensor = self.model.get_parameter_or_buffer(name)
             if not tensor.is_meta and (tensor.dtype != torch.float32 or tensor.device.type != self.device):
@@ -204,6 +205,26 @@ def upcast_on_use() -> Any:
 
         _UPCAST.append(UpcastOnUse)
     return _UPCAST[0]
+
+
+ALONE_BYTES = 64 << 20
+"""A parameter whose checkpoint tensors hold at least this many bytes is converted by a loader call of its own,
+largest first: the converter's staging (stacked experts, then gate and up concatenated) then never overlaps
+another large parameter's, nor sits next to parameters loaded before it."""
+
+
+def _batches(wanted: set[str], keys_of: dict[str, list[str]], slices: dict[str, Any]) -> list[dict[str, Any]]:
+    """The block's checkpoint slices in loader calls: each large parameter's alone (largest first), then the rest."""
+    import math
+
+    def size(name: str) -> int:
+        keys = keys_of.get(name, [])
+        return sum(math.prod(slices[k].get_shape()) * ITEMSIZE.get(slices[k].get_dtype(), 4) for k in keys)
+
+    large = sorted((n for n in wanted if size(n) >= ALONE_BYTES), key=size, reverse=True)
+    rest = {k: slices[k] for n in sorted(wanted - set(large)) for k in keys_of.get(n, [])}
+    calls = [{k: slices[k] for k in keys_of[n]} for n in large]
+    return calls + [rest] if rest else calls
 
 
 @contextmanager
