@@ -134,6 +134,7 @@ class BlockLoader:
             del info, batch
             if refused:
                 raise RuntimeError(f"transformers could not load {prefix}")
+            trim()  # the converter's staging (per-expert reads, stacks) goes back to the system
         handles.clear()
         slices.clear()
         for name in wanted:
@@ -146,6 +147,7 @@ class BlockLoader:
                     self._set(name, moved.float() if moved.is_floating_point() else moved)
                 del moved
             del tensor
+        trim()  # the stored-dtype copies the upcasts replaced
         for target, source in tied.items():  # what tie_weights does after from_pretrained's load
             parent, _, attr = target.rpartition(".")
             setattr(self.model.get_submodule(parent), attr, self.model.get_parameter(source))
