@@ -59,10 +59,8 @@ def test_upcast_restores_the_original_tensors_bit_for_bit() -> None:
     assert bytes_equal(snapshot, layer.weight)
 
 
-@pytest.mark.parametrize("name", ["tiny:qwen3", "tiny:qwen3-moe", "tiny:qwen2-tied", "tiny:nemotron-h"])
-def test_blockwise_fp32_reference_is_bitwise_the_fp32_model(name: str) -> None:
-    """The HF reference loads in bf16 and upcasts one block at a time: the logits equal, bit for bit, those of the
-    model loaded whole in fp32, and the bf16 parameters are back afterwards."""
+def _fp32_model_logits(name: str) -> tuple[str, torch.Tensor, torch.Tensor]:
+    """(checkpoint path, the fixed tokens, the logits of the fixture loaded whole in fp32 with `eager()` kernels)."""
     import transformers
 
     from convcheck.api import resolve_model
@@ -71,7 +69,16 @@ def test_blockwise_fp32_reference_is_bitwise_the_fp32_model(name: str) -> None:
     tokens = fixed_tokens(int(transformers.AutoConfig.from_pretrained(path).vocab_size))
     fp32 = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **eager())
     with torch.no_grad():
-        want = fp32.eval()(input_ids=tokens).logits.float()
+        return path, tokens, fp32.eval()(input_ids=tokens).logits.float()
+
+
+@pytest.mark.parametrize("name", ["tiny:qwen3", "tiny:qwen3-moe", "tiny:qwen2-tied", "tiny:nemotron-h"])
+def test_blockwise_fp32_reference_is_bitwise_the_fp32_model(name: str) -> None:
+    """The HF reference loads in bf16 and upcasts one block at a time: the logits equal, bit for bit, those of the
+    model loaded whole in fp32, and the bf16 parameters are back afterwards."""
+    import transformers
+
+    path, tokens, want = _fp32_model_logits(name)
     got = hf_logits(path, tokens)
     assert got.dtype == torch.float32 and bytes_equal(want, got)
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype="auto", **eager()).eval()
@@ -88,15 +95,11 @@ def test_streamed_reference_is_bitwise_the_fp32_model(name: str) -> None:
     hybrid Mamba) gives, bit for bit, the logits of the model loaded whole in fp32, and leaves nothing loaded."""
     import transformers
 
-    from convcheck.api import resolve_model
     from convcheck.oracles import hf_stream
     from convcheck.oracles.logits import hf_reference
 
-    path = resolve_model(name)
-    tokens = fixed_tokens(int(transformers.AutoConfig.from_pretrained(path).vocab_size))
-    fp32 = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **eager())
-    with torch.no_grad():
-        want = fp32.eval()(input_ids=tokens).logits.float()
+    path, tokens, want = _fp32_model_logits(name)
+    layers = int(transformers.AutoConfig.from_pretrained(path).num_hidden_layers)
     loads: list[str] = []
     lazy: list[str] = []
     real, real_set = hf_stream.BlockLoader.load, hf_stream.BlockLoader._set
@@ -110,7 +113,7 @@ def test_streamed_reference_is_bitwise_the_fp32_model(name: str) -> None:
     finally:
         hf_stream.BlockLoader.load, hf_stream.BlockLoader._set = real, real_set
     assert how == "streamed" and got.dtype == torch.float32 and bytes_equal(want, got)
-    assert len(loads) == len(set(loads)) == fp32.config.num_hidden_layers + 3  # embedding, layers, norm, head
+    assert len(loads) == len(set(loads)) == layers + 3  # embedding, layers, norm, head
     if name == "tiny:qwen3-moe":  # the fused experts stayed bf16 and were upcast one expert at a time
         assert {n.rsplit(".", 1)[1] for n in lazy if ".mlp.experts." in n} == {"gate_up_proj", "down_proj"}, lazy
 
@@ -121,16 +124,9 @@ def test_streamed_reference_with_one_loader_call_per_parameter_is_the_same(
 ) -> None:
     """At real size each large parameter gets a loader call of its own (the converter's staging never overlaps):
     with every parameter alone, the logits are still bitwise the fp32 model's."""
-    import transformers
-
-    from convcheck.api import resolve_model
     from convcheck.oracles import hf_stream
 
-    path = resolve_model(name)
-    tokens = fixed_tokens(int(transformers.AutoConfig.from_pretrained(path).vocab_size))
-    fp32 = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **eager())
-    with torch.no_grad():
-        want = fp32.eval()(input_ids=tokens).logits.float()
+    path, tokens, want = _fp32_model_logits(name)
     calls: list[int] = []
     real = hf_stream._batches
     monkeypatch.setattr(hf_stream, "ALONE_BYTES", 1)
