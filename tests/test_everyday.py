@@ -6,6 +6,7 @@ import json
 import os
 import pty
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -209,3 +210,25 @@ def test_rank_tmpdir_stays_short_under_a_deep_system_temp_dir(tmp_path: Path, mo
     assert short.is_dir() and len(str(short)) <= TMPDIR_MAX and short.parent == Path("/tmp")
     assert list(system.iterdir()) == []
     short.rmdir()
+
+
+def test_short_rank_tmpdirs_of_killed_launchers_are_swept(tmp_path: Path) -> None:
+    """A launcher killed before its cleanup (SIGKILL, a hard test timeout) leaves its short rank TMPDIR under /tmp;
+    the next launch removes it, and leaves alone those of live launchers."""
+    import subprocess
+    import sys
+
+    from convcheck.engine.launch import SHORT_PREFIX, rank_tmpdir
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = Path("/tmp") / f"{SHORT_PREFIX}{int(gone.stdout)}-test"
+    alive = Path("/tmp") / f"{SHORT_PREFIX}{os.getppid()}-test"
+    for folder in (dead, alive):
+        (folder / "torchelastic_x").mkdir(parents=True, exist_ok=True)
+    short = rank_tmpdir(tmp_path / ("deep-" * 12))
+    try:
+        assert not dead.exists() and alive.is_dir() and short.is_dir()
+        assert short.name.startswith(f"{SHORT_PREFIX}{os.getpid()}-")
+    finally:
+        for folder in (dead, alive, short):
+            shutil.rmtree(folder, ignore_errors=True)

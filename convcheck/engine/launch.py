@@ -194,11 +194,32 @@ def rank_tmpdir(workdir: Path) -> Path:
     if len(str(tmpdir)) <= TMPDIR_MAX:
         tmpdir.mkdir(exist_ok=True)
         return tmpdir
-    short = Path(tempfile.mkdtemp(prefix="convcheck-tmp-"))
-    if len(str(short)) <= TMPDIR_MAX:
-        return short
-    short.rmdir()  # the system temp dir is itself too deep (a long $TMPDIR): use /tmp
-    return Path(tempfile.mkdtemp(prefix="convcheck-tmp-", dir="/tmp"))
+    prefix = f"{SHORT_PREFIX}{os.getpid()}-"
+    short = Path(tempfile.mkdtemp(prefix=prefix))
+    if len(str(short)) > TMPDIR_MAX:
+        short.rmdir()  # the system temp dir is itself too deep (a long $TMPDIR): use /tmp
+        short = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    for folder in {short.parent, Path("/tmp")}:
+        sweep_orphans(folder)
+    return short
+
+
+SHORT_PREFIX = "convcheck-tmp-"
+"""Short rank TMPDIRs are named `convcheck-tmp-<pid of the launching process>-XXXX`."""
+
+
+def sweep_orphans(folder: Path) -> None:
+    """Remove short rank TMPDIRs whose launching process is gone (it was killed before its cleanup could run)."""
+    for path in folder.glob(f"{SHORT_PREFIX}*-*"):
+        pid = path.name[len(SHORT_PREFIX) :].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except PermissionError:  # alive, another user's
+            pass
 
 
 def _launch_with(
