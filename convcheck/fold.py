@@ -37,10 +37,9 @@ def _flat_bytes(tensor: Any) -> Any:
     """The tensor's bytes as a flat uint8 tensor on its device, 4-byte aligned (copied only when it must be)."""
     import torch
 
-    flat = tensor.detach().contiguous().reshape(-1)
-    if flat.dtype == torch.bool:
-        flat = flat.view(torch.uint8)
-    data = flat.view(torch.uint8)
+    from convcheck.bits import int_view
+
+    data = int_view(tensor).view(torch.uint8)
     if data.data_ptr() % 4:
         data = data.clone()
     return data

@@ -10,12 +10,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
 
-
-def trim() -> None:
-    """convcheck.ckpt.memory.trim (glibc malloc_trim)."""
-    from convcheck.ckpt.memory import trim as _trim
-
-    _trim()
+from convcheck.ckpt.memory import trim
 
 
 def _upcast(tensors: Iterable[Any]) -> list[tuple[Any, Any]]:

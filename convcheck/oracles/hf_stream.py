@@ -13,12 +13,12 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from convcheck.oracles.fp32 import named_blocks, trim
+from convcheck.ckpt.memory import trim
+from convcheck.oracles.fp32 import named_blocks
 
 MOVES_ONLY = {"MergeModulelist", "SplitModulelist", "Concatenate", "Chunk", "Transpose", "PermuteForRope"}
 """Key conversions that only move elements: converting in the stored dtype and upcasting after gives the same bits."""
 STORED = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
-ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 
 
 def meta_model(path: str) -> Any:
@@ -219,9 +219,11 @@ def _batches(wanted: set[str], keys_of: dict[str, list[str]], slices: dict[str, 
     """The block's checkpoint slices in loader calls: each large parameter's alone (largest first), then the rest."""
     import math
 
+    from convcheck.checkpoint import dtype_size
+
     def size(name: str) -> int:
         keys = keys_of.get(name, [])
-        return sum(math.prod(slices[k].get_shape()) * ITEMSIZE.get(slices[k].get_dtype(), 4) for k in keys)
+        return sum(math.prod(slices[k].get_shape()) * (dtype_size(slices[k].get_dtype()) or 4) for k in keys)
 
     large = sorted((n for n in wanted if size(n) >= ALONE_BYTES), key=size, reverse=True)
     rest = {k: slices[k] for n in sorted(wanted - set(large)) for k in keys_of.get(n, [])}

@@ -83,10 +83,7 @@ def probe_task(task: Any, rank: int, cache: CodeCache | None = None) -> dict[str
             out, writer, pristine = {}, (), False
         runs = {name: view_runs(tensor, blank) for name, tensor in out.items()} if pristine else {}
         if runs and all(r is not None for r in runs.values()):
-            return {
-                str(n): ProbeSlot(hf_name=str(n), shape=tuple(out[n].shape), runs=r, writer=writer)
-                for n, r in runs.items()
-            }
+            return _slots(out, runs, writer)
         del out, blank  # not all views: the values matter, probe again with real codes
     key = None
     if cache is not None:
@@ -98,13 +95,18 @@ def probe_task(task: Any, rank: int, cache: CodeCache | None = None) -> dict[str
     finally:
         if cache is not None:
             cache.release(key)
-    slots = {}
+    runs = {}
     for name, tensor in out.items():
-        runs = view_runs(tensor, codes) if pristine else None  # a view of the codes: its strides say where
-        if runs is None:
-            runs = decode_runs(tensor, rank, numel, dtype)
-        slots[str(name)] = ProbeSlot(hf_name=str(name), shape=tuple(tensor.shape), runs=runs, writer=writer)
-    return slots
+        found = view_runs(tensor, codes) if pristine else None  # a view of the codes: its strides say where
+        runs[name] = found if found is not None else decode_runs(tensor, rank, numel, dtype)
+    return _slots(out, runs, writer)
+
+
+def _slots(out: dict[str, Any], runs: dict[str, Any], writer: tuple[tuple[str, int], ...]) -> dict[str, ProbeSlot]:
+    """One ProbeSlot per output tensor, from its runs."""
+    return {
+        str(n): ProbeSlot(hf_name=str(n), shape=tuple(out[n].shape), runs=r, writer=writer) for n, r in runs.items()
+    }
 
 
 def _like(codes: Any, weight: Any) -> Any:

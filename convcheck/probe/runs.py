@@ -65,14 +65,22 @@ def view_runs(out: Any, codes: Any) -> Any | None:
     starts += out.storage_offset() - codes.storage_offset()
     if bool(starts.lt(0).any()) or bool(starts.gt(codes.numel() - cols).any()):
         return None
-    rows = torch.arange(starts.numel(), dtype=torch.int64)
-    if starts.numel() > 1:  # consecutive rows that continue each other in the shard form one run
-        keep = torch.cat([torch.ones(1, dtype=torch.bool), starts[1:].sub(starts[:-1]).ne(cols)])
+    return _merged_rows(torch.arange(starts.numel(), dtype=torch.int64), starts, cols)
+
+
+def _merged_rows(index: Any, starts: Any, cols: int) -> Any:
+    """Runs (CPU) of whole rows: HF row `index[i]` holds shard elements `starts[i]` .. + cols; a row that continues
+    the previous one (both the HF row and the shard start advance by one row) extends its run."""
+    import torch
+
+    if index.numel() > 1:
+        joins = index[1:].sub(index[:-1]).eq(1) & starts[1:].sub(starts[:-1]).eq(cols)
+        keep = torch.cat([torch.ones(1, dtype=torch.bool, device=joins.device), ~joins])
     else:
-        keep = torch.ones(1, dtype=torch.bool)
+        keep = torch.ones(index.numel(), dtype=torch.bool, device=index.device)
     heads = keep.nonzero().squeeze(1)
-    counts = torch.diff(torch.cat([heads, torch.tensor([starts.numel()])]))
-    return torch.stack([rows[heads] * cols, starts[heads], counts * cols], dim=1)
+    counts = torch.diff(torch.cat([heads, torch.tensor([index.numel()], device=heads.device)]))
+    return torch.stack([index[heads] * cols, starts[heads], counts * cols], dim=1).cpu()
 
 
 def _row_runs(out: Any, rank: int, numel: int) -> Any | None:
@@ -93,16 +101,7 @@ def _row_runs(out: Any, rank: int, numel: int) -> Any | None:
     index = mine.nonzero().squeeze(1)
     if not _rows_hold(rows, first, mine, index):
         return None
-    starts = local[index]
-    if index.numel() > 1:  # a row continues the previous one: both the HF row and the codes advance by one row
-        joins = index[1:].sub(index[:-1]).eq(1) & starts[1:].sub(starts[:-1]).eq(cols)
-        keep = torch.cat([torch.ones(1, dtype=torch.bool, device=joins.device), ~joins])
-    else:
-        keep = torch.ones(index.numel(), dtype=torch.bool, device=index.device)
-    heads = keep.nonzero().squeeze(1)
-    counts = torch.diff(torch.cat([heads, torch.tensor([index.numel()], device=heads.device)]))
-    runs = torch.stack([index[heads] * cols, starts[heads], counts * cols], dim=1)
-    return runs.cpu()
+    return _merged_rows(index, local[index], cols)
 
 
 def _rows_hold(rows: Any, first: Any, mine: Any, index: Any) -> bool:
