@@ -147,10 +147,13 @@ def bare_roundtrip(ctx: Any) -> dict[str, Any]:
     on_device = ctx.device == "cuda"
     t0 = time.perf_counter()
     same = exported = 0
+    compare_s = 0.0
     for name, tensor in ctx.bridge_export(cpu=not on_device):
         exported += 1
         if reader is not None and name in ctx.checkpoint.tensors:
+            c0 = time.perf_counter()
             same += bytes_equal(reader.get(name).to(tensor.device), tensor)
+            compare_s += time.perf_counter() - c0
     from convcheck.ckpt.memory import memory_mb
 
     seconds = round(time.perf_counter() - t0, 3)
@@ -159,6 +162,7 @@ def bare_roundtrip(ctx: Any) -> dict[str, Any]:
     anon.stop()
     return {
         "export_compare_s": seconds,
+        "export_s": round(seconds - compare_s, 3),
         "exported": exported,
         "identical": same,
         "rank0_peak_MB": peak,
@@ -209,6 +213,23 @@ def _metrics(verdict: Any) -> dict[str, Any]:
     """The oracle's own metrics (e.g. the mapping oracle's gathers), when it reports any."""
     metrics = getattr(verdict, "metrics", None)
     return {"metrics": dict(metrics)} if metrics else {}
+
+
+EXPORT_GOAL_ORACLES = ("differential", "elements", "mapping")
+"""The oracles whose goal is <= 1x the bridge export's own time."""
+
+
+def vs_export(oracles: dict[str, Any], export_s: float) -> dict[str, float]:
+    """Each goal oracle's cost over the bare export's own time (rank 0, compare excluded): its phase's seconds plus
+    the seconds its work took inside an earlier oracle's export drain (metrics `in_export_s`)."""
+    out = {}
+    for name in EXPORT_GOAL_ORACLES:
+        entry = oracles.get(name)
+        if entry is None or export_s <= 0:
+            continue
+        cost = entry["seconds"] + float(entry.get("metrics", {}).get("in_export_s", 0.0))
+        out[name] = round(cost / export_s, 3)
+    return out
 
 
 def _timed(fn: Any) -> tuple[Any, float]:
@@ -271,6 +292,8 @@ def main() -> None:
                 for o in report.oracles
             },
         }
+        entry = out[f"verify[{spec}]"]
+        entry["vs_export"] = vs_export(entry["oracles"], bare.get("export_s", 0.0))
         _note({spec: out[f"verify[{spec}]"]})
     sys.stdout.write(json.dumps(out) + "\n")
 

@@ -75,7 +75,14 @@ def test_other_tensors_pass(qwen3_tp2_plants: CliResult) -> None:
 
 
 @pytest.mark.ranks
-def test_ep_local_expert_ids_and_a_stale_gather_off_rank0(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("oracles", "real"),
+    [(ORACLES, "own conversions"), ("roundtrip,differential,elements", "shared (roundtrip export)")],
+    ids=["own-conversions", "in-roundtrip-drain"],
+)
+def test_ep_local_expert_ids_and_a_stale_gather_off_rank0(tmp_path: Path, oracles: str, real: str) -> None:
+    """The same findings whether the differential converts itself or reads the conversions roundtrip's export made
+    (convcheck.probe.fused)."""
     r = run_cli(
         "verify",
         "--model",
@@ -83,7 +90,7 @@ def test_ep_local_expert_ids_and_a_stale_gather_off_rank0(tmp_path: Path) -> Non
         "--ep",
         "2",
         "--oracle",
-        ORACLES,
+        oracles,
         "--hook",
         mutant("collectives", "ep_local_ids"),
         "--hook",
@@ -104,6 +111,9 @@ def test_ep_local_expert_ids_and_a_stale_gather_off_rank0(tmp_path: Path) -> Non
     assert layer0 == {(t, "ranks-disagree") for t in stale}, layer0
     assert _find(r, "differential", sorted(stale)[0])["detail"]["rank_groups"] == [[0], [1]]
     assert not [f for f in r.findings("roundtrip") if ".layers.0." in f["tensor"]]
+    assert r.verdicts() == {"roundtrip": "fail", "differential": "fail", "elements": "pass"}  # the probe is right
+    metrics = next(o for o in r.report["oracles"] if o["name"] == "differential")["metrics"]
+    assert metrics["real"] == real and (real == "own conversions") == ("in_export_s" not in metrics)
 
 
 @pytest.mark.ranks
@@ -131,3 +141,22 @@ def test_etp_expert_not_gathered(tmp_path: Path) -> None:
     rt = _find(r, "roundtrip", name)
     assert rt["kind"] == "shape" and rt["detail"]["diagnosis_kind"] == "dropped"
     assert "columns" in rt["detail"]["diagnosis"]
+
+
+def _rec(digest: str | None, owned: int = 6, writer: list | None = None) -> dict:
+    real = {"shape": [2, 3], "dtype": "bfloat16", "digest": digest}
+    return {"task": 0, "param": "p", "hf": "w", "shape": [2, 3], "writer": writer or [], "ranges": [(0, owned)],
+            "owned": owned, "real": real}  # fmt: skip
+
+
+def test_outputs_no_collective_made_are_not_compared_but_a_mixed_build_is_named() -> None:
+    """Replicas whose outputs are all their own elements carry no digest (nothing was received); when one rank
+    received its output through a gather and another built it alone, the ranks are said to disagree."""
+    from convcheck.oracles.differential import assemble
+
+    findings, counts = assemble([[_rec(None)], [_rec(None)]])
+    assert findings == [] and counts == {"p": 6}
+    findings, _ = assemble([[_rec("a", writer=[["ep", 0]])], [_rec(None)]])
+    assert [(f.tensor, f.kind, f.detail["rank_groups"]) for f in findings] == [("w", "ranks-disagree", [[0], [1]])]
+    findings, _ = assemble([[_rec("a", writer=[["ep", 0]])], [_rec("b", writer=[["ep", 1]])]])
+    assert [f.kind for f in findings] == ["ranks-disagree"]

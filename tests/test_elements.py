@@ -247,6 +247,50 @@ def test_a_write_into_a_placeholder_is_refused() -> None:
         state.check_pool()
 
 
+def test_placeholders_are_zeroed_once_and_a_written_one_is_not_served_again() -> None:
+    """A CodeCache keeps small placeholders for later tasks; one a mapping wrote into is dropped after the refusal,
+    and one written with zeros stays (still all zeros)."""
+    from convcheck.probe.run import CodeCache
+
+    cache = CodeCache()
+    like = torch.ones(4, 3, dtype=torch.int32)
+    first = cache.state().placeholder(like)
+    state = cache.state()
+    assert state.placeholder(like) is first and state.is_placeholder(first[1:]) and not state.is_placeholder(like)
+    first.zero_()
+    state.check_pool()
+    assert cache.state().placeholder(like) is first
+    first[0, 0] = 5
+    with pytest.raises(ProbeCommError, match="placeholder"):
+        cache.state().check_pool()
+    fresh = cache.state().placeholder(like)
+    assert fresh is not first and not bool(fresh.any())
+
+
+def test_an_output_that_is_a_placeholder_view_has_no_runs_and_is_not_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a gather stub fills for other ranks comes back with no runs without its values being decoded; a real
+    code beside it still decodes."""
+    from types import SimpleNamespace
+
+    from convcheck.probe import run as run_mod
+
+    class Gathers:
+        def megatron_to_hf(self, weights: torch.Tensor, module: object) -> dict[str, torch.Tensor]:
+            other = self._convcheck_probe.placeholder(weights)
+            return {"mine": weights, "theirs": other.view(-1)[2:], "both": torch.cat([weights, other])}
+
+    mapping = Gathers()
+    monkeypatch.setattr(run_mod, "warm", lambda mapping, module: None)
+    monkeypatch.setattr(run_mod, "probe_copy", lambda m, state: (setattr(m, "_convcheck_probe", state), m)[1])
+    decoded = []
+    real_decode = run_mod.decode_runs
+    monkeypatch.setattr(run_mod, "decode_runs", lambda t, *a: (decoded.append(t.shape), real_decode(t, *a))[1])
+    task = SimpleNamespace(mapping=mapping, megatron_module=None, param_weight=torch.zeros(4, 6, dtype=torch.bfloat16))
+    slots = run_mod.probe_task(task, 1, run_mod.CodeCache())
+    assert slots["theirs"].runs.tolist() == [] and slots["mine"].runs.tolist() == [[0, 0, 24]]
+    assert slots["both"].runs.tolist() == [[0, 0, 24]] and decoded == [torch.Size([8, 6])]
+
+
 @pytest.mark.parametrize("how", ["chunk", "rows", "flip", "raises-on-blank"])
 def test_unfilled_codes_give_the_filled_codes_runs(how: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A large shard is first probed with unfilled codes: outputs that are views get the runs the filled codes

@@ -12,7 +12,9 @@ def _data(n: int) -> torch.Tensor:
     return torch.randint(-(2**15), 2**15, (n,), dtype=torch.int16, generator=torch.Generator().manual_seed(n))
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 7, fold.WORDS * 2, fold.WORDS * 2 + 1, fold.WORDS * 5 + 3])
+@pytest.mark.parametrize(
+    "n", [1, 2, 3, 7, fold.WORDS * 2, fold.WORDS * 2 + 1, fold.WORDS * 5 + 3, fold.WORDS * 2 * 300 + 5]
+)
 def test_any_single_change_changes_the_digest(n: int) -> None:
     """Every bit position class (low, sign of either half of a word, the tail bytes) and a swap of two elements."""
     x = _data(n).view(torch.bfloat16)
@@ -55,3 +57,17 @@ def test_a_gpu_digest_is_the_cpu_digest() -> None:
     for n in (5, fold.WORDS * 3 + 7, (64 << 20) // 2 + 3):
         x = _data(n)
         assert fold.digest(x.cuda()) == fold.digest(x)
+
+
+def test_the_float_sums_are_the_exact_integer_sums() -> None:
+    """The worst case for magnitude (every word -2**15, every key near 2**26) sums exactly: the float64 product
+    equals the integer one, for a full and a partial chunk."""
+    n = fold.WORDS * 3 + 11
+    for words in (torch.full((n,), -(2**15), dtype=torch.int16), _data(n)):
+        got = fold.chunk_sums(words).to(torch.int64)
+        padded = torch.zeros(4 * fold.WORDS, dtype=torch.int64)
+        padded[:n] = words.to(torch.int64)
+        keys = fold._lanes("cpu").to(torch.int64)
+        want = keys @ padded.view(4, fold.WORDS).t()
+        assert torch.equal(got, want)
+    assert int(fold._lanes("cpu").max()) < 2**fold.KEY_BITS and fold.WORDS * 2**15 * 2**fold.KEY_BITS <= 2**53

@@ -177,6 +177,29 @@ def test_dense_mappings_roundtrip_bitwise(tp: int) -> None:
     assert tuple(last.shape) == (16 // tp, 4) and int((last[first_pad:] != 0).sum()) == 0
 
 
+@pytest.mark.parametrize("tp", [1, 2])
+def test_gated_row_blocks_match_only_the_true_shard(tp: int) -> None:
+    """The mapping oracle compares fc1 block by block (no concatenated copy): the true shard matches; one changed
+    element in either block, or a shard of other rows, sends it to the whole-tensor compare."""
+    from convcheck.oracles.mapping import _rows_match
+
+    layout = ParallelLayout(tp=tp)
+    hf = {"gate": unique(8, 4), "up": unique(8, 4)}
+    fc1 = Gated(megatron="decoder.layers.0.mlp.linear_fc1.weight", gate="gate", up="up")
+    for rank in range(tp):
+        coord = RankCoord(tp_rank=rank)
+        shard = fc1.to_shard(hf, layout, coord)
+        assert torch.equal(torch.cat(fc1.row_pieces(hf, layout, coord)), shard)
+        assert _rows_match(fc1, hf, layout, coord, shard)
+        for at in (0, shard.shape[0] - 1):
+            bad = shard.clone()
+            bad[at, 1] += 1
+            assert not _rows_match(fc1, hf, layout, coord, bad)
+        assert not _rows_match(fc1, hf, layout, coord, shard[:-1])
+    embed = Split(megatron="e", hf="gate", padded_rows=8, unpadded_rows=8)
+    assert embed.to_shard(hf, ParallelLayout(), RankCoord()).data_ptr() == hf["gate"].data_ptr()  # no padding copy
+
+
 @pytest.mark.parametrize("ep,etp", [(1, 1), (2, 2), (4, 1)])
 def test_sequential_expert_mappings_use_global_ids(ep: int, etp: int) -> None:
     hf = experts_hf()

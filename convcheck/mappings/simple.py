@@ -108,7 +108,8 @@ class Split(_Owned):
             extra = self.padded_rows - tensor.shape[0]
             if extra < 0 or self.dim != 0:
                 raise MappingError(f"{self.megatron}: cannot pad {tensor.shape[0]} rows to {self.padded_rows}")
-            tensor = torch.cat([tensor, tensor.new_zeros((extra, *tensor.shape[1:]))], dim=0)
+            if extra:  # no copy of the whole table when the vocab needs no padding
+                tensor = torch.cat([tensor, tensor.new_zeros((extra, *tensor.shape[1:]))], dim=0)
         index = getattr(coord, f"{self.axis}_rank")
         return chunk(tensor, self.size(layout), index, self.dim).contiguous()
 
@@ -138,11 +139,15 @@ class Gated(_Owned):
     def to_shard(self, hf: Mapping[str, Any], layout: ParallelLayout, coord: RankCoord) -> Any:
         import torch
 
+        return torch.cat(self.row_pieces(hf, layout, coord), dim=0).contiguous()
+
+    def row_pieces(self, hf: Mapping[str, Any], layout: ParallelLayout, coord: RankCoord) -> list[Any]:
+        """The shard's row blocks, top to bottom (views of the HF tensors): this rank's gate rows, then its up rows."""
         self.check_coord(layout, coord)
         gate = need(hf, self.gate)
         up = need(hf, self.up, tuple(gate.shape))
         index, size = getattr(coord, f"{self.axis}_rank"), self.size(layout)
-        return torch.cat([chunk(gate, size, index, 0), chunk(up, size, index, 0)], dim=0).contiguous()
+        return [chunk(gate, size, index, 0), chunk(up, size, index, 0)]
 
     def from_shards(self, shards: Shards, layout: ParallelLayout) -> Iterator[tuple[str, Any]]:
         """Each rank's shard split in half; gate halves then up halves concatenated by rank."""

@@ -2,8 +2,9 @@
 
 Each rank runs every task's real megatron_to_hf, then the probe (convcheck.probe) on an index-coded shard: the
 probe says where each of this rank's elements must land. A rank checks its own elements bitwise against its
-real output; rank 0 checks the real outputs agree across ranks (convcheck.fold digests) and the probe slots
-cover every element.
+real output; rank 0 checks the real outputs a collective made agree across ranks (convcheck.fold digests) and the
+probe slots cover every element. The real conversions are those of an earlier export drain when one ran
+(convcheck.probe.fused).
 Mappings that compute values rather than move them are reported (the probe follows codes, not arithmetic).
 """
 
@@ -23,23 +24,30 @@ INFO = OracleInfo(
     "ranks of a comm-stub probe run of the same mapping: every element covered, ranks agree, no probe "
     "slot missing from the real output",
     does_not_prove="that the mapping's local math is right (a bug outside the collectives is in both sides; see "
-    "roundtrip); mappings that compute values instead of moving them are reported, not proven",
+    "roundtrip); mappings that compute values instead of moving them are reported, not proven; that replicas "
+    "of a tensor no collective touches hold equal weights (see mapping)",
 )
 
 
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank probes and exports each task; rank 0 assembles per-task element counts."""
-    from convcheck.probe.collect import collect
+    from convcheck.probe.collect import collect, origin
 
     records = collect(ctx, with_real=True)
     gathered = ctx.gather(records)
     if not ctx.is_reporter:
         return None
     findings, counts = assemble(gathered)
-    return _verdict(findings, counts)
+    made = origin(ctx)
+    where = (
+        {"real": "own conversions"}
+        if made is None
+        else {"real": f"shared ({made['in']} export)", "in_export_s": made["seconds"]}
+    )
+    return _verdict(findings, counts, where)
 
 
-def _verdict(findings: list[Finding], counts: dict[str, int]) -> OracleVerdict:
+def _verdict(findings: list[Finding], counts: dict[str, int], where: dict[str, Any] | None = None) -> OracleVerdict:
     from convcheck.verdict import OracleVerdict as _OV
 
     bad = {f.tensor for f in findings}
@@ -51,7 +59,7 @@ def _verdict(findings: list[Finding], counts: dict[str, int]) -> OracleVerdict:
     )
     extra: dict[str, Any] = {}
     if "metrics" in getattr(_OV, "__dataclass_fields__", {}):
-        extra["metrics"] = {"tasks": len(counts), "elements": sum(counts.values())}
+        extra["metrics"] = {"tasks": len(counts), "elements": sum(counts.values()), **(where or {})}
     return make_verdict(NAME, checked=sum(counts.values()), findings=findings, unit="elements", rows=rows, **extra)
 
 
@@ -83,6 +91,19 @@ def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[
         digests: dict[Any, list[int]] = defaultdict(list)
         for r, e in reals:
             digests[e["real"]["digest"]].append(r)
+        if None in digests and len(digests) > 1:  # a digest is skipped only for an output no collective made
+            local, gathered = digests.pop(None), sorted(r for ranks in digests.values() for r in ranks)
+            add(
+                Finding(
+                    tensor=hf,
+                    kind="ranks-disagree",
+                    message=f"ranks {','.join(map(str, gathered))} build it through a collective, ranks "
+                    f"{','.join(map(str, sorted(local)))} from their own shard alone: the ranks do not agree on "
+                    "how it is made",
+                    detail={"rank_groups": [gathered, sorted(local)]},
+                )
+            )
+            digests.clear()
         if len(digests) > 1:
             groups = sorted(sorted(ranks) for ranks in digests.values())
             shown = " vs ".join("ranks " + ",".join(map(str, g)) if len(g) > 1 else f"rank {g[0]}" for g in groups)

@@ -71,6 +71,8 @@ def _import_findings(ctx: RankContext, registry: MappingRegistry, coord: RankCoo
         try:
             # the HF tensors travel to the shard's device once; to_shard's slices and concatenations run there
             hf = {n: reader.get(n).to(tensor.device) for n in mapping.hf_names if n in ctx.checkpoint.tensors}
+            if _rows_match(mapping, hf, ctx.layout, coord, tensor):
+                continue  # equal block by block: no concatenated copy built
             expected = mapping.to_shard(hf, ctx.layout, coord)
         except MappingError as exc:
             findings.append(Finding(tensor=name, kind="mapping-error", message=str(exc), detail={"rank": ctx.rank}))
@@ -86,6 +88,25 @@ def _import_findings(ctx: RankContext, registry: MappingRegistry, coord: RankCoo
                 )
             )
     return findings
+
+
+def _rows_match(mapping: Any, hf: dict[str, Any], layout: Any, coord: RankCoord, shard: Any) -> bool:
+    """True when the mapping gives the shard as row blocks (`row_pieces`) and each equals the shard's rows bitwise;
+    False sends the shard to the whole-tensor compare, which names the first wrong element."""
+    from convcheck.bits import bytes_equal
+
+    pieces = getattr(mapping, "row_pieces", None)
+    if pieces is None:
+        return False
+    blocks, row = pieces(hf, layout, coord), 0
+    if sum(b.shape[0] for b in blocks) != shard.shape[0] if shard.dim() else True:
+        return False
+    for block in blocks:
+        part = shard.detach().narrow(0, row, block.shape[0])
+        if block.dtype != part.dtype or block.shape != part.shape or not bytes_equal(block, part):
+            return False
+        row += block.shape[0]
+    return True
 
 
 def run(ctx: RankContext) -> OracleVerdict | None:

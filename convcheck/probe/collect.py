@@ -8,6 +8,7 @@ from convcheck.probe.run import CodeCache, probe_task, to_ranges
 from convcheck.probe.runs import hf_ranges
 
 _CACHE_ATTR = "_convcheck_probe_records"
+_ORIGIN_ATTR = "_convcheck_probe_origin"
 
 
 def _first_line(exc: BaseException) -> str:
@@ -25,41 +26,73 @@ def collect(ctx: Any, *, with_real: bool) -> list[dict[str, Any]]:
     cached = getattr(ctx, _CACHE_ATTR, None)
     if cached is not None and (cached[0] or not with_real):
         return cached[1]
-    from convcheck.fold import digest
-
     records: list[dict[str, Any]] = []
     codes = CodeCache()
-    cross_rank = with_real and ctx.world > 1  # several ranks export each tensor: digests for the assembler
     for index, task in enumerate(tasks_of(ctx)):
-        param = str(getattr(task, "global_param_name", "") or task.param_name)
-        base = {"task": index, "param": param}
-        if getattr(task.mapping, "is_grouped_export", False):
-            records.append({**base, "error": "grouped (fused-expert) export is not probed"})
-            continue
-        real: dict[str, Any] = {}
-        if with_real:
+        real: dict[str, Any] | BaseException | None = None
+        if with_real and not getattr(task.mapping, "is_grouped_export", False):
             try:
                 real = dict(task.mapping.megatron_to_hf(task.param_weight, task.megatron_module) or {})
             except Exception as exc:  # noqa: BLE001 - a crashing export is a finding
-                records.append({**base, "error": f"real megatron_to_hf raised {_first_line(exc)}"})
-        try:
-            slots = probe_task(task, ctx.rank, codes)
-        except Exception as exc:  # noqa: BLE001 - an unsupported pattern fails loud as a finding
-            records.append({**base, "error": f"probe failed: {_first_line(exc)}"})
-            continue
-        for name in sorted(set(slots) | set(real)):
-            slot = slots.get(name)
-            rec: dict[str, Any] = {**base, "hf": name}
-            if slot is not None:
-                rec.update(shape=list(slot.shape), writer=[list(w) for w in slot.writer], ranges=hf_ranges(slot.runs))
-                rec["owned"] = slot.owned
-            if with_real:
-                rec.update(_against_real(real.get(name), slot, task.param_weight))
-                if cross_rank and rec["real"] is not None:
-                    rec["real"]["digest"] = digest(real[name])  # on the tensor's device, no host copy
-            records.append(rec)
-    setattr(ctx, _CACHE_ATTR, (with_real, records))
+                real = exc
+        records.extend(task_records(ctx, index, task, real, codes, with_real=with_real))
+    keep(ctx, records, with_real=with_real)
     return records
+
+
+def keep(ctx: Any, records: list[dict[str, Any]], *, with_real: bool, origin: dict[str, Any] | None = None) -> None:
+    """Hold this run's records on `ctx` for the later oracles that ask for them (differential, elements); `origin`
+    says which export drain made them and the seconds their probe work took there."""
+    setattr(ctx, _CACHE_ATTR, (with_real, records))
+    setattr(ctx, _ORIGIN_ATTR, origin)
+
+
+def origin(ctx: Any) -> dict[str, Any] | None:
+    """Where the held records were made when not by `collect` itself (convcheck.probe.fused), else None."""
+    return getattr(ctx, _ORIGIN_ATTR, None)
+
+
+def task_records(
+    ctx: Any, index: int, task: Any, real: Any, codes: CodeCache, *, with_real: bool
+) -> list[dict[str, Any]]:
+    """One task's records: its probe slots, each checked against `real` (the task's real megatron_to_hf output,
+    or what it raised) when `with_real`."""
+    from convcheck.fold import digest
+
+    param = str(getattr(task, "global_param_name", "") or task.param_name)
+    base = {"task": index, "param": param}
+    if getattr(task.mapping, "is_grouped_export", False):
+        return [{**base, "error": "grouped (fused-expert) export is not probed"}]
+    records: list[dict[str, Any]] = []
+    if isinstance(real, BaseException):
+        records.append({**base, "error": f"real megatron_to_hf raised {_first_line(real)}"})
+        real = {}
+    real = real or {}
+    cross_rank = with_real and ctx.world > 1  # several ranks export each tensor: digests for the assembler
+    try:
+        slots = probe_task(task, ctx.rank, codes)
+    except Exception as exc:  # noqa: BLE001 - an unsupported pattern fails loud as a finding
+        return [*records, {**base, "error": f"probe failed: {_first_line(exc)}"}]
+    for name in sorted(set(slots) | set(real)):
+        slot = slots.get(name)
+        rec: dict[str, Any] = {**base, "hf": name}
+        if slot is not None:
+            rec.update(shape=list(slot.shape), writer=[list(w) for w in slot.writer], ranges=hf_ranges(slot.runs))
+            rec["owned"] = slot.owned
+        if with_real:
+            rec.update(_against_real(real.get(name), slot, task.param_weight))
+            if cross_rank and rec["real"] is not None and _may_differ(ctx, slot, real[name]):
+                rec["real"]["digest"] = digest(real[name])  # on the tensor's device, no host copy
+        records.append(rec)
+    return records
+
+
+def _may_differ(ctx: Any, slot: Any, tensor: Any) -> bool:
+    """False when this rank's output is all its own elements and no collective made it (no gather in its task, no
+    pipeline stages to broadcast from): other ranks cannot have sent any of it, so there is nothing to compare."""
+    if slot is None or slot.writer or ctx.layout.pp > 1:
+        return True
+    return slot.owned != tensor.numel()
 
 
 def _against_real(tensor: Any, slot: Any, weight: Any) -> dict[str, Any]:

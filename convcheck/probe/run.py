@@ -35,6 +35,12 @@ class CodeCache:
     def __init__(self, size: int = 8, max_bytes: int = 64 << 20) -> None:
         self.size, self.max_bytes = size, max_bytes
         self._codes: dict[tuple[Any, ...], tuple[Any, Any, int]] = {}
+        self._zeros: dict[tuple[Any, ...], Any] = {}
+        self._zero_versions: dict[tuple[Any, ...], int] = {}
+
+    def state(self) -> ProbeState:
+        """A ProbeState for one run whose small placeholders are kept for later tasks (zeroed once per shape)."""
+        return ProbeState(pool=self._zeros, versions=self._zero_versions)
 
     def get(self, shape: tuple[int, ...], rank: int, numel: int, device: Any) -> tuple[Any, Any, Any]:
         """(a fresh view of the codes, their dtype, a token for `release`: None when they are not kept)."""
@@ -68,7 +74,7 @@ def probe_task(task: Any, rank: int, cache: CodeCache | None = None) -> dict[str
 
     weight = task.param_weight
     if weight is None:
-        out, _, _ = _run(task, None)
+        out, _, _ = _run(task, None, cache)
         if out:
             raise ProbeCommError(
                 f"probe: a rank without the parameter produced {next(iter(out))} (needs a PP broadcast)"
@@ -78,12 +84,12 @@ def probe_task(task: Any, rank: int, cache: CodeCache | None = None) -> dict[str
     if numel >= UNFILLED_MIN:
         blank = _like(torch.empty(shape, dtype=code_dtype(rank, numel), device=weight.device), weight)
         try:
-            out, writer, pristine = _run(task, blank)
+            out, state, pristine = _run(task, blank, cache)
         except Exception:  # noqa: BLE001 - whatever the blank run met, the run with real codes decides
-            out, writer, pristine = {}, (), False
-        runs = {name: view_runs(tensor, blank) for name, tensor in out.items()} if pristine else {}
+            out, state, pristine = {}, ProbeState(), False
+        runs = {name: _view_runs(tensor, blank, state) for name, tensor in out.items()} if pristine else {}
         if runs and all(r is not None for r in runs.values()):
-            return _slots(out, runs, writer)
+            return _slots(out, runs, state)
         del out, blank  # not all views: the values matter, probe again with real codes
     key = None
     if cache is not None:
@@ -91,19 +97,30 @@ def probe_task(task: Any, rank: int, cache: CodeCache | None = None) -> dict[str
     else:
         codes, dtype = shard_codes(shape, rank, numel, weight.device)
     try:
-        out, writer, pristine = _run(task, _like(codes, weight))
+        out, state, pristine = _run(task, _like(codes, weight), cache)
     finally:
         if cache is not None:
             cache.release(key)
     runs = {}
     for name, tensor in out.items():
-        found = view_runs(tensor, codes) if pristine else None  # a view of the codes: its strides say where
+        found = _view_runs(tensor, codes, state) if pristine else None  # a view: its strides say where
         runs[name] = found if found is not None else decode_runs(tensor, rank, numel, dtype)
-    return _slots(out, runs, writer)
+    return _slots(out, runs, state)
 
 
-def _slots(out: dict[str, Any], runs: dict[str, Any], writer: tuple[tuple[str, int], ...]) -> dict[str, ProbeSlot]:
+def _view_runs(tensor: Any, codes: Any, state: ProbeState) -> Any | None:
+    """Runs read without the values: none for a view of a placeholder (zeros, nothing of this rank), the strides'
+    runs for a view of the unwritten codes; None otherwise."""
+    import torch
+
+    if state.is_placeholder(tensor):
+        return torch.zeros((0, 3), dtype=torch.int64)
+    return view_runs(tensor, codes)
+
+
+def _slots(out: dict[str, Any], runs: dict[str, Any], state: ProbeState) -> dict[str, ProbeSlot]:
     """One ProbeSlot per output tensor, from its runs."""
+    writer = tuple(sorted(state.writer))
     return {
         str(n): ProbeSlot(hf_name=str(n), shape=tuple(out[n].shape), runs=r, writer=writer) for n, r in runs.items()
     }
@@ -117,9 +134,9 @@ def _like(codes: Any, weight: Any) -> Any:
     return codes
 
 
-def _run(task: Any, codes: Any) -> tuple[dict[str, Any], tuple[tuple[str, int], ...], bool]:
-    """(outputs, the gathers' writer coordinates, whether the codes are unwritten) of one probe run of the task."""
-    state = ProbeState()
+def _run(task: Any, codes: Any, cache: CodeCache | None = None) -> tuple[dict[str, Any], ProbeState, bool]:
+    """(outputs, the run's ProbeState: placeholders and gathers, whether the codes are unwritten) of one probe run."""
+    state = cache.state() if cache is not None else ProbeState()
     warm(task.mapping, task.megatron_module)
     mapping = probe_copy(task.mapping, state)
     version = None if codes is None else codes._version
@@ -127,7 +144,7 @@ def _run(task: Any, codes: Any) -> tuple[dict[str, Any], tuple[tuple[str, int], 
         out = mapping.megatron_to_hf(codes, task.megatron_module)
     pristine = codes is not None and codes._version == version  # nothing wrote into the codes
     state.check_pool()
-    return dict(out or {}), tuple(sorted(state.writer)), pristine
+    return dict(out or {}), state, pristine
 
 
 def to_ranges(positions: Any) -> list[tuple[int, int]]:

@@ -47,32 +47,53 @@ class ProbeGroup:
         return f"ProbeGroup({self._label}, rank={self._rank}, size={self._size})"
 
 
+SHARED_PLACEHOLDER_BYTES = 64 << 20
+"""Placeholders up to this size live in the caller's pool and serve every later task of the same shape."""
+
+
 @dataclass
 class ProbeState:
     """Shared by the probe copies of one run: placeholder pool and the gathers synthesised for this task."""
 
     pool: dict[tuple[tuple[int, ...], Any, Any], Any] = field(default_factory=dict)
+    """Placeholders of this run and (when the caller passes its own dict) of earlier runs, by (shape, dtype, device)."""
     versions: dict[tuple[tuple[int, ...], Any, Any], int] = field(default_factory=dict)
     writer: set[tuple[str, int]] = field(default_factory=set)
     """(group kind, this rank's index in it) for every gather of size > 1 the task went through."""
+    local: dict[tuple[tuple[int, ...], Any, Any], Any] = field(default_factory=dict)
+    """Placeholders too large to keep in `pool` past this run."""
 
     def placeholder(self, like: Any) -> Any:
         """A zero tensor shaped like `like`, shared per (shape, dtype): codes are >= 1, so 0 means 'not mine'."""
         import torch
 
         key = (tuple(like.shape), like.dtype, like.device)
-        if key not in self.pool:
-            zeros = torch.zeros(like.shape, dtype=like.dtype, device=like.device)
-            self.pool[key] = zeros
-            self.versions[key] = zeros._version
-        return self.pool[key]
+        found = self.pool.get(key, self.local.get(key))
+        if found is None:
+            found = torch.zeros(like.shape, dtype=like.dtype, device=like.device)
+            keep = found.numel() * found.element_size() <= SHARED_PLACEHOLDER_BYTES
+            (self.pool if keep else self.local)[key] = found
+            self.versions[key] = found._version
+        return found
 
     def check_pool(self) -> None:
-        """Raise when a mapping wrote into a shared placeholder in place (its outputs would then lie); only a
-        placeholder whose version counter moved is read."""
-        for (shape, dtype, _device), tensor in self.pool.items():
-            if tensor._version != self.versions[(shape, dtype, _device)] and bool(tensor.ne(0).any()):
-                raise ProbeCommError(f"probe: a mapping wrote in place into a placeholder {list(shape)} {dtype}")
+        """Raise when a mapping wrote into a placeholder in place (its outputs would then lie); only a placeholder
+        whose version counter moved is read, and one written with zeros is still a placeholder."""
+        for key, tensor in (*self.pool.items(), *self.local.items()):
+            if tensor._version != self.versions.get(key, tensor._version):
+                if bool(tensor.ne(0).any()):
+                    self.pool.pop(key, None)  # never serve a written placeholder to a later task
+                    shape, dtype, _device = key
+                    raise ProbeCommError(f"probe: a mapping wrote in place into a placeholder {list(shape)} {dtype}")
+                self.versions[key] = tensor._version
+
+    def is_placeholder(self, tensor: Any) -> bool:
+        """True when `tensor` is a view of a placeholder (after `check_pool`: all zeros, nothing of this rank)."""
+        ptr = tensor.untyped_storage().data_ptr()
+        return any(
+            p.untyped_storage().data_ptr() == ptr and p.dtype == tensor.dtype
+            for p in (*self.pool.values(), *self.local.values())
+        )
 
 
 def _gather_from_tp_ranks(self: Any, tensor: Any) -> list[Any]:

@@ -36,6 +36,8 @@ class RankContext:
     """One line when the last export stream raised (it then ends early)."""
     source_match: Any = None
     """This run's export-vs-source answer once a drain recorded it (convcheck.rank.source_match)."""
+    probe_in_export: bool = False
+    """The next full bridge export also produces the differential's records (convcheck.probe.fused)."""
     write_manifest: str | None = None
     """Layout oracle in the reference job: write this rank's export digests here instead of comparing."""
     progress: ProgressWriter = field(default_factory=lambda: ProgressWriter(None))
@@ -92,7 +94,15 @@ class RankContext:
 
     def bridge_export(self, cpu: bool = True) -> Iterator[tuple[str, Any]]:
         """The bridge's own `export_hf_weights` stream (what senders build on); raises what the bridge raises."""
-        return self.bridge.export_hf_weights(self.model, cpu=cpu, show_progress=False)
+        from convcheck.probe import fused
+
+        if not self.probe_in_export or not fused.usable(self.bridge):
+            return self.bridge.export_hf_weights(self.model, cpu=cpu, show_progress=False)
+        self.probe_in_export = False  # one drain carries the probe
+        tap = fused.ProbeInExport(self)
+        return tap.drain(
+            self.bridge.export_hf_weights(self.model, cpu=cpu, show_progress=False, conversion_tasks=tap.tasks)
+        )
 
     def export_failure(self) -> Finding | None:
         """The `export-failed` (or, for a custom sender, `sender-failed` / `sender-bad-item`) finding for the last

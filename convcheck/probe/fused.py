@@ -1,0 +1,78 @@
+"""The differential's per-task work done inside an export drain an earlier oracle runs anyway.
+
+The bridge's export calls each task's real `megatron_to_hf` once; handed tasks whose mapping shells forward that
+call to the real mapping and then run the probe on the output (convcheck.probe.collect.task_records), a full drain
+leaves the differential's records on the context, and the real conversion is not paid twice. Only a drain that
+ran every task, in order, with the task's own weight and module, counts; anything else leaves no records and the
+differential collects them itself.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+import time
+from typing import Any, Iterable, Iterator
+
+from convcheck.probe.collect import keep, task_records, tasks_of
+from convcheck.probe.run import CodeCache
+
+
+def usable(bridge: Any) -> bool:
+    """True when the bridge's export takes pre-built conversion tasks and would build none of its own kind."""
+    try:
+        params = inspect.signature(bridge.export_hf_weights).parameters
+    except (TypeError, ValueError):
+        return False
+    return "conversion_tasks" in params and getattr(bridge, "export_weight_dtype", None) != "fp8"
+
+
+class ProbeInExport:
+    """Tasks for one export drain whose real conversions also produce the differential's records."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+        self.records: list[dict[str, Any]] = []
+        self.codes = CodeCache()
+        self.next = 0
+        self.seconds = 0.0
+        self.intact = True
+        self.tasks = [self._tapped(i, task) for i, task in enumerate(tasks_of(ctx))]
+
+    def _tapped(self, index: int, task: Any) -> Any:
+        """A copy of `task` whose mapping shell calls the real mapping, then records the task."""
+        shell = copy.copy(task.mapping)
+
+        def megatron_to_hf(weights: Any, module: Any) -> Any:
+            try:
+                out = task.mapping.megatron_to_hf(weights, module)
+            except Exception:
+                self.intact = False  # the export ends here; the differential will run the task itself
+                raise
+            self._record(index, task, out, own_args=weights is task.param_weight and module is task.megatron_module)
+            return out
+
+        shell.megatron_to_hf = megatron_to_hf
+        return dataclasses.replace(task, mapping=shell)
+
+    def _record(self, index: int, task: Any, out: Any, *, own_args: bool) -> None:
+        if not self.intact or index != self.next or not own_args:
+            self.intact = False
+            return
+        self.next += 1
+        started = time.perf_counter()
+        real = None if getattr(task.mapping, "is_grouped_export", False) else dict(out or {})
+        self.records.extend(task_records(self.ctx, index, task, real, self.codes, with_real=True))
+        self.seconds += time.perf_counter() - started
+
+    def drain(self, stream: Iterable[Any]) -> Iterator[Any]:
+        """Yield the export; once it ends with every task recorded, keep the records on the context."""
+        yield from stream
+        if self.intact and self.next == len(self.tasks):
+            keep(
+                self.ctx,
+                self.records,
+                with_real=True,
+                origin={"in": self.ctx.phase.removeprefix("oracle "), "seconds": round(self.seconds, 3)},
+            )

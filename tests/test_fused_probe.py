@@ -1,0 +1,89 @@
+"""convcheck.probe.fused: the differential's records from an export drain equal its own; partial drains keep none."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, Iterator
+
+import pytest
+import torch
+
+from convcheck.probe import fused
+from convcheck.probe.collect import collect, origin
+
+
+class Halves:
+    """Export-side mapping of a plain local kind: the shard is HF tensor `name`, rows in reverse order."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def megatron_to_hf(self, weights: torch.Tensor, module: object) -> dict[str, torch.Tensor]:
+        return {self.name: weights.flip(0)}
+
+
+@dataclass(frozen=True)
+class Task:
+    param_name: str
+    global_param_name: str
+    mapping: Any
+    param_weight: Any
+    megatron_module: Any = None
+
+
+@pytest.fixture(autouse=True)
+def _shims() -> None:
+    from convcheck import compat
+
+    compat.install_import_shims()  # the probe imports megatron.bridge (no Transformer Engine here)
+
+
+def _ctx() -> Any:
+    weights = [torch.arange(12, dtype=torch.bfloat16).reshape(4, 3) + i for i in range(3)]
+    tasks = [Task(f"p{i}", f"p{i}", Halves(f"hf{i}"), w) for i, w in enumerate(weights)]
+    bridge = SimpleNamespace(get_conversion_tasks=lambda model: list(tasks))
+    return SimpleNamespace(bridge=bridge, model=[], rank=0, world=1, layout=SimpleNamespace(pp=1), phase="oracle x")
+
+
+def _export(tasks: list[Task], *, swap_args: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    """What the bridge's stream does with pre-built tasks: call each mapping, yield its outputs."""
+    for task in tasks:
+        weight = task.param_weight.clone() if swap_args else task.param_weight
+        yield from task.mapping.megatron_to_hf(weight, task.megatron_module).items()
+
+
+def _strip(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in r.items() if k != "real"} | {"real": r.get("real")} for r in records]
+
+
+def test_a_full_drain_leaves_the_records_collect_would_make() -> None:
+    ctx, alone = _ctx(), _ctx()
+    tap = fused.ProbeInExport(ctx)
+    names = [name for name, _ in tap.drain(_export(tap.tasks))]
+    assert names == ["hf0", "hf1", "hf2"]
+    assert origin(ctx) is not None and origin(ctx)["in"] == "x"
+    assert _strip(collect(ctx, with_real=True)) == _strip(collect(alone, with_real=True))
+    assert origin(alone) is None and all(r["ranges"] == [(0, 12)] for r in collect(ctx, with_real=True))
+
+
+@pytest.mark.parametrize("how", ["stopped-early", "other-arguments", "raised"])
+def test_a_drain_that_is_not_the_whole_export_keeps_nothing(how: str) -> None:
+    ctx = _ctx()
+    tap = fused.ProbeInExport(ctx)
+    if how == "stopped-early":
+        stream = tap.drain(_export(tap.tasks))
+        next(stream)
+        stream.close()
+    elif how == "other-arguments":
+        list(tap.drain(_export(tap.tasks, swap_args=True)))
+    else:
+        original = ctx.bridge.get_conversion_tasks(ctx.model)[1].mapping
+
+        def boom(weights: Any, module: Any) -> Any:
+            raise RuntimeError("gather failed")
+
+        original.megatron_to_hf = boom  # the shell forwards to the real mapping, which now raises
+        with pytest.raises(RuntimeError, match="gather failed"):
+            list(tap.drain(_export(tap.tasks)))
+    assert origin(ctx) is None and getattr(ctx, "_convcheck_probe_records", None) is None
