@@ -11,6 +11,7 @@ import torch
 
 from convcheck.probe import fused
 from convcheck.probe.collect import collect, origin
+from convcheck.probe.runs import hf_ranges
 
 
 class Halves:
@@ -87,3 +88,61 @@ def test_a_drain_that_is_not_the_whole_export_keeps_nothing(how: str) -> None:
         with pytest.raises(RuntimeError, match="gather failed"):
             list(tap.drain(_export(tap.tasks)))
     assert origin(ctx) is None and getattr(ctx, "_convcheck_probe_records", None) is None
+
+
+class Views:
+    """A mapping whose outputs are views of the shard: the whole of it, one row block, and its transpose."""
+
+    def megatron_to_hf(self, weights: torch.Tensor, module: object) -> dict[str, torch.Tensor]:
+        return {"all": weights, "rows": weights[1:3], "cols": weights.t()}
+
+
+def test_views_of_the_own_weight_give_the_probes_slots_without_running_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outputs that are views of the unwritten weight are read off their strides; the probe runs only for what is
+    not such a view (the transpose here), and every slot equals the one the probe gives."""
+    from convcheck.probe import collect as collect_mod
+    from convcheck.probe.run import CodeCache, probe_task
+
+    ctx = _ctx()
+    weight = torch.arange(12, dtype=torch.bfloat16).reshape(4, 3)
+    task = Task("p", "p", Views(), weight)
+    real = Views().megatron_to_hf(weight, None)
+    probed = probe_task(task, 0, CodeCache())
+    runs = []
+    monkeypatch.setattr(collect_mod, "probe_task", lambda *a: runs.append(1) or probe_task(*a))
+    got = collect_mod.task_records(ctx, 0, task, real, CodeCache(), with_real=True, unwritten=True)
+    assert runs == [1]  # "cols" (a transpose: last dim not contiguous) needed the probe
+    assert {r["hf"]: r["ranges"] for r in got} == {n: hf_ranges(s.runs) for n, s in probed.items()}
+    del real["cols"]
+    runs.clear()
+    got = collect_mod.task_records(ctx, 0, task, real, CodeCache(), with_real=True, unwritten=True)
+    assert runs == [] and [r["ranges"] for r in got] == [[(0, 12)], [(0, 6)]]
+    assert all("mismatch" not in r and r["writer"] == [] for r in got)
+    got = collect_mod.task_records(ctx, 0, task, real, CodeCache(), with_real=True, unwritten=False)
+    assert runs == [1]  # a conversion that wrote into the weight is probed
+
+
+def test_a_conversion_that_writes_into_the_weight_is_probed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast path needs an unwritten weight: collect and the export drain see the weight's version counter move
+    when a mapping writes into it while exporting a view of it, and run the probe."""
+    from convcheck.probe import collect as collect_mod
+
+    class Scribbles:
+        def megatron_to_hf(self, weights: torch.Tensor, module: object) -> dict[str, torch.Tensor]:
+            weights.view(-1)[0] = weights.view(-1)[5]
+            return {"w": weights}
+
+    runs = []
+    real_probe = collect_mod.probe_task
+    monkeypatch.setattr(collect_mod, "probe_task", lambda *a: runs.append(1) or real_probe(*a))
+    for drained in (False, True):
+        ctx = _ctx()
+        task = Task("p", "p", Scribbles(), torch.arange(12, dtype=torch.bfloat16).reshape(4, 3))
+        ctx.bridge = SimpleNamespace(get_conversion_tasks=lambda model, task=task: [task])
+        runs.clear()
+        if drained:
+            tap = fused.ProbeInExport(ctx)
+            list(tap.drain(_export(tap.tasks)))
+        records = collect_mod.collect(ctx, with_real=True)
+        assert records[0]["hf"] == "w" and runs == [1]  # probed once: in the drain, or by collect itself
+        assert (origin(ctx) is not None) == drained

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from convcheck.probe.run import CodeCache, probe_task, to_ranges
+from convcheck.probe.run import CodeCache, own_view_slots, probe_task, to_ranges
 from convcheck.probe.runs import hf_ranges
 
 _CACHE_ATTR = "_convcheck_probe_records"
@@ -30,12 +30,14 @@ def collect(ctx: Any, *, with_real: bool) -> list[dict[str, Any]]:
     codes = CodeCache()
     for index, task in enumerate(tasks_of(ctx)):
         real: dict[str, Any] | BaseException | None = None
+        version = weight_version(task)
         if with_real and not getattr(task.mapping, "is_grouped_export", False):
             try:
                 real = dict(task.mapping.megatron_to_hf(task.param_weight, task.megatron_module) or {})
             except Exception as exc:  # noqa: BLE001 - a crashing export is a finding
                 real = exc
-        records.extend(task_records(ctx, index, task, real, codes, with_real=with_real))
+        unwritten = version == weight_version(task)
+        records.extend(task_records(ctx, index, task, real, codes, with_real=with_real, unwritten=unwritten))
     keep(ctx, records, with_real=with_real)
     return records
 
@@ -52,11 +54,18 @@ def origin(ctx: Any) -> dict[str, Any] | None:
     return getattr(ctx, _ORIGIN_ATTR, None)
 
 
+def weight_version(task: Any) -> int | None:
+    """The version counter of the task's weight (it moves when anything writes into the weight in place)."""
+    weight = task.param_weight
+    return None if weight is None else weight._version
+
+
 def task_records(
-    ctx: Any, index: int, task: Any, real: Any, codes: CodeCache, *, with_real: bool
+    ctx: Any, index: int, task: Any, real: Any, codes: CodeCache, *, with_real: bool, unwritten: bool = False
 ) -> list[dict[str, Any]]:
     """One task's records: its probe slots, each checked against `real` (the task's real megatron_to_hf output,
-    or what it raised) when `with_real`."""
+    or what it raised) when `with_real`. When the real outputs are all views of the weight and the conversion
+    wrote nothing into it (`unwritten`), their strides are the slots and the probe does not run."""
     from convcheck.fold import digest
 
     param = str(getattr(task, "global_param_name", "") or task.param_name)
@@ -70,7 +79,7 @@ def task_records(
     real = real or {}
     cross_rank = with_real and ctx.world > 1  # several ranks export each tensor: digests for the assembler
     try:
-        slots = probe_task(task, ctx.rank, codes)
+        slots = (own_view_slots(real, task.param_weight) if unwritten else None) or probe_task(task, ctx.rank, codes)
     except Exception as exc:  # noqa: BLE001 - an unsupported pattern fails loud as a finding
         return [*records, {**base, "error": f"probe failed: {_first_line(exc)}"}]
     for name in sorted(set(slots) | set(real)):

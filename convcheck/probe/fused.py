@@ -15,7 +15,7 @@ import inspect
 import time
 from typing import Any, Iterable, Iterator
 
-from convcheck.probe.collect import keep, task_records, tasks_of
+from convcheck.probe.collect import keep, task_records, tasks_of, weight_version
 from convcheck.probe.run import CodeCache
 
 
@@ -45,25 +45,27 @@ class ProbeInExport:
         shell = copy.copy(task.mapping)
 
         def megatron_to_hf(weights: Any, module: Any) -> Any:
+            version = weight_version(task)
             try:
                 out = task.mapping.megatron_to_hf(weights, module)
             except Exception:
                 self.intact = False  # the export ends here; the differential will run the task itself
                 raise
-            self._record(index, task, out, own_args=weights is task.param_weight and module is task.megatron_module)
+            own = weights is task.param_weight and module is task.megatron_module
+            self._record(index, task, out, own_args=own, unwritten=version == weight_version(task))
             return out
 
         shell.megatron_to_hf = megatron_to_hf
         return dataclasses.replace(task, mapping=shell)
 
-    def _record(self, index: int, task: Any, out: Any, *, own_args: bool) -> None:
+    def _record(self, index: int, task: Any, out: Any, *, own_args: bool, unwritten: bool) -> None:
         if not self.intact or index != self.next or not own_args:
             self.intact = False
             return
         self.next += 1
         started = time.perf_counter()
         real = None if getattr(task.mapping, "is_grouped_export", False) else dict(out or {})
-        self.records.extend(task_records(self.ctx, index, task, real, self.codes, with_real=True))
+        self.records.extend(task_records(self.ctx, index, task, real, self.codes, with_real=True, unwritten=unwritten))
         self.seconds += time.perf_counter() - started
 
     def drain(self, stream: Iterable[Any]) -> Iterator[Any]:

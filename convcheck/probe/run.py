@@ -20,11 +20,12 @@ class ProbeSlot:
     ascending by hf_start."""
     writer: tuple[tuple[str, int], ...]
     """The gathers (group kind, rank in group) the element went through: ranks with equal writers are replicas."""
+    owned: int = -1
+    """How many elements of the HF tensor this rank writes (counted from the runs when not given)."""
 
-    @property
-    def owned(self) -> int:
-        """How many elements of the HF tensor this rank writes."""
-        return owned(self.runs)
+    def __post_init__(self) -> None:
+        if self.owned < 0:
+            object.__setattr__(self, "owned", owned(self.runs))
 
 
 class CodeCache:
@@ -106,6 +107,21 @@ def probe_task(task: Any, rank: int, cache: CodeCache | None = None) -> dict[str
         found = _view_runs(tensor, codes, state) if pristine else None  # a view: its strides say where
         runs[name] = found if found is not None else decode_runs(tensor, rank, numel, dtype)
     return _slots(out, runs, state)
+
+
+def own_view_slots(real: dict[str, Any], weight: Any) -> dict[str, ProbeSlot] | None:
+    """Slots read off a real conversion whose every output is a view of this rank's own (unwritten) weight: its
+    strides say where each element lands, no gather of another rank can have made it (a gather returns new memory),
+    and its bytes are the weight's; None when any output is not such a view (then the probe runs)."""
+    if weight is None or not real:
+        return None
+    slots = {}
+    for name, tensor in real.items():
+        runs = view_runs(tensor, weight) if tensor.dtype == weight.dtype else None
+        if runs is None:
+            return None
+        slots[str(name)] = ProbeSlot(hf_name=str(name), shape=tuple(tensor.shape), runs=runs, writer=())
+    return slots
 
 
 def _view_runs(tensor: Any, codes: Any, state: ProbeState) -> Any | None:

@@ -55,6 +55,11 @@ def view_runs(out: Any, codes: Any) -> Any | None:
         return None
     if out.untyped_storage().data_ptr() != codes.untyped_storage().data_ptr() or not codes.is_contiguous():
         return None
+    if out.is_contiguous():  # one block: element i is the code stored `offset + i` past the codes' first
+        offset = out.storage_offset() - codes.storage_offset()
+        if offset < 0 or offset > codes.numel() - out.numel():
+            return None
+        return torch.tensor([[0, offset, out.numel()]], dtype=torch.int64)
     shape, stride = list(out.shape), list(out.stride())
     if stride[-1] != 1 and shape[-1] != 1:
         return None

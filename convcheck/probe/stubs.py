@@ -161,9 +161,14 @@ _STUBS = {
 }
 
 
+_PLAIN = (str, int, float, bool, type(None), bytes)
+
+
 def _is_mapping(obj: Any) -> bool:
     from megatron.bridge.models.conversion.param_mapping import MegatronParamMapping
 
+    if type(obj) in _PLAIN:  # most attributes: names, sizes, flags (no isinstance walk over the ABCs)
+        return False
     if isinstance(obj, (MegatronParamMapping, ProbeGroup)):
         return not isinstance(obj, ProbeGroup)
     return hasattr(type(obj), "megatron_to_hf") and "_base_mapping" in getattr(obj, "__dict__", {})
