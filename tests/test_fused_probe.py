@@ -11,6 +11,7 @@ import torch
 
 from convcheck.probe import fused
 from convcheck.probe.collect import collect, origin
+from convcheck.probe.run import CodeCache
 from convcheck.probe.runs import hf_ranges
 
 
@@ -40,11 +41,15 @@ def _shims() -> None:
     compat.install_import_shims()  # the probe imports megatron.bridge (no Transformer Engine here)
 
 
+def _layout(tp: int = 1, ep: int = 1) -> Any:
+    return SimpleNamespace(tp=tp, pp=1, ep=ep, etp=1)
+
+
 def _ctx() -> Any:
     weights = [torch.arange(12, dtype=torch.bfloat16).reshape(4, 3) + i for i in range(3)]
     tasks = [Task(f"p{i}", f"p{i}", Halves(f"hf{i}"), w) for i, w in enumerate(weights)]
     bridge = SimpleNamespace(get_conversion_tasks=lambda model: list(tasks))
-    return SimpleNamespace(bridge=bridge, model=[], rank=0, world=1, layout=SimpleNamespace(pp=1), phase="oracle x")
+    return SimpleNamespace(bridge=bridge, model=[], rank=0, world=1, layout=_layout(), phase="oracle x")
 
 
 def _export(tasks: list[Task], *, swap_args: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
@@ -146,3 +151,26 @@ def test_a_conversion_that_writes_into_the_weight_is_probed(monkeypatch: pytest.
         records = collect_mod.collect(ctx, with_real=True)
         assert records[0]["hf"] == "w" and runs == [1]  # probed once: in the drain, or by collect itself
         assert (origin(ctx) is not None) == drained
+
+
+@pytest.mark.parametrize(("tp", "ep", "expert", "probed"), [
+    (1, 1, True, False), (1, 2, False, False), (1, 2, True, True), (2, 1, False, True),
+])  # fmt: skip
+def test_views_stand_in_for_the_probe_only_where_no_gather_is_due(
+    tp: int, ep: int, expert: bool, probed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An expert's view under EP, or any view under TP, may be a gather the mapping skipped (ep_not_gathered):
+    there the probe runs and its slots (the other ranks' global ids) expose it."""
+    from convcheck.probe import collect as collect_mod
+
+    runs = []
+    real_probe = collect_mod.probe_task
+    monkeypatch.setattr(collect_mod, "probe_task", lambda *a: runs.append(1) or real_probe(*a))
+    ctx = _ctx()
+    ctx.layout = _layout(tp, ep)
+    mapping = Views()
+    mapping.is_expert = expert
+    weight = torch.arange(12, dtype=torch.bfloat16).reshape(4, 3)
+    real = {"all": weight}
+    collect_mod.task_records(ctx, 0, Task("p", "p", mapping, weight), real, CodeCache(), with_real=True, unwritten=True)
+    assert runs == ([1] if probed else [])

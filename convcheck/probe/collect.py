@@ -64,8 +64,8 @@ def task_records(
     ctx: Any, index: int, task: Any, real: Any, codes: CodeCache, *, with_real: bool, unwritten: bool = False
 ) -> list[dict[str, Any]]:
     """One task's records: its probe slots, each checked against `real` (the task's real megatron_to_hf output,
-    or what it raised) when `with_real`. When the real outputs are all views of the weight and the conversion
-    wrote nothing into it (`unwritten`), their strides are the slots and the probe does not run."""
+    or what it raised) when `with_real`. When no gather is due, the real outputs are all views of the weight and the
+    conversion wrote nothing into it (`unwritten`), their strides are the slots and the probe does not run."""
     from convcheck.fold import digest
 
     param = str(getattr(task, "global_param_name", "") or task.param_name)
@@ -79,7 +79,8 @@ def task_records(
     real = real or {}
     cross_rank = with_real and ctx.world > 1  # several ranks export each tensor: digests for the assembler
     try:
-        slots = (own_view_slots(real, task.param_weight) if unwritten else None) or probe_task(task, ctx.rank, codes)
+        fast = unwritten and no_gather_due(ctx, task)
+        slots = (own_view_slots(real, task.param_weight) if fast else None) or probe_task(task, ctx.rank, codes)
     except Exception as exc:  # noqa: BLE001 - an unsupported pattern fails loud as a finding
         return [*records, {**base, "error": f"probe failed: {_first_line(exc)}"}]
     for name in sorted(set(slots) | set(real)):
@@ -94,6 +95,17 @@ def task_records(
                 rec["real"]["digest"] = digest(real[name])  # on the tensor's device, no host copy
         records.append(rec)
     return records
+
+
+def no_gather_due(ctx: Any, task: Any) -> bool:
+    """True when the task's mapping has no group of more than one rank to gather over: tensor and pipeline size 1,
+    and for an expert parameter expert and expert-tensor size 1 too. Only then may the real output's own views
+    stand in for the probe: elsewhere a view can be a gather that was skipped, which the probe's slots expose."""
+    layout = ctx.layout
+    if layout.tp > 1 or layout.pp > 1:
+        return False
+    expert = getattr(task.mapping, "is_expert", True)
+    return not expert or (layout.ep == 1 and layout.etp == 1)
 
 
 def _may_differ(ctx: Any, slot: Any, tensor: Any) -> bool:
