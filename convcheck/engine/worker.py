@@ -19,6 +19,7 @@ def run_job(job: Job) -> dict[str, Any] | None:
     from convcheck.ckpt.memory import AnonPeak
     from convcheck.hooks import load_hook
     from convcheck.oracles import load_oracle
+    from convcheck.probe import fused
     from convcheck.rank.bringup import bring_up
     from convcheck.versions import versions
 
@@ -35,7 +36,7 @@ def run_job(job: Job) -> dict[str, Any] | None:
         from convcheck.gate.recorder import ManifestRecorder
 
         recorder = ManifestRecorder.start(ctx)  # taps the export stream the oracles drain anyway
-    ctx.probe_in_export = probe_in_export(job.oracles)
+    ctx.probe_in_export = fused.wanted(job.oracles)
     verdicts = []
     memory, anon_peaks = {"bring_up": peak_mb()}, {"bring_up": anon.take()}
     for name, oracle in zip(job.oracles, oracles, strict=True):
@@ -58,16 +59,6 @@ def run_job(job: Job) -> dict[str, Any] | None:
         "rank0_peak_MB": memory,
         "rank0_anon_peak_MB": anon_peaks,
     }
-
-
-def probe_in_export(oracles: list[str] | tuple[str, ...]) -> bool:
-    """True when an oracle that drains the export runs before the differential: that drain does its conversions."""
-    names = list(oracles)
-    return "differential" in names and any(n in DRAINS_EXPORT for n in names[: names.index("differential")])
-
-
-DRAINS_EXPORT = frozenset({"coverage", "roundtrip", "layout", "mapping"})
-"""Oracles whose run streams the whole export (layout and mapping only when roundtrip has not answered for them)."""
 
 
 def peak_mb() -> float:

@@ -99,7 +99,7 @@ def _rows_match(mapping: Any, hf: dict[str, Any], layout: Any, coord: RankCoord,
     if pieces is None:
         return False
     blocks, row = pieces(hf, layout, coord), 0
-    if sum(b.shape[0] for b in blocks) != shard.shape[0] if shard.dim() else True:
+    if shard.dim() == 0 or sum(b.shape[0] for b in blocks) != shard.shape[0]:
         return False
     for block in blocks:
         part = shard.detach().narrow(0, row, block.shape[0])

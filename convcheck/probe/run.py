@@ -117,7 +117,7 @@ def own_view_slots(real: dict[str, Any], weight: Any) -> dict[str, ProbeSlot] | 
         return None
     slots = {}
     for name, tensor in real.items():
-        runs = view_runs(tensor, weight) if tensor.dtype == weight.dtype else None
+        runs = view_runs(tensor, weight)  # None for another dtype or memory
         if runs is None:
             return None
         slots[str(name)] = ProbeSlot(hf_name=str(name), shape=tuple(tensor.shape), runs=runs, writer=())
