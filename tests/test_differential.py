@@ -160,3 +160,17 @@ def test_outputs_no_collective_made_are_not_compared_but_a_mixed_build_is_named(
     assert [(f.tensor, f.kind, f.detail["rank_groups"]) for f in findings] == [("w", "ranks-disagree", [[0], [1]])]
     findings, _ = assemble([[_rec("a", writer=[["ep", 0]])], [_rec("b", writer=[["ep", 1]])]])
     assert [f.kind for f in findings] == ["ranks-disagree"]
+
+
+@pytest.mark.ranks
+def test_a_skipped_ep_gather_is_missing_in_real_inside_roundtrips_drain(tmp_path: Path) -> None:
+    """ep_not_gathered: each rank exports only its own experts, as views of its weights. Inside roundtrip's drain
+    those views must not stand in for the probe (a gather is due under EP): the probe's slots name the experts
+    the real export lacks."""
+    r = run_cli("verify", "--model", "tiny:qwen3-moe", "--ep", "2", "--oracle", "roundtrip,differential",
+                "--hook", mutant("collectives", "ep_not_gathered"), tmp_path=tmp_path)  # fmt: skip
+    assert r.code == 1 and r.verdicts() == {"roundtrip": "fail", "differential": "fail"}
+    d = _find(r, "differential", "model.layers.0.mlp.experts.0.down_proj.weight")
+    assert d["kind"] == "missing-in-real" and d["detail"] == {"rank": 1, "first_index": [0, 0]}
+    metrics = next(o for o in r.report["oracles"] if o["name"] == "differential")["metrics"]
+    assert metrics["real"] == "shared (roundtrip export)"
