@@ -17,6 +17,7 @@ def test_mapping_oracle_passes_qwen3_moe_tp2_ep2(shared_root: Path) -> None:
     assert oracle["metrics"]["gathers"] == oracle["metrics"]["rebuilt_from_shards"] == 0  # every shard matched
     assert oracle["metrics"]["export_vs_source"] == 69  # every HF tensor, each against the source
     assert oracle["metrics"]["export"] == "shared (roundtrip)"  # roundtrip's drain answered it: no drain of its own
+    assert oracle["metrics"]["rank0_shards_in_roundtrip"] == "33/33"  # rank 0's shards proven on roundtrip's reads
     rows = {t["tensor"]: t["verdict"] for t in oracle["tensors"]}
     assert rows["decoder.layers.0.self_attention.linear_qkv.weight"] == "pass"
     assert rows["decoder.layers.1.mlp.experts.local_experts.7.linear_fc1.weight"] == "pass"  # global expert id
@@ -50,6 +51,8 @@ def test_symmetric_qkv_bug_passes_roundtrip_but_not_mapping(tmp_path: Path) -> N
         for proj in ("q", "k"):  # the export rebuilt from the loaded shards differs from the bridge's too
             assert (f"model.layers.{i}.self_attn.{proj}_proj.weight", "export-bytes-differ") in kinds
     assert all("linear_qkv" in t or "_proj.weight" in t for t, _ in kinds)
+    metrics = next(o for o in res.report["oracles"] if o["name"] == "mapping")["metrics"]
+    assert metrics["rank0_shards_in_roundtrip"] == "31/33"  # both qkv shards were left to the oracle's own check
 
 
 HOOKS = Path(__file__).with_name("hooks_mapping_inverse.py")

@@ -20,6 +20,7 @@ def run_job(job: Job) -> dict[str, Any] | None:
     from convcheck.hooks import load_hook
     from convcheck.oracles import load_oracle
     from convcheck.probe import fused
+    from convcheck.rank import shard_match
     from convcheck.rank.bringup import bring_up
     from convcheck.versions import versions
 
@@ -37,6 +38,7 @@ def run_job(job: Job) -> dict[str, Any] | None:
 
         recorder = ManifestRecorder.start(ctx)  # taps the export stream the oracles drain anyway
     ctx.probe_in_export = fused.wanted(job.oracles)
+    ctx.shard_tap = shard_match.start(ctx) if shard_match.wanted(job.oracles) else None
     verdicts = []
     memory, anon_peaks = {"bring_up": peak_mb()}, {"bring_up": anon.take()}
     for name, oracle in zip(job.oracles, oracles, strict=True):

@@ -62,11 +62,16 @@ def registry_for(ctx: RankContext, all_names: set[str]) -> MappingRegistry:
     )
 
 
-def _import_findings(ctx: RankContext, registry: MappingRegistry, coord: RankCoord, local: list) -> list[Finding]:
-    """Each covered local shard vs `to_shard` of the HF checkpoint for this rank."""
+def _import_findings(
+    ctx: RankContext, registry: MappingRegistry, coord: RankCoord, local: list, tap: Any = None
+) -> list[Finding]:
+    """Each covered local shard vs `to_shard` of the HF checkpoint for this rank (those the tap proved inside
+    roundtrip's drain are not read again)."""
     reader = TensorReader(ctx.checkpoint)
     findings = []
     for name, tensor in local:
+        if tap is not None and tap.is_proven(name, tensor):
+            continue
         mapping = registry.get(name)
         try:
             # the HF tensors travel to the shard's device once; to_shard's slices and concatenations run there
@@ -88,6 +93,19 @@ def _import_findings(ctx: RankContext, registry: MappingRegistry, coord: RankCoo
                 )
             )
     return findings
+
+
+def shard_matches(mapping: Any, hf: dict[str, Any], layout: Any, coord: RankCoord, shard: Any) -> bool:
+    """True exactly when `_import_findings` would find nothing for this shard: its row blocks, or else its whole
+    `to_shard`, equal the shard bitwise (a MappingError is False)."""
+    from convcheck.bits import same_tensor
+
+    try:
+        return _rows_match(mapping, hf, layout, coord, shard) or same_tensor(
+            mapping.to_shard(hf, layout, coord), shard.detach()
+        )
+    except MappingError:
+        return False
 
 
 def _rows_match(mapping: Any, hf: dict[str, Any], layout: Any, coord: RankCoord, shard: Any) -> bool:
@@ -115,14 +133,19 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     from the gathered shards elsewhere, re-streaming the export only to localise mismatches."""
     coord = ctx.coord
     local = {ctx.global_name(n, vp): t for vp, n, t in named_tensors(ctx.model)}
-    all_names = {n for names in ctx.gather(sorted(local)) for n in names}
-    try:
-        registry = registry_for(ctx, all_names)
-    except MappingError as exc:  # same on every rank (same config), so no rank is left in a collective
-        finding = Finding(tensor="<registry>", kind="no-mappings", message=str(exc))
-        return make_verdict(NAME, checked=0, findings=[finding]) if ctx.is_reporter else None
+    tap = ctx.shard_tap  # set on every rank or on none (convcheck.rank.shard_match.start is collective)
+    if tap is not None:
+        all_names, registry = tap.all_names, tap.registry
+    else:
+        all_names = {n for names in ctx.gather(sorted(local)) for n in names}
+        try:
+            registry = registry_for(ctx, all_names)
+        except MappingError as exc:  # same on every rank (same config), so no rank is left in a collective
+            finding = Finding(tensor="<registry>", kind="no-mappings", message=str(exc))
+            return make_verdict(NAME, checked=0, findings=[finding]) if ctx.is_reporter else None
     covered = sorted(((n, t) for n, t in local.items() if registry.get(n) is not None), key=lambda item: item[0])
-    findings = _import_findings(ctx, registry, coord, covered)
+    findings = _import_findings(ctx, registry, coord, covered, tap)
+    in_drain = sum(1 for n, t in covered if tap is not None and tap.is_proven(n, t))
     held = {n: registry.get(n).canonical(coord) for n, _ in covered}  # type: ignore[union-attr]
     nbytes = {n: t.numel() * t.element_size() for n, t in covered}
     gathered = ctx.gather(([f.to_dict() for f in findings], held, nbytes))
@@ -171,7 +194,10 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         "rebuilt_from_shards": len(suspect),
         "export_vs_source": len(checked_exports) - len(set(ours) & checked_exports),
         "export": export_from,
+        "rank0_shards_in_roundtrip": f"{in_drain}/{len(covered)}" if tap is not None else "none",
     }
+    if tap is not None:
+        metrics["in_export_s"] = round(tap.seconds, 3)
     checked = covered_count + len(checked_exports)
     return make_verdict(NAME, checked=checked, findings=findings, rows=rows, unit=unit, metrics=metrics)
 

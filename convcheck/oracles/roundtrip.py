@@ -29,14 +29,20 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     checked = 0
     siblings = None  # a SiblingIndex of the source names, built at the first differing tensor
     on_device = ctx.device == "cuda"  # compare in device memory: the source tensor travels, the export stays
+    tap = ctx.shard_tap  # the mapping oracle's shard check rides on the source reads (convcheck.rank.shard_match)
     for name, tensor in ctx.export(cpu=not on_device):
         if reader is None:
+            if tap is not None:
+                tap.offer(name)
             continue
         if name not in source:
             findings.append(Finding(tensor=name, kind="unexpected", message="exported tensor is not in the source"))
             rows[name] = TensorRow(tensor=name, shape=tuple(tensor.shape), dtype=_dt(tensor), verdict="fail")
             continue
-        finding = compare_bits(name, reader.get(name).to(tensor.device), tensor)
+        expected = reader.get(name).to(tensor.device)
+        if tap is not None:
+            tap.offer(name, expected)
+        finding = compare_bits(name, expected, tensor)
         if finding is not None and finding.kind in ("bytes-differ", "shape"):
             siblings = siblings or _sibling_index(source)
             finding = _with_diagnosis(finding, reader, name, tensor, siblings)
@@ -47,6 +53,8 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         rows[name] = TensorRow(
             tensor=name, shape=tuple(tensor.shape), dtype=_dt(tensor), verdict="fail" if failed else "pass"
         )
+    if tap is not None:
+        tap.finish()
     from convcheck.rank.source_match import record
 
     equal = {n: r.verdict == "pass" and n in source for n, r in rows.items()}

@@ -38,6 +38,8 @@ class RankContext:
     """This run's export-vs-source answer once a drain recorded it (convcheck.rank.source_match)."""
     probe_in_export: bool = False
     """The next full bridge export also produces the differential's records (convcheck.probe.fused)."""
+    shard_tap: Any = None
+    """Roundtrip's drain also checks the local shards against the explicit mappings (convcheck.rank.shard_match)."""
     write_manifest: str | None = None
     """Layout oracle in the reference job: write this rank's export digests here instead of comparing."""
     progress: ProgressWriter = field(default_factory=lambda: ProgressWriter(None))

@@ -1,0 +1,139 @@
+"""The mapping oracle's shard check done inside roundtrip's drain, on the source tensors that drain reads anyway.
+
+Rank 0 reads every source tensor in roundtrip to compare it with the export; the tap holds the ones a local
+parameter's explicit mapping needs until that parameter has all of them, then checks the shard against the mapping's
+`to_shard` on the shard's device. Other ranks read only their own parameters' source tensors as the names stream by.
+The mapping oracle skips a parameter proven here (same tensor, not written since); anything else (a mismatch, a name
+the export never yielded, a parameter over the hold budget) it checks itself and names the first wrong element.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+HOLD_BYTES = 2 << 30
+"""Source bytes one rank holds for parameters still waiting on a tensor; a parameter that would pass it is left to
+the mapping oracle."""
+
+
+def wanted(oracles: Iterable[str]) -> bool:
+    """True when roundtrip runs before the mapping oracle: its drain can carry the shard check."""
+    names = list(oracles)
+    return "mapping" in names and "roundtrip" in names[: names.index("mapping")]
+
+
+@dataclass
+class ShardTap:
+    """One rank's covered parameters, the source tensors held for them, and the ones proven equal to `to_shard`."""
+
+    ctx: Any
+    registry: Any
+    all_names: set[str]
+    local: dict[str, Any]
+    """Global name -> this rank's tensor, for the parameters the registry covers."""
+    needs: dict[str, set[str]] = field(default_factory=dict)
+    """Parameter -> source names it still waits for."""
+    users: dict[str, set[str]] = field(default_factory=dict)
+    """Source name -> waiting parameters that need it."""
+    held: dict[str, Any] = field(default_factory=dict)
+    held_bytes: int = 0
+    proven: dict[str, tuple[Any, int]] = field(default_factory=dict)
+    """Parameter -> (its tensor, that tensor's version counter when proven)."""
+    seconds: float = 0.0
+    reader: Any = None
+
+    def offer(self, name: str, source: Any = None) -> None:
+        """One exported name, with its source tensor when the caller read it (else read here if a parameter needs
+        it)."""
+        waiting = self.users.get(name)
+        if not waiting or name in self.held:
+            return
+        started = time.perf_counter()
+        try:
+            self._take(name, waiting, source)
+        except Exception:  # noqa: BLE001 - never roundtrip's failure: the oracle checks these parameters itself
+            for param in list(self.users.get(name, ())):
+                self._drop(param)
+        self.seconds += time.perf_counter() - started
+
+    def _take(self, name: str, waiting: set[str], source: Any) -> None:
+        if source is None:
+            source = self._read(name)
+        size = source.numel() * source.element_size()
+        if self.held_bytes + size > HOLD_BYTES:
+            for param in list(waiting):
+                self._drop(param)
+            return
+        self.held[name] = source.to(self.local[next(iter(waiting))].device)
+        self.held_bytes += size
+        for param in list(waiting):
+            self.needs[param].discard(name)
+            if not self.needs[param]:
+                self._check(param)
+
+    def finish(self) -> None:
+        """Drop what is still held: parameters whose tensors the export never yielded are left to the oracle."""
+        for param in list(self.needs):
+            self._drop(param)
+
+    def is_proven(self, name: str, tensor: Any) -> bool:
+        """True when `tensor` is the one proven equal to its mapping's shard and nothing wrote into it since."""
+        entry = self.proven.get(name)
+        return entry is not None and entry[0] is tensor and entry[1] == tensor._version
+
+    def _check(self, param: str) -> None:
+        from convcheck.oracles.mapping import shard_matches
+
+        mapping, tensor = self.registry.get(param), self.local[param]
+        hf = {n: self.held[n] for n in mapping.hf_names if n in self.held}
+        if shard_matches(mapping, hf, self.ctx.layout, self.ctx.coord, tensor):
+            self.proven[param] = (tensor, tensor._version)
+        self._drop(param)
+
+    def _drop(self, param: str) -> None:
+        for name in self.needs.pop(param, set()) | set(self.registry.get(param).hf_names):
+            users = self.users.get(name)
+            if users is None:
+                continue
+            users.discard(param)
+            if not users:
+                del self.users[name]
+                gone = self.held.pop(name, None)
+                if gone is not None:
+                    self.held_bytes -= gone.numel() * gone.element_size()
+
+    def _read(self, name: str) -> Any:
+        from convcheck.checkpoint import TensorReader
+
+        self.reader = self.reader or TensorReader(self.ctx.checkpoint)
+        return self.reader.get(name)
+
+
+def start(ctx: Any) -> ShardTap | None:
+    """Collective: this rank's tap (None where the registry cannot be built; the mapping oracle reports why)."""
+    from convcheck.mappings import MappingError
+    from convcheck.oracles.mapping import registry_for
+    from convcheck.rank.model import named_tensors
+
+    local = {ctx.global_name(n, vp): t for vp, n, t in named_tensors(ctx.model)}
+    all_names = {n for names in ctx.gather(sorted(local)) for n in names}
+    try:
+        registry = registry_for(ctx, all_names)
+    except MappingError:
+        return None
+    source = ctx.checkpoint.tensors
+    tap = ShardTap(ctx=ctx, registry=registry, all_names=all_names, local={})
+    for name, tensor in local.items():
+        mapping = registry.get(name)
+        if mapping is None:
+            continue
+        tap.local[name] = tensor
+        needs = {n for n in mapping.hf_names if n in source}
+        if not needs:
+            continue
+        tap.needs[name] = needs
+        for hf in needs:
+            tap.users.setdefault(hf, set()).add(name)
+    return tap

@@ -1,0 +1,141 @@
+"""convcheck.rank.shard_match: the mapping oracle's shard check inside roundtrip's drain proves exactly the shards
+`to_shard` gives, holds source tensors only until their parameter is whole, and leaves everything else to the
+oracle."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from convcheck.layout import ParallelLayout, RankCoord
+from convcheck.mappings.registry import MappingRegistry
+from convcheck.mappings.simple import Gated, Replicated, Split
+from convcheck.rank import shard_match
+from convcheck.rank.shard_match import ShardTap
+
+TP2 = ParallelLayout(tp=2)
+
+
+def _source() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {
+        n: torch.randn(8, 4, generator=g).to(torch.bfloat16)
+        for n in ("gate.weight", "up.weight", "dense.weight", "norm.weight")
+    }
+
+
+def _tap(source: dict[str, torch.Tensor], local: dict[str, torch.Tensor], coord: RankCoord) -> ShardTap:
+    mappings = {
+        "fc1": Gated(megatron="fc1", gate="gate.weight", up="up.weight"),
+        "proj": Split(megatron="proj", hf="dense.weight", dim=1),
+        "norm": Replicated(megatron="norm", hf="norm.weight"),
+    }
+    registry = MappingRegistry(architecture="test", mappings=mappings)
+    reads: list[str] = []
+    ctx = SimpleNamespace(layout=TP2, coord=coord, checkpoint=SimpleNamespace(tensors=source))
+    tap = ShardTap(ctx=ctx, registry=registry, all_names=set(local), local=dict(local))
+    tap.reader = SimpleNamespace(get=lambda n: reads.append(n) or source[n].clone())
+    tap.reads = reads  # type: ignore[attr-defined]
+    for name in local:
+        tap.needs[name] = set(mappings[name].hf_names)
+        for hf in mappings[name].hf_names:
+            tap.users.setdefault(hf, set()).add(name)
+    return tap
+
+
+def _shards(source: dict[str, torch.Tensor], coord: RankCoord) -> dict[str, torch.Tensor]:
+    r = coord.tp_rank
+    fc1 = torch.cat([source["gate.weight"].chunk(2)[r], source["up.weight"].chunk(2)[r]])
+    return {"fc1": fc1, "proj": source["dense.weight"].chunk(2, dim=1)[r].clone(), "norm": source["norm.weight"]}
+
+
+@pytest.mark.parametrize("tp_rank", [0, 1])
+def test_correct_shards_are_proven_and_nothing_is_left_held(tp_rank: int) -> None:
+    source, coord = _source(), RankCoord(tp_rank=tp_rank)
+    local = _shards(source, coord)
+    tap = _tap(source, local, coord)
+    for name in source:  # the export's order
+        tap.offer(name, source[name])
+    tap.finish()
+    assert all(tap.is_proven(n, t) for n, t in local.items())
+    assert tap.held == {} and tap.held_bytes == 0 and tap.users == {}
+    assert tap.reads == []  # every tensor came from the caller's read
+
+
+def test_a_wrong_element_is_not_proven_and_the_rest_are() -> None:
+    source, coord = _source(), RankCoord(tp_rank=1)
+    local = _shards(source, coord)
+    local["fc1"].view(torch.int16)[5, 2] ^= 1  # one bit of the up half's rank-1 rows
+    tap = _tap(source, local, coord)
+    for name in source:
+        tap.offer(name)  # another rank: the tap reads what it needs itself
+    tap.finish()
+    assert not tap.is_proven("fc1", local["fc1"])
+    assert tap.is_proven("proj", local["proj"]) and tap.is_proven("norm", local["norm"])
+    assert sorted(tap.reads) == sorted(source)
+
+
+def test_a_shard_written_after_its_proof_is_checked_again() -> None:
+    source, coord = _source(), RankCoord()
+    local = _shards(source, coord)
+    tap = _tap(source, local, coord)
+    for name in source:
+        tap.offer(name, source[name])
+    local["proj"].add_(1)  # an in-place write moves the version counter
+    assert not tap.is_proven("proj", local["proj"])
+    assert not tap.is_proven("norm", local["norm"].clone())  # another tensor of the same name is not the one proven
+
+
+def test_a_name_the_export_never_yields_leaves_its_parameter_to_the_oracle() -> None:
+    source, coord = _source(), RankCoord()
+    local = _shards(source, coord)
+    tap = _tap(source, local, coord)
+    for name in ("gate.weight", "dense.weight", "norm.weight"):  # up never comes
+        tap.offer(name, source[name])
+    assert tap.held_bytes > 0  # the gate half waits for its parameter's other tensor
+    tap.finish()
+    assert not tap.is_proven("fc1", local["fc1"]) and tap.is_proven("proj", local["proj"])
+    assert tap.held == {} and tap.held_bytes == 0
+
+
+def test_over_the_hold_budget_a_parameter_is_left_to_the_oracle(monkeypatch: pytest.MonkeyPatch) -> None:
+    source, coord = _source(), RankCoord()
+    local = _shards(source, coord)
+    monkeypatch.setattr(shard_match, "HOLD_BYTES", source["gate.weight"].numel() * 2)  # one tensor's bytes
+    tap = _tap(source, local, coord)
+    for name in source:
+        tap.offer(name, source[name])
+    tap.finish()
+    assert not tap.is_proven("fc1", local["fc1"])  # needs two tensors at once
+    assert tap.is_proven("proj", local["proj"]) and tap.is_proven("norm", local["norm"])
+    assert tap.held == {} and tap.held_bytes == 0
+
+
+def test_wanted_only_when_roundtrip_runs_before_mapping() -> None:
+    assert shard_match.wanted(["coverage", "roundtrip", "logits", "mapping"])
+    assert not shard_match.wanted(["mapping", "roundtrip"])
+    assert not shard_match.wanted(["coverage", "mapping"])
+    assert not shard_match.wanted(["roundtrip"])
+
+
+def test_a_mapping_that_raises_is_left_to_the_oracle_and_the_drain_goes_on() -> None:
+    """Whatever a mapping raises inside roundtrip's drain stays out of roundtrip: the parameter is not proven."""
+    source, coord = _source(), RankCoord()
+    local = _shards(source, coord)
+    tap = _tap(source, local, coord)
+
+    class Raising:
+        hf_names = ("norm.weight",)
+
+        def to_shard(self, *_: object) -> None:
+            raise RuntimeError("a bug in a mapping")
+
+    tap.registry.mappings["norm"] = Raising()
+    for name in source:
+        tap.offer(name, source[name])
+    tap.finish()
+    assert not tap.is_proven("norm", local["norm"])
+    assert tap.is_proven("fc1", local["fc1"]) and tap.is_proven("proj", local["proj"])
+    assert tap.held == {} and tap.held_bytes == 0
