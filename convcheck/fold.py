@@ -1,11 +1,12 @@
 """Keyed digest of a tensor's bytes computed on its own device, a chunk at a time (no host copy, no full-size temp).
 
-The bytes are read as signed 16-bit words; each chunk of WORDS words is folded by LANES integer linear sums under
-fixed keys in [0, 2**KEY_BITS), computed as one float64 matrix product (every partial sum is an integer below
-2**53, so the product is exact in any summation order, on any device). The chunk sums go through sha256 with the
-byte count and an odd tail byte. For a chunk that differs, one lane's sum matches with probability at most
-2**-KEY_BITS (fix every key but one at a differing word: one value of it at most cancels), so all lanes at most
-2**-(LANES * KEY_BITS) = 2**-78: a cross-rank equality check, not a signature against an adversary.
+The bytes are read as signed 8-bit integers; each chunk of CHUNK bytes is folded by LANES integer linear sums under
+fixed nonzero int8 keys, computed as one int8 matrix product with int32 sums (`torch._int_mm`; |sum| <= 2**14 *
+CHUNK = 2**26, exact), or as float64 products where that kernel cannot run (the same integers). Sums of more than
+HOST_BYTES are folded again the same way on the device; the last level goes through sha256 with the byte counts.
+For a chunk that differs, one lane's sum matches with probability at most 1/255 (fix every key but one at a
+differing byte: one of its 255 values at most cancels), so all lanes at most 255**-LANES < 2**-127 per level: a
+cross-rank equality check, not a signature against an adversary.
 """
 
 from __future__ import annotations
@@ -13,75 +14,77 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-WORDS = 1 << 12
-"""16-bit words per chunk (one key per word position, per lane)."""
-LANES = 3
-KEY_BITS = 26
-"""|word| <= 2**15, key < 2**26, 2**12 words: every partial sum stays below 2**53, exact in float64."""
-STEP_BYTES = {"cpu": 8 << 20, "cuda": 256 << 20}
-"""Bytes of float64 words converted at once per device type (a few MiB on the CPU, much more on a GPU)."""
-_TAG = b"convcheck-fold-v2"
+CHUNK = 1 << 12
+"""Bytes per chunk (one key per byte position, per lane)."""
+LANES = 16
+STEP_ROWS = {"cpu": 1 << 11, "cuda": 1 << 13}
+"""Chunks per float64 product on the fallback path (8 MiB of bytes on the CPU, 32 MiB on a GPU)."""
+HOST_BYTES = 1 << 20
+"""Chunk sums larger than this are folded again on their device before the host hashes them (a GPU would
+otherwise wait on a 1/64-size copy and its sha256)."""
+_TAG = b"convcheck-fold-v3"
 _keys: dict[str, Any] = {}
 
 
 def _lanes(device: Any) -> Any:
-    """The lanes' keys, float64 [LANES, WORDS], integers in [0, 2**KEY_BITS), from sha256 in counter mode."""
+    """The keys, int8 [CHUNK, LANES], each nonzero, from sha256 in counter mode (zero bytes skipped)."""
     import numpy as np
     import torch
 
-    key = str(device)
-    if key not in _keys:
-        count = LANES * WORDS
-        raw = b"".join(hashlib.sha256(_TAG + i.to_bytes(4, "little")).digest() for i in range(count * 8 // 32))
-        words = torch.from_numpy(np.frombuffer(raw, dtype="<i8").copy()) & ((1 << KEY_BITS) - 1)
-        _keys[key] = words.reshape(LANES, WORDS).to(torch.float64).to(device)
-    return _keys[key]
-
-
-def _flat_bytes(tensor: Any) -> Any:
-    """The tensor's bytes as a flat uint8 tensor on its device, 2-byte aligned (copied only when it must be)."""
-    import torch
-
-    from convcheck.bits import int_view
-
-    data = int_view(tensor).view(torch.uint8)
-    if data.data_ptr() % 2:
-        data = data.clone()
-    return data
+    name = str(device)
+    if name not in _keys:
+        need, got, i = CHUNK * LANES, bytearray(), 0
+        while len(got) < need:
+            got += bytes(b for b in hashlib.sha256(_TAG + i.to_bytes(4, "little")).digest() if b)
+            i += 1
+        keys = torch.from_numpy(np.frombuffer(bytes(got[:need]), dtype=np.int8).copy()).reshape(CHUNK, LANES)
+        _keys[name] = keys.t().contiguous().to(device).t()  # column-major: CUDA's int8 kernel is fast so
+    return _keys[name]
 
 
 def digest(tensor: Any) -> str:
     """Hex digest of `tensor`'s raw bytes (dtype and shape are not part of it: record them next to it)."""
     import torch
 
-    data = _flat_bytes(tensor)
-    whole = data.numel() // 2
-    sums = chunk_sums(data[: whole * 2].view(torch.int16))
+    from convcheck.bits import int_view
+
+    data = int_view(tensor).view(torch.int8)
     h = hashlib.sha256(_TAG + data.numel().to_bytes(8, "little"))
-    h.update(sums.to(torch.int64).cpu().numpy().tobytes())
-    h.update(data[whole * 2 :].cpu().numpy().tobytes())
+    sums = chunk_sums(data)
+    while sums.numel() * 4 > HOST_BYTES:  # fold the sums again on the device: 64x fewer bytes per level
+        h.update(sums.numel().to_bytes(8, "little"))
+        sums = chunk_sums(sums.reshape(-1).view(torch.int8))
+    h.update(sums.cpu().numpy().astype("<i4").tobytes())
     return h.hexdigest()
 
 
-def chunk_sums(words: Any) -> Any:
-    """float64 [LANES, chunks] on the words' device: each chunk's keyed sums (integers, exact); the last chunk
-    zero-padded."""
+def chunk_sums(data: Any) -> Any:
+    """int32 [chunks, LANES] on the data's device: each CHUNK-byte chunk's keyed sums (exact integers); the last
+    chunk zero-padded (zero bytes add nothing; the byte count is hashed)."""
     import torch
 
-    keys = _lanes(words.device)
-    rows = max(1, STEP_BYTES.get(words.device.type, STEP_BYTES["cuda"]) // (WORDS * 8))
-    whole = words.numel()
-    chunks, full = -(-whole // WORDS), whole // WORDS
-    sums = torch.empty((LANES, chunks), dtype=torch.float64, device=words.device)
-    buf = torch.empty((min(rows, max(chunks, 1)), WORDS), dtype=torch.float64, device=words.device)
-    if full:
-        grid = words[: full * WORDS].view(full, WORDS)
-        for a in range(0, full, rows):
-            block = buf[: min(rows, full - a)]
-            block.copy_(grid[a : a + block.shape[0]])
-            torch.mm(keys, block.t(), out=sums[:, a : a + block.shape[0]])
-    if chunks > full:  # zero words add nothing (the byte count is hashed)
-        last = buf[:1].zero_()
-        last[0, : whole - full * WORDS].copy_(words[full * WORDS :])
-        torch.mm(keys, last.t(), out=sums[:, full:])
-    return sums
+    keys = _lanes(data.device)
+    full = data.numel() // CHUNK
+    parts = [_sums(data[: full * CHUNK].view(full, CHUNK), keys)] if full else []
+    if data.numel() > full * CHUNK:
+        last = torch.zeros((1, CHUNK), dtype=torch.int8, device=data.device)
+        last[0, : data.numel() - full * CHUNK] = data[full * CHUNK :]
+        parts.append(_sums(last, keys))
+    return torch.cat(parts) if len(parts) > 1 else parts[0] if parts else torch.zeros((0, LANES), dtype=torch.int32)
+
+
+def _sums(rows: Any, keys: Any) -> Any:
+    """rows @ keys as int32: the int8 kernel, or float64 products a step of rows at a time where it cannot run
+    (the same integers)."""
+    import torch
+
+    try:
+        return torch._int_mm(rows, keys)
+    except (RuntimeError, AttributeError):  # e.g. CUDA's kernel wants more than 16 rows: the same integers in float64
+        pass
+    step = STEP_ROWS.get(rows.device.type, STEP_ROWS["cuda"])
+    out = torch.empty((rows.shape[0], LANES), dtype=torch.int32, device=rows.device)
+    wide = keys.to(torch.float64)
+    for a in range(0, rows.shape[0], step):
+        out[a : a + step] = (rows[a : a + step].to(torch.float64) @ wide).to(torch.int32)
+    return out

@@ -12,11 +12,10 @@ def _data(n: int) -> torch.Tensor:
     return torch.randint(-(2**15), 2**15, (n,), dtype=torch.int16, generator=torch.Generator().manual_seed(n))
 
 
-@pytest.mark.parametrize(
-    "n", [1, 2, 3, 7, fold.WORDS * 2, fold.WORDS * 2 + 1, fold.WORDS * 5 + 3, fold.WORDS * 2 * 300 + 5]
-)
+@pytest.mark.parametrize("n", [1, 2, 3, 7, fold.CHUNK, fold.CHUNK + 1, fold.CHUNK * 5 // 2 + 3, fold.CHUNK * 300 + 5])
 def test_any_single_change_changes_the_digest(n: int) -> None:
-    """Every bit position class (low, sign of either half of a word, the tail bytes) and a swap of two elements."""
+    """Every bit position class (low, the sign of either byte of a word, the last partial chunk) and a swap of two
+    elements."""
     x = _data(n).view(torch.bfloat16)
     base = fold.digest(x)
     assert fold.digest(x.clone()) == base
@@ -34,8 +33,8 @@ def test_any_single_change_changes_the_digest(n: int) -> None:
 
 def test_same_bytes_any_layout_and_dtype() -> None:
     """The digest is of the raw bytes: a non-contiguous or unaligned view digests like its contiguous copy."""
-    x = _data(4 * fold.WORDS + 10)
-    grid = x[: 4 * fold.WORDS].reshape(-1, 64)
+    x = _data(2 * fold.CHUNK + 10)
+    grid = x[: 2 * fold.CHUNK].reshape(-1, 64)
     assert fold.digest(grid.t()) == fold.digest(grid.t().contiguous())
     odd = x[1:]  # 2-byte offset: not 4-byte aligned
     assert fold.digest(odd) == fold.digest(odd.clone())
@@ -44,30 +43,57 @@ def test_same_bytes_any_layout_and_dtype() -> None:
 
 
 def test_sign_flips_in_many_chunks_are_caught() -> None:
-    """Differences that are all high bits (the sign of the upper bf16 of each word) in every chunk."""
-    x = _data(8 * fold.WORDS)
+    """Differences that are all high bits (the sign of the upper byte of a bf16) in every chunk."""
+    x = _data(4 * fold.CHUNK)
     y = x.clone()
-    y[1 :: 2 * fold.WORDS // 7] ^= -(2**15)
+    y[1 :: fold.CHUNK // 7] ^= -(2**15)
     assert fold.digest(y) != fold.digest(x)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_a_gpu_digest_is_the_cpu_digest() -> None:
     """Ranks on GPUs and a CPU run agree: the same bytes give the same digest on either device."""
-    for n in (5, fold.WORDS * 3 + 7, (64 << 20) // 2 + 3):
+    for n in (5, fold.CHUNK * 3 + 7, fold.CHUNK * 40 + 1, (64 << 20) // 2 + 3):
         x = _data(n)
         assert fold.digest(x.cuda()) == fold.digest(x)
 
 
-def test_the_float_sums_are_the_exact_integer_sums() -> None:
-    """The worst case for magnitude (every word -2**15, every key near 2**26) sums exactly: the float64 product
-    equals the integer one, for a full and a partial chunk."""
-    n = fold.WORDS * 3 + 11
-    for words in (torch.full((n,), -(2**15), dtype=torch.int16), _data(n)):
-        got = fold.chunk_sums(words).to(torch.int64)
-        padded = torch.zeros(4 * fold.WORDS, dtype=torch.int64)
-        padded[:n] = words.to(torch.int64)
-        keys = fold._lanes("cpu").to(torch.int64)
-        want = keys @ padded.view(4, fold.WORDS).t()
-        assert torch.equal(got, want)
-    assert int(fold._lanes("cpu").max()) < 2**fold.KEY_BITS and fold.WORDS * 2**15 * 2**fold.KEY_BITS <= 2**53
+def test_the_sums_are_the_exact_integer_sums() -> None:
+    """The worst case for magnitude (every byte and key -128) and random bytes sum exactly, through the int8 kernel
+    and through the float64 fallback, for full chunks and a partial one."""
+    n = fold.CHUNK * 3 + 11
+    keys = fold._lanes("cpu")
+    assert int((keys == 0).sum()) == 0 and keys.shape == (fold.CHUNK, fold.LANES)
+    for data in (torch.full((n,), -128, dtype=torch.int8), _data(n).view(torch.int8)[:n]):
+        padded = torch.zeros(4 * fold.CHUNK, dtype=torch.int64)
+        padded[:n] = data.to(torch.int64)
+        want = padded.view(4, fold.CHUNK) @ keys.to(torch.int64)
+        assert torch.equal(fold.chunk_sums(data).to(torch.int64), want)
+    worst = torch.full((20, fold.CHUNK), -128, dtype=torch.int8)
+    assert int(fold._sums(worst, torch.full_like(keys, -128))[0, 0]) == 2**14 * fold.CHUNK < 2**31
+
+
+def test_the_fallback_gives_the_kernels_sums(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the int8 kernel cannot run, the float64 path gives the same digest."""
+    x = _data(fold.CHUNK * 3 + 5)
+    base = fold.digest(x)
+
+    def refuse(*_: object) -> None:
+        raise RuntimeError("no int8 kernel here")
+
+    monkeypatch.setattr(torch, "_int_mm", refuse)
+    assert fold.digest(x) == base
+
+
+def test_sums_folded_again_on_the_device_still_tell_every_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the host limit below the sums' size the digest takes two more levels; a changed bit in the first or the
+    last chunk still changes it."""
+    x = _data(fold.CHUNK * 40 + 3)
+    one_level = fold.digest(x)
+    monkeypatch.setattr(fold, "HOST_BYTES", 64)
+    base = fold.digest(x)
+    assert base != one_level and fold.digest(x.clone()) == base
+    for at in (0, x.numel() - 1):
+        y = x.clone()
+        y[at] ^= 1
+        assert fold.digest(y) != base
