@@ -170,30 +170,18 @@ def bare_roundtrip(ctx: Any) -> dict[str, Any]:
     }
 
 
-ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8}
-"""Bytes per element of the safetensors dtypes a checkpoint here holds."""
-
-
 def memory_goal(folder: Path, tp: int, ep: int) -> dict[str, float]:
     """Rank 0's share of the checkpoint (dense / tp, experts / (ep * tp)), its largest tensor, and the goal
     share + 2 x largest + 1 GB, in MB."""
-    import json as _json
+    from convcheck.checkpoint import open_weights
 
-    from safetensors import safe_open
-
-    index = folder / "model.safetensors.index.json"
-    files = sorted(set(_json.loads(index.read_text())["weight_map"].values())) if index.exists() else []
     dense = experts = largest = 0
-    for file in files or ["model.safetensors"]:
-        with safe_open(str(folder / file), framework="pt") as f:
-            for name in f.keys():
-                piece = f.get_slice(name)
-                nbytes = _numel(tuple(piece.get_shape())) * ITEMSIZE.get(piece.get_dtype(), 4)
-                largest = max(largest, nbytes)
-                if ".mlp.experts." in name:
-                    experts += nbytes
-                else:
-                    dense += nbytes
+    for name, entry in open_weights(folder).tensors.items():
+        largest = max(largest, entry.nbytes)
+        if ".mlp.experts." in name:
+            experts += entry.nbytes
+        else:
+            dense += entry.nbytes
     share = dense / tp + experts / (ep * tp)
     mb = 1 << 20
     return {
