@@ -182,7 +182,7 @@ def test_gated_row_blocks_match_only_the_true_shard(tp: int) -> None:
     """The mapping oracle compares fc1 block by block (no concatenated copy): the true shard matches; one changed
     element in either block, or a shard of other rows, sends it to the whole-tensor compare."""
     from convcheck.bits import bytes_equal
-    from convcheck.oracles.mapping import _rows_match
+    from convcheck.mappings.check import rows_match
 
     layout = ParallelLayout(tp=tp)
     hf = {"gate": unique(8, 4), "up": unique(8, 4)}
@@ -191,12 +191,12 @@ def test_gated_row_blocks_match_only_the_true_shard(tp: int) -> None:
         coord = RankCoord(tp_rank=rank)
         shard = fc1.to_shard(hf, layout, coord)
         assert bytes_equal(torch.cat(fc1.row_pieces(hf, layout, coord)), shard)
-        assert _rows_match(fc1, hf, layout, coord, shard)
+        assert rows_match(fc1, hf, layout, coord, shard)
         for at in (0, shard.shape[0] - 1):
             bad = shard.clone()
             bad[at, 1] += 1
-            assert not _rows_match(fc1, hf, layout, coord, bad)
-        assert not _rows_match(fc1, hf, layout, coord, shard[:-1])
+            assert not rows_match(fc1, hf, layout, coord, bad)
+        assert not rows_match(fc1, hf, layout, coord, shard[:-1])
     embed = Split(megatron="e", hf="gate", padded_rows=8, unpadded_rows=8)
     assert embed.to_shard(hf, ParallelLayout(), RankCoord()).data_ptr() == hf["gate"].data_ptr()  # no padding copy
 

@@ -1,4 +1,5 @@
-"""Pure round-trip check of one mapping: HF -> every rank's shard -> HF, names counted and bits compared."""
+"""Pure checks of one mapping: HF -> every rank's shard -> HF (names counted, bits compared), and one shard against
+what the mapping derives for it."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from convcheck.bits import compare_bits
-from convcheck.layout import ParallelLayout
+from convcheck.bits import bytes_equal, compare_bits, same_tensor
+from convcheck.errors import MappingError
+from convcheck.layout import ParallelLayout, RankCoord
 from convcheck.mappings.base import TensorMapping
 from convcheck.verdict import Finding
 
@@ -35,3 +37,33 @@ def roundtrip_findings(mapping: TensorMapping, hf: Mapping[str, Any], layout: Pa
             message = f"{mapping.megatron} exported it {counts[name]} times"
             findings.append(Finding(tensor=name, kind="duplicate", message=message))
     return sorted(findings, key=lambda f: (f.tensor, f.kind))
+
+
+def shard_matches(
+    mapping: TensorMapping, hf: Mapping[str, Any], layout: ParallelLayout, coord: RankCoord, shard: Any
+) -> bool:
+    """True when the shard is what the mapping derives from `hf`: its row blocks, or else its whole `to_shard`,
+    equal the shard bitwise (a MappingError is False): exactly when the mapping oracle's import check finds nothing."""
+    try:
+        return rows_match(mapping, hf, layout, coord, shard) or same_tensor(
+            mapping.to_shard(hf, layout, coord), shard.detach()
+        )
+    except MappingError:
+        return False
+
+
+def rows_match(mapping: Any, hf: Mapping[str, Any], layout: ParallelLayout, coord: RankCoord, shard: Any) -> bool:
+    """True when the mapping gives the shard as row blocks (`row_pieces`) and each equals the shard's rows bitwise;
+    False sends the shard to the whole-tensor compare, which names the first wrong element."""
+    pieces = getattr(mapping, "row_pieces", None)
+    if pieces is None:
+        return False
+    blocks, row = pieces(hf, layout, coord), 0
+    if shard.dim() == 0 or sum(b.shape[0] for b in blocks) != shard.shape[0]:
+        return False
+    for block in blocks:
+        part = shard.detach().narrow(0, row, block.shape[0])
+        if block.dtype != part.dtype or block.shape != part.shape or not bytes_equal(block, part):
+            return False
+        row += block.shape[0]
+    return True

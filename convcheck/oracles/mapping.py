@@ -16,7 +16,8 @@ from typing import Any
 
 from convcheck.bits import compare_bits
 from convcheck.checkpoint import TensorReader
-from convcheck.mappings import Geometry, MappingError, MappingRegistry, RankCoord, build_registry
+from convcheck.mappings import MappingError, MappingRegistry, RankCoord
+from convcheck.mappings.check import rows_match
 from convcheck.oracles.base import OracleInfo
 from convcheck.rank.context import RankContext
 from convcheck.rank.model import named_tensors
@@ -42,26 +43,6 @@ Digest = tuple[str, tuple[int, ...], str]
 """(dtype, shape, sha256 of the raw bytes) of one tensor."""
 
 
-def padded_vocab(provider: Any, vocab: int, tp: int) -> int:
-    """The embedding rows the provider builds: the HF vocab, or padded when the provider pads it."""
-    if not getattr(provider, "should_pad_vocab", False):
-        return vocab
-    from megatron.bridge.utils.vocab_utils import calculate_padded_vocab_size
-
-    return int(calculate_padded_vocab_size(vocab, provider.make_vocab_size_divisible_by, tp))
-
-
-def registry_for(ctx: RankContext, all_names: set[str]) -> MappingRegistry:
-    """The explicit registry for this model, built leniently: parameters it does not cover are not checked."""
-    config = ctx.checkpoint.config
-    vocab = int((config.get("text_config") or config)["vocab_size"])
-    geometry = Geometry.from_hf_config(config, padded_vocab=padded_vocab(ctx.provider, vocab, ctx.layout.tp))
-    tied = bool(getattr(ctx.model[0].config, "share_embeddings_and_output_weights", False))
-    return build_registry(
-        ctx.checkpoint.architecture, geometry, all_names, ctx.checkpoint.tensors, tied=tied, strict=False
-    )
-
-
 def _import_findings(
     ctx: RankContext, registry: MappingRegistry, coord: RankCoord, local: list, tap: Any = None
 ) -> list[Finding]:
@@ -76,7 +57,7 @@ def _import_findings(
         try:
             # the HF tensors travel to the shard's device once; to_shard's slices and concatenations run there
             hf = {n: reader.get(n).to(tensor.device) for n in mapping.hf_names if n in ctx.checkpoint.tensors}
-            if _rows_match(mapping, hf, ctx.layout, coord, tensor):
+            if rows_match(mapping, hf, ctx.layout, coord, tensor):
                 continue  # equal block by block: no concatenated copy built
             expected = mapping.to_shard(hf, ctx.layout, coord)
         except MappingError as exc:
@@ -95,51 +76,20 @@ def _import_findings(
     return findings
 
 
-def shard_matches(mapping: Any, hf: dict[str, Any], layout: Any, coord: RankCoord, shard: Any) -> bool:
-    """True exactly when `_import_findings` would find nothing for this shard: its row blocks, or else its whole
-    `to_shard`, equal the shard bitwise (a MappingError is False)."""
-    from convcheck.bits import same_tensor
-
-    try:
-        return _rows_match(mapping, hf, layout, coord, shard) or same_tensor(
-            mapping.to_shard(hf, layout, coord), shard.detach()
-        )
-    except MappingError:
-        return False
-
-
-def _rows_match(mapping: Any, hf: dict[str, Any], layout: Any, coord: RankCoord, shard: Any) -> bool:
-    """True when the mapping gives the shard as row blocks (`row_pieces`) and each equals the shard's rows bitwise;
-    False sends the shard to the whole-tensor compare, which names the first wrong element."""
-    from convcheck.bits import bytes_equal
-
-    pieces = getattr(mapping, "row_pieces", None)
-    if pieces is None:
-        return False
-    blocks, row = pieces(hf, layout, coord), 0
-    if shard.dim() == 0 or sum(b.shape[0] for b in blocks) != shard.shape[0]:
-        return False
-    for block in blocks:
-        part = shard.detach().narrow(0, row, block.shape[0])
-        if block.dtype != part.dtype or block.shape != part.shape or not bytes_equal(block, part):
-            return False
-        row += block.shape[0]
-    return True
-
-
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank checks its shards against the explicit mappings; rank 0 checks the export against the
     source where every shard matched (the mappings rebuild the source from such shards) and against tensors rebuilt
     from the gathered shards elsewhere, re-streaming the export only to localise mismatches."""
+    from convcheck.rank.shard_match import names_and_registry
+
     coord = ctx.coord
-    local = {ctx.global_name(n, vp): t for vp, n, t in named_tensors(ctx.model)}
     tap = ctx.shard_tap  # set on every rank or on none (convcheck.rank.shard_match.start is collective)
     if tap is not None:
+        local = {ctx.global_name(n, vp): t for vp, n, t in named_tensors(ctx.model)}
         all_names, registry = tap.all_names, tap.registry
     else:
-        all_names = {n for names in ctx.gather(sorted(local)) for n in names}
         try:
-            registry = registry_for(ctx, all_names)
+            local, all_names, registry = names_and_registry(ctx)
         except MappingError as exc:  # same on every rank (same config), so no rank is left in a collective
             finding = Finding(tensor="<registry>", kind="no-mappings", message=str(exc))
             return make_verdict(NAME, checked=0, findings=[finding]) if ctx.is_reporter else None

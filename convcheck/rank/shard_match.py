@@ -5,6 +5,7 @@ parameter's explicit mapping needs until that parameter has all of them, then ch
 `to_shard` on the shard's device. Other ranks read only their own parameters' source tensors as the names stream by.
 The mapping oracle skips a parameter proven here (same tensor, not written since); anything else (a mismatch, a name
 the export never yielded, a parameter over the hold budget) it checks itself and names the first wrong element.
+The run's explicit registry is built here once (`names_and_registry`), for the tap and the oracle alike.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ class ShardTap:
         return entry is not None and entry[0] is tensor and entry[1] == tensor._version
 
     def _check(self, param: str) -> None:
-        from convcheck.oracles.mapping import shard_matches
+        from convcheck.mappings.check import shard_matches
 
         mapping, tensor = self.registry.get(param), self.local[param]
         hf = {n: self.held[n] for n in mapping.hf_names if n in self.held}
@@ -111,16 +112,44 @@ class ShardTap:
         return self.reader.get(name)
 
 
-def start(ctx: Any) -> ShardTap | None:
-    """Collective: this rank's tap (None where the registry cannot be built; the mapping oracle reports why)."""
-    from convcheck.mappings import MappingError
-    from convcheck.oracles.mapping import registry_for
+def names_and_registry(ctx: Any) -> tuple[dict[str, Any], set[str], Any]:
+    """Collective: this rank's tensors by global name, every rank's names, and the explicit registry for them
+    (raises MappingError, the same on every rank)."""
     from convcheck.rank.model import named_tensors
 
     local = {ctx.global_name(n, vp): t for vp, n, t in named_tensors(ctx.model)}
     all_names = {n for names in ctx.gather(sorted(local)) for n in names}
+    return local, all_names, registry_for(ctx, all_names)
+
+
+def padded_vocab(provider: Any, vocab: int, tp: int) -> int:
+    """The embedding rows the provider builds: the HF vocab, or padded when the provider pads it."""
+    if not getattr(provider, "should_pad_vocab", False):
+        return vocab
+    from megatron.bridge.utils.vocab_utils import calculate_padded_vocab_size
+
+    return int(calculate_padded_vocab_size(vocab, provider.make_vocab_size_divisible_by, tp))
+
+
+def registry_for(ctx: Any, all_names: set[str]) -> Any:
+    """The explicit registry for this model, built leniently: parameters it does not cover are not checked."""
+    from convcheck.mappings import Geometry, build_registry
+
+    config = ctx.checkpoint.config
+    vocab = int((config.get("text_config") or config)["vocab_size"])
+    geometry = Geometry.from_hf_config(config, padded_vocab=padded_vocab(ctx.provider, vocab, ctx.layout.tp))
+    tied = bool(getattr(ctx.model[0].config, "share_embeddings_and_output_weights", False))
+    return build_registry(
+        ctx.checkpoint.architecture, geometry, all_names, ctx.checkpoint.tensors, tied=tied, strict=False
+    )
+
+
+def start(ctx: Any) -> ShardTap | None:
+    """Collective: this rank's tap (None where the registry cannot be built; the mapping oracle reports why)."""
+    from convcheck.mappings import MappingError
+
     try:
-        registry = registry_for(ctx, all_names)
+        local, all_names, registry = names_and_registry(ctx)
     except MappingError:
         return None
     source = ctx.checkpoint.tensors
