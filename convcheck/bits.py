@@ -19,6 +19,22 @@ def int_view(tensor: Any) -> Any:
     return flat.view(getattr(torch, _INT_FOR_SIZE[flat.element_size()]))
 
 
+def compare_device(*tensors: Any) -> Any:
+    """The one device a comparison of `tensors` runs on: the first one's that is not the CPU, else the CPU."""
+    import torch
+
+    for t in tensors:
+        if t.device.type != "cpu":
+            return t.device
+    return torch.device("cpu")
+
+
+def together(*tensors: Any) -> tuple[Any, ...]:
+    """`tensors` moved to their `compare_device` (those already there are returned as they are)."""
+    device = compare_device(*tensors)
+    return tuple(t if t.device == device else t.to(device) for t in tensors)
+
+
 def count_true(mask: Any) -> int:
     """How many elements of a bool tensor are True (no int64 copy, unlike mask.sum())."""
     return int(mask.count_nonzero())
@@ -36,6 +52,7 @@ def bytes_equal(expected: Any, actual: Any) -> bool:
     """True when both tensors hold the same raw bytes (compared as the widest integer view that fits)."""
     import torch
 
+    expected, actual = together(expected, actual)
     a = expected.detach().contiguous().reshape(-1).view(torch.uint8)
     b = actual.detach().contiguous().reshape(-1).view(torch.uint8)
     if a.numel() != b.numel():
@@ -51,10 +68,10 @@ def bytes_equal(expected: Any, actual: Any) -> bool:
 
 
 def same_tensor(expected: Any, actual: Any) -> bool:
-    """True when `actual` has the dtype, shape and raw bytes of `expected` (moved to `actual`'s device to compare)."""
+    """True when `actual` has the dtype, shape and raw bytes of `expected` (compared on their `compare_device`)."""
     if expected.dtype != actual.dtype or tuple(expected.shape) != tuple(actual.shape):
         return False
-    return bytes_equal(expected.to(actual.device), actual)
+    return bytes_equal(expected, actual)
 
 
 def unravel_index(flat_index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -90,7 +107,8 @@ def describe_element(tensor: Any, flat_index: int) -> str:
 
 
 def compare_bits(name: str, expected: Any, actual: Any) -> Finding | None:
-    """None when `actual` has the dtype, shape and bytes of `expected`; else a Finding naming the first difference."""
+    """None when `actual` has the dtype, shape and bytes of `expected`; else a Finding naming the first difference
+    (the two may sit on different devices: they are compared on their `compare_device`)."""
     if expected.dtype != actual.dtype:
         return Finding(
             tensor=name,
@@ -105,6 +123,7 @@ def compare_bits(name: str, expected: Any, actual: Any) -> Finding | None:
             message=f"shape {list(actual.shape)}, expected {list(expected.shape)}",
             detail={"expected": list(expected.shape), "actual": list(actual.shape)},
         )
+    expected, actual = together(expected, actual)
     if bytes_equal(expected, actual):
         return None
     diff = int_view(expected) != int_view(actual)

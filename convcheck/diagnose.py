@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from convcheck.bits import int_view
+from convcheck.bits import int_view, together
 
 Segment = tuple[int, int, str | None, int]
 """(actual start, actual stop, source tensor name or None when unmatched, source start)."""
@@ -137,10 +137,12 @@ def _qk_pair(a: str, b: str) -> bool:
 def diagnose(name: str, expected: Any, actual: Any, others: Mapping[str, Any] | None = None) -> Diagnosis | None:
     """The rearrangement that turns source `expected` (named `name`) into `actual`, or None.
 
-    `others` are further source tensors (by name) the export may have taken rows from (siblings, experts).
+    `others` are further source tensors (by name) the export may have taken rows from (siblings, experts); any
+    tensor may sit on any device.
     """
     if expected.dtype != actual.dtype:
         return None
+    expected, actual = together(expected, actual)
     if expected.dim() == 2 and tuple(actual.shape) == tuple(expected.shape[::-1]):
         if bool((int_view(actual.t()) == int_view(expected)).all()):
             return Diagnosis(kind="transpose", text="export is the source transposed ([in, out] instead of [out, in])")

@@ -8,9 +8,11 @@ mutants in a launch, each finding is credited to the one mutant whose `targets` 
 from __future__ import annotations
 
 import fnmatch
+import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from functools import cache, lru_cache
 from typing import Any
 
@@ -21,6 +23,9 @@ from convcheck.verdict import PASS, Finding, Report
 
 CAUGHT, MISSED, NOT_APPLICABLE, NOT_RUN, ERROR = "caught", "missed", "n/a", "not run", "error"
 CELLS = (CAUGHT, MISSED, NOT_APPLICABLE, NOT_RUN, ERROR)
+KILLED, SURVIVED, ERRORED, SKIPPED = "killed", "survived", "errored", "skipped"
+"""A mutant row's status: an oracle caught it; it ran and none did; its launch ended in an error (exit 2 in the
+CLI: never a kill); this host could not run its launch at the asked device."""
 
 FORWARD_TENSORS = frozenset({"logits", "greedy-tokens", "<megatron forward>", "<hf forward>"})
 """Finding names of the logits oracle: a target `logits` claims them (they name no tensor)."""
@@ -67,10 +72,24 @@ class MutantRow:
     shared_with: tuple[str, ...] = ()
     """The other mutants of its launch."""
     note: str = ""
+    device: str = ""
+    """Where its launch ran (the report's device), empty when it did not run."""
+    skipped: str = ""
+    """Why this host did not run it (e.g. `--device cuda` with too few GPUs); empty when it ran."""
+    findings: tuple[dict[str, Any], ...] = ()
+    """Every finding credited to it: oracle, tensor, kind, first_index (what a CPU and a GPU run must share)."""
 
     @property
     def killed(self) -> bool:
         return CAUGHT in self.cells.values()
+
+    @property
+    def status(self) -> str:
+        if self.skipped:
+            return SKIPPED
+        if ERROR in self.cells.values():
+            return ERRORED
+        return KILLED if self.killed else SURVIVED
 
     @property
     def expected_missed(self) -> tuple[str, ...]:
@@ -88,12 +107,16 @@ class MutantRow:
             "experts": m.experts,
             "catches": list(m.catches),
             "cells": dict(self.cells),
+            "status": self.status,
             "killed": self.killed,
+            "device": self.device,
             "expected_missed": list(self.expected_missed),
             "first_finding": self.first_finding,
             "shared_with": list(self.shared_with),
             "seconds": round(self.seconds, 1),
             **({"note": self.note} if self.note else {}),
+            **({"skipped": self.skipped} if self.skipped else {}),
+            "findings": list(self.findings),
         }
 
 
@@ -106,6 +129,9 @@ class CleanRow:
     failing: tuple[str, ...] = ()
     first_finding: str | None = None
     seconds: float = 0.0
+    device: str = ""
+    skipped: str = ""
+    """Why this host did not run it; empty when it ran."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -113,10 +139,12 @@ class CleanRow:
             "layout": self.launch.layout,
             "experts": self.launch.experts,
             "oracles": list(self.launch.oracles),
-            "verdict": PASS if self.passed else "fail",
+            "verdict": SKIPPED if self.skipped else PASS if self.passed else "fail",
+            "device": self.device,
             "failing": list(self.failing),
             "first_finding": self.first_finding,
             "seconds": round(self.seconds, 1),
+            **({"skipped": self.skipped} if self.skipped else {}),
         }
 
 
@@ -131,10 +159,19 @@ class SelftestResult:
     launches: int
     seconds: float
     versions: dict[str, str] = field(default_factory=dict)
+    device: str = "auto"
+    """The `--device` asked for; each row says where its launch ran."""
+    complete: bool = True
+    """False for a matrix written while the selftest still runs (`partial`)."""
 
     @property
     def survivors(self) -> tuple[MutantRow, ...]:
-        return tuple(r for r in self.rows if not r.killed)
+        """Rows that ran and were not killed: survived, or errored (an error is never a kill)."""
+        return tuple(r for r in self.rows if r.status in (SURVIVED, ERRORED))
+
+    @property
+    def skipped(self) -> tuple[MutantRow, ...]:
+        return tuple(r for r in self.rows if r.status == SKIPPED)
 
     @property
     def false_alarms(self) -> tuple[CleanRow, ...]:
@@ -142,12 +179,17 @@ class SelftestResult:
 
     @property
     def passed(self) -> bool:
-        return not self.survivors and not self.false_alarms
+        """No survivor, no error, no false alarm, and at least one mutant ran (skipping everything is no pass)."""
+        ran = len(self.skipped) < len(self.rows) or not self.rows
+        return ran and not self.survivors and not self.false_alarms
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "verdict": PASS if self.passed else "fail",
+            "verdict": (PASS if self.passed else "fail") if self.complete else "incomplete",
+            "complete": self.complete,
             "quick": self.quick,
+            "device": self.device,
+            "counts": {k: sum(r.status == k for r in self.rows) for k in (KILLED, SURVIVED, ERRORED, SKIPPED)},
             "versions": self.versions,
             "seconds": round(self.seconds, 1),
             "launches": self.launches,
@@ -471,6 +513,12 @@ def finding_line(oracle: str, finding: Finding, width: int = 160) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+def finding_key(oracle: str, finding: Finding) -> dict[str, Any]:
+    """What identifies a finding across devices and runs: oracle, tensor, kind and first differing index."""
+    return {"oracle": oracle, "tensor": finding.tensor, "kind": finding.kind,
+            "first_index": finding.detail.get("first_index")}  # fmt: skip
+
+
 def first_credited(credited: dict[str, list[Finding]], order: Sequence[str]) -> str | None:
     """The first finding credited to a mutant, in oracle order."""
     for name in order:
@@ -495,6 +543,8 @@ def rows_from(launch: Launch, report: Report, seconds: float) -> tuple[list[Muta
                 first_finding=first_credited(credited, tuple(ORACLES)),
                 seconds=seconds,
                 shared_with=tuple(o.name for o in launch.mutants if o is not m),
+                device=report.device,
+                findings=tuple(finding_key(o, f) for o in ORACLES for f in credited.get(o, ())),
             )
         )
     return rows, found
@@ -520,10 +570,90 @@ def clean_row(launch: Launch, report: Report | None, error: str | None, seconds:
         (finding_line(o.name, o.findings[0]) for o in report.oracles if o.findings),
         f"{failing[0]}: checked nothing" if failing else None,
     )
-    return CleanRow(launch=launch, passed=not failing, failing=failing, first_finding=first, seconds=seconds)
+    return CleanRow(launch=launch, passed=not failing, failing=failing, first_finding=first, seconds=seconds,
+                    device=report.device)  # fmt: skip
 
 
 Progress = Callable[[str], None]
+
+
+@dataclass(kw_only=True, slots=True)
+class Runner:
+    """Runs launches through `verify` at one `--device`, counting them for the progress lines (thread-safe)."""
+
+    verify: Verify
+    device: str = "auto"
+    timeout_s: float = 600.0
+    visible_gpus: int = 0
+    say: Progress = lambda _line: None
+    total: int = 0
+    count: int = 0
+    lock: Any = field(default_factory=threading.Lock)
+
+    def skip_reason(self, launch: Launch) -> str | None:
+        """Why `--device cuda` cannot run `launch` on this host (too few GPUs), else None."""
+        world = ParallelLayout.parse(launch.layout).world_size
+        if self.device == "cuda" and world > self.visible_gpus:
+            return f"skipped: --device cuda needs {world} GPU(s) for {launch.label}, {self.visible_gpus} visible"
+        return None
+
+    def run(self, launch: Launch) -> tuple[Report | None, str | None, float]:
+        """(report, error, seconds) of one launch; a ConvcheckError (exit 2 in the CLI) is its error."""
+        t0 = time.perf_counter()
+        try:
+            report = self.verify(launch.fixture, launch.layout, oracles=launch.oracles, hooks=launch.hooks,
+                                 experts=launch.experts, timeout_s=self.timeout_s, device=self.device)  # fmt: skip
+            error = None
+        except ConvcheckError as exc:
+            report, error = None, str(exc)
+        seconds = time.perf_counter() - t0
+        what = ", ".join(m.name for m in launch.mutants) or "clean"
+        outcome = f"error: {error}" if error else f"{seconds:.1f} s on {report.device}"  # type: ignore[union-attr]
+        with self.lock:
+            self.count += 1
+            self.say(f"[{self.count}/{self.total}] {launch.label} [{what}] ({','.join(launch.oracles)}): {outcome}")
+        return report, error, seconds
+
+    def add(self, launches: int) -> None:
+        with self.lock:
+            self.total += launches
+
+
+def run_launch(runner: Runner, launch: Launch) -> list[MutantRow]:
+    """The rows of one mutant launch; a shared launch whose findings no single mutant claims (or that failed) is
+    rerun one mutant at a time."""
+    if (why := runner.skip_reason(launch)) is not None:
+        return [skipped_row(m, launch, why) for m in launch.mutants]
+    report, error, seconds = runner.run(launch)
+    shared = len(launch.mutants) > 1
+    if report is not None:
+        new_rows, found = rows_from(launch, report, seconds)
+        if not (shared and found.unclaimed):
+            return new_rows
+        why = f"{len(found.unclaimed)} finding(s) of the shared launch claimed by no mutant or by several"
+        runner.say(f"  rerunning alone: {why}, e.g. {finding_line(*found.unclaimed[0], width=120)}")
+    elif not shared:
+        return error_rows(launch, error or "", seconds)
+    else:
+        why = f"the shared launch failed ({error})"
+    runner.add(len(launch.mutants))
+    rows: list[MutantRow] = []
+    for m in launch.mutants:
+        alone = replace(launch, mutants=(m,))
+        report, error, seconds = runner.run(alone)
+        new_rows = (
+            rows_from(alone, report, seconds)[0] if report is not None else error_rows(alone, error or "", seconds)
+        )
+        rows += [replace(r, note=f"ran alone: {why}") for r in new_rows]
+    return rows
+
+
+def run_clean(runner: Runner, launch: Launch) -> CleanRow:
+    """The clean row of one hook-free launch (skipped where `--device cuda` lacks the GPUs)."""
+    if (why := runner.skip_reason(launch)) is not None:
+        return CleanRow(launch=launch, passed=True, skipped=why)
+    report, error, seconds = runner.run(launch)
+    return clean_row(launch, report, error, seconds)
 
 
 def run_selftest(
@@ -533,82 +663,75 @@ def run_selftest(
     verify: Verify | None = None,
     progress: Progress | None = None,
     timeout_s: float = 600.0,
+    device: str = "auto",
+    jobs: int = 1,
+    partial: Callable[[SelftestResult], None] | None = None,
 ) -> SelftestResult:
-    """Run the clean launches and the mutant launches (shared ones rerun alone when attribution is unclear)."""
+    """Run the clean launches and the mutant launches (shared ones rerun alone when attribution is unclear), each
+    fixture x layout's launches in order, up to `jobs` fixture x layouts at a time; `partial` gets the matrix so far
+    (`complete=False`) after each fixture x layout."""
+    from convcheck.device import CHOICES, visible_gpu_count
+    from convcheck.errors import BadInput
     from convcheck.oracles import DEFAULT_ORACLES as ORACLES
     from convcheck.versions import versions
 
+    if device not in CHOICES:
+        raise BadInput(f"--device must be one of {', '.join(CHOICES)}, got {device!r}")
+    if jobs < 1:
+        raise BadInput(f"--jobs must be at least 1, got {jobs}")
+    real = verify is None
     if verify is None:
         from convcheck.api import verify
-    say = progress or (lambda _line: None)
     started = time.perf_counter()
     launches = plan(mutants, quick)
     clean = clean_launches(launches)
-    total = len(launches) + len(clean)
-    count = 0
+    gpus = visible_gpu_count() if device == "cuda" else 0
+    runner = Runner(verify=verify, device=device, timeout_s=timeout_s, visible_gpus=gpus, say=progress or runner_quiet)
+    runner.add(sum(runner.skip_reason(x) is None for x in [*launches, *clean]))
 
-    def run(launch: Launch) -> tuple[Report | None, str | None, float]:
-        nonlocal count
-        count += 1
-        t0 = time.perf_counter()
-        try:
-            report = verify(launch.fixture, launch.layout, oracles=launch.oracles, hooks=launch.hooks,
-                            experts=launch.experts, timeout_s=timeout_s)  # fmt: skip
-            error = None
-        except ConvcheckError as exc:
-            report, error = None, str(exc)
-        seconds = time.perf_counter() - t0
-        what = ", ".join(m.name for m in launch.mutants) or "clean"
-        outcome = f"error: {error}" if error else f"{seconds:.1f} s"
-        say(f"[{count}/{total}] {launch.label} [{what}] ({','.join(launch.oracles)}): {outcome}")
-        return report, error, seconds
+    finished: dict[tuple[str, str, str], tuple[list[CleanRow], list[MutantRow]]] = {}
 
-    clean_rows = []
-    rows: list[MutantRow] = []
-    for key in dict.fromkeys(lay.key for lay in [*clean, *launches]):
-        for launch in (c for c in clean if c.key == key):
-            report, error, seconds = run(launch)
-            clean_rows.append(clean_row(launch, report, error, seconds))
-        for launch in (lay for lay in launches if lay.key == key):
-            report, error, seconds = run(launch)
-            shared = len(launch.mutants) > 1
-            if report is not None:
-                new_rows, found = rows_from(launch, report, seconds)
-                if not (shared and found.unclaimed):
-                    rows += new_rows
-                    continue
-                why = f"{len(found.unclaimed)} finding(s) of the shared launch claimed by no mutant or by several"
-                say(f"  rerunning alone: {why}, e.g. {finding_line(*found.unclaimed[0], width=120)}")
-            elif not shared:
-                rows += error_rows(launch, error or "", seconds)
-                continue
-            else:
-                why = f"the shared launch failed ({error})"
-            total += len(launch.mutants)
-            for m in launch.mutants:
-                alone = Launch(fixture=launch.fixture, layout=launch.layout, experts=launch.experts, mutants=(m,),
-                               oracles=launch.oracles)  # fmt: skip
-                report, error, seconds = run(alone)
-                new_rows = (
-                    rows_from(alone, report, seconds)[0]
-                    if report is not None
-                    else error_rows(alone, error or "", seconds)
-                )
-                rows += [_with_note(r, f"ran alone: {why}") for r in new_rows]
+    def result(complete: bool) -> SelftestResult:
+        clean_rows = [c for k in keys if k in finished for c in finished[k][0]]
+        rows = [r for k in keys if k in finished for r in finished[k][1]]
+        rows.sort(key=lambda r: (order[r.mutant.name], [_spec(lay) for lay in r.mutant.layouts].index(r.layout)))
+        return SelftestResult(oracles=tuple(ORACLES), rows=tuple(rows), clean=tuple(clean_rows), quick=quick,
+                              launches=runner.count, seconds=time.perf_counter() - started, versions=versions(),
+                              device=device, complete=complete)  # fmt: skip
+
+    def one_place(key: tuple[str, str, str]) -> None:
+        cleans = [run_clean(runner, c) for c in clean if c.key == key]
+        rows = [r for launch in launches if launch.key == key for r in run_launch(runner, launch)]
+        with runner.lock:
+            finished[key] = (cleans, rows)
+            if partial is not None:
+                partial(result(complete=False))
+
+    keys = list(dict.fromkeys(lay.key for lay in [*clean, *launches]))
     order = {m.name: i for i, m in enumerate(mutants)}
-    rows.sort(key=lambda r: (order[r.mutant.name], [_spec(lay) for lay in r.mutant.layouts].index(r.layout)))
-    return SelftestResult(
-        oracles=tuple(ORACLES),
-        rows=tuple(rows),
-        clean=tuple(clean_rows),
-        quick=quick,
-        launches=count,
-        seconds=time.perf_counter() - started,
-        versions=versions(),
-    )
+    if jobs == 1:
+        for key in keys:
+            one_place(key)
+    else:
+        if real:
+            _build_fixtures({k[0] for k in keys})  # built once, before launches race for the cache
+        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="selftest") as pool:
+            list(pool.map(one_place, keys))
+    return result(complete=True)
 
 
-def _with_note(row: MutantRow, note: str) -> MutantRow:
-    from dataclasses import replace
+def runner_quiet(_line: str) -> None:
+    """No progress lines."""
 
-    return replace(row, note=note)
+
+def _build_fixtures(fixtures: set[str]) -> None:
+    from convcheck.fixtures import build_fixture
+
+    for name in sorted(fixtures):
+        build_fixture(name)
+
+
+def skipped_row(mutant: Mutant, launch: Launch, why: str) -> MutantRow:
+    """A mutant whose launch this host cannot run at the asked device: every cell `not run`, the reason noted."""
+    cells = {o: (NOT_RUN if c in (CAUGHT, MISSED) else c) for o, c in cells_for(mutant, launch, {}).items()}
+    return MutantRow(mutant=mutant, layout=launch.layout, cells=cells, skipped=why)

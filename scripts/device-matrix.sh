@@ -6,8 +6,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 3
-export PYTHONPATH=/tmp/site:$PWD CONVCHECK_CACHE_DIR=/tmp/convcheck-cache PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
+source scripts/device-env.sh
+export OMP_NUM_THREADS=1
 gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 echo "torch $(python3 -c 'import torch; print(torch.__version__)') gpus $gpus cores $(nproc)"
 for name in qwen2 qwen2-tied qwen3 qwen3-moe llama nemotron-h; do python3 -m convcheck fixtures build "tiny:$name" >/dev/null; done

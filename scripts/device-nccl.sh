@@ -6,9 +6,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 3
-export PYTHONPATH=/tmp/site:$PWD CONVCHECK_CACHE_DIR=/tmp/convcheck-cache PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 \
-  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+source scripts/device-env.sh
+export OMP_NUM_THREADS=1
 echo "torch $(python3 -c 'import torch; print(torch.__version__, torch.cuda.device_count())') cores $(nproc)"
 M=convcheck.mutants
 default_cases="

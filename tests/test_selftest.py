@@ -201,7 +201,7 @@ class FakeVerify:
         self.effects, self.fail_hooks, self.calls = effects, fail_hooks, []
 
     def __call__(self, model: str, layout: str, *, oracles: tuple[str, ...], hooks: tuple[str, ...], experts: str,
-                 timeout_s: float) -> Report:  # fmt: skip
+                 timeout_s: float, device: str = "auto") -> Report:  # fmt: skip
         self.calls.append((model, layout, tuple(hooks), tuple(oracles)))
         if any(h in self.fail_hooks for h in hooks):
             raise SetupError("rank 1 died with exit code 9")
@@ -308,3 +308,42 @@ def test_quick_selftest_on_two_llama_mutants(tmp_path: Path) -> None:
     assert rows["swap_qk_head0"]["shared_with"] == ["transpose_o_proj"]
     assert [(c["fixture"], c["layout"], c["verdict"]) for c in data["clean"]] == [("tiny:llama", "tp1", "pass")]
     assert "KILLED transpose_o_proj" in res.out and "PASS selftest: 2/2 mutants killed" in res.out
+
+
+def test_an_errored_mutant_is_never_killed_and_fails_the_selftest() -> None:
+    result = run_selftest([A], quick=True, verify=FakeVerify({"x:a": {}}, fail_hooks=("x:a",)))
+    (row,) = result.rows
+    assert row.status == "errored" and not row.killed and row.cells["roundtrip"] == ERROR
+    assert result.survivors == (row,) and not result.passed
+    data = result.to_dict()
+    assert data["counts"] == {"killed": 0, "survived": 0, "errored": 1, "skipped": 0}
+    assert data["mutants"][0]["status"] == "errored" and data["verdict"] == "fail"
+
+
+def test_device_cuda_skips_what_the_host_cannot_hold_and_names_why() -> None:
+    fake = FakeVerify({"x:a": {"roundtrip": ["model.embed_tokens.weight"]}})
+    result = run_selftest([A, replace(B, layout="tp1")], quick=False, verify=fake, device="cuda")  # 0 GPUs here
+    assert fake.calls == [] and result.launches == 0
+    assert [r.status for r in result.rows] == ["skipped", "skipped"]
+    assert "--device cuda needs 2 GPU(s)" in result.rows[0].skipped and "0 visible" in result.rows[0].skipped
+    assert all(c.skipped for c in result.clean) and not result.passed  # nothing ran: no pass
+
+
+def test_jobs_give_the_rows_of_a_serial_run() -> None:
+    effects = {"x:a": {"roundtrip": ["model.embed_tokens.weight"]}, "x:t1": {"roundtrip": ["model.norm.weight"]}}
+    serial = run_selftest([A, T1], quick=False, verify=FakeVerify(effects))
+    parallel = run_selftest([A, T1], quick=False, verify=FakeVerify(effects), jobs=3)
+    assert [r.to_dict() for r in parallel.rows] == [r.to_dict() for r in serial.rows]
+    assert [c.to_dict() for c in parallel.clean] == [c.to_dict() for c in serial.clean]
+    assert parallel.launches == serial.launches == 5 and parallel.passed
+    assert {r.device for r in parallel.rows} == {"cpu"}
+
+
+def test_partial_matrices_after_each_fixture_layout_end_in_the_complete_one() -> None:
+    effects = {"x:a": {"roundtrip": ["model.embed_tokens.weight"]}, "x:t1": {"roundtrip": ["model.norm.weight"]}}
+    seen: list[dict] = []
+    result = run_selftest([A, T1], quick=False, verify=FakeVerify(effects), partial=lambda r: seen.append(r.to_dict()))
+    assert [len(s["mutants"]) for s in seen] == [2, 3]  # tp2 (a, t1), then tp1 (t1)
+    assert {s["verdict"] for s in seen} == {"incomplete"} and not any(s["complete"] for s in seen)
+    final = result.to_dict()
+    assert final["complete"] and final["verdict"] == "pass" and final["mutants"] == seen[-1]["mutants"]

@@ -10,6 +10,12 @@ import click
 
 from convcheck.errors import ConvcheckError
 
+_STATUS = {
+    "killed": "[green]KILLED[/green]",
+    "survived": "[bold red]SURVIVED[/bold red]",
+    "errored": "[bold red]ERRORED[/bold red]",
+    "skipped": "[dim]SKIPPED[/dim]",
+}
 _MARK = {"caught": "[green]caught[/green]", "missed": "[red]missed[/red]", "error": "[red]error[/red]",
          "n/a": "[dim]n/a[/dim]", "not run": "[dim]-[/dim]"}  # fmt: skip
 
@@ -26,7 +32,14 @@ _MARK = {"caught": "[green]caught[/green]", "missed": "[red]missed[/red]", "erro
 @click.option("--only", "only", default="", hidden=True, help="Comma-separated mutant names (tests).")
 @click.option("--timeout", type=click.FloatRange(min=1), default=600.0, show_default=True,
               help="Seconds before one launch's hung or dead ranks are stopped.")  # fmt: skip
-def selftest(models: tuple[str, ...], quick: bool, json_path: str | None, only: str, timeout: float) -> None:
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              envvar="CONVCHECK_DEVICE",
+              help="As verify's --device, for every launch; with cuda, launches needing more GPUs than visible are "
+              "skipped and listed.")  # fmt: skip
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Fixture x layouts run at a time (each launch's ranks need cores, or a GPU each).")  # fmt: skip
+def selftest(models: tuple[str, ...], quick: bool, json_path: str | None, only: str, timeout: float, device: str,
+             jobs: int) -> None:  # fmt: skip
     """Plant every catalogued bug in the real bridge and check that an oracle catches each, with a clean run of
     every fixture x layout used (exit 1 if a mutant survives or a clean run fails)."""
     from convcheck import selftest as lib
@@ -44,14 +57,29 @@ def selftest(models: tuple[str, ...], quick: bool, json_path: str | None, only: 
         click.echo(f"convcheck: error: {exc}", err=True)
         sys.exit(2)
     mode = "quick" if quick else "full"
-    click.echo(f"selftest ({mode}): {len(chosen)} mutant(s); {_versions_line()}")
-    result = lib.run_selftest(chosen, quick=quick, progress=click.echo, timeout_s=timeout)
+    click.echo(f"selftest ({mode}, --device {device}, --jobs {jobs}): {len(chosen)} mutant(s); {_versions_line()}")
+    try:
+        result = lib.run_selftest(chosen, quick=quick, progress=click.echo, timeout_s=timeout, device=device,
+                                  jobs=jobs, partial=_writer(json_path))  # fmt: skip
+    except ConvcheckError as exc:
+        click.echo(f"convcheck: error: {exc}", err=True)
+        sys.exit(2)
     print_matrix(result)
     if json_path:
         from convcheck.atomic import write_json_atomic
 
         write_json_atomic(json_path, result.to_dict())
     sys.exit(0 if result.passed else 1)
+
+
+def _writer(json_path: str | None) -> Any:
+    """Rewrites the JSON matrix after each fixture x layout (`"verdict": "incomplete"` until the end), so a run cut
+    short still leaves what it proved."""
+    if not json_path:
+        return None
+    from convcheck.atomic import write_json_atomic
+
+    return lambda partial: write_json_atomic(json_path, partial.to_dict())
 
 
 def _versions_line() -> str:
@@ -83,26 +111,42 @@ def print_matrix(result: Any, console: Any = None) -> None:
     console.print(grid)
     console.print("[dim]* an oracle the catalog expects to catch it[/dim]", highlight=False)
     for row in result.rows:
-        verdict = "[green]KILLED[/green]" if row.killed else "[bold red]SURVIVED[/bold red]"
-        line = escape(row.first_finding or "no finding")
-        console.print(f"{verdict} {row.mutant.name} ({row.layout}): {line}", highlight=False, soft_wrap=True)
+        verdict = _STATUS[row.status]
+        line = escape(row.skipped or row.first_finding or "no finding")
+        where = f"{row.layout}, {row.device}" if row.device else row.layout
+        console.print(f"{verdict} {row.mutant.name} ({where}): {line}", highlight=False, soft_wrap=True)
         if row.expected_missed:
             console.print(f"  [yellow]expected but missed by: {', '.join(row.expected_missed)}[/yellow]",
                           highlight=False)  # fmt: skip
         if row.note:
             console.print(f"  [dim]{escape(row.note)}[/dim]", highlight=False)
     for clean in result.clean:
-        word = "[green]PASS[/green]" if clean.passed else "[bold red]FALSE ALARM[/bold red]"
+        word = ("[dim]SKIPPED[/dim]" if clean.skipped else "[green]PASS[/green]" if clean.passed
+                else "[bold red]FALSE ALARM[/bold red]")  # fmt: skip
         tail = "" if clean.passed else f": {escape(clean.first_finding or ', '.join(clean.failing))}"
-        console.print(f"{word} clean {escape(clean.launch.label)} ({','.join(clean.launch.oracles)}){tail}",
+        tail = f": {escape(clean.skipped)}" if clean.skipped else tail
+        on = f" on {clean.device}" if clean.device else ""
+        console.print(f"{word} clean {escape(clean.launch.label)} ({','.join(clean.launch.oracles)}){on}{tail}",
                       highlight=False, soft_wrap=True)  # fmt: skip
-    killed = sum(r.killed for r in result.rows)
+    ran = [r for r in result.rows if r.status != "skipped"]
+    killed = sum(r.status == "killed" for r in ran)
+    errored = sum(r.status == "errored" for r in ran)
     weaker = sum(bool(r.expected_missed) for r in result.rows)
+    clean_ran = [c for c in result.clean if not c.skipped]
+    devices = sorted({r.device for r in [*ran, *clean_ran] if r.device})
     word = "[bold green]PASS[/bold green]" if result.passed else "[bold red]FAIL[/bold red]"
     console.print(
-        f"{word} selftest: {killed}/{len(result.rows)} mutants killed, "
-        f"{sum(c.passed for c in result.clean)}/{len(result.clean)} clean runs pass"
+        f"{word} selftest: {killed}/{len(ran)} mutants killed"
+        + (f", {errored} errored (an error is never a kill)" if errored else "")
+        + f", {sum(c.passed for c in clean_ran)}/{len(clean_ran)} clean runs pass"
         + (f", {weaker} with an expected oracle missing" if weaker else "")
+        + (
+            f"; {len(result.skipped)} mutant row(s) and {len(result.clean) - len(clean_ran)} clean run(s) skipped "
+            "(too few GPUs for --device cuda)"
+            if len(ran) < len(result.rows)
+            else ""
+        )
+        + f"; ran on {', '.join(devices) or 'nothing'}"
         + f"; {result.launches} launches in {result.seconds:.0f} s ({result.seconds / 60:.1f} min)",
         highlight=False,
     )

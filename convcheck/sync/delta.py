@@ -72,7 +72,7 @@ def _flat(tensor: Any) -> Any:
 
 def build_delta(previous: Mapping[str, Any], new: Mapping[str, Any]) -> Delta:
     """The delta that turns `previous` into `new` (bitwise; a dtype or shape change replaces the whole tensor)."""
-    from convcheck.bits import int_view, tensor_sha256
+    from convcheck.bits import int_view, tensor_sha256, together
 
     entries = []
     for name in sorted(set(previous) | set(new)):
@@ -91,7 +91,8 @@ def build_delta(previous: Mapping[str, Any], new: Mapping[str, Any]) -> Delta:
                 )
             )
             continue
-        changed = (int_view(old) != int_view(tensor)).nonzero().reshape(-1)
+        now, before = together(tensor, old)
+        changed = (int_view(before) != int_view(now)).nonzero().reshape(-1)
         if changed.numel():
             values = _flat(tensor)[changed.to(tensor.device)].cpu()
             entries.append(

@@ -148,11 +148,12 @@ def _names_text(names: list[str]) -> str:
 def compare_param(receiver: Any, param: str, actual: Any, expected: Any, hf_names: list[str]) -> Finding | None:
     """None when `actual` is bitwise `expected`; else a finding naming the parameter, its HF sources and the first
     wrong element (`not-written` when it still holds the sentinel)."""
-    from convcheck.bits import compare_bits, count_true, first_true, unravel_index
+    from convcheck.bits import compare_bits, count_true, first_true, together, unravel_index
 
     finding = compare_bits(param, expected, actual)
     if finding is None:
         return None
+    actual, expected = together(actual, expected)
     sources = feeds(receiver, param, hf_names)
     fed = f"; fed by {_names_text(sources)}" if sources != [param] else ""
     detail = {**finding.detail, "sources": sources}

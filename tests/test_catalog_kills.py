@@ -1,0 +1,75 @@
+"""Every mutant of the catalog runs in CI: one test per launch of the quick selftest plan (mutants with disjoint
+targets share a launch, as `convcheck selftest --quick` does), each asserting that every mutant of the launch is
+killed by every oracle the catalog expects to catch it, nothing errored, and every finding is credited to exactly
+one mutant. The clean runs of those fixture x layouts are the verify matrix's shared runs where it has them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from convcheck import api
+from convcheck.mutants.catalog import MUTANTS
+from convcheck.selftest import Launch, Runner, clean_launches, plan, run_clean, run_launch
+from tests.helpers import matrix_run
+from tests.test_verify_matrix import CASES, default_oracles
+
+LAUNCHES = plan(MUTANTS, quick=True)
+CLEAN = clean_launches(LAUNCHES)
+
+
+def _id(launch: Launch) -> str:
+    """e.g. `qwen3-tp2` or `qwen3-moe-ep2-te-grouped`, then the mutant count and the first mutant."""
+    experts = "" if launch.experts == "sequential" else f"-{launch.experts}"
+    where = f"{launch.fixture.removeprefix('tiny:')}-{launch.layout}{experts}"
+    return f"{where}-{len(launch.mutants)}m-{launch.mutants[0].name}" if launch.mutants else where
+
+
+def _matrix_args(launch: Launch) -> tuple[str, ...] | None:
+    """The verify-matrix case that is this clean launch (same fixture, layout and expert layout), if any."""
+    if launch.experts != "sequential":
+        return None
+    return next((lay for name, lay in CASES if f"tiny:{name}" == launch.fixture and _spec(lay) == launch.layout), None)
+
+
+def _spec(layout: tuple[str, ...]) -> str:
+    from convcheck.layout import ParallelLayout
+
+    args = dict(zip(layout[::2], layout[1::2], strict=True))
+    return ParallelLayout(**{k.removeprefix("--"): int(v) for k, v in args.items()}).spec
+
+
+def test_no_catalog_entry_is_left_out_of_the_plan() -> None:
+    planned = [m.name for launch in LAUNCHES for m in launch.mutants]
+    assert sorted(planned) == sorted(m.name for m in MUTANTS)  # each mutant exactly once
+    assert {c.key for c in CLEAN} == {launch.key for launch in LAUNCHES}
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize("launch", LAUNCHES, ids=[_id(x) for x in LAUNCHES])
+def test_catalog_launch_kills_every_mutant(launch: Launch) -> None:
+    rows = run_launch(Runner(verify=api.verify, device="cpu", timeout_s=600), launch)
+    assert sorted(r.mutant.name for r in rows) == sorted(m.name for m in launch.mutants)
+    for row in rows:
+        m = row.mutant
+        assert row.status == "killed", f"{m.name}: {row.status} ({row.first_finding})"
+        assert row.expected_missed == (), f"{m.name}: expected but missed by {row.expected_missed}"
+        assert row.device == "cpu" and row.findings, m.name
+        assert {f["oracle"] for f in row.findings} >= set(m.catches) & set(launch.oracles), m.name
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize("launch", CLEAN, ids=[_id(c) for c in CLEAN])
+def test_catalog_fixture_layout_runs_clean(launch: Launch, shared_root: Path) -> None:
+    """No false alarm where the mutants run: the verify matrix's shared run (every default oracle), else a launch."""
+    layout = _matrix_args(launch)
+    if layout is not None:
+        res, _ = matrix_run(shared_root, launch.fixture.removeprefix("tiny:"), layout)
+        assert res.code == 0 and res.report is not None, res.out[-2000:] + res.err[-2000:]
+        ran = [o["name"] for o in res.report["oracles"]]
+        assert ran == list(default_oracles(layout)) and set(ran) >= set(launch.oracles)
+        assert [o["name"] for o in res.report["oracles"] if o["verdict"] != "pass"] == []
+        return
+    row = run_clean(Runner(verify=api.verify, device="cpu", timeout_s=600), launch)
+    assert row.passed and row.failing == () and row.device == "cpu", row.first_finding
