@@ -5,7 +5,7 @@ export CONVCHECK_CACHE_DIR ?= $(CURDIR)/.cache
 export OMP_NUM_THREADS ?= 1
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup demo test lint bench bench-realsize clean env test-release
+.PHONY: setup demo test test-fast lint bench bench-realsize clean env test-release
 
 setup:
 	@scripts/setup-venv.sh
@@ -16,9 +16,14 @@ demo: setup
 test: setup
 	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -q --durations=15 tests
 
+# The quick loop: every test that launches no ranks (unit tests, bad inputs, the structure check), a few minutes.
+test-fast: setup
+	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) -q -m "not ranks" tests
+
 lint: setup
 	$(VENV)/bin/ruff check convcheck tests bench examples scripts --select E,F,W,B,I --ignore B905
 	$(VENV)/bin/ruff format --check convcheck tests bench examples scripts
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_structure.py
 
 bench: setup
 	$(VENV)/bin/python bench/run_all.py
@@ -35,7 +40,7 @@ bench-realsize: setup
 	for n in 1 2 4; do $(VENV)/bin/python bench/bench_realsize.py --layers $$n --ep 2 --runs default --timeout 3600 \
 		> bench/results/cpu-realsize-memory-$${n}l-$(REALSIZE_DATE).json; done
 
-# Older Megatron-Bridge releases (requirements/releases.toml): `make env BRIDGE=0.5.1` makes .venv-bridge-0.5.1/
+# Older Megatron-Bridge releases (convcheck/gate/releases.toml): `make env BRIDGE=0.5.1` makes .venv-bridge-0.5.1/
 # (base venv: $$CONVCHECK_BASE_VENV, else .venv); `make test-release BRIDGE=0.5.1` runs, in it, the release checks and
 # smoke (tests/test_releases.py: verify of tiny:qwen3 and tiny:qwen3-moe at TP1 and TP2) and every compat shim test.
 RELEASE_TESTS := tests/test_releases.py tests/test_compat.py tests/test_compat_shims.py tests/test_compat_device.py \

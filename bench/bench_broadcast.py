@@ -40,7 +40,7 @@ def _trial(fn) -> float:  # type: ignore[no-untyped-def]
 
 
 def _worker(rank: int, port: int, args: argparse.Namespace, out: dict) -> None:  # type: ignore[type-arg]
-    from convcheck.bits import bytes_equal
+    from convcheck.compare.bits import bytes_equal
     from convcheck.sync.transport import Channel, chunk_bytes, sync_group
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

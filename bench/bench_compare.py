@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from convcheck.bits import bytes_equal, int_view
+from convcheck.compare.bits import bytes_equal, int_view
 
 
 def _timed(fn, repeat: int, sync) -> float:  # type: ignore[no-untyped-def]

@@ -70,7 +70,7 @@ def _peak_extra(step: Callable[[], Any]) -> tuple[Any, int, float, str]:
 def _worker(args: argparse.Namespace) -> None:
     import torch
 
-    from convcheck.bits import bytes_equal
+    from convcheck.compare.bits import bytes_equal
     from convcheck.layout import ParallelLayout, RankCoord
     from convcheck.mappings.grouped_mlp import GroupedFc1, GroupedFc2
 

@@ -138,9 +138,9 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 def bare_roundtrip(ctx: Any) -> dict[str, Any]:
     """Rank function: the bridge's export of the loaded model, every tensor's bytes compared with the source."""
-    from convcheck.bits import bytes_equal
-    from convcheck.checkpoint import TensorReader
-    from convcheck.ckpt.memory import AnonPeak
+    from convcheck.compare.bits import bytes_equal
+    from convcheck.hf.checkpoint import TensorReader
+    from convcheck.rank.memory import AnonPeak
 
     anon = AnonPeak()
     reader = TensorReader(ctx.checkpoint) if ctx.is_reporter else None
@@ -154,7 +154,7 @@ def bare_roundtrip(ctx: Any) -> dict[str, Any]:
             c0 = time.perf_counter()
             same += bytes_equal(reader.get(name).to(tensor.device), tensor)
             compare_s += time.perf_counter() - c0
-    from convcheck.ckpt.memory import memory_mb
+    from convcheck.rank.memory import memory_mb
 
     seconds = round(time.perf_counter() - t0, 3)
     peak = memory_mb().get("VmHWM", -1.0)
@@ -173,7 +173,7 @@ def bare_roundtrip(ctx: Any) -> dict[str, Any]:
 def memory_goal(folder: Path, tp: int, ep: int) -> dict[str, float]:
     """Rank 0's share of the checkpoint (dense / tp, experts / (ep * tp)), its largest tensor, and the goal
     share + 2 x largest + 1 GB, in MB."""
-    from convcheck.checkpoint import open_weights
+    from convcheck.hf.checkpoint import open_weights
 
     dense = experts = largest = 0
     for name, entry in open_weights(folder).tensors.items():

@@ -69,8 +69,8 @@ def raw_read(paths: list[str]) -> float:
 
 def child(mode: str, a: str, b: str, workers: int) -> None:
     """In a fresh process: one sweep or digest; print seconds and peak RSS (this process only)."""
-    from convcheck.digest import write_digest
-    from convcheck.sweep import compare, open_side
+    from convcheck.hf.digest import write_digest
+    from convcheck.hf.sweep import compare, open_side
 
     base = _hwm_mb()
     t0 = time.perf_counter()
@@ -109,7 +109,7 @@ def measure(mode: str, a: Path, b: Path, repeat: int, workers: int) -> dict[str,
 
 def hash_speeds(folder: Path, limit: int = 1 << 30) -> dict[str, float]:
     """MB/s of each stdlib hash (one thread) over the first `limit` bytes of tensors, read window by window."""
-    from convcheck.checkpoint import mapped_windows, open_weights
+    from convcheck.hf.checkpoint import mapped_windows, open_weights
 
     weights = open_weights(folder)
     names, total = [], 0
@@ -136,7 +136,7 @@ def hash_speeds(folder: Path, limit: int = 1 << 30) -> dict[str, float]:
 
 def one_size(work: Path, gib: float | None, given: Path | None, repeat: int, workers: int) -> dict[str, object]:
     """Build (or take) one checkpoint, copy it, and measure raw reads, sweeps and digests on it."""
-    from convcheck.checkpoint import open_weights
+    from convcheck.hf.checkpoint import open_weights
 
     a = given or work / f"a-{gib}"
     if given is None:
@@ -205,7 +205,7 @@ def main() -> None:
     if args.child:
         child(*args.child, workers=args.workers)
         return
-    from convcheck.digest import HASH, default_workers
+    from convcheck.hf.digest import HASH, default_workers
 
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="convcheck-bench-sweep-"))

@@ -67,8 +67,8 @@ def pure_child(folder: str) -> None:
 
 def one_size(work: Path, hidden: int, layers: int, layout: str) -> dict[str, object]:
     """Build one checkpoint, write its version folder, check it; the measurements."""
-    from convcheck.checkpoint import open_checkpoint
-    from convcheck.ckpt.version import check_version, write_version
+    from convcheck.hf.checkpoint import open_checkpoint
+    from convcheck.workflows.version import check_version, write_version
 
     source = work / f"qwen3-{hidden}x{layers}"
     build(source, hidden, layers)

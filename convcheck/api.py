@@ -75,8 +75,8 @@ def prepare(
     `target_tp` / `target_ep` / `target_etp`: the reshard oracle's target TP, EP and expert-TP sizes (each one or
     several; every combination is checked in one launch).
     """
-    from convcheck.checkpoint import open_checkpoint
     from convcheck.engine.job import Job
+    from convcheck.hf.checkpoint import open_checkpoint
     from convcheck.hooks import parse_hook
 
     if experts not in EXPERT_LAYOUTS:
@@ -231,9 +231,9 @@ def check_sync(
 def run(job: Any, log_dir: str | None = None, progress: ProgressSink | None = None) -> Report:
     """Launch the ranks of a prepared Job (then the distckpt resume jobs, and the layout oracle's TP1 job when its
     export differed from the source) and return the Report."""
-    from convcheck.ckpt.resume import checkpoint_folder, run_resumes
     from convcheck.engine.launch import run_ranks
     from convcheck.engine.reference import attribute_layout
+    from convcheck.engine.resume import checkpoint_folder, run_resumes
 
     started = time.perf_counter()
     with checkpoint_folder(job, log_dir) as job:

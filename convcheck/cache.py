@@ -1,9 +1,12 @@
-"""Where convcheck keeps what it caches (fixtures, layout reference manifests), and how to clear it."""
+"""Where convcheck keeps what it caches (fixtures, layout reference manifests), how to clear it, and what keys a cached
+result by content: the source files that were loaded, so a cache never outlives the code that made it."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
+import sys
 from pathlib import Path
 
 
@@ -29,3 +32,36 @@ def clear_cache() -> Path:
     if root.is_dir():
         shutil.rmtree(root)
     return root
+
+
+WATCHED = ("convcheck", "megatron", "transformers", "convcheck_hook_")
+"""Top-level packages whose loaded source files key a cached verdict input (hooks load as convcheck_hook_*)."""
+
+
+def loaded_sources(prefixes: tuple[str, ...] = WATCHED) -> dict[str, str]:
+    """{absolute file path: sha256 of its bytes} for every loaded module under `prefixes` that has a source file."""
+    out = {}
+    for name, module in list(sys.modules.items()):
+        if not name.startswith(prefixes):
+            continue
+        file = getattr(module, "__file__", None)
+        if not file or not file.endswith(".py") or not Path(file).is_absolute():
+            continue
+        try:
+            out[file] = hashlib.sha256(Path(file).read_bytes()).hexdigest()
+        except OSError:
+            continue
+    return dict(sorted(out.items()))
+
+
+def unchanged(recorded: dict[str, str]) -> bool:
+    """True when every recorded file still exists with the same content (and something was recorded)."""
+    if not recorded:
+        return False
+    for file, digest in recorded.items():
+        try:
+            if hashlib.sha256(Path(file).read_bytes()).hexdigest() != digest:
+                return False
+        except OSError:
+            return False
+    return True

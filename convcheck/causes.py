@@ -20,7 +20,7 @@ def explain(model_path: str, verdicts: Iterable[OracleVerdict]) -> list[str]:
     failing = [v for v in verdicts if v.findings]
     if not failing:
         return []
-    from convcheck.checkpoint import open_checkpoint
+    from convcheck.hf.checkpoint import open_checkpoint
 
     try:
         names = list(open_checkpoint(model_path).tensors)

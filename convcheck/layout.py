@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from convcheck.errors import BadInput, MappingError
-from convcheck.geometry import Geometry
+from convcheck.hf.geometry import Geometry
 
 _LAYOUT_PART = re.compile(r"(etp|tp|pp|ep)(\d+)")
 

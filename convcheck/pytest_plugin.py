@@ -99,7 +99,7 @@ def convcheck_layout(request: pytest.FixtureRequest) -> ParallelLayout:
     if not hasattr(request, "param"):
         return ParallelLayout()
     layout = _as_layout(request.param)
-    from convcheck.checkpoint import open_checkpoint
+    from convcheck.hf.checkpoint import open_checkpoint
 
     folder = request.getfixturevalue("convcheck_checkpoint")
     try:
@@ -182,7 +182,7 @@ def checkpoint_folder(model: str | os.PathLike[str]) -> Path:
     key = (str(model), str(cache_root()))
     if key not in _folders or not (_folders[key] / "config.json").is_file():
         from convcheck.api import resolve_model
-        from convcheck.checkpoint import open_checkpoint
+        from convcheck.hf.checkpoint import open_checkpoint
 
         folder = Path(resolve_model(key[0]))
         open_checkpoint(folder)

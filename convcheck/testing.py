@@ -19,7 +19,7 @@ def assert_bitwise_equal(actual: Any, expected: Any, name: str = "tensor") -> No
     __tracebackhide__ = True
     import torch
 
-    from convcheck.bits import compare_bits
+    from convcheck.compare.bits import compare_bits
 
     for label, value in (("actual", actual), ("expected", expected)):
         if not isinstance(value, torch.Tensor):
@@ -43,8 +43,8 @@ def assert_same_checkpoint(dir_a: str | os.PathLike[str], dir_b: str | os.PathLi
 
 def checkpoint_differences(dir_a: str | os.PathLike[str], dir_b: str | os.PathLike[str]) -> list[str]:
     """One line per difference between two checkpoint folders: names missing on either side, then per tensor."""
-    from convcheck.bits import compare_bits
-    from convcheck.checkpoint import TensorReader, open_checkpoint
+    from convcheck.compare.bits import compare_bits
+    from convcheck.hf.checkpoint import TensorReader, open_checkpoint
 
     a, b = open_checkpoint(dir_a), open_checkpoint(dir_b)
     names_a, names_b = set(a.tensors), set(b.tensors)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv-bridge-X/ for Megatron-Bridge release X (requirements/releases.toml): its own site-packages hold the
+# Create .venv-bridge-X/ for Megatron-Bridge release X (convcheck/gate/releases.toml): its own site-packages hold the
 # release's megatron-core, megatron-bridge, transformers, tokenizers and extras (all --no-deps) and convcheck
 # (editable); a .pth file appends the base venv's site-packages AFTER its own, so torch and the other heavy packages
 # are reused and the release's own pins win. The base venv is $CONVCHECK_BASE_VENV, else .venv (made by
@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 die() { echo "make-env: error: $*" >&2; exit 2; }
 
 BRIDGE=${1:-${BRIDGE:-}}
-[ -n "$BRIDGE" ] || die "say which release: make env BRIDGE=X (X one of: $(tr '\n' ' ' < <(python3 -m convcheck.releases list 2>/dev/null)))"
+[ -n "$BRIDGE" ] || die "say which release: make env BRIDGE=X (X one of: $(tr '\n' ' ' < <(python3 -m convcheck.gate.release_table list 2>/dev/null)))"
 BASE=${CONVCHECK_BASE_VENV:-.venv}
 if [ ! -x "$BASE/bin/python" ]; then
   [ "$BASE" = .venv ] || die "base venv $BASE has no bin/python (set CONVCHECK_BASE_VENV to a venv made by scripts/setup-venv.sh)"
@@ -18,8 +18,8 @@ if [ ! -x "$BASE/bin/python" ]; then
 fi
 BASE=$(cd "$BASE" && pwd)
 BASE_PY="$BASE/bin/python"
-# the repo's convcheck/releases.py, not an installed copy (-I: no user site, no PYTHONPATH; -c: cwd first on sys.path)
-REQS=$(cd "$PWD" && "$BASE_PY" -I -c 'import sys; sys.path.insert(0, "."); from convcheck.releases import main; sys.exit(main())' requirements "$BRIDGE") || exit 2
+# the repo's convcheck/gate/release_table.py, not an installed copy (-I: no user site, no PYTHONPATH; -c: cwd first on sys.path)
+REQS=$(cd "$PWD" && "$BASE_PY" -I -c 'import sys; sys.path.insert(0, "."); from convcheck.gate.release_table import main; sys.exit(main())' requirements "$BRIDGE") || exit 2
 BASE_SITE=$("$BASE_PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 INTERP=$("$BASE_PY" -c 'import sys; print(sys._base_executable)')  # the interpreter the base venv was made from
 

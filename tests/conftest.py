@@ -1,4 +1,4 @@
-"""Session-wide fixtures; the helpers tests import live in tests/helpers.py."""
+"""Session-wide fixtures; the helpers tests import live in tests/support/helpers.py."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -29,6 +29,6 @@ def _temp_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 @pytest.fixture(scope="session")
 def shared_root(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
-    """A folder every xdist worker of this session sees (for runs several tests share: tests.helpers.shared_run)."""
+    """A folder every xdist worker of this session sees (for runs several tests share: support.helpers.shared_run)."""
     base = tmp_path_factory.getbasetemp()
     return base.parent if worker_id != "master" else base

@@ -31,7 +31,7 @@ import pytest
 from convcheck import api
 from convcheck.errors import BadInput
 from convcheck.fixtures import build_fixture
-from tests.helpers import ROOT, mutant
+from tests.support.helpers import ROOT, mutant
 
 INDEX = "model.safetensors.index.json"
 SHARD1, SHARD2, SHARD3 = (f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3))
@@ -433,7 +433,7 @@ def test_sentinel_bits_are_a_nan_no_checkpoint_nan_matches() -> None:
     """Coverage counts elements holding exactly the sentinel's bits: other NaNs, infinities and zeros don't count."""
     import torch
 
-    from convcheck.bits import int_view
+    from convcheck.compare.bits import int_view
     from convcheck.rank.model import _bits_view, sentinel_bits, sentinel_count
 
     others = {  # torch's NaN, a negative NaN, a signalling NaN with another payload, +-inf, -0.0

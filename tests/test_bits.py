@@ -2,7 +2,7 @@
 
 import torch
 
-from convcheck.bits import compare_bits
+from convcheck.compare.bits import compare_bits
 
 
 def test_equal_bytes_pass() -> None:
@@ -46,7 +46,7 @@ def test_dtype_and_shape_mismatch() -> None:
 
 
 def test_count_and_first_true_match_sum_and_nonzero() -> None:
-    from convcheck.bits import count_true, first_true
+    from convcheck.compare.bits import count_true, first_true
 
     gen = torch.Generator().manual_seed(3)
     for shape in [(1,), (7,), (5, 9), (2, 3, 4)]:

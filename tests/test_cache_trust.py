@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, run_cli
+from tests.support.helpers import ROOT, run_cli
 
 BUG = """
 

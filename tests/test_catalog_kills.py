@@ -11,9 +11,11 @@ import pytest
 
 from convcheck import api
 from convcheck.mutants.catalog import MUTANTS
-from convcheck.selftest import Launch, Runner, clean_launches, plan, run_clean, run_launch
-from tests.helpers import matrix_run
-from tests.test_verify_matrix import CASES, default_oracles
+from convcheck.workflows.kill_matrix import Launch
+from convcheck.workflows.selftest import Runner, clean_launches, plan, run_clean, run_launch
+from tests.support.cases import CASES
+from tests.support.helpers import matrix_run
+from tests.test_verify_matrix import default_oracles
 
 LAUNCHES = plan(MUTANTS, quick=True)
 CLEAN = clean_launches(LAUNCHES)

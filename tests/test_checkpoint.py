@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from convcheck.checkpoint import open_checkpoint
 from convcheck.errors import BadInput
 from convcheck.fixtures import build_fixture
-from tests.helpers import mutant, run_cli
+from convcheck.hf.checkpoint import open_checkpoint
+from tests.support.helpers import mutant, run_cli
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from importlib import metadata
 import pytest
 
 from convcheck import compat
-from tests.release_targets import on_current_pins, release_label, skip_unless
+from tests.support.release_targets import on_current_pins, release_label, skip_unless
 
 
 def _run(code: str) -> subprocess.CompletedProcess[str]:

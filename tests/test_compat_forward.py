@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from convcheck import compat
-from tests.release_targets import on_current_pins, upstream_source
+from tests.support.release_targets import on_current_pins, upstream_source
 
 
 def _source_line(module: str, line: int) -> str:

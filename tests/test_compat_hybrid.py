@@ -8,7 +8,7 @@ import torch
 from convcheck import compat
 from convcheck.compat.detect import hybrid_stack, optional_module
 from convcheck.kernels.mamba import GatedRMSNorm
-from tests.release_targets import on_current_pins, skip_unless, upstream_source
+from tests.support.release_targets import on_current_pins, skip_unless, upstream_source
 
 
 def _original(func):  # type: ignore[no-untyped-def]

@@ -11,7 +11,7 @@ import pytest
 
 from convcheck import compat
 from tests.conftest import ROOT
-from tests.release_targets import on_current_pins, release_label
+from tests.support.release_targets import on_current_pins, release_label
 
 MODULE_FOR = {
     "transformer_engine": "convcheck.compat.no_te",

@@ -8,7 +8,7 @@ from convcheck.models import TABLES
 from convcheck.models.config_rules import Coverage, FieldRule
 from convcheck.models.dense import QWEN3_TABLE as QWEN3
 from convcheck.oracles.config import check_rule, flatten, uncovered
-from tests.helpers import matrix_run, mutant, run_cli
+from tests.support.helpers import matrix_run, mutant, run_cli
 
 
 def _view(**overrides):  # type: ignore[no-untyped-def]

@@ -8,7 +8,7 @@ import pytest
 
 from convcheck.layout import RankCoord
 from convcheck.oracles.coverage import exactly_once
-from tests.helpers import mutant, run_cli
+from tests.support.helpers import mutant, run_cli
 
 EXPERT = "decoder.layers.0.mlp.experts.local_experts.{}.linear_fc1.weight"
 DENSE = "decoder.layers.0.self_attention.linear_qkv.weight"

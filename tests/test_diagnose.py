@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from convcheck.diagnose import SiblingIndex, _strip_digits, diagnose, sibling_names
+from convcheck.compare.diagnose import SiblingIndex, _strip_digits, diagnose, sibling_names
 from convcheck.fixtures.values import distinct_values
 
 Q = "model.layers.0.self_attn.q_proj.weight"

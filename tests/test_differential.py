@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import CliResult, mutant, run_cli
+from tests.support.helpers import CliResult, mutant, run_cli
 
 ORACLES = "differential,elements,roundtrip"
 

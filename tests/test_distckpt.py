@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from convcheck import compat
-from tests.helpers import mutant, processes_holding, run_cli
+from tests.support.helpers import mutant, processes_holding, run_cli
 
 
 def test_shim11_still_needed_checkpoint_preload_synchronizes_cuda() -> None:
@@ -108,7 +108,7 @@ def test_bad_resume_layout_cli_is_one_line() -> None:
 
 
 def test_merge_folds_phases_into_one_verdict() -> None:
-    from convcheck.ckpt.resume import merge
+    from convcheck.engine.resume import merge
     from convcheck.verdict import Finding, OracleVerdict, TensorRow
 
     row = TensorRow(tensor="a", shape=(2,), dtype="bfloat16", verdict="pass")

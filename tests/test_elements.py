@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from convcheck.bits import bytes_equal, int_view
+from convcheck.compare.bits import bytes_equal, int_view
 from convcheck.oracles.elements import assemble
 from convcheck.probe import runs as runs_mod
 from convcheck.probe.run import to_ranges, where_hits, write_counts

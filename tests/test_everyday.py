@@ -18,7 +18,7 @@ import pytest
 
 from convcheck.cli.render import group_findings, oracle_summary
 from convcheck.verdict import Finding, OracleVerdict
-from tests.helpers import ROOT, mutant, run_cli
+from tests.support.helpers import ROOT, mutant, run_cli
 
 
 def _start(tmp_path: Path, *args: str) -> subprocess.Popen[str]:

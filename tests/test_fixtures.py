@@ -6,11 +6,11 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from convcheck.bits import int_view
-from convcheck.checkpoint import open_checkpoint
+from convcheck.compare.bits import int_view
 from convcheck.fixtures import FIXTURES, build_fixture, get_spec
 from convcheck.fixtures.values import POOL_SIZE, distinct_values
-from tests.helpers import run_cli
+from convcheck.hf.checkpoint import open_checkpoint
+from tests.support.helpers import run_cli
 
 
 @pytest.mark.parametrize("name", sorted(FIXTURES))

@@ -1,11 +1,11 @@
-"""The cross-rank digest (convcheck.fold): equal bytes agree, any changed, moved or added byte disagrees."""
+"""The cross-rank digest (convcheck.compare.fold): equal bytes agree, any changed, moved or added byte disagrees."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from convcheck import fold
+from convcheck.compare import fold
 
 
 def _data(n: int) -> torch.Tensor:

@@ -17,7 +17,7 @@ from convcheck.gate.case import Case, default_matrix, select
 from convcheck.gate.check import KINDS, compare, renamed
 from convcheck.gate.manifest import build_manifest, dumps, load_manifest
 from convcheck.layout import ParallelLayout
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 
 SHA = {c: c * 64 for c in "abcdef"}
 
@@ -292,7 +292,7 @@ def test_gate_check_names_a_case_that_no_longer_runs(tmp_path: Path) -> None:
 
 def test_golden_manifests_cover_the_default_matrix_on_the_current_pins() -> None:
     from convcheck.gate import GOLDEN_DIR
-    from convcheck.gate.runner import read_index
+    from convcheck.workflows.gate_runner import read_index
 
     index = read_index(GOLDEN_DIR)
     assert sorted(index) == sorted(c.id for c in default_matrix())

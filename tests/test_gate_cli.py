@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import mutant, run_cli
+from tests.support.helpers import mutant, run_cli
 
 
 @pytest.mark.ranks

@@ -13,7 +13,7 @@ from convcheck.gate import GOLDEN_DIR
 from convcheck.gate.allow import AllowEntry, load_allow, triage
 from convcheck.gate.check import Difference, compare
 from convcheck.gate.manifest import load_manifest
-from convcheck.gate.runner import read_index
+from convcheck.workflows.gate_runner import read_index
 
 RELEASE_DIR = GOLDEN_DIR.parent / "releases" / "bridge-0.5.1"
 ALLOW = RELEASE_DIR / "allow-0.6.2.toml"

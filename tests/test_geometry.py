@@ -3,9 +3,10 @@
 import pytest
 
 from convcheck.errors import BadInput
-from convcheck.geometry import Geometry
+from convcheck.hf.geometry import Geometry
 from convcheck.layout import ParallelLayout
-from convcheck.mappings import MappingError, build_registry
+from convcheck.mappings import MappingError
+from convcheck.models import build_registry
 
 
 def test_text_config_wins_over_the_top_level() -> None:

@@ -8,8 +8,8 @@ import threading
 import pytest
 import torch
 
-from convcheck.bits import int_view
-from convcheck.hashpool import HashPool
+from convcheck.compare.bits import int_view
+from convcheck.compare.hashpool import HashPool
 
 
 def _sha(t: torch.Tensor) -> str:

@@ -8,7 +8,7 @@ from convcheck.models import TABLES
 from convcheck.models.config_rules import Coverage
 from convcheck.models.nemotron_h import NEMOTRON_H_TABLE as NEMOTRON_H
 from convcheck.oracles.config import flatten, uncovered
-from tests.helpers import matrix_run, mutant, run_cli
+from tests.support.helpers import matrix_run, mutant, run_cli
 
 
 def test_nemotron_h_table_covers_every_fixture_field() -> None:

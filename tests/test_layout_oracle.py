@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from convcheck.api import resolve_model
-from convcheck.checkpoint import open_checkpoint
-from tests.helpers import mutant, run_cli
+from convcheck.hf.checkpoint import open_checkpoint
+from tests.support.helpers import mutant, run_cli
 
 ORACLES = "coverage,roundtrip,config,logits,differential,elements,layout,mapping"
 MATRIX = [

@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from convcheck.bits import bytes_equal
+from convcheck.compare.bits import bytes_equal
 from convcheck.oracles.fp32 import fp32_forward
 from convcheck.oracles.logits import ABS_TOL, compare, eager, fixed_tokens, hf_logits, upcast_fp32
-from tests.helpers import matrix_run, mutant, run_cli
+from tests.support.helpers import matrix_run, mutant, run_cli
 
 
 def _logits(vocab: int = 10) -> torch.Tensor:

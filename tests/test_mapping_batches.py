@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 
 from convcheck.oracles.mapping import batches
-from tests.helpers import mutant, run_cli
+from tests.support.helpers import mutant, run_cli
 
-BUDGET_HOOK = Path(__file__).with_name("hooks_mapping_budget.py")
+BUDGET_HOOK = Path(__file__).parent / "support" / "hooks_mapping_budget.py"
 
 
 def test_batches_respect_the_budget_and_keep_order() -> None:

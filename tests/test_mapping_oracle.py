@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import matrix_run, mutant, run_cli
+from tests.support.helpers import matrix_run, mutant, run_cli
 
 
 @pytest.mark.ranks
@@ -55,7 +55,7 @@ def test_symmetric_qkv_bug_passes_roundtrip_but_not_mapping(tmp_path: Path) -> N
     assert metrics["rank0_shards_in_roundtrip"] == "31/33"  # both qkv shards were left to the oracle's own check
 
 
-HOOKS = Path(__file__).with_name("hooks_mapping_inverse.py")
+HOOKS = Path(__file__).parent / "support" / "hooks_mapping_inverse.py"
 
 
 def test_from_shards_that_is_not_to_shards_inverse_is_named(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from convcheck.bits import compare_bits
-from convcheck.geometry import Geometry
+from convcheck.compare.bits import compare_bits
+from convcheck.hf.geometry import Geometry
 from convcheck.layout import ParallelLayout
 from convcheck.mappings import (
     CoverageError,
@@ -24,9 +24,9 @@ from convcheck.mappings import (
     RankCoord,
     Replicated,
     Split,
-    build_registry,
     roundtrip_findings,
 )
+from convcheck.models import build_registry
 
 H, G, D, HIDDEN = 8, 4, 4, 16  # query heads, query groups, head_dim, hidden
 E, F = 8, 8  # experts, moe ffn
@@ -181,7 +181,7 @@ def test_dense_mappings_roundtrip_bitwise(tp: int) -> None:
 def test_gated_row_blocks_match_only_the_true_shard(tp: int) -> None:
     """The mapping oracle compares fc1 block by block (no concatenated copy): the true shard matches; one changed
     element in either block, or a shard of other rows, sends it to the whole-tensor compare."""
-    from convcheck.bits import bytes_equal
+    from convcheck.compare.bits import bytes_equal
     from convcheck.mappings.check import rows_match
 
     layout = ParallelLayout(tp=tp)

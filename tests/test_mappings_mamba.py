@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from convcheck.bits import compare_bits
-from convcheck.geometry import Geometry
+from convcheck.compare.bits import compare_bits
+from convcheck.hf.geometry import Geometry
 from convcheck.layout import ParallelLayout
 from convcheck.mappings import (
     Blocks,
@@ -15,11 +15,11 @@ from convcheck.mappings import (
     MappingError,
     RankCoord,
     Split,
-    build_registry,
     mamba_conv1d,
     mamba_in_proj,
     roundtrip_findings,
 )
+from convcheck.models import build_registry
 
 HEADS, HEAD_DIM, GROUPS, STATE, HIDDEN, K = 8, 2, 4, 3, 6, 4  # d = 16, G*N = 12
 D, GN = HEADS * HEAD_DIM, GROUPS * STATE
@@ -151,8 +151,8 @@ def test_registry_nemotron_h_names_every_offender() -> None:
 
 
 def test_geometry_reads_nemotron_h_config() -> None:
-    from convcheck.checkpoint import open_checkpoint
     from convcheck.fixtures import build_fixture
+    from convcheck.hf.checkpoint import open_checkpoint
 
     config = open_checkpoint(build_fixture("tiny:nemotron-h")).config
     assert Geometry.from_hf_config(config, padded_vocab=152) == GEOMETRY

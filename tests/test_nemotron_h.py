@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from convcheck.fixtures import build_fixture
-from tests.helpers import mutant, run_cli
+from tests.support.helpers import mutant, run_cli
 
 EXTRA = "backbone.layers.0.mixer.extra_proj.weight"
 

@@ -20,7 +20,7 @@ from convcheck.engine.launch import _result
 from convcheck.errors import SetupError
 from convcheck.fixtures import build_fixture
 from convcheck.layout import ParallelLayout
-from tests.helpers import ROOT, mutant, run_cli
+from tests.support.helpers import ROOT, mutant, run_cli
 
 GLOO_ERROR = "RuntimeError: [gloo/transport/tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:25236"
 

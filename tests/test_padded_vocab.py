@@ -8,7 +8,7 @@ import pytest
 
 from convcheck.api import check_pad_vocab
 from convcheck.errors import BadInput
-from tests.helpers import mutant, run_cli
+from tests.support.helpers import mutant, run_cli
 
 
 @pytest.mark.parametrize("value", [0, -128, True, 1.5])

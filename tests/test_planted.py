@@ -5,7 +5,7 @@ from xml.etree import ElementTree
 
 import pytest
 
-from tests.helpers import mutant, run_cli
+from tests.support.helpers import mutant, run_cli
 
 BASE = ("--oracle", "coverage,roundtrip")
 

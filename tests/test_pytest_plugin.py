@@ -17,15 +17,15 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from convcheck.bits import int_view
 from convcheck.cache import cache_root
+from convcheck.compare.bits import int_view
 from convcheck.errors import BadInput
 from convcheck.fixtures import build_fixture
 from convcheck.layout import ParallelLayout
 from convcheck.pytest_plugin import _adapter_options, _choose_layout, callable_spec
 from convcheck.testing import assert_bitwise_equal, assert_same_checkpoint, assert_verdict_pass
 from convcheck.verdict import Finding, OracleVerdict, Report
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 
 pytest_plugins = ["pytester"]
 
@@ -303,7 +303,7 @@ def test_fixtures_markers_and_helpers(scratch: pytest.Pytester) -> None:
 
         import pytest
         from safetensors.torch import load_file
-        from convcheck.bits import int_view
+        from convcheck.compare.bits import int_view
         from convcheck.pytest_plugin import assert_bitwise_equal, assert_same_checkpoint
 
         def test_default_checkpoint(convcheck_checkpoint):

@@ -1,4 +1,4 @@
-"""Older Megatron-Bridge releases (requirements/releases.toml, `make env BRIDGE=X`).
+"""Older Megatron-Bridge releases (convcheck/gate/releases.toml, `make env BRIDGE=X`).
 
 Fast checks, in every environment: the release table, the feature detection the compat shims use, the fixtures'
 stored layouts and bytes, and that this environment's transformers loads every fixture its release supports.
@@ -31,9 +31,9 @@ from convcheck.fixtures.reference import (
     load_layout,
     stored_digests,
 )
-from convcheck.releases import current_release, get_release, load_releases
-from tests.helpers import ROOT, run_cli
-from tests.release_targets import on_current_pins, release_label
+from convcheck.gate.release_table import current_release, get_release, load_releases
+from tests.support.helpers import ROOT, run_cli
+from tests.support.release_targets import on_current_pins, release_label
 
 RELEASES = load_releases()
 INSTALLED = metadata.version("megatron-bridge")
@@ -89,8 +89,8 @@ def test_extras_are_what_each_release_imports() -> None:
 def test_unknown_release_is_bad_input_of_one_line() -> None:
     with pytest.raises(BadInput, match=r"unknown bridge release '9\.9'; known: 0\.3\.0, "):
         get_release("9.9")
-    res = subprocess.run([sys.executable, "-m", "convcheck.releases", "requirements", "9.9"], capture_output=True,
-                         text=True, cwd=ROOT, check=False)  # fmt: skip
+    cmd = [sys.executable, "-m", "convcheck.gate.release_table", "requirements", "9.9"]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=False)
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
 
 
@@ -229,7 +229,7 @@ def test_stored_layout_is_what_the_reference_transformers_derives(name: str) -> 
             f"layouts are derived with transformers {REFERENCE_TRANSFORMERS}; this is {transformers.__version__}"
         )
     assert derive_layout(get_spec(name)) == load_layout(get_spec(name)), (
-        f"run python -m convcheck.fixtures.reference {name}"
+        f"run python -m convcheck.fixtures.refresh {name}"
     )
 
 
@@ -284,5 +284,5 @@ def test_release_smoke(case: str, tmp_path: Path) -> None:
     assert res.code in (0, 1) and res.report is not None, res.err[-2000:]
     assert res.report["versions"]["megatron-bridge"] == INSTALLED
     expected = RELEASES[INSTALLED].smoke.get(case, {})
-    assert _first_findings(res.report) == expected, f"{release_label()}: update `smoke` in requirements/releases.toml"
+    assert _first_findings(res.report) == expected, f"{release_label()}: update `smoke` in convcheck/gate/releases.toml"
     assert res.code == (1 if expected else 0)

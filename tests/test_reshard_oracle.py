@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import CliResult, mutant, run_cli
+from tests.support.helpers import CliResult, mutant, run_cli
 
 TARGETS = ("--target-tp", "1", "--target-tp", "2", "--target-tp", "4")
 DENSE_PARAMS = 19

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from convcheck.bits import compare_bits
+from convcheck.compare.bits import compare_bits
 from convcheck.errors import BadInput
 from convcheck.reshard.execute import execute
 from convcheck.reshard.plan import build_plan, coverage, spans

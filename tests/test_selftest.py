@@ -15,22 +15,11 @@ import pytest
 from convcheck.errors import SetupError
 from convcheck.mutants.catalog import FORWARD, MUTANTS, Mutant
 from convcheck.oracles import DEFAULT_ORACLES as ORACLES
-from convcheck.selftest import (
-    CAUGHT,
-    ERROR,
-    MISSED,
-    NOT_APPLICABLE,
-    NOT_RUN,
-    attribute,
-    check_catalog,
-    clean_launches,
-    globs_meet,
-    plan,
-    run_selftest,
-    select,
-)
 from convcheck.verdict import Finding, OracleVerdict, Report
-from tests.helpers import run_cli
+from convcheck.workflows.kill_matrix import CAUGHT, ERROR, MISSED, NOT_APPLICABLE, NOT_RUN, attribute
+from convcheck.workflows.selftest import check_catalog, clean_launches, plan, run_selftest, select
+from convcheck.workflows.targets import globs_meet
+from tests.support.helpers import run_cli
 
 BY_NAME = {m.name: m for m in MUTANTS}
 MUTANT_MODULES = ("bridge", "collectives", "config", "hybrid", "mamba", "symmetric", "te_grouped")

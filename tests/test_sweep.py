@@ -10,11 +10,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from convcheck.checkpoint import WINDOW, open_weights
-from convcheck.digest import FORMAT, read_manifest, write_digest
 from convcheck.errors import BadInput
-from convcheck.sweep import bytes_to_read, compare, open_side, sweep
-from tests.helpers import run_cli
+from convcheck.hf.checkpoint import WINDOW, open_weights
+from convcheck.hf.digest import FORMAT, read_manifest, write_digest
+from convcheck.hf.sweep import bytes_to_read, compare, open_side, sweep
+from tests.support.helpers import run_cli
 
 BIG = "model.embed_tokens.weight"
 """A bf16 tensor larger than one mapped window, so a difference past the first window is exercised."""

@@ -11,7 +11,7 @@ from convcheck.api import prepare, run_in_ranks
 from convcheck.errors import BadInput
 from convcheck.mutants.sync import FLIPPED, TRUNCATED
 from convcheck.oracles import DEFAULT_ORACLES, ORACLES, parse_oracle_names
-from tests.helpers import ROOT, mutant, run_cli
+from tests.support.helpers import ROOT, mutant, run_cli
 
 SYNC_ORACLES = ("receiver", "idempotence", "delta", "broadcast")
 EXAMPLE = ROOT / "examples" / "sync_adapters.py"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from convcheck.bits import bytes_equal, int_view
+from convcheck.compare.bits import bytes_equal, int_view
 from convcheck.errors import BadInput
 from convcheck.sync import delta as wire
 from convcheck.sync.adapters import check_adapters, load_receiver, load_sender, normalize_sender

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import mutant, run_cli
+from tests.support.helpers import mutant, run_cli
 
 CORE = "coverage,roundtrip,differential,elements,mapping"
 

@@ -9,36 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from convcheck.checkpoint import open_checkpoint
-from convcheck.fixtures import FIXTURES, RELEASE_VARIANTS, build_fixture
+from convcheck.fixtures import build_fixture
 from convcheck.gate import GOLDEN_DIR
-from convcheck.gate.case import Case, default_matrix
+from convcheck.gate.case import default_matrix
 from convcheck.gate.check import compare
 from convcheck.gate.manifest import load_manifest
-from convcheck.layout import ParallelLayout
+from convcheck.hf.checkpoint import open_checkpoint
 from convcheck.oracles import DEFAULT_ORACLES
-from tests.helpers import matrix_run, run_cli
-
-DENSE_LAYOUTS = [(), ("--tp", "2"), ("--pp", "2")]
-MOE_LAYOUTS = [("--ep", "2"), ("--tp", "2", "--ep", "2")]
-HYBRID_LAYOUTS = [(), ("--tp", "2"), ("--ep", "2")]
-DENSE = [name for name in sorted(FIXTURES) if name not in ("nemotron-h", *RELEASE_VARIANTS)]
-CASES = (
-    [(name, layout) for name in DENSE for layout in DENSE_LAYOUTS]
-    + [("qwen3-moe", layout) for layout in MOE_LAYOUTS]
-    + [("nemotron-h", layout) for layout in HYBRID_LAYOUTS]
-    + [("qwen2", ("--tp", "4"))]  # fewer KV heads (2) than TP ranks (4): each query group split over two ranks
-)
-PADDED = ("qwen3", ("--tp", "2", "--pad-vocab", "128"))
-"""The padded vocabulary training uses (make_vocab_size_divisible_by=128 x TP2): megatron-bridge 0.6.2 fails it."""
-
-
-def gate_case(name: str, layout: tuple[str, ...]) -> Case:
-    """The gate case of one matrix entry (its golden manifest is GOLDEN_DIR / case.file_name)."""
-    args = dict(zip(layout[::2], layout[1::2], strict=True))
-    pad = args.pop("--pad-vocab", None)
-    grid = ParallelLayout(**{k.removeprefix("--"): int(v) for k, v in args.items()})
-    return Case(model=f"tiny:{name}", layout=grid, pad_vocab=int(pad) if pad else None)
+from tests.support.cases import CASES, PADDED, gate_case
+from tests.support.helpers import matrix_run, run_cli
 
 
 def assert_matches_golden(name: str, layout: tuple[str, ...], manifest: Path) -> None:
@@ -109,3 +88,11 @@ def test_padded_vocabulary_export_keeps_the_padding_rows(tmp_path: Path) -> None
     assert {f["tensor"] for f in res.findings("elements")} == padded
     assert "--pad-vocab 128" in res.out.strip().splitlines()[-1]  # the replay line
     assert_matches_golden(name, layout, manifest)
+
+
+def test_shared_runs_are_keyed_by_case_id() -> None:
+    from tests.support.cases import case_id
+
+    assert case_id("qwen3-moe", ("--ep", "2", "--tp", "2")) == case_id("qwen3-moe", ("--tp", "2", "--ep", "2"))
+    with pytest.raises(KeyError, match=r"no verify-matrix case qwen3/tp8"):
+        case_id("qwen3", ("--tp", "8"))

@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 
 from convcheck.errors import BadInput
-from tests.helpers import run_cli
+from tests.support.helpers import run_cli
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A version folder written without ranks from the tiny:qwen3 fixture (its tensors as the export), >= 3 shards."""
     from convcheck.api import resolve_model
-    from convcheck.checkpoint import TensorReader, open_checkpoint
     from convcheck.ckpt.manifest import VersionManifest
     from convcheck.ckpt.shards import ShardWriter
+    from convcheck.hf.checkpoint import TensorReader, open_checkpoint
     from convcheck.layout import ParallelLayout
 
     out = tmp_path_factory.mktemp("version")
@@ -57,8 +57,8 @@ def test_shards_hold_the_exact_bytes(folder: Path) -> None:
     from safetensors.torch import load_file
 
     from convcheck.api import resolve_model
-    from convcheck.bits import int_view
-    from convcheck.checkpoint import TensorReader, open_checkpoint
+    from convcheck.compare.bits import int_view
+    from convcheck.hf.checkpoint import TensorReader, open_checkpoint
 
     source = open_checkpoint(resolve_model("tiny:qwen3"))
     reader = TensorReader(source)
@@ -151,7 +151,7 @@ def test_digest_that_disagrees_is_named(folder: Path, tmp_path: Path) -> None:
 
 def test_sweep_reads_a_version_manifest(folder: Path, tmp_path: Path) -> None:
     """`convcheck sweep` takes a version folder's manifest.json like a digest manifest: equal, then one flipped byte."""
-    from convcheck.sweep import sweep
+    from convcheck.hf.sweep import sweep
 
     assert sweep(folder / "manifest.json", folder).findings == ()
     target = _copy(folder, tmp_path)

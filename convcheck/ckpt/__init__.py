@@ -1,11 +1,10 @@
-"""Megatron distributed checkpoints (torch_dist): save and resume across layouts (the distckpt oracle), and version
-folders (a checkpoint and its HF safetensors export side by side, written and checked)."""
+"""Megatron distributed checkpoints (torch_dist): save and resume across layouts in a rank (the distckpt oracle's
+phases), and the version-folder format (manifest, index, shards) that convcheck.workflows.version writes and checks."""
 
 from convcheck.ckpt.folder import Structure, check_index, check_manifest
 from convcheck.ckpt.manifest import FORMAT, VersionManifest, read_version_manifest
 from convcheck.ckpt.shards import ShardWriter, parse_size
 from convcheck.ckpt.store import RestoreReport, SaveReport, restore_checkpoint, save_checkpoint
-from convcheck.ckpt.version import WriteResult, check_version, write_version
 
 __all__ = [
     "FORMAT",
@@ -14,13 +13,10 @@ __all__ = [
     "ShardWriter",
     "Structure",
     "VersionManifest",
-    "WriteResult",
     "check_index",
     "check_manifest",
-    "check_version",
     "parse_size",
     "read_version_manifest",
     "restore_checkpoint",
     "save_checkpoint",
-    "write_version",
 ]

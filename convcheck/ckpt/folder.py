@@ -1,7 +1,7 @@
 """The pure checks of a version folder: the index against the shards, and the manifest against the stored bytes.
 
-Nothing here needs ranks or loads a tensor whole: headers are parsed with convcheck.checkpoint's validation and
-digests are streamed one memory-mapped window at a time (convcheck.digest).
+Nothing here needs ranks or loads a tensor whole: headers are parsed with convcheck.hf.checkpoint's validation and
+digests are streamed one memory-mapped window at a time (convcheck.hf.digest).
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from convcheck.checkpoint import Checkpoint, TensorEntry, read_header
 from convcheck.ckpt.manifest import VersionManifest
-from convcheck.digest import tensor_digest
 from convcheck.errors import BadInput
+from convcheck.hf.checkpoint import Checkpoint, TensorEntry, read_header
+from convcheck.hf.digest import tensor_digest
 from convcheck.verdict import Finding
 
 FATAL = frozenset({"no-index", "bad-index", "missing-shard", "corrupt-shard", "duplicate", "overlap", "index-mismatch"})

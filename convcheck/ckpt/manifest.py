@@ -1,6 +1,6 @@
 """`manifest.json` of a version folder: what was written, at which step and layout, with one digest per tensor.
 
-The tensor part ("hash", "tensors") has the format of a convcheck digest manifest (convcheck/digest.py): per tensor
+The tensor part ("hash", "tensors") has the format of a convcheck digest manifest (convcheck/hf/digest.py): per tensor
 the safetensors dtype, the shape and the sha256 of the raw stored bytes, one tensor per line, names sorted.
 """
 
@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from convcheck.checkpoint import INDEX_NAME
-from convcheck.digest import HASH, VERSION_FORMAT, DigestEntry, parse_entries
 from convcheck.errors import BadInput
+from convcheck.hf.checkpoint import INDEX_NAME
+from convcheck.hf.digest import HASH, VERSION_FORMAT, DigestEntry, parse_entries
 from convcheck.layout import ParallelLayout
 
 FORMAT = VERSION_FORMAT

@@ -176,7 +176,7 @@ def apply_loaded(part: OptimizerPart, loaded: dict[str, Any]) -> str | None:
 
 def check(ctx: RankContext, part: OptimizerPart, where: str) -> tuple[int, list[Finding]]:
     """Collective: (elements checked on every rank, findings on rank 0) for the restored optimizer state."""
-    from convcheck.bits import first_true, int_view
+    from convcheck.compare.bits import first_true, int_view
 
     by_id = {i: n for n, i in part.ids.items()}
     checked, findings = 0, []

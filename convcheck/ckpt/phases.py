@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from convcheck.ckpt import optimizer as opt
-from convcheck.ckpt.memory import memory_mb, reset_peak
 from convcheck.ckpt.store import relabel, restore_checkpoint, restore_findings, save_checkpoint
 from convcheck.errors import one_line
 from convcheck.rank.context import RankContext
+from convcheck.rank.memory import memory_mb, reset_peak
+from convcheck.rank.source_match import compare_to_source, missing_from_export
 from convcheck.verdict import Finding, TensorRow
 
 
@@ -32,12 +33,12 @@ class Phase:
 
 def compare_export(ctx: RankContext, where: str) -> Phase:
     """Collective: the bridge's export of the model against ctx.checkpoint, bitwise (the roundtrip oracle's compare)."""
-    from convcheck.oracles import roundtrip
-
-    verdict = roundtrip.run(ctx)
-    if verdict is None:
+    found = compare_to_source(ctx)
+    if not ctx.is_reporter:
         return Phase()
-    return Phase(checked=verdict.checked, findings=relabel(verdict.findings, where), rows=verdict.rows)
+    missing_from_export(ctx, found)
+    rows = tuple(found.rows[n] for n in sorted(found.rows))
+    return Phase(checked=found.checked, findings=relabel(found.findings, where), rows=rows)
 
 
 def save_phase(

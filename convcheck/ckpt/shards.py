@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from convcheck.checkpoint import INDEX_NAME
-from convcheck.digest import DigestEntry
 from convcheck.errors import BadInput
+from convcheck.hf.checkpoint import INDEX_NAME
+from convcheck.hf.digest import DigestEntry
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
 _SAFETENSORS_DTYPES = {
@@ -72,7 +72,7 @@ class ShardWriter:
 
     def add(self, name: str, tensor: Any) -> None:
         """Append one tensor's raw bytes to the current shard (a new shard when it would pass the limit)."""
-        from convcheck.bits import int_view
+        from convcheck.compare.bits import int_view
 
         if name in self.digests:
             self.duplicates.append(name)

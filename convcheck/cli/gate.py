@@ -84,8 +84,8 @@ def record(
     pad_vocab: int | None,
 ) -> None:
     """Run the case matrix (default: every fixture at every legal layout) and write one manifest per case."""
-    from convcheck.gate.runner import Options
-    from convcheck.gate.runner import record as run_record
+    from convcheck.workflows.gate_runner import Options
+    from convcheck.workflows.gate_runner import record as run_record
 
     try:
         cases = _record_cases(models, layouts, case_ids, pad_vocab)
@@ -106,10 +106,10 @@ def _record_cases(
     models: tuple[str, ...], layouts: tuple[str, ...], case_ids: tuple[str, ...], pad_vocab: int | None
 ) -> list[Any]:
     """The default matrix (filtered by --case), or every --model at every --layout (illegal pairs: bad input)."""
-    from convcheck.checkpoint import open_checkpoint
     from convcheck.errors import BadInput
     from convcheck.fixtures import FIXTURES, RELEASE_VARIANTS, get_spec
     from convcheck.gate.case import Case, default_matrix, fixture_layouts, normalise_model, select
+    from convcheck.hf.checkpoint import open_checkpoint
     from convcheck.layout import ParallelLayout
 
     if pad_vocab is not None and not (models or layouts):
@@ -165,8 +165,8 @@ def check(
     from convcheck.gate import GOLDEN_DIR
     from convcheck.gate.allow import load_allow, triage
     from convcheck.gate.case import select
-    from convcheck.gate.runner import Options, read_index
-    from convcheck.gate.runner import check as run_check
+    from convcheck.workflows.gate_runner import Options, read_index
+    from convcheck.workflows.gate_runner import check as run_check
 
     golden = Path(folder) if folder else GOLDEN_DIR
     try:
@@ -183,7 +183,7 @@ def check(
     for case in result["cases"]:
         if case["status"] != "pass":
             click.echo(f"replay: {_replay(folder, case['id'], hooks, allow_file, device)}")
-    from convcheck.cli.main import write_together
+    from convcheck.cli.render import write_together
 
     outputs = {p: render(result) for p, render in ((json_path, _json_text), (junit_path, junit_xml)) if p}
     try:

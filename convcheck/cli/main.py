@@ -7,7 +7,6 @@ import os
 import signal
 import sys
 import traceback
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
@@ -181,7 +180,7 @@ def verify(
     """Build the sharded Megatron model from MODEL through the real bridge and run the oracles."""
     from convcheck import api
     from convcheck.cli.progress import progress_for
-    from convcheck.cli.render import junit_xml, print_report, report_json
+    from convcheck.cli.render import junit_xml, print_report, report_json, write_together
     from convcheck.layout import ParallelLayout
     from convcheck.verdict import PASS
 
@@ -238,22 +237,6 @@ def verify(
     except OSError as exc:
         _fail_line(ConvcheckError(f"cannot write the report: {exc}"))
     sys.exit(EXIT_PASS if report.verdict == PASS else EXIT_FAIL)
-
-
-def write_together(outputs: dict[str, str]) -> None:
-    """Write every report file or none: all go to temporary siblings first, then each is renamed into place."""
-    staged: list[tuple[Path, Path]] = []
-    try:
-        for path, text in outputs.items():
-            target = Path(path)
-            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-            staged.append((tmp, target))
-            tmp.write_text(text)
-        for tmp, target in staged:
-            tmp.replace(target)
-    finally:
-        for tmp, _ in staged:
-            tmp.unlink(missing_ok=True)
 
 
 @cli.command(name="oracles")
@@ -352,19 +335,3 @@ def main() -> None:
         )
         sys.exit(EXIT_BAD_INPUT)
     sys.exit(code or 0)
-
-
-from convcheck.cli import selftest as _selftest  # noqa: E402  (does convcheck still bite on this stack?)
-from convcheck.cli import sweep as _sweep  # noqa: E402  (byte-identity sweep and digest manifests)
-
-cli.add_command(_sweep.sweep)
-cli.add_command(_sweep.digest)
-cli.add_command(_selftest.selftest)
-
-from convcheck.cli import gate as _gate  # noqa: E402  (bridge-upgrade gate: golden manifests)
-
-cli.add_command(_gate.gate)
-
-from convcheck.cli import version as _version  # noqa: E402  (version folders: write and check)
-
-cli.add_command(_version.version)

@@ -42,8 +42,8 @@ def selftest(models: tuple[str, ...], quick: bool, json_path: str | None, only: 
              jobs: int) -> None:  # fmt: skip
     """Plant every catalogued bug in the real bridge and check that an oracle catches each, with a clean run of
     every fixture x layout used (exit 1 if a mutant survives or a clean run fails)."""
-    from convcheck import selftest as lib
     from convcheck.mutants.catalog import MUTANTS
+    from convcheck.workflows import selftest as lib
 
     try:
         problems = lib.check_catalog(MUTANTS)

@@ -1,4 +1,4 @@
-"""`convcheck sweep A B` and `convcheck digest SRC`: thin click commands over convcheck.sweep and convcheck.digest."""
+"""`convcheck sweep A B` and `convcheck digest SRC`: thin click commands over convcheck.hf.sweep and .digest."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import click
 from convcheck.errors import ConvcheckError
 
 if TYPE_CHECKING:
-    from convcheck.sweep import SweepResult
+    from convcheck.hf.sweep import SweepResult
 
 EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
 MAX_PRINTED = 20
@@ -56,7 +56,7 @@ def _junit_xml(result: SweepResult) -> str:
     """One testsuite with one testcase "sweep"; a failure lists every finding."""
     suite = ET.Element("testsuite", name="convcheck", tests="1", errors="0", time=f"{result.seconds:.3f}")
     suite.set("failures", "0" if result.verdict == "pass" else "1")
-    case = ET.SubElement(suite, "testcase", classname="convcheck.sweep", name="sweep", time=f"{result.seconds:.3f}")
+    case = ET.SubElement(suite, "testcase", classname="convcheck.hf.sweep", name="sweep", time=f"{result.seconds:.3f}")
     if result.verdict != "pass":
         failure = ET.SubElement(case, "failure", message=f"{len(result.findings)} finding(s)", type="sweep")
         failure.text = "\n".join(f"{f.tensor}: [{f.kind}] {f.message}" for f in result.findings)
@@ -76,8 +76,8 @@ def sweep(a: str, b: str, json_path: str | None, junit_path: str | None, quiet: 
     A and B: a folder with model.safetensors.index.json or model.safetensors, a .safetensors file, or a manifest
     written by `convcheck digest`. Exit 0 identical, 1 differences found, 2 bad input.
     """
-    from convcheck.digest import check_output, write_text_atomic
-    from convcheck.sweep import bytes_to_read, compare, open_side
+    from convcheck.hf.digest import check_output, write_text_atomic
+    from convcheck.hf.sweep import bytes_to_read, compare, open_side
 
     started = time.perf_counter()
     try:
@@ -124,8 +124,8 @@ def digest(src: str, out: str | None) -> None:
 
     SRC: a checkpoint folder or a .safetensors file. Compare it later with `convcheck sweep CHECKPOINT MANIFEST`.
     """
-    from convcheck.checkpoint import open_weights
-    from convcheck.digest import HASH, check_output, digest_weights, write_digest
+    from convcheck.hf.checkpoint import open_weights
+    from convcheck.hf.digest import HASH, check_output, digest_weights, write_digest
 
     started = time.perf_counter()
     try:

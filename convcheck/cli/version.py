@@ -1,4 +1,4 @@
-"""`convcheck version write DIR` and `convcheck version check DIR`: thin click commands over convcheck.ckpt.version."""
+"""`convcheck version write DIR` and `convcheck version check DIR`: click commands over convcheck.workflows.version."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def write(
     hooks: tuple[str, ...],
 ) -> None:
     """Write version folder FOLDER from MODEL loaded at --layout: ckpt/ (torch_dist), the HF export, manifest.json."""
-    from convcheck.ckpt.version import write_version
+    from convcheck.workflows.version import write_version
 
     try:
         result = write_version(
@@ -117,10 +117,9 @@ def check(
     json_path: str | None,
 ) -> None:
     """Prove version folder FOLDER: index vs shards, manifest vs bytes, and safetensors == export of ckpt/, bitwise."""
-    from convcheck.ckpt.version import check_version
-    from convcheck.cli.main import write_together
-    from convcheck.cli.render import group_findings, oracle_summary, report_json
+    from convcheck.cli.render import group_findings, oracle_summary, report_json, write_together
     from convcheck.verdict import PASS
+    from convcheck.workflows.version import check_version
 
     try:
         report = check_version(folder, layout=layout, device=device, hooks=hooks, timeout_s=timeout, log_dir=log_dir)

@@ -35,7 +35,7 @@ class Shim:
     module: str
     targets: tuple[str, ...]  # upstream file:line in the current pins, relative to site-packages
     test: str  # pytest node id that fails once upstream no longer needs the shim
-    seen_in: str = ""  # the releases whose upstream needs it (requirements/releases.toml; where the target moved)
+    seen_in: str = ""  # the releases whose upstream needs it (convcheck/gate/releases.toml; where the target moved)
 
 
 _TE, _CUDA, _MAMBA = "convcheck.compat.no_te", "convcheck.compat.no_cuda", "convcheck.compat.no_mamba_ssm"

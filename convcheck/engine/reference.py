@@ -11,12 +11,11 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from convcheck.cache import cache_dir
+from convcheck.cache import cache_dir, unchanged
 from convcheck.engine.job import Job
 from convcheck.engine.launch import run_ranks
 from convcheck.layout import ParallelLayout
 from convcheck.progress import ProgressSink
-from convcheck.sources import unchanged
 from convcheck.verdict import OracleVerdict
 
 LAYOUT_ORACLE = "layout"

@@ -16,12 +16,12 @@ from convcheck.errors import BadInput, one_line
 
 def run_job(job: Job) -> dict[str, Any] | None:
     """Run every selected oracle (or the job's rank function) on this rank; the result dict on rank 0, else None."""
-    from convcheck.ckpt.memory import AnonPeak
     from convcheck.hooks import load_hook
     from convcheck.oracles import load_oracle
     from convcheck.probe import fused
     from convcheck.rank import shard_match
     from convcheck.rank.bringup import bring_up
+    from convcheck.rank.memory import AnonPeak
     from convcheck.versions import versions
 
     started = time.perf_counter()
@@ -34,7 +34,7 @@ def run_job(job: Job) -> dict[str, Any] | None:
         return _run_function(job, ctx, function, started)
     recorder = None
     if job.manifest_out:
-        from convcheck.gate.recorder import ManifestRecorder
+        from convcheck.engine.recorder import ManifestRecorder
 
         recorder = ManifestRecorder.start(ctx)  # taps the export stream the oracles drain anyway
     ctx.probe_in_export = fused.wanted(job.oracles)
@@ -66,7 +66,7 @@ def run_job(job: Job) -> dict[str, Any] | None:
 def peak_mb() -> float:
     """This process's RSS high-water mark since the last call, in MB (-1 where unknown); starts a new one after
     handing the phase's freed heap back."""
-    from convcheck.ckpt.memory import memory_mb, reset_peak, trim
+    from convcheck.rank.memory import memory_mb, reset_peak, trim
 
     peak = memory_mb().get("VmHWM", -1.0)
     trim()

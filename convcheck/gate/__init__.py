@@ -1,8 +1,10 @@
 """The bridge-upgrade gate: per-case manifests recorded inside verify, compared across library versions.
 
-`case` names a (fixture, layout) case and the default matrix, `manifest` records one case inside its verify launch,
-`check` compares two manifests (pure, no torch), `allow` reads the reviewed expected differences, `runner` runs
-the matrix for `convcheck gate record` / `gate check`; `golden/` holds the manifests recorded on the current pins.
+`case` names a (fixture, layout) case and the default matrix, `manifest` is a case's manifest format (recorded inside
+its verify launch by convcheck.engine.recorder), `check` compares two manifests (pure, no torch), `allow` reads the
+reviewed expected differences, `release_table` the bridge releases convcheck runs on (releases.toml); the matrix runs
+for `convcheck gate record` / `gate check` in convcheck.workflows.gate_runner; `golden/` holds the manifests recorded
+on the current pins.
 """
 
 from pathlib import Path

@@ -34,7 +34,7 @@ def check_manifest_path(path: str) -> str:
 
 def tensor_entry(tensor: Any) -> dict[str, Any]:
     """dtype, shape and sha256 of a tensor's raw bytes."""
-    from convcheck.bits import tensor_sha256
+    from convcheck.compare.bits import tensor_sha256
 
     return {
         "dtype": str(tensor.dtype).removeprefix("torch."),

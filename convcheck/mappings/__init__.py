@@ -1,12 +1,12 @@
 """Explicit Megatron <-> HF mappings as pure functions of tensors, a ParallelLayout and a RankCoord."""
 
-from convcheck.geometry import Geometry
+from convcheck.hf.geometry import Geometry
 from convcheck.mappings.base import CoverageError, MappingError, RankCoord, Shards, TensorMapping
 from convcheck.mappings.check import roundtrip_findings
 from convcheck.mappings.grouped_mlp import GroupedFc1, GroupedFc2
 from convcheck.mappings.mamba import Blocks, mamba_conv1d, mamba_in_proj
 from convcheck.mappings.qkv import FusedQKV
-from convcheck.mappings.registry import MappingRegistry, MappingRule, build_registry
+from convcheck.mappings.registry import MappingRegistry, MappingRule, registry_from_rules
 from convcheck.mappings.simple import Gated, Replicated, Split
 
 __all__ = [
@@ -25,7 +25,7 @@ __all__ = [
     "Shards",
     "Split",
     "TensorMapping",
-    "build_registry",
+    "registry_from_rules",
     "mamba_conv1d",
     "mamba_in_proj",
     "roundtrip_findings",

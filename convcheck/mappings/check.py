@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from convcheck.bits import bytes_equal, compare_bits, same_tensor
+from convcheck.compare.bits import bytes_equal, compare_bits, same_tensor
 from convcheck.errors import MappingError
 from convcheck.layout import ParallelLayout, RankCoord
 from convcheck.mappings.base import TensorMapping

@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from convcheck.geometry import Geometry
+from convcheck.hf.geometry import Geometry
 from convcheck.mappings.base import CoverageError, MappingError, TensorMapping
 
 
@@ -38,8 +38,9 @@ class MappingRegistry:
         return self.mappings.get(megatron)
 
 
-def build_registry(
+def registry_from_rules(
     architecture: str,
+    rules: Iterable[MappingRule],
     geometry: Geometry,
     megatron_names: Iterable[str],
     hf_names: Iterable[str],
@@ -47,21 +48,17 @@ def build_registry(
     tied: bool = False,
     strict: bool = True,
 ) -> MappingRegistry:
-    """Map every Megatron name once; strict: CoverageError names every unmapped or doubly mapped parameter and
-    every HF tensor produced zero or two+ times."""
-    from convcheck.models import BY_HF_CLASS  # lazy: the model families import the mapping classes
-
+    """Map every Megatron name once by `rules` (one architecture's, see convcheck.models.build_registry); strict:
+    CoverageError names every unmapped or doubly mapped parameter and every HF tensor produced zero or two+ times."""
     missing = geometry.missing_for_mappings()
     if missing:
         raise MappingError(f"HF config lacks {', '.join(missing)}")
-    if architecture not in BY_HF_CLASS:
-        raise MappingError(f"no explicit mappings for {architecture}; known: {', '.join(sorted(BY_HF_CLASS))}")
-    rules = [(re.compile(rule.pattern), rule.build) for rule in BY_HF_CLASS[architecture].mapping_rules(tied)]
+    compiled = [(re.compile(rule.pattern), rule.build) for rule in rules]
     problems: list[str] = []
     mappings: dict[str, TensorMapping] = {}
     copies: set[str] = set()
     for name in sorted(set(megatron_names)):
-        hits = [(p, make) for p, make in rules if p.fullmatch(name)]
+        hits = [(p, make) for p, make in compiled if p.fullmatch(name)]
         if not hits:
             problems.append(f"{name}: Megatron parameter has no mapping")
             continue

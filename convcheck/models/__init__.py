@@ -4,6 +4,10 @@ A new architecture is a module here (its HF class names and model_type, explicit
 tiny fixtures, as an `Architecture`) plus one entry in SUPPORTED.
 """
 
+from collections.abc import Iterable
+
+from convcheck.hf.geometry import Geometry
+from convcheck.mappings import MappingError, MappingRegistry, registry_from_rules
 from convcheck.models import dense, nemotron_h, qwen3_moe
 from convcheck.models.architecture import Architecture, unique_index
 from convcheck.models.config_rules import FieldRule
@@ -31,4 +35,22 @@ FIXTURES: dict[str, FixtureSpec] = unique_index(
 )
 """Fixture name (after `tiny:`) -> spec, in listing order."""
 
-__all__ = ["BY_HF_CLASS", "BY_MODEL_TYPE", "FIXTURES", "SUPPORTED", "TABLES", "Architecture"]
+
+def build_registry(
+    architecture: str,
+    geometry: Geometry,
+    megatron_names: Iterable[str],
+    hf_names: Iterable[str],
+    *,
+    tied: bool = False,
+    strict: bool = True,
+) -> MappingRegistry:
+    """The explicit-mapping registry of HF class `architecture`: every Megatron name mapped once by its family's rules;
+    strict: CoverageError names every unmapped or doubly mapped parameter and every HF tensor produced 0 or 2+ times."""
+    if architecture not in BY_HF_CLASS:
+        raise MappingError(f"no explicit mappings for {architecture}; known: {', '.join(sorted(BY_HF_CLASS))}")
+    rules = BY_HF_CLASS[architecture].mapping_rules(tied)
+    return registry_from_rules(architecture, rules, geometry, megatron_names, hf_names, tied=tied, strict=strict)
+
+
+__all__ = ["BY_HF_CLASS", "build_registry", "BY_MODEL_TYPE", "FIXTURES", "SUPPORTED", "TABLES", "Architecture"]

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from convcheck.geometry import Geometry
+from convcheck.hf.geometry import Geometry
 
 HfView = Mapping[str, Any]
 """The HF config flattened one level (`rope_parameters.rope_theta`), class defaults filled in."""

@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from convcheck.geometry import Geometry
+from convcheck.hf.geometry import Geometry
 from convcheck.mappings import FusedQKV, Replicated, Split, mamba_conv1d, mamba_in_proj
 from convcheck.mappings.registry import MappingRule
 from convcheck.models.architecture import Architecture

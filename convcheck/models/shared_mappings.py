@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from convcheck.geometry import Geometry
+from convcheck.hf.geometry import Geometry
 from convcheck.mappings import Split
 
 LAYER_PREFIX = r"decoder\.layers\.(?P<layer>\d+)\."

@@ -181,7 +181,7 @@ def flip_one_bit() -> None:
     """The import flips the lowest bit of element [0, 0] of layer 1's linear_fc2 (down_proj) on TP rank 0."""
     from megatron.bridge.models.conversion.param_mapping import AutoMapping
 
-    from convcheck.bits import int_view
+    from convcheck.compare.bits import int_view
 
     def change(mapping, _module, shard):  # type: ignore[no-untyped-def]
         if mapping.megatron_param != "decoder.layers.1.mlp.linear_fc2.weight" or mapping.tp_rank != 0:

@@ -87,7 +87,7 @@ def export_from_other_step(folder: str | Path) -> list[str]:
 
     from safetensors.torch import load_file, save_file
 
-    from convcheck.bits import int_view
+    from convcheck.compare.bits import int_view
 
     root = Path(folder)
     manifest_file = root / "manifest.json"

@@ -21,7 +21,7 @@ RAISE_AFTER = 3
 
 def flip_bit(ctx: Any) -> Iterator[tuple[str, Any]]:
     """The bridge's export with the lowest bit of one element of FLIPPED flipped on its way out."""
-    from convcheck.bits import int_view
+    from convcheck.compare.bits import int_view
 
     for name, tensor in ctx.bridge_export():
         if name == FLIPPED:

@@ -23,7 +23,7 @@ INFO = OracleInfo(
 
 def received_finding(received: Any, reader: Any, rank: int) -> Finding | None:
     """None when `received` is complete and bitwise the source tensor of its name; else a finding naming it."""
-    from convcheck.bits import compare_bits, unravel_index
+    from convcheck.compare.bits import compare_bits, unravel_index
 
     name = received.name
     if name not in reader.checkpoint.tensors:
@@ -59,7 +59,7 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank drains the sender's stream in step; rank 0 sends each tensor as it comes."""
-    from convcheck.checkpoint import TensorReader
+    from convcheck.hf.checkpoint import TensorReader
     from convcheck.sync.transport import Channel, chunk_bytes, sync_group
 
     if ctx.world < 2:  # prepare() refuses this; a direct call gets a finding

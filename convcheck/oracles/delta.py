@@ -40,7 +40,7 @@ def _export(ctx: RankContext) -> dict[str, Any]:
 def plant_update(ctx: RankContext) -> list[tuple[Any, Any]]:
     """Collective: flip the lowest bit of ELEMENTS evenly spaced elements of PARAMS parameters (first, middle and
     last of the sorted global names); returns what `undo` needs. Replicas get the same flips."""
-    from convcheck.bits import int_view
+    from convcheck.compare.bits import int_view
 
     mine = {name: t for name, t in ctx.named_parameters() if t.is_floating_point() and t.is_contiguous()}
     names = sorted({n for rank_names in ctx.gather(sorted(mine)) for n in rank_names})
@@ -127,7 +127,7 @@ def _state_findings(
     expected: dict[str, Any], actual: dict[str, Any], kind: str, absent: Any, differs_prefix: str
 ) -> list[Finding]:
     """One `kind` finding per name in only one state (`absent(name)` says why) or whose bits differ."""
-    from convcheck.bits import compare_bits
+    from convcheck.compare.bits import compare_bits
 
     out = []
     for name in sorted(set(expected) | set(actual)):

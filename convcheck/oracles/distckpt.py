@@ -1,7 +1,7 @@
 """distckpt oracle: a Megatron distributed checkpoint (torch_dist) saved at the run's layout resumes at another.
 
 Design: a resume layout needs its own process groups (and maybe another world size), so the engine runs it as a
-second launch (convcheck.ckpt.resume). In the first launch this oracle compares the export with the source and saves
+second launch (convcheck.engine.resume). In the first launch this oracle compares the export with the source and saves
 the loaded model's sharded state dict into the folder the engine owns (`ctx.checkpoint_dir`); in each resume job
 (`ctx.resuming`) it restores that folder into a fresh NaN-filled model and compares that export with the source.
 The engine folds the phases into one verdict. Opt-in: `--oracle distckpt [--resume-layout tp1]`.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
 
-from convcheck.ckpt.memory import trim
+from convcheck.rank.memory import trim
 
 
 def _upcast(tensors: Iterable[Any]) -> list[tuple[Any, Any]]:

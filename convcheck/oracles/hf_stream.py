@@ -13,12 +13,23 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from convcheck.ckpt.memory import trim
 from convcheck.oracles.fp32 import named_blocks
+from convcheck.rank.memory import trim
 
 MOVES_ONLY = {"MergeModulelist", "SplitModulelist", "Concatenate", "Chunk", "Transpose", "PermuteForRope"}
 """Key conversions that only move elements: converting in the stored dtype and upcasting after gives the same bits."""
 STORED = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
+
+
+def eager() -> dict[str, str]:
+    """from_pretrained's keywords for HF's reference implementations: eager attention and, where transformers has
+    a choice of MoE kernels, the eager per-expert loop (one expert's weights used at a time)."""
+    import transformers
+
+    kinds = {"attn_implementation": "eager"}
+    if hasattr(transformers.PreTrainedModel, "set_experts_implementation"):
+        kinds["experts_implementation"] = "eager"
+    return kinds
 
 
 def meta_model(path: str) -> Any:
@@ -28,8 +39,6 @@ def meta_model(path: str) -> Any:
     import transformers
     from transformers.modeling_utils import _load_parameter_into_model
     from transformers.monkey_patching import patch_output_recorders
-
-    from convcheck.oracles.logits import eager
 
     config = transformers.AutoConfig.from_pretrained(path)
     for key, value in eager().items():  # the kernels hf_logits asks from_pretrained for
@@ -219,7 +228,7 @@ def _batches(wanted: set[str], keys_of: dict[str, list[str]], slices: dict[str, 
     """The block's checkpoint slices in loader calls: each large parameter's alone (largest first), then the rest."""
     import math
 
-    from convcheck.checkpoint import dtype_size
+    from convcheck.hf.checkpoint import dtype_size
 
     def size(name: str) -> int:
         keys = keys_of.get(name, [])

@@ -35,7 +35,7 @@ DIFFERS = "differs-from-source"
 
 def digest(tensor: Any) -> dict[str, Any]:
     """dtype, shape and sha256 of the raw bytes of one tensor."""
-    from convcheck.bits import tensor_sha256
+    from convcheck.compare.bits import tensor_sha256
 
     return {
         "dtype": str(tensor.dtype).removeprefix("torch."),
@@ -75,9 +75,9 @@ def run(ctx: RankContext) -> OracleVerdict | None:
 def _against_source(ctx: RankContext) -> tuple[list[Finding], tuple[TensorRow, ...]]:
     """Collective: drain the export; rank 0 compares each tensor with the source on its device and explains every
     one that differs (digest, first differing index, rearrangement diagnosis)."""
-    from convcheck.bits import same_tensor
-    from convcheck.checkpoint import TensorReader
-    from convcheck.diagnose import SiblingIndex
+    from convcheck.compare.bits import same_tensor
+    from convcheck.compare.diagnose import SiblingIndex
+    from convcheck.hf.checkpoint import TensorReader
 
     reader = TensorReader(ctx.checkpoint) if ctx.is_reporter else None
     source = ctx.checkpoint.tensors
@@ -109,8 +109,8 @@ def _against_source(ctx: RankContext) -> tuple[list[Finding], tuple[TensorRow, .
 
 def _explain(ctx: RankContext, name: str, tensor: Any, src: Any, reader: Any, siblings: Any) -> Finding:
     """The `differs-from-source` finding of one exported tensor, with its digest for the TP1 attribution."""
-    from convcheck.bits import compare_bits
-    from convcheck.diagnose import diagnose
+    from convcheck.compare.bits import compare_bits
+    from convcheck.compare.diagnose import diagnose
 
     detail: dict[str, Any] = {"digest": digest(tensor)}
     if src is None:
@@ -130,8 +130,8 @@ def _explain(ctx: RankContext, name: str, tensor: Any, src: Any, reader: Any, si
 def _write_reference(ctx: RankContext, path: Path) -> OracleVerdict | None:
     """Reference job: digest every exported tensor (hashed on worker threads) into the manifest at `path`."""
     from convcheck.atomic import write_json_atomic
-    from convcheck.hashpool import HashPool
-    from convcheck.sources import loaded_sources
+    from convcheck.cache import loaded_sources
+    from convcheck.compare.hashpool import HashPool
 
     pool = HashPool() if ctx.is_reporter else None
     digests: dict[str, dict[str, Any]] = {}

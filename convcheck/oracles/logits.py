@@ -16,6 +16,7 @@ from typing import Any, Iterator
 from convcheck.errors import one_line
 from convcheck.oracles.base import OracleInfo
 from convcheck.oracles.fp32 import fp32_forward
+from convcheck.oracles.hf_stream import eager, streamed_logits
 from convcheck.rank.context import RankContext
 from convcheck.verdict import Finding, OracleVerdict, make_verdict
 
@@ -124,17 +125,6 @@ def megatron_logits(ctx: RankContext, tokens: Any, whole: bool = False) -> Any |
     return out.cpu()
 
 
-def eager() -> dict[str, str]:
-    """from_pretrained's keywords for HF's reference implementations: eager attention and, where transformers has
-    a choice of MoE kernels, the eager per-expert loop (one expert's weights used at a time)."""
-    import transformers
-
-    kinds = {"attn_implementation": "eager"}
-    if hasattr(transformers.PreTrainedModel, "set_experts_implementation"):
-        kinds["experts_implementation"] = "eager"
-    return kinds
-
-
 def hf_logits(path: Any, tokens: Any, device: str = "cpu") -> Any:
     """fp32 logits [B, S, V] of the HF model loaded whole by transformers from the checkpoint (`eager()` kernels).
 
@@ -152,7 +142,6 @@ def hf_logits(path: Any, tokens: Any, device: str = "cpu") -> Any:
 def hf_reference(path: Any, tokens: Any, device: str = "cpu") -> tuple[Any, str]:
     """The HF logits and how they were made: streamed one block at a time (convcheck.oracles.hf_stream), or, where
     this transformers cannot stream the model, loaded whole (`hf_logits`). Both are bitwise the fp32 model's."""
-    from convcheck.oracles.hf_stream import streamed_logits
 
     try:
         return streamed_logits(str(path), tokens, device=device), "streamed"
@@ -230,7 +219,7 @@ def _hf_device(ctx: RankContext) -> str:
 
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank runs its part of the Megatron forward; rank 0 runs HF and compares."""
-    from convcheck.bits import int_view
+    from convcheck.compare.bits import int_view
 
     tokens = fixed_tokens(int(ctx.checkpoint.config["vocab_size"]))
     error = None

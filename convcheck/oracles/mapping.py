@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from convcheck.bits import compare_bits
-from convcheck.checkpoint import TensorReader
+from convcheck.compare.bits import compare_bits
+from convcheck.hf.checkpoint import TensorReader
 from convcheck.mappings import MappingError, MappingRegistry, RankCoord
 from convcheck.mappings.check import rows_match
 from convcheck.oracles.base import OracleInfo
@@ -195,7 +195,7 @@ class _ExportCheck:
         if megatron in self.suspect or hf_name not in self.source:
             self.digests.add(hf_name, tensor)
             return
-        from convcheck.bits import same_tensor
+        from convcheck.compare.bits import same_tensor
 
         src = self.reader.get(hf_name)
         if not same_tensor(src, tensor):
@@ -235,10 +235,10 @@ def _uncovered(registry: MappingRegistry) -> list[Finding]:
 
 
 class _Digests:
-    """Digests of a stream of (name, tensor), hashed on worker threads (convcheck.hashpool), read back in order."""
+    """Digests of a stream of (name, tensor), hashed on worker threads (compare.hashpool), read back in order."""
 
     def __init__(self) -> None:
-        from convcheck.hashpool import HashPool
+        from convcheck.compare.hashpool import HashPool
 
         self._pool = HashPool()
         self._order: list[tuple[str, str, str, tuple[int, ...]]] = []

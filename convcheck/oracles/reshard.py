@@ -97,8 +97,8 @@ def _one_layout(
     ctx: RankContext, roles: dict[str, Any], shards: dict[str, Any], tensors: dict[str, Any], layout: Any
 ) -> tuple[list[Finding], int, list[tuple[str, str]], dict[str, Any]]:
     """Plan, execute and compare one target layout; this rank's findings, count, rows and byte metrics."""
-    from convcheck.bits import compare_bits
-    from convcheck.checkpoint import TensorReader
+    from convcheck.compare.bits import compare_bits
+    from convcheck.hf.checkpoint import TensorReader
     from convcheck.reshard.execute import allgather_baseline, execute
     from convcheck.reshard.plan import build_plan, coverage
     from convcheck.reshard.target import reference_shard

@@ -66,7 +66,7 @@ def task_records(
     """One task's records: its probe slots, each checked against `real` (the task's real megatron_to_hf output,
     or what it raised) when `with_real`. When no gather is due, the real outputs are all views of the weight and the
     conversion wrote nothing into it (`unwritten`), their strides are the slots and the probe does not run."""
-    from convcheck.fold import digest
+    from convcheck.compare.fold import digest
 
     param = str(getattr(task, "global_param_name", "") or task.param_name)
     base = {"task": index, "param": param}
@@ -119,7 +119,7 @@ def _may_differ(ctx: Any, slot: Any, tensor: Any) -> bool:
 def _against_real(tensor: Any, slot: Any, weight: Any) -> dict[str, Any]:
     """Compare this rank's probe slot with the real output bitwise, run by run on the weight's device (its digest,
     for the cross-rank check, is filled in by `collect`)."""
-    from convcheck.bits import describe_element, int_view, unravel_index
+    from convcheck.compare.bits import describe_element, int_view, unravel_index
     from convcheck.probe.runs import diff_positions, mismatched_runs
 
     if tensor is None:
@@ -189,7 +189,7 @@ def probe_failed(rank: int, record: dict[str, Any]) -> Any:
 
 def ranges_finding(tensor: str, kind: str, ranges: list[tuple[int, int]], shape: tuple[int, ...], what: str) -> Any:
     """A finding naming how many HF elements `ranges` cover, the first index and the ranges; None when empty."""
-    from convcheck.bits import unravel_index
+    from convcheck.compare.bits import unravel_index
     from convcheck.probe.run import range_labels
     from convcheck.verdict import Finding
 

@@ -131,7 +131,7 @@ def _ramps_hold(block: Any, first: Any) -> bool:
     """True when each row of `block` [r, c] equals its first code plus 0 .. c-1, compared a batch of rows at a time."""
     import torch
 
-    from convcheck.bits import bytes_equal
+    from convcheck.compare.bits import bytes_equal
 
     cols = block.shape[1]
     ramp = torch.arange(cols, dtype=block.dtype, device=block.device)
@@ -216,7 +216,7 @@ def _batches(runs: Any) -> list[Any]:
 
 def _sliced(real_bits: Any, mine_bits: Any, runs: Any) -> list[int]:
     """Indices of the runs whose slices differ, one slice pair compared per run."""
-    from convcheck.bits import bytes_equal
+    from convcheck.compare.bits import bytes_equal
 
     return [
         i
@@ -227,7 +227,7 @@ def _sliced(real_bits: Any, mine_bits: Any, runs: Any) -> list[int]:
 
 def mismatched_runs(real_bits: Any, mine_bits: Any, runs: Any) -> list[int]:
     """Indices of the runs whose real elements differ bitwise from the shard's (flat integer views, same device)."""
-    from convcheck.bits import bytes_equal
+    from convcheck.compare.bits import bytes_equal
 
     if len(runs) <= MAX_SLICED_RUNS:
         return _sliced(real_bits, mine_bits, runs)

@@ -58,7 +58,7 @@ def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bo
     from convcheck import compat
 
     compat.install(spec.device)
-    from convcheck.checkpoint import open_checkpoint
+    from convcheck.hf.checkpoint import open_checkpoint
     from convcheck.rank.dist import init_distributed, rank_coord
     from convcheck.rank.model import build_model, load_bridge, load_weights, make_provider, unloaded_counts
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from convcheck.checkpoint import Checkpoint
 from convcheck.errors import one_line
+from convcheck.hf.checkpoint import Checkpoint
 from convcheck.layout import ParallelLayout, RankCoord
 from convcheck.progress import ProgressWriter
 from convcheck.verdict import Finding

@@ -81,7 +81,7 @@ def sentinel_bits(dtype: Any) -> int:
     name = str(dtype).removeprefix("torch.")
     if name in SENTINEL_BITS:
         return SENTINEL_BITS[name]
-    from convcheck.bits import int_view
+    from convcheck.compare.bits import int_view
 
     return int(int_view(torch.full((1,), float("nan"), dtype=dtype))[0])
 
@@ -106,7 +106,7 @@ def fill_sentinel(model: list[Any]) -> None:
 
 def sentinel_count(tensor: Any) -> int:
     """How many elements of a float tensor hold exactly the sentinel's bits (other NaNs do not count)."""
-    from convcheck.bits import count_true
+    from convcheck.compare.bits import count_true
 
     return count_true(_bits_view(tensor) == sentinel_bits(tensor.dtype))
 

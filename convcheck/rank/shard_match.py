@@ -106,7 +106,7 @@ class ShardTap:
                     self.held_bytes -= gone.numel() * gone.element_size()
 
     def _read(self, name: str) -> Any:
-        from convcheck.checkpoint import TensorReader
+        from convcheck.hf.checkpoint import TensorReader
 
         self.reader = self.reader or TensorReader(self.ctx.checkpoint)
         return self.reader.get(name)
@@ -133,7 +133,8 @@ def padded_vocab(provider: Any, vocab: int, tp: int) -> int:
 
 def registry_for(ctx: Any, all_names: set[str]) -> Any:
     """The explicit registry for this model, built leniently: parameters it does not cover are not checked."""
-    from convcheck.mappings import Geometry, build_registry
+    from convcheck.mappings import Geometry
+    from convcheck.models import build_registry
 
     config = ctx.checkpoint.config
     vocab = int((config.get("text_config") or config)["vocab_size"])

@@ -72,7 +72,7 @@ def _flat(tensor: Any) -> Any:
 
 def build_delta(previous: Mapping[str, Any], new: Mapping[str, Any]) -> Delta:
     """The delta that turns `previous` into `new` (bitwise; a dtype or shape change replaces the whole tensor)."""
-    from convcheck.bits import int_view, tensor_sha256, together
+    from convcheck.compare.bits import int_view, tensor_sha256, together
 
     entries = []
     for name in sorted(set(previous) | set(new)):
@@ -111,7 +111,7 @@ def _empty() -> Any:
 
 def apply_delta(state: Mapping[str, Any], delta: Delta) -> dict[str, Any]:
     """A new state: `state` with `delta` applied; touched tensors are patched copies, the others are shared."""
-    from convcheck.bits import int_view, tensor_sha256
+    from convcheck.compare.bits import int_view, tensor_sha256
 
     out = dict(state)
     for entry in delta.entries:
@@ -149,7 +149,7 @@ def apply_delta(state: Mapping[str, Any], delta: Delta) -> dict[str, Any]:
 
 def encode(delta: Delta) -> bytes:
     """Wire bytes: u64 little-endian header length, a JSON header, then the index and value buffers it points at."""
-    from convcheck.bits import int_view
+    from convcheck.compare.bits import int_view
 
     header: dict[str, Any] = {"format": FORMAT, "version": VERSION, "entries": []}
     blobs: list[bytes] = []

@@ -15,7 +15,7 @@ class SourceTensors(Mapping):
     """The source checkpoint as a read-on-access mapping of HF name -> tensor (what `expected(hf)` receives)."""
 
     def __init__(self, checkpoint: Any) -> None:
-        from convcheck.checkpoint import TensorReader
+        from convcheck.hf.checkpoint import TensorReader
 
         self._reader = TensorReader(checkpoint)
         self._names = sorted(checkpoint.tensors)
@@ -148,7 +148,7 @@ def _names_text(names: list[str]) -> str:
 def compare_param(receiver: Any, param: str, actual: Any, expected: Any, hf_names: list[str]) -> Finding | None:
     """None when `actual` is bitwise `expected`; else a finding naming the parameter, its HF sources and the first
     wrong element (`not-written` when it still holds the sentinel)."""
-    from convcheck.bits import compare_bits, count_true, first_true, together, unravel_index
+    from convcheck.compare.bits import compare_bits, count_true, first_true, together, unravel_index
 
     finding = compare_bits(param, expected, actual)
     if finding is None:

@@ -7,15 +7,12 @@ projections, routed experts); any other tensor passes. A tensor with no elements
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from convcheck.errors import BadInput
-from convcheck.geometry import Geometry
-
-if TYPE_CHECKING:
-    from convcheck.checkpoint import Checkpoint
+from convcheck.hf.geometry import Geometry
 
 _LAYER = r"(?:model\.|model\.language_model\.|language_model\.model\.|backbone\.)?layers\.\d+\."
 Dim = tuple[str, Callable[[Geometry], int]]
@@ -67,16 +64,20 @@ def expected_shape(name: str, geometry: Geometry) -> tuple[tuple[int, ...], str]
     return None
 
 
-def check_config_shapes(checkpoint: Checkpoint) -> None:
-    """BadInput naming the file and the tensor when a tensor is empty or its shape contradicts config.json."""
-    geometry = Geometry.from_hf_config(checkpoint.config)
-    for name in sorted(checkpoint.tensors):
-        entry = checkpoint.tensors[name]
+def check_config_shapes(config: dict[str, Any], tensors: Mapping[str, Any]) -> None:
+    """BadInput naming the file and the tensor when a tensor is empty or its shape contradicts config.json (every
+    offender is collected; the line names the first and counts the others). `tensors`: name -> entry with `.shape`
+    and `.file` (convcheck.hf.checkpoint.TensorEntry)."""
+    geometry = Geometry.from_hf_config(config)
+    problems = []
+    for name in sorted(tensors):
+        entry = tensors[name]
         if 0 in entry.shape:
-            raise BadInput(
+            problems.append(
                 f"tensor {name!r} in {entry.file} has no elements (shape {list(entry.shape)}); a model weight is "
                 f"never empty"
             )
+            continue
         implied = expected_shape(name, geometry)
         if implied is None:
             continue
@@ -84,7 +85,10 @@ def check_config_shapes(checkpoint: Checkpoint) -> None:
         fits = len(sizes) == len(entry.shape) and all(s in (0, d) for s, d in zip(sizes, entry.shape, strict=False))
         if not fits:
             shown = "[" + ", ".join(str(s) if s else "*" for s in sizes) + "]"
-            raise BadInput(
+            problems.append(
                 f"config/weights shape mismatch: tensor {name!r} in {entry.file} has shape {list(entry.shape)}, "
                 f"but config.json ({fields}) implies {shown}"
             )
+    if problems:
+        more = f" (and {len(problems) - 1} more tensor(s) like it)" if len(problems) > 1 else ""
+        raise BadInput(problems[0] + more)

@@ -11,7 +11,7 @@ import pytest
 
 from convcheck import compat
 from convcheck.compat.detect import has_attr, optional_module
-from convcheck.releases import current_release
+from convcheck.gate.release_table import current_release
 
 
 def release_label() -> str:
@@ -21,7 +21,7 @@ def release_label() -> str:
 
 
 def on_current_pins() -> bool:
-    """True when the installed megatron-bridge is the release of the current pins (requirements/releases.toml)."""
+    """True when the installed megatron-bridge is the release of the current pins (convcheck/gate/releases.toml)."""
     return metadata.version("megatron-bridge") == current_release()
 
 

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from convcheck.bits import int_view, together
+from convcheck.compare.bits import int_view, together
 
 Segment = tuple[int, int, str | None, int]
 """(actual start, actual stop, source tensor name or None when unmatched, source start)."""

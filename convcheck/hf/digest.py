@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from convcheck.checkpoint import Checkpoint, dtype_size, mapped_windows, open_weights
 from convcheck.errors import BadInput
+from convcheck.hf.checkpoint import Checkpoint, dtype_size, mapped_windows, open_weights
 
 FORMAT = "convcheck-digest/1"
 VERSION_FORMAT = "convcheck-version/1"

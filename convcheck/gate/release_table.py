@@ -1,4 +1,4 @@
-"""The Megatron-Bridge release table (requirements/releases.toml) as data: what each release's environment installs."""
+"""The Megatron-Bridge release table (releases.toml beside this file): what each release's environment installs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from convcheck.errors import BadInput
 
-TABLE = Path(__file__).resolve().parent.parent / "requirements" / "releases.toml"
+TABLE = Path(__file__).resolve().parent / "releases.toml"
 """The release table of this checkout."""
 
 
@@ -74,7 +74,7 @@ def get_release(bridge: str, path: str | Path = TABLE) -> Release:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m convcheck.releases requirements X` prints X's pip lines; `list` prints every release."""
+    """`python -m convcheck.gate.release_table requirements X` prints X's pip lines; `list` prints every release."""
     args = sys.argv[1:] if argv is None else argv
     try:
         if args[:1] == ["list"]:
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args[:1] == ["requirements"] and len(args) == 2:
             print("\n".join(get_release(args[1]).requirements()))
         else:
-            raise BadInput("usage: python -m convcheck.releases list | requirements BRIDGE_VERSION")
+            raise BadInput("usage: python -m convcheck.gate.release_table list | requirements BRIDGE_VERSION")
     except BadInput as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

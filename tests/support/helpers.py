@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -51,12 +51,12 @@ def mutant(module: str, name: str) -> str:
     return f"convcheck.mutants.{module}:{name}"
 
 
-def shared_run(root: Path, *args: str, timeout: float = 300) -> tuple[CliResult, Path]:
+def shared_run(root: Path, *args: str, timeout: float = 300, key: str | None = None) -> tuple[CliResult, Path]:
     """`run_cli(*args)` once per test session, by whichever xdist worker asks first; the others wait and read it.
 
     `{dir}` in an argument is replaced by the run's own folder (returned too), e.g. `--manifest {dir}/m.json`.
     """
-    folder = root / "shared-runs" / hashlib.sha256("\0".join(args).encode()).hexdigest()[:16]
+    folder = root / "shared-runs" / hashlib.sha256((key or "\0".join(args)).encode()).hexdigest()[:16]
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -69,9 +69,14 @@ def shared_run(root: Path, *args: str, timeout: float = 300) -> tuple[CliResult,
 
 
 def matrix_run(root: Path, name: str, layout: tuple[str, ...]) -> tuple[CliResult, Path]:
-    """The verify-matrix case of tiny:NAME at `layout` (every default oracle, gate manifest written), run once."""
-    return shared_run(root, "verify", "--model", f"tiny:{name}", *layout, "--table", "failures",
-                      "--manifest", "{dir}/manifest.json")  # fmt: skip
+    """The verify-matrix case of tiny:NAME at `layout` (every default oracle, gate manifest written), run once per
+    session whatever the spelling of its layout (keyed by the case id; KeyError for a case not in the table)."""
+    from tests.support.cases import CASES, case_id
+
+    key = case_id(name, layout)
+    spelled = next(lay for n, lay in CASES if n == name and case_id(n, lay) == key)
+    return shared_run(root, "verify", "--model", f"tiny:{name}", *spelled, "--table", "failures",
+                      "--manifest", "{dir}/manifest.json", key=key)  # fmt: skip
 
 
 def processes_holding(folder: Path) -> list[int]:

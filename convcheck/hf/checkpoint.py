@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from convcheck.errors import BadInput
+from convcheck.hf.shapes import check_config_shapes
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -209,9 +210,7 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         raise BadInput(f"config.json in {folder}: 'architectures' must be a list of class names, got {archs!r}")
 
     checkpoint = Checkpoint(path=folder, config=config, tensors=_folder_tensors(folder))
-    from convcheck.config_shapes import check_config_shapes
-
-    check_config_shapes(checkpoint)
+    check_config_shapes(checkpoint.config, checkpoint.tensors)
     return checkpoint
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from convcheck.bits import raw_bytes
+from convcheck.compare.bits import raw_bytes
 
 DEFAULT_BUDGET = 256 << 20
 """Bytes of CPU copies that may wait for a hashing thread (a tensor larger than this waits alone)."""

@@ -91,7 +91,7 @@ def exported_config(ctx: RankContext) -> dict[str, Any]:
 
 def source_entries(ctx: RankContext) -> dict[str, dict[str, Any]]:
     """dtype, shape and sha256 of every tensor of the source checkpoint (rank 0)."""
-    from convcheck.checkpoint import TensorReader
+    from convcheck.hf.checkpoint import TensorReader
 
     reader = TensorReader(ctx.checkpoint)
     return {name: tensor_entry(reader.get(name)) for name in sorted(ctx.checkpoint.tensors)}

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from convcheck.checkpoint import INDEX_NAME, WINDOW, Checkpoint, TensorEntry, mapped_windows, open_weights
-from convcheck.digest import (
+from convcheck.errors import BadInput
+from convcheck.hf.checkpoint import INDEX_NAME, WINDOW, Checkpoint, TensorEntry, mapped_windows, open_weights
+from convcheck.hf.digest import (
     DigestEntry,
     Manifest,
     Progress,
@@ -20,7 +21,6 @@ from convcheck.digest import (
     storage_order,
     tensor_digest,
 )
-from convcheck.errors import BadInput
 from convcheck.verdict import FAIL, PASS, Finding
 
 _INT_DTYPES = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64"}
@@ -232,7 +232,7 @@ def _window_diff(entry: TensorEntry, wa: Any, wb: Any) -> tuple[int, int, str, s
     """How many elements of one window differ (integer views of the element width); the first's index and values."""
     import torch
 
-    from convcheck.bits import count_true, describe_element, first_true, int_view
+    from convcheck.compare.bits import count_true, describe_element, first_true, int_view
 
     dtype = getattr(torch, entry.torch_dtype)
     ta = torch.frombuffer(bytearray(wa), dtype=torch.uint8).view(dtype)

@@ -20,11 +20,11 @@ from typing import Any
 
 from convcheck.ckpt.folder import Structure, check_index, check_manifest
 from convcheck.ckpt.manifest import CHECKPOINT_SUBDIR, MANIFEST_NAME, VersionManifest, read_version_manifest
-from convcheck.ckpt.memory import memory_mb, reset_peak
 from convcheck.ckpt.shards import DEFAULT_MAX_SHARD_BYTES
 from convcheck.errors import BadInput
 from convcheck.layout import ParallelLayout
 from convcheck.rank.context import RankContext
+from convcheck.rank.memory import memory_mb, reset_peak
 from convcheck.verdict import Finding, OracleVerdict, Report, make_verdict
 
 COPIED = ("config.json", "generation_config.json")
@@ -73,7 +73,7 @@ def write_version(
     staging.mkdir()
     try:
         kwargs = {"folder": str(staging), "step": step, "model": model, "max_shard_bytes": max_shard_bytes}
-        function = "convcheck.ckpt.version:write_in_ranks"
+        function = "convcheck.workflows.version:write_in_ranks"
         value = api.run_in_ranks(
             function, model, layout, kwargs=kwargs, device=device, hooks=hooks, timeout_s=timeout_s, log_dir=log_dir
         )
@@ -216,7 +216,7 @@ def _checkpoint_verdict(
     device, _ = choose_device(device, visible_gpu_count() if device != "cpu" else 0, layout.world_size)
     kwargs = {"folder": str(root), "checkpoint": str(ckpt), "step": manifest.step}
     value = api.run_in_ranks(
-        "convcheck.ckpt.version:check_in_ranks", str(root), layout, kwargs=kwargs, device=device, hooks=hooks,
+        "convcheck.workflows.version:check_in_ranks", str(root), layout, kwargs=kwargs, device=device, hooks=hooks,
         timeout_s=timeout_s, log_dir=log_dir, load_hf=False,
     )  # fmt: skip
     findings = [Finding.from_dict(f) for f in value["findings"]]

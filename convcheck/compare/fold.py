@@ -46,7 +46,7 @@ def digest(tensor: Any) -> str:
     """Hex digest of `tensor`'s raw bytes (dtype and shape are not part of it: record them next to it)."""
     import torch
 
-    from convcheck.bits import int_view
+    from convcheck.compare.bits import int_view
 
     data = int_view(tensor).view(torch.int8)
     h = hashlib.sha256(_TAG + data.numel().to_bytes(8, "little"))

@@ -1,0 +1,39 @@
+"""The one table of verify-matrix cases: every fixture at its layouts, each run once per test session by whichever test
+asks first (`tests.support.helpers.matrix_run`, keyed by the case's gate id) and checked against its golden manifest."""
+
+from __future__ import annotations
+
+from convcheck.fixtures import FIXTURES, RELEASE_VARIANTS
+from convcheck.gate.case import Case
+from convcheck.layout import ParallelLayout
+
+DENSE_LAYOUTS = [(), ("--tp", "2"), ("--pp", "2")]
+MOE_LAYOUTS = [("--ep", "2"), ("--tp", "2", "--ep", "2")]
+HYBRID_LAYOUTS = [(), ("--tp", "2"), ("--ep", "2")]
+DENSE = [name for name in sorted(FIXTURES) if name not in ("nemotron-h", *RELEASE_VARIANTS)]
+CASES = (
+    [(name, layout) for name in DENSE for layout in DENSE_LAYOUTS]
+    + [("qwen3-moe", layout) for layout in MOE_LAYOUTS]
+    + [("nemotron-h", layout) for layout in HYBRID_LAYOUTS]
+    + [("qwen2", ("--tp", "4"))]  # fewer KV heads (2) than TP ranks (4): each query group split over two ranks
+)
+PADDED = ("qwen3", ("--tp", "2", "--pad-vocab", "128"))
+"""The padded vocabulary training uses (make_vocab_size_divisible_by=128 x TP2): megatron-bridge 0.6.2 fails it."""
+
+
+def gate_case(name: str, layout: tuple[str, ...]) -> Case:
+    """The gate case of one matrix entry (its golden manifest is GOLDEN_DIR / case.file_name)."""
+    args = dict(zip(layout[::2], layout[1::2], strict=True))
+    pad = args.pop("--pad-vocab", None)
+    grid = ParallelLayout(**{k.removeprefix("--"): int(v) for k, v in args.items()})
+    return Case(model=f"tiny:{name}", layout=grid, pad_vocab=int(pad) if pad else None)
+
+
+def case_id(name: str, layout: tuple[str, ...]) -> str:
+    """The gate id of tiny:NAME at `layout` (e.g. "qwen3/tp2"); KeyError when the table has no such case (another
+    spelling of a layout in the table is the same case)."""
+    wanted = gate_case(name, layout).id
+    known = {gate_case(n, lay).id for n, lay in [*CASES, PADDED]}
+    if wanted not in known:
+        raise KeyError(f"no verify-matrix case {wanted} (tiny:{name} {' '.join(layout)}); known: {sorted(known)}")
+    return wanted
