@@ -10,6 +10,7 @@ from typing import Any
 from convcheck.causes import explain
 from convcheck.device import choose_device, visible_gpu_count
 from convcheck.errors import BadInput
+from convcheck.hf.geometry import Geometry
 from convcheck.layout import ParallelLayout
 from convcheck.progress import ProgressSink
 from convcheck.verdict import OracleVerdict, Report, complete
@@ -100,6 +101,7 @@ def prepare(
     sender = check_sync(names, grid, sender, receiver, chunk_mb)
     resumes = resume_layouts(names, resume_layout, checkpoint.config, experts)
     targets = reshard_targets(names, target_tp, target_ep, target_etp, checkpoint.config, experts)
+    requested = device
     gpus = visible_gpu_count() if device != "cpu" else 0
     device, reason = choose_device(device, gpus, max([grid.world_size, *(r.world_size for r in resumes)]))
     if progress is not None:
@@ -114,6 +116,7 @@ def prepare(
         timeout_s=timeout_s,
         experts=experts,
         device_reason=reason,
+        device_requested=requested,
         sender=sender,
         receiver=receiver,
         chunk_mb=float(chunk_mb),
@@ -154,21 +157,19 @@ def reshard_targets(
         return (1,), (1,), (1,)
     if experts == "te-grouped":
         raise BadInput("the reshard oracle plans sequential experts only (no --experts te-grouped)")
-    cfg = {**config, **(config.get("text_config") or {})}
-    heads = cfg.get("num_attention_heads") or 0
-    kv = cfg.get("num_key_value_heads") or heads
-    ffn = [cfg[k] for k in ("intermediate_size", "moe_intermediate_size") if cfg.get(k)]
+    geometry = Geometry.from_hf_config(config)
+    heads, kv, num_experts = geometry.num_heads, geometry.num_query_groups, geometry.num_experts
+    ffn = [f for f in (geometry.ffn, geometry.moe_ffn) if f]
     for tp in tps or (1,):
         if heads % tp or (kv % tp and tp % kv) or any(f % tp for f in ffn):
             raise BadInput(
                 f"--target-tp {tp} must divide the {heads} heads and the MLP width(s) {ffn}, and divide or be a "
                 f"multiple of the {kv} kv heads"
             )
-    num_experts = next((cfg[k] for k in ("num_experts", "num_local_experts", "n_routed_experts") if cfg.get(k)), 0)
     for ep in eps:
         if ep > 1 and (not num_experts or num_experts % ep):
             raise BadInput(f"--target-ep must be a positive integer dividing the {num_experts} experts, got {ep!r}")
-    moe_ffn = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0
+    moe_ffn = geometry.moe_ffn or geometry.ffn
     for etp in etps:
         if etp > 1 and (not num_experts or moe_ffn % etp):
             raise BadInput(
@@ -208,8 +209,7 @@ def resume_layouts(
 
 
 def _has_experts(config: dict[str, Any]) -> bool:
-    cfg = {**config, **(config.get("text_config") or {})}
-    return any(cfg.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+    return Geometry.from_hf_config(config).num_experts > 0
 
 
 def check_sync(
@@ -241,10 +241,8 @@ def run(job: Any, log_dir: str | None = None, progress: ProgressSink | None = No
         result = run_resumes(job, result, log_dir, progress)
     ranked = tuple(OracleVerdict.from_dict(o) for o in result["oracles"])
     attributed = attribute_layout(job, ranked, log_dir, progress)
-    if attributed != ranked and job.manifest_out and Path(job.manifest_out).is_file():
-        from convcheck.gate.manifest import update_oracles
-
-        update_oracles(job.manifest_out, [v.to_dict() for v in attributed])
+    if job.manifest_out and "manifest" in result:
+        write_gate_manifest(job.manifest_out, result["manifest"], attributed)
     verdicts = complete(job.oracles, attributed)
     return Report(
         model=job.model_label,
@@ -258,6 +256,14 @@ def run(job: Any, log_dir: str | None = None, progress: ProgressSink | None = No
         rank0_peak_MB=dict(result.get("rank0_peak_MB", {})),
         rank0_anon_peak_MB=dict(result.get("rank0_anon_peak_MB", {})),
     )
+
+
+def write_gate_manifest(path: str, parts: dict[str, Any], verdicts: Sequence[OracleVerdict]) -> None:
+    """Write the case's gate manifest once: what rank 0 recorded (convcheck.engine.recorder) and the final verdicts."""
+    from convcheck.gate.manifest import build_manifest, write_manifest
+
+    fields = {k: v for k, v in parts.items() if k != "note"}
+    write_manifest(path, build_manifest(**fields, verdicts=[v.to_dict() for v in verdicts]))
 
 
 def verify(

@@ -76,33 +76,35 @@ class ParallelLayout:
         return cls(**{k: int(data[k]) for k in ("tp", "pp", "ep", "etp") if k in data})
 
     def validate_for(self, config: dict[str, Any]) -> None:
-        """Raise BadInput naming the first constraint this layout breaks for an HF config dict."""
-        geometry = Geometry.from_hf_config(config)
+        """Raise BadInput naming every constraint this layout breaks for an HF config dict (one line, first first)."""
+        problems = self.problems_for(Geometry.from_hf_config(config))
+        if problems:
+            raise BadInput(f"impossible layout {self.label}: " + "; ".join(problems))
+
+    def problems_for(self, geometry: Geometry) -> list[str]:
+        """Every constraint this layout breaks for a model of `geometry` (empty when the layout is possible)."""
         heads, kv_heads, layers = geometry.num_heads, geometry.num_query_groups, geometry.num_layers
         experts, ffn = geometry.num_experts, geometry.ffn
         moe_ffn = geometry.moe_ffn or ffn
+        out = []
         if heads and heads % self.tp:
-            raise BadInput(f"impossible layout {self.label}: tp={self.tp} does not divide num_attention_heads={heads}")
+            out.append(f"tp={self.tp} does not divide num_attention_heads={heads}")
         if kv_heads and kv_heads % self.tp and self.tp % kv_heads:  # Megatron-Core replicates KV heads when kv < tp
-            raise BadInput(
-                f"impossible layout {self.label}: tp={self.tp} neither divides nor is a multiple of "
-                f"num_key_value_heads={kv_heads}"
-            )
+            out.append(f"tp={self.tp} neither divides nor is a multiple of num_key_value_heads={kv_heads}")
         if ffn and ffn % self.tp:
-            raise BadInput(f"impossible layout {self.label}: tp={self.tp} does not divide intermediate_size={ffn}")
+            out.append(f"tp={self.tp} does not divide intermediate_size={ffn}")
         if layers and layers % self.pp:
-            raise BadInput(f"impossible layout {self.label}: pp={self.pp} does not divide num_hidden_layers={layers}")
+            out.append(f"pp={self.pp} does not divide num_hidden_layers={layers}")
         if not experts and (self.ep > 1 or self.etp > 1):
-            raise BadInput(f"impossible layout {self.label}: the model has no experts, so ep and etp must be 1")
+            out.append("the model has no experts, so ep and etp must be 1")
         for key, value in (("mamba_num_heads", geometry.mamba_heads), ("n_groups", geometry.mamba_groups)):
             if value and geometry.has_mamba_layers and value % self.tp:
-                raise BadInput(f"impossible layout {self.label}: tp={self.tp} does not divide {key}={value}")
+                out.append(f"tp={self.tp} does not divide {key}={value}")
         if experts and experts % self.ep:
-            raise BadInput(f"impossible layout {self.label}: ep={self.ep} does not divide num_experts={experts}")
+            out.append(f"ep={self.ep} does not divide num_experts={experts}")
         if experts and moe_ffn and moe_ffn % self.etp:
-            raise BadInput(
-                f"impossible layout {self.label}: etp={self.etp} does not divide moe_intermediate_size={moe_ffn}"
-            )
+            out.append(f"etp={self.etp} does not divide moe_intermediate_size={moe_ffn}")
+        return out
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -9,10 +9,12 @@ from typing import Any, Iterator
 import pytest
 import torch
 
+from convcheck.oracles import riders
 from convcheck.probe import fused
 from convcheck.probe.collect import collect, origin
 from convcheck.probe.run import CodeCache
 from convcheck.probe.runs import hf_ranges
+from convcheck.rank.context import RunMemo
 
 
 class Halves:
@@ -49,7 +51,7 @@ def _ctx() -> Any:
     weights = [torch.arange(12, dtype=torch.bfloat16).reshape(4, 3) + i for i in range(3)]
     tasks = [Task(f"p{i}", f"p{i}", Halves(f"hf{i}"), w) for i, w in enumerate(weights)]
     bridge = SimpleNamespace(get_conversion_tasks=lambda model: list(tasks))
-    return SimpleNamespace(bridge=bridge, model=[], rank=0, world=1, layout=_layout(), phase="oracle x")
+    return SimpleNamespace(bridge=bridge, model=[], rank=0, world=1, layout=_layout(), phase="oracle x", memo=RunMemo())
 
 
 def _export(tasks: list[Task], *, swap_args: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
@@ -92,7 +94,7 @@ def test_a_drain_that_is_not_the_whole_export_keeps_nothing(how: str) -> None:
         original.megatron_to_hf = boom  # the shell forwards to the real mapping, which now raises
         with pytest.raises(RuntimeError, match="gather failed"):
             list(tap.drain(_export(tap.tasks)))
-    assert origin(ctx) is None and getattr(ctx, "_convcheck_probe_records", None) is None
+    assert origin(ctx) is None and ctx.memo.probe_records is None
 
 
 class Views:
@@ -174,3 +176,10 @@ def test_views_stand_in_for_the_probe_only_where_no_gather_is_due(
     real = {"all": weight}
     collect_mod.task_records(ctx, 0, Task("p", "p", mapping, weight), real, CodeCache(), with_real=True, unwritten=True)
     assert runs == ([1] if probed else [])
+
+
+def test_the_differential_rides_on_an_earlier_export_drain_only() -> None:
+    assert "differential" in riders(["coverage", "roundtrip", "differential"])
+    assert "differential" in riders(["layout", "differential"])
+    assert "differential" not in riders(["differential", "coverage"])
+    assert "differential" not in riders(["config", "logits", "differential", "elements"])

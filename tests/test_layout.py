@@ -54,3 +54,12 @@ def test_fewer_kv_heads_than_tp_is_legal() -> None:
 def test_non_positive_sizes(bad: object) -> None:
     with pytest.raises(BadInput, match="positive integer"):
         ParallelLayout(tp=bad)  # type: ignore[arg-type]
+
+
+def test_every_broken_constraint_is_named_in_one_line() -> None:
+    config = {**DENSE, "num_attention_heads": 6, "num_key_value_heads": 3, "num_hidden_layers": 3}
+    with pytest.raises(BadInput) as caught:
+        ParallelLayout(tp=4, pp=2).validate_for(config)
+    message = str(caught.value)
+    assert message.startswith("impossible layout TP4xPP2: tp=4 does not divide num_attention_heads=6; ")
+    assert "num_key_value_heads=3" in message and "num_hidden_layers=3" in message and "\n" not in message

@@ -184,14 +184,8 @@ def test_layout_choice_and_adapter_support() -> None:
     with pytest.raises(BadInput, match="not both"):
         _choose_layout("tp2", {"ep": 2}, None, ParallelLayout())
 
-    def old_verify(model: str, layout: Any = None, *, oracles: Any = None) -> None: ...
-
-    def new_verify(model: str, layout: Any = None, *, sender: Any = None, receiver: Any = None) -> None: ...
-
-    assert _adapter_options(old_verify, sender=None, receiver=None) == {}
-    with pytest.raises(BadInput, match="sender= is not supported by the installed convcheck"):
-        _adapter_options(old_verify, sender="bucketed", receiver=None)
-    assert _adapter_options(new_verify, sender="bucketed", receiver="hf") == {"sender": "bucketed", "receiver": "hf"}
+    assert _adapter_options(sender=None, receiver=None) == {}
+    assert _adapter_options(sender="bucketed", receiver="hf") == {"sender": "bucketed", "receiver": "hf"}
 
 
 def test_verify_fixture_passes_reshard_targets(convcheck_verify: Any, monkeypatch: pytest.MonkeyPatch) -> None:

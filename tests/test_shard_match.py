@@ -12,6 +12,7 @@ import torch
 from convcheck.layout import ParallelLayout, RankCoord
 from convcheck.mappings.registry import MappingRegistry
 from convcheck.mappings.simple import Gated, Replicated, Split
+from convcheck.oracles import riders
 from convcheck.rank import shard_match
 from convcheck.rank.shard_match import ShardTap
 
@@ -113,11 +114,11 @@ def test_over_the_hold_budget_a_parameter_is_left_to_the_oracle(monkeypatch: pyt
     assert tap.held == {} and tap.held_bytes == 0
 
 
-def test_wanted_only_when_roundtrip_runs_before_mapping() -> None:
-    assert shard_match.wanted(["coverage", "roundtrip", "logits", "mapping"])
-    assert not shard_match.wanted(["mapping", "roundtrip"])
-    assert not shard_match.wanted(["coverage", "mapping"])
-    assert not shard_match.wanted(["roundtrip"])
+def test_mapping_rides_on_source_reads_only_when_roundtrip_runs_before_it() -> None:
+    assert "mapping" in riders(["coverage", "roundtrip", "logits", "mapping"])
+    assert "mapping" not in riders(["mapping", "roundtrip"])
+    assert "mapping" not in riders(["coverage", "mapping"])
+    assert riders(["roundtrip"]) == frozenset()
 
 
 def test_a_mapping_that_raises_is_left_to_the_oracle_and_the_drain_goes_on() -> None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import sys
 import traceback
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -27,56 +29,42 @@ def _fail_line(exc: BaseException) -> None:
     sys.exit(EXIT_BAD_INPUT)
 
 
-def replay_command(
-    model: str,
-    layout: "ParallelLayout",
-    device: str,
-    oracles: list[str],
-    hooks: tuple[str, ...],
-    experts: str = "sequential",
-    extra: tuple[str, ...] = (),
-    pad_vocab: int | None = None,
-    resume_layouts: tuple["ParallelLayout", ...] = (),
-    target_tps: tuple[int, ...] = (),
-    target_eps: tuple[int, ...] = (),
-    target_etps: tuple[int, ...] = (),
-) -> str:
-    """One shell line that reruns exactly the failing oracles of this run (`extra`: further options, as given)."""
-    import shlex
-
-    args = ["convcheck", "verify", "--model", model]
-    for key, value in (("tp", layout.tp), ("pp", layout.pp), ("ep", layout.ep), ("etp", layout.etp)):
-        if value != 1:
-            args += [f"--{key}", str(value)]
-    if device != "auto":
-        args += ["--device", device]
-    if experts != "sequential":
-        args += ["--experts", experts]
-    if pad_vocab is not None:
-        args += ["--pad-vocab", str(pad_vocab)]
-    args += ["--oracle", ",".join(oracles)]
-    for hook in hooks:
-        args += ["--hook", hook]
-    if "distckpt" in oracles:
-        for resume in resume_layouts:
-            args += ["--resume-layout", resume.spec]
-    if "reshard" in oracles:
-        for flag, sizes in (("--target-tp", target_tps), ("--target-ep", target_eps), ("--target-etp", target_etps)):
-            if tuple(sizes) != (1,):
-                args += [a for size in sizes for a in (flag, str(size))]
-    return shlex.join([*args, *extra])
+PREPARE_OPTIONS = ("model", "tp", "pp", "ep", "etp", "oracles", "device", "hooks", "experts", "timeout", "sender",
+                   "receiver", "chunk_mb", "pad_vocab", "manifest_path", "resume_layouts", "target_tps", "target_eps",
+                   "target_etps")  # fmt: skip
+"""The verify options that make its Job (the others say where output goes)."""
 
 
-def sync_options(sender: str | None, receiver: str | None, chunk_mb: float) -> tuple[str, ...]:
-    """The weight-sync options of a run, for its replay line (defaults left out)."""
-    out: list[str] = []
-    if sender is not None:
-        out += ["--sender", sender]
-    if receiver is not None:
-        out += ["--receiver", receiver]
-    if chunk_mb != 64.0:
-        out += ["--chunk-mb", f"{chunk_mb:g}"]
-    return tuple(out)
+def job_from_options(params: dict[str, Any], progress: Any = None) -> Any:
+    """`api.prepare` of verify's parsed options (PREPARE_OPTIONS, as click hands them over) -> the Job."""
+    from convcheck import api
+    from convcheck.layout import ParallelLayout
+
+    p = params
+    return api.prepare(
+        p["model"],
+        ParallelLayout(tp=p["tp"], pp=p["pp"], ep=p["ep"], etp=p["etp"]),
+        oracles=p["oracles"],
+        device=p["device"],
+        hooks=p["hooks"],
+        experts=p["experts"],
+        timeout_s=p["timeout"],
+        progress=progress,
+        sender=p["sender"],
+        receiver=p["receiver"],
+        chunk_mb=p["chunk_mb"],
+        pad_vocab=p["pad_vocab"],
+        manifest_out=p["manifest_path"],
+        resume_layout=p["resume_layouts"] or None,
+        target_tp=p["target_tps"] or None,
+        target_ep=p["target_eps"] or None,
+        target_etp=p["target_etps"] or None,
+    )
+
+
+def replay_line(job: Any, oracles: Sequence[str]) -> str:
+    """One shell line that reruns exactly `oracles` of this run (built from its Job)."""
+    return shlex.join(["convcheck", "verify", *job.replay_args(oracles)])
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -188,49 +176,15 @@ def verify(
     display = progress_for(f"{model} {layout.label}", quiet)
     try:
         with display or contextlib.nullcontext():
-            job = api.prepare(
-                model,
-                layout,
-                oracles=oracles,
-                device=device,
-                hooks=hooks,
-                experts=experts,
-                timeout_s=timeout,
-                progress=display,
-                sender=sender,
-                receiver=receiver,
-                chunk_mb=chunk_mb,
-                pad_vocab=pad_vocab,
-                manifest_out=manifest_path,
-                resume_layout=resume_layouts or None,
-                target_tp=target_tps or None,
-                target_ep=target_eps or None,
-                target_etp=target_etps or None,
-            )
+            options = click.get_current_context().params
+            job = job_from_options({k: options[k] for k in PREPARE_OPTIONS}, progress=display)
             report = api.run(job, log_dir=log_dir, progress=display)
     except ConvcheckError as exc:
         _fail_line(exc)
     print_report(report, table=table)
     if report.verdict != PASS:
         failing = [o.name for o in report.oracles if o.verdict != PASS]
-        extra = sync_options(sender, receiver, chunk_mb)
-        click.echo(
-            "replay: "
-            + replay_command(
-                model,
-                layout,
-                device,
-                failing,
-                hooks,
-                experts,
-                extra,
-                pad_vocab,
-                job.resume_layouts,
-                job.target_tps,
-                job.target_eps,
-                job.target_etps,
-            )
-        )
+        click.echo("replay: " + replay_line(job, failing))
     outputs = {path: render(report) for path, render in ((json_path, report_json), (junit_path, junit_xml)) if path}
     try:
         write_together(outputs)

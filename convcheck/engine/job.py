@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -23,6 +24,8 @@ class Job:
     """The device the ranks use ("cpu" or "cuda"), already decided (see convcheck.device)."""
     device_reason: str = ""
     """Why: what was requested and, for auto, what was visible."""
+    device_requested: str = "auto"
+    """What `--device` asked for (auto, cpu, cuda): the replay line repeats it, not what auto decided."""
     oracles: tuple[str, ...] = ()
     hooks: tuple[str, ...] = ()
     """`module:function` or `file.py:function` callables run in every rank before the model is built."""
@@ -59,6 +62,36 @@ class Job:
     """Reshard oracle: the target expert-TP sizes (1: each expert whole on its target EP rank)."""
     resuming: bool = False
     """Set only in a resume job: the model is built but not loaded from the HF checkpoint (`checkpoint_dir` is)."""
+
+    def replay_args(self, oracles: Sequence[str] | None = None) -> list[str]:
+        """`convcheck verify` arguments that rerun this job, with only `oracles` when given (defaults left out)."""
+        oracles = list(self.oracles if oracles is None else oracles)
+        args = ["--model", self.model_label]
+        for key in ("tp", "pp", "ep", "etp"):
+            if (value := getattr(self.layout, key)) != 1:
+                args += [f"--{key}", str(value)]
+        if self.device_requested != "auto":
+            args += ["--device", self.device_requested]
+        if self.experts != "sequential":
+            args += ["--experts", self.experts]
+        if self.pad_vocab is not None:
+            args += ["--pad-vocab", str(self.pad_vocab)]
+        args += ["--oracle", ",".join(oracles)]
+        args += [a for hook in self.hooks for a in ("--hook", hook)]
+        if "distckpt" in oracles:
+            args += [a for resume in self.resume_layouts for a in ("--resume-layout", resume.spec)]
+        if "reshard" in oracles:
+            for flag, sizes in (("--target-tp", self.target_tps), ("--target-ep", self.target_eps),
+                                ("--target-etp", self.target_etps)):  # fmt: skip
+                if tuple(sizes) != (1,):
+                    args += [a for size in sizes for a in (flag, str(size))]
+        if self.sender is not None:
+            args += ["--sender", self.sender]
+        if self.receiver is not None:
+            args += ["--receiver", self.receiver]
+        if self.chunk_mb != 64.0:
+            args += ["--chunk-mb", f"{self.chunk_mb:g}"]
+        return args
 
     def rank_spec(self) -> RankSpec:
         """What each rank needs to bring up its model."""

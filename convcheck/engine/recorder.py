@@ -1,11 +1,12 @@
-"""Rank side of the gate manifest: tap the export the oracles drain, gather the conversion tasks, write on rank 0."""
+"""Rank side of the gate manifest: tap the export the oracles drain, gather the conversion tasks; rank 0 hands the
+parts to the launcher, which writes the manifest once with the final verdicts."""
 
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator
+from typing import Any
 
-from convcheck.gate.manifest import build_manifest, jsonable, tensor_entry, write_manifest
+from convcheck.gate.manifest import jsonable, tensor_entry
 from convcheck.rank.context import RankContext
 
 
@@ -14,31 +15,33 @@ class ExportTap:
 
     def __init__(self, ctx: RankContext) -> None:
         self.ctx = ctx
-        self._stream = ctx.export
         self.done = False
         self.drained_again = False
         self.tensors: dict[str, dict[str, Any]] = {}
         self.error: str | None = None
+        self._seen: dict[str, dict[str, Any]] | None = None
 
-    def export(self, cpu: bool = True) -> Iterator[tuple[str, Any]]:
-        """The context's export stream, unchanged; the first complete pass is digested on the way."""
-        record = not self.done
-        seen: dict[str, dict[str, Any]] = {}
-        for name, tensor in self._stream(cpu=cpu):
-            if record and self.ctx.is_reporter:
-                if name in seen:
-                    seen[name]["copies"] = seen[name].get("copies", 1) + 1
-                else:
-                    seen[name] = tensor_entry(tensor)
-            yield name, tensor
-        if record:
-            self.done, self.tensors, self.error = True, seen, self.ctx.export_error
+    def start(self) -> None:
+        self._seen = {} if not self.done and self.ctx.is_reporter else None
+
+    def offer(self, name: str, tensor: Any) -> None:
+        if self._seen is None:
+            return
+        if name in self._seen:
+            self._seen[name]["copies"] = self._seen[name].get("copies", 1) + 1
+        else:
+            self._seen[name] = tensor_entry(tensor)
+
+    def finish(self, export_error: str | None) -> None:
+        if not self.done:
+            self.done, self.tensors, self.error = True, self._seen or {}, export_error
+        self._seen = None
 
     def digests(self) -> tuple[dict[str, dict[str, Any]], str | None]:
         """Collective: the recorded digests, draining the export once when no oracle drained it to its end."""
         if not self.done:
             self.drained_again = True
-            for _ in self.export():
+            for _ in self.ctx.export():
                 pass
         return self.tensors, self.error
 
@@ -107,13 +110,14 @@ class ManifestRecorder:
 
     @classmethod
     def start(cls, ctx: RankContext) -> "ManifestRecorder":
-        """Install the export tap on `ctx` (its `export` now records the first full stream) and read the config."""
+        """Add the export tap to the run (the first full stream is digested on its way) and read the config."""
         tap = ExportTap(ctx)
-        ctx.export = tap.export  # type: ignore[method-assign]
+        ctx.memo.export_taps.append(tap)
         return cls(ctx, tap)
 
-    def finish(self, job: Any, verdicts: list[dict[str, Any]]) -> None:
-        """Collective: gather the tasks, complete the digests; rank 0 writes the manifest to `job.manifest_out`."""
+    def finish(self, job: Any) -> dict[str, Any] | None:
+        """Collective: gather the tasks, complete the digests; rank 0 returns the manifest's parts (the launcher
+        writes the manifest once, with the run's final verdicts: convcheck.gate.manifest.build_manifest)."""
         from convcheck.gate.case import Case
         from convcheck.versions import versions
 
@@ -128,19 +132,14 @@ class ManifestRecorder:
                 tasks.setdefault(name, entry)
         case = Case(model=job.model_label, layout=job.layout, pad_vocab=job.pad_vocab, experts=job.experts)
         run = {"versions": versions(), "device": job.device, "hooks": list(job.hooks)}
-        manifest = build_manifest(
-            case=case.to_dict(),
-            run=run,
-            source=source_entries(self.ctx),
-            exported=exported,
-            export_error=error,
-            tasks=tasks,
-            config=self.config,
-            verdicts=verdicts,
-        )
-        write_manifest(job.manifest_out, manifest)
         how = "a second export drain" if self.tap.drained_again else "the oracles' export stream"
-        print(
-            f"convcheck: gate manifest written in {time.perf_counter() - started:.3f} s (digests from {how})",
-            flush=True,
-        )
+        return {
+            "case": case.to_dict(),
+            "run": run,
+            "source": source_entries(self.ctx),
+            "exported": exported,
+            "export_error": error,
+            "tasks": tasks,
+            "config": self.config,
+            "note": f"digests from {how} in {time.perf_counter() - started:.3f} s",
+        }

@@ -17,8 +17,7 @@ from convcheck.errors import BadInput, one_line
 def run_job(job: Job) -> dict[str, Any] | None:
     """Run every selected oracle (or the job's rank function) on this rank; the result dict on rank 0, else None."""
     from convcheck.hooks import load_hook
-    from convcheck.oracles import load_oracle
-    from convcheck.probe import fused
+    from convcheck.oracles import load_oracle, riders
     from convcheck.rank import shard_match
     from convcheck.rank.bringup import bring_up
     from convcheck.rank.memory import AnonPeak
@@ -37,8 +36,9 @@ def run_job(job: Job) -> dict[str, Any] | None:
         from convcheck.engine.recorder import ManifestRecorder
 
         recorder = ManifestRecorder.start(ctx)  # taps the export stream the oracles drain anyway
-    ctx.probe_in_export = fused.wanted(job.oracles)
-    ctx.shard_tap = shard_match.start(ctx) if shard_match.wanted(job.oracles) else None
+    riding = riders(job.oracles)  # what the oracles declare they do inside an earlier oracle's drain
+    ctx.memo.probe_in_export = "differential" in riding
+    ctx.memo.shard_tap = shard_match.start(ctx) if "mapping" in riding else None
     verdicts = []
     memory, anon_peaks = {"bring_up": peak_mb()}, {"bring_up": anon.take()}
     for name, oracle in zip(job.oracles, oracles, strict=True):
@@ -49,11 +49,11 @@ def run_job(job: Job) -> dict[str, Any] | None:
         if verdict is not None:
             verdicts.append({**verdict.to_dict(), "seconds": round(time.perf_counter() - t0, 3)})
         memory[name], anon_peaks[name] = peak_mb(), anon.take()
-    if recorder is not None:
-        recorder.finish(job, verdicts)
+    manifest = recorder.finish(job) if recorder is not None else None
     if ctx.rank != 0:
         return None
     return {
+        **({"manifest": manifest} if manifest is not None else {}),
         "status": "ok",
         "versions": versions(),
         "oracles": verdicts,
@@ -142,22 +142,10 @@ def reap_children() -> list[int]:
 
 
 def _child_pids() -> list[int]:
-    """Pids whose parent is this process (Linux /proc; none found elsewhere)."""
-    me, out = os.getpid(), []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return out
-    for entry in entries:
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == me:
-                out.append(int(entry))
-    return out
+    """Pids whose parent is this process."""
+    import psutil
+
+    return [child.pid for child in psutil.Process().children(recursive=False)]
 
 
 if __name__ == "__main__":

@@ -123,13 +123,6 @@ def write_manifest(path: str | Path, manifest: dict[str, Any]) -> None:
     write_text_atomic(path, dumps(manifest))
 
 
-def update_oracles(path: str | Path, verdicts: list[dict[str, Any]]) -> None:
-    """Rewrite a written manifest's oracle records with the final verdicts (the engine completes some after the
-    ranks end: the layout oracle's TP1 attribution)."""
-    manifest = json.loads(Path(path).read_text())
-    write_manifest(path, {**manifest, "oracles": oracle_records(verdicts)})
-
-
 def load_manifest(path: str | Path) -> dict[str, Any]:
     """A manifest read back; BadInput names an unreadable file or another format."""
     try:

@@ -7,6 +7,7 @@ this registry stays light enough for the CLI to list and validate names.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Any, Callable
 
@@ -53,6 +54,18 @@ DEFAULT_ORACLES: tuple[str, ...] = tuple(name for name, info in ORACLES.items() 
 """What a plain `verify` runs."""
 
 
+def riders(names: Sequence[str]) -> frozenset[str]:
+    """The oracles of a run (in run order) that do their work inside an earlier oracle's: each declares what it rides
+    on (OracleInfo.rides_on), and an oracle before it that provides that (drains_export, reads_source) runs."""
+    provides = {"export": lambda i: i.drains_export, "source": lambda i: i.reads_source}
+    out = set()
+    for position, name in enumerate(names):
+        ride = ORACLES[name].rides_on
+        if ride and any(provides[ride](ORACLES[earlier]) for earlier in names[:position]):
+            out.add(name)
+    return frozenset(out)
+
+
 def parse_oracle_names(spec: str | None) -> tuple[str, ...]:
     """Split `a,b` into known oracle names (the default set when empty); BadInput names an unknown one."""
     if not spec:
@@ -77,4 +90,12 @@ def load_oracle(name: str) -> Callable[[Any], Any]:
     return _RUN[name]
 
 
-__all__ = ["DEFAULT_ORACLES", "ORACLES", "OracleInfo", "load_oracle", "oracles_markdown", "parse_oracle_names"]
+__all__ = [
+    "riders",
+    "DEFAULT_ORACLES",
+    "ORACLES",
+    "OracleInfo",
+    "load_oracle",
+    "oracles_markdown",
+    "parse_oracle_names",
+]

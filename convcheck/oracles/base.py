@@ -14,3 +14,10 @@ class OracleInfo:
     does_not_prove: str
     default: bool = True
     """Runs in a plain `verify` (False: only when named with --oracle)."""
+    drains_export: bool = False
+    """Its run streams the whole export (an oracle that rides on an export drain can do its work inside it)."""
+    reads_source: bool = False
+    """Its drain reads every source tensor on rank 0 (an oracle that rides on source reads can check them there)."""
+    rides_on: str = ""
+    """What of an earlier oracle's work it does its own inside, when such an oracle runs before it: "export"
+    (any `drains_export` oracle's drain) or "source" (a `reads_source` oracle's reads); "" for nothing."""

@@ -26,6 +26,7 @@ INFO = OracleInfo(
     does_not_prove="that the mapping's local math is right (a bug outside the collectives is in both sides; see "
     "roundtrip); mappings that compute values instead of moving them are reported, not proven; that replicas "
     "of a tensor no collective touches hold equal weights (see mapping)",
+    rides_on="export",
 )
 
 
@@ -48,8 +49,6 @@ def run(ctx: RankContext) -> OracleVerdict | None:
 
 
 def _verdict(findings: list[Finding], counts: dict[str, int], where: dict[str, Any] | None = None) -> OracleVerdict:
-    from convcheck.verdict import OracleVerdict as _OV
-
     bad = {f.tensor for f in findings}
     rows = tuple(
         TensorRow(
@@ -57,10 +56,10 @@ def _verdict(findings: list[Finding], counts: dict[str, int], where: dict[str, A
         )
         for param, n in sorted(counts.items())
     )
-    extra: dict[str, Any] = {}
-    if "metrics" in getattr(_OV, "__dataclass_fields__", {}):
-        extra["metrics"] = {"tasks": len(counts), "elements": sum(counts.values()), **(where or {})}
-    return make_verdict(NAME, checked=sum(counts.values()), findings=findings, unit="elements", rows=rows, **extra)
+    metrics = {"tasks": len(counts), "elements": sum(counts.values()), **(where or {})}
+    return make_verdict(
+        NAME, checked=sum(counts.values()), findings=findings, unit="elements", rows=rows, metrics=metrics
+    )
 
 
 def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[str, int]]:

@@ -27,6 +27,7 @@ INFO = OracleInfo(
     "wrong the same way at TP1",
     does_not_prove="that a TP1 export of tensors that equal the source at this layout would equal them too "
     "(a TP1 run's own roundtrip proves that)",
+    drains_export=True,  # where roundtrip has not answered for it
 )
 PENDING = "tp1_reference"
 """Metric set by a multi-rank run with differing tensors: the engine attributes them with a TP1 manifest."""

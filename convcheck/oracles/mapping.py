@@ -32,6 +32,8 @@ INFO = OracleInfo(
     "gathered shards); catches bugs made identically in import and export",
     does_not_prove="anything about parameters the explicit registry does not cover (listed as uncovered), nor that "
     "the explicit mappings themselves match Megatron's forward beyond their own tests",
+    drains_export=True,  # where roundtrip has not answered for it
+    rides_on="source",
 )
 KEEP_BYTES = 1 << 30
 """Rebuilt bytes of mismatching tensors rank 0 keeps for one extra export stream (one tensor if larger)."""
@@ -83,7 +85,7 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     from convcheck.rank.shard_match import names_and_registry
 
     coord = ctx.coord
-    tap = ctx.shard_tap  # set on every rank or on none (convcheck.rank.shard_match.start is collective)
+    tap = ctx.memo.shard_tap  # set on every rank or on none (convcheck.rank.shard_match.start is collective)
     if tap is not None:
         local = {ctx.global_name(n, vp): t for vp, n, t in named_tensors(ctx.model)}
         all_names, registry = tap.all_names, tap.registry

@@ -14,13 +14,16 @@ INFO = OracleInfo(
     "(dtype, shape and raw bytes)",
     does_not_prove="that the Megatron shards are laid out as Megatron's forward expects: a bug made identically in "
     "import and export cancels out",
+    drains_export=True,
+    reads_source=True,
 )
 
 
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank drains the export (it runs the gathers); rank 0 compares, one tensor at a time. The
-    mapping oracle's shard check rides on the source reads (ctx.shard_tap); layout and mapping reuse the equality."""
-    found = compare_to_source(ctx, tap=ctx.shard_tap)
+    mapping oracle's shard check rides on the source reads (ctx.memo.shard_tap); layout and mapping reuse the
+    equality."""
+    found = compare_to_source(ctx, tap=ctx.memo.shard_tap)
     record_comparison(ctx, found, by=NAME)
     if not ctx.is_reporter:
         return None

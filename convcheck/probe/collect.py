@@ -7,9 +7,6 @@ from typing import Any
 from convcheck.probe.run import CodeCache, own_view_slots, probe_task, to_ranges
 from convcheck.probe.runs import hf_ranges
 
-_CACHE_ATTR = "_convcheck_probe_records"
-_ORIGIN_ATTR = "_convcheck_probe_origin"
-
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
@@ -23,7 +20,7 @@ def tasks_of(ctx: Any) -> list[Any]:
 
 def collect(ctx: Any, *, with_real: bool) -> list[dict[str, Any]]:
     """Collective when `with_real`: run each task's real megatron_to_hf, then its probe; one record per HF tensor."""
-    cached = getattr(ctx, _CACHE_ATTR, None)
+    cached = ctx.memo.probe_records
     if cached is not None and (cached[0] or not with_real):
         return cached[1]
     records: list[dict[str, Any]] = []
@@ -43,15 +40,15 @@ def collect(ctx: Any, *, with_real: bool) -> list[dict[str, Any]]:
 
 
 def keep(ctx: Any, records: list[dict[str, Any]], *, with_real: bool, origin: dict[str, Any] | None = None) -> None:
-    """Hold this run's records on `ctx` for the later oracles that ask for them (differential, elements); `origin`
-    says which export drain made them and the seconds their probe work took there."""
-    setattr(ctx, _CACHE_ATTR, (with_real, records))
-    setattr(ctx, _ORIGIN_ATTR, origin)
+    """Hold this run's records in the run's memo for the later oracles that ask for them (differential, elements);
+    `origin` says which export drain made them and the seconds their probe work took there."""
+    ctx.memo.probe_records = (with_real, records)
+    ctx.memo.probe_origin = origin
 
 
 def origin(ctx: Any) -> dict[str, Any] | None:
     """Where the held records were made when not by `collect` itself (convcheck.probe.fused), else None."""
-    return getattr(ctx, _ORIGIN_ATTR, None)
+    return ctx.memo.probe_origin
 
 
 def weight_version(task: Any) -> int | None:

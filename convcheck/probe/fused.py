@@ -18,15 +18,6 @@ from typing import Any, Iterable, Iterator
 from convcheck.probe.collect import keep, task_records, tasks_of, weight_version
 from convcheck.probe.run import CodeCache
 
-DRAINS_EXPORT = frozenset({"coverage", "roundtrip", "layout", "mapping"})
-"""Oracles whose run streams the whole export (layout and mapping only when roundtrip has not answered for them)."""
-
-
-def wanted(oracles: Iterable[str]) -> bool:
-    """True when an oracle that drains the export runs before the differential: that drain does its conversions."""
-    names = list(oracles)
-    return "differential" in names and any(n in DRAINS_EXPORT for n in names[: names.index("differential")])
-
 
 def usable(bridge: Any) -> bool:
     """True when the bridge's export takes pre-built conversion tasks and would build none of its own kind."""

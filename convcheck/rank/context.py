@@ -13,6 +13,26 @@ from convcheck.verdict import Finding
 
 
 @dataclass(kw_only=True)
+class RunMemo:
+    """What one oracle's work leaves for later oracles of the same run, as their OracleInfo declares (rides_on);
+    the worker sets the riders up before the first oracle runs (convcheck.oracles.riders)."""
+
+    probe_in_export: bool = False
+    """The next full bridge export also produces the differential's records (convcheck.probe.fused)."""
+    shard_tap: Any = None
+    """Roundtrip's drain also checks the local shards against the explicit mappings (convcheck.rank.shard_match)."""
+    source_match: Any = None
+    """This run's export-vs-source answer once a drain recorded it (convcheck.rank.source_match)."""
+    probe_records: tuple[bool, list[dict[str, Any]]] | None = None
+    """(made with the real outputs, records) of the probe (convcheck.probe.collect), for differential and elements."""
+    probe_origin: dict[str, Any] | None = None
+    """Which export drain made `probe_records` and the seconds their probe work took there (None: collect did)."""
+    export_taps: list[Any] = field(default_factory=list)
+    """Taps every export stream feeds: `start()`, `offer(name, tensor)` per item, `finish(export_error)` when the
+    stream ran to its end (e.g. the gate manifest's digests, convcheck.engine.recorder)."""
+
+
+@dataclass(kw_only=True)
 class RankContext:
     """One rank's view of a verify run; oracles are collective: every rank calls them in the same order."""
 
@@ -34,12 +54,8 @@ class RankContext:
     """One line when the bridge's import raised (the model then holds what was written before)."""
     export_error: str | None = None
     """One line when the last export stream raised (it then ends early)."""
-    source_match: Any = None
-    """This run's export-vs-source answer once a drain recorded it (convcheck.rank.source_match)."""
-    probe_in_export: bool = False
-    """The next full bridge export also produces the differential's records (convcheck.probe.fused)."""
-    shard_tap: Any = None
-    """Roundtrip's drain also checks the local shards against the explicit mappings (convcheck.rank.shard_match)."""
+    memo: RunMemo = field(default_factory=RunMemo)
+    """What earlier oracles of this run left for later ones (the shared export drain, made explicit)."""
     write_manifest: str | None = None
     """Layout oracle in the reference job: write this rank's export digests here instead of comparing."""
     progress: ProgressWriter = field(default_factory=lambda: ProgressWriter(None))
@@ -78,9 +94,16 @@ class RankContext:
         sender's bad items are skipped and listed in `sender_issues` (convcheck.sync.stream).
         """
         total = len(self.checkpoint.tensors)
+        taps = list(self.memo.export_taps)
+        for tap in taps:
+            tap.start()
         for done, item in enumerate(self._stream(cpu), 1):
             self.progress.emit(self.phase or "export", done=done, total=total, unit="tensors")
+            for tap in taps:
+                tap.offer(*item)
             yield item
+        for tap in taps:
+            tap.finish(self.export_error)
 
     def _stream(self, cpu: bool) -> Iterator[tuple[str, Any]]:
         if self.sender is not None:
@@ -98,9 +121,9 @@ class RankContext:
         """The bridge's own `export_hf_weights` stream (what senders build on); raises what the bridge raises."""
         from convcheck.probe import fused
 
-        if not self.probe_in_export or not fused.usable(self.bridge):
+        if not self.memo.probe_in_export or not fused.usable(self.bridge):
             return self.bridge.export_hf_weights(self.model, cpu=cpu, show_progress=False)
-        self.probe_in_export = False  # one drain carries the probe
+        self.memo.probe_in_export = False  # one drain carries the probe
         tap = fused.ProbeInExport(self)
         return tap.drain(
             self.bridge.export_hf_weights(self.model, cpu=cpu, show_progress=False, conversion_tasks=tap.tasks)

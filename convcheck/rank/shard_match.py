@@ -12,17 +12,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 HOLD_BYTES = 2 << 30
 """Source bytes one rank holds for parameters still waiting on a tensor; a parameter that would pass it is left to
 the mapping oracle."""
-
-
-def wanted(oracles: Iterable[str]) -> bool:
-    """True when roundtrip runs before the mapping oracle: its drain can carry the shard check."""
-    names = list(oracles)
-    return "mapping" in names and "roundtrip" in names[: names.index("mapping")]
 
 
 @dataclass
