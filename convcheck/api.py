@@ -13,6 +13,7 @@ from convcheck.errors import BadInput
 from convcheck.hf.geometry import Geometry
 from convcheck.layout import ParallelLayout
 from convcheck.progress import ProgressSink
+from convcheck.rank.options import ReshardTargets, SyncOptions
 from convcheck.verdict import OracleVerdict, Report, complete
 
 EXPERT_LAYOUTS = ("sequential", "te-grouped")
@@ -117,15 +118,11 @@ def prepare(
         experts=experts,
         device_reason=reason,
         device_requested=requested,
-        sender=sender,
-        receiver=receiver,
-        chunk_mb=float(chunk_mb),
+        sync=SyncOptions(sender=sender, receiver=receiver, chunk_mb=float(chunk_mb)),
         pad_vocab=pad_vocab,
         manifest_out=manifest_out,
         resume_layouts=resumes,
-        target_tps=targets[0],
-        target_eps=targets[1],
-        target_etps=targets[2],
+        targets=targets,
     )
 
 
@@ -145,7 +142,7 @@ def reshard_targets(
     target_etp: int | Sequence[int] | None,
     config: dict[str, Any],
     experts: str = "sequential",
-) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+) -> ReshardTargets:
     """The reshard oracle's target TP, EP and expert-TP sizes, checked against the model ((1,) each when not given)."""
     tps, eps, etps = (_sizes(v, f) for v, f in ((target_tp, "--target-tp"), (target_ep, "--target-ep"),
                                                  (target_etp, "--target-etp")))  # fmt: skip
@@ -154,7 +151,7 @@ def reshard_targets(
             raise BadInput(
                 "--target-tp / --target-ep / --target-etp are used only by the reshard oracle; add --oracle reshard"
             )
-        return (1,), (1,), (1,)
+        return ReshardTargets()
     if experts == "te-grouped":
         raise BadInput("the reshard oracle plans sequential experts only (no --experts te-grouped)")
     geometry = Geometry.from_hf_config(config)
@@ -176,7 +173,7 @@ def reshard_targets(
                 f"--target-etp {etp} must divide the expert MLP width ({moe_ffn}) of a model with experts "
                 f"({num_experts})"
             )
-    return tps or (1,), eps or (1,), etps or (1,)
+    return ReshardTargets(tps=tps or (1,), eps=eps or (1,), etps=etps or (1,))
 
 
 def check_pad_vocab(pad_vocab: int | None) -> None:

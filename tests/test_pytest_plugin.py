@@ -197,7 +197,7 @@ def test_verify_fixture_passes_reshard_targets(convcheck_verify: Any, monkeypatc
     monkeypatch.setattr(api, "run", lambda job, **_: jobs.append(job) or "report")
     targets = {"target_tp": [1, 4], "target_ep": 2, "target_etp": [1, 2]}
     assert convcheck_verify("tiny:qwen3-moe", "tp2ep2", oracles="reshard", device="cpu", **targets) == "report"
-    assert (jobs[0].target_tps, jobs[0].target_eps, jobs[0].target_etps) == ((1, 4), (2,), (1, 2))
+    assert (jobs[0].targets.tps, jobs[0].targets.eps, jobs[0].targets.etps) == ((1, 4), (2,), (1, 2))
     with pytest.raises(BadInput, match="used only by the reshard oracle"):
         convcheck_verify("tiny:qwen3", oracles="coverage", device="cpu", target_ep=[1, 2])
 

@@ -184,8 +184,8 @@ def test_targets_reach_the_job() -> None:
         target_etp=2,
     )  # fmt: skip
     spec = job.rank_spec()
-    assert (job.target_tps, job.target_eps, job.target_etps) == ((4, 1), (2, 1), (2,))
-    assert (spec.target_tps, spec.target_eps, spec.target_etps) == ((4, 1), (2, 1), (2,))
+    assert (job.targets.tps, job.targets.eps, job.targets.etps) == ((4, 1), (2, 1), (2,))
+    assert spec.targets == job.targets
 
 
 @pytest.mark.parametrize("trainer_tp", [1, 2])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,7 @@ def test_adapter_problems_are_found_before_any_rank_starts() -> None:
     with pytest.raises(BadInput, match="--receiver is used only by the receiver and idempotence oracles"):
         prepare("tiny:qwen3", oracles="roundtrip", receiver="fused")
     job = prepare("tiny:qwen3", "tp2", oracles="receiver", sender="bridge", receiver="fused", chunk_mb=0.5)
-    assert (job.sender, job.receiver, job.chunk_mb) == (None, "fused", 0.5)
+    assert (job.sync.sender, job.sync.receiver, job.sync.chunk_mb) == (None, "fused", 0.5)
 
 
 @pytest.mark.ranks
@@ -201,7 +202,7 @@ def sync_cases(ctx: Any) -> dict[str, dict[str, Any]]:
 
     out: dict[str, dict[str, Any]] = {}
     for case, (sender, receiver, oracles) in CASES.items():
-        ctx.sender, ctx.receiver = sender, receiver
+        ctx.sync = replace(ctx.sync, sender=sender, receiver=receiver)
         out[case] = {}
         for name in oracles:
             verdict = load_oracle(name)(ctx)

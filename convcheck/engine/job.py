@@ -9,6 +9,7 @@ from pathlib import Path
 
 from convcheck.layout import ParallelLayout
 from convcheck.rank.bringup import RankSpec
+from convcheck.rank.options import ReshardTargets, SyncOptions
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -40,12 +41,8 @@ class Job:
     """`MODULE:FUNC` / `FILE.py:FUNC` called as FUNC(ctx, **kwargs) in every rank instead of the oracles."""
     rank_kwargs_file: str | None = None
     """Pickle of the keyword arguments for `rank_function` (None: no arguments)."""
-    sender: str | None = None
-    """Weight-sync sender feeding every export consumer: a built-in name or `MODULE:FUNC` (None: the bridge)."""
-    receiver: str | None = None
-    """Receiver of the receiver/idempotence oracles: a built-in name or `MODULE:CLASS` (None: "hf")."""
-    chunk_mb: float = 64.0
-    """Bound of one broadcast chunk and of one bucket of the bucketed sender, in MiB."""
+    sync: SyncOptions = SyncOptions()
+    """The weight-sync path under test (sender, receiver, chunk size)."""
     pad_vocab: int | None = None
     """Padded vocabulary: the provider's make_vocab_size_divisible_by=N and should_pad_vocab=True (None: off)."""
     manifest_out: str | None = None
@@ -54,12 +51,8 @@ class Job:
     """distckpt oracle: the torch_dist folder the engine owns; the first launch saves into it, a resume job loads it."""
     resume_layouts: tuple[ParallelLayout, ...] = ()
     """distckpt oracle: the layouts the engine resumes the checkpoint at, one launch each after the first."""
-    target_tps: tuple[int, ...] = (1,)
-    """Reshard oracle: the target TP sizes, all checked in this one launch."""
-    target_eps: tuple[int, ...] = (1,)
-    """Reshard oracle: the target expert-parallel sizes (each with every target TP and ETP)."""
-    target_etps: tuple[int, ...] = (1,)
-    """Reshard oracle: the target expert-TP sizes (1: each expert whole on its target EP rank)."""
+    targets: ReshardTargets = ReshardTargets()
+    """Reshard oracle: the target sizes, every combination checked in this one launch."""
     resuming: bool = False
     """Set only in a resume job: the model is built but not loaded from the HF checkpoint (`checkpoint_dir` is)."""
 
@@ -81,16 +74,16 @@ class Job:
         if "distckpt" in oracles:
             args += [a for resume in self.resume_layouts for a in ("--resume-layout", resume.spec)]
         if "reshard" in oracles:
-            for flag, sizes in (("--target-tp", self.target_tps), ("--target-ep", self.target_eps),
-                                ("--target-etp", self.target_etps)):  # fmt: skip
+            for flag, sizes in (("--target-tp", self.targets.tps), ("--target-ep", self.targets.eps),
+                                ("--target-etp", self.targets.etps)):  # fmt: skip
                 if tuple(sizes) != (1,):
                     args += [a for size in sizes for a in (flag, str(size))]
-        if self.sender is not None:
-            args += ["--sender", self.sender]
-        if self.receiver is not None:
-            args += ["--receiver", self.receiver]
-        if self.chunk_mb != 64.0:
-            args += ["--chunk-mb", f"{self.chunk_mb:g}"]
+        if self.sync.sender is not None:
+            args += ["--sender", self.sync.sender]
+        if self.sync.receiver is not None:
+            args += ["--receiver", self.sync.receiver]
+        if self.sync.chunk_mb != 64.0:
+            args += ["--chunk-mb", f"{self.sync.chunk_mb:g}"]
         return args
 
     def rank_spec(self) -> RankSpec:
@@ -103,15 +96,11 @@ class Job:
             experts=self.experts,
             write_manifest=self.write_manifest,
             progress_file=str(self.progress_file),
-            sender=self.sender,
-            receiver=self.receiver,
-            chunk_mb=self.chunk_mb,
+            sync=self.sync,
             pad_vocab=self.pad_vocab,
             checkpoint_dir=self.checkpoint_dir,
             resuming=self.resuming,
-            target_tps=self.target_tps,
-            target_eps=self.target_eps,
-            target_etps=self.target_etps,
+            targets=self.targets,
         )
 
     @property
@@ -146,6 +135,6 @@ class Job:
         data["oracles"] = tuple(data["oracles"])
         data["hooks"] = tuple(data["hooks"])
         data["resume_layouts"] = tuple(ParallelLayout.from_dict(d) for d in data.get("resume_layouts", ()))
-        for key in ("target_tps", "target_eps", "target_etps"):
-            data[key] = tuple(data.get(key, (1,)))
+        data["sync"] = SyncOptions(**data["sync"])
+        data["targets"] = ReshardTargets.from_dict(data["targets"])
         return cls(**data)

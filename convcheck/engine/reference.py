@@ -30,13 +30,13 @@ def reference_key(job: Job) -> str:
 
     key = hashlib.sha256()
     fields = {"model": job.model_path, "hooks": list(job.hooks), "device": job.device, "experts": job.experts}
-    if job.sender is not None:  # the TP1 export runs through the same sender
-        fields["sender"] = job.sender
+    if job.sync.sender is not None:  # the TP1 export runs through the same sender
+        fields["sender"] = job.sync.sender
     if job.pad_vocab is not None:
         fields["pad_vocab"] = job.pad_vocab
     where = {"python": sys.executable, "path": sys.path, "pythonpath": os.environ.get("PYTHONPATH", "")}
     key.update(json.dumps({**fields, **where, "v": versions()}, sort_keys=True).encode())
-    specs = (*job.hooks, *((job.sender,) if job.sender else ()))
+    specs = (*job.hooks, *((job.sync.sender,) if job.sync.sender else ()))
     hook_files = [Path(h.rpartition(":")[0]) for h in specs if h.rpartition(":")[0].endswith(".py")]
     for path in sorted(Path(job.model_path).glob("*.safetensors")) + hook_files:
         stat = path.stat()

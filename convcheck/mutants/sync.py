@@ -38,7 +38,7 @@ def bucket_offset_off_by_one(ctx: Any) -> Iterator[tuple[str, Any]]:
     from convcheck.sync.transport import chunk_bytes
 
     planted = False
-    for bucket in pack_buckets(ctx.bridge_export(), chunk_bytes(ctx.chunk_mb)):
+    for bucket in pack_buckets(ctx.bridge_export(), chunk_bytes(ctx.sync.chunk_mb)):
         if not planted and len(bucket.entries) > 1:
             entries = list(bucket.entries)
             entries[1] = replace(entries[1], offset=entries[1].offset + 1)

@@ -67,7 +67,7 @@ def run(ctx: RankContext) -> OracleVerdict | None:
             tensor="<broadcast>", kind="no-receivers", message="the broadcast oracle needs at least 2 ranks"
         )
         return make_verdict(NAME, checked=0, findings=[alone])
-    channel = Channel(sync_group(), 0, chunk_bytes(ctx.chunk_mb), device=ctx.device)
+    channel = Channel(sync_group(), 0, chunk_bytes(ctx.sync.chunk_mb), device=ctx.device)
     reader = None if ctx.is_reporter else TensorReader(ctx.checkpoint)
     findings: list[Finding] = []
     rows: dict[str, str] = {}
@@ -119,7 +119,7 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     metrics = {
         "bytes": channel.bytes,
         "chunks": channel.chunks,
-        "chunk_mb": ctx.chunk_mb,
+        "chunk_mb": ctx.sync.chunk_mb,
         "seconds": round(channel.seconds, 6),
         "GBps": round(channel.bytes / channel.seconds / 1e9, 4) if channel.seconds > 0 else 0.0,
     }

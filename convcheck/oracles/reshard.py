@@ -40,7 +40,7 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     rows: list[tuple[str, str]] = []
     metrics: dict[str, Any] = {}
     checked = 0
-    for tp, ep, etp in itertools.product(ctx.target_tps, ctx.target_eps, ctx.target_etps):
+    for tp, ep, etp in itertools.product(ctx.targets.tps, ctx.targets.eps, ctx.targets.etps):
         layout = TargetLayout(tp=tp, ep=ep, etp=etp, num_experts=experts)
         found, counted, seen, measured = _one_layout(ctx, roles, shards, tensors, layout)
         findings += found

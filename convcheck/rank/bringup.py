@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 from convcheck.layout import ParallelLayout
 from convcheck.rank.context import RankContext
+from convcheck.rank.options import ReshardTargets, SyncOptions
 
 
 def quiet() -> None:
@@ -31,21 +32,14 @@ class RankSpec:
     write_manifest: str | None = None
     progress_file: str | None = None
     """Rank 0 appends progress events here (None: silent)."""
-    sender: str | None = None
-    receiver: str | None = None
-    chunk_mb: float = 64.0
+    sync: SyncOptions = SyncOptions()
     pad_vocab: int | None = None
     """Build the padded vocabulary: make_vocab_size_divisible_by=N, should_pad_vocab=True (None: the HF vocab)."""
     checkpoint_dir: str | None = None
     """distckpt oracle: the torch_dist folder to save into (first launch) or to resume from (`resuming`)."""
     resuming: bool = False
     """A resume job: the model is built but not loaded from the HF checkpoint."""
-    target_tps: tuple[int, ...] = (1,)
-    """Reshard oracle: the target TP sizes."""
-    target_eps: tuple[int, ...] = (1,)
-    """Reshard oracle: the target expert-parallel sizes (each with every target TP and ETP)."""
-    target_etps: tuple[int, ...] = (1,)
-    """Reshard oracle: the target expert-TP sizes (1: each expert whole on its target EP rank)."""
+    targets: ReshardTargets = ReshardTargets()
 
 
 def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bool = True) -> RankContext:
@@ -82,14 +76,10 @@ def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bo
         model=model,
         write_manifest=spec.write_manifest,
         progress=progress,
-        sender=spec.sender,
-        receiver=spec.receiver,
-        chunk_mb=spec.chunk_mb,
+        sync=spec.sync,
         checkpoint_dir=spec.checkpoint_dir,
         resuming=spec.resuming,
-        target_tps=tuple(spec.target_tps),
-        target_eps=tuple(spec.target_eps),
-        target_etps=tuple(spec.target_etps),
+        targets=spec.targets,
     )
     if load:
         progress.emit("loading the checkpoint through the bridge")

@@ -9,6 +9,7 @@ from convcheck.errors import one_line
 from convcheck.hf.checkpoint import Checkpoint
 from convcheck.layout import ParallelLayout, RankCoord
 from convcheck.progress import ProgressWriter
+from convcheck.rank.options import ReshardTargets, SyncOptions
 from convcheck.verdict import Finding
 
 
@@ -62,24 +63,16 @@ class RankContext:
     """Progress events for the launcher (rank 0 writes, other ranks hold a silent writer)."""
     phase: str = ""
     """What the rank is doing now (the running oracle's name), shown with export counts."""
-    sender: str | None = None
-    """The weight-sync sender `export()` streams: a built-in name or `MODULE:FUNC` (None: the bridge's export)."""
-    receiver: str | None = None
-    """The receiver the receiver/idempotence oracles sync into: a built-in name or `MODULE:CLASS` (None: "hf")."""
-    chunk_mb: float = 64.0
-    """Bound of one broadcast chunk and of one bucket of the bucketed sender, in MiB."""
+    sync: SyncOptions = SyncOptions()
+    """The weight-sync path: the sender `export()` streams, the receiver, the chunk size (convcheck.sync)."""
     sender_issues: list[str] = field(default_factory=list)
     """What the last sender stream yielded that was not (known HF name, tensor): skipped and reported."""
     checkpoint_dir: str | None = None
     """distckpt oracle: the torch_dist folder to save into, or (when `resuming`) to load into the fresh model."""
     resuming: bool = False
     """A resume job: the model was built but not loaded from the HF checkpoint."""
-    target_tps: tuple[int, ...] = (1,)
-    """Reshard oracle: the target TP sizes to reshard to, one after the other."""
-    target_eps: tuple[int, ...] = (1,)
-    """Reshard oracle: the target expert-parallel sizes (each with every target TP and ETP)."""
-    target_etps: tuple[int, ...] = (1,)
-    """Reshard oracle: the target expert-TP sizes (1: each expert whole on its target EP rank)."""
+    targets: ReshardTargets = ReshardTargets()
+    """Reshard oracle: the target TP, EP and expert-TP sizes."""
 
     @property
     def is_reporter(self) -> bool:
@@ -106,7 +99,7 @@ class RankContext:
             tap.finish(self.export_error)
 
     def _stream(self, cpu: bool) -> Iterator[tuple[str, Any]]:
-        if self.sender is not None:
+        if self.sync.sender is not None:
             from convcheck.sync.stream import sender_stream
 
             yield from sender_stream(self, cpu)
@@ -132,7 +125,7 @@ class RankContext:
     def export_failure(self) -> Finding | None:
         """The `export-failed` (or, for a custom sender, `sender-failed` / `sender-bad-item`) finding for the last
         export stream, or None when it ran to the end cleanly."""
-        if self.sender is not None:
+        if self.sync.sender is not None:
             from convcheck.sync.stream import sender_failure
 
             return sender_failure(self)

@@ -35,7 +35,7 @@ class SourceTensors(Mapping):
 def receiver_label(ctx: Any) -> str:
     from convcheck.sync.adapters import DEFAULT_RECEIVER
 
-    return ctx.receiver or DEFAULT_RECEIVER
+    return ctx.sync.receiver or DEFAULT_RECEIVER
 
 
 def failed(ctx: Any, what: str, exc: BaseException) -> Finding:
@@ -56,7 +56,7 @@ def build(ctx: Any) -> tuple[Any, Finding | None]:
 
         from convcheck.sync.adapters import load_receiver
 
-        cls = load_receiver(ctx.receiver)
+        cls = load_receiver(ctx.sync.receiver)
         return cls(config=AutoConfig.from_pretrained(str(ctx.checkpoint.path))), None
     except Exception as exc:  # noqa: BLE001 - a receiver that cannot be built is a finding
         return None, failed(ctx, "while being constructed", exc)

@@ -15,7 +15,7 @@ from convcheck.sync.transport import Channel, chunk_bytes, sync_group
 
 def bucketed(ctx: Any) -> Iterator[tuple[str, Any]]:
     """The bridge's export packed into buckets of at most --chunk-mb and unpacked again, as RL stacks ship updates."""
-    for bucket in pack_buckets(ctx.bridge_export(), chunk_bytes(ctx.chunk_mb)):
+    for bucket in pack_buckets(ctx.bridge_export(), chunk_bytes(ctx.sync.chunk_mb)):
         yield from unpack_bucket(bucket)
 
 
@@ -30,7 +30,7 @@ def broadcast(ctx: Any) -> Iterator[tuple[str, Any]]:
         yield from ctx.bridge_export()
         return
     src = ctx.world - 1
-    channel = Channel(sync_group(), src, chunk_bytes(ctx.chunk_mb), device=ctx.device)
+    channel = Channel(sync_group(), src, chunk_bytes(ctx.sync.chunk_mb), device=ctx.device)
     ended = False
     for name, tensor in ctx.bridge_export():
         if ctx.rank == src:

@@ -30,21 +30,21 @@ def describe_item(item: Any, known: Any) -> str | None:
 
 
 def sender_stream(ctx: Any, cpu: bool = True) -> Iterator[tuple[str, Any]]:
-    """Run `ctx.sender` as FUNC(ctx); yield its good items (on the CPU when `cpu`), record the rest on `ctx`."""
+    """Run `ctx.sync.sender` as FUNC(ctx); yield its good items (on the CPU when `cpu`), record the rest on `ctx`."""
     from convcheck.sync.adapters import load_sender
 
     ctx.export_error = None
-    ctx.sender_issues = []
+    ctx.sync.sender_issues = []
     known = ctx.checkpoint.tensors
     count = 0
     try:
-        if ctx.sender not in _SENDERS:
-            _SENDERS[ctx.sender] = load_sender(ctx.sender)
-        items = iter(_SENDERS[ctx.sender](ctx))
+        if ctx.sync.sender not in _SENDERS:
+            _SENDERS[ctx.sync.sender] = load_sender(ctx.sync.sender)
+        items = iter(_SENDERS[ctx.sync.sender](ctx))
         for item in items:
             problem = describe_item(item, known)
             if problem is not None:
-                ctx.sender_issues.append(f"item {count}: {problem}")
+                ctx.sync.sender_issues.append(f"item {count}: {problem}")
             else:
                 name, tensor = item
                 yield name, tensor.cpu() if cpu and tensor.device.type != "cpu" else tensor
@@ -55,8 +55,8 @@ def sender_stream(ctx: Any, cpu: bool = True) -> Iterator[tuple[str, Any]]:
 
 def sender_failure(ctx: Any) -> Finding | None:
     """`sender-failed` when the sender raised, else `sender-bad-item` when it yielded bad items, else None."""
-    issues = list(ctx.sender_issues)
-    detail: dict[str, Any] = {"sender": ctx.sender}
+    issues = list(ctx.sync.sender_issues)
+    detail: dict[str, Any] = {"sender": ctx.sync.sender}
     if issues:
         detail["bad_items"] = issues[:MAX_LISTED]
         detail["bad_item_count"] = len(issues)
@@ -65,7 +65,7 @@ def sender_failure(ctx: Any) -> Finding | None:
         return Finding(
             tensor="<sender>",
             kind="sender-failed",
-            message=f"sender {ctx.sender} raised {ctx.export_error}{also}",
+            message=f"sender {ctx.sync.sender} raised {ctx.export_error}{also}",
             detail=detail,
         )
     if issues:
@@ -73,7 +73,7 @@ def sender_failure(ctx: Any) -> Finding | None:
         return Finding(
             tensor="<sender>",
             kind="sender-bad-item",
-            message=f"sender {ctx.sender} yielded {len(issues)} bad item(s), skipped: {shown}",
+            message=f"sender {ctx.sync.sender} yielded {len(issues)} bad item(s), skipped: {shown}",
             detail=detail,
         )
     return None
