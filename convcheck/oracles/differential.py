@@ -63,9 +63,9 @@ def _verdict(findings: list[Finding], counts: dict[str, int], where: dict[str, A
 
 
 def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[str, int]]:
-    """Findings and per-task checked-element counts from every rank's records."""
-    from convcheck.probe.collect import first_outside, probe_failed, ranges_finding, replica_writers
-    from convcheck.probe.run import where_hits, write_counts
+    """Findings and per-task checked-element counts from every rank's records, phase by phase per HF tensor: do the
+    ranks agree on the real bytes, does each probe slot match the real export, is every element written once."""
+    from convcheck.probe.collect import probe_failed
 
     findings: list[Finding] = []
     counts: dict[str, int] = {}
@@ -77,108 +77,140 @@ def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[
                 findings.append(probe_failed(rank, rec))
             else:
                 by_hf[rec["hf"]].append((rank, rec))
-    seen: set[tuple[str, str]] = set()
-
-    def add(f: Finding) -> None:
-        if (f.tensor, f.kind) not in seen:
-            seen.add((f.tensor, f.kind))
-            findings.append(f)
-
+    found: list[Finding] = []
     for hf, entries in sorted(by_hf.items()):
         probes = [(r, e) for r, e in entries if "ranges" in e]
         reals = [(r, e) for r, e in entries if e.get("real")]
-        digests: dict[Any, list[int]] = defaultdict(list)
-        for r, e in reals:
-            digests[e["real"]["digest"]].append(r)
-        if None in digests and len(digests) > 1:  # a digest is skipped only for an output no collective made
-            local, gathered = digests.pop(None), sorted(r for ranks in digests.values() for r in ranks)
-            add(
-                Finding(
-                    tensor=hf,
-                    kind="ranks-disagree",
-                    message=f"ranks {','.join(map(str, gathered))} build it through a collective, ranks "
-                    f"{','.join(map(str, sorted(local)))} from their own shard alone: the ranks do not agree on "
-                    "how it is made",
-                    detail={"rank_groups": [gathered, sorted(local)]},
-                )
-            )
-            digests.clear()
-        if len(digests) > 1:
-            groups = sorted(sorted(ranks) for ranks in digests.values())
-            shown = " vs ".join("ranks " + ",".join(map(str, g)) if len(g) > 1 else f"rank {g[0]}" for g in groups)
-            add(
-                Finding(
-                    tensor=hf,
-                    kind="ranks-disagree",
-                    message=f"the real export differs between ranks ({len(digests)} distinct byte strings: {shown}); "
-                    "each rank's own elements are where the probe puts them, so another rank's part differs",
-                    detail={"rank_groups": groups},
-                )
-            )
-        for r, e in probes:
-            if not e.get("real"):
-                add(
-                    Finding(
-                        tensor=hf,
-                        kind="missing-in-real",
-                        message=f"rank {r}'s probe writes {e['owned']} elements of {hf} ({e['param']}) "
-                        "but the real export has no such tensor",
-                        detail={"rank": r, "first_index": [0] * len(e["shape"])},
-                    )
-                )
-            elif e["real"]["shape"] != e["shape"]:
-                first = first_outside(e["real"]["shape"], e["shape"])
-                add(
-                    Finding(
-                        tensor=hf,
-                        kind="shape",
-                        message=f"real shape {e['real']['shape']}, probe shape {e['shape']} (rank {r}); "
-                        f"first HF index the real export lacks: {first}",
-                        detail={"rank": r, "first_index": first},
-                    )
-                )
-            if "mismatch" in e:
-                m = e["mismatch"]
-                add(Finding(
-                    tensor=hf, kind="differs",
-                    message=f"rank {r}: {m['count']} of its elements are not where the probe puts them; "
-                    f"first at HF index {m['first']}: real {m['real']}, probe {m['probe']} ({e['param']})",
-                    detail={"rank": r, "first_index": m["first"], "count": m["count"]},
-                ))  # fmt: skip
+        found += _ranks_disagree(hf, reals)
+        found += [f for r, e in probes for f in _slot_findings(hf, r, e)]
         if not probes:
             if reals:
-                add(Finding(tensor=hf, kind="unprobed", message="in the real export, but no probe slot writes it"))
-            continue
-        shape = reals[0][1]["real"]["shape"] if reals else probes[0][1]["shape"]
-        numel = 1
-        for d in shape:
-            numel *= d
-        writers, disagree = replica_writers(probes)
-        for a, b in disagree:
-            add(
-                Finding(
-                    tensor=hf,
-                    kind="replica-layout",
-                    message=f"ranks {a} and {b} are replicas but place their elements differently",
+                found.append(
+                    Finding(tensor=hf, kind="unprobed", message="in the real export, but no probe slot writes it")
                 )
-            )
-        for _, e in writers.values():
-            counts[e["param"]] += e["owned"]
-        pieces = write_counts(numel, [e["ranges"] for _, e in writers.values()])
-        gaps = where_hits(pieces, lambda n: n == 0)
-        uncovered = ranges_finding(hf, "uncovered", gaps, tuple(shape), "no rank's probe writes")
-        if uncovered is not None:
-            add(uncovered)
-        if any("mismatch" in e for _, e in writers.values()):
-            what = "written by several ranks with different bytes"
-            conflict = ranges_finding(hf, "conflict", where_hits(pieces, lambda n: n > 1), tuple(shape), what)
-            if conflict is not None:
-                add(conflict)
+            continue
+        found += _written_once(hf, probes, reals, counts)
+    findings += _first_of_each(found)
     named = {f.tensor for f in findings}
     owned = {e["param"] for es in by_hf.values() for _, e in es}
-    for param, n in counts.items():
-        if n == 0 and param not in named and param not in owned:
-            add(
-                Finding(tensor=param, kind="nothing-checked", message="the task exported nothing any probe could check")
-            )
+    findings += [
+        Finding(tensor=param, kind="nothing-checked", message="the task exported nothing any probe could check")
+        for param, n in counts.items()
+        if n == 0 and param not in named and param not in owned
+    ]
     return findings, counts
+
+
+def _first_of_each(found: list[Finding]) -> list[Finding]:
+    """The first finding of each (tensor, kind), in order."""
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for f in found:
+        if (f.tensor, f.kind) not in seen:
+            seen.add((f.tensor, f.kind))
+            out.append(f)
+    return out
+
+
+def _ranks_disagree(hf: str, reals: list[tuple[int, dict[str, Any]]]) -> list[Finding]:
+    """Ranks whose real export of `hf` differs (by digest), or that make it differently (collective or alone)."""
+    digests: dict[Any, list[int]] = defaultdict(list)
+    for r, e in reals:
+        digests[e["real"]["digest"]].append(r)
+    if None in digests and len(digests) > 1:  # a digest is skipped only for an output no collective made
+        local, made = digests.pop(None), sorted(r for ranks in digests.values() for r in ranks)
+        return [
+            Finding(
+                tensor=hf,
+                kind="ranks-disagree",
+                message=f"ranks {','.join(map(str, made))} build it through a collective, ranks "
+                f"{','.join(map(str, sorted(local)))} from their own shard alone: the ranks do not agree on "
+                "how it is made",
+                detail={"rank_groups": [made, sorted(local)]},
+            )
+        ]
+    if len(digests) <= 1:
+        return []
+    groups = sorted(sorted(ranks) for ranks in digests.values())
+    shown = " vs ".join("ranks " + ",".join(map(str, g)) if len(g) > 1 else f"rank {g[0]}" for g in groups)
+    return [
+        Finding(
+            tensor=hf,
+            kind="ranks-disagree",
+            message=f"the real export differs between ranks ({len(digests)} distinct byte strings: {shown}); "
+            "each rank's own elements are where the probe puts them, so another rank's part differs",
+            detail={"rank_groups": groups},
+        )
+    ]
+
+
+def _slot_findings(hf: str, r: int, e: dict[str, Any]) -> list[Finding]:
+    """Rank `r`'s probe slot of `hf` against the real export: missing there, another shape, elements elsewhere."""
+    from convcheck.probe.collect import first_outside
+
+    out = []
+    if not e.get("real"):
+        out.append(
+            Finding(
+                tensor=hf,
+                kind="missing-in-real",
+                message=f"rank {r}'s probe writes {e['owned']} elements of {hf} ({e['param']}) "
+                "but the real export has no such tensor",
+                detail={"rank": r, "first_index": [0] * len(e["shape"])},
+            )
+        )
+    elif e["real"]["shape"] != e["shape"]:
+        first = first_outside(e["real"]["shape"], e["shape"])
+        out.append(
+            Finding(
+                tensor=hf,
+                kind="shape",
+                message=f"real shape {e['real']['shape']}, probe shape {e['shape']} (rank {r}); "
+                f"first HF index the real export lacks: {first}",
+                detail={"rank": r, "first_index": first},
+            )
+        )
+    if "mismatch" in e:
+        m = e["mismatch"]
+        out.append(Finding(
+            tensor=hf, kind="differs",
+            message=f"rank {r}: {m['count']} of its elements are not where the probe puts them; "
+            f"first at HF index {m['first']}: real {m['real']}, probe {m['probe']} ({e['param']})",
+            detail={"rank": r, "first_index": m["first"], "count": m["count"]},
+        ))  # fmt: skip
+    return out
+
+
+def _written_once(
+    hf: str, probes: list[tuple[int, dict[str, Any]]], reals: list[tuple[int, dict[str, Any]]], counts: dict[str, int]
+) -> list[Finding]:
+    """Replicas that place elements differently, elements no rank writes, and (where a slot mismatched) elements
+    several write; adds each writer's owned elements to its task's count."""
+    from convcheck.probe.collect import ranges_finding, replica_writers
+    from convcheck.probe.run import where_hits, write_counts
+
+    shape = reals[0][1]["real"]["shape"] if reals else probes[0][1]["shape"]
+    numel = 1
+    for d in shape:
+        numel *= d
+    writers, disagree = replica_writers(probes)
+    out = [
+        Finding(
+            tensor=hf,
+            kind="replica-layout",
+            message=f"ranks {a} and {b} are replicas but place their elements differently",
+        )
+        for a, b in disagree
+    ]
+    for _, e in writers.values():
+        counts[e["param"]] += e["owned"]
+    pieces = write_counts(numel, [e["ranges"] for _, e in writers.values()])
+    uncovered = ranges_finding(
+        hf, "uncovered", where_hits(pieces, lambda n: n == 0), tuple(shape), "no rank's probe writes"
+    )
+    out += [uncovered] if uncovered is not None else []
+    if any("mismatch" in e for _, e in writers.values()):
+        what = "written by several ranks with different bytes"
+        conflict = ranges_finding(hf, "conflict", where_hits(pieces, lambda n: n > 1), tuple(shape), what)
+        out += [conflict] if conflict is not None else []
+    return out
