@@ -205,7 +205,8 @@ def main() -> None:
     if args.child:
         child(*args.child, workers=args.workers)
         return
-    from convcheck.hf.digest import HASH, default_workers
+    from convcheck.compare.hashpool import default_threads
+    from convcheck.hf.digest import HASH
 
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="convcheck-bench-sweep-"))
@@ -228,7 +229,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d"),
         "cpus": len(os.sched_getaffinity(0)),
         "mem_GiB": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-        "workers": args.workers or default_workers(),
+        "workers": args.workers or default_threads(),
         "hash": HASH,
         "hash_MBps_one_thread": hashes,
         "sizes": sizes,

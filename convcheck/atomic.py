@@ -8,15 +8,40 @@ from pathlib import Path
 from typing import Any
 
 
-def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write `text` to `path` atomically (the temporary name is unique per process)."""
+def _staged(target: Path) -> Path:
+    """The temporary sibling `target` is written through (unique per process)."""
+    return target.with_name(f".{target.name}.{os.getpid()}.tmp")
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write `data` to `path` atomically."""
     target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp = _staged(target)
     try:
-        tmp.write_text(text)
+        tmp.write_bytes(data)
         tmp.replace(target)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write `text` to `path` atomically."""
+    write_bytes_atomic(path, text.encode())
+
+
+def write_all_atomic(outputs: dict[str, str]) -> None:
+    """Write every file of {path: text} or none: all go to temporary siblings first, then each is renamed into place."""
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for path, text in outputs.items():
+            target = Path(path)
+            staged.append((_staged(target), target))
+            staged[-1][0].write_text(text)
+        for tmp, target in staged:
+            tmp.replace(target)
+    finally:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
 
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:

@@ -183,7 +183,7 @@ def check(
     for case in result["cases"]:
         if case["status"] != "pass":
             click.echo(f"replay: {_replay(folder, case['id'], hooks, allow_file, device)}")
-    from convcheck.cli.render import write_together
+    from convcheck.atomic import write_all_atomic as write_together
 
     outputs = {p: render(result) for p, render in ((json_path, _json_text), (junit_path, junit_xml)) if p}
     try:

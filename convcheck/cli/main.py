@@ -167,8 +167,9 @@ def verify(
 ) -> None:
     """Build the sharded Megatron model from MODEL through the real bridge and run the oracles."""
     from convcheck import api
+    from convcheck.atomic import write_all_atomic as write_together
     from convcheck.cli.progress import progress_for
-    from convcheck.cli.render import junit_xml, print_report, report_json, write_together
+    from convcheck.cli.render import junit_xml, print_report, report_json
     from convcheck.layout import ParallelLayout
     from convcheck.verdict import PASS
 

@@ -8,7 +8,6 @@ import re
 import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 from convcheck.atomic import write_text_atomic
@@ -200,19 +199,3 @@ def junit_xml(report: Report) -> str:
 
 def write_junit(report: Report, path: str | os.PathLike[str]) -> None:
     write_text_atomic(path, junit_xml(report))
-
-
-def write_together(outputs: dict[str, str]) -> None:
-    """Write every report file or none: all go to temporary siblings first, then each is renamed into place."""
-    staged: list[tuple[Path, Path]] = []
-    try:
-        for path, text in outputs.items():
-            target = Path(path)
-            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-            staged.append((tmp, target))
-            tmp.write_text(text)
-        for tmp, target in staged:
-            tmp.replace(target)
-    finally:
-        for tmp, _ in staged:
-            tmp.unlink(missing_ok=True)

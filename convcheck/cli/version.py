@@ -117,7 +117,8 @@ def check(
     json_path: str | None,
 ) -> None:
     """Prove version folder FOLDER: index vs shards, manifest vs bytes, and safetensors == export of ckpt/, bitwise."""
-    from convcheck.cli.render import group_findings, oracle_summary, report_json, write_together
+    from convcheck.atomic import write_all_atomic as write_together
+    from convcheck.cli.render import group_findings, oracle_summary, report_json
     from convcheck.verdict import PASS
     from convcheck.workflows.version import check_version
 

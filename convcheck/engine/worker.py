@@ -9,7 +9,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from convcheck.atomic import write_json_atomic
+from convcheck.atomic import write_bytes_atomic, write_json_atomic
 from convcheck.engine.job import Job
 from convcheck.errors import BadInput, one_line
 
@@ -84,9 +84,7 @@ def _run_function(job: Job, ctx: Any, function: Any, started: float) -> dict[str
     value = function(ctx, **kwargs)
     if ctx.rank != 0:
         return None
-    tmp = job.value_file.with_name(f".{job.value_file.name}.tmp")
-    tmp.write_bytes(pickle.dumps(value))
-    tmp.replace(job.value_file)
+    write_bytes_atomic(job.value_file, pickle.dumps(value))
     return {"status": "ok", "versions": versions(), "oracles": [], "seconds": round(time.perf_counter() - started, 3)}
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from convcheck import atomic
+from convcheck.compare.hashpool import default_threads
 from convcheck.errors import BadInput
 from convcheck.hf.checkpoint import Checkpoint, dtype_size, mapped_windows, open_weights
 
@@ -61,14 +63,9 @@ class Manifest:
         return head + ("\n" + ",\n".join(lines) + "\n" if lines else "") + "}}\n"
 
 
-def default_workers() -> int:
-    """Threads for hashing and comparing: the CPUs this process may use, at most 4."""
-    return max(1, min(4, len(os.sched_getaffinity(0))))
-
-
 def ordered_map[T, R](fn: Callable[[T], R], items: Iterable[T], workers: int | None = None) -> Iterator[R]:
     """fn over items on a thread pool (hashlib and numpy release the GIL), results in input order."""
-    count = workers or default_workers()
+    count = workers or default_threads()
     if count == 1:
         yield from map(fn, items)
         return
@@ -116,13 +113,10 @@ def check_output(out: str | os.PathLike[str]) -> Path:
 
 
 def write_text_atomic(target: Path, text: str) -> None:
-    """Write via a temporary file in the same folder and rename: readers never see half a file."""
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    """convcheck.atomic.write_text_atomic; BadInput naming the file when it cannot be written."""
     try:
-        tmp.write_text(text)
-        tmp.replace(target)
+        atomic.write_text_atomic(target, text)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise BadInput(f"cannot write {target}: {exc.strerror or exc}") from None
 
 
