@@ -34,7 +34,7 @@ def sender_stream(ctx: Any, cpu: bool = True) -> Iterator[tuple[str, Any]]:
     from convcheck.sync.adapters import load_sender
 
     ctx.export_error = None
-    ctx.sync.sender_issues = []
+    ctx.sender_issues = []
     known = ctx.checkpoint.tensors
     count = 0
     try:
@@ -44,7 +44,7 @@ def sender_stream(ctx: Any, cpu: bool = True) -> Iterator[tuple[str, Any]]:
         for item in items:
             problem = describe_item(item, known)
             if problem is not None:
-                ctx.sync.sender_issues.append(f"item {count}: {problem}")
+                ctx.sender_issues.append(f"item {count}: {problem}")
             else:
                 name, tensor = item
                 yield name, tensor.cpu() if cpu and tensor.device.type != "cpu" else tensor
@@ -55,7 +55,7 @@ def sender_stream(ctx: Any, cpu: bool = True) -> Iterator[tuple[str, Any]]:
 
 def sender_failure(ctx: Any) -> Finding | None:
     """`sender-failed` when the sender raised, else `sender-bad-item` when it yielded bad items, else None."""
-    issues = list(ctx.sync.sender_issues)
+    issues = list(ctx.sender_issues)
     detail: dict[str, Any] = {"sender": ctx.sync.sender}
     if issues:
         detail["bad_items"] = issues[:MAX_LISTED]
