@@ -106,6 +106,14 @@ def describe_element(tensor: Any, flat_index: int) -> str:
     return f"{value!r} (0x{bits:0{2 * flat.element_size()}x})"
 
 
+def first_difference(expected: Any, actual: Any) -> tuple[int, int, str, str]:
+    """(elements that differ, flat index of the first, its expected and actual `value (0xBITS)`) of two tensors of
+    one dtype and element count on one device that differ somewhere (integer views of the element width)."""
+    diff = int_view(expected) != int_view(actual)
+    first = first_true(diff)
+    return count_true(diff), first, describe_element(expected, first), describe_element(actual, first)
+
+
 def compare_bits(name: str, expected: Any, actual: Any) -> Finding | None:
     """None when `actual` has the dtype, shape and bytes of `expected`; else a Finding naming the first difference
     (the two may sit on different devices: they are compared on their `compare_device`)."""
@@ -126,18 +134,14 @@ def compare_bits(name: str, expected: Any, actual: Any) -> Finding | None:
     expected, actual = together(expected, actual)
     if bytes_equal(expected, actual):
         return None
-    diff = int_view(expected) != int_view(actual)
-    count = count_true(diff)
-    first = first_true(diff)
+    count, first, exp_s, act_s = first_difference(expected, actual)
     index = unravel_index(first, tuple(expected.shape))
-    exp_s, act_s = describe_element(expected, first), describe_element(actual, first)
+    numel = expected.numel()
     return Finding(
         tensor=name,
         kind="bytes-differ",
-        message=(
-            f"{count}/{diff.numel()} elements differ; first at index {list(index)}: got {act_s}, expected {exp_s}"
-        ),
-        detail={"count": count, "numel": diff.numel(), "first_index": list(index), "expected": exp_s, "actual": act_s},
+        message=f"{count}/{numel} elements differ; first at index {list(index)}: got {act_s}, expected {exp_s}",
+        detail={"count": count, "numel": numel, "first_index": list(index), "expected": exp_s, "actual": act_s},
     )
 
 

@@ -232,11 +232,9 @@ def _window_diff(entry: TensorEntry, wa: Any, wb: Any) -> tuple[int, int, str, s
     """How many elements of one window differ (integer views of the element width); the first's index and values."""
     import torch
 
-    from convcheck.compare.bits import count_true, describe_element, first_true, int_view
+    from convcheck.compare.bits import first_difference
 
     dtype = getattr(torch, entry.torch_dtype)
     ta = torch.frombuffer(bytearray(wa), dtype=torch.uint8).view(dtype)
     tb = torch.frombuffer(bytearray(wb), dtype=torch.uint8).view(dtype)
-    diff = int_view(ta) != int_view(tb)
-    k = first_true(diff)
-    return count_true(diff), k, describe_element(ta, k), describe_element(tb, k)
+    return first_difference(ta, tb)

@@ -298,7 +298,9 @@ def run_selftest(
     launches = plan(mutants, quick)
     clean = clean_launches(launches)
     gpus = visible_gpu_count() if device == "cuda" else 0
-    runner = Runner(verify=verify, device=device, timeout_s=timeout_s, visible_gpus=gpus, say=progress or runner_quiet)
+    runner = Runner(
+        verify=verify, device=device, timeout_s=timeout_s, visible_gpus=gpus, say=progress or (lambda _line: None)
+    )
     runner.add(sum(runner.skip_reason(x) is None for x in [*launches, *clean]))
 
     finished: dict[tuple[str, str, str], tuple[list[CleanRow], list[MutantRow]]] = {}
@@ -330,10 +332,6 @@ def run_selftest(
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="selftest") as pool:
             list(pool.map(one_place, keys))
     return result(complete=True)
-
-
-def runner_quiet(_line: str) -> None:
-    """No progress lines."""
 
 
 def _build_fixtures(fixtures: set[str]) -> None:
