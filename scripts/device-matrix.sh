@@ -9,7 +9,7 @@ mkdir -p "$OUT"
 source scripts/device-env.sh
 export OMP_NUM_THREADS=1
 gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
-echo "torch $(python3 -c 'import torch; print(torch.__version__)') gpus $gpus cores $(nproc)"
+echo "torch $(python3 -c 'import torch; print(torch.__version__)') gpus $gpus cores $(nproc --all)"
 for name in qwen2 qwen2-tied qwen3 qwen3-moe llama nemotron-h; do python3 -m convcheck fixtures build "tiny:$name" >/dev/null; done
 workers=${WORKERS:-8}
 for mode in ${MODES-cpu auto}; do

@@ -8,7 +8,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 source scripts/device-env.sh
 export OMP_NUM_THREADS=1
-echo "torch $(python3 -c 'import torch; print(torch.__version__, torch.cuda.device_count())') cores $(nproc)"
+echo "torch $(python3 -c 'import torch; print(torch.__version__, torch.cuda.device_count())') cores $(nproc --all)"
 M=convcheck.mutants
 default_cases="
 ckpt-ep2-to-tp2|tiny:qwen3-moe|--ep 2 --oracle distckpt --resume-layout tp2 --resume-layout tp1

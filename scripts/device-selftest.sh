@@ -8,7 +8,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 source scripts/device-env.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-echo "torch $(python3 -c 'import torch; print(torch.__version__, torch.cuda.device_count(), "GPU(s)")'), $(nproc) cores"
+echo "torch $(python3 -c 'import torch; print(torch.__version__, torch.cuda.device_count(), "GPU(s)")'), $(nproc --all) cores"
 status=0
 for dev in ${DEVICES:-cuda auto}; do
   python3 -m convcheck selftest --device "$dev" --jobs "${JOBS:-5}" --timeout "${TIMEOUT:-300}" ${SELFTEST_ARGS:-} \

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from convcheck.engine.warm_client import SOCKET_ENV, serving
 from tests.support.helpers import ROOT
 
 
@@ -32,3 +34,22 @@ def shared_root(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Pat
     """A folder every xdist worker of this session sees (for runs several tests share: support.helpers.shared_run)."""
     base = tmp_path_factory.getbasetemp()
     return base.parent if worker_id != "master" else base
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warm_ranks(_temp_dir: None) -> Iterator[None]:
+    """This worker's CPU launches fork their ranks from a warm server (convcheck.engine.warm: megatron imported once,
+    ~2 s a launch instead of ~20); launches before it is ready, and tests marked `torchrun`, use torchrun.
+    CONVCHECK_TEST_TORCHRUN=1 runs the whole suite on torchrun."""
+    if os.environ.get("CONVCHECK_TEST_TORCHRUN"):
+        yield
+        return
+    with serving():
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _torchrun_only(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests marked `torchrun` launch their ranks with torchrun, the default launcher, whatever the session has."""
+    if request.node.get_closest_marker("torchrun") is not None:
+        monkeypatch.delenv(SOCKET_ENV, raising=False)

@@ -17,26 +17,53 @@ import psutil
 import pytest
 
 from convcheck.cli.render import group_findings, oracle_summary
+from convcheck.engine.warm_client import PIDS_FILE, SOCKET_ENV
 from convcheck.verdict import Finding, OracleVerdict
 from tests.support.helpers import ROOT, mutant, run_cli
 
+LAUNCHERS = ["torchrun", "warm"]
+"""Every process-control test runs with both ways of starting ranks: torchrun, and forks of the session's warm server
+(convcheck.engine.warm)."""
 
-def _start(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
-    """Start `convcheck verify` with its temporary folders under tmp_path/tmp."""
+
+def _start(tmp_path: Path, *args: str, launcher: str = "torchrun") -> subprocess.Popen[str]:
+    """Start `convcheck verify` with its temporary folders under tmp_path/tmp, its ranks started by `launcher`."""
     (tmp_path / "tmp").mkdir(exist_ok=True)
     env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "COLUMNS": "200"}
+    if launcher == "torchrun":
+        env.pop(SOCKET_ENV, None)
+    else:
+        assert _warm_server_ready(), "the session's warm server did not come up"
     cmd = [sys.executable, "-m", "convcheck", "verify", *args]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _wait_for_ranks(proc: subprocess.Popen[str], count: int, timeout: float = 90.0) -> list[psutil.Process]:
-    """The run's own descendants once `count` rank workers exist among them."""
+def _warm_server_ready(timeout: float = 120.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not Path(os.environ.get(SOCKET_ENV, "/nonexistent")).exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
+def _wait_for_ranks(
+    proc: subprocess.Popen[str], count: int, timeout: float = 90.0, jobs: Path | None = None
+) -> list[psutil.Process]:
+    """The run's processes once `count` ranks run: its own descendants (torchrun), or the agent and ranks the warm
+    server forked for it, named by the agent's pids file in the job folder under `jobs`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        kids = psutil.Process(proc.pid).children(recursive=True)
-        workers = [k for k in kids if "convcheck.engine.worker" in " ".join(_cmdline(k))]
-        if len(workers) >= count:
-            return kids
+        if jobs is not None:
+            for pids_file in jobs.glob(f"convcheck-*/{PIDS_FILE}"):
+                pids = json.loads(pids_file.read_text())
+                if len(pids["ranks"]) >= count:
+                    return [psutil.Process(pid) for pid in [pids["agent"], *pids["ranks"]]]
+        else:
+            kids = psutil.Process(proc.pid).children(recursive=True)
+            workers = [k for k in kids if "convcheck.engine.worker" in " ".join(_cmdline(k))]
+            if len(workers) >= count:
+                return kids
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.2)
     raise AssertionError("ranks did not start")
@@ -55,10 +82,12 @@ def _all_gone(procs: list[psutil.Process], timeout: float = 20.0) -> list[int]:
 
 
 @pytest.mark.ranks
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_signal_stops_every_rank_and_cleans_up(tmp_path: Path, sig: signal.Signals, code: int) -> None:
-    proc = _start(tmp_path, "--model", "tiny:qwen3", "--tp", "2", "--oracle", "coverage")
-    kids = _wait_for_ranks(proc, 2)
+def test_signal_stops_every_rank_and_cleans_up(tmp_path: Path, sig: signal.Signals, code: int, launcher: str) -> None:
+    args = ("--model", "tiny:qwen3", "--tp", "2", "--oracle", "coverage", "--hook", mutant("faults", "hang_rank1"))
+    proc = _start(tmp_path, *args, launcher=launcher)
+    kids = _wait_for_ranks(proc, 2, jobs=tmp_path / "tmp" if launcher == "warm" else None)
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == code, err
@@ -68,9 +97,11 @@ def test_signal_stops_every_rank_and_cleans_up(tmp_path: Path, sig: signal.Signa
 
 
 @pytest.mark.ranks
-def test_killed_launcher_takes_its_ranks_along(tmp_path: Path) -> None:
-    proc = _start(tmp_path, "--model", "tiny:qwen3", "--tp", "2", "--oracle", "coverage")
-    kids = _wait_for_ranks(proc, 2)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_killed_launcher_takes_its_ranks_along(tmp_path: Path, launcher: str) -> None:
+    args = ("--model", "tiny:qwen3", "--tp", "2", "--oracle", "coverage", "--hook", mutant("faults", "hang_rank1"))
+    proc = _start(tmp_path, *args, launcher=launcher)
+    kids = _wait_for_ranks(proc, 2, jobs=tmp_path / "tmp" if launcher == "warm" else None)
     proc.kill()
     proc.communicate(timeout=30)
     assert _all_gone(kids) == []

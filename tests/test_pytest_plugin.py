@@ -533,6 +533,7 @@ def test_interrupted(convcheck_verify):
 
 
 @pytest.mark.ranks
+@pytest.mark.torchrun  # finds the ranks by command line (the same stop under warm ranks: tests/test_everyday.py)
 @pytest.mark.parametrize("how", ["SIGINT", "SIGTERM", "exception"])
 def test_no_rank_outlives_an_interrupted_test(scratch: pytest.Pytester, tmp_path: Path, how: str) -> None:
     scratch.makepyfile(test_interrupted=INTERRUPTED)

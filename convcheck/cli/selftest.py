@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import click
 
+from convcheck.engine.warm_client import serving
 from convcheck.errors import ConvcheckError
 
 _STATUS = {
@@ -38,8 +40,11 @@ _MARK = {"caught": "[green]caught[/green]", "missed": "[red]missed[/red]", "erro
               "skipped and listed.")  # fmt: skip
 @click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
               help="Fixture x layouts run at a time (each launch's ranks need cores, or a GPU each).")  # fmt: skip
+@click.option("--warm/--no-warm", default=True, show_default=True,
+              help="CPU launches fork fresh ranks from one server that imported megatron once (~2 s a launch, not "
+              "~20); --no-warm starts every launch with torchrun.")  # fmt: skip
 def selftest(models: tuple[str, ...], quick: bool, json_path: str | None, only: str, timeout: float, device: str,
-             jobs: int) -> None:  # fmt: skip
+             jobs: int, warm: bool) -> None:  # fmt: skip
     """Plant every catalogued bug in the real bridge and check that an oracle catches each, with a clean run of
     every fixture x layout used (exit 1 if a mutant survives or a clean run fails)."""
     from convcheck.mutants.catalog import MUTANTS
@@ -57,10 +62,14 @@ def selftest(models: tuple[str, ...], quick: bool, json_path: str | None, only: 
         click.echo(f"convcheck: error: {exc}", err=True)
         sys.exit(2)
     mode = "quick" if quick else "full"
-    click.echo(f"selftest ({mode}, --device {device}, --jobs {jobs}): {len(chosen)} mutant(s); {_versions_line()}")
+    warm = warm and device != "cuda"
+    launcher = "warm CPU ranks" if warm else "torchrun"
+    click.echo(f"selftest ({mode}, --device {device}, --jobs {jobs}, {launcher}): {len(chosen)} mutant(s); "
+               f"{_versions_line()}")  # fmt: skip
     try:
-        result = lib.run_selftest(chosen, quick=quick, progress=click.echo, timeout_s=timeout, device=device,
-                                  jobs=jobs, partial=_writer(json_path))  # fmt: skip
+        with serving(wait_s=180.0) if warm else nullcontext():
+            result = lib.run_selftest(chosen, quick=quick, progress=click.echo, timeout_s=timeout, device=device,
+                                      jobs=jobs, partial=_writer(json_path))  # fmt: skip
     except ConvcheckError as exc:
         click.echo(f"convcheck: error: {exc}", err=True)
         sys.exit(2)

@@ -21,7 +21,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from convcheck.cache import cache_root
 from convcheck.engine.job import Job
+from convcheck.engine.warm_client import WarmTimeout, run_warm, warm_socket
 from convcheck.errors import BadInput, SetupError
 from convcheck.progress import ProgressReader, ProgressSink
 
@@ -58,6 +60,11 @@ def rank_env(device: str, tmpdir: Path | None = None) -> dict[str, str]:
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     if tmpdir is not None:  # torchrun's torchelastic_* folders land inside the job folder and go with it
         env["TMPDIR"] = str(tmpdir)
+    # torch.compile'd upstream code (e.g. Megatron's jit_fuser activations) keeps its compiled kernels in convcheck's
+    # cache, keyed by inductor/triton by the graph and compiler, instead of under the job's TMPDIR (recompiled by
+    # every launch: ~12 s of a tiny NemotronH run on 2 cores)
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "torch-compile" / "inductor"))
+    env.setdefault("TRITON_CACHE_DIR", str(cache_root() / "torch-compile" / "triton"))
     if device == "cpu":
         # A CPU run on a GPU host hides the GPUs from its ranks: upstream code that asks "is CUDA available?" then
         # takes its CPU path, no rank creates a CUDA context, and nothing is allocated on (or blocks) the GPUs.
@@ -228,28 +235,62 @@ def _launch_with(
     reader = ProgressReader(job.progress_file)
     if progress is not None:
         progress({"phase": "starting ranks", "world": job.layout.world_size})
+    env = rank_env(job.device, tmpdir)
+    started = time.monotonic()
+    warm = warm_socket(job.device)
+    if warm is not None:
+        exits = _launch_warm(warm, job, job_file, log_file, env, reader, progress)
+        if exits is not None:
+            code = 0 if all(c == 0 for _, c in exits) else 1
+            return _result(job, code, log_file, started, exits, launcher="warm agent")
     with open(log_file, "wb") as log:
         proc = subprocess.Popen(
             torchrun_command(job_file, job.layout.world_size),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=rank_env(job.device, tmpdir),
+            env=env,
             preexec_fn=_start_session,  # noqa: PLW1509 - setsid + parent-death signal, nothing else
         )
-        started = time.monotonic()
         try:
             code = _wait(proc, job.timeout_s, reader, progress)
         except subprocess.TimeoutExpired:
             stop_group(proc)
-            raise SetupError(
-                f"ranks did not finish within {job.timeout_s:g} s (a rank hung or died); "
-                f"stopped all ranks; log: {log_file}"
-            ) from None
+            raise _timed_out(job, log_file) from None
         except BaseException:
             stop_group(proc)
             raise
     return _result(job, code, log_file, started)
+
+
+def _launch_warm(
+    socket_path: str,
+    job: Job,
+    job_file: Path,
+    log_file: Path,
+    env: dict[str, str],
+    reader: ProgressReader,
+    progress: ProgressSink | None,
+) -> list[tuple[int, int]] | None:
+    """The job's ranks forked by the warm server (`convcheck.engine.warm`); None when it cannot take the job."""
+    request = {"job_file": str(job_file), "nproc": job.layout.world_size, "env": env, "log_file": str(log_file),
+               "cwd": os.getcwd()}  # fmt: skip
+
+    def poll() -> None:
+        if progress is not None:
+            for event in reader.poll():
+                progress(event)
+
+    try:
+        return run_warm(socket_path, request, job.timeout_s, poll)
+    except WarmTimeout:
+        raise _timed_out(job, log_file) from None
+
+
+def _timed_out(job: Job, log_file: Path) -> SetupError:
+    return SetupError(
+        f"ranks did not finish within {job.timeout_s:g} s (a rank hung or died); stopped all ranks; log: {log_file}"
+    )
 
 
 def _wait(
@@ -269,14 +310,24 @@ def _wait(
                     progress(event)
 
 
-def _result(job: Job, code: int, log_file: Path, started: float) -> dict[str, Any]:
+def _result(
+    job: Job,
+    code: int,
+    log_file: Path,
+    started: float,
+    exits: list[tuple[int, int]] | None = None,
+    launcher: str = "torchrun",
+) -> dict[str, Any]:
+    """Rank 0's result, or the error that explains its absence. `exits`: (rank, exit code) in the order the ranks
+    ended, as the warm agent reports them (None: read torchrun's summary in the log)."""
+    failed = exit_codes(log_file) if exits is None else {rank: c for rank, c in exits if c != 0}
     errors = _rank_errors(job)
     if code != 0 and not any(e["status"] == "bad_input" for e in errors):
-        stopped = {rank for rank, exit_code in exit_codes(log_file).items() if exit_code == -signal.SIGTERM}
+        stopped = {rank for rank, exit_code in failed.items() if exit_code == -signal.SIGTERM}
         silent = sorted(set(range(job.layout.world_size)) - {e["rank"] for e in errors} - stopped)
         if silent and errors:
             raise SetupError(
-                f"rank {', '.join(map(str, silent))} died without reporting an error (torchrun exit code {code}); "
+                f"rank {', '.join(map(str, silent))} died without reporting an error ({launcher} exit code {code}); "
                 f"the other ranks then failed with: {errors[0]['error'][:200]}; log: {log_file}"
             )
     if errors:
@@ -285,9 +336,11 @@ def _result(job: Job, code: int, log_file: Path, started: float) -> dict[str, An
             raise BadInput(first["error"])
         raise SetupError(f"rank {first['rank']} failed: {first['error']} (log: {log_file})")
     if code != 0 or not job.result_file.exists():
-        cause = root_cause(log_file)
+        cause = root_cause(log_file) if exits is None else next(((r, c) for r, c in exits if c != 0), None)
         who = f"rank {cause[0]} died with exit code {cause[1]}" if cause else "a rank exited without a result"
-        raise SetupError(f"{who} (torchrun exit code {code} after {time.monotonic() - started:.0f} s); log: {log_file}")
+        raise SetupError(
+            f"{who} ({launcher} exit code {code} after {time.monotonic() - started:.0f} s); log: {log_file}"
+        )
     return json.loads(job.result_file.read_text())
 
 

@@ -1,0 +1,281 @@
+"""Warm CPU ranks: a server that imports megatron-core, megatron-bridge and transformers once, then forks the ranks of
+each job from that state instead of starting torchrun and importing them again in every rank (~18 s per launch on 2
+cores, ~90% of a tiny fixture's run).
+
+Opt-in: `python -m convcheck.engine.warm SOCKET` starts a server; a launcher with `CONVCHECK_WARM_SOCKET=SOCKET` in
+its environment sends it its CPU jobs. Each job gets a fresh fork of the server (the server itself never runs one), so
+no job sees another's state; the server answers only launchers whose convcheck source and import-time environment
+equal its own (`source_key`, `IMPORT_ENV`), others fall back to torchrun. Per job an agent process (its own session,
+like torchrun) forks one process per rank with torchrun's environment (RANK, WORLD_SIZE, MASTER_PORT...), stops the
+others when a rank fails, and reports every rank's exit code to the launcher over the socket. The launcher side of the
+protocol is `convcheck.engine.warm_client`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from convcheck.cache import loaded_sources
+from convcheck.engine.warm_client import IMPORT_ENV, PIDS_FILE, import_env, source_key
+
+STOP_GRACE_S = 5.0
+"""How long the other ranks get after one failed (SIGTERM) before SIGKILL, as torchrun."""
+
+
+def preload() -> None:
+    """Import what every rank imports (CPU shims first, as a CPU rank installs them), and nothing that runs torch."""
+    from convcheck import compat
+
+    compat.install("cpu")
+    import megatron.bridge  # noqa: F401
+    import megatron.core  # noqa: F401
+    import transformers  # noqa: F401
+
+    import convcheck.engine.worker  # noqa: F401
+    import convcheck.oracles  # noqa: F401
+    import convcheck.rank.bringup  # noqa: F401
+    import convcheck.rank.model  # noqa: F401
+    from convcheck.models import BY_HF_CLASS
+    from convcheck.oracles import ORACLES, load_oracle
+
+    for name in ORACLES:
+        load_oracle(name)
+    for hf_class in BY_HF_CLASS:  # transformers imports a family's modeling module on first use (~6 s for NemotronH)
+        getattr(transformers, hf_class, None)
+
+
+def serve(path: str) -> int:
+    """Listen on the Unix socket `path` until SIGTERM/SIGINT; fork one agent per job request."""
+    from convcheck.engine.launch import die_with_parent
+    from convcheck.rank.bringup import quiet
+
+    die_with_parent()
+    quiet()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # what a CPU rank gets (launch.rank_env), set before torch loads
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    key, env = source_key(), import_env(os.environ)
+    preload()
+    loaded = snapshot_sources()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    Path(path).unlink(missing_ok=True)
+    listener.bind(path)
+    listener.listen(64)
+    stopping = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: stopping.append(signum))
+    print(f"convcheck warm server ready on {path} (pid {os.getpid()})", flush=True)
+    try:
+        while not stopping:
+            _reap()
+            if not select.select([listener], [], [], 0.5)[0]:
+                continue
+            conn, _ = listener.accept()
+            with conn:
+                request = _read_message(conn)
+                refusal = _refusal(request, key, env) or _stale(loaded)
+                if refusal:
+                    _send(conn, {"refused": refusal})
+                    continue
+                if os.fork() == 0:  # the agent: never returns
+                    listener.close()
+                    _agent(conn, request)
+    finally:
+        listener.close()
+        Path(path).unlink(missing_ok=True)
+    return 0
+
+
+def _refusal(request: dict[str, Any] | None, key: str, env: dict[str, str]) -> str | None:
+    """Why this server cannot run `request` as a fresh torchrun would (None: it can)."""
+    if request is None:
+        return "no request"
+    if request.get("key") != key:
+        return "the convcheck source changed since the server started"
+    if request.get("import_env") != env:
+        names = ", ".join(IMPORT_ENV)
+        return f"the launcher's import-time environment ({names}) differs from the server's"
+    return None
+
+
+def snapshot_sources() -> dict[str, tuple[int, int, str]]:
+    """{file: (mtime_ns, size, sha256)} of every source file the server has loaded (convcheck, megatron,
+    transformers): what its forks run."""
+    out = {}
+    for file, digest in loaded_sources().items():
+        stat = os.stat(file)
+        out[file] = (stat.st_mtime_ns, stat.st_size, digest)
+    return out
+
+
+def _stale(snapshot: dict[str, tuple[int, int, str]]) -> str | None:
+    """Why a fork of this server would no longer run the code on disk (None: it would): the first loaded source
+    file whose bytes changed since the server loaded it (hashed again only when its size or mtime changed)."""
+    for file, (mtime_ns, size, digest) in snapshot.items():
+        try:
+            stat = os.stat(file)
+            if (stat.st_mtime_ns, stat.st_size) == (mtime_ns, size):
+                continue
+            if hashlib.sha256(Path(file).read_bytes()).hexdigest() == digest:
+                continue
+        except OSError:
+            pass
+        return f"{file} changed since the server loaded it"
+    return None
+
+
+def _reap() -> None:
+    """Collect finished agents (the server's only children)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _agent(conn: socket.socket, request: dict[str, Any]) -> None:
+    """Run one job's ranks in a session of their own; report their exit codes on `conn`; exit."""
+    code = 1
+    try:
+        os.setsid()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        _send(conn, {"pid": os.getpid()})
+        _send(conn, {"exits": _run_ranks(conn, request)})
+        code = 0
+    except BaseException:  # noqa: BLE001 - the launcher sees the closed socket and names the agent's failure
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def _run_ranks(conn: socket.socket, request: dict[str, Any]) -> list[tuple[int, int]]:
+    """Fork the ranks and wait for them (stopping the rest when one fails, or all when the launcher goes away);
+    (rank, exit code) in the order they exited, a signal's as minus its number."""
+    nproc = int(request["nproc"])
+    port = _free_port()
+    log = os.open(request["log_file"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    pids = {}
+    for rank in range(nproc):
+        pid = os.fork()
+        if pid == 0:
+            _rank(rank, nproc, port, log, request)
+        pids[pid] = rank
+    os.close(log)
+    pids_file = Path(request["log_file"]).with_name(PIDS_FILE)  # who to look for (tests, a stuck run)
+    pids_file.write_text(json.dumps({"agent": os.getpid(), "ranks": sorted(pids, key=pids.__getitem__)}))
+    exits: dict[int, int] = {}
+    stop_at = None
+    while len(exits) < nproc:
+        if _launcher_gone(conn):
+            os.killpg(0, signal.SIGKILL)
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            if stop_at is not None and time.monotonic() > stop_at:
+                _signal_ranks(pids, exits, signal.SIGKILL)
+            time.sleep(0.05)
+            continue
+        if pid in pids:
+            exits[pids[pid]] = os.waitstatus_to_exitcode(status)
+            if exits[pids[pid]] != 0 and stop_at is None:  # torchrun stops the group when one rank fails
+                _signal_ranks(pids, exits, signal.SIGTERM)
+                stop_at = time.monotonic() + STOP_GRACE_S
+    return list(exits.items())
+
+
+def _signal_ranks(pids: dict[int, int], exits: dict[int, int], sig: int) -> None:
+    for pid, rank in pids.items():
+        if rank not in exits:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+def _rank(rank: int, nproc: int, port: int, log: int, request: dict[str, Any]) -> None:
+    """One rank: torchrun's environment, output to the job's log, then the worker's entry point; never returns."""
+    code = 1
+    try:
+        from convcheck.engine.launch import die_with_parent
+
+        die_with_parent()  # the agent's death (a stop from the launcher) takes this rank along
+        if os.getppid() == 1:
+            return
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.environ.update(
+            RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0", WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), CONVCHECK_WARM_RANK="1",
+        )  # fmt: skip
+        os.chdir(request["cwd"])
+        import tempfile
+
+        tempfile.tempdir = None  # the server may have cached its own TMPDIR; the rank's is the job's
+        sys.argv = ["convcheck.engine.worker", request["job_file"]]
+        from convcheck.engine.worker import main, reap_children
+
+        code = main([request["job_file"]])
+        sys.stdout.flush()
+        sys.stderr.flush()
+        reap_children()
+    except BaseException:  # noqa: BLE001 - reported as the rank's exit code, the traceback in its log
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def _free_port() -> int:
+    """A TCP port free on the loopback now (the rendezvous port of the job's rank 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _launcher_gone(conn: socket.socket) -> bool:
+    """True when the launcher closed its end (it died or gave up): its ranks must not outlive it."""
+    if not select.select([conn], [], [], 0)[0]:
+        return False
+    try:
+        return conn.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
+def _read_message(conn: socket.socket) -> dict[str, Any] | None:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(65536)
+        if not chunk:
+            return None
+        data += chunk
+    return json.loads(data)
+
+
+def _send(conn: socket.socket, message: dict[str, Any]) -> None:
+    conn.sendall(json.dumps(message).encode() + b"\n")
+
+
+if __name__ == "__main__":
+    sys.exit(serve(sys.argv[1]))

@@ -1,0 +1,87 @@
+"""Warm CPU ranks (convcheck.engine.warm): the same verdicts as torchrun, never a server made from other code.
+
+The stops (SIGINT, SIGTERM, a killed launcher) run under both launchers in tests/test_everyday.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from convcheck.engine import warm
+from convcheck.engine.warm_client import PIDS_FILE, SOCKET_ENV, import_env, source_key
+from tests.support.helpers import mutant, run_cli
+
+
+def _server_ready(timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not Path(os.environ.get(SOCKET_ENV, "/nonexistent")).exists():
+        assert time.monotonic() < deadline, "the session's warm server did not come up"
+        time.sleep(0.5)
+
+
+def _comparable(report: dict) -> dict:
+    """A report without its timings, memory peaks and paths (what differs between two runs of the same job)."""
+    if isinstance(report, dict):
+        return {k: _comparable(v) for k, v in report.items() if not k.endswith(("seconds", "_s", "_MB", "log"))}
+    if isinstance(report, list):
+        return [_comparable(v) for v in report]
+    return report
+
+
+@pytest.mark.ranks
+def test_a_planted_bug_gets_the_same_report_from_warm_ranks_and_torchrun(tmp_path: Path) -> None:
+    _server_ready()
+    args = ("verify", "--model", "tiny:qwen3", "--tp", "2", "--hook", mutant("bridge", "swap_qk_head0"))
+    runs = {}
+    for launcher in ("warm", "torchrun"):
+        env = {SOCKET_ENV: os.environ[SOCKET_ENV] if launcher == "warm" else ""}
+        folder = tmp_path / launcher
+        folder.mkdir()
+        runs[launcher] = run_cli(*args, "--log-dir", str(folder / "job"), tmp_path=folder, env=env)
+        assert runs[launcher].code == 1, runs[launcher].err
+        assert (folder / "job" / PIDS_FILE).exists() == (launcher == "warm")
+    warm_run, torchrun = runs["warm"], runs["torchrun"]
+    assert warm_run.findings() and warm_run.findings() == torchrun.findings()
+    assert _comparable(warm_run.report) == _comparable(torchrun.report)
+
+
+@pytest.mark.ranks
+def test_a_launcher_whose_import_environment_differs_uses_torchrun(tmp_path: Path) -> None:
+    _server_ready()
+    res = run_cli(
+        "verify", "--model", "tiny:qwen3", "--oracle", "coverage,roundtrip", "--log-dir", str(tmp_path / "job"),
+        tmp_path=tmp_path, env={"PYTHONHASHSEED": "7"},
+    )  # fmt: skip
+    assert res.code == 0, res.err
+    assert res.verdicts() == {"coverage": "pass", "roundtrip": "pass"}
+    assert not (tmp_path / "job" / PIDS_FILE).exists()  # the server refused; torchrun ran the ranks
+
+
+def test_the_server_refuses_other_source_and_another_import_environment() -> None:
+    env = import_env(os.environ)
+    key = source_key()
+    assert key == source_key()
+    assert warm._refusal({"key": key, "import_env": env}, key, env) is None
+    assert "source changed" in warm._refusal({"key": "0" * 64, "import_env": env}, key, env)
+    other = {**env, "OMP_NUM_THREADS": "7"}
+    assert "import-time environment" in warm._refusal({"key": key, "import_env": other}, key, env)
+    assert warm._refusal(None, key, env) == "no request"
+
+
+def test_an_edited_loaded_file_makes_the_server_stale_a_touched_one_does_not(tmp_path: Path) -> None:
+    module = tmp_path / "loaded.py"
+    module.write_text("X = 1\n")
+    stat = module.stat()
+    snapshot = {str(module): (stat.st_mtime_ns, stat.st_size, hashlib.sha256(module.read_bytes()).hexdigest())}
+    assert warm._stale(snapshot) is None
+    os.utime(module, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # touched: same bytes
+    assert warm._stale(snapshot) is None
+    module.write_text("X = 2\n")  # same size, other bytes
+    assert warm._stale(snapshot) == f"{module} changed since the server loaded it"
+    module.unlink()
+    assert warm._stale(snapshot) == f"{module} changed since the server loaded it"
