@@ -15,6 +15,11 @@ class MappingError(ConvcheckError):
     """A mapping cannot be built or applied (impossible geometry, missing or misshapen tensor, rank off the grid)."""
 
 
+class NotCovered(MappingError):
+    """convcheck has no explicit mappings (or config table, or CPU forward) for this model family: a gap in convcheck,
+    reported as a `not-covered` verdict, never as a bridge bug."""
+
+
 class SetupError(ConvcheckError):
     """The environment or a rank failed before any verdict could be reached; exit code 2."""
 

@@ -9,7 +9,7 @@ import os
 from typing import Any
 
 from convcheck.layout import ParallelLayout
-from convcheck.verdict import FAIL, OracleVerdict, Report
+from convcheck.verdict import FAIL, NOT_COVERED, OracleVerdict, Report
 
 __all__ = ["assert_bitwise_equal", "assert_same_checkpoint", "assert_verdict_pass"]
 
@@ -73,14 +73,20 @@ def assert_verdict_pass(report: Report | dict[str, Any]) -> None:
     if not isinstance(report, Report):
         raise TypeError(f"assert_verdict_pass: expected a convcheck Report, got {type(report).__name__}")
     failed = [o for o in report.oracles if o.verdict == FAIL]
-    if report.oracles and not failed:
+    uncovered = [o for o in report.oracles if o.verdict == NOT_COVERED]
+    if report.oracles and not failed and not uncovered:
         return
     where = f"{report.model} at {ParallelLayout.from_dict(report.layout).label}"
     if not report.oracles:
         raise AssertionError(f"convcheck verify {where}: no oracle ran, so nothing was proven")
-    lines = [f"convcheck verify {where}: FAIL ({len(failed)} of {len(report.oracles)} oracles failed)"]
+    if failed:
+        lines = [f"convcheck verify {where}: FAIL ({len(failed)} of {len(report.oracles)} oracles failed)"]
+    else:
+        lines = [f"convcheck verify {where}: NOT COVERED ({len(uncovered)} of {len(report.oracles)} oracles cannot "
+                 "check this model family; nothing failed)"]  # fmt: skip
     for oracle in failed:
         lines.extend(_oracle_lines(oracle))
+    lines += [f"  {o.name}: not covered: {o.not_covered}" for o in uncovered]
     raise AssertionError("\n".join(lines))
 
 

@@ -7,6 +7,9 @@ from typing import Any
 
 PASS = "pass"
 FAIL = "fail"
+NOT_COVERED = "not-covered"
+"""An oracle that found nothing wrong but could not check this model family: convcheck lacks its explicit mappings,
+config table or CPU forward (`OracleVerdict.not_covered` says which). Never a pass, never a bridge bug."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -63,10 +66,16 @@ class OracleVerdict:
     seconds: float = 0.0
     metrics: dict[str, Any] = field(default_factory=dict)
     """Measured numbers (e.g. max abs logits error and its threshold); JSON-serialisable values."""
+    not_covered: str = ""
+    """What convcheck lacks to check this model (e.g. "no config table for model_type 'deepseek_v3'")."""
 
     @property
     def verdict(self) -> str:
-        return PASS if self.checked > 0 and not self.findings else FAIL
+        if self.findings:
+            return FAIL
+        if self.not_covered:
+            return NOT_COVERED
+        return PASS if self.checked > 0 else FAIL
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -78,6 +87,7 @@ class OracleVerdict:
             "findings": [f.to_dict() for f in self.findings],
             "tensors": [r.to_dict() for r in self.rows],
             **({"metrics": dict(self.metrics)} if self.metrics else {}),
+            **({"not_covered": self.not_covered} if self.not_covered else {}),
         }
 
     @classmethod
@@ -90,6 +100,7 @@ class OracleVerdict:
             rows=tuple(TensorRow.from_dict(r) for r in data.get("tensors", [])),
             seconds=float(data.get("seconds", 0.0)),
             metrics=dict(data.get("metrics", {})),
+            not_covered=data.get("not_covered", ""),
         )
 
 
@@ -120,7 +131,11 @@ class Report:
 
     @property
     def verdict(self) -> str:
-        return PASS if self.oracles and all(o.verdict == PASS for o in self.oracles) else FAIL
+        """fail if any oracle fails; else not-covered if any could not check this family; else pass."""
+        verdicts = {o.verdict for o in self.oracles}
+        if not self.oracles or FAIL in verdicts:
+            return FAIL
+        return NOT_COVERED if NOT_COVERED in verdicts else PASS
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -14,8 +14,8 @@ EXPERT = "decoder.layers.0.mlp.experts.local_experts.{}.linear_fc1.weight"
 DENSE = "decoder.layers.0.self_attention.linear_qkv.weight"
 
 
-def claim(rank: int, names: dict[str, int], expert: tuple[str, ...] = (), **coord: int) -> dict:
-    return {"rank": rank, "coord": RankCoord(**coord), "counts": names, "expert": sorted(expert)}
+def claim(rank: int, names: dict[str, int], expert: tuple[str, ...] = (), mtp: bool = False, **coord: int) -> dict:
+    return {"rank": rank, "coord": RankCoord(**coord), "counts": names, "expert": sorted(expert), "mtp": mtp}
 
 
 def test_legal_replicas_are_not_findings() -> None:
@@ -42,6 +42,17 @@ def test_a_dense_parameter_on_two_pp_stages_or_twice_on_one_rank_is_named() -> N
         "2 local tensors of rank 0 claim this global name",
         "claimed by 2 different PP stage owners",
     ]
+
+
+def test_word_embeddings_on_the_mtp_stage_are_a_replica_elsewhere_a_second_owner() -> None:
+    """megatron-core builds the word embeddings on the stage with MTP layers too (DeepSeek-V3 at PP2)."""
+    emb, mtp = "embedding.word_embeddings.weight", "mtp.layers.0.enorm.weight"
+    first = claim(0, {emb: 1, DENSE: 1}, pp_rank=0)
+    assert exactly_once([first, claim(1, {emb: 1, mtp: 1}, mtp=True, pp_rank=1)]) == []
+    findings = exactly_once([first, claim(1, {emb: 1}, pp_rank=1)])  # no MTP layers there: another owner
+    assert [(f.tensor, f.kind) for f in findings] == [(emb, "claimed-twice")]
+    twice = exactly_once([first, claim(1, {emb: 2, mtp: 1}, mtp=True, pp_rank=1)])
+    assert [f.message for f in twice] == ["2 local tensors of rank 1 claim this global name"]
 
 
 @pytest.mark.ranks

@@ -8,7 +8,18 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from convcheck.cli.render import junit_xml, report_json
-from convcheck.verdict import FAIL, PASS, Finding, OracleVerdict, Report, TensorRow, complete, make_verdict
+from convcheck.testing import assert_verdict_pass
+from convcheck.verdict import (
+    FAIL,
+    NOT_COVERED,
+    PASS,
+    Finding,
+    OracleVerdict,
+    Report,
+    TensorRow,
+    complete,
+    make_verdict,
+)
 
 FINDING = Finding(
     tensor="model.norm.weight",
@@ -38,6 +49,29 @@ def test_findings_make_an_oracle_fail_and_a_clean_check_passes() -> None:
     assert _report(OracleVerdict(name="coverage", checked=44), failing).verdict == FAIL
     clean = OracleVerdict(name="roundtrip", checked=25)
     assert _report(OracleVerdict(name="coverage", checked=44), clean).verdict == PASS
+
+
+UNCOVERED = OracleVerdict(name="mapping", checked=0, not_covered="convcheck has no explicit mappings for XForCausalLM")
+
+
+def test_not_covered_is_neither_a_pass_nor_a_fail_and_findings_still_fail() -> None:
+    """A family convcheck lacks (issue #34): the report says so unless something failed."""
+    assert UNCOVERED.verdict == NOT_COVERED and UNCOVERED.to_dict()["not_covered"].startswith("convcheck has no")
+    clean = OracleVerdict(name="roundtrip", checked=25)
+    assert _report(clean, UNCOVERED).verdict == NOT_COVERED
+    assert _report(make_verdict("roundtrip", checked=25, findings=[FINDING]), UNCOVERED).verdict == FAIL
+    flagged = OracleVerdict(name="mapping", checked=3, findings=(FINDING,), not_covered="partly")
+    assert flagged.verdict == FAIL  # a finding is never hidden behind "not covered"
+    assert OracleVerdict.from_dict(json.loads(json.dumps(UNCOVERED.to_dict()))) == UNCOVERED
+    xml = ET.fromstring(junit_xml(_report(clean, UNCOVERED)))
+    assert (xml.get("failures"), xml.get("skipped")) == ("0", "1")
+    assert xml.find("testcase[@name='mapping']/skipped").get("message") == f"not covered: {UNCOVERED.not_covered}"
+    with pytest.raises(AssertionError) as caught:
+        assert_verdict_pass(_report(clean, UNCOVERED))
+    assert str(caught.value) == (
+        "convcheck verify tiny:qwen3 at TP2: NOT COVERED (1 of 2 oracles cannot check this model family; nothing "
+        "failed)\n  mapping: not covered: convcheck has no explicit mappings for XForCausalLM"
+    )
 
 
 def test_a_report_without_oracles_fails() -> None:

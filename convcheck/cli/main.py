@@ -21,7 +21,7 @@ from convcheck.sync.adapters import RECEIVERS, SENDERS
 if TYPE_CHECKING:
     from convcheck.layout import ParallelLayout
 
-EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_NOT_COVERED = 0, 1, 2, 3
 
 
 def _fail_line(exc: BaseException) -> None:
@@ -171,7 +171,7 @@ def verify(
     from convcheck.cli.progress import progress_for
     from convcheck.cli.render import junit_xml, print_report, report_json
     from convcheck.layout import ParallelLayout
-    from convcheck.verdict import PASS
+    from convcheck.verdict import FAIL, NOT_COVERED, PASS
 
     layout = ParallelLayout(tp=tp, pp=pp, ep=ep, etp=etp)
     display = progress_for(f"{model} {layout.label}", quiet)
@@ -183,15 +183,15 @@ def verify(
     except ConvcheckError as exc:
         _fail_line(exc)
     print_report(report, table=table)
-    if report.verdict != PASS:
-        failing = [o.name for o in report.oracles if o.verdict != PASS]
+    if report.verdict == FAIL:
+        failing = [o.name for o in report.oracles if o.verdict == FAIL]
         click.echo("replay: " + replay_line(job, failing))
     outputs = {path: render(report) for path, render in ((json_path, report_json), (junit_path, junit_xml)) if path}
     try:
         write_together(outputs)
     except OSError as exc:
         _fail_line(ConvcheckError(f"cannot write the report: {exc}"))
-    sys.exit(EXIT_PASS if report.verdict == PASS else EXIT_FAIL)
+    sys.exit({PASS: EXIT_PASS, NOT_COVERED: EXIT_NOT_COVERED}.get(report.verdict, EXIT_FAIL))
 
 
 @cli.command(name="oracles")

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from convcheck.atomic import write_text_atomic
-from convcheck.verdict import PASS, Finding, OracleVerdict, Report
+from convcheck.verdict import FAIL, NOT_COVERED, PASS, Finding, OracleVerdict, Report
 
 _NUMBER = re.compile(r"\d+")
 
@@ -35,15 +35,23 @@ def print_report(report: Report, table: str = "none", out: Any = None, max_findi
         if len(lines) > max_findings:
             _write_lines(out, [f"  ... {len(lines) - max_findings} more {oracle.name} line(s) in the JSON report"])
     for oracle in report.oracles:
+        if oracle.verdict == NOT_COVERED:
+            _write_lines(out, [f"{_word('NOT COVERED', 'yellow', styled)} {oracle.name}: {oracle.not_covered}"])
+            continue
         word = _word("PASS", "green", styled) if oracle.verdict == PASS else _word("FAIL", "red", styled)
         _write_lines(out, [f"{word} {oracle.name}: {oracle_summary(oracle)}"])
     passed = sum(o.verdict == PASS for o in report.oracles)
-    word = _word("PASS", "bold green", styled) if report.verdict == PASS else _word("FAIL", "bold red", styled)
+    uncovered = [o.name for o in report.oracles if o.verdict == NOT_COVERED]
+    word = {PASS: _word("PASS", "bold green", styled), NOT_COVERED: _word("NOT COVERED", "bold yellow", styled)}.get(
+        report.verdict, _word("FAIL", "bold red", styled)
+    )
     _write_lines(
         out,
         [
             f"{word} {report.model} {_layout_label(report.layout)} on {report.device}: "
-            f"{passed}/{len(report.oracles)} oracles pass ({report.seconds:.1f} s)"
+            f"{passed}/{len(report.oracles)} oracles pass"
+            + (f", {len(uncovered)} not covered by convcheck ({', '.join(uncovered)})" if uncovered else "")
+            + f" ({report.seconds:.1f} s)"
             + (f"; device: {report.device_reason}" if report.device_reason else "")
         ],
     )
@@ -176,18 +184,22 @@ def write_json(report: Report, path: str | os.PathLike[str]) -> None:
 def junit_xml(report: Report) -> str:
     """JUnit XML: one testsuite per run, one testcase per oracle, findings in the failure text."""
     label = f"{report.model}.{_layout_label(report.layout)}"
-    failures = sum(o.verdict != PASS for o in report.oracles)
+    failures = sum(o.verdict == FAIL for o in report.oracles)
+    skipped = sum(o.verdict == NOT_COVERED for o in report.oracles)
     suite = ET.Element(
         "testsuite",
         name="convcheck",
         tests=str(len(report.oracles)),
         failures=str(failures),
         errors="0",
+        skipped=str(skipped),
         time=f"{report.seconds:.3f}",
     )
     for oracle in report.oracles:
         case = ET.SubElement(suite, "testcase", classname=label, name=oracle.name, time=f"{oracle.seconds:.3f}")
-        if oracle.verdict != PASS:
+        if oracle.verdict == NOT_COVERED:
+            ET.SubElement(case, "skipped", message=f"not covered: {oracle.not_covered}")
+        elif oracle.verdict != PASS:
             lines = [f"{f.tensor}: [{f.kind}] {f.message}" for f in oracle.findings] or [
                 f"checked {oracle.checked} {oracle.unit}: nothing was checked"
             ]

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from convcheck.compat import no_cuda, no_mamba_ssm, no_te
 from convcheck.compat._patch import upstream
 from convcheck.compat.detect import skipped
-from convcheck.compat.no_cuda import CPU_CHECKPOINT_SITES, CPU_CONSTRUCTOR_SITES, CPU_DEVICE_SITES
+from convcheck.compat.no_cuda import CPU_CHECKPOINT_SITES, CPU_CONSTRUCTOR_SITES, CPU_DEVICE_SITES, YARN_SITES
 from convcheck.compat.no_mamba_ssm import MixerGatedRMSNorm
 from convcheck.compat.no_te import cpu_hybrid_stack_spec, install_import_shims, transformer_engine_available
 from convcheck.compat.provider import (
@@ -79,6 +79,22 @@ SHIMS = (
     Shim(14, "moe-utils-te-names-unbound", "transformer_engine", _TE, (_CORE + "transformer/moe/moe_utils.py:24",),
          "tests/test_releases.py::test_shim14_still_needed_moe_utils_leaves_te_names_unbound",
          "megatron-core 0.16.0-0.16.1 (0.17+ bind the names to None)"),
+    Shim(15, "mla-core-attention-channels", "transformer_engine", _TE,
+         (_CORE + "transformer/multi_latent_attention.py:207", _CORE + "transformer/dot_product_attention.py:248"),
+         "tests/test_compat_mla.py::test_shim15_still_needed_local_attention_lacks_mla_channels",
+         "megatron-core 0.19.2 (older releases not yet checked)"),
+    Shim(16, "mtp-block-spec-te", "transformer_engine", _TE,
+         ("megatron/bridge/models/gpt_provider.py:371", "megatron/bridge/models/gpt_provider.py:376"),
+         "tests/test_compat_mla.py::test_shim16_still_needed_bridge_mtp_spec_asks_for_te",
+         "megatron-bridge 0.6.2 (older releases not yet checked)"),
+    Shim(17, "mla-q-proj-fused-norm", "transformer_engine", _TE,
+         (_CORE + "transformer/mla_qk_norm_config.py:148", _CORE + "transformer/mla_qk_norm_config.py:243"),
+         "tests/test_compat_mla.py::test_shim17_still_needed_q_proj_without_lora_needs_a_fused_norm",
+         "megatron-core 0.19.2 (older releases not yet checked)"),
+    Shim(18, "yarn-rope-on-cuda", "cuda", _CUDA,
+         tuple(_CORE + where for _, _, where in YARN_SITES),
+         "tests/test_compat_mla.py::test_shim18_still_needed_yarn_rope_allocates_on_cuda",
+         "megatron-core 0.19.2 (older releases not yet checked)"),
 )  # fmt: skip
 
 

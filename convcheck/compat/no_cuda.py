@@ -251,8 +251,26 @@ def install_cpu_checkpoint_finalize() -> None:
     _install_sites(CPU_CHECKPOINT_SITES, 12)
 
 
+# --- Shim 18 ----------------------------------------------------------------------------------------
+# megatron-core 0.19.2 models/common/embeddings/yarn_rotary_pos_embedding.py: YarnRotaryEmbedding.__init__ allocates
+# its frequencies on torch.cuda.current_device() (:76; MLA builds it without use_cpu_initialization,
+# multi_latent_attention.py:190) and get_emb moves them there on the first forward (:122, :126). On a CPU run both
+# run with torch.cuda.current_device() answering "cpu" (shim 4's wrapper).
+YARN_SITES = (
+    ("megatron.core.models.common.embeddings.yarn_rotary_pos_embedding", "YarnRotaryEmbedding.__init__",
+     "models/common/embeddings/yarn_rotary_pos_embedding.py:76"),
+    ("megatron.core.models.common.embeddings.yarn_rotary_pos_embedding", "YarnRotaryEmbedding.get_emb",
+     "models/common/embeddings/yarn_rotary_pos_embedding.py:122"),
+)  # fmt: skip
+
+
+def install_cpu_yarn_rope() -> None:
+    """Install shim 18 at every site of YARN_SITES (idempotent; active on CPU runs only)."""
+    _install_sites(YARN_SITES, 18)
+
+
 def install() -> None:
-    """Install shims 2-6, 9, 11 and 12 (idempotent) and route them to the CPU."""
+    """Install shims 2-6, 9, 11, 12 and 18 (idempotent) and route them to the CPU."""
     install_cpu_replicated_mapping()
     install_cpu_tied_embedding_setup()
     install_cpu_device_sites()
@@ -261,4 +279,5 @@ def install() -> None:
     install_cpu_constructor_sites()
     install_cpu_checkpoint_preload()
     install_cpu_checkpoint_finalize()
+    install_cpu_yarn_rope()
     set_active(True)

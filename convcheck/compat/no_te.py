@@ -1,6 +1,8 @@
 """What exists because Transformer Engine is missing: the TE import stand-in (shim 1), the TE-free hybrid stack
-spec, the hybrid final norm (shim 7), the torch-Adam `step` on a reshardable resume (shim 13) and megatron-core
-0.16's unbound MoE TE names (shim 14).
+spec, the hybrid final norm (shim 7), the torch-Adam `step` on a reshardable resume (shim 13), megatron-core
+0.16's unbound MoE TE names (shim 14), and for multi-latent attention (DeepSeek V2/V3, Kimi, GLM-4.7-Flash) the
+bridge's block spec with a local MLA core attention (shim 15), a TE-free MTP block (16) and a plain q projection
+without q LoRA (17).
 Delete this module once the bridge and megatron-core build without TE."""
 
 from __future__ import annotations
@@ -10,13 +12,14 @@ import builtins
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import inspect
 import sys
 import types
 from pathlib import Path
 from typing import Any
 
 from convcheck.compat._patch import _patch
-from convcheck.compat.detect import hybrid_stack, skip
+from convcheck.compat.detect import has_attr, hybrid_stack, optional_module, skip
 
 
 def transformer_engine_available() -> bool:
@@ -278,11 +281,14 @@ def install_moe_utils_te_names() -> None:
 
 
 def install() -> None:
-    """Install shims 1, 7 and 14 (idempotent; shim 13 is installed where the optimizer is built). Shim 1 comes
-    first: before megatron.bridge imports."""
+    """Install shims 1, 7, 14, 16 and 17 (idempotent; shim 13 is installed where the optimizer is built, shim 15 is
+    in the spec the provider gets). Shim 1 comes first: before megatron.bridge imports."""
     install_import_shims()
     install_hybrid_final_norm()
     install_moe_utils_te_names()
+    if not transformer_engine_available():
+        install_cpu_mtp_block_spec()
+        install_plain_q_proj()
 
 
 # --- Shim 13 ----------------------------------------------------------------------------------------
@@ -307,3 +313,126 @@ def install_torch_adam_step() -> None:
         return _set_main_param_and_optimizer_states
 
     _patch(distrib_optimizer.DistributedOptimizer, "_set_main_param_and_optimizer_states", step_left_to_load_state_dict)
+
+
+# --- Shim 15 ----------------------------------------------------------------------------------------
+# megatron-core 0.19.2, transformer/multi_latent_attention.py:207-217: MLASelfAttention builds its core attention
+# with k_channels (qk_nope + qk_rope) and v_channels (v_head_dim), which only TEDotProductAttention accepts; the
+# local DotProductAttention (transformer/dot_product_attention.py:42) has no such parameters, and its output view
+# (:248) is kv_channels x heads wide. Its forward is otherwise shape-generic (q.k over k_channels, weights.v over
+# v_channels). convcheck's TE-free MLA spec uses the subclass below: the same module, its output v_channels x heads
+# wide. MLA passes its softmax scale (with Yarn's mscale) explicitly, so the default scale is never used.
+_MLA_CLASS: dict[str, type] = {}
+
+
+def mla_core_attention() -> type:
+    """megatron-core's local DotProductAttention taking MLA's `k_channels` / `v_channels` (one class per process)."""
+    if "class" not in _MLA_CLASS:
+        from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+        class MLADotProductAttention(DotProductAttention):
+            """Local core attention whose context is [s, b, v_channels x heads per TP rank]."""
+
+            def __init__(self, *args: Any, k_channels: int | None = None, v_channels: int | None = None, **kw: Any):
+                super().__init__(*args, **kw)
+                if v_channels is not None:
+                    self.hidden_size_per_attention_head = v_channels
+                    self.hidden_size_per_partition = v_channels * self.num_attention_heads_per_partition
+
+        _MLA_CLASS["class"] = MLADotProductAttention
+    return _MLA_CLASS["class"]
+
+
+def local_attention_takes_mla_channels() -> bool:
+    """True when megatron-core's local DotProductAttention accepts k_channels (shim 15 is then not needed)."""
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    return "k_channels" in inspect.signature(DotProductAttention.__init__).parameters
+
+
+def cpu_mla_decoder_block_spec(config: Any, vp_stage: int | None = None) -> Any:
+    """The decoder block spec the DeepSeek bridges choose (megatron-core's get_gpt_decoder_block_spec: MLA, dense or
+    MoE per layer from moe_layer_freq), TE-free, with shim 15's core attention; without q LoRA no q layernorm (HF's
+    q_proj reads the input-normed hidden states; mla_qk_norm_config.py:171 rejects one)."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    kwargs = {"vp_stage": vp_stage} if "vp_stage" in inspect.signature(get_gpt_decoder_block_spec).parameters else {}
+    block = get_gpt_decoder_block_spec(
+        config, use_transformer_engine=False, normalization=config.normalization, **kwargs
+    )
+    for layer in block.layer_specs:
+        _mla_layer_on_cpu(layer, config)
+    return block
+
+
+def _mla_layer_on_cpu(layer: Any, config: Any) -> None:
+    """Shim 15's core attention (and no q layernorm without q LoRA) in one layer spec, if it is an MLA layer."""
+    from megatron.core.transformer.identity_op import IdentityOp
+    from megatron.core.transformer.multi_latent_attention import MLASelfAttention
+
+    attention = getattr(layer.submodules, "self_attention", None)
+    if attention is None or not (isinstance(attention.module, type) and issubclass(attention.module, MLASelfAttention)):
+        return
+    if not local_attention_takes_mla_channels():
+        attention.submodules.core_attention = mla_core_attention()
+    if getattr(config, "q_lora_rank", None) is None:
+        attention.submodules.q_layernorm = IdentityOp
+
+
+# --- Shim 16 ----------------------------------------------------------------------------------------
+# megatron-bridge 0.6.2, models/gpt_provider.py:371 and :376: mtp_block_spec asks for the TE MTP spec whatever is
+# installed (use_transformer_engine=True), so megatron-core's gpt_layer_specs.py:738 calls TESpecProvider, None
+# without TE. GPTModelProvider.provide looks the function up by name (gpt_provider.py:312); while TE is missing the
+# module's name is bound to the same steps with use_transformer_engine=False (megatron-core's local MTP spec), each
+# MTP layer getting the block spec's last layer (shim 15's core attention included).
+def cpu_mtp_block_spec(config: Any, vp_stage: int | None = None) -> Any:
+    """The bridge's MTP block spec, TE-free (None when the model has no MTP layers)."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_layer_specs, get_gpt_mtp_block_spec
+
+    if not getattr(config, "mtp_num_layers", None):
+        return None
+    spec = config.transformer_layer_spec
+    if callable(spec) and not hasattr(spec, "submodules"):
+        spec = spec(config, vp_stage=vp_stage) if "vp_stage" in inspect.signature(spec).parameters else spec(config)
+    if hasattr(spec, "layer_specs"):
+        if not spec.layer_specs:  # a stage without decoder layers: the last layer of the whole model
+            spec = get_gpt_decoder_layer_specs(
+                config, use_transformer_engine=False, normalization=config.normalization, qk_l2_norm=config.qk_l2_norm
+            )[-1]
+            _mla_layer_on_cpu(spec, config)
+        else:
+            spec = spec.layer_specs[-1]
+    return get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False, vp_stage=vp_stage)
+
+
+def install_cpu_mtp_block_spec() -> None:
+    """Install shim 16 (idempotent) while TE is missing; skipped where the bridge has no gpt_provider.mtp_block_spec."""
+    module = optional_module("megatron.bridge.models.gpt_provider")
+    if module is None or not hasattr(module, "mtp_block_spec"):
+        skip(16, "megatron.bridge.models.gpt_provider.mtp_block_spec is absent in this release")
+        return
+    _patch(module, "mtp_block_spec", lambda _original: cpu_mtp_block_spec)
+
+
+# --- Shim 17 ----------------------------------------------------------------------------------------
+# megatron-core 0.19.2, transformer/mla_qk_norm_config.py:148: with qk_layernorm and no q LoRA, linear_q_proj must be
+# the backend's fused norm + linear (`_mla_fused_linear_or_default`), which the local backend lacks (:243 raises
+# "qk_layernorm requires TransformerEngine"). HF (DeepSeek-V2-Lite, Moonlight: q_lora_rank None) applies q_proj to
+# the input-normed hidden states, with no norm of its own: where the backend has no fused implementation, the spec's
+# plain linear is kept for linear_q_proj.
+def install_plain_q_proj() -> None:
+    """Install shim 17 (idempotent); skipped where this megatron-core has no MLA qk-norm resolver."""
+    module = optional_module("megatron.core.transformer.mla_qk_norm_config")
+    if module is None or not has_attr(module, "QKNormConfigResolver._mla_fused_linear_or_default"):
+        skip(17, "mla_qk_norm_config.QKNormConfigResolver._mla_fused_linear_or_default is absent in this release")
+        return
+
+    def plain_q_proj_without_fused_impl(original: Any) -> Any:
+        def _mla_fused_linear_or_default(self, module_spec, module_name):  # type: ignore[no-untyped-def]
+            if module_name == "linear_q_proj" and self.fused_norm_linear_impl is None and module_spec is not None:
+                return module_spec
+            return original(self, module_spec, module_name)
+
+        return _mla_fused_linear_or_default
+
+    _patch(module.QKNormConfigResolver, "_mla_fused_linear_or_default", plain_q_proj_without_fused_impl)

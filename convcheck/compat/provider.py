@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from convcheck.compat.no_te import cpu_hybrid_stack_spec, transformer_engine_available
+from convcheck.compat.no_te import cpu_hybrid_stack_spec, cpu_mla_decoder_block_spec, transformer_engine_available
 
 # megatron-bridge 0.6.2:
 # - model_provider.py ~254 / ~315: without an initialised process group the provider starts NCCL and calls
@@ -65,7 +65,9 @@ def configure_provider(provider: Any, device: str) -> None:
     if hybrid:
         configure_hybrid_provider(provider, device)
     if not transformer_engine_available():
-        if not hybrid:
+        if getattr(provider, "multi_latent_attention", False):
+            provider.transformer_layer_spec = cpu_mla_decoder_block_spec
+        elif not hybrid:
             provider.transformer_layer_spec = local_layer_spec
         provider.transformer_impl = "local"
         for name in CPU_FUSION_FIELDS:
@@ -75,6 +77,7 @@ def configure_provider(provider: Any, device: str) -> None:
         provider.use_cpu_initialization = True
         if getattr(provider, "num_moe_experts", None):
             provider.moe_token_dispatcher_type = "allgather"
+            provider.moe_shared_expert_overlap = False
     local = getattr(provider, "transformer_impl", "local") == "local"
     if getattr(provider, "moe_grouped_gemm", False) and local and builds_legacy_grouped_mlp():
         provider.moe_grouped_gemm = False
@@ -84,9 +87,6 @@ def configure_provider(provider: Any, device: str) -> None:
 # - hybrid/hybrid_provider.py:91-104 get_default_hybrid_stack_spec picks the TE spec (or the modelopt spec whose
 #   Norm raises without TE) -> cpu_hybrid_stack_spec while TE is missing; bridge 0.3.0-0.5.1 build NemotronH through
 #   mamba/mamba_provider.py MambaModelProvider, whose `mamba_stack_spec` field plays that part.
-# - nemotronh/nemotron_h_bridge.py sets moe_shared_expert_overlap=True; megatron-core 0.19.2
-#   transformer/moe/shared_experts.py:192 then creates torch.cuda.Stream(), and the overlap needs the alltoall
-#   dispatcher (transformer_config.py:1644) -> off on CPU, where the dispatcher is allgather.
 def configure_hybrid_provider(provider: Any, device: str) -> None:
     """TE-free hybrid stack spec where TE is missing; on CPU no shared-expert overlap stream."""
     if not transformer_engine_available():

@@ -6,9 +6,10 @@ tiny fixtures, as an `Architecture`) plus one entry in SUPPORTED.
 
 from collections.abc import Iterable
 
+from convcheck.errors import NotCovered
 from convcheck.hf.geometry import Geometry
-from convcheck.mappings import MappingError, MappingRegistry, registry_from_rules
-from convcheck.models import dense, nemotron_h, qwen3_moe
+from convcheck.mappings import MappingRegistry, registry_from_rules
+from convcheck.models import deepseek, dense, nemotron_h, qwen3_moe
 from convcheck.models.architecture import Architecture, unique_index
 from convcheck.models.config_rules import FieldRule
 from convcheck.models.fixture_spec import FixtureSpec
@@ -19,6 +20,7 @@ SUPPORTED: tuple[Architecture, ...] = (
     qwen3_moe.QWEN3_MOE,
     dense.LLAMA,
     nemotron_h.NEMOTRON_H,
+    deepseek.DEEPSEEK_V3,
 )
 """Every supported architecture; config tables and `tiny:` fixtures are listed in this order."""
 
@@ -47,9 +49,11 @@ def build_registry(
 ) -> MappingRegistry:
     """The explicit-mapping registry of HF class `architecture`: every Megatron name mapped once by its family's rules;
     strict: CoverageError names every unmapped or doubly mapped parameter and every HF tensor produced 0 or 2+ times."""
-    if architecture not in BY_HF_CLASS:
-        raise MappingError(f"no explicit mappings for {architecture}; known: {', '.join(sorted(BY_HF_CLASS))}")
-    rules = BY_HF_CLASS[architecture].mapping_rules(tied)
+    family = BY_HF_CLASS.get(architecture)
+    if family is None or family.mapping_rules is None:
+        mapped = sorted(name for name, arch in BY_HF_CLASS.items() if arch.mapping_rules is not None)
+        raise NotCovered(f"convcheck has no explicit mappings for {architecture} (it has them for {', '.join(mapped)})")
+    rules = family.mapping_rules(tied)
     return registry_from_rules(architecture, rules, geometry, megatron_names, hf_names, tied=tied, strict=strict)
 
 

@@ -40,6 +40,10 @@ class FixtureSpec:
     """Name suffixes saved in float32, not bf16 (what transformers' `_keep_in_fp32_modules_strict` keeps)."""
     renames: dict[str, str] = field(default_factory=dict)
     """Tensor names rewritten after save_pretrained (where transformers writes a name published checkpoints lack)."""
+    mtp_layers: int = 0
+    """Multi-token-prediction layers written as `model.layers.{L + k}.*` (the last decoder layer's tensors plus
+    enorm, hnorm, eh_proj, shared_head.norm / head and embed_tokens), as published DeepSeek-V3 / GLM-4.7-Flash
+    checkpoints hold them: transformers builds no MTP module and save_pretrained writes none."""
 
 
 def tiny_spec(name: str, config_class: str, description: str, **overrides: Any) -> FixtureSpec:

@@ -44,21 +44,31 @@ def claims(ctx: RankContext) -> dict[str, Any]:
         counts[name] += 1
         if is_expert(name, tensor):
             expert.add(name)
-    return {"rank": ctx.rank, "coord": ctx.coord, "counts": dict(counts), "expert": sorted(expert)}
+    mtp = any(name.startswith(MTP_PREFIX) for name in counts)
+    return {"rank": ctx.rank, "coord": ctx.coord, "counts": dict(counts), "expert": sorted(expert), "mtp": mtp}
+
+
+MTP_PREFIX = "mtp."
+MTP_EMBEDDING = "embedding.word_embeddings.weight"
+"""A stage with MTP layers holds its own copy of the word embeddings (megatron-core builds it there and keeps it in
+the embedding group with stage 0's, as for tied embeddings): a legal replica, not a second owner."""
 
 
 def exactly_once(gathered: list[dict[str, Any]]) -> list[Finding]:
     """Global names claimed outside a legal replica: twice on one rank, by two PP stages, or (experts) two EP ranks.
 
     Legal copies: a dense parameter on every TP rank and DP replica of its stage (same global name, TP-sharded or
-    replicated); an expert parameter on every ETP rank and expert-DP replica of its EP rank."""
+    replicated); an expert parameter on every ETP rank and expert-DP replica of its EP rank; the word embeddings on a
+    later stage that holds MTP layers."""
     holders: dict[str, list[tuple[int, RankCoord]]] = {}
     expert: set[str] = set()
     findings = []
     for part in gathered:
         expert.update(part["expert"])
         for name, count in part["counts"].items():
-            holders.setdefault(name, []).append((part["rank"], part["coord"]))
+            mtp_replica = name == MTP_EMBEDDING and part.get("mtp") and part["coord"].pp_rank > 0
+            if not mtp_replica:  # the MTP stage's copy of stage 0's embeddings is not a second owner
+                holders.setdefault(name, []).append((part["rank"], part["coord"]))
             if count > 1:
                 message = f"{count} local tensors of rank {part['rank']} claim this global name"
                 findings.append(

@@ -56,10 +56,13 @@ def _unwrap(module: Any) -> Any:
 def upcast_fp32(model: list[Any], whole: bool = False) -> Iterator[None]:
     """fp32 forward of the Megatron chunks, one block at a time (`whole`: all at once); module configs'
     params_dtype is fp32 meanwhile, as a forward casts activations to it (megatron-core 0.19.2
-    ssm/mamba_layer.py:151). Restores the original tensors and dtypes on exit (no rounding)."""
+    ssm/mamba_layer.py:151), and the attention softmax keeps fp32 probabilities (with attention_softmax_in_fp32, as
+    GLM-4.7-Flash's bridge leaves it, fusions/fused_softmax.py:336-340 casts them back to the bf16 it was built for).
+    Restores the original tensors, dtypes and flags on exit (no rounding)."""
     import torch
 
     configs: dict[int, tuple[Any, Any]] = {}
+    softmax: list[tuple[Any, tuple[bool, bool, bool]]] = []
     try:
         for chunk in model:
             for module in chunk.modules():
@@ -67,11 +70,16 @@ def upcast_fp32(model: list[Any], whole: bool = False) -> Iterator[None]:
                 if getattr(config, "params_dtype", torch.float32) != torch.float32 and id(config) not in configs:
                     configs[id(config)] = (config, config.params_dtype)
                     config.params_dtype = torch.float32
+                if getattr(module, "input_in_float16", False):
+                    softmax.append((module, (module.input_in_fp16, module.input_in_bf16, module.input_in_float16)))
+                    module.input_in_fp16 = module.input_in_bf16 = module.input_in_float16 = False
         with fp32_forward(model, shared=_tied(model), whole=whole):
             yield
     finally:
         for config, dtype in configs.values():
             config.params_dtype = dtype
+        for module, (fp16, bf16, float16) in softmax:
+            module.input_in_fp16, module.input_in_bf16, module.input_in_float16 = fp16, bf16, float16
 
 
 def _tied(model: list[Any]) -> list[Any]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from convcheck.compare.bits import compare_bits
+from convcheck.errors import NotCovered
 from convcheck.hf.checkpoint import TensorReader
 from convcheck.mappings import MappingError, MappingRegistry, RankCoord
 from convcheck.mappings.check import rows_match
@@ -92,6 +93,8 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     else:
         try:
             local, all_names, registry = names_and_registry(ctx)
+        except NotCovered as exc:  # same on every rank: a family convcheck has no explicit mappings for
+            return make_verdict(NAME, checked=0, findings=[], not_covered=str(exc)) if ctx.is_reporter else None
         except MappingError as exc:  # same on every rank (same config), so no rank is left in a collective
             finding = Finding(tensor="<registry>", kind="no-mappings", message=str(exc))
             return make_verdict(NAME, checked=0, findings=[finding]) if ctx.is_reporter else None

@@ -19,9 +19,15 @@ def tasks_of(ctx: Any) -> list[Any]:
 
 
 def collect(ctx: Any, *, with_real: bool) -> list[dict[str, Any]]:
-    """Collective when `with_real`: run each task's real megatron_to_hf, then its probe; one record per HF tensor."""
+    """Collective: run each task's real megatron_to_hf (when `with_real`), then its probe; one record per HF tensor.
+    Records an earlier drain kept are used only when every rank has them: a rank whose drain was not intact (its
+    export called a mapping with other arguments, e.g. DeepSeek-V3's MTP layers at PP2) probes here, and its peers
+    with it, or the bridge's collective task building would wait for them forever."""
     cached = ctx.memo.probe_records
-    if cached is not None and (cached[0] or not with_real):
+    usable = cached is not None and (cached[0] or not with_real)
+    if ctx.world > 1:
+        usable = all(ctx.gather(usable))
+    if usable:
         return cached[1]
     records: list[dict[str, Any]] = []
     codes = CodeCache()
