@@ -14,13 +14,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from convcheck.compare.bits import compare_bits
+from convcheck.compare.bits import compare_bits, same_tensor
+from convcheck.compare.hashpool import HashPool
 from convcheck.hf.checkpoint import TensorReader
 from convcheck.mappings import MappingError, MappingRegistry, RankCoord
 from convcheck.mappings.check import rows_match
 from convcheck.oracles.base import OracleInfo
 from convcheck.rank.context import RankContext
 from convcheck.rank.model import named_tensors
+from convcheck.rank.shard_match import names_and_registry
+from convcheck.rank.source_match import source_match
 from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
 
 NAME = "mapping"
@@ -82,8 +85,6 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank checks its shards against the explicit mappings; rank 0 checks the export against the
     source where every shard matched (the mappings rebuild the source from such shards) and against tensors rebuilt
     from the gathered shards elsewhere, re-streaming the export only to localise mismatches."""
-    from convcheck.rank.shard_match import names_and_registry
-
     coord = ctx.coord
     tap = ctx.memo.shard_tap  # set on every rank or on none (convcheck.rank.shard_match.start is collective)
     if tap is not None:
@@ -160,8 +161,6 @@ def _check_export(
     """Collective: exported names (digests for suspect ones), source-checked mismatches, the export failure, the
     mismatches' sizes and where the answer came from (the run's shared source match when no shard was wrong and the
     export equals the source, else a drain of our own)."""
-    from convcheck.rank.source_match import source_match
-
     if not suspect:
         match = source_match(ctx)
         if match.clean:
@@ -197,7 +196,6 @@ class _ExportCheck:
         if megatron in self.suspect or hf_name not in self.source:
             self.digests.add(hf_name, tensor)
             return
-        from convcheck.compare.bits import same_tensor
 
         src = self.reader.get(hf_name)
         if not same_tensor(src, tensor):
@@ -240,8 +238,6 @@ class _Digests:
     """Digests of a stream of (name, tensor), hashed on worker threads (compare.hashpool), read back in order."""
 
     def __init__(self) -> None:
-        from convcheck.compare.hashpool import HashPool
-
         self._pool = HashPool()
         self._order: list[tuple[str, str, str, tuple[int, ...]]] = []
 
