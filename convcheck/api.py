@@ -9,11 +9,21 @@ from typing import Any
 
 from convcheck.causes import explain
 from convcheck.device import choose_device, visible_gpu_count
+from convcheck.engine.job import Job
+from convcheck.engine.launch import run_ranks
+from convcheck.engine.reference import attribute_layout
+from convcheck.engine.resume import checkpoint_folder, run_resumes
 from convcheck.errors import BadInput
+from convcheck.fixtures import build_fixture, get_spec
+from convcheck.gate.manifest import build_manifest, check_manifest_path, write_manifest
+from convcheck.hf.checkpoint import open_checkpoint
 from convcheck.hf.geometry import Geometry
+from convcheck.hooks import parse_hook
 from convcheck.layout import ParallelLayout
+from convcheck.oracles import parse_oracle_names
 from convcheck.progress import ProgressSink
 from convcheck.rank.options import ReshardTargets, SyncOptions
+from convcheck.sync.adapters import check_adapters, normalize_sender
 from convcheck.verdict import OracleVerdict, Report, complete
 
 EXPERT_LAYOUTS = ("sequential", "te-grouped")
@@ -22,8 +32,6 @@ EXPERT_LAYOUTS = ("sequential", "te-grouped")
 def resolve_model(model: str) -> str:
     """A checkpoint folder for `model`: a path, or a built-in fixture `tiny:<name>` (built on first use)."""
     if model.startswith("tiny:"):
-        from convcheck.fixtures import build_fixture, get_spec
-
         get_spec(model)
         return str(build_fixture(model))
     return model
@@ -38,8 +46,6 @@ def as_layout(layout: ParallelLayout | str | None) -> ParallelLayout:
 
 def as_oracles(oracles: Sequence[str] | str | None, experts: str = "sequential") -> tuple[str, ...]:
     """Validated oracle names (all by default); te-grouped experts have no forward, so no logits."""
-    from convcheck.oracles import parse_oracle_names
-
     spec = oracles if oracles is None or isinstance(oracles, str) else ",".join(oracles)
     names = parse_oracle_names(spec)
     if experts == "te-grouped":
@@ -77,18 +83,12 @@ def prepare(
     `target_tp` / `target_ep` / `target_etp`: the reshard oracle's target TP, EP and expert-TP sizes (each one or
     several; every combination is checked in one launch).
     """
-    from convcheck.engine.job import Job
-    from convcheck.hf.checkpoint import open_checkpoint
-    from convcheck.hooks import parse_hook
-
     if experts not in EXPERT_LAYOUTS:
         raise BadInput(f"unknown expert layout {experts!r}; known: {', '.join(EXPERT_LAYOUTS)}")
     names = as_oracles(oracles, experts)
     grid = as_layout(layout)
     check_pad_vocab(pad_vocab)
     if manifest_out is not None:
-        from convcheck.gate.manifest import check_manifest_path
-
         manifest_out = check_manifest_path(manifest_out)
     if progress is not None and model.startswith("tiny:"):
         progress({"phase": f"building fixture {model} (cached after the first run)"})
@@ -213,8 +213,6 @@ def check_sync(
     oracles: tuple[str, ...], layout: ParallelLayout, sender: str | None, receiver: str | None, chunk_mb: float
 ) -> str | None:
     """Resolve the sender and receiver specs and check they fit the run; the sender as a Job stores it."""
-    from convcheck.sync.adapters import check_adapters, normalize_sender
-
     sender = normalize_sender(sender)
     check_adapters(sender, receiver, chunk_mb)
     if receiver is not None and not {"receiver", "idempotence"} & set(oracles):
@@ -228,10 +226,6 @@ def check_sync(
 def run(job: Any, log_dir: str | None = None, progress: ProgressSink | None = None) -> Report:
     """Launch the ranks of a prepared Job (then the distckpt resume jobs, and the layout oracle's TP1 job when its
     export differed from the source) and return the Report."""
-    from convcheck.engine.launch import run_ranks
-    from convcheck.engine.reference import attribute_layout
-    from convcheck.engine.resume import checkpoint_folder, run_resumes
-
     started = time.perf_counter()
     with checkpoint_folder(job, log_dir) as job:
         result = run_ranks(job, log_dir=log_dir, progress=progress)
@@ -257,8 +251,6 @@ def run(job: Any, log_dir: str | None = None, progress: ProgressSink | None = No
 
 def write_gate_manifest(path: str, parts: dict[str, Any], verdicts: Sequence[OracleVerdict]) -> None:
     """Write the case's gate manifest once: what rank 0 recorded (convcheck.engine.recorder) and the final verdicts."""
-    from convcheck.gate.manifest import build_manifest, write_manifest
-
     fields = {k: v for k, v in parts.items() if k != "note"}
     write_manifest(path, build_manifest(**fields, verdicts=[v.to_dict() for v in verdicts]))
 
@@ -327,9 +319,6 @@ def run_in_ranks(
     import pickle
     import tempfile
     from dataclasses import replace
-
-    from convcheck.engine.launch import run_ranks
-    from convcheck.hooks import parse_hook
 
     parse_hook(function, what="rank function")
     job = prepare(model, layout, oracles=(), device=device, hooks=hooks, experts=experts, timeout_s=timeout_s)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from convcheck.hf.checkpoint import open_checkpoint
 from convcheck.verdict import OracleVerdict
 
 _FUSED_EXPERTS = re.compile(r"(^|\.)experts\.(gate_up_proj|down_proj|w13|w2|w1|w3)(\.weight)?$")
@@ -20,7 +21,6 @@ def explain(model_path: str, verdicts: Iterable[OracleVerdict]) -> list[str]:
     failing = [v for v in verdicts if v.findings]
     if not failing:
         return []
-    from convcheck.hf.checkpoint import open_checkpoint
 
     try:
         names = list(open_checkpoint(model_path).tensors)

@@ -17,7 +17,11 @@ from typing import Any
 
 import pytest
 
+from convcheck import api
+from convcheck.api import resolve_model
+from convcheck.cache import cache_root
 from convcheck.errors import BadInput, SetupError, one_line
+from convcheck.hf.checkpoint import open_checkpoint
 from convcheck.layout import ParallelLayout
 from convcheck.testing import assert_bitwise_equal, assert_same_checkpoint, assert_verdict_pass
 from convcheck.verdict import Report
@@ -99,7 +103,6 @@ def convcheck_layout(request: pytest.FixtureRequest) -> ParallelLayout:
     if not hasattr(request, "param"):
         return ParallelLayout()
     layout = _as_layout(request.param)
-    from convcheck.hf.checkpoint import open_checkpoint
 
     folder = request.getfixturevalue("convcheck_checkpoint")
     try:
@@ -137,8 +140,6 @@ def convcheck_verify(
         target_etp: int | Sequence[int] | None = None,
         **kw: Any,
     ) -> Report:
-        from convcheck import api
-
         grid = _choose_layout(layout, {"tp": tp, "pp": pp, "ep": ep, "etp": etp}, test_layout, ParallelLayout())
         options = {**kw, **_adapter_options(sender=sender, receiver=receiver)}
         options |= {"target_tp": target_tp, "target_ep": target_ep, "target_etp": target_etp}
@@ -164,8 +165,6 @@ def convcheck_ranks(
         model: str | os.PathLike[str] | None = None,
         **kwargs: Any,
     ) -> Any:
-        from convcheck import api
-
         spec = callable_spec(fn, what="rank function")
         grid = _choose_layout(layout, {}, test_layout, ParallelLayout(tp=2))
         log_dir = str(tmp_path_factory.mktemp("convcheck-ranks"))
@@ -177,13 +176,8 @@ def convcheck_ranks(
 
 def checkpoint_folder(model: str | os.PathLike[str]) -> Path:
     """The checkpoint folder of `model` (a tiny fixture is built once and cached; a folder is validated)."""
-    from convcheck.cache import cache_root
-
     key = (str(model), str(cache_root()))
     if key not in _folders or not (_folders[key] / "config.json").is_file():
-        from convcheck.api import resolve_model
-        from convcheck.hf.checkpoint import open_checkpoint
-
         folder = Path(resolve_model(key[0]))
         open_checkpoint(folder)
         _folders[key] = folder.resolve()

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from convcheck.compare.bits import compare_bits
+from convcheck.hf.checkpoint import TensorReader, open_checkpoint
 from convcheck.layout import ParallelLayout
 from convcheck.verdict import FAIL, NOT_COVERED, OracleVerdict, Report
 
@@ -18,8 +20,6 @@ def assert_bitwise_equal(actual: Any, expected: Any, name: str = "tensor") -> No
     """Fail unless `actual` has the dtype, shape and raw bytes of `expected` (integer views: -0.0 != 0.0)."""
     __tracebackhide__ = True
     import torch
-
-    from convcheck.compare.bits import compare_bits
 
     for label, value in (("actual", actual), ("expected", expected)):
         if not isinstance(value, torch.Tensor):
@@ -43,9 +43,6 @@ def assert_same_checkpoint(dir_a: str | os.PathLike[str], dir_b: str | os.PathLi
 
 def checkpoint_differences(dir_a: str | os.PathLike[str], dir_b: str | os.PathLike[str]) -> list[str]:
     """One line per difference between two checkpoint folders: names missing on either side, then per tensor."""
-    from convcheck.compare.bits import compare_bits
-    from convcheck.hf.checkpoint import TensorReader, open_checkpoint
-
     a, b = open_checkpoint(dir_a), open_checkpoint(dir_b)
     names_a, names_b = set(a.tensors), set(b.tensors)
     problems = [f"{n}: only in a" for n in sorted(names_a - names_b)]

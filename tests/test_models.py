@@ -30,6 +30,11 @@ def test_a_name_claimed_by_two_architectures_is_refused() -> None:
 
 
 def test_import_direction_models_without_torch_mappings_without_models() -> None:
-    code = ("import sys, convcheck.mappings, convcheck.layout; assert 'convcheck.models' not in sys.modules; "
-            "import convcheck.models, convcheck.fixtures.specs; assert 'torch' not in sys.modules")  # fmt: skip
+    """mappings never imports models (models builds on mappings), and models and the fixture specs import no torch.
+    The first check stands in for the package's own __init__: it imports the API, which reaches every part."""
+    bare = (f"import sys, types; root = types.ModuleType('convcheck'); root.__path__ = [{str(ROOT / 'convcheck')!r}]; "
+            "sys.modules['convcheck'] = root; "
+            "import convcheck.mappings, convcheck.layout; assert 'convcheck.models' not in sys.modules")  # fmt: skip
+    subprocess.run([sys.executable, "-c", bare], check=True, cwd=ROOT)
+    code = "import sys, convcheck.models, convcheck.fixtures.specs; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

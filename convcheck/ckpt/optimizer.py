@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from convcheck.compare.bits import first_true, int_view
 from convcheck.errors import one_line
 from convcheck.rank.context import RankContext
 from convcheck.verdict import Finding
@@ -63,7 +64,7 @@ def build(ctx: RankContext) -> OptimizerPart:
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    from convcheck.compat.no_te import install_torch_adam_step
+    from convcheck.compat.no_te import install_torch_adam_step  # lazy: convcheck.compat imports torch (launcher side)
 
     install_torch_adam_step()
 
@@ -176,8 +177,6 @@ def apply_loaded(part: OptimizerPart, loaded: dict[str, Any]) -> str | None:
 
 def check(ctx: RankContext, part: OptimizerPart, where: str) -> tuple[int, list[Finding]]:
     """Collective: (elements checked on every rank, findings on rank 0) for the restored optimizer state."""
-    from convcheck.compare.bits import first_true, int_view
-
     by_id = {i: n for n, i in part.ids.items()}
     checked, findings = 0, []
     for name, piece, main, state in shards(part):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from convcheck.compare.bits import int_view
 from convcheck.errors import BadInput
 from convcheck.hf.checkpoint import INDEX_NAME
 from convcheck.hf.digest import DigestEntry
@@ -72,8 +73,6 @@ class ShardWriter:
 
     def add(self, name: str, tensor: Any) -> None:
         """Append one tensor's raw bytes to the current shard (a new shard when it would pass the limit)."""
-        from convcheck.compare.bits import int_view
-
         if name in self.digests:
             self.duplicates.append(name)
             return

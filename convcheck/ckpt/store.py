@@ -16,6 +16,7 @@ from typing import Any
 
 from convcheck.errors import one_line
 from convcheck.rank.context import RankContext
+from convcheck.rank.model import fill_sentinel, unloaded_counts
 from convcheck.verdict import Finding
 
 CHECKPOINT_FORMAT = "torch_dist"
@@ -115,8 +116,6 @@ def restore_checkpoint(
     `extra`: more entries to load with the model (e.g. "optimizer"); their loaded values come back in the state."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.validation import StrictHandling
-
-    from convcheck.rank.model import fill_sentinel, unloaded_counts
 
     fill_sentinel(ctx.model)
     started = time.perf_counter()

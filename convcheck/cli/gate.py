@@ -13,8 +13,19 @@ from typing import Any, NoReturn
 
 import click
 
+from convcheck.atomic import write_all_atomic as write_together
 from convcheck.cli.types import HookSpecType, ReportPath
-from convcheck.errors import ConvcheckError
+from convcheck.errors import BadInput, ConvcheckError
+from convcheck.fixtures import FIXTURES, RELEASE_VARIANTS, get_spec
+from convcheck.gate import GOLDEN_DIR
+from convcheck.gate.allow import load_allow, triage
+from convcheck.gate.case import Case, default_matrix, fixture_layouts, normalise_model, select
+from convcheck.hf.checkpoint import open_checkpoint
+from convcheck.layout import ParallelLayout
+from convcheck.versions import versions
+from convcheck.workflows.gate_runner import Options, read_index
+from convcheck.workflows.gate_runner import check as run_check
+from convcheck.workflows.gate_runner import record as run_record
 
 EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
 _NUMBER = re.compile(r"\d+")
@@ -84,9 +95,6 @@ def record(
     pad_vocab: int | None,
 ) -> None:
     """Run the case matrix (default: every fixture at every legal layout) and write one manifest per case."""
-    from convcheck.workflows.gate_runner import Options
-    from convcheck.workflows.gate_runner import record as run_record
-
     try:
         cases = _record_cases(models, layouts, case_ids, pad_vocab)
         started = time.perf_counter()
@@ -106,12 +114,6 @@ def _record_cases(
     models: tuple[str, ...], layouts: tuple[str, ...], case_ids: tuple[str, ...], pad_vocab: int | None
 ) -> list[Any]:
     """The default matrix (filtered by --case), or every --model at every --layout (illegal pairs: bad input)."""
-    from convcheck.errors import BadInput
-    from convcheck.fixtures import FIXTURES, RELEASE_VARIANTS, get_spec
-    from convcheck.gate.case import Case, default_matrix, fixture_layouts, normalise_model, select
-    from convcheck.hf.checkpoint import open_checkpoint
-    from convcheck.layout import ParallelLayout
-
     if pad_vocab is not None and not (models or layouts):
         raise BadInput("--pad-vocab needs --model and/or --layout (the default matrix has its own padded case)")
     if case_ids and (models or layouts):
@@ -162,12 +164,6 @@ def check(
     junit_path: str | None,
 ) -> None:
     """Re-run the cases of FOLDER (default: the golden manifests shipped with convcheck) and compare every one."""
-    from convcheck.gate import GOLDEN_DIR
-    from convcheck.gate.allow import load_allow, triage
-    from convcheck.gate.case import select
-    from convcheck.workflows.gate_runner import Options, read_index
-    from convcheck.workflows.gate_runner import check as run_check
-
     golden = Path(folder) if folder else GOLDEN_DIR
     try:
         entries = load_allow(allow_file) if allow_file else []
@@ -183,7 +179,6 @@ def check(
     for case in result["cases"]:
         if case["status"] != "pass":
             click.echo(f"replay: {_replay(folder, case['id'], hooks, allow_file, device)}")
-    from convcheck.atomic import write_all_atomic as write_together
 
     outputs = {p: render(result) for p, render in ((json_path, _json_text), (junit_path, junit_xml)) if p}
     try:
@@ -206,8 +201,6 @@ def _replay(folder: str | None, case: str, hooks: tuple[str, ...], allow: str | 
 
 def gate_result(results: list[Any], verdict: Any, golden: Path, seconds: float) -> dict[str, Any]:
     """The JSON-ready gate result: per case its status and differences (failing and allowed), unused allow entries."""
-    from convcheck.versions import versions
-
     failing = {id(d) for d in verdict.failing}
     allowed = {id(d): e for d, e in verdict.allowed}
     cases = []

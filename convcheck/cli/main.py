@@ -9,17 +9,24 @@ import signal
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
+from convcheck import api
 from convcheck.api import EXPERT_LAYOUTS
+from convcheck.atomic import write_all_atomic as write_together
+from convcheck.cache import cache_root, clear_cache
+from convcheck.cli.progress import progress_for
+from convcheck.cli.render import junit_xml, print_report, report_json
 from convcheck.cli.types import HookSpecType, LayoutType, OracleList, ReportPath
+from convcheck.engine.launch import Interrupted
 from convcheck.errors import ConvcheckError, one_line
+from convcheck.fixtures import FIXTURES, build_fixture
+from convcheck.layout import ParallelLayout
+from convcheck.oracles import ORACLES, oracles_markdown
 from convcheck.sync.adapters import RECEIVERS, SENDERS
-
-if TYPE_CHECKING:
-    from convcheck.layout import ParallelLayout
+from convcheck.verdict import FAIL, NOT_COVERED, PASS
 
 EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_NOT_COVERED = 0, 1, 2, 3
 
@@ -37,9 +44,6 @@ PREPARE_OPTIONS = ("model", "tp", "pp", "ep", "etp", "oracles", "device", "hooks
 
 def job_from_options(params: dict[str, Any], progress: Any = None) -> Any:
     """`api.prepare` of verify's parsed options (PREPARE_OPTIONS, as click hands them over) -> the Job."""
-    from convcheck import api
-    from convcheck.layout import ParallelLayout
-
     p = params
     return api.prepare(
         p["model"],
@@ -166,13 +170,6 @@ def verify(
     target_etps: tuple[int, ...],
 ) -> None:
     """Build the sharded Megatron model from MODEL through the real bridge and run the oracles."""
-    from convcheck import api
-    from convcheck.atomic import write_all_atomic as write_together
-    from convcheck.cli.progress import progress_for
-    from convcheck.cli.render import junit_xml, print_report, report_json
-    from convcheck.layout import ParallelLayout
-    from convcheck.verdict import FAIL, NOT_COVERED, PASS
-
     layout = ParallelLayout(tp=tp, pp=pp, ep=ep, etp=etp)
     display = progress_for(f"{model} {layout.label}", quiet)
     try:
@@ -198,8 +195,6 @@ def verify(
 @click.option("--markdown", is_flag=True, help="As the Markdown table README.md embeds.")
 def list_oracles(markdown: bool) -> None:
     """List the oracles: what each proves and what it does not."""
-    from convcheck.oracles import ORACLES, oracles_markdown
-
     if markdown:
         click.echo(oracles_markdown(), nl=False)
         return
@@ -216,16 +211,12 @@ def cache() -> None:
 @cache.command(name="path")
 def cache_path() -> None:
     """Print the cache folder ($CONVCHECK_CACHE_DIR, else $XDG_CACHE_HOME/convcheck, else ~/.cache/convcheck)."""
-    from convcheck.cache import cache_root
-
     click.echo(str(cache_root()))
 
 
 @cache.command(name="clear")
 def cache_clear() -> None:
     """Remove everything convcheck cached (fixtures are rebuilt, references rerun, on next use)."""
-    from convcheck.cache import clear_cache
-
     click.echo(f"cleared {clear_cache()}")
 
 
@@ -237,8 +228,6 @@ def fixtures() -> None:
 @fixtures.command(name="list")
 def fixtures_list() -> None:
     """List the built-in fixtures."""
-    from convcheck.fixtures import FIXTURES
-
     for spec in FIXTURES.values():
         click.echo(f"tiny:{spec.name:<12} {spec.description}")
 
@@ -248,8 +237,6 @@ def fixtures_list() -> None:
 @click.option("--out", type=click.Path(file_okay=False), help="Folder to build into (default: the cache).")
 def fixtures_build(name: str, out: str | None) -> None:
     """Build fixture NAME (or reuse the cached copy); the last line printed is its folder."""
-    from convcheck.fixtures import build_fixture
-
     try:
         click.echo(str(build_fixture(name, out)))
     except ConvcheckError as exc:
@@ -257,15 +244,11 @@ def fixtures_build(name: str, out: str | None) -> None:
 
 
 def _terminate(signum: int, _frame: object) -> None:
-    from convcheck.engine.launch import Interrupted
-
     raise Interrupted(signum)
 
 
 def main() -> None:
     """Console-script entry point: every error is one line on stderr; exit 2 for bad input, 130/143 when cancelled."""
-    from convcheck.engine.launch import Interrupted
-
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGINT, _terminate)  # the launcher hands a caught signal back here once ranks are stopped
     try:

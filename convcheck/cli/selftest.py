@@ -9,8 +9,12 @@ from typing import Any
 
 import click
 
+from convcheck.atomic import write_json_atomic
 from convcheck.engine.warm_client import serving
 from convcheck.errors import ConvcheckError
+from convcheck.mutants.catalog import MUTANTS
+from convcheck.versions import versions
+from convcheck.workflows import selftest as lib
 
 _STATUS = {
     "killed": "[green]KILLED[/green]",
@@ -47,9 +51,6 @@ def selftest(models: tuple[str, ...], quick: bool, json_path: str | None, only: 
              jobs: int, warm: bool) -> None:  # fmt: skip
     """Plant every catalogued bug in the real bridge and check that an oracle catches each, with a clean run of
     every fixture x layout used (exit 1 if a mutant survives or a clean run fails)."""
-    from convcheck.mutants.catalog import MUTANTS
-    from convcheck.workflows import selftest as lib
-
     try:
         problems = lib.check_catalog(MUTANTS)
         if problems:
@@ -75,8 +76,6 @@ def selftest(models: tuple[str, ...], quick: bool, json_path: str | None, only: 
         sys.exit(2)
     print_matrix(result)
     if json_path:
-        from convcheck.atomic import write_json_atomic
-
         write_json_atomic(json_path, result.to_dict())
     sys.exit(0 if result.passed else 1)
 
@@ -86,14 +85,11 @@ def _writer(json_path: str | None) -> Any:
     short still leaves what it proved."""
     if not json_path:
         return None
-    from convcheck.atomic import write_json_atomic
 
     return lambda partial: write_json_atomic(json_path, partial.to_dict())
 
 
 def _versions_line() -> str:
-    from convcheck.versions import versions
-
     v = versions()
     return ", ".join(f"{k} {v[k]}" for k in ("megatron-core", "megatron-bridge", "transformers", "torch"))
 

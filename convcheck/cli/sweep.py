@@ -9,14 +9,14 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import NoReturn
 
 import click
 
 from convcheck.errors import ConvcheckError
-
-if TYPE_CHECKING:
-    from convcheck.hf.sweep import SweepResult
+from convcheck.hf.checkpoint import open_weights
+from convcheck.hf.digest import HASH, check_output, digest_weights, write_digest, write_text_atomic
+from convcheck.hf.sweep import SweepResult, bytes_to_read, compare, open_side
 
 EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
 MAX_PRINTED = 20
@@ -76,9 +76,6 @@ def sweep(a: str, b: str, json_path: str | None, junit_path: str | None, quiet: 
     A and B: a folder with model.safetensors.index.json or model.safetensors, a .safetensors file, or a manifest
     written by `convcheck digest`. Exit 0 identical, 1 differences found, 2 bad input.
     """
-    from convcheck.hf.digest import check_output, write_text_atomic
-    from convcheck.hf.sweep import bytes_to_read, compare, open_side
-
     started = time.perf_counter()
     try:
         targets = [check_output(p) for p in (json_path, junit_path) if p]
@@ -124,9 +121,6 @@ def digest(src: str, out: str | None) -> None:
 
     SRC: a checkpoint folder or a .safetensors file. Compare it later with `convcheck sweep CHECKPOINT MANIFEST`.
     """
-    from convcheck.hf.checkpoint import open_weights
-    from convcheck.hf.digest import HASH, check_output, digest_weights, write_digest
-
     started = time.perf_counter()
     try:
         if out:

@@ -7,6 +7,9 @@ from typing import Any
 import click
 
 from convcheck.errors import ConvcheckError
+from convcheck.hooks import parse_hook
+from convcheck.layout import ParallelLayout
+from convcheck.oracles import parse_oracle_names
 
 
 class OracleList(click.ParamType):
@@ -15,8 +18,6 @@ class OracleList(click.ParamType):
     name = "ORACLES"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[str, ...]:
-        from convcheck.oracles import parse_oracle_names
-
         if isinstance(value, tuple):
             return value
         if not str(value).replace(",", "").strip():
@@ -37,8 +38,6 @@ class HookSpecType(click.ParamType):
         self.builtins = builtins  # names accepted as they are (built-in adapters such as `bucketed`)
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        from convcheck.hooks import parse_hook
-
         if value in self.builtins:
             return str(value)
         try:
@@ -53,8 +52,6 @@ class LayoutType(click.ParamType):
     name = "LAYOUT"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        from convcheck.layout import ParallelLayout
-
         if isinstance(value, ParallelLayout):
             return value
         try:

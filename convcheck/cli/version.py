@@ -7,8 +7,13 @@ from typing import NoReturn
 
 import click
 
+from convcheck.atomic import write_all_atomic as write_together
+from convcheck.ckpt.shards import parse_size
+from convcheck.cli.render import group_findings, oracle_summary, report_json
 from convcheck.cli.types import HookSpecType, LayoutType, ReportPath
 from convcheck.errors import ConvcheckError
+from convcheck.verdict import PASS
+from convcheck.workflows.version import check_version, write_version
 
 EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
 MAX_PRINTED = 20
@@ -27,8 +32,6 @@ def _bad_input(exc: BaseException) -> NoReturn:
 
 
 def _size(text: str) -> int:
-    from convcheck.ckpt.shards import parse_size
-
     try:
         return parse_size(text)
     except ConvcheckError as exc:
@@ -71,8 +74,6 @@ def write(
     hooks: tuple[str, ...],
 ) -> None:
     """Write version folder FOLDER from MODEL loaded at --layout: ckpt/ (torch_dist), the HF export, manifest.json."""
-    from convcheck.workflows.version import write_version
-
     try:
         result = write_version(
             folder, model, layout, step=step, device=device, hooks=hooks, timeout_s=timeout, log_dir=log_dir,
@@ -117,11 +118,6 @@ def check(
     json_path: str | None,
 ) -> None:
     """Prove version folder FOLDER: index vs shards, manifest vs bytes, and safetensors == export of ckpt/, bitwise."""
-    from convcheck.atomic import write_all_atomic as write_together
-    from convcheck.cli.render import group_findings, oracle_summary, report_json
-    from convcheck.verdict import PASS
-    from convcheck.workflows.version import check_version
-
     try:
         report = check_version(folder, layout=layout, device=device, hooks=hooks, timeout_s=timeout, log_dir=log_dir)
     except ConvcheckError as exc:

@@ -66,54 +66,88 @@ def _describe_dim(segs: list[Segment], expected_name: str, n_expected: int, dim:
     n_actual = segs[-1][1] if segs else 0
     names = {s[2] for s in segs}
     if names == {expected_name}:
-        if len(segs) == 1:
-            a0, a1, _, s0 = segs[0]
-            if n_actual < n_expected:
-                return Diagnosis(
-                    kind="dropped",
-                    text=f"{n_expected - n_actual} {unit} dropped along dim {dim}: export holds source {unit} "
-                    f"{s0}:{s0 + a1 - a0} of {n_expected} (truncated, e.g. vocab padding removed wrongly)",
-                )
-            return None
-        size = 0
-        for a0, a1, _, s0 in segs:
-            size = math.gcd(size, math.gcd(a1 - a0, math.gcd(a0, s0)))
-        if n_actual == n_expected and size > 0 and n_expected % size == 0:
-            perm = [s0 // size + k for a0, a1, _, s0 in segs for k in range((a1 - a0) // size)]
-            if sorted(perm) == list(range(len(perm))) and len(perm) <= 64:
-                moved = [i for i, p in enumerate(perm) if p != i]
-                if len(moved) == 2 and len(perm) > 2:
-                    i, j = moved
-                    return Diagnosis(
-                        kind="block-swap",
-                        text=f"blocks of {size} {unit} swapped along dim {dim}: {unit} {i * size}:{(i + 1) * size} "
-                        f"<-> {j * size}:{(j + 1) * size} (a head / query-group swap when {size} is a head or "
-                        "group size)",
-                    )
-                return Diagnosis(
-                    kind="block-reorder",
-                    text=f"{len(perm)} blocks of {size} {unit} reordered along dim {dim}: source block order "
-                    f"{perm} (TP-size blocks out of order when {len(perm)} is the TP size: "
-                    "a shard concatenation order bug)",
-                )
-        pieces = ", ".join(f"{a0}:{a1}<-{s0}:{s0 + a1 - a0}" for a0, a1, _, s0 in segs[:8])
-        return Diagnosis(kind="permuted", text=f"{unit} along dim {dim} permuted (actual<-source): {pieces}")
+        return _own_rows(segs, n_actual, n_expected, dim, unit)
     if None in names:
-        matched = [s for s in segs if s[2] is not None]
-        if matched and len(matched) == 1 and matched[0][2] == expected_name and matched[0][0] == 0:
-            a0, a1, _, s0 = matched[0]
-            if s0 == 0 and a1 == n_expected and n_actual > n_expected:
-                return Diagnosis(
-                    kind="padded",
-                    text=f"{n_actual - n_expected} {unit} padded along dim {dim} after the {n_expected} source {unit}",
-                )
+        return _padded(segs, expected_name, n_actual, n_expected, dim, unit)
+    whole = _whole_other_tensor(segs, names, expected_name, n_actual, n_expected)
+    if whole is not None:
+        return whole
+    return _mixed_sources(segs, names, expected_name, unit)
+
+
+def _own_rows(segs: list[Segment], n_actual: int, n_expected: int, dim: int, unit: str) -> Diagnosis | None:
+    """Every row comes from the expected tensor: truncated, blocks swapped or reordered, or otherwise permuted."""
+    if len(segs) == 1:
+        a0, a1, _, s0 = segs[0]
+        if n_actual < n_expected:
+            return Diagnosis(
+                kind="dropped",
+                text=f"{n_expected - n_actual} {unit} dropped along dim {dim}: export holds source {unit} "
+                f"{s0}:{s0 + a1 - a0} of {n_expected} (truncated, e.g. vocab padding removed wrongly)",
+            )
         return None
-    if len(names) == 1:
-        (other,) = names
-        if len(segs) == 1 and n_actual == n_expected:
-            if _strip_digits(other) == _strip_digits(expected_name):
-                return Diagnosis(kind="renumbered", text=f"equals source tensor {other} (expert/layer id renumbering)")
-            return Diagnosis(kind="other-tensor", text=f"equals source tensor {other}")
+    size = 0
+    for a0, a1, _, s0 in segs:
+        size = math.gcd(size, math.gcd(a1 - a0, math.gcd(a0, s0)))
+    if n_actual == n_expected and size > 0 and n_expected % size == 0:
+        moved = _block_moves(segs, size, dim, unit)
+        if moved is not None:
+            return moved
+    pieces = ", ".join(f"{a0}:{a1}<-{s0}:{s0 + a1 - a0}" for a0, a1, _, s0 in segs[:8])
+    return Diagnosis(kind="permuted", text=f"{unit} along dim {dim} permuted (actual<-source): {pieces}")
+
+
+def _block_moves(segs: list[Segment], size: int, dim: int, unit: str) -> Diagnosis | None:
+    """Blocks of `size` rows moved as wholes (at most 64 blocks): two swapped, or reordered; None otherwise."""
+    perm = [s0 // size + k for a0, a1, _, s0 in segs for k in range((a1 - a0) // size)]
+    if sorted(perm) != list(range(len(perm))) or len(perm) > 64:
+        return None
+    moved = [i for i, p in enumerate(perm) if p != i]
+    if len(moved) == 2 and len(perm) > 2:
+        i, j = moved
+        return Diagnosis(
+            kind="block-swap",
+            text=f"blocks of {size} {unit} swapped along dim {dim}: {unit} {i * size}:{(i + 1) * size} "
+            f"<-> {j * size}:{(j + 1) * size} (a head / query-group swap when {size} is a head or "
+            "group size)",
+        )
+    return Diagnosis(
+        kind="block-reorder",
+        text=f"{len(perm)} blocks of {size} {unit} reordered along dim {dim}: source block order "
+        f"{perm} (TP-size blocks out of order when {len(perm)} is the TP size: "
+        "a shard concatenation order bug)",
+    )
+
+
+def _padded(
+    segs: list[Segment], expected_name: str, n_actual: int, n_expected: int, dim: int, unit: str
+) -> Diagnosis | None:
+    """Some rows match no source: the whole expected tensor first, then padding rows; None otherwise."""
+    matched = [s for s in segs if s[2] is not None]
+    if matched and len(matched) == 1 and matched[0][2] == expected_name and matched[0][0] == 0:
+        a0, a1, _, s0 = matched[0]
+        if s0 == 0 and a1 == n_expected and n_actual > n_expected:
+            return Diagnosis(
+                kind="padded",
+                text=f"{n_actual - n_expected} {unit} padded along dim {dim} after the {n_expected} source {unit}",
+            )
+    return None
+
+
+def _whole_other_tensor(
+    segs: list[Segment], names: set[str | None], expected_name: str, n_actual: int, n_expected: int
+) -> Diagnosis | None:
+    """The export is, in order and whole, one other source tensor (renumbered when only digits differ)."""
+    if len(names) != 1 or len(segs) != 1 or n_actual != n_expected:
+        return None
+    (other,) = names
+    if _strip_digits(other) == _strip_digits(expected_name):
+        return Diagnosis(kind="renumbered", text=f"equals source tensor {other} (expert/layer id renumbering)")
+    return Diagnosis(kind="other-tensor", text=f"equals source tensor {other}")
+
+
+def _mixed_sources(segs: list[Segment], names: set[str | None], expected_name: str, unit: str) -> Diagnosis:
+    """Rows taken from other source tensors, with the likely pair swap named (gate/up, q/k)."""
     pieces = ", ".join(
         f"{unit} {a0}:{a1} <- {'itself' if n == expected_name else n} {s0}:{s0 + a1 - a0}" for a0, a1, n, s0 in segs[:8]
     )

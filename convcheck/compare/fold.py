@@ -14,6 +14,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from convcheck.compare.bits import int_view
+
 CHUNK = 1 << 12
 """Bytes per chunk (one key per byte position, per lane)."""
 LANES = 16
@@ -45,8 +47,6 @@ def _lanes(device: Any) -> Any:
 def digest(tensor: Any) -> str:
     """Hex digest of `tensor`'s raw bytes (dtype and shape are not part of it: record them next to it)."""
     import torch
-
-    from convcheck.compare.bits import int_view
 
     data = int_view(tensor).view(torch.int8)
     h = hashlib.sha256(_TAG + data.numel().to_bytes(8, "little"))

@@ -6,8 +6,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from convcheck.errors import one_line
+from convcheck.gate.case import Case
 from convcheck.gate.manifest import jsonable, tensor_entry
+from convcheck.hf.checkpoint import TensorReader
+from convcheck.oracles.config import flatten
 from convcheck.rank.context import RankContext
+from convcheck.rank.model import named_tensors
+from convcheck.versions import versions
 
 
 class ExportTap:
@@ -62,8 +68,6 @@ def describe_mapping(mapping: Any, module: Any) -> dict[str, Any]:
 
 def local_tasks(ctx: RankContext) -> dict[str, dict[str, Any]]:
     """This rank's global Megatron parameter -> its bridge mapping (registry lookup, as the conversion does)."""
-    from convcheck.rank.model import named_tensors
-
     registry = ctx.bridge._model_bridge.mapping_registry()
     chunks = []
     for chunk in ctx.model:
@@ -83,9 +87,6 @@ def local_tasks(ctx: RankContext) -> dict[str, dict[str, Any]]:
 
 def exported_config(ctx: RankContext) -> dict[str, Any]:
     """The HF config the bridge writes for this model (its megatron_to_hf_config), flattened one level."""
-    from convcheck.errors import one_line
-    from convcheck.oracles.config import flatten
-
     try:
         return flatten(type(ctx.bridge._model_bridge).megatron_to_hf_config(ctx.provider))
     except Exception as exc:  # noqa: BLE001 - recorded, and compared like any field
@@ -94,8 +95,6 @@ def exported_config(ctx: RankContext) -> dict[str, Any]:
 
 def source_entries(ctx: RankContext) -> dict[str, dict[str, Any]]:
     """dtype, shape and sha256 of every tensor of the source checkpoint (rank 0)."""
-    from convcheck.hf.checkpoint import TensorReader
-
     reader = TensorReader(ctx.checkpoint)
     return {name: tensor_entry(reader.get(name)) for name in sorted(ctx.checkpoint.tensors)}
 
@@ -118,9 +117,6 @@ class ManifestRecorder:
     def finish(self, job: Any) -> dict[str, Any] | None:
         """Collective: gather the tasks, complete the digests; rank 0 returns the manifest's parts (the launcher
         writes the manifest once, with the run's final verdicts: convcheck.gate.manifest.build_manifest)."""
-        from convcheck.gate.case import Case
-        from convcheck.versions import versions
-
         started = time.perf_counter()
         gathered = self.ctx.gather(local_tasks(self.ctx))
         exported, error = self.tap.digests()

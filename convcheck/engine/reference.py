@@ -15,8 +15,10 @@ from convcheck.cache import cache_dir, unchanged
 from convcheck.engine.job import Job
 from convcheck.engine.launch import run_ranks
 from convcheck.layout import ParallelLayout
+from convcheck.oracles.layout_invariance import attribute, pending
 from convcheck.progress import ProgressSink
 from convcheck.verdict import OracleVerdict
+from convcheck.versions import versions
 
 LAYOUT_ORACLE = "layout"
 
@@ -26,8 +28,6 @@ def reference_key(job: Job) -> str:
 
     The code that made a manifest is checked separately, by content (`usable`): a key alone cannot see an edited
     bridge whose version string did not change."""
-    from convcheck.versions import versions
-
     key = hashlib.sha256()
     fields = {"model": job.model_path, "hooks": list(job.hooks), "device": job.device, "experts": job.experts}
     if job.sync.sender is not None:  # the TP1 export runs through the same sender
@@ -81,8 +81,6 @@ def attribute_layout(
 ) -> tuple[OracleVerdict, ...]:
     """`verdicts` with a pending layout verdict attributed by the TP1 manifest (launched, or reused from the cache,
     only then); every other verdict unchanged."""
-    from convcheck.oracles.layout_invariance import attribute, pending
-
     if not any(pending(v) for v in verdicts):
         return verdicts
     started = time.perf_counter()

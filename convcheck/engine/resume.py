@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from convcheck.engine.job import Job
+from convcheck.engine.launch import run_ranks
 from convcheck.layout import ParallelLayout
 from convcheck.progress import ProgressSink
 from convcheck.verdict import Finding, OracleVerdict, TensorRow
@@ -61,8 +62,6 @@ def run_resumes(
     job: Job, result: dict[str, Any], log_dir: str | None = None, progress: ProgressSink | None = None
 ) -> dict[str, Any]:
     """Launch a resume job per `job.resume_layouts` after a good save; `result` with the distckpt verdicts folded."""
-    from convcheck.engine.launch import run_ranks
-
     saved_dict = next((o for o in result["oracles"] if o["name"] == ORACLE), None)
     if ORACLE not in job.oracles or not job.checkpoint_dir or saved_dict is None:
         return result

@@ -25,7 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from convcheck.cache import loaded_sources
+from convcheck.engine.launch import die_with_parent
 from convcheck.engine.warm_client import IMPORT_ENV, PIDS_FILE, import_env, source_key
+from convcheck.engine.worker import main, reap_children
+from convcheck.models import BY_HF_CLASS
+from convcheck.oracles import ORACLES, load_oracle
+from convcheck.rank.bringup import quiet
 
 STOP_GRACE_S = 5.0
 """How long the other ranks get after one failed (SIGTERM) before SIGKILL, as torchrun."""
@@ -33,19 +38,12 @@ STOP_GRACE_S = 5.0
 
 def preload() -> None:
     """Import what every rank imports (CPU shims first, as a CPU rank installs them), and nothing that runs torch."""
-    from convcheck import compat
+    from convcheck import compat  # lazy: imports torch, which must load after serve() sets OMP_NUM_THREADS
 
     compat.install("cpu")
     import megatron.bridge  # noqa: F401
     import megatron.core  # noqa: F401
     import transformers  # noqa: F401
-
-    import convcheck.engine.worker  # noqa: F401
-    import convcheck.oracles  # noqa: F401
-    import convcheck.rank.bringup  # noqa: F401
-    import convcheck.rank.model  # noqa: F401
-    from convcheck.models import BY_HF_CLASS
-    from convcheck.oracles import ORACLES, load_oracle
 
     for name in ORACLES:
         load_oracle(name)
@@ -55,9 +53,6 @@ def preload() -> None:
 
 def serve(path: str) -> int:
     """Listen on the Unix socket `path` until SIGTERM/SIGINT; fork one agent per job request."""
-    from convcheck.engine.launch import die_with_parent
-    from convcheck.rank.bringup import quiet
-
     die_with_parent()
     quiet()
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # what a CPU rank gets (launch.rank_env), set before torch loads
@@ -211,8 +206,6 @@ def _rank(rank: int, nproc: int, port: int, log: int, request: dict[str, Any]) -
     """One rank: torchrun's environment, output to the job's log, then the worker's entry point; never returns."""
     code = 1
     try:
-        from convcheck.engine.launch import die_with_parent
-
         die_with_parent()  # the agent's death (a stop from the launcher) takes this rank along
         if os.getppid() == 1:
             return
@@ -231,7 +224,6 @@ def _rank(rank: int, nproc: int, port: int, log: int, request: dict[str, Any]) -
 
         tempfile.tempdir = None  # the server may have cached its own TMPDIR; the rank's is the job's
         sys.argv = ["convcheck.engine.worker", request["job_file"]]
-        from convcheck.engine.worker import main, reap_children
 
         code = main([request["job_file"]])
         sys.stdout.flush()

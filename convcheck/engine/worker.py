@@ -11,18 +11,20 @@ from typing import Any
 
 from convcheck.atomic import write_bytes_atomic, write_json_atomic
 from convcheck.engine.job import Job
+from convcheck.engine.launch import die_with_parent
+from convcheck.engine.recorder import ManifestRecorder
 from convcheck.errors import BadInput, one_line
+from convcheck.hooks import load_hook
+from convcheck.oracles import load_oracle, riders
+from convcheck.rank import shard_match
+from convcheck.rank.bringup import bring_up, quiet
+from convcheck.rank.dist import shutdown_distributed
+from convcheck.rank.memory import AnonPeak, memory_mb, reset_peak, trim
+from convcheck.versions import versions
 
 
 def run_job(job: Job) -> dict[str, Any] | None:
     """Run every selected oracle (or the job's rank function) on this rank; the result dict on rank 0, else None."""
-    from convcheck.hooks import load_hook
-    from convcheck.oracles import load_oracle, riders
-    from convcheck.rank import shard_match
-    from convcheck.rank.bringup import bring_up
-    from convcheck.rank.memory import AnonPeak
-    from convcheck.versions import versions
-
     started = time.perf_counter()
     anon = AnonPeak()
     oracles = [load_oracle(name) for name in job.oracles]
@@ -33,8 +35,6 @@ def run_job(job: Job) -> dict[str, Any] | None:
         return _run_function(job, ctx, function, started)
     recorder = None
     if job.manifest_out:
-        from convcheck.engine.recorder import ManifestRecorder
-
         recorder = ManifestRecorder.start(ctx)  # taps the export stream the oracles drain anyway
     riding = riders(job.oracles)  # what the oracles declare they do inside an earlier oracle's drain
     ctx.memo.probe_in_export = "differential" in riding
@@ -66,8 +66,6 @@ def run_job(job: Job) -> dict[str, Any] | None:
 def peak_mb() -> float:
     """This process's RSS high-water mark since the last call, in MB (-1 where unknown); starts a new one after
     handing the phase's freed heap back."""
-    from convcheck.rank.memory import memory_mb, reset_peak, trim
-
     peak = memory_mb().get("VmHWM", -1.0)
     trim()
     reset_peak()
@@ -77,8 +75,6 @@ def peak_mb() -> float:
 def _run_function(job: Job, ctx: Any, function: Any, started: float) -> dict[str, Any] | None:
     """Call the job's rank function collectively; rank 0 pickles what it returned."""
     import pickle
-
-    from convcheck.versions import versions
 
     kwargs = pickle.loads(Path(job.rank_kwargs_file).read_bytes()) if job.rank_kwargs_file else {}
     value = function(ctx, **kwargs)
@@ -90,9 +86,6 @@ def _run_function(job: Job, ctx: Any, function: Any, started: float) -> dict[str
 
 def main(argv: list[str] | None = None) -> int:
     """torchrun target: `python -m convcheck.engine.worker JOB.json`."""
-    from convcheck.engine.launch import die_with_parent
-    from convcheck.rank.bringup import quiet
-
     die_with_parent()  # torchrun killed -> this rank too
     if os.getppid() == 1:  # torchrun died before the line above
         return 5
@@ -116,8 +109,6 @@ def main(argv: list[str] | None = None) -> int:
         return 4
     finally:
         try:
-            from convcheck.rank.dist import shutdown_distributed
-
             shutdown_distributed()
         except Exception:  # noqa: BLE001 - teardown after a failure must not mask it
             pass

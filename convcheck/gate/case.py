@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from convcheck.errors import BadInput
+from convcheck.fixtures import FIXTURES, PARTLY_COVERED, RELEASE_VARIANTS, get_spec
 from convcheck.layout import ParallelLayout
 
 STANDARD_LAYOUTS = ("tp1", "tp2", "pp2", "ep2", "tp2ep2")
@@ -67,8 +68,6 @@ def _folder_label(path: str) -> str:
 
 def fixture_layouts(model: str) -> tuple[str, ...]:
     """The layouts a fixture is gated at by default (its legal standard layouts, or its fixed list)."""
-    from convcheck.fixtures import get_spec
-
     spec = get_spec(model)
     wanted = LAYOUTS_BY_FIXTURE.get(spec.name, STANDARD_LAYOUTS)
     out = []
@@ -84,8 +83,6 @@ def fixture_layouts(model: str) -> tuple[str, ...]:
 def default_matrix() -> list[Case]:
     """Every fixture but the release variants and the partly covered families at its layouts, then the extra cases
     (what `gate record` records with no selection)."""
-    from convcheck.fixtures import FIXTURES, PARTLY_COVERED, RELEASE_VARIANTS
-
     cases = [
         Case(model=f"tiny:{name}", layout=ParallelLayout.parse(layout))
         for name in sorted(FIXTURES)
@@ -98,8 +95,6 @@ def default_matrix() -> list[Case]:
 
 def normalise_model(model: str) -> str:
     """`qwen3` and `tiny:qwen3` name the same fixture; anything else is a checkpoint folder, kept as given."""
-    from convcheck.fixtures import FIXTURES
-
     return f"tiny:{model}" if model in FIXTURES else model
 
 

@@ -12,6 +12,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from convcheck.atomic import write_text_atomic
+from convcheck.compare.bits import tensor_sha256
 from convcheck.errors import BadInput
 
 FORMAT = "convcheck-gate-manifest/1"
@@ -34,8 +36,6 @@ def check_manifest_path(path: str) -> str:
 
 def tensor_entry(tensor: Any) -> dict[str, Any]:
     """dtype, shape and sha256 of a tensor's raw bytes."""
-    from convcheck.compare.bits import tensor_sha256
-
     return {
         "dtype": str(tensor.dtype).removeprefix("torch."),
         "shape": list(tensor.shape),
@@ -118,8 +118,6 @@ def _render(value: Any, depth: int) -> str:
 
 def write_manifest(path: str | Path, manifest: dict[str, Any]) -> None:
     """Write a manifest atomically."""
-    from convcheck.atomic import write_text_atomic
-
     write_text_atomic(path, dumps(manifest))
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from convcheck.compare.bits import first_difference
 from convcheck.compare.hashpool import default_threads
 from convcheck.errors import BadInput
 from convcheck.hf.checkpoint import INDEX_NAME, WINDOW, Checkpoint, TensorEntry, mapped_windows, open_weights
@@ -231,8 +232,6 @@ def _bytes_finding(name: str, a: Checkpoint, b: Checkpoint, progress: Progress |
 def _window_diff(entry: TensorEntry, wa: Any, wb: Any) -> tuple[int, int, str, str]:
     """How many elements of one window differ (integer views of the element width); the first's index and values."""
     import torch
-
-    from convcheck.compare.bits import first_difference
 
     dtype = getattr(torch, entry.torch_dtype)
     ta = torch.frombuffer(bytearray(wa), dtype=torch.uint8).view(dtype)

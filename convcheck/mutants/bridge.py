@@ -6,6 +6,7 @@ oracles catch it and name the tensor.
 
 from __future__ import annotations
 
+from convcheck.compare.bits import int_view
 from convcheck.mutants import alter_provider, wrap
 
 
@@ -180,8 +181,6 @@ def drop_qkv_bias() -> None:
 def flip_one_bit() -> None:
     """The import flips the lowest bit of element [0, 0] of layer 1's linear_fc2 (down_proj) on TP rank 0."""
     from megatron.bridge.models.conversion.param_mapping import AutoMapping
-
-    from convcheck.compare.bits import int_view
 
     def change(mapping, _module, shard):  # type: ignore[no-untyped-def]
         if mapping.megatron_param != "decoder.layers.1.mlp.linear_fc2.weight" or mapping.tp_rank != 0:

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from convcheck.compare.bits import int_view
 from convcheck.mutants import wrap
 
 DROPPED_KEY = "decoder.final_layernorm.weight"
@@ -86,8 +87,6 @@ def export_from_other_step(folder: str | Path) -> list[str]:
     import hashlib
 
     from safetensors.torch import load_file, save_file
-
-    from convcheck.compare.bits import int_view
 
     root = Path(folder)
     manifest_file = root / "manifest.json"

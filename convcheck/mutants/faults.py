@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from convcheck.mutants import wrap
+from convcheck.oracles import coverage
 
 TENSORS_BEFORE_FAULT = 3
 """How many tensors the export stream yields before a mid-export fault strikes."""
@@ -92,7 +93,6 @@ def coverage_raises_on_rank1() -> None:
     """The coverage oracle's own code raises on rank 1 only (a convcheck bug, not a bridge one); rank 0 goes on."""
     if os.environ.get("RANK") != "1":
         return
-    from convcheck.oracles import coverage
 
     def make(original: Any) -> Any:
         def megatron_side(ctx: Any) -> Any:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from convcheck.mutants import wrap
+from convcheck.reshard import plan, roles
 
 REPLICATED = "decoder.layers.0.self_attention.linear_proj.weight"
 """The tensor replicated_linear_proj misclassifies (run it at trainer TP1: the import then still fits)."""
@@ -29,7 +30,6 @@ def replicated_linear_proj() -> None:
 
 def qkv_no_deinterleave() -> None:
     """The planner reads layer 0's fused qkv as if it were [all q; all k; all v] (no per-group interleave)."""
-    from convcheck.reshard import plan
 
     def make(original: Any) -> Any:
         def row(role, part, head):  # type: ignore[no-untyped-def]
@@ -45,7 +45,6 @@ def qkv_no_deinterleave() -> None:
 
 def kv_not_replicated() -> None:
     """With fewer kv heads than target TP, layer 1's kv heads are dealt round-robin instead of replicated in blocks."""
-    from convcheck.reshard import plan
 
     def make(original: Any) -> Any:
         def heads(role, tp, p):  # type: ignore[no-untyped-def]
@@ -68,8 +67,6 @@ def _read_next_shard(target_name: str) -> None:
     """Plant: every planned piece of parameter `target_name` is read from the trainer rank of the next shard."""
     from dataclasses import replace
 
-    from convcheck.reshard import plan
-
     def make(original: Any) -> Any:
         def plan_param(role, shards, layout, target, world):  # type: ignore[no-untyped-def]
             out = original(role, shards, layout, target, world)
@@ -91,8 +88,6 @@ def _read_next_shard(target_name: str) -> None:
 def local_expert_id() -> None:
     """Trainer expert shards are registered under their local expert id (local_experts.N of the rank), not the
     global one."""
-    from convcheck.reshard import roles
-
     wrap(roles, "megatron_name", lambda original: lambda task: task.param_name)
 
 
@@ -114,8 +109,6 @@ def expert_gate_up_not_deinterleaved() -> None:
     [gate shard; up shard]), so a target expert-TP rank gets a block of that packing, not [its gate; its up]."""
     from dataclasses import replace
 
-    from convcheck.reshard import plan
-
     def make(original: Any) -> Any:
         def plan_param(role, shards, layout, target, world):  # type: ignore[no-untyped-def]
             if role.name != EXPERT_GATED:
@@ -132,7 +125,6 @@ def expert_gate_up_not_deinterleaved() -> None:
 def target_expert_axes_swapped() -> None:
     """The planner places expert 7 on the target grid with EP innermost (ep rank r % ep, etp rank (r // ep) % etp)
     instead of expert TP innermost."""
-    from convcheck.reshard import plan
 
     def make(original: Any) -> Any:
         def placement(layout, target, expert):  # type: ignore[no-untyped-def]

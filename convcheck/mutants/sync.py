@@ -6,8 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from convcheck.compare.bits import int_view
 from convcheck.mutants import wrap
+from convcheck.sync import delta, transport
+from convcheck.sync.buckets import Bucket, pack_buckets, unpack_bucket
 from convcheck.sync.receivers import FusedReceiver
+from convcheck.sync.transport import chunk_bytes
 
 FLIPPED = "model.layers.0.self_attn.k_proj.weight"
 """The tensor flip_bit corrupts (element [0, 5])."""
@@ -21,8 +25,6 @@ RAISE_AFTER = 3
 
 def flip_bit(ctx: Any) -> Iterator[tuple[str, Any]]:
     """The bridge's export with the lowest bit of one element of FLIPPED flipped on its way out."""
-    from convcheck.compare.bits import int_view
-
     for name, tensor in ctx.bridge_export():
         if name == FLIPPED:
             tensor = tensor.clone()
@@ -33,9 +35,6 @@ def flip_bit(ctx: Any) -> Iterator[tuple[str, Any]]:
 def bucket_offset_off_by_one(ctx: Any) -> Iterator[tuple[str, Any]]:
     """Bucketed, but the metadata offset of the second tensor of the first multi-tensor bucket is one byte late."""
     from dataclasses import replace
-
-    from convcheck.sync.buckets import Bucket, pack_buckets, unpack_bucket
-    from convcheck.sync.transport import chunk_bytes
 
     planted = False
     for bucket in pack_buckets(ctx.bridge_export(), chunk_bytes(ctx.sync.chunk_mb)):
@@ -152,8 +151,6 @@ class NoLoadWeights:
 def truncate_broadcast_chunk() -> None:
     """The chunked broadcast cuts the last chunk of the first up_proj it sends (TRUNCATED on a dense model, an
     expert's on a MoE) two bytes short."""
-    from convcheck.sync import transport
-
     hit: list[str] = []
 
     def make(original: Any) -> Any:
@@ -172,8 +169,6 @@ def truncate_broadcast_chunk() -> None:
 def delta_index_off_by_one() -> None:
     """The delta builder records the first changed index of the first patched tensor one element late."""
     from dataclasses import replace
-
-    from convcheck.sync import delta
 
     def make(original: Any) -> Any:
         def build_delta(previous: Any, new: Any) -> Any:
@@ -197,7 +192,6 @@ def delta_index_off_by_one() -> None:
 
 def empty_delta_not_noop() -> None:
     """Applying an empty delta clears the first element of the first tensor (a stale write buffer)."""
-    from convcheck.sync import delta
 
     def make(original: Any) -> Any:
         def apply_delta(state: Any, built: Any) -> Any:

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from convcheck.compare.bits import compare_bits, unravel_index
+from convcheck.hf.checkpoint import TensorReader
 from convcheck.oracles.base import OracleInfo
 from convcheck.rank.context import RankContext
+from convcheck.sync.transport import Channel, chunk_bytes, sync_group
 from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
 
 NAME = "broadcast"
@@ -23,8 +26,6 @@ INFO = OracleInfo(
 
 def received_finding(received: Any, reader: Any, rank: int) -> Finding | None:
     """None when `received` is complete and bitwise the source tensor of its name; else a finding naming it."""
-    from convcheck.compare.bits import compare_bits, unravel_index
-
     name = received.name
     if name not in reader.checkpoint.tensors:
         return Finding(tensor=name, kind="unexpected", message=f"rank {rank} received a tensor the source lacks")
@@ -59,9 +60,6 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank drains the sender's stream in step; rank 0 sends each tensor as it comes."""
-    from convcheck.hf.checkpoint import TensorReader
-    from convcheck.sync.transport import Channel, chunk_bytes, sync_group
-
     if ctx.world < 2:  # prepare() refuses this; a direct call gets a finding
         alone = Finding(
             tensor="<broadcast>", kind="no-receivers", message="the broadcast oracle needs at least 2 ranks"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from convcheck.compare.bits import compare_bits, int_view
 from convcheck.oracles.base import OracleInfo
 from convcheck.rank.context import RankContext
 from convcheck.sync import delta as wire
@@ -40,8 +41,6 @@ def _export(ctx: RankContext) -> dict[str, Any]:
 def plant_update(ctx: RankContext) -> list[tuple[Any, Any]]:
     """Collective: flip the lowest bit of ELEMENTS evenly spaced elements of PARAMS parameters (first, middle and
     last of the sorted global names); returns what `undo` needs. Replicas get the same flips."""
-    from convcheck.compare.bits import int_view
-
     mine = {name: t for name, t in ctx.named_parameters() if t.is_floating_point() and t.is_contiguous()}
     names = sorted({n for rank_names in ctx.gather(sorted(mine)) for n in rank_names})
     chosen = {names[round(i * (len(names) - 1) / max(PARAMS - 1, 1))] for i in range(PARAMS)} if names else set()
@@ -127,8 +126,6 @@ def _state_findings(
     expected: dict[str, Any], actual: dict[str, Any], kind: str, absent: Any, differs_prefix: str
 ) -> list[Finding]:
     """One `kind` finding per name in only one state (`absent(name)` says why) or whose bits differ."""
-    from convcheck.compare.bits import compare_bits
-
     out = []
     for name in sorted(set(expected) | set(actual)):
         if name not in expected or name not in actual:

@@ -14,6 +14,8 @@ from collections import defaultdict
 from typing import Any
 
 from convcheck.oracles.base import OracleInfo
+from convcheck.probe.collect import collect, first_outside, origin, probe_failed, ranges_finding, replica_writers
+from convcheck.probe.run import where_hits, write_counts
 from convcheck.rank.context import RankContext
 from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
 
@@ -32,8 +34,6 @@ INFO = OracleInfo(
 
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank probes and exports each task; rank 0 assembles per-task element counts."""
-    from convcheck.probe.collect import collect, origin
-
     records = collect(ctx, with_real=True)
     gathered = ctx.gather(records)
     if not ctx.is_reporter:
@@ -65,8 +65,6 @@ def _verdict(findings: list[Finding], counts: dict[str, int], where: dict[str, A
 def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[str, int]]:
     """Findings and per-task checked-element counts from every rank's records, phase by phase per HF tensor: do the
     ranks agree on the real bytes, does each probe slot match the real export, is every element written once."""
-    from convcheck.probe.collect import probe_failed
-
     findings: list[Finding] = []
     counts: dict[str, int] = {}
     by_hf: dict[str, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
@@ -146,8 +144,6 @@ def _ranks_disagree(hf: str, reals: list[tuple[int, dict[str, Any]]]) -> list[Fi
 
 def _slot_findings(hf: str, r: int, e: dict[str, Any]) -> list[Finding]:
     """Rank `r`'s probe slot of `hf` against the real export: missing there, another shape, elements elsewhere."""
-    from convcheck.probe.collect import first_outside
-
     out = []
     if not e.get("real"):
         out.append(
@@ -186,9 +182,6 @@ def _written_once(
 ) -> list[Finding]:
     """Replicas that place elements differently, elements no rank writes, and (where a slot mismatched) elements
     several write; adds each writer's owned elements to its task's count."""
-    from convcheck.probe.collect import ranges_finding, replica_writers
-    from convcheck.probe.run import where_hits, write_counts
-
     shape = reals[0][1]["real"]["shape"] if reals else probes[0][1]["shape"]
     numel = 1
     for d in shape:

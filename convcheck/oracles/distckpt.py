@@ -9,6 +9,7 @@ The engine folds the phases into one verdict. Opt-in: `--oracle distckpt [--resu
 
 from __future__ import annotations
 
+from convcheck.ckpt.phases import resume_phase, save_phase
 from convcheck.oracles.base import OracleInfo
 from convcheck.rank.context import RankContext
 from convcheck.verdict import Finding, OracleVerdict, make_verdict
@@ -30,8 +31,6 @@ INFO = OracleInfo(
 
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: the save phase in the first launch, the resume phase in a resume job; rank 0 returns the verdict."""
-    from convcheck.ckpt.phases import resume_phase, save_phase
-
     if not ctx.checkpoint_dir:
         if not ctx.is_reporter:
             return None

@@ -10,6 +10,8 @@ from collections import defaultdict
 from typing import Any
 
 from convcheck.oracles.base import OracleInfo
+from convcheck.probe.collect import collect, first_outside, probe_failed, ranges_finding, replica_writers
+from convcheck.probe.run import where_hits, write_counts
 from convcheck.rank.context import RankContext
 from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
 
@@ -24,8 +26,6 @@ INFO = OracleInfo(
 
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank probes every task (no communication); rank 0 counts writes per HF element."""
-    from convcheck.probe.collect import collect
-
     gathered = ctx.gather(collect(ctx, with_real=False))
     if not ctx.is_reporter:
         return None
@@ -46,9 +46,6 @@ def run(ctx: RankContext) -> OracleVerdict | None:
 
 def assemble(gathered: list[list[dict[str, Any]]], source: dict[str, tuple[int, ...]]) -> tuple[list[Finding], int]:
     """Findings (gaps, overlaps, shape, never written, unexpected) and the count of elements proven written once."""
-    from convcheck.probe.collect import first_outside, probe_failed, ranges_finding, replica_writers
-    from convcheck.probe.run import where_hits, write_counts
-
     findings: list[Finding] = []
     by_hf: dict[str, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
     for rank, records in enumerate(gathered):

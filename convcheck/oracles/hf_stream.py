@@ -13,6 +13,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from convcheck.hf.checkpoint import dtype_size
 from convcheck.oracles.fp32 import named_blocks
 from convcheck.rank.memory import trim
 
@@ -227,8 +228,6 @@ another large parameter's, nor sits next to parameters loaded before it."""
 def _batches(wanted: set[str], keys_of: dict[str, list[str]], slices: dict[str, Any]) -> list[dict[str, Any]]:
     """The block's checkpoint slices in loader calls: each large parameter's alone (largest first), then the rest."""
     import math
-
-    from convcheck.hf.checkpoint import dtype_size
 
     def size(name: str) -> int:
         keys = keys_of.get(name, [])

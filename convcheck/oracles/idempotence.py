@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from convcheck.compare.bits import bytes_equal, compare_bits
 from convcheck.oracles.base import OracleInfo
 from convcheck.rank.context import RankContext
 from convcheck.sync import receive
@@ -30,8 +31,6 @@ def _orders(items: list[tuple[str, Any]]) -> list[tuple[str, list[tuple[str, Any
 
 def diagnose(before: Any, after: Any) -> str | None:
     """What a replay did to a parameter, when it is a plain transform of the snapshot."""
-    from convcheck.compare.bits import bytes_equal
-
     transposed = before.dim() == 2 and tuple(after.shape) == (before.shape[1], before.shape[0])
     if transposed and bytes_equal(before.t().contiguous(), after):
         return "transposed by the replay"
@@ -43,8 +42,6 @@ def diagnose(before: Any, after: Any) -> str | None:
 
 def replay_findings(order: str, snapshot: dict[str, Any], state: dict[str, Any], done: set[str]) -> list[Finding]:
     """Findings for parameters whose state after the `order` replay differs from the snapshot (once per name)."""
-    from convcheck.compare.bits import compare_bits
-
     findings = []
     for name in sorted(set(snapshot) | set(state)):
         if name in done:
@@ -69,8 +66,6 @@ def replay_findings(order: str, snapshot: dict[str, Any], state: dict[str, Any],
 
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank drains one export; rank 0 syncs it, snapshots the receiver and replays it three times."""
-    from convcheck.compare.bits import bytes_equal
-
     receiver, failure = receive.build(ctx) if ctx.is_reporter else (None, None)
     delivery = receive.sync(ctx, receiver, keep=True)
     if not ctx.is_reporter:

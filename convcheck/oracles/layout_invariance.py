@@ -15,8 +15,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+from convcheck.atomic import write_json_atomic
+from convcheck.cache import loaded_sources
+from convcheck.compare.bits import compare_bits, same_tensor, tensor_sha256
+from convcheck.compare.diagnose import SiblingIndex, diagnose
+from convcheck.compare.hashpool import HashPool
+from convcheck.hf.checkpoint import TensorReader
 from convcheck.oracles.base import OracleInfo
 from convcheck.rank.context import RankContext
+from convcheck.rank.source_match import source_match
 from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
 
 NAME = "layout"
@@ -36,8 +43,6 @@ DIFFERS = "differs-from-source"
 
 def digest(tensor: Any) -> dict[str, Any]:
     """dtype, shape and sha256 of the raw bytes of one tensor."""
-    from convcheck.compare.bits import tensor_sha256
-
     return {
         "dtype": str(tensor.dtype).removeprefix("torch."),
         "shape": list(tensor.shape),
@@ -50,7 +55,6 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     source."""
     if ctx.write_manifest:
         return _write_reference(ctx, Path(ctx.write_manifest))
-    from convcheck.rank.source_match import source_match
 
     match = source_match(ctx)  # roundtrip's drain when it ran, else one of our own
     if match.clean:
@@ -76,10 +80,6 @@ def run(ctx: RankContext) -> OracleVerdict | None:
 def _against_source(ctx: RankContext) -> tuple[list[Finding], tuple[TensorRow, ...]]:
     """Collective: drain the export; rank 0 compares each tensor with the source on its device and explains every
     one that differs (digest, first differing index, rearrangement diagnosis)."""
-    from convcheck.compare.bits import same_tensor
-    from convcheck.compare.diagnose import SiblingIndex
-    from convcheck.hf.checkpoint import TensorReader
-
     reader = TensorReader(ctx.checkpoint) if ctx.is_reporter else None
     source = ctx.checkpoint.tensors
     findings: list[Finding] = []
@@ -110,9 +110,6 @@ def _against_source(ctx: RankContext) -> tuple[list[Finding], tuple[TensorRow, .
 
 def _explain(ctx: RankContext, name: str, tensor: Any, src: Any, reader: Any, siblings: Any) -> Finding:
     """The `differs-from-source` finding of one exported tensor, with its digest for the TP1 attribution."""
-    from convcheck.compare.bits import compare_bits
-    from convcheck.compare.diagnose import diagnose
-
     detail: dict[str, Any] = {"digest": digest(tensor)}
     if src is None:
         message = f"in the {ctx.layout.label} export, not in the source"
@@ -130,10 +127,6 @@ def _explain(ctx: RankContext, name: str, tensor: Any, src: Any, reader: Any, si
 
 def _write_reference(ctx: RankContext, path: Path) -> OracleVerdict | None:
     """Reference job: digest every exported tensor (hashed on worker threads) into the manifest at `path`."""
-    from convcheck.atomic import write_json_atomic
-    from convcheck.cache import loaded_sources
-    from convcheck.compare.hashpool import HashPool
-
     pool = HashPool() if ctx.is_reporter else None
     digests: dict[str, dict[str, Any]] = {}
     for name, tensor in ctx.export():

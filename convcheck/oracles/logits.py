@@ -13,6 +13,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+from convcheck.compare.bits import int_view
 from convcheck.errors import one_line
 from convcheck.oracles.base import OracleInfo
 from convcheck.oracles.fp32 import fp32_forward
@@ -227,8 +228,6 @@ def _hf_device(ctx: RankContext) -> str:
 
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank runs its part of the Megatron forward; rank 0 runs HF and compares."""
-    from convcheck.compare.bits import int_view
-
     tokens = fixed_tokens(int(ctx.checkpoint.config["vocab_size"]))
     error = None
     try:

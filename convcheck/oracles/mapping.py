@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from convcheck.compare.bits import compare_bits
+from convcheck.compare.bits import compare_bits, same_tensor
+from convcheck.compare.hashpool import HashPool
 from convcheck.errors import NotCovered
 from convcheck.hf.checkpoint import TensorReader
 from convcheck.mappings import MappingError, MappingRegistry, RankCoord
@@ -22,6 +23,8 @@ from convcheck.mappings.check import rows_match
 from convcheck.oracles.base import OracleInfo
 from convcheck.rank.context import RankContext
 from convcheck.rank.model import named_tensors
+from convcheck.rank.shard_match import names_and_registry
+from convcheck.rank.source_match import source_match
 from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
 
 NAME = "mapping"
@@ -83,9 +86,6 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank checks its shards against the explicit mappings; rank 0 checks the export against the
     source where every shard matched (the mappings rebuild the source from such shards) and against tensors rebuilt
     from the gathered shards elsewhere, re-streaming the export only to localise mismatches."""
-    from convcheck.rank.shard_match import names_and_registry
-
-    coord = ctx.coord
     tap = ctx.memo.shard_tap  # set on every rank or on none (convcheck.rank.shard_match.start is collective)
     if tap is not None:
         local = {ctx.global_name(n, vp): t for vp, n, t in named_tensors(ctx.model)}
@@ -98,6 +98,46 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         except MappingError as exc:  # same on every rank (same config), so no rank is left in a collective
             finding = Finding(tensor="<registry>", kind="no-mappings", message=str(exc))
             return make_verdict(NAME, checked=0, findings=[finding]) if ctx.is_reporter else None
+    shards = _check_shards(ctx, registry, local, all_names, tap)
+    exports = _check_exports(ctx, registry, shards)
+    if not ctx.is_reporter:
+        return None
+    return _verdict(registry, all_names, shards, exports, tap)
+
+
+@dataclass
+class _ShardPhase:
+    """The shard phase's outcome, the same on every rank: findings so far (gathered), what the export is checked
+    against, and what each rank ships when suspect parameters are rebuilt."""
+
+    findings: list[Finding]
+    covered: int
+    """This rank's covered parameters."""
+    in_drain: int
+    """Of those, the ones the shard tap proved inside roundtrip's drain."""
+    owner: dict[str, str]
+    """HF name -> the Megatron parameter whose mapping produces it."""
+    suspect: set[str]
+    """Parameters with a wrong shard on some rank."""
+    shipping: _Shipping
+
+
+@dataclass
+class _ExportPhase:
+    """The export phase's outcome (rank 0's view)."""
+
+    exported: dict[str, list[Digest]]
+    ours: dict[str, tuple[str, Digest]]
+    """HF name -> (Megatron parameter, digest) of the tensors rebuilt from gathered shards."""
+    failure: Finding | None
+    came_from: str
+
+
+def _check_shards(
+    ctx: RankContext, registry: MappingRegistry, local: dict[str, Any], all_names: set[str], tap: Any
+) -> _ShardPhase:
+    """Collective: each rank's covered shards vs the explicit mappings, the findings gathered to every rank."""
+    coord = ctx.coord
     covered = sorted(((n, t) for n, t in local.items() if registry.get(n) is not None), key=lambda item: item[0])
     findings = _import_findings(ctx, registry, coord, covered, tap)
     in_drain = sum(1 for n, t in covered if tap is not None and tap.is_proven(n, t))
@@ -111,12 +151,18 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     owner = {hf: n for n in params for hf in registry.get(n).hf_names}  # type: ignore[union-attr]
     suspect = {f.tensor for f in findings} & set(params)  # same on every rank: the findings were gathered
     shipping = _Shipping(local=local, held=held, mine=mine, sizes=sizes)
+    return _ShardPhase(findings, len(covered), in_drain, owner, suspect, shipping)
 
-    exported, mismatched, export_failure, seen, export_from = _check_export(ctx, owner, suspect)
+
+def _check_exports(ctx: RankContext, registry: MappingRegistry, shards: _ShardPhase) -> _ExportPhase:
+    """Collective: the export vs the source (where every shard matched) and vs the suspect parameters rebuilt from
+    their gathered shards; each mismatch localised by one more export stream. Findings go to `shards.findings`."""
+    findings, shipping = shards.findings, shards.shipping
+    exported, mismatched, export_failure, seen, export_from = _check_export(ctx, shards.owner, shards.suspect)
     rebuilt = _Digests()
-    for name, shards in _gathered(ctx, sorted(suspect), shipping):
+    for name, parts in _gathered(ctx, sorted(shards.suspect), shipping):
         try:
-            for hf_name, tensor in registry.get(name).from_shards(shards, ctx.layout):  # type: ignore[union-attr]
+            for hf_name, tensor in registry.get(name).from_shards(parts, ctx.layout):  # type: ignore[union-attr]
                 rebuilt.add(hf_name, tensor, owner=name)
         except MappingError as exc:
             findings.append(Finding(tensor=name, kind="mapping-error", message=str(exc)))
@@ -128,15 +174,19 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     plan = ctx.gather(_plan(mismatched, sizes) if ctx.is_reporter else None)[0]
     for batch in plan:
         findings += _localise(ctx, registry, batch, shipping, from_source=set(mismatched) - set(ours))
+    return _ExportPhase(exported, ours, export_failure, export_from)
 
-    if not ctx.is_reporter:
-        return None
-    findings += _uncovered(registry)
-    checked_exports = set(owner) & set(exported)
-    for hf_name in sorted(set(owner) - checked_exports):
+
+def _verdict(
+    registry: MappingRegistry, all_names: set[str], shards: _ShardPhase, exports: _ExportPhase, tap: Any
+) -> OracleVerdict:
+    """Rank 0: the verdict over every parameter and every HF name the mappings produce."""
+    findings = shards.findings + _uncovered(registry)
+    checked_exports = set(shards.owner) & set(exports.exported)
+    for hf_name in sorted(set(shards.owner) - checked_exports):
         findings.append(Finding(tensor=hf_name, kind="not-exported", message="the bridge export never produced it"))
-    if export_failure is not None:
-        findings.append(export_failure)
+    if exports.failure is not None:
+        findings.append(exports.failure)
     bad = {f.tensor for f in findings}
     rows = tuple(
         TensorRow(tensor=n, shape=(), dtype="?", verdict=_row_verdict(n, registry, bad)) for n in sorted(all_names)
@@ -144,12 +194,12 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     covered_count = sum(1 for n in all_names if registry.get(n) is not None)
     unit = f"names ({covered_count} Megatron parameters + {len(checked_exports)} HF tensors)"
     metrics = {
-        "gathers": shipping.gathers,
+        "gathers": shards.shipping.gathers,
         "gather_bytes": GATHER_BYTES,
-        "rebuilt_from_shards": len(suspect),
-        "export_vs_source": len(checked_exports) - len(set(ours) & checked_exports),
-        "export": export_from,
-        "rank0_shards_in_roundtrip": f"{in_drain}/{len(covered)}" if tap is not None else "none",
+        "rebuilt_from_shards": len(shards.suspect),
+        "export_vs_source": len(checked_exports) - len(set(exports.ours) & checked_exports),
+        "export": exports.came_from,
+        "rank0_shards_in_roundtrip": f"{shards.in_drain}/{shards.covered}" if tap is not None else "none",
     }
     if tap is not None:
         metrics["in_export_s"] = round(tap.seconds, 3)
@@ -163,8 +213,6 @@ def _check_export(
     """Collective: exported names (digests for suspect ones), source-checked mismatches, the export failure, the
     mismatches' sizes and where the answer came from (the run's shared source match when no shard was wrong and the
     export equals the source, else a drain of our own)."""
-    from convcheck.rank.source_match import source_match
-
     if not suspect:
         match = source_match(ctx)
         if match.clean:
@@ -200,7 +248,6 @@ class _ExportCheck:
         if megatron in self.suspect or hf_name not in self.source:
             self.digests.add(hf_name, tensor)
             return
-        from convcheck.compare.bits import same_tensor
 
         src = self.reader.get(hf_name)
         if not same_tensor(src, tensor):
@@ -243,8 +290,6 @@ class _Digests:
     """Digests of a stream of (name, tensor), hashed on worker threads (compare.hashpool), read back in order."""
 
     def __init__(self) -> None:
-        from convcheck.compare.hashpool import HashPool
-
         self._pool = HashPool()
         self._order: list[tuple[str, str, str, tuple[int, ...]]] = []
 

@@ -7,8 +7,14 @@ import itertools
 import time
 from typing import Any
 
+from convcheck.compare.bits import compare_bits
+from convcheck.hf.checkpoint import TensorReader
 from convcheck.oracles.base import OracleInfo
 from convcheck.rank.context import RankContext
+from convcheck.reshard import roles as role_mod
+from convcheck.reshard.execute import allgather_baseline, execute
+from convcheck.reshard.plan import build_plan, coverage
+from convcheck.reshard.target import TargetLayout, reference_shard
 from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
 
 NAME = "reshard"
@@ -29,9 +35,6 @@ INFO = OracleInfo(
 
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: roles and shard metadata are gathered, every rank plans, the executor moves the slices."""
-    from convcheck.reshard import roles as role_mod
-    from convcheck.reshard.target import TargetLayout
-
     records, tensors, findings = role_mod.collect(ctx)
     roles, shards, merged = role_mod.merge(ctx.gather(records))
     if ctx.is_reporter:
@@ -97,12 +100,6 @@ def _one_layout(
     ctx: RankContext, roles: dict[str, Any], shards: dict[str, Any], tensors: dict[str, Any], layout: Any
 ) -> tuple[list[Finding], int, list[tuple[str, str]], dict[str, Any]]:
     """Plan, execute and compare one target layout; this rank's findings, count, rows and byte metrics."""
-    from convcheck.compare.bits import compare_bits
-    from convcheck.hf.checkpoint import TensorReader
-    from convcheck.reshard.execute import allgather_baseline, execute
-    from convcheck.reshard.plan import build_plan, coverage
-    from convcheck.reshard.target import reference_shard
-
     plans, findings = build_plan(roles, shards, layout, ctx.world)
     if not ctx.is_reporter:
         findings = []

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from convcheck.probe.run import CodeCache, own_view_slots, probe_task, to_ranges
-from convcheck.probe.runs import hf_ranges
+from convcheck.compare.bits import describe_element, int_view, unravel_index
+from convcheck.compare.fold import digest
+from convcheck.probe.run import CodeCache, own_view_slots, probe_task, range_labels, to_ranges
+from convcheck.probe.runs import diff_positions, hf_ranges, mismatched_runs
+from convcheck.verdict import Finding
 
 
 def _first_line(exc: BaseException) -> str:
@@ -69,8 +72,6 @@ def task_records(
     """One task's records: its probe slots, each checked against `real` (the task's real megatron_to_hf output,
     or what it raised) when `with_real`. When no gather is due, the real outputs are all views of the weight and the
     conversion wrote nothing into it (`unwritten`), their strides are the slots and the probe does not run."""
-    from convcheck.compare.fold import digest
-
     param = str(getattr(task, "global_param_name", "") or task.param_name)
     base = {"task": index, "param": param}
     if getattr(task.mapping, "is_grouped_export", False):
@@ -122,9 +123,6 @@ def _may_differ(ctx: Any, slot: Any, tensor: Any) -> bool:
 def _against_real(tensor: Any, slot: Any, weight: Any) -> dict[str, Any]:
     """Compare this rank's probe slot with the real output bitwise, run by run on the weight's device (its digest,
     for the cross-rank check, is filled in by `collect`)."""
-    from convcheck.compare.bits import describe_element, int_view, unravel_index
-    from convcheck.probe.runs import diff_positions, mismatched_runs
-
     if tensor is None:
         return {"real": None}
     tensor = tensor.detach()
@@ -183,8 +181,6 @@ def replica_writers(
 
 def probe_failed(rank: int, record: dict[str, Any]) -> Any:
     """The finding for a task whose probe raised on `rank`."""
-    from convcheck.verdict import Finding
-
     return Finding(
         tensor=record["param"], kind="probe-failed", message=f"rank {rank}: {record['error']}", detail={"rank": rank}
     )
@@ -192,10 +188,6 @@ def probe_failed(rank: int, record: dict[str, Any]) -> Any:
 
 def ranges_finding(tensor: str, kind: str, ranges: list[tuple[int, int]], shape: tuple[int, ...], what: str) -> Any:
     """A finding naming how many HF elements `ranges` cover, the first index and the ranges; None when empty."""
-    from convcheck.compare.bits import unravel_index
-    from convcheck.probe.run import range_labels
-    from convcheck.verdict import Finding
-
     if not ranges:
         return None
     where = range_labels(ranges, shape)

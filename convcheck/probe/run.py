@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from convcheck.compare.bits import unravel_index
 from convcheck.probe.runs import code_dtype, decode_runs, owned, shard_codes, view_runs
 from convcheck.probe.stubs import ProbeCommError, ProbeState, no_communication, probe_copy, warm
 
@@ -206,6 +207,4 @@ def where_hits(pieces: list[tuple[int, int, int]], holds: Any) -> list[tuple[int
 
 def range_labels(ranges: list[tuple[int, int]], shape: tuple[int, ...], limit: int = 4) -> list[str]:
     """`[i, j]..[k, l]` HF index labels of the first `limit` flat half-open ranges."""
-    from convcheck.compare.bits import unravel_index
-
     return [f"{list(unravel_index(a, shape))}..{list(unravel_index(b - 1, shape))}" for a, b in ranges[:limit]]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from convcheck.compare.bits import bytes_equal
 from convcheck.probe.stubs import ProbeCommError
 
 MAX_SLICED_RUNS = 4096
@@ -131,8 +132,6 @@ def _ramps_hold(block: Any, first: Any) -> bool:
     """True when each row of `block` [r, c] equals its first code plus 0 .. c-1, compared a batch of rows at a time."""
     import torch
 
-    from convcheck.compare.bits import bytes_equal
-
     cols = block.shape[1]
     ramp = torch.arange(cols, dtype=block.dtype, device=block.device)
     step = max(1, RAMP_BATCH // max(cols, 1))
@@ -216,8 +215,6 @@ def _batches(runs: Any) -> list[Any]:
 
 def _sliced(real_bits: Any, mine_bits: Any, runs: Any) -> list[int]:
     """Indices of the runs whose slices differ, one slice pair compared per run."""
-    from convcheck.compare.bits import bytes_equal
-
     return [
         i
         for i, (h, loc, n) in enumerate(runs.tolist())
@@ -227,8 +224,6 @@ def _sliced(real_bits: Any, mine_bits: Any, runs: Any) -> list[int]:
 
 def mismatched_runs(real_bits: Any, mine_bits: Any, runs: Any) -> list[int]:
     """Indices of the runs whose real elements differ bitwise from the shard's (flat integer views, same device)."""
-    from convcheck.compare.bits import bytes_equal
-
     if len(runs) <= MAX_SLICED_RUNS:
         return _sliced(real_bits, mine_bits, runs)
     bad: list[int] = []

@@ -8,8 +8,12 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from convcheck.hf.checkpoint import open_checkpoint
 from convcheck.layout import ParallelLayout
+from convcheck.progress import ProgressWriter
 from convcheck.rank.context import RankContext
+from convcheck.rank.dist import init_distributed, rank_coord
+from convcheck.rank.model import build_model, load_bridge, load_weights, make_provider, unloaded_counts
 from convcheck.rank.options import ReshardTargets, SyncOptions
 
 
@@ -44,17 +48,12 @@ class RankSpec:
 
 def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bool = True) -> RankContext:
     """Initialise the groups, run `hooks`, build the model through the bridge and (by default) load the weights."""
-    from convcheck.progress import ProgressWriter
-
     rank = int(os.environ.get("RANK", "0"))
     progress = ProgressWriter(spec.progress_file if rank == 0 else None)
     progress.emit("importing megatron-core and megatron-bridge")
-    from convcheck import compat
+    from convcheck import compat  # lazy: imports torch (launcher side), after the progress line above
 
     compat.install(spec.device)
-    from convcheck.hf.checkpoint import open_checkpoint
-    from convcheck.rank.dist import init_distributed, rank_coord
-    from convcheck.rank.model import build_model, load_bridge, load_weights, make_provider, unloaded_counts
 
     checkpoint = open_checkpoint(spec.model_path)
     rank, world = init_distributed(spec.layout, spec.device, spec.timeout_s)

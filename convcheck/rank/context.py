@@ -8,8 +8,11 @@ from typing import Any, Iterator
 from convcheck.errors import one_line
 from convcheck.hf.checkpoint import Checkpoint
 from convcheck.layout import ParallelLayout, RankCoord
+from convcheck.probe import fused
 from convcheck.progress import ProgressWriter
+from convcheck.rank.model import named_tensors
 from convcheck.rank.options import ReshardTargets, SyncOptions
+from convcheck.sync.stream import sender_failure, sender_stream
 from convcheck.verdict import Finding
 
 
@@ -100,8 +103,6 @@ class RankContext:
 
     def _stream(self, cpu: bool) -> Iterator[tuple[str, Any]]:
         if self.sync.sender is not None:
-            from convcheck.sync.stream import sender_stream
-
             yield from sender_stream(self, cpu)
             return
         self.export_error = None
@@ -112,8 +113,6 @@ class RankContext:
 
     def bridge_export(self, cpu: bool = True) -> Iterator[tuple[str, Any]]:
         """The bridge's own `export_hf_weights` stream (what senders build on); raises what the bridge raises."""
-        from convcheck.probe import fused
-
         if not self.memo.probe_in_export or not fused.usable(self.bridge):
             return self.bridge.export_hf_weights(self.model, cpu=cpu, show_progress=False)
         self.memo.probe_in_export = False  # one drain carries the probe
@@ -126,8 +125,6 @@ class RankContext:
         """The `export-failed` (or, for a custom sender, `sender-failed` / `sender-bad-item`) finding for the last
         export stream, or None when it ran to the end cleanly."""
         if self.sync.sender is not None:
-            from convcheck.sync.stream import sender_failure
-
             return sender_failure(self)
         if not self.export_error:
             return None
@@ -172,8 +169,6 @@ class RankContext:
 
     def named_parameters(self) -> list[tuple[str, Any]]:
         """(global Megatron name, this rank's shard) for every parameter and persistent buffer of this rank."""
-        from convcheck.rank.model import named_tensors
-
         return [(self.global_name(local, vp), tensor) for vp, local, tensor in named_tensors(self.model)]
 
     def global_name(self, local_name: str, vp_stage: int) -> str:

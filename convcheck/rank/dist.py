@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import TYPE_CHECKING
 
 from convcheck.layout import ParallelLayout
-
-if TYPE_CHECKING:
-    from convcheck.mappings.base import RankCoord
+from convcheck.mappings.base import RankCoord
 
 
 def init_distributed(layout: ParallelLayout, device: str, timeout_s: float) -> tuple[int, int]:
@@ -40,11 +37,9 @@ def init_distributed(layout: ParallelLayout, device: str, timeout_s: float) -> t
     return rank, world
 
 
-def rank_coord() -> "RankCoord":
+def rank_coord() -> RankCoord:
     """This rank's place in the grid, read once from Megatron's parallel_state (the engine's job, not an oracle's)."""
     from megatron.core import parallel_state as ps
-
-    from convcheck.mappings.base import RankCoord
 
     return RankCoord(
         tp_rank=ps.get_tensor_model_parallel_rank(),

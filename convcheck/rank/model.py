@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from convcheck.compare.bits import count_true, int_view
 from convcheck.errors import BadInput, first_line, one_line
 from convcheck.layout import ParallelLayout
+from convcheck.rank.te_grouped import apply_experts_option
+from convcheck.versions import versions
 
 
 def load_bridge(model_path: str) -> Any:
@@ -15,8 +18,6 @@ def load_bridge(model_path: str) -> Any:
     try:
         return AutoBridge.from_hf_pretrained(model_path)
     except Exception as exc:  # the bridge wraps every failure in ValueError
-        from convcheck.versions import versions
-
         stack = ", ".join(f"{n} {v}" for n, v in versions().items() if n in ("megatron-bridge", "transformers"))
         raise BadInput(f"the bridge cannot load {model_path} ({stack}): {first_line(exc)}") from None
 
@@ -25,7 +26,7 @@ def make_provider(bridge: Any, layout: ParallelLayout, device: str, pad_vocab: i
     """The bridge's provider for this checkpoint, set to `layout` (TE-free where TE is missing, CPU-safe on CPU).
 
     `pad_vocab=N` builds the padded vocabulary training uses: rows rounded up to a multiple of N x TP."""
-    from convcheck import compat
+    from convcheck import compat  # lazy: imports torch (launcher side)
 
     provider = bridge.to_megatron_provider(load_weights=False)
     if pad_vocab is not None:
@@ -46,8 +47,6 @@ def build_model(provider: Any, device: str, experts: str = "sequential") -> list
 
     `experts="te-grouped"` lays MoE experts out as TEGroupedMLP (convcheck.rank.te_grouped).
     """
-    from convcheck.rank.te_grouped import apply_experts_option
-
     provider.perform_initialization = False
     model = provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=(device == "cpu"))
     apply_experts_option(model, experts)
@@ -81,7 +80,6 @@ def sentinel_bits(dtype: Any) -> int:
     name = str(dtype).removeprefix("torch.")
     if name in SENTINEL_BITS:
         return SENTINEL_BITS[name]
-    from convcheck.compare.bits import int_view
 
     return int(int_view(torch.full((1,), float("nan"), dtype=dtype))[0])
 
@@ -106,8 +104,6 @@ def fill_sentinel(model: list[Any]) -> None:
 
 def sentinel_count(tensor: Any) -> int:
     """How many elements of a float tensor hold exactly the sentinel's bits (other NaNs do not count)."""
-    from convcheck.compare.bits import count_true
-
     return count_true(_bits_view(tensor) == sentinel_bits(tensor.dtype))
 
 

@@ -14,6 +14,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from convcheck.hf.checkpoint import TensorReader
+from convcheck.mappings import Geometry, MappingError
+from convcheck.mappings.check import shard_matches
+from convcheck.models import build_registry
+from convcheck.rank.model import named_tensors
+
 HOLD_BYTES = 2 << 30
 """Source bytes one rank holds for parameters still waiting on a tensor; a parameter that would pass it is left to
 the mapping oracle."""
@@ -79,8 +85,6 @@ class ShardTap:
         return entry is not None and entry[0] is tensor and entry[1] == tensor._version
 
     def _check(self, param: str) -> None:
-        from convcheck.mappings.check import shard_matches
-
         mapping, tensor = self.registry.get(param), self.local[param]
         hf = {n: self.held[n] for n in mapping.hf_names if n in self.held}
         if shard_matches(mapping, hf, self.ctx.layout, self.ctx.coord, tensor):
@@ -100,8 +104,6 @@ class ShardTap:
                     self.held_bytes -= gone.numel() * gone.element_size()
 
     def _read(self, name: str) -> Any:
-        from convcheck.hf.checkpoint import TensorReader
-
         self.reader = self.reader or TensorReader(self.ctx.checkpoint)
         return self.reader.get(name)
 
@@ -109,8 +111,6 @@ class ShardTap:
 def names_and_registry(ctx: Any) -> tuple[dict[str, Any], set[str], Any]:
     """Collective: this rank's tensors by global name, every rank's names, and the explicit registry for them
     (raises MappingError, the same on every rank)."""
-    from convcheck.rank.model import named_tensors
-
     local = {ctx.global_name(n, vp): t for vp, n, t in named_tensors(ctx.model)}
     all_names = {n for names in ctx.gather(sorted(local)) for n in names}
     return local, all_names, registry_for(ctx, all_names)
@@ -127,9 +127,6 @@ def padded_vocab(provider: Any, vocab: int, tp: int) -> int:
 
 def registry_for(ctx: Any, all_names: set[str]) -> Any:
     """The explicit registry for this model, built leniently: parameters it does not cover are not checked."""
-    from convcheck.mappings import Geometry
-    from convcheck.models import build_registry
-
     config = ctx.checkpoint.config
     vocab = int((config.get("text_config") or config)["vocab_size"])
     geometry = Geometry.from_hf_config(config, padded_vocab=padded_vocab(ctx.provider, vocab, ctx.layout.tp))
@@ -141,8 +138,6 @@ def registry_for(ctx: Any, all_names: set[str]) -> Any:
 
 def start(ctx: Any) -> ShardTap | None:
     """Collective: this rank's tap (None where the registry cannot be built; the mapping oracle reports why)."""
-    from convcheck.mappings import MappingError
-
     try:
         local, all_names, registry = names_and_registry(ctx)
     except MappingError:

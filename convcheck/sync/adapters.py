@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from convcheck.errors import BadInput, ConvcheckError, one_line
+from convcheck.hooks import load_hook
 
 BRIDGE = "bridge"
 """The default sender: the bridge's own export_hf_weights (stored as None in a Job)."""
@@ -29,8 +30,6 @@ def normalize_sender(spec: str | None) -> str | None:
 
 def _load(spec: str, table: dict[str, str], what: str) -> Any:
     """The object a built-in name or hook-style spec names; BadInput when it does not resolve."""
-    from convcheck.hooks import load_hook
-
     target = table.get(spec, spec)
     try:
         return load_hook(target, what=what)

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from convcheck.compare.bits import int_view, tensor_sha256, together
+
 FORMAT = "convcheck-delta"
 VERSION = 1
 PATCH, REPLACE, REMOVE = "patch", "replace", "remove"
@@ -72,8 +74,6 @@ def _flat(tensor: Any) -> Any:
 
 def build_delta(previous: Mapping[str, Any], new: Mapping[str, Any]) -> Delta:
     """The delta that turns `previous` into `new` (bitwise; a dtype or shape change replaces the whole tensor)."""
-    from convcheck.compare.bits import int_view, tensor_sha256, together
-
     entries = []
     for name in sorted(set(previous) | set(new)):
         if name not in new:
@@ -111,8 +111,6 @@ def _empty() -> Any:
 
 def apply_delta(state: Mapping[str, Any], delta: Delta) -> dict[str, Any]:
     """A new state: `state` with `delta` applied; touched tensors are patched copies, the others are shared."""
-    from convcheck.compare.bits import int_view, tensor_sha256
-
     out = dict(state)
     for entry in delta.entries:
         if entry.op == REPLACE:
@@ -149,8 +147,6 @@ def apply_delta(state: Mapping[str, Any], delta: Delta) -> dict[str, Any]:
 
 def encode(delta: Delta) -> bytes:
     """Wire bytes: u64 little-endian header length, a JSON header, then the index and value buffers it points at."""
-    from convcheck.compare.bits import int_view
-
     header: dict[str, Any] = {"format": FORMAT, "version": VERSION, "entries": []}
     blobs: list[bytes] = []
     offset = 0

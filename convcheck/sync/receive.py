@@ -7,7 +7,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from convcheck.compare.bits import compare_bits, count_true, first_true, together, unravel_index
 from convcheck.errors import one_line
+from convcheck.hf.checkpoint import TensorReader
+from convcheck.sync.adapters import DEFAULT_RECEIVER, load_receiver
 from convcheck.verdict import Finding
 
 
@@ -15,8 +18,6 @@ class SourceTensors(Mapping):
     """The source checkpoint as a read-on-access mapping of HF name -> tensor (what `expected(hf)` receives)."""
 
     def __init__(self, checkpoint: Any) -> None:
-        from convcheck.hf.checkpoint import TensorReader
-
         self._reader = TensorReader(checkpoint)
         self._names = sorted(checkpoint.tensors)
 
@@ -33,8 +34,6 @@ class SourceTensors(Mapping):
 
 
 def receiver_label(ctx: Any) -> str:
-    from convcheck.sync.adapters import DEFAULT_RECEIVER
-
     return ctx.sync.receiver or DEFAULT_RECEIVER
 
 
@@ -53,8 +52,6 @@ def build(ctx: Any) -> tuple[Any, Finding | None]:
     """Rank 0: the receiver constructed as CLASS(config=<the checkpoint's transformers config>)."""
     try:
         from transformers import AutoConfig
-
-        from convcheck.sync.adapters import load_receiver
 
         cls = load_receiver(ctx.sync.receiver)
         return cls(config=AutoConfig.from_pretrained(str(ctx.checkpoint.path))), None
@@ -148,8 +145,6 @@ def _names_text(names: list[str]) -> str:
 def compare_param(receiver: Any, param: str, actual: Any, expected: Any, hf_names: list[str]) -> Finding | None:
     """None when `actual` is bitwise `expected`; else a finding naming the parameter, its HF sources and the first
     wrong element (`not-written` when it still holds the sentinel)."""
-    from convcheck.compare.bits import compare_bits, count_true, first_true, together, unravel_index
-
     finding = compare_bits(param, expected, actual)
     if finding is None:
         return None

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from convcheck.errors import one_line
+from convcheck.sync.adapters import load_sender
 from convcheck.verdict import Finding
 
 MAX_LISTED = 10
@@ -31,8 +32,6 @@ def describe_item(item: Any, known: Any) -> str | None:
 
 def sender_stream(ctx: Any, cpu: bool = True) -> Iterator[tuple[str, Any]]:
     """Run `ctx.sync.sender` as FUNC(ctx); yield its good items (on the CPU when `cpu`), record the rest on `ctx`."""
-    from convcheck.sync.adapters import load_sender
-
     ctx.export_error = None
     ctx.sender_issues = []
     known = ctx.checkpoint.tensors

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from convcheck import api
+from convcheck.atomic import write_json_atomic
 from convcheck.errors import BadInput, ConvcheckError
 from convcheck.gate.case import Case
 from convcheck.gate.check import Difference, compare, not_golden, not_run
@@ -43,8 +45,6 @@ class CaseResult:
 
 def run_case(case: Case, manifest_path: Path, options: Options) -> tuple[dict[str, Any] | None, str | None]:
     """One verify launch of `case` with every oracle; (manifest, None), or (None, one line) when it could not run."""
-    from convcheck import api
-
     try:
         job = api.prepare(
             case.model,
@@ -85,8 +85,6 @@ def read_index(folder: str | Path) -> dict[str, Case]:
 
 def write_index(folder: Path, cases: list[Case]) -> None:
     """Add `cases` to the folder's index (kept sorted by id; cases recorded earlier stay)."""
-    from convcheck.atomic import write_json_atomic
-
     known = read_index(folder) if (folder / INDEX).is_file() else {}
     known.update({c.id: c for c in cases})
     entries = [{**known[i].to_dict(), "file": known[i].file_name} for i in sorted(known)]

@@ -10,8 +10,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from convcheck.api import as_oracles
 from convcheck.layout import ParallelLayout
 from convcheck.mutants.catalog import FORWARD, Mutant
+from convcheck.oracles import DEFAULT_ORACLES
 from convcheck.verdict import PASS, Finding, Report
 
 CAUGHT, MISSED, NOT_APPLICABLE, NOT_RUN, ERROR = "caught", "missed", "n/a", "not run", "error"
@@ -194,8 +196,6 @@ class SelftestResult:
 
 def applicable_oracles(experts: str) -> tuple[str, ...]:
     """Every oracle that can run on this expert layout (te-grouped has no forward, so no logits)."""
-    from convcheck.api import as_oracles
-
     return as_oracles(None, experts)
 
 
@@ -246,11 +246,9 @@ def attribute(report: Report, mutants: Sequence[Mutant]) -> Attribution:
 
 def cells_for(mutant: Mutant, launch: Launch, credited: dict[str, list[Finding]]) -> dict[str, str]:
     """One cell per oracle: caught / missed where it ran, not run where the launch skipped it, n/a where it can't."""
-    from convcheck.oracles import DEFAULT_ORACLES as ORACLES
-
     usable = applicable_oracles(mutant.experts)
     out = {}
-    for name in ORACLES:
+    for name in DEFAULT_ORACLES:
         if name not in usable:
             out[name] = NOT_APPLICABLE
         elif name not in launch.oracles:
@@ -282,8 +280,6 @@ def first_credited(credited: dict[str, list[Finding]], order: Sequence[str]) -> 
 
 def rows_from(launch: Launch, report: Report, seconds: float) -> tuple[list[MutantRow], Attribution]:
     """The rows of a finished mutant launch, and how its findings were attributed."""
-    from convcheck.oracles import DEFAULT_ORACLES as ORACLES
-
     found = attribute(report, launch.mutants)
     rows = []
     for m in launch.mutants:
@@ -293,11 +289,11 @@ def rows_from(launch: Launch, report: Report, seconds: float) -> tuple[list[Muta
                 mutant=m,
                 layout=launch.layout,
                 cells=cells_for(m, launch, credited),
-                first_finding=first_credited(credited, tuple(ORACLES)),
+                first_finding=first_credited(credited, tuple(DEFAULT_ORACLES)),
                 seconds=seconds,
                 shared_with=tuple(o.name for o in launch.mutants if o is not m),
                 device=report.device,
-                findings=tuple(finding_key(o, f) for o in ORACLES for f in credited.get(o, ())),
+                findings=tuple(finding_key(o, f) for o in DEFAULT_ORACLES for f in credited.get(o, ())),
             )
         )
     return rows, found

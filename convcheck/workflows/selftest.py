@@ -15,10 +15,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from convcheck.errors import ConvcheckError
+from convcheck import api
+from convcheck.api import EXPERT_LAYOUTS
+from convcheck.device import CHOICES, visible_gpu_count
+from convcheck.errors import BadInput, ConvcheckError
+from convcheck.fixtures import build_fixture, get_spec
+from convcheck.hooks import load_hook
 from convcheck.layout import ParallelLayout
 from convcheck.mutants.catalog import FORWARD, MUTANTS, Mutant
+from convcheck.oracles import DEFAULT_ORACLES, ORACLES
 from convcheck.verdict import Report
+from convcheck.versions import versions
 from convcheck.workflows.kill_matrix import (
     CleanRow,
     Launch,
@@ -39,11 +46,6 @@ from convcheck.workflows.targets import targets_meet
 def check_catalog(mutants: Sequence[Mutant] = MUTANTS, *, deep: bool = False) -> list[str]:
     """Problems with a mutant catalog, one line each (empty when sound); `deep` also checks each layout against
     the fixture's HF config (imports transformers)."""
-    from convcheck.api import EXPERT_LAYOUTS
-    from convcheck.fixtures import get_spec
-    from convcheck.hooks import load_hook
-    from convcheck.oracles import ORACLES
-
     problems: list[str] = []
     seen: set[str] = set()
     for m in mutants:
@@ -81,17 +83,12 @@ def _hf_config(fixture: str) -> dict[str, object]:
     """The HF config dict a fixture's checkpoint will carry (built from its spec, no checkpoint written)."""
     import transformers
 
-    from convcheck.fixtures import get_spec
-
     spec = get_spec(fixture)
     return getattr(transformers, spec.config_class)(**spec.config).to_dict()
 
 
 def select(mutants: Sequence[Mutant], models: Sequence[str] = (), only: Sequence[str] = ()) -> tuple[Mutant, ...]:
     """The mutants on the given fixtures and/or with the given names; BadInput names what matches nothing."""
-    from convcheck.errors import BadInput
-    from convcheck.fixtures import get_spec
-
     chosen = tuple(mutants)
     if models:
         wanted = {f"tiny:{get_spec(m).name}" for m in models}
@@ -154,13 +151,11 @@ def plan(mutants: Sequence[Mutant], quick: bool) -> list[Launch]:
 
 def clean_launches(launches: Sequence[Launch]) -> list[Launch]:
     """One hook-free launch per fixture x layout x experts used, running every oracle those launches ran."""
-    from convcheck.oracles import DEFAULT_ORACLES as ORACLES
-
     merged: dict[tuple[str, str, str], set[str]] = {}
     for launch in launches:
         merged.setdefault(launch.key, set()).update(launch.oracles)
     return [
-        Launch(fixture=f, layout=lay, experts=e, oracles=tuple(o for o in ORACLES if o in names))
+        Launch(fixture=f, layout=lay, experts=e, oracles=tuple(o for o in DEFAULT_ORACLES if o in names))
         for (f, lay, e), names in merged.items()
     ]
 
@@ -282,18 +277,13 @@ def run_selftest(
     """Run the clean launches and the mutant launches (shared ones rerun alone when attribution is unclear), each
     fixture x layout's launches in order, up to `jobs` fixture x layouts at a time; `partial` gets the matrix so far
     (`complete=False`) after each fixture x layout."""
-    from convcheck.device import CHOICES, visible_gpu_count
-    from convcheck.errors import BadInput
-    from convcheck.oracles import DEFAULT_ORACLES as ORACLES
-    from convcheck.versions import versions
-
     if device not in CHOICES:
         raise BadInput(f"--device must be one of {', '.join(CHOICES)}, got {device!r}")
     if jobs < 1:
         raise BadInput(f"--jobs must be at least 1, got {jobs}")
     real = verify is None
     if verify is None:
-        from convcheck.api import verify
+        verify = api.verify
     started = time.perf_counter()
     launches = plan(mutants, quick)
     clean = clean_launches(launches)
@@ -309,7 +299,7 @@ def run_selftest(
         clean_rows = [c for k in keys if k in finished for c in finished[k][0]]
         rows = [r for k in keys if k in finished for r in finished[k][1]]
         rows.sort(key=lambda r: (order[r.mutant.name], [layout_spec(lay) for lay in r.mutant.layouts].index(r.layout)))
-        return SelftestResult(oracles=tuple(ORACLES), rows=tuple(rows), clean=tuple(clean_rows), quick=quick,
+        return SelftestResult(oracles=tuple(DEFAULT_ORACLES), rows=tuple(rows), clean=tuple(clean_rows), quick=quick,
                               launches=runner.count, seconds=time.perf_counter() - started, versions=versions(),
                               device=device, complete=complete)  # fmt: skip
 
@@ -335,7 +325,5 @@ def run_selftest(
 
 
 def _build_fixtures(fixtures: set[str]) -> None:
-    from convcheck.fixtures import build_fixture
-
     for name in sorted(fixtures):
         build_fixture(name)

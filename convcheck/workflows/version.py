@@ -18,14 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from convcheck import api
 from convcheck.ckpt.folder import Structure, check_index, check_manifest
 from convcheck.ckpt.manifest import CHECKPOINT_SUBDIR, MANIFEST_NAME, VersionManifest, read_version_manifest
-from convcheck.ckpt.shards import DEFAULT_MAX_SHARD_BYTES
+from convcheck.ckpt.phases import resume_phase, save_phase
+from convcheck.ckpt.shards import DEFAULT_MAX_SHARD_BYTES, ShardWriter
+from convcheck.device import choose_device, visible_gpu_count
 from convcheck.errors import BadInput
 from convcheck.layout import ParallelLayout
 from convcheck.rank.context import RankContext
 from convcheck.rank.memory import memory_mb, reset_peak
 from convcheck.verdict import Finding, OracleVerdict, Report, make_verdict
+from convcheck.versions import versions
 
 COPIED = ("config.json", "generation_config.json")
 """Files of the source checkpoint copied beside the export (the bridge needs config.json to load the folder)."""
@@ -58,8 +62,6 @@ def write_version(
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
 ) -> WriteResult:
     """Load `model` at `layout` through the bridge and write the version folder `folder` (all of it, or nothing)."""
-    from convcheck import api
-
     started = time.perf_counter()
     target = Path(folder)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
@@ -103,11 +105,6 @@ def write_in_ranks(
     ctx: RankContext, folder: str, step: int | None, model: str, max_shard_bytes: int
 ) -> dict[str, Any] | None:
     """Rank function: save ckpt/ as torch_dist, then stream the export into shards and the manifest (rank 0)."""
-    from convcheck.ckpt.manifest import VersionManifest
-    from convcheck.ckpt.phases import save_phase
-    from convcheck.ckpt.shards import ShardWriter
-    from convcheck.versions import versions
-
     root = Path(folder)
     phase = save_phase(ctx, root / CHECKPOINT_SUBDIR, step=step, compare=False)
     writer = ShardWriter(root, max_shard_bytes) if ctx.is_reporter else None
@@ -159,8 +156,6 @@ def check_version(
     """Check a version folder: index, manifest (no ranks), then its checkpoint's export against the safetensors.
 
     `layout` (default: the manifest's) is where ckpt/ is restored; `ranks=False` skips that part (it then fails)."""
-    from convcheck import api
-
     started = time.perf_counter()
     root = Path(folder)
     if not root.is_dir():
@@ -197,9 +192,6 @@ def _checkpoint_verdict(
     ranks: bool,
 ) -> OracleVerdict:
     """Restore ckpt/ at `layout` and compare its export with the stored safetensors (in ranks)."""
-    from convcheck import api
-    from convcheck.device import choose_device, visible_gpu_count
-
     ckpt = root / manifest.checkpoint
     reason = None
     if not ranks:
@@ -226,8 +218,6 @@ def _checkpoint_verdict(
 
 def check_in_ranks(ctx: RankContext, folder: str, checkpoint: str, step: int | None) -> dict[str, Any] | None:
     """Rank function: restore the checkpoint into the fresh model, compare its export with the folder's safetensors."""
-    from convcheck.ckpt.phases import resume_phase
-
     phase = resume_phase(ctx, checkpoint)
     if not ctx.is_reporter:
         return None
