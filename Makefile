@@ -16,9 +16,10 @@ demo: setup
 test: setup
 	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -q --durations=15 tests
 
-# The quick loop: every test that launches no ranks (unit tests, bad inputs, the structure check), a few minutes.
+# The quick loop: every test that launches no ranks and starts no fresh Python importing megatron (unit tests, bad
+# inputs, the structure check), under two minutes.
 test-fast: setup
-	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) -q -m "not ranks" tests
+	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) -q -m "not ranks and not fresh_process" tests
 
 lint: setup
 	$(VENV)/bin/ruff check convcheck tests bench examples scripts --select E,F,W,B,I,TID253 --ignore B905

@@ -23,6 +23,7 @@ def test_pinned_versions_are_the_targets() -> None:
         assert metadata.version(dist) == version, f"{dist} changed: re-check every shim in convcheck/compat/"
 
 
+@pytest.mark.fresh_process
 def test_shim1_still_needed_lora_layers_imports_transformer_engine() -> None:
     """Fails when megatron-bridge stops importing TE unconditionally (then delete shim 1)."""
     assert not compat.transformer_engine_available()
@@ -31,6 +32,7 @@ def test_shim1_still_needed_lora_layers_imports_transformer_engine() -> None:
     assert "No module named 'transformer_engine'" in res.stderr
 
 
+@pytest.mark.fresh_process
 def test_shim1_is_narrow_megatron_core_still_sees_no_te() -> None:
     res = _run(
         """
@@ -54,6 +56,7 @@ def test_shim1_is_narrow_megatron_core_still_sees_no_te() -> None:
     assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-2000:]
 
 
+@pytest.mark.fresh_process
 def test_shim2_still_needed_replicated_mapping_calls_cuda() -> None:
     """Fails when ReplicatedMapping.hf_to_megatron stops calling torch.cuda at TP>1 (then delete shim 2)."""
     compat.install_import_shims()

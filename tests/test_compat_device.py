@@ -9,6 +9,8 @@ import subprocess
 import sys
 from typing import Any
 
+import pytest
+
 from tests.conftest import ROOT
 
 NO_CUDA_PROBES = ("2 replicated-mapping", "4 rope", "4 memory-buffer", "5 causal-mask", "6 rng-fork")
@@ -118,12 +120,14 @@ ALL_NO_CUDA = sorted(
 )
 
 
+@pytest.mark.fresh_process
 def test_cpu_run_on_a_gpu_host_routes_every_no_cuda_shim_to_the_cpu() -> None:
     (cpu,) = _run(["cpu"])
     assert cpu["installed"] == ALL_NO_CUDA
     assert cpu["probes"] == dict.fromkeys(NO_CUDA_PROBES, "cpu")
 
 
+@pytest.mark.fresh_process
 def test_hidden_gpus_change_nothing() -> None:
     """A CPU run's ranks get CUDA_VISIBLE_DEVICES="" (engine.launch.rank_env): the shims decide the same."""
     (cpu,) = _run(["cpu"], gpu_host=False, CUDA_VISIBLE_DEVICES="")
@@ -131,6 +135,7 @@ def test_hidden_gpus_change_nothing() -> None:
     assert cpu["probes"] == dict.fromkeys(NO_CUDA_PROBES, "cpu")
 
 
+@pytest.mark.fresh_process
 def test_planted_is_available_rule_is_named() -> None:
     """The pre-#18 rule (CPU only while CUDA is unavailable) lets every probe reach CUDA on a GPU host."""
     (cpu,) = _run(["cpu"], plant_old_rule=True)
@@ -138,6 +143,7 @@ def test_planted_is_available_rule_is_named() -> None:
     assert reached_cuda == sorted(NO_CUDA_PROBES), cpu["probes"]
 
 
+@pytest.mark.fresh_process
 def test_cuda_run_installs_no_cpu_shim_and_deactivates_earlier_ones() -> None:
     cuda, cpu, cuda_again = _run(["cuda", "cpu", "cuda"])
     assert cuda["installed"] == [] and cpu["installed"] == ALL_NO_CUDA == cuda_again["installed"]

@@ -52,6 +52,7 @@ def test_shim5_causal_mask_still_built_on_cuda() -> None:
     )
 
 
+@pytest.mark.fresh_process
 def test_shim6_attention_dropout_still_forks_cuda_rng() -> None:
     """dot_product_attention.py:217 still forks the CUDA RNG tracker, whose fork reads the CUDA RNG state."""
     if on_current_pins():
@@ -65,6 +66,7 @@ def test_shim6_attention_dropout_still_forks_cuda_rng() -> None:
     assert "_get_cuda_rng_state(" in body and "_set_cuda_rng_state(" in body
 
 
+@pytest.mark.fresh_process
 def test_forward_shims_compute_what_upstream_computes_and_are_idempotent() -> None:
     """In a fresh process without CUDA: installed once, each shim yields upstream's formula on the CPU."""
     code = """

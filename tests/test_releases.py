@@ -118,6 +118,7 @@ def test_te_import_detection_reads_module_level_imports_only() -> None:
     assert not imports_te_unconditionally("import transformer_engine_extras\n")
 
 
+@pytest.mark.fresh_process
 def test_shim1_wraps_exactly_the_modules_that_import_te() -> None:
     res = _run(
         """
@@ -177,6 +178,7 @@ def test_legacy_grouped_mlp_only_where_the_local_spec_builds_it() -> None:
     assert builds_legacy_grouped_mlp() == (legacy and optional_module("grouped_gemm") is None), release_label()
 
 
+@pytest.mark.fresh_process
 def test_shims_skipped_in_this_release_are_those_whose_target_is_absent() -> None:
     res = _run(
         """
@@ -191,6 +193,7 @@ def test_shims_skipped_in_this_release_are_those_whose_target_is_absent() -> Non
     assert res.stdout.strip().splitlines()[-1] == ("[]" if legacy else "[14]"), release_label()
 
 
+@pytest.mark.fresh_process
 def test_shim14_still_needed_moe_utils_leaves_te_names_unbound() -> None:
     """Fails when megatron-core's moe_utils binds te_general_gemm without TE (0.17+ do: the shim's target is absent)."""
     res = _run("from megatron.core.transformer.moe import moe_utils\nprint(hasattr(moe_utils, 'te_general_gemm'))")
@@ -201,6 +204,7 @@ def test_shim14_still_needed_moe_utils_leaves_te_names_unbound() -> None:
     assert "if te_general_gemm is not None" in source
 
 
+@pytest.mark.fresh_process
 def test_shim14_lets_the_router_gating_run_upstream_torch_path() -> None:
     res = _run(
         """
