@@ -1,9 +1,13 @@
-"""DeepSeek-V3-style fixtures through the real bridge on CPU (issue #34, first part): every generic oracle runs and
-judges; the family parts convcheck lacks (explicit mappings, config table) say `not-covered`, never pass.
+"""DeepSeek-V3-style fixtures through the real bridge on CPU (issue #34, first part): every generic oracle and the
+config table run and judge; the explicit mappings convcheck lacks say `not-covered`, never pass.
 
-tiny:deepseek-v3 fails, truthfully: megatron-bridge 0.6.2's DeepSeek-V3 export never writes the MTP layer's
-embed_tokens / shared_head.head, the copies of model.embed_tokens and lm_head published checkpoints hold (the
-GLM-4.7-Flash bridge restores them, glm47_flash_bridge.py:116). tiny:moonlight (no q LoRA, no MTP) passes all of them.
+Two real megatron-bridge 0.6.2 bugs, named by both fixtures where they apply:
+- config: DeepSeekV3Bridge.megatron_to_hf_config drops the Yarn RoPE scaling (it reads the provider's
+  yarn_rotary_scaling_factor, which the MLA provider leaves None: its factor is rotary_scaling_factor), so an exported
+  config.json says rope_type "default" (conversion/model_bridge.py:732);
+- tiny:deepseek-v3: the export never writes the MTP layer's embed_tokens / shared_head.head, the copies of
+  model.embed_tokens and lm_head published checkpoints hold (the GLM-4.7-Flash bridge restores them,
+  glm47_flash_bridge.py:116).
 """
 
 from __future__ import annotations
@@ -16,11 +20,10 @@ from tests.support.helpers import mutant, run_cli
 
 GENERIC = ("coverage", "roundtrip", "logits", "differential", "elements", "layout")
 NOT_COVERED = {
-    "config": "convcheck has no config table for model_type 'deepseek_v3' (it has them for qwen2, qwen3, qwen3_moe, "
-    "llama, nemotron_h)",
     "mapping": "convcheck has no explicit mappings for DeepseekV3ForCausalLM (it has them for LlamaForCausalLM, "
     "NemotronHForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)",
 }
+YARN_DROPPED = ("rope_parameters.rope_type (megatron_to_hf_config)", "roundtrip-mismatch")
 MTP_ALIASES = ("model.layers.4.embed_tokens.weight", "model.layers.4.shared_head.head.weight")
 LAYOUTS = [(), ("--tp", "2"), ("--ep", "2"), ("--pp", "2"), ("--tp", "2", "--ep", "2")]
 
@@ -31,19 +34,19 @@ def _ids(layouts: list[tuple[str, ...]]) -> list[str]:
 
 @pytest.mark.ranks
 @pytest.mark.parametrize("layout", LAYOUTS, ids=_ids(LAYOUTS))
-def test_moonlight_passes_every_generic_oracle_and_says_what_it_does_not_cover(
+def test_moonlight_passes_every_generic_oracle_names_the_yarn_export_bug_and_says_what_it_does_not_cover(
     layout: tuple[str, ...], tmp_path: Path
 ) -> None:
     res = run_cli("verify", "--model", "tiny:moonlight", *layout, tmp_path=tmp_path)
-    assert res.code == 3, res.out[-3000:] + res.err[-2000:]
-    assert res.report is not None and res.report["verdict"] == "not-covered"
-    assert res.verdicts() == {**dict.fromkeys(GENERIC, "pass"), **dict.fromkeys(NOT_COVERED, "not-covered")}
+    assert res.code == 1, res.out[-3000:] + res.err[-2000:]
+    assert res.report is not None and res.report["verdict"] == "fail"
+    assert res.verdicts() == {**dict.fromkeys(GENERIC, "pass"), "config": "fail", "mapping": "not-covered"}
     oracles = {o["name"]: o for o in res.report["oracles"]}
     assert {name: oracles[name]["not_covered"] for name in NOT_COVERED} == NOT_COVERED
-    assert all(oracles[name]["checked"] > 0 for name in GENERIC)
-    assert res.findings() == []
-    assert "NOT COVERED tiny:moonlight" in res.out and "2 not covered by convcheck (config, mapping)" in res.out
-    assert "replay:" not in res.out  # nothing failed: nothing to replay
+    assert all(oracles[name]["checked"] > 0 for name in (*GENERIC, "config"))
+    assert [(f["tensor"], f["kind"]) for f in res.findings()] == [YARN_DROPPED]
+    assert "source 'yarn', exported 'default'" in res.findings("config")[0]["message"]
+    assert "1 not covered by convcheck (mapping)" in res.out
 
 
 @pytest.mark.ranks
@@ -57,8 +60,10 @@ def test_deepseek_v3_fails_on_exactly_the_mtp_aliases_the_bridge_does_not_write(
     failing = {"coverage", "roundtrip", "elements", "layout"}
     assert res.verdicts() == {
         **{name: "fail" if name in failing else "pass" for name in GENERIC},
+        "config": "fail",
         **dict.fromkeys(NOT_COVERED, "not-covered"),
     }
+    assert [(f["tensor"], f["kind"]) for f in res.findings("config")] == [YARN_DROPPED]
     kinds = {"coverage": "not-exported", "roundtrip": "missing", "elements": "never-written", "layout": "missing"}
     for oracle, kind in kinds.items():
         assert {(f["tensor"], f["kind"]) for f in res.findings(oracle)} == {(t, kind) for t in MTP_ALIASES}, oracle
@@ -78,3 +83,47 @@ def test_a_planted_bug_in_a_deepseek_model_is_named(tmp_path: Path) -> None:
     assert finding["message"] == (
         "shape [40, 32], expected [32, 40]; diagnosis: export is the source transposed ([in, out] instead of [out, in])"
     )  # MLA's o_proj is [hidden, heads x v_head_dim]: 32 x 40
+
+
+@pytest.mark.ranks
+def test_a_planted_config_bug_in_a_deepseek_model_is_named_by_field(tmp_path: Path) -> None:
+    """The router picks 3 experts where the HF config says 4 (convcheck.mutants.config:router_topk)."""
+    res = run_cli(
+        "verify", "--model", "tiny:moonlight", "--oracle", "config", "--hook", mutant("config", "router_topk"),
+        tmp_path=tmp_path,
+    )  # fmt: skip
+    assert res.code == 1, res.out[-3000:] + res.err[-2000:]
+    assert {(f["tensor"], f["kind"]) for f in res.findings("config")} == {
+        ("num_experts_per_tok -> moe_router_topk", "mismatch"),
+        ("num_experts_per_tok (megatron_to_hf_config)", "roundtrip-mismatch"),
+        ("num_experts_per_tok+topk_group (megatron_to_hf_config)", "roundtrip-mismatch"),
+        YARN_DROPPED,
+    }
+
+
+def test_the_table_names_what_megatron_cannot_express() -> None:
+    """HF's fixed q_a / kv_a norm eps (GLM-4.7-Flash publishes rms_norm_eps 1e-5), uninterleaved RoPE and a group
+    score Megatron computes otherwise are named, not passed (no ranks: the rules over a config view)."""
+    import json
+
+    from convcheck.fixtures import get_spec
+    from convcheck.fixtures.reference import load_layout
+    from convcheck.models.deepseek import DEEPSEEK_V3_TABLE
+    from convcheck.oracles.config import check_rule, flatten
+
+    view = flatten(json.loads(load_layout(get_spec("deepseek-v3"))["config"]))
+    megatron = {"layernorm_epsilon": 1e-5, "multi_latent_attention": True, "moe_router_group_topk": 2}
+
+    def failing(**hf: object) -> set[str]:
+        return {
+            f.tensor for rule in DEEPSEEK_V3_TABLE if rule.megatron in megatron
+            for f in [check_rule(rule, {**view, **hf}, megatron.get)] if f is not None
+        }  # fmt: skip
+
+    assert failing(rms_norm_eps=1e-5) == {"rms_norm_eps -> layernorm_epsilon"}
+    assert failing(rms_norm_eps=1e-5, rope_interleave=False) == {
+        "rms_norm_eps -> layernorm_epsilon", "rope_interleave -> multi_latent_attention",
+    }  # fmt: skip
+    assert failing(rms_norm_eps=1e-5, num_experts_per_tok=6) == {
+        "rms_norm_eps -> layernorm_epsilon", "num_experts_per_tok+topk_group -> moe_router_group_topk",
+    }  # fmt: skip

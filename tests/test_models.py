@@ -14,7 +14,7 @@ def test_lookups_cover_every_architecture_in_listing_order() -> None:
     assert sorted(BY_HF_CLASS) == ["DeepseekV3ForCausalLM", "LlamaForCausalLM", "NemotronHForCausalLM",
                                    "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"]  # fmt: skip
     assert list(TABLES) == ["qwen2", "qwen3", "qwen3_moe", "llama", "nemotron_h", "deepseek_v3"]
-    assert TABLES["deepseek_v3"] == () and BY_HF_CLASS["DeepseekV3ForCausalLM"].mapping_rules is None  # not covered
+    assert BY_HF_CLASS["DeepseekV3ForCausalLM"].mapping_rules is None  # not covered yet
     assert list(FIXTURES) == [
         "qwen2", "qwen2-tied", "qwen3", "qwen3-moe", "qwen3-moe-unnorm", "llama", "nemotron-h", "nemotron-h-moe",
         "deepseek-v3", "moonlight",

@@ -2,15 +2,26 @@
 and an fp32 expert bias, MTP): DeepSeek-V3 and the Moonlight / DeepSeek-V2-Lite shape (no q LoRA).
 
 The tiny fixtures build and run every generic oracle through the real bridge on CPU (convcheck.compat shims 15-18).
-convcheck has no explicit mappings and no config table for these families yet: the mapping and config oracles report
-`not-covered`, never a pass."""
+convcheck has no explicit mappings for this family yet: the mapping oracle reports `not-covered`, never a pass. Its
+config table (below) covers every MLA, MoE, Yarn and MTP knob of DeepseekV3Config."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from convcheck.models.architecture import Architecture
+from convcheck.models.config_rules import (
+    HEADS_AND_VOCAB,
+    FieldRule,
+    HfView,
+    MegatronGet,
+    function_name,
+    implied,
+    same,
+    unsupported,
+)
 from convcheck.models.fixture_spec import FixtureSpec
+from convcheck.models.qwen3_moe import megatron_moe_layers
 
 MLA_SHAPES: dict[str, Any] = {
     "vocab_size": 152,
@@ -69,10 +80,166 @@ TINY_MOONLIGHT = FixtureSpec(
     config={**MLA_SHAPES, **GROUPED_ROUTING, "q_lora_rank": None, "first_k_dense_replace": 1, "rope_parameters": YARN},
     fp32_tensors=("e_score_correction_bias",),
 )
+HF_QA_KV_NORM_EPS = 1e-6
+"""HF builds q_a_layernorm and kv_a_layernorm with a fixed eps (modeling_deepseek_v3.py:388,396 -> RMSNorm's default
+1e-6), whatever rms_norm_eps says; Megatron's MLA q/kv norms use layernorm_epsilon."""
+
+
+def _dense_first(c: HfView, _m: MegatronGet) -> list[int]:
+    """1 where HF builds an MoE block: layers from first_k_dense_replace on (every moe_layer_freq-th, here 1)."""
+    first_dense = c["first_k_dense_replace"]
+    return [int(i >= first_dense) for i in range(c["num_hidden_layers"])]
+
+
+def _rope(c: HfView) -> str:
+    return c.get("rope_parameters.rope_type", "default")
+
+
+def _yarn(field: str) -> FieldRule:
+    """One Yarn parameter: Megatron's field of the same name (rope_parameters.factor: rotary_scaling_factor)."""
+    megatron = "rotary_scaling_factor" if field == "factor" else field
+    return FieldRule(
+        megatron=megatron,
+        hf=(f"rope_parameters.{field}",),
+        expect=lambda c, m: (
+            c[f"rope_parameters.{field}"] if c.get("rope_parameters.rope_type") == "yarn" else m(megatron)
+        ),
+        note="Yarn RoPE (only read with rope_type yarn)",
+    )
+
+
+DEEPSEEK_V3_TABLE = (
+    same("num_hidden_layers", "num_layers"),
+    same("hidden_size", "hidden_size"),
+    same("intermediate_size", "ffn_hidden_size", note="the dense-first layers' MLP"),
+    *HEADS_AND_VOCAB,
+    same("max_position_embeddings", "seq_length"),
+    FieldRule(
+        megatron="layernorm_epsilon",
+        hf=("rms_norm_eps",),
+        expect=lambda c, _m: (
+            HF_QA_KV_NORM_EPS
+            if c["rms_norm_eps"] == HF_QA_KV_NORM_EPS
+            else unsupported(
+                f"HF's q_a / kv_a layernorms use eps {HF_QA_KV_NORM_EPS} whatever rms_norm_eps "
+                f"({c['rms_norm_eps']}) says"
+            )
+        ),
+        note="Megatron uses one layernorm_epsilon for every norm, MLA's q / kv norms included, and HF's q_a / kv_a "
+        "norms always use 1e-6: the two agree only when rms_norm_eps is 1e-6",
+    ),
+    implied("normalization", "RMSNorm", "RMSNorm everywhere (input, post-attention, final, q_a / kv_a norms)"),
+    implied("multi_latent_attention", True, "DeepSeek-V3 attention is MLA"),
+    same("q_lora_rank", "q_lora_rank", note="None: q_proj without a q LoRA (Moonlight, DeepSeek-V2-Lite)"),
+    same("kv_lora_rank", "kv_lora_rank"),
+    same("qk_nope_head_dim", "qk_head_dim", note="Megatron's qk_head_dim is the no-RoPE part"),
+    same("qk_rope_head_dim", "qk_pos_emb_head_dim"),
+    same("v_head_dim", "v_head_dim"),
+    FieldRule(
+        megatron="qk_layernorm",
+        hf=("qk_head_dim",),
+        expect=lambda c, _m: (
+            c["qk_head_dim"] == c["qk_nope_head_dim"] + c["qk_rope_head_dim"]
+            or unsupported("qk_head_dim other than qk_nope_head_dim + qk_rope_head_dim")
+        ),
+        note="HF derives qk_head_dim; Megatron's MLA applies the q_a / kv_a norms (qk_layernorm)",
+    ),
+    FieldRule(
+        megatron="multi_latent_attention",
+        hf=("rope_interleave",),
+        expect=lambda c, _m: (
+            bool(c.get("rope_interleave", True))
+            or unsupported("rope_interleave false (Megatron's MLA applies RoPE to interleaved pairs)")
+        ),
+        note="HF's rope_interleave pairs adjacent dimensions, as Megatron's MLA does",
+    ),
+    same("rope_parameters.rope_theta", "rotary_base", also=("rope_theta",)),
+    FieldRule(
+        megatron="rope_type",
+        hf=("rope_parameters.rope_type",),
+        expect=lambda c, _m: {"yarn": "yarn", "default": "rope"}.get(
+            c.get("rope_parameters.rope_type", "default"),
+            unsupported(f"rope_type {c.get('rope_parameters.rope_type')!r}"),
+        ),
+    ),
+    *(
+        _yarn(f)
+        for f in ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
+    ),  # fmt: skip
+    FieldRule(
+        megatron="activation_func", hf=("hidden_act",), expect=lambda c, _m: c["hidden_act"], observe=function_name
+    ),
+    implied("gated_linear_unit", True, "MLP and experts are down(act(gate(x)) * up(x))"),
+    same("attention_bias", "add_qkv_bias"),
+    implied("add_bias_linear", False, "DeepSeek-V3 projections and experts have no bias"),
+    same("tie_word_embeddings", "share_embeddings_and_output_weights"),
+    same("attention_dropout", "attention_dropout", absent=0.0),
+    same("n_routed_experts", "num_moe_experts"),
+    same("num_experts_per_tok", "moe_router_topk"),
+    same("moe_intermediate_size", "moe_ffn_hidden_size"),
+    FieldRule(
+        megatron="moe_shared_expert_intermediate_size",
+        hf=("n_shared_experts",),
+        expect=lambda c, _m: (c["n_shared_experts"] or 0) * c["moe_intermediate_size"] or None,
+        note="the shared experts fused into one MLP of n_shared_experts x moe_intermediate_size",
+    ),
+    FieldRule(
+        megatron="moe_layer_freq",
+        hf=("first_k_dense_replace",),
+        expect=_dense_first,
+        observe=megatron_moe_layers,
+        note="dense-first layers, MoE after",
+    ),
+    same("n_group", "moe_router_num_groups"),
+    same("topk_group", "moe_router_group_topk"),
+    FieldRule(
+        megatron="moe_router_group_topk",
+        hf=("num_experts_per_tok", "topk_group"),
+        expect=lambda c, m: (
+            m("moe_router_group_topk")
+            if (c["n_group"] or 1) == 1 or c["num_experts_per_tok"] // c["topk_group"] == 2
+            else unsupported(
+                "group scores from the top num_experts_per_tok // topk_group experts (Megatron, moe_utils.py:656) "
+                "where HF takes the top 2 (modeling_deepseek_v3.py:219)"
+            )
+        ),
+        note="with more than one group, both score a group by the sum of its top 2 experts only when top-k / "
+        "topk_group is 2",
+    ),
+    same("routed_scaling_factor", "moe_router_topk_scaling_factor"),
+    implied("moe_router_score_function", "sigmoid", "HF DeepseekV3TopkRouter: sigmoid scores"),
+    implied("moe_router_enable_expert_bias", True, "HF adds e_score_correction_bias for the top-k choice"),
+    FieldRule(
+        megatron="moe_router_score_function",
+        hf=("norm_topk_prob",),
+        expect=lambda c, _m: (
+            "sigmoid"
+            if c["norm_topk_prob"] or c["num_experts_per_tok"] == 1
+            else unsupported("norm_topk_prob false (Megatron renormalises sigmoid top-k weights)")
+        ),
+        note="Megatron divides the chosen sigmoid scores by their sum, as HF does with norm_topk_prob",
+    ),
+    FieldRule(
+        megatron="mtp_num_layers",
+        hf=("num_nextn_predict_layers",),
+        expect=lambda c, _m: c.get("num_nextn_predict_layers") or None,
+        observe=lambda value, _m: value or None,
+        note="MTP layers model.layers.{L + k}",
+    ),
+    implied("hidden_dropout", 0.0, "HF decoder layers have no hidden dropout"),
+    FieldRule(
+        megatron="num_layers",
+        hf=("pretraining_tp",),
+        expect=lambda c, m: m("num_layers") if c.get("pretraining_tp", 1) == 1 else unsupported("pretraining_tp > 1"),
+        note="pretraining_tp > 1 splits HF's linear layers into slices (an HF-only forward variant)",
+    ),
+)
+"""The config oracle's table for model_type deepseek_v3 (every field of a DeepseekV3Config)."""
+
 DEEPSEEK_V3 = Architecture(
     hf_classes=("DeepseekV3ForCausalLM",),
     model_type="deepseek_v3",
     mapping_rules=None,
-    config_rules=(),
+    config_rules=DEEPSEEK_V3_TABLE,
     fixtures=(TINY_DEEPSEEK_V3, TINY_MOONLIGHT),
 )

@@ -20,7 +20,7 @@ def _moe_layers(c: HfView, _m: MegatronGet) -> list[int]:
     return [int(i not in dense and experts > 0 and (i + 1) % step == 0) for i in range(c["num_hidden_layers"])]
 
 
-def _megatron_moe_layers(freq: Any, m: MegatronGet) -> Any:
+def megatron_moe_layers(freq: Any, m: MegatronGet) -> Any:
     """Megatron's moe_layer_freq as a per-layer 0/1 list (an int N means every N-th layer from 0)."""
     return [int(i % freq == 0) for i in range(m("num_layers"))] if isinstance(freq, int) else list(freq)
 
@@ -50,7 +50,7 @@ QWEN3_MOE_TABLE = (
         hf=("decoder_sparse_step", "mlp_only_layers", NUM_EXPERTS[0]),
         also=NUM_EXPERTS[1:],
         expect=_moe_layers,
-        observe=_megatron_moe_layers,
+        observe=megatron_moe_layers,
         note="per-layer MoE pattern",
     ),
     same("router_aux_loss_coef", "moe_aux_loss_coeff", note="training only"),
