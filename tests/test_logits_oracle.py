@@ -246,3 +246,23 @@ def test_streamed_reference_reads_only_the_files_from_pretrained_reads(tmp_path:
         _weight_files(tmp_path)
     (tmp_path / "model.safetensors").write_bytes(b"")
     assert [f.name for f in _weight_files(tmp_path)] == ["model.safetensors"]
+
+
+def test_the_fp32_forward_keeps_softmax_probabilities_in_fp32_and_restores_the_flags() -> None:
+    """megatron-core's softmax built for bf16 input casts its fp32 probabilities back to bf16 (fused_softmax.py:336-340)
+    when attention_softmax_in_fp32 is on, as GLM-4.7-Flash's bridge leaves it; the value matmul then mixes dtypes."""
+    from megatron.core.fusions.fused_softmax import FusedScaleMaskSoftmax
+    from megatron.core.transformer.enums import AttnMaskType
+    from megatron.core.transformer.utils import attention_mask_func
+
+    softmax = FusedScaleMaskSoftmax(
+        input_in_fp16=False, input_in_bf16=True, attn_mask_type=AttnMaskType.padding,
+        scaled_masked_softmax_fusion=False, mask_func=attention_mask_func, softmax_in_fp32=True, scale=None,
+    )  # fmt: skip
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4).to(torch.bfloat16), softmax)
+    scores, mask = torch.randn(1, 1, 3, 3), torch.zeros(1, 1, 3, 3, dtype=torch.bool)
+    assert softmax(scores, mask).dtype == torch.bfloat16  # upstream as built for bf16
+    with upcast_fp32([model]):
+        assert softmax(scores, mask).dtype == torch.float32
+    assert (softmax.input_in_fp16, softmax.input_in_bf16, softmax.input_in_float16) == (False, True, True)
+    assert softmax(scores, mask).dtype == torch.bfloat16
