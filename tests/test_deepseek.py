@@ -50,7 +50,11 @@ def test_moonlight_passes_every_generic_oracle_names_the_yarn_export_bug_and_say
 
 
 @pytest.mark.ranks
-@pytest.mark.parametrize("layout", [(), ("--tp", "2", "--ep", "2"), ("--pp", "2")], ids=["tp1", "tp2-ep2", "pp2"])
+@pytest.mark.parametrize(
+    "layout",
+    [(), ("--tp", "2", "--ep", "2"), ("--pp", "2"), ("--tp", "2", "--etp", "2")],
+    ids=["tp1", "tp2-ep2", "pp2", "tp2-etp2"],
+)
 def test_deepseek_v3_fails_on_exactly_the_mtp_aliases_the_bridge_does_not_write(
     layout: tuple[str, ...], tmp_path: Path
 ) -> None:
