@@ -19,7 +19,7 @@ import pytest
 from convcheck.cli.render import group_findings, oracle_summary
 from convcheck.engine.warm_client import PIDS_FILE, SOCKET_ENV
 from convcheck.verdict import Finding, OracleVerdict
-from tests.support.helpers import ROOT, mutant, run_cli
+from tests.support.helpers import ROOT, mutant, run_cli, wait_for_warm_server
 
 LAUNCHERS = ["torchrun", "warm"]
 """Every process-control test runs with both ways of starting ranks: torchrun, and forks of the session's warm server
@@ -33,18 +33,9 @@ def _start(tmp_path: Path, *args: str, launcher: str = "torchrun") -> subprocess
     if launcher == "torchrun":
         env.pop(SOCKET_ENV, None)
     else:
-        assert _warm_server_ready(), "the session's warm server did not come up"
+        wait_for_warm_server()
     cmd = [sys.executable, "-m", "convcheck", "verify", *args]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _warm_server_ready(timeout: float = 120.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not Path(os.environ.get(SOCKET_ENV, "/nonexistent")).exists():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.5)
-    return True
 
 
 def _wait_for_ranks(

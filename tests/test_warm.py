@@ -7,21 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import time
 from pathlib import Path
 
 import pytest
 
 from convcheck.engine import warm
 from convcheck.engine.warm_client import PIDS_FILE, SOCKET_ENV, import_env, source_key
-from tests.support.helpers import mutant, run_cli
-
-
-def _server_ready(timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not Path(os.environ.get(SOCKET_ENV, "/nonexistent")).exists():
-        assert time.monotonic() < deadline, "the session's warm server did not come up"
-        time.sleep(0.5)
+from tests.support.helpers import mutant, run_cli, wait_for_warm_server
 
 
 def _comparable(report: dict) -> dict:
@@ -35,7 +27,7 @@ def _comparable(report: dict) -> dict:
 
 @pytest.mark.ranks
 def test_a_planted_bug_gets_the_same_report_from_warm_ranks_and_torchrun(tmp_path: Path) -> None:
-    _server_ready()
+    wait_for_warm_server()
     args = ("verify", "--model", "tiny:qwen3", "--tp", "2", "--hook", mutant("bridge", "swap_qk_head0"))
     runs = {}
     for launcher in ("warm", "torchrun"):
@@ -52,7 +44,7 @@ def test_a_planted_bug_gets_the_same_report_from_warm_ranks_and_torchrun(tmp_pat
 
 @pytest.mark.ranks
 def test_a_launcher_whose_import_environment_differs_uses_torchrun(tmp_path: Path) -> None:
-    _server_ready()
+    wait_for_warm_server()
     res = run_cli(
         "verify", "--model", "tiny:qwen3", "--oracle", "coverage,roundtrip", "--log-dir", str(tmp_path / "job"),
         tmp_path=tmp_path, env={"PYTHONHASHSEED": "7"},

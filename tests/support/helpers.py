@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -93,3 +94,13 @@ def processes_holding(folder: Path) -> list[int]:
         if any(link.startswith(prefix) for link in links):
             out.append(int(entry.name))
     return out
+
+
+def wait_for_warm_server(timeout: float = 120.0) -> None:
+    """Wait until this session's warm server (tests/conftest.py) listens; AssertionError after `timeout` s."""
+    from convcheck.engine.warm_client import SOCKET_ENV
+
+    deadline = time.monotonic() + timeout
+    while not Path(os.environ.get(SOCKET_ENV, "/nonexistent")).exists():
+        assert time.monotonic() < deadline, "the session's warm server did not come up"
+        time.sleep(0.5)
