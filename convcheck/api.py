@@ -16,10 +16,11 @@ from convcheck.engine.resume import checkpoint_folder, run_resumes
 from convcheck.errors import BadInput
 from convcheck.fixtures import build_fixture, get_spec
 from convcheck.gate.manifest import build_manifest, check_manifest_path, write_manifest
-from convcheck.hf.checkpoint import open_checkpoint
+from convcheck.hf.checkpoint import architecture_of, open_checkpoint
 from convcheck.hf.geometry import Geometry
 from convcheck.hooks import parse_hook
 from convcheck.layout import ParallelLayout
+from convcheck.models import tag_upstream_bugs
 from convcheck.oracles import parse_oracle_names
 from convcheck.progress import ProgressSink
 from convcheck.rank.options import ReshardTargets, SyncOptions
@@ -234,7 +235,11 @@ def run(job: Any, log_dir: str | None = None, progress: ProgressSink | None = No
     attributed = attribute_layout(job, ranked, log_dir, progress)
     if job.manifest_out and "manifest" in result:
         write_gate_manifest(job.manifest_out, result["manifest"], attributed)
-    verdicts = complete(job.oracles, attributed)
+    verdicts, known = tag_upstream_bugs(
+        architecture_of(job.model_path),
+        result["versions"].get("megatron-bridge", ""),
+        complete(job.oracles, attributed),
+    )
     return Report(
         model=job.model_label,
         layout=job.layout.to_dict(),
@@ -242,7 +247,7 @@ def run(job: Any, log_dir: str | None = None, progress: ProgressSink | None = No
         versions=result["versions"],
         oracles=verdicts,
         seconds=time.perf_counter() - started,
-        causes=tuple(explain(job.model_path, verdicts)),
+        causes=(*known, *explain(job.model_path, verdicts)),
         device_reason=job.device_reason,
         rank0_peak_MB=dict(result.get("rank0_peak_MB", {})),
         rank0_anon_peak_MB=dict(result.get("rank0_anon_peak_MB", {})),

@@ -47,6 +47,10 @@ def test_moonlight_passes_every_generic_oracle_names_the_yarn_export_bug_and_say
     assert [(f["tensor"], f["kind"]) for f in res.findings()] == [YARN_DROPPED]
     assert "source 'yarn', exported 'default'" in res.findings("config")[0]["message"]
     assert "1 not covered by convcheck (mapping)" in res.out
+    assert [f["detail"].get("upstream_bug") for f in res.findings()] == ["deepseek-yarn-dropped"]
+    assert [c.split(":")[0] for c in res.report["causes"]] == [
+        "1 finding(s) are the known megatron-bridge bug deepseek-yarn-dropped"
+    ]
 
 
 @pytest.mark.ranks
@@ -71,6 +75,15 @@ def test_deepseek_v3_fails_on_exactly_the_mtp_aliases_the_bridge_does_not_write(
     kinds = {"coverage": "not-exported", "roundtrip": "missing", "elements": "never-written", "layout": "missing"}
     for oracle, kind in kinds.items():
         assert {(f["tensor"], f["kind"]) for f in res.findings(oracle)} == {(t, kind) for t in MTP_ALIASES}, oracle
+    bugs = {f["tensor"]: f["detail"].get("upstream_bug") for f in res.findings()}
+    assert bugs == {
+        YARN_DROPPED[0]: "deepseek-yarn-dropped",
+        **dict.fromkeys(MTP_ALIASES, "deepseek-mtp-aliases-dropped"),
+    }
+    assert [c.split(":")[0] for c in res.report["causes"]] == [
+        "1 finding(s) are the known megatron-bridge bug deepseek-yarn-dropped",
+        "8 finding(s) are the known megatron-bridge bug deepseek-mtp-aliases-dropped",
+    ]
 
 
 @pytest.mark.ranks

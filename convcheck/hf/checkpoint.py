@@ -72,6 +72,16 @@ class Checkpoint:
         return sorted(self.tensors)
 
 
+def architecture_of(model_path: str | Path) -> str:
+    """The first `architectures` entry of a checkpoint folder's config.json ("?" when it has none or no config)."""
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return "?"
+    archs = config.get("architectures") if isinstance(config, dict) else None
+    return archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else "?"
+
+
 def read_header(file: Path) -> dict[str, Any]:
     """Parse and check one safetensors header against the file's size; raise BadInput on any defect."""
     return _parse_header(file)[0]

@@ -4,7 +4,8 @@ A new architecture is a module here (its HF class names and model_type, explicit
 tiny fixtures, as an `Architecture`) plus one entry in SUPPORTED.
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 from convcheck.errors import NotCovered
 from convcheck.hf.geometry import Geometry
@@ -13,6 +14,8 @@ from convcheck.models import deepseek, dense, nemotron_h, qwen3_moe
 from convcheck.models.architecture import Architecture, unique_index
 from convcheck.models.config_rules import FieldRule
 from convcheck.models.fixture_spec import FixtureSpec
+from convcheck.models.upstream_bug import UpstreamBug
+from convcheck.verdict import OracleVerdict
 
 SUPPORTED: tuple[Architecture, ...] = (
     dense.QWEN2,
@@ -57,4 +60,40 @@ def build_registry(
     return registry_from_rules(architecture, rules, geometry, megatron_names, hf_names, tied=tied, strict=strict)
 
 
-__all__ = ["BY_HF_CLASS", "build_registry", "BY_MODEL_TYPE", "FIXTURES", "SUPPORTED", "TABLES", "Architecture"]
+UPSTREAM_BUG = "upstream_bug"
+"""Finding.detail key naming the known megatron-bridge bug (UpstreamBug.name) that explains the finding."""
+
+
+def tag_upstream_bugs(
+    architecture: str, bridge_version: str, verdicts: Sequence[OracleVerdict]
+) -> tuple[tuple[OracleVerdict, ...], list[str]]:
+    """Tag each finding a known bug of `architecture`'s family explains (seen in `bridge_version`); one line per bug
+    that explains any. Verdicts keep every finding: a known bridge bug still fails the run."""
+    family = BY_HF_CLASS.get(architecture)
+    bugs: tuple[UpstreamBug, ...] = family.upstream_bugs if family else ()
+    counts: dict[str, int] = {}
+    out = []
+    for verdict in verdicts:
+        findings = []
+        for f in verdict.findings:
+            bug = next((b for b in bugs if b.explains(bridge_version, verdict.name, f.tensor, f.kind)), None)
+            if bug is not None:
+                counts[bug.name] = counts.get(bug.name, 0) + 1
+                f = replace(f, detail={**f.detail, UPSTREAM_BUG: bug.name})
+            findings.append(f)
+        out.append(replace(verdict, findings=tuple(findings)))
+    return tuple(out), [b.line(counts[b.name]) for b in bugs if b.name in counts]
+
+
+__all__ = [
+    "UPSTREAM_BUG",
+    "tag_upstream_bugs",
+    "UpstreamBug",
+    "BY_HF_CLASS",
+    "build_registry",
+    "BY_MODEL_TYPE",
+    "FIXTURES",
+    "SUPPORTED",
+    "TABLES",
+    "Architecture",
+]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from convcheck.mappings.registry import MappingRule
 from convcheck.models.config_rules import FieldRule
 from convcheck.models.fixture_spec import FixtureSpec
+from convcheck.models.upstream_bug import UpstreamBug
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -25,6 +26,8 @@ class Architecture:
     """The config oracle's table for this model_type."""
     fixtures: tuple[FixtureSpec, ...] = ()
     """Built-in `tiny:` fixtures, in listing order."""
+    upstream_bugs: tuple[UpstreamBug, ...] = ()
+    """Real megatron-bridge bugs of this family that convcheck names (see convcheck.models.upstream_bug)."""
 
 
 def unique_index[T](pairs: Iterable[tuple[str, T]], what: str) -> dict[str, T]:

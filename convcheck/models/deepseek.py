@@ -22,6 +22,7 @@ from convcheck.models.config_rules import (
 )
 from convcheck.models.fixture_spec import FixtureSpec
 from convcheck.models.qwen3_moe import megatron_moe_layers
+from convcheck.models.upstream_bug import UpstreamBug
 
 MLA_SHAPES: dict[str, Any] = {
     "vocab_size": 152,
@@ -236,10 +237,39 @@ DEEPSEEK_V3_TABLE = (
 )
 """The config oracle's table for model_type deepseek_v3 (every field of a DeepseekV3Config)."""
 
+YARN_DROPPED = UpstreamBug(
+    name="deepseek-yarn-dropped",
+    summary="megatron_to_hf_config reads the provider's yarn_rotary_scaling_factor, which the MLA provider leaves "
+    "None (its factor is rotary_scaling_factor), so an exported config.json loses the Yarn RoPE scaling",
+    where="megatron/bridge/models/conversion/model_bridge.py:732",
+    findings=(("config", "rope_parameters.rope_type (megatron_to_hf_config)", "roundtrip-mismatch"),),
+    seen_in=("0.6.2",),
+)
+MTP_ALIASES_DROPPED = UpstreamBug(
+    name="deepseek-mtp-aliases-dropped",
+    summary="the export never writes an MTP layer's embed_tokens / shared_head.head, the copies of "
+    "model.embed_tokens and lm_head that published DeepSeek-V3 checkpoints hold (the GLM-4.7-Flash bridge restores "
+    "them, glm/glm47_flash_bridge.py:116)",
+    where="megatron/bridge/models/deepseek/common.py:117 (get_common_mapping_list maps no MTP alias)",
+    findings=tuple(
+        (oracle, f"model.layers.*.{alias}.weight", kind)
+        for alias in ("embed_tokens", "shared_head.head")
+        for oracle, kind in (
+            ("coverage", "not-exported"),
+            ("roundtrip", "missing"),
+            ("elements", "never-written"),
+            ("layout", "missing"),
+            ("mapping", "not-exported"),
+        )
+    ),  # fmt: skip
+    seen_in=("0.6.2",),
+)
+
 DEEPSEEK_V3 = Architecture(
     hf_classes=("DeepseekV3ForCausalLM",),
     model_type="deepseek_v3",
     mapping_rules=None,
     config_rules=DEEPSEEK_V3_TABLE,
     fixtures=(TINY_DEEPSEEK_V3, TINY_MOONLIGHT),
+    upstream_bugs=(YARN_DROPPED, MTP_ALIASES_DROPPED),
 )

@@ -149,7 +149,7 @@ def drop_hf_name() -> None:
 
 
 def downcast_router_bias() -> None:
-    """The export casts NemotronH's float32 router expert bias (e_score_correction_bias) to bfloat16."""
+    """The export casts the float32 router expert bias (e_score_correction_bias: NemotronH, DeepSeek-V3) to bfloat16."""
     import torch
 
     _patch_stream(lambda n, t: [(n, t.to(torch.bfloat16) if n.endswith("gate.e_score_correction_bias") else t)])

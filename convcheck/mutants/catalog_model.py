@@ -3,7 +3,7 @@ Megatron-Core, and Mamba (NemotronH)."""
 
 from __future__ import annotations
 
-from convcheck.mutants.mutant import FORWARD, MOE, NEMOTRON, QWEN3, Mutant, rule_targets
+from convcheck.mutants.mutant import DEEPSEEK, FORWARD, MOE, MOONLIGHT, NEMOTRON, QWEN3, Mutant, rule_targets
 from convcheck.mutants.mutant import HOOKS as _M
 
 MODEL_MUTANTS: tuple[Mutant, ...] = (
@@ -217,5 +217,84 @@ MODEL_MUTANTS: tuple[Mutant, ...] = (
         layout="tp1",
         catches=("config", "logits"),
         targets=(*rule_targets("layer_norm_epsilon", "model.decoder.layers.*.mixer.norm.eps"), FORWARD),
+    ),
+    # --- DeepSeek-V3 family (MLA, shared experts, expert bias, MTP, dense-first layers) ---------------------------
+    Mutant(
+        name="kv_a_split_offset",
+        description="MLA kv_a split offset: layer 1's kv_a_proj_with_mqa rows are stored [rope; kv_lora] instead of "
+        "[kv_lora; rope] (import and export)",
+        hook=_M + "mla:kv_a_split_offset",
+        fixture=MOONLIGHT,
+        layout="tp2",
+        more_layouts=("tp1",),
+        catches=("mapping", "logits"),
+        targets=(
+            "*.layers.1.self_attn.kv_a_proj_with_mqa.weight",
+            "decoder.layers.1.self_attention.linear_kv_down_proj.weight",
+            FORWARD,
+        ),
+    ),
+    Mutant(
+        name="kv_b_k_nope_v_swapped",
+        description="MLA kv_b per-head order: layer 0's kv_b_proj rows are read [v; k_nope] per head instead of "
+        "[k_nope; v] (import and export)",
+        hook=_M + "mla:kv_b_k_nope_v_swapped",
+        fixture=MOONLIGHT,
+        layout="tp2",
+        more_layouts=("tp1",),
+        catches=("mapping", "logits"),
+        targets=(
+            "*.layers.0.self_attn.kv_b_proj.weight",
+            "decoder.layers.0.self_attention.linear_kv_up_proj.weight",
+            FORWARD,
+        ),
+    ),
+    Mutant(
+        name="expert_bias_bf16",
+        description="expert bias dtype: the export casts DeepSeek-V3's fp32 e_score_correction_bias to bf16",
+        hook=_M + "bridge:downcast_router_bias",
+        fixture=DEEPSEEK,
+        layout="tp2ep2",
+        catches=("roundtrip", "mapping"),
+        targets=("*.e_score_correction_bias", "*.router.expert_bias"),
+    ),
+    Mutant(
+        name="shared_expert_as_routed0",
+        description="shared expert as routed expert 0: the export writes layer 1's shared expert under expert 0's "
+        "names",
+        hook=_M + "mla:shared_expert_as_routed0",
+        fixture=DEEPSEEK,
+        layout="tp2ep2",
+        catches=("coverage", "roundtrip", "layout", "mapping"),
+        targets=(
+            "*.layers.1.mlp.experts.0.*",
+            "*.layers.1.mlp.shared_experts.*",
+            "decoder.layers.1.mlp.shared_experts.*",
+            "decoder.layers.1.mlp.experts.local_experts.0.*",
+        ),
+    ),
+    Mutant(
+        name="mtp_index_off_by_one",
+        description="MTP layer index off by one: the export writes MTP layer 0 as model.layers.{L + 1}",
+        hook=_M + "mla:mtp_index_off_by_one",
+        fixture=DEEPSEEK,
+        layout="pp2",
+        more_layouts=("tp1",),
+        catches=("coverage", "roundtrip", "layout"),
+        targets=("*.layers.4.*", "*.layers.5.*", "mtp.layers.*"),
+    ),
+    Mutant(
+        name="dense_first_as_moe",
+        description="dense-first layer as MoE: the provider makes layer 0 an MoE layer (first_k_dense_replace lost)",
+        hook=_M + "mla:dense_first_as_moe",
+        fixture=MOONLIGHT,
+        layout="tp1",
+        catches=("config", "coverage", "roundtrip", "logits"),
+        targets=(
+            *rule_targets("first_k_dense_replace", "moe_layer_freq"),
+            "*.layers.0.mlp.*",
+            "decoder.layers.0.mlp.*",
+            FORWARD,
+        ),
     ),
 )

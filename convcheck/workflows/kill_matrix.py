@@ -12,6 +12,7 @@ from typing import Any
 
 from convcheck.api import as_oracles
 from convcheck.layout import ParallelLayout
+from convcheck.models import UPSTREAM_BUG
 from convcheck.mutants.catalog import FORWARD, Mutant
 from convcheck.oracles import DEFAULT_ORACLES
 from convcheck.verdict import PASS, Finding, Report
@@ -127,9 +128,12 @@ class CleanRow:
     device: str = ""
     skipped: str = ""
     """Why this host did not run it; empty when it ran."""
+    upstream_bugs: tuple[str, ...] = ()
+    """Known megatron-bridge bugs whose findings it showed (not false alarms: convcheck.models.upstream_bug)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            **({"upstream_bugs": list(self.upstream_bugs)} if self.upstream_bugs else {}),
             "fixture": self.launch.fixture,
             "layout": self.launch.layout,
             "experts": self.launch.experts,
@@ -236,6 +240,8 @@ def attribute(report: Report, mutants: Sequence[Mutant]) -> Attribution:
     unclaimed: list[tuple[str, Finding]] = []
     for oracle in report.oracles:
         for finding in oracle.findings:
+            if UPSTREAM_BUG in finding.detail:
+                continue  # a known bridge bug the clean run shows too: no planted bug caused it
             owners = list(mutants) if len(mutants) == 1 else [m for m in mutants if claims(m, finding)]
             if len(owners) == 1:
                 credited[owners[0].name].setdefault(oracle.name, []).append(finding)
@@ -314,13 +320,18 @@ def clean_row(launch: Launch, report: Report | None, error: str | None, seconds:
     if report is None:
         return CleanRow(launch=launch, passed=False, failing=("error",), first_finding=f"error: {error}",
                         seconds=seconds)  # fmt: skip
-    failing = tuple(o.name for o in report.oracles if o.verdict != PASS)
+    unexplained = {o.name: [f for f in o.findings if UPSTREAM_BUG not in f.detail] for o in report.oracles}
+    failing = tuple(o.name for o in report.oracles if unexplained[o.name] or (not o.findings and o.verdict != PASS))
     first = next(
-        (finding_line(o.name, o.findings[0]) for o in report.oracles if o.findings),
-        f"{failing[0]}: checked nothing" if failing else None,
+        (finding_line(o.name, unexplained[o.name][0]) for o in report.oracles if unexplained[o.name]),
+        next((f"{o.name}: not covered: {o.not_covered}" for o in report.oracles if o.name in failing and o.not_covered),
+             f"{failing[0]}: checked nothing" if failing else None),
+    )  # fmt: skip
+    known = tuple(
+        sorted({f.detail[UPSTREAM_BUG] for o in report.oracles for f in o.findings if UPSTREAM_BUG in f.detail})
     )
     return CleanRow(launch=launch, passed=not failing, failing=failing, first_finding=first, seconds=seconds,
-                    device=report.device)  # fmt: skip
+                    device=report.device, upstream_bugs=known)  # fmt: skip
 
 
 def skipped_row(mutant: Mutant, launch: Launch, why: str) -> MutantRow:

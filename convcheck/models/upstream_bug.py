@@ -1,0 +1,38 @@
+"""UpstreamBug: a real megatron-bridge conversion bug convcheck names, as data (no torch).
+
+A finding it explains stays a finding and the verdict stays FAIL; the finding is tagged with the bug's name, the run
+prints one line naming the bug and where it lives upstream, and `convcheck selftest` neither counts it as a false
+alarm of a clean run nor credits it to a planted bug.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class UpstreamBug:
+    """One megatron-bridge bug: the findings it causes, where it lives, the releases it was seen in."""
+
+    name: str
+    """Short id, e.g. `deepseek-yarn-dropped`."""
+    summary: str
+    """One line: what the bridge does wrong."""
+    where: str
+    """Upstream file:line (megatron-bridge unless said otherwise) of the faulty code."""
+    findings: tuple[tuple[str, str, str], ...]
+    """(oracle, tensor fnmatch pattern, finding kind) of every finding it causes."""
+    seen_in: tuple[str, ...]
+    """megatron-bridge releases convcheck ran it on and saw it (a finding on another release is not explained)."""
+    fixed_in: str = ""
+    """The upstream release or commit that fixes it, when there is one."""
+
+    def explains(self, bridge_version: str, oracle: str, tensor: str, kind: str) -> bool:
+        return bridge_version in self.seen_in and any(
+            oracle == o and kind == k and fnmatchcase(tensor, t) for o, t, k in self.findings
+        )
+
+    def line(self, count: int) -> str:
+        fixed = f"; fixed in {self.fixed_in}" if self.fixed_in else "; not fixed upstream yet"
+        return f"{count} finding(s) are the known megatron-bridge bug {self.name}: {self.summary} ({self.where}{fixed})"
