@@ -250,3 +250,21 @@ def test_adapter_specs_resolve_or_are_bad_input(tmp_path: Path) -> None:
         check_adapters(f"{broken}:send", None, 64)
     with pytest.raises(BadInput, match="chunk-mb must be positive"):
         check_adapters(None, None, 0)
+
+
+def test_the_hf_receiver_keeps_fp32_what_from_pretrained_keeps_and_drops_only_mtp_layers(tmp_path: Path) -> None:
+    """DeepSeek-V3: e_score_correction_bias stays float32 in a bf16 model (`_keep_in_fp32_modules_strict`), an MTP
+    layer's tensor (no HF module holds it) is dropped and counted, any other unknown name still raises."""
+    from transformers import AutoConfig
+
+    from convcheck.fixtures import build_fixture
+    from convcheck.sync.receivers import HFReceiver
+
+    receiver = HFReceiver(AutoConfig.from_pretrained(build_fixture("deepseek-v3")))
+    state = receiver.state_dict()
+    assert state["model.layers.1.mlp.gate.e_score_correction_bias"].dtype == torch.float32
+    assert state["model.layers.1.mlp.gate.weight"].dtype == torch.bfloat16
+    receiver.load_weights([("model.layers.4.enorm.weight", torch.ones(32, dtype=torch.bfloat16))])
+    assert receiver.not_held == {"model.layers.4.enorm.weight"}
+    with pytest.raises(KeyError, match="'model.layers.3.enorm.weight' is not a tensor of DeepseekV3ForCausalLM"):
+        receiver.load_weights([("model.layers.3.enorm.weight", torch.ones(32, dtype=torch.bfloat16))])

@@ -260,6 +260,9 @@ MTP_ALIASES_DROPPED = UpstreamBug(
             ("elements", "never-written"),
             ("layout", "missing"),
             ("mapping", "not-exported"),
+            ("distckpt", "missing"),
+            ("receiver", "not-delivered"),
+            ("receiver", "missing"),
         )
     ),  # fmt: skip
     seen_in=("0.6.2",),

@@ -48,4 +48,6 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         findings.append(receive.failed(ctx, "while its state or expected() was read", exc))
         return make_verdict(NAME, checked=0, findings=findings, unit="parameters")
     findings += receive.compare_state(receiver, state, expected, names)
-    return make_verdict(NAME, checked=len(state), findings=findings, unit="parameters")
+    dropped = len(getattr(receiver, "not_held", ()))
+    metrics = {"not_held": dropped} if dropped else {}  # MTP tensors no HF parameter holds (HFReceiver.not_held)
+    return make_verdict(NAME, checked=len(state), findings=findings, unit="parameters", metrics=metrics)

@@ -29,11 +29,21 @@ class HFReceiver:
         import transformers
 
         cls = getattr(transformers, config.architectures[0])
+        dtype = getattr(config, "dtype", None) or torch.float32
         with torch.device("meta"):
-            self.model = cls._from_config(config, dtype=getattr(config, "dtype", None) or torch.float32)
+            self.model = cls._from_config(config, dtype=dtype)
         self.model.to_empty(device="cpu")
+        _keep_in_fp32(self.model, dtype)
         self.model.tie_weights()
         self._storage, self._placement = self._placements()
+        self._depth = config.num_hidden_layers if getattr(config, "num_nextn_predict_layers", 0) else None
+        self.not_held: set[str] = set()
+        """MTP tensors received and dropped: transformers builds no MTP module (DeepSeek-V3, GLM-4.7-Flash)."""
+
+    def _is_mtp(self, name: str) -> bool:
+        """`model.layers.{L + k}.*` of a model with MTP layers (L = num_hidden_layers), which no HF parameter holds."""
+        layer = name.split(".")[2] if name.startswith("model.layers.") else ""
+        return self._depth is not None and layer.isdigit() and int(layer) >= self._depth
 
     def _placements(self) -> tuple[list[tuple[str, Any]], dict[str, tuple[tuple[int, ...], list[Any]]]]:
         """Unique storages (model name, tensor) and, per checkpoint name, its shape and (storage, source, target)
@@ -75,11 +85,15 @@ class HFReceiver:
         return storage, placement
 
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
-        """Write each (checkpoint name, tensor) into the model; an unknown name or a wrong shape raises."""
+        """Write each (checkpoint name, tensor) into the model; an unknown name or a wrong shape raises (an MTP
+        layer's tensor is dropped, as transformers' loader drops it, and noted in `not_held`)."""
         import torch
 
         with torch.no_grad():
             for name, tensor in weights:
+                if name not in self._placement and self._is_mtp(name):
+                    self.not_held.add(name)
+                    continue
                 if name not in self._placement:
                     raise KeyError(f"{name!r} is not a tensor of {type(self.model).__name__}")
                 shape, pieces = self._placement[name]
@@ -119,6 +133,25 @@ class HFReceiver:
             if source is not None:
                 out[name] = hf[source]
         return out
+
+
+def _keep_in_fp32(model: Any, dtype: Any) -> None:
+    """Upcast what from_pretrained keeps in float32 (`_keep_in_fp32_modules_strict`, e.g. DeepSeek-V3's
+    e_score_correction_bias), which `_from_config` builds in `dtype`."""
+    import re
+
+    plan = model._get_dtype_plan(dtype) if hasattr(model, "_get_dtype_plan") else {}
+    if not plan:
+        return
+    for prefix, module in model.named_modules():
+        for slots in (module._parameters, module._buffers):
+            for name, tensor in list(slots.items()):
+                full = f"{prefix}.{name}" if prefix else name
+                target = next((t for pattern, t in plan.items() if re.search(pattern, full)), None)
+                if tensor is None or target is None or tensor.dtype == target:
+                    continue
+                kept = tensor.detach().to(target)
+                slots[name] = type(tensor)(kept, requires_grad=False) if slots is module._parameters else kept
 
 
 class FusedReceiver:
