@@ -11,13 +11,15 @@ from tests.conftest import ROOT
 
 
 def test_lookups_cover_every_architecture_in_listing_order() -> None:
-    assert sorted(BY_HF_CLASS) == ["DeepseekV3ForCausalLM", "LlamaForCausalLM", "NemotronHForCausalLM",
-                                   "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"]  # fmt: skip
-    assert list(TABLES) == ["qwen2", "qwen3", "qwen3_moe", "llama", "nemotron_h", "deepseek_v3"]
+    assert sorted(BY_HF_CLASS) == ["DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM", "LlamaForCausalLM",
+                                   "NemotronHForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                                   "Qwen3MoeForCausalLM"]  # fmt: skip
+    assert list(TABLES) == ["qwen2", "qwen3", "qwen3_moe", "llama", "nemotron_h", "deepseek_v3", "glm4_moe_lite"]
     assert BY_HF_CLASS["DeepseekV3ForCausalLM"].mapping_rules is None  # not covered yet
+    assert BY_HF_CLASS["Glm4MoeLiteForCausalLM"].mapping_rules is None  # DeepSeek's, once they exist
     assert list(FIXTURES) == [
         "qwen2", "qwen2-tied", "qwen3", "qwen3-moe", "qwen3-moe-unnorm", "llama", "nemotron-h", "nemotron-h-moe",
-        "deepseek-v3", "moonlight",
+        "deepseek-v3", "moonlight", "glm4.7-flash",
     ]  # fmt: skip
     for arch in SUPPORTED:
         assert BY_MODEL_TYPE[arch.model_type] is arch and all(BY_HF_CLASS[c] is arch for c in arch.hf_classes)

@@ -6,6 +6,7 @@ from typing import Any
 
 from convcheck.compare.bits import describe_element, int_view, unravel_index
 from convcheck.compare.fold import digest
+from convcheck.probe.hook import ExportHook, export_hook
 from convcheck.probe.run import CodeCache, own_view_slots, probe_task, range_labels, to_ranges
 from convcheck.probe.runs import diff_positions, hf_ranges, mismatched_runs
 from convcheck.verdict import Finding
@@ -34,6 +35,7 @@ def collect(ctx: Any, *, with_real: bool) -> list[dict[str, Any]]:
         return cached[1]
     records: list[dict[str, Any]] = []
     codes = CodeCache()
+    hook = export_hook(ctx)
     for index, task in enumerate(tasks_of(ctx)):
         real: dict[str, Any] | BaseException | None = None
         version = weight_version(task)
@@ -43,7 +45,7 @@ def collect(ctx: Any, *, with_real: bool) -> list[dict[str, Any]]:
             except Exception as exc:  # noqa: BLE001 - a crashing export is a finding
                 real = exc
         unwritten = version == weight_version(task)
-        records.extend(task_records(ctx, index, task, real, codes, with_real=with_real, unwritten=unwritten))
+        records.extend(task_records(ctx, index, task, real, codes, with_real=with_real, unwritten=unwritten, hook=hook))
     keep(ctx, records, with_real=with_real)
     return records
 
@@ -67,11 +69,20 @@ def weight_version(task: Any) -> int | None:
 
 
 def task_records(
-    ctx: Any, index: int, task: Any, real: Any, codes: CodeCache, *, with_real: bool, unwritten: bool = False
+    ctx: Any,
+    index: int,
+    task: Any,
+    real: Any,
+    codes: CodeCache,
+    *,
+    with_real: bool,
+    unwritten: bool = False,
+    hook: ExportHook | None = None,
 ) -> list[dict[str, Any]]:
     """One task's records: its probe slots, each checked against `real` (the task's real megatron_to_hf output,
     or what it raised) when `with_real`. When no gather is due, the real outputs are all views of the weight and the
-    conversion wrote nothing into it (`unwritten`), their strides are the slots and the probe does not run."""
+    conversion wrote nothing into it (`unwritten`), their strides are the slots and the probe does not run. With the
+    bridge's export `hook` (convcheck.probe.hook), both the probe's and the real outputs are followed through it."""
     param = str(getattr(task, "global_param_name", "") or task.param_name)
     base = {"task": index, "param": param}
     if getattr(task.mapping, "is_grouped_export", False):
@@ -81,10 +92,18 @@ def task_records(
         records.append({**base, "error": f"real megatron_to_hf raised {_first_line(real)}"})
         real = {}
     real = real or {}
+    if with_real and hook is not None and real:
+        try:
+            real = hook(task, real)
+        except Exception as exc:  # noqa: BLE001 - a crashing hook is a finding
+            return [
+                *records,
+                {**base, "error": f"the bridge's maybe_modify_converted_hf_weight raised {_first_line(exc)}"},
+            ]
     cross_rank = with_real and ctx.world > 1  # several ranks export each tensor: digests for the assembler
     try:
         fast = unwritten and no_gather_due(ctx, task)
-        slots = (own_view_slots(real, task.param_weight) if fast else None) or probe_task(task, ctx.rank, codes)
+        slots = (own_view_slots(real, task.param_weight) if fast else None) or probe_task(task, ctx.rank, codes, hook)
     except Exception as exc:  # noqa: BLE001 - an unsupported pattern fails loud as a finding
         return [*records, {**base, "error": f"probe failed: {_first_line(exc)}"}]
     for name in sorted(set(slots) | set(real)):

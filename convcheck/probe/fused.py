@@ -16,6 +16,7 @@ import time
 from typing import Any, Iterable, Iterator
 
 from convcheck.probe.collect import keep, task_records, tasks_of, weight_version
+from convcheck.probe.hook import export_hook
 from convcheck.probe.run import CodeCache
 
 
@@ -38,6 +39,7 @@ class ProbeInExport:
         self.next = 0
         self.seconds = 0.0
         self.intact = True
+        self.hook = export_hook(ctx)
         self.tasks = [self._tapped(i, task) for i, task in enumerate(tasks_of(ctx))]
 
     def _tapped(self, index: int, task: Any) -> Any:
@@ -65,7 +67,9 @@ class ProbeInExport:
         self.next += 1
         started = time.perf_counter()
         real = None if getattr(task.mapping, "is_grouped_export", False) else dict(out or {})
-        self.records.extend(task_records(self.ctx, index, task, real, self.codes, with_real=True, unwritten=unwritten))
+        self.records.extend(
+            task_records(self.ctx, index, task, real, self.codes, with_real=True, unwritten=unwritten, hook=self.hook)
+        )
         self.seconds += time.perf_counter() - started
 
     def drain(self, stream: Iterable[Any]) -> Iterator[Any]:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from convcheck.compare.bits import unravel_index
+from convcheck.probe.hook import ExportHook, hook_made
 from convcheck.probe.runs import code_dtype, decode_runs, owned, shard_codes, view_runs
 from convcheck.probe.stubs import ProbeCommError, ProbeState, no_communication, probe_copy, warm
 
@@ -70,13 +71,16 @@ UNFILLED_MIN = 1 << 22
 the views' strides say where each element lands and the codes are never written (nor their pages touched)."""
 
 
-def probe_task(task: Any, rank: int, cache: CodeCache | None = None) -> dict[str, ProbeSlot]:
-    """Run the task's real megatron_to_hf on a probe copy of its mapping over an index-coded shard (on its device)."""
+def probe_task(
+    task: Any, rank: int, cache: CodeCache | None = None, hook: ExportHook | None = None
+) -> dict[str, ProbeSlot]:
+    """Run the task's real megatron_to_hf on a probe copy of its mapping over an index-coded shard (on its device),
+    then the bridge's export `hook` (convcheck.probe.hook) on its outputs when given."""
     import torch
 
     weight = task.param_weight
     if weight is None:
-        out, _, _ = _run(task, None, cache)
+        out, _, _, _ = _run(task, None, cache, hook)
         if out:
             raise ProbeCommError(
                 f"probe: a rank without the parameter produced {next(iter(out))} (needs a PP broadcast)"
@@ -86,7 +90,7 @@ def probe_task(task: Any, rank: int, cache: CodeCache | None = None) -> dict[str
     if numel >= UNFILLED_MIN:
         blank = _like(torch.empty(shape, dtype=code_dtype(rank, numel), device=weight.device), weight)
         try:
-            out, state, pristine = _run(task, blank, cache)
+            out, state, pristine, _ = _run(task, blank, cache, hook)
         except Exception:  # noqa: BLE001 - whatever the blank run met, the run with real codes decides
             out, state, pristine = {}, ProbeState(), False
         runs = {name: _view_runs(tensor, blank, state) for name, tensor in out.items()} if pristine else {}
@@ -99,14 +103,19 @@ def probe_task(task: Any, rank: int, cache: CodeCache | None = None) -> dict[str
     else:
         codes, dtype = shard_codes(shape, rank, numel, weight.device)
     try:
-        out, state, pristine = _run(task, _like(codes, weight), cache)
+        out, state, pristine, hooked = _run(task, _like(codes, weight), cache, hook)
     finally:
         if cache is not None:
             cache.release(key)
     runs = {}
     for name, tensor in out.items():
         found = _view_runs(tensor, codes, state) if pristine else None  # a view: its strides say where
-        runs[name] = found if found is not None else decode_runs(tensor, rank, numel, dtype)
+        try:
+            runs[name] = found if found is not None else decode_runs(tensor, rank, numel, dtype)
+        except ProbeCommError as exc:
+            if name not in hooked:
+                raise
+            raise ProbeCommError(f"{name}, made by the bridge's maybe_modify_converted_hf_weight: {exc}") from None
     return _slots(out, runs, state)
 
 
@@ -151,17 +160,24 @@ def _like(codes: Any, weight: Any) -> Any:
     return codes
 
 
-def _run(task: Any, codes: Any, cache: CodeCache | None = None) -> tuple[dict[str, Any], ProbeState, bool]:
-    """(outputs, the run's ProbeState: placeholders and gathers, whether the codes are unwritten) of one probe run."""
+def _run(
+    task: Any, codes: Any, cache: CodeCache | None = None, hook: ExportHook | None = None
+) -> tuple[dict[str, Any], ProbeState, bool, set[str]]:
+    """(outputs, the run's ProbeState: placeholders and gathers, whether the codes are unwritten, the names the
+    export hook made) of one probe run: the mapping's megatron_to_hf, then the hook on a copy of its outputs."""
     state = cache.state() if cache is not None else ProbeState()
     warm(task.mapping, task.megatron_module)
     mapping = probe_copy(task.mapping, state)
     version = None if codes is None else codes._version
-    with no_communication():
-        out = mapping.megatron_to_hf(codes, task.megatron_module)
+    hooked: set[str] = set()
+    with no_communication():  # the hook too: it must not gather either
+        out = dict(mapping.megatron_to_hf(codes, task.megatron_module) or {})
+        if hook is not None:
+            followed = hook(task, out)
+            out, hooked = followed, hook_made(out, followed)
     pristine = codes is not None and codes._version == version  # nothing wrote into the codes
     state.check_pool()
-    return dict(out or {}), state, pristine
+    return out, state, pristine, hooked
 
 
 def to_ranges(positions: Any) -> list[tuple[int, int]]:
