@@ -3,7 +3,7 @@ Megatron-Core, and Mamba (NemotronH)."""
 
 from __future__ import annotations
 
-from convcheck.mutants.mutant import DEEPSEEK, FORWARD, MOE, MOONLIGHT, NEMOTRON, QWEN3, Mutant, rule_targets
+from convcheck.mutants.mutant import DEEPSEEK, FORWARD, GLM_FLASH, MOE, MOONLIGHT, NEMOTRON, QWEN3, Mutant, rule_targets
 from convcheck.mutants.mutant import HOOKS as _M
 
 MODEL_MUTANTS: tuple[Mutant, ...] = (
@@ -296,5 +296,24 @@ MODEL_MUTANTS: tuple[Mutant, ...] = (
             "decoder.layers.0.mlp.*",
             FORWARD,
         ),
+    ),
+    Mutant(
+        name="mtp_aliases_swapped",
+        description="GLM-4.7-Flash MTP aliases swapped: the export hook writes lm_head as the MTP layer's embed_tokens "
+        "and model.embed_tokens as its shared_head.head",
+        hook=_M + "mtp:mtp_aliases_swapped",
+        fixture=GLM_FLASH,
+        layout="tp2",
+        catches=("roundtrip",),
+        targets=("*.layers.4.embed_tokens.weight", "*.layers.4.shared_head.head.weight"),
+    ),
+    Mutant(
+        name="mtp_head_alias_dropped",
+        description="GLM-4.7-Flash MTP alias dropped: the export hook never writes the MTP layer's shared_head.head",
+        hook=_M + "mtp:mtp_head_alias_dropped",
+        fixture=GLM_FLASH,
+        layout="tp2",
+        catches=("coverage", "roundtrip", "elements"),
+        targets=("*.layers.4.shared_head.head.weight",),
     ),
 )

@@ -50,4 +50,4 @@ def rule_targets(hf: str, megatron: str) -> tuple[str, ...]:
 HOOKS = "convcheck.mutants."
 """Prefix of the hooks in this package (`HOOKS + "bridge:swap_qk_head0"`)."""
 QWEN3, QWEN2, LLAMA, MOE, NEMOTRON = "tiny:qwen3", "tiny:qwen2", "tiny:llama", "tiny:qwen3-moe", "tiny:nemotron-h"
-DEEPSEEK, MOONLIGHT = "tiny:deepseek-v3", "tiny:moonlight"
+DEEPSEEK, MOONLIGHT, GLM_FLASH = "tiny:deepseek-v3", "tiny:moonlight", "tiny:glm4.7-flash"
