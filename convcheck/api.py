@@ -15,6 +15,7 @@ from convcheck.engine.reference import attribute_layout
 from convcheck.engine.resume import checkpoint_folder, run_resumes
 from convcheck.errors import BadInput
 from convcheck.fixtures import build_fixture, get_spec
+from convcheck.fixtures.from_config import CONFIG_PREFIX, build_from_config
 from convcheck.gate.manifest import build_manifest, check_manifest_path, write_manifest
 from convcheck.hf.checkpoint import architecture_of, open_checkpoint
 from convcheck.hf.geometry import Geometry
@@ -30,8 +31,13 @@ from convcheck.verdict import OracleVerdict, Report, complete
 EXPERT_LAYOUTS = ("sequential", "te-grouped")
 
 
-def resolve_model(model: str) -> str:
-    """A checkpoint folder for `model`: a path, or a built-in fixture `tiny:<name>` (built on first use)."""
+def resolve_model(model: str, layers: int | None = None) -> str:
+    """A checkpoint folder for `model`: a path, a built-in fixture `tiny:<name>`, or `config:FILE`, a config.json
+    shrunk to a tiny fixture of `layers` layers (default: the fewest that keep its layer pattern); built once."""
+    if model.startswith(CONFIG_PREFIX):
+        return str(build_from_config(model.removeprefix(CONFIG_PREFIX), layers)[0])
+    if layers is not None:
+        raise BadInput(f"--layers applies only to a --model {CONFIG_PREFIX}FILE fixture, not {model}")
     if model.startswith("tiny:"):
         get_spec(model)
         return str(build_fixture(model))
@@ -75,6 +81,7 @@ def prepare(
     target_tp: int | Sequence[int] | None = None,
     target_ep: int | Sequence[int] | None = None,
     target_etp: int | Sequence[int] | None = None,
+    layers: int | None = None,
 ) -> Any:
     """Validate everything a run needs before any rank starts; return the Job (BadInput names the first problem).
 
@@ -82,7 +89,7 @@ def prepare(
     `pad_vocab=N` builds the padded vocabulary training uses; `manifest_out` makes rank 0 write the gate manifest;
     `resume_layout`: the layout(s) the distckpt oracle resumes its checkpoint at (TP1 when not given);
     `target_tp` / `target_ep` / `target_etp`: the reshard oracle's target TP, EP and expert-TP sizes (each one or
-    several; every combination is checked in one launch).
+    several; every combination is checked in one launch); `layers`: the layer count of a `config:FILE` model.
     """
     if experts not in EXPERT_LAYOUTS:
         raise BadInput(f"unknown expert layout {experts!r}; known: {', '.join(EXPERT_LAYOUTS)}")
@@ -91,9 +98,9 @@ def prepare(
     check_pad_vocab(pad_vocab)
     if manifest_out is not None:
         manifest_out = check_manifest_path(manifest_out)
-    if progress is not None and model.startswith("tiny:"):
+    if progress is not None and model.startswith(("tiny:", CONFIG_PREFIX)):
         progress({"phase": f"building fixture {model} (cached after the first run)"})
-    path = resolve_model(model)
+    path = resolve_model(model, layers)
     checkpoint = open_checkpoint(path)
     grid.validate_for(checkpoint.config)
     if experts == "te-grouped" and not _has_experts(checkpoint.config):
@@ -111,6 +118,7 @@ def prepare(
     return Job(
         model_path=str(Path(path).resolve()),
         model_label=model,
+        layers=layers,
         layout=grid,
         device=device,
         oracles=names,
@@ -280,6 +288,7 @@ def verify(
     target_tp: int | Sequence[int] | None = None,
     target_ep: int | Sequence[int] | None = None,
     target_etp: int | Sequence[int] | None = None,
+    layers: int | None = None,
 ) -> Report:
     """Build `model` sharded at `layout` through the real bridge and run the oracles; ConvcheckError on bad input."""
     job = prepare(
@@ -300,6 +309,7 @@ def verify(
         target_tp=target_tp,
         target_ep=target_ep,
         target_etp=target_etp,
+        layers=layers,
     )
     return run(job, log_dir=log_dir, progress=progress)
 

@@ -21,8 +21,9 @@ from convcheck.cli.progress import progress_for
 from convcheck.cli.render import junit_xml, print_report, report_json
 from convcheck.cli.types import HookSpecType, LayoutType, OracleList, ReportPath
 from convcheck.engine.launch import Interrupted
-from convcheck.errors import ConvcheckError, one_line
+from convcheck.errors import BadInput, ConvcheckError, one_line
 from convcheck.fixtures import FIXTURES, build_fixture
+from convcheck.fixtures.from_config import build_from_config
 from convcheck.layout import ParallelLayout
 from convcheck.oracles import ORACLES, oracles_markdown
 from convcheck.sync.adapters import RECEIVERS, SENDERS
@@ -36,9 +37,9 @@ def _fail_line(exc: BaseException) -> None:
     sys.exit(EXIT_BAD_INPUT)
 
 
-PREPARE_OPTIONS = ("model", "tp", "pp", "ep", "etp", "oracles", "device", "hooks", "experts", "timeout", "sender",
-                   "receiver", "chunk_mb", "pad_vocab", "manifest_path", "resume_layouts", "target_tps", "target_eps",
-                   "target_etps")  # fmt: skip
+PREPARE_OPTIONS = ("model", "layers", "tp", "pp", "ep", "etp", "oracles", "device", "hooks", "experts", "timeout",
+                   "sender", "receiver", "chunk_mb", "pad_vocab", "manifest_path", "resume_layouts", "target_tps",
+                   "target_eps", "target_etps")  # fmt: skip
 """The verify options that make its Job (the others say where output goes)."""
 
 
@@ -63,6 +64,7 @@ def job_from_options(params: dict[str, Any], progress: Any = None) -> Any:
         target_tp=p["target_tps"] or None,
         target_ep=p["target_eps"] or None,
         target_etp=p["target_etps"] or None,
+        layers=p["layers"],
     )
 
 
@@ -88,11 +90,15 @@ Exit codes:
 Examples:
   convcheck verify --model tiny:qwen3-moe --tp 2 --ep 2
   convcheck verify --model /ckpt/qwen3 --tp 2 --oracle coverage,roundtrip --json report.json
+  convcheck verify --model config:my-model/config.json --tp 2 --ep 2
 """
 
 
 @cli.command(epilog=VERIFY_EPILOG)
-@click.option("--model", required=True, help="HF checkpoint folder, or a built-in fixture such as tiny:qwen3-moe.")
+@click.option("--model", required=True, help="HF checkpoint folder, a built-in fixture such as tiny:qwen3-moe, or "
+              "config:FILE, a config.json shrunk to a tiny random model of its architecture.")  # fmt: skip
+@click.option("--layers", type=click.IntRange(min=1), default=None,
+              help="Decoder layers of a config:FILE model (default: fewest keeping its layer pattern).")  # fmt: skip
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor parallel size.")
 @click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True, help="Pipeline parallel size.")
 @click.option("--ep", type=click.IntRange(min=1), default=1, show_default=True, help="Expert parallel size.")
@@ -145,6 +151,7 @@ Examples:
               "default 1: experts whole).")  # fmt: skip
 def verify(
     model: str,
+    layers: int | None,
     tp: int,
     pp: int,
     ep: int,
@@ -233,12 +240,27 @@ def fixtures_list() -> None:
 
 
 @fixtures.command(name="build")
-@click.argument("name")
+@click.argument("name", required=False)
+@click.option("--from-config", "config", type=click.Path(dir_okay=False),
+              help="Shrink this config.json (no weights) to a tiny random model of its architecture.")  # fmt: skip
+@click.option("--layers", type=click.IntRange(min=1), default=None,
+              help="With --from-config: decoder layers (default: the fewest that keep the layer pattern).")  # fmt: skip
 @click.option("--out", type=click.Path(file_okay=False), help="Folder to build into (default: the cache).")
-def fixtures_build(name: str, out: str | None) -> None:
-    """Build fixture NAME (or reuse the cached copy); the last line printed is its folder."""
+def fixtures_build(name: str | None, config: str | None, layers: int | None, out: str | None) -> None:
+    """Build fixture NAME, or the one shrunk --from-config FILE (or reuse the cached copy); the last line printed is
+    its folder; with --from-config, what the shrinker changed goes to stderr first."""
     try:
-        click.echo(str(build_fixture(name, out)))
+        if (name is None) == (config is None):
+            raise BadInput("give a fixture NAME or --from-config FILE (one of them)")
+        if config is None:
+            if layers is not None:
+                raise BadInput("--layers applies only to --from-config")
+            click.echo(str(build_fixture(name, out)))
+            return
+        folder, shrunk = build_from_config(config, layers, out)
+        for note in shrunk.notes:
+            click.echo(f"shrunk: {note}", err=True)
+        click.echo(str(folder))
     except ConvcheckError as exc:
         _fail_line(exc)
 

@@ -19,7 +19,9 @@ class Job:
     model_path: str
     """Folder of the HF checkpoint."""
     model_label: str
-    """What the user asked for (a path or tiny:<name>)."""
+    """What the user asked for (a path, tiny:<name> or config:FILE)."""
+    layers: int | None = None
+    """The layer count asked of a config:FILE model (None: the shrinker's default)."""
     layout: ParallelLayout
     device: str = "cpu"
     """The device the ranks use ("cpu" or "cuda"), already decided (see convcheck.device)."""
@@ -60,6 +62,8 @@ class Job:
         """`convcheck verify` arguments that rerun this job, with only `oracles` when given (defaults left out)."""
         oracles = list(self.oracles if oracles is None else oracles)
         args = ["--model", self.model_label]
+        if self.layers is not None:
+            args += ["--layers", str(self.layers)]
         for key in ("tp", "pp", "ep", "etp"):
             if (value := getattr(self.layout, key)) != 1:
                 args += [f"--{key}", str(value)]
