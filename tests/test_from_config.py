@@ -302,6 +302,58 @@ def test_the_replay_line_of_a_config_model_keeps_its_layers() -> None:
     assert job_from_options({k: params[k] for k in PREPARE_OPTIONS}) == job
 
 
+# ---- what the published configs showed: two convcheck false alarms, fixed -----------------------------------------
+
+
+def _failing(table: tuple[Any, ...], name: str, megatron: dict[str, Any], **hf: Any) -> set[str]:
+    """Labels of the rules of `table` on the Megatron fields given that fail for the shrunk `name` config (+ `hf`)."""
+    from convcheck.oracles.config import check_rule, flatten
+
+    view = {**flatten(json.loads((build_from_config(DATA / f"{name}.config.json")[0] / "config.json").read_text()))}
+    return {
+        f.tensor for rule in table if rule.megatron in megatron
+        for f in [check_rule(rule, {**view, **hf}, megatron.get)] if f is not None
+    }  # fmt: skip
+
+
+def test_llama3_rope_scaling_is_a_rule_not_a_false_alarm() -> None:
+    """megatron-bridge keeps Llama-3 frequency scaling (llama_bridge.py:79-81: rope_scaling, rope_scaling_factor);
+    megatron-core fixes its low / high frequency factors and original length (rotary_pos_embedding.py:84,96-98)."""
+    from convcheck.models.dense import LLAMA_TABLE
+
+    right = {"position_embedding_type": "rope", "seq_len_interpolation_factor": None, "rope_scaling": True,
+             "rope_scaling_factor": 8.0}  # fmt: skip
+    assert _failing(LLAMA_TABLE, "llama-3.1-8b", right) == set()
+    rope = "rope_parameters.rope_type -> position_embedding_type"
+    assert _failing(LLAMA_TABLE, "llama-3.1-8b", {**right, "rope_scaling_factor": 4.0}) == {rope}
+    assert _failing(LLAMA_TABLE, "llama-3.1-8b", {**right, "rope_scaling": False}) == {
+        rope,
+        "<implied> -> rope_scaling",
+    }
+    assert _failing(LLAMA_TABLE, "llama-3.1-8b", right, **{"rope_parameters.high_freq_factor": 2.0}) == {
+        "<implied> -> rope_scaling"
+    }
+    assert _failing(LLAMA_TABLE, "qwen3-30b-a3b", {**right, "rope_scaling": False}) == set()
+    assert _failing(LLAMA_TABLE, "qwen3-30b-a3b", right) == {rope, "<implied> -> rope_scaling"}
+
+
+def test_an_mla_model_without_rope_scaling_reads_megatrons_yarn_x1_as_plain_rope() -> None:
+    """megatron-bridge leaves MLA's rope_type yarn and sets rotary_scaling_factor 1 where HF has no scaling
+    (conversion/model_bridge.py:604-613): the same function as plain RoPE (the logits oracle agrees); Megatron's own
+    default factor 40 there is a real bug, still named."""
+    from convcheck.models.deepseek import DEEPSEEK_V3_TABLE
+
+    yarn = {"rope_type": "yarn", "rotary_scaling_factor": 1.0}
+    assert _failing(DEEPSEEK_V3_TABLE, "moonlight-16b-a3b", yarn) == set()
+    assert _failing(DEEPSEEK_V3_TABLE, "moonlight-16b-a3b", {**yarn, "rotary_scaling_factor": 40.0}) == {
+        "rope_parameters.rope_type -> rope_type"
+    }
+    assert _failing(DEEPSEEK_V3_TABLE, "deepseek-v3", {**yarn, "rotary_scaling_factor": 40.0}) == set()
+    assert _failing(DEEPSEEK_V3_TABLE, "deepseek-v3", yarn) == {
+        "rope_parameters.rope_type -> rope_type", "rope_parameters.factor -> rotary_scaling_factor"
+    }  # fmt: skip
+
+
 # ---- through the real bridge ---------------------------------------------------------------------------------------
 
 GENERIC = ("coverage", "roundtrip", "logits", "differential", "elements", "layout")
@@ -337,13 +389,14 @@ def test_the_shrunk_deepseek_v3_runs_every_default_oracle_and_names_the_real_bri
 @pytest.mark.ranks
 def test_a_planted_head_swap_in_a_shrunk_llama_3_is_named_by_tensor_and_first_element(tmp_path: Path) -> None:
     """Llama-3.1-8B's 4 query heads per KV head kept (8 and 2, head_dim 4): the real QKVMapping export swapping layer
-    0's first KV head with q's first head (convcheck.mutants.bridge:swap_qk_head0) is named row by row."""
+    0's first KV head with q's first head (convcheck.mutants.bridge:swap_qk_head0) is named row by row; its llama3
+    rope scaling passes the config table (all eight default oracles pass without the hook)."""
     res = run_cli(
         "verify", "--model", "config:tests/data/llama-3.1-8b.config.json", "--tp", "2",
-        "--oracle", "coverage,roundtrip", "--hook", mutant("bridge", "swap_qk_head0"), tmp_path=tmp_path,
+        "--oracle", "coverage,roundtrip,config", "--hook", mutant("bridge", "swap_qk_head0"), tmp_path=tmp_path,
     )  # fmt: skip
     assert res.code == 1, res.out[-3000:] + res.err[-2000:]
-    assert res.verdicts() == {"coverage": "pass", "roundtrip": "fail"}
+    assert res.verdicts() == {"coverage": "pass", "roundtrip": "fail", "config": "pass"}
     findings = {f["tensor"]: f for f in res.findings("roundtrip")}
     assert sorted(findings) == ["model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.q_proj.weight"]
     assert all(f["kind"] == "bytes-differ" for f in findings.values())
@@ -355,4 +408,60 @@ def test_a_planted_head_swap_in_a_shrunk_llama_3_is_named_by_tensor_and_first_el
     )
     assert findings["model.layers.0.self_attn.q_proj.weight"]["message"].startswith(
         "128/1024 elements differ; first at index [0, 0]: got "
+    )
+
+
+HOOKS = Path(__file__).parent / "support" / "hooks_rope.py"
+MOONLIGHT = "config:tests/data/moonlight-16b-a3b.config.json"
+EPS = ("rms_norm_eps -> layernorm_epsilon", "mismatch")
+
+
+@pytest.mark.ranks
+def test_a_halved_llama3_rope_factor_is_named_by_the_config_table(tmp_path: Path) -> None:
+    res = run_cli(
+        "verify", "--model", "config:tests/data/llama-3.1-8b.config.json", "--oracle", "config",
+        "--hook", f"{HOOKS}:llama3_factor_halved", tmp_path=tmp_path,
+    )  # fmt: skip
+    assert res.code == 1, res.out[-3000:] + res.err[-2000:]
+    assert res.verdicts() == {"config": "fail"}
+    findings = {(f["tensor"], f["kind"]): f["message"] for f in res.findings("config")}
+    assert sorted(findings) == [
+        ("rope_parameters.rope_type (megatron_to_hf_config)", "roundtrip-mismatch"),
+        ("rope_parameters.rope_type -> position_embedding_type", "mismatch"),
+    ]
+    assert findings[("rope_parameters.rope_type -> position_embedding_type", "mismatch")].startswith(
+        "rope_parameters.rope_type='llama3' requires position_embedding_type='rope x llama3 8.0'; the Megatron config "
+        "has 'rope x llama3 4.0'"
+    )
+    assert findings[("rope_parameters.rope_type (megatron_to_hf_config)", "roundtrip-mismatch")].endswith(
+        "as position_embedding_type: source 'rope x llama3 8.0', exported 'rope x llama3 4.0'"
+    )
+
+
+@pytest.mark.ranks
+def test_the_published_moonlight_config_fails_only_on_the_q_kv_norm_eps_megatron_cannot_express(tmp_path: Path) -> None:
+    """Moonlight publishes rms_norm_eps 1e-5; HF's kv_a_layernorm always uses 1e-6, Megatron one eps for every norm:
+    the config table names it and the logits oracle measures it. Its plain RoPE (megatron-bridge: MLA yarn with
+    factor 1) is no finding."""
+    res = run_cli("verify", "--model", MOONLIGHT, "--oracle", "config,logits", tmp_path=tmp_path)
+    assert res.code == 1, res.out[-3000:] + res.err[-2000:]
+    assert res.verdicts() == {"config": "fail", "logits": "fail"}
+    assert [(f["tensor"], f["kind"]) for f in res.findings("config")] == [EPS]
+    assert {(f["tensor"], f["kind"]) for f in res.findings("logits")} == {
+        ("greedy-tokens", "greedy-differs"), ("logits", "logits-differ")
+    }  # fmt: skip
+
+
+@pytest.mark.ranks
+def test_mla_yarn_left_at_megatrons_default_factor_is_named(tmp_path: Path) -> None:
+    res = run_cli(
+        "verify", "--model", MOONLIGHT, "--oracle", "config",
+        "--hook", f"{HOOKS}:mla_yarn_left_at_megatron_default", tmp_path=tmp_path,
+    )  # fmt: skip
+    assert res.code == 1, res.out[-3000:] + res.err[-2000:]
+    assert [(f["tensor"], f["kind"]) for f in res.findings("config")] == [
+        EPS, ("rope_parameters.rope_type -> rope_type", "mismatch")
+    ]  # fmt: skip
+    assert res.findings("config")[1]["message"].startswith(
+        "rope_parameters.rope_type='default' requires rope_type='rope'; the Megatron config has 'yarn'"
     )

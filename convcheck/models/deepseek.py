@@ -96,6 +96,18 @@ def _rope(c: HfView) -> str:
     return c.get("rope_parameters.rope_type", "default")
 
 
+def _rope_kind(c: HfView, _m: MegatronGet) -> str:
+    """`rope` or `yarn`; Yarn with factor 1 is plain RoPE (no frequency change, mscale 1), so it reads `rope`."""
+    kind = {"yarn": "yarn", "default": "rope"}.get(_rope(c), unsupported(f"rope_type {_rope(c)!r}"))
+    return "rope" if kind == "yarn" and float(c.get("rope_parameters.factor", 1.0)) == 1.0 else kind
+
+
+def _megatron_rope_kind(value: Any, m: MegatronGet) -> str:
+    """Megatron's MLA rope_type, `rope` for Yarn with rotary_scaling_factor 1: the bridge keeps MLA's yarn and sets
+    factor 1 for a model without rope scaling (conversion/model_bridge.py:604-613), which is plain RoPE."""
+    return "rope" if value == "yarn" and float(m("rotary_scaling_factor")) == 1.0 else value
+
+
 def _yarn(field: str) -> FieldRule:
     """One Yarn parameter: Megatron's field of the same name (rope_parameters.factor: rotary_scaling_factor)."""
     megatron = "rotary_scaling_factor" if field == "factor" else field
@@ -158,10 +170,9 @@ DEEPSEEK_V3_TABLE = (
     FieldRule(
         megatron="rope_type",
         hf=("rope_parameters.rope_type",),
-        expect=lambda c, _m: {"yarn": "yarn", "default": "rope"}.get(
-            c.get("rope_parameters.rope_type", "default"),
-            unsupported(f"rope_type {c.get('rope_parameters.rope_type')!r}"),
-        ),
+        expect=_rope_kind,
+        observe=_megatron_rope_kind,
+        note="Yarn with factor 1 is plain RoPE on both sides",
     ),
     *(
         _yarn(f)

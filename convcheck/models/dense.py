@@ -174,18 +174,47 @@ LINEAR_FACTOR = ("rope_parameters.factor", "rope_scaling.factor")
 """Linear RoPE scaling's factor: Megatron divides positions by `seq_len_interpolation_factor`."""
 
 
+LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+"""Llama-3 frequency scaling as megatron-core computes it: only the factor is a parameter, these are fixed
+(rotary_pos_embedding.py:84 passes the factor alone to _apply_scaling, whose defaults are at :96-98)."""
+LLAMA3_FIELDS = tuple(f"{group}.{key}" for key in LLAMA3_FIXED for group in ("rope_parameters", "rope_scaling"))
+
+
+def _rope_kind(c: HfView) -> str:
+    return first(c, ("rope_parameters.rope_type", *OLD_ROPE_TYPE[:2]), "default")
+
+
 def _rope_type(c: HfView, _m: MegatronGet) -> str:
-    """`rope`, `yarn`, or for linear scaling `rope / F` (positions divided by the factor F)."""
-    kind = first(c, ("rope_parameters.rope_type", *OLD_ROPE_TYPE[:2]), "default")
+    """`rope`, `yarn`, for linear scaling `rope / F` (positions divided by the factor F), for Llama-3 frequency
+    scaling `rope x llama3 F`."""
+    kind = _rope_kind(c)
     if kind == "linear":
         return f"rope / {float(first(c, LINEAR_FACTOR))}"
+    if kind == "llama3":
+        return f"rope x llama3 {float(first(c, LINEAR_FACTOR))}"
     return {"default": "rope", "yarn": "yarn"}.get(kind, unsupported(f"rope_type {kind!r}"))
 
 
 def _rope_observed(value: Any, m: MegatronGet) -> str:
-    """position_embedding_type, with `/ seq_len_interpolation_factor` where Megatron interpolates positions."""
+    """position_embedding_type, with `/ seq_len_interpolation_factor` where Megatron interpolates positions and
+    `x llama3 rope_scaling_factor` where it applies Llama-3 frequency scaling."""
     factor = m("seq_len_interpolation_factor")
-    return str(value) if factor is None else f"{value} / {float(factor)}"
+    out = str(value) if factor is None else f"{value} / {float(factor)}"
+    try:
+        llama3 = m("rope_scaling")
+    except (AttributeError, KeyError):  # a Megatron config without the field applies no Llama-3 scaling
+        llama3 = False
+    return f"{out} x llama3 {float(m('rope_scaling_factor'))}" if llama3 else out
+
+
+def _llama3_scaling(c: HfView, _m: MegatronGet) -> Any:
+    """Megatron's rope_scaling is on exactly where HF's rope_type is llama3, with megatron-core's fixed settings."""
+    if _rope_kind(c) != "llama3":
+        return False
+    given = {key: first(c, (f"rope_parameters.{key}", f"rope_scaling.{key}")) for key in LLAMA3_FIXED}
+    if given != LLAMA3_FIXED:
+        return unsupported(f"llama3 rope scaling with {given} (megatron-core fixes {LLAMA3_FIXED})")
+    return True
 
 
 def _window(c: HfView, _m: MegatronGet) -> Any:
@@ -212,8 +241,8 @@ NORM_ROPE_ACT = (
         hf=("rope_parameters.rope_type",),
         expect=_rope_type,
         observe=_rope_observed,
-        also=(*OLD_ROPE_TYPE, *LINEAR_FACTOR),
-        note="linear scaling: seq_len_interpolation_factor",
+        also=(*OLD_ROPE_TYPE, *LINEAR_FACTOR, *LLAMA3_FIELDS),
+        note="linear scaling: seq_len_interpolation_factor; llama3: rope_scaling_factor",
     ),
     FieldRule(
         megatron="rotary_percent",
@@ -221,7 +250,12 @@ NORM_ROPE_ACT = (
         expect=lambda c, _m: c.get("rope_parameters.partial_rotary_factor", c.get("partial_rotary_factor", 1.0)),
     ),
     implied("rotary_interleaved", False, "HF rotate_half pairs dimension i with i + d/2"),
-    implied("rope_scaling", False, "rope_type default: no Llama-3 frequency scaling"),
+    FieldRule(
+        megatron="rope_scaling",
+        expect=_llama3_scaling,
+        note="Llama-3 frequency scaling only where rope_type is llama3, with low / high frequency factors 1 / 4 and "
+        "original length 8192, which megatron-core fixes",
+    ),
     implied("softmax_scale", None, "attention scale 1/sqrt(head_dim) as in HF"),
     FieldRule(
         megatron="activation_func", hf=("hidden_act",), expect=lambda c, _m: c["hidden_act"], observe=function_name

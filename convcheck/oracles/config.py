@@ -146,6 +146,8 @@ def roundtrip(
         if not _same(want, got):
             fields = {f: (hf.get(f, _ABSENT), view.get(f, _ABSENT)) for f in rule.hf}
             shown = ", ".join(f"{k}: source {a!r}, exported {b!r}" for k, (a, b) in fields.items())
+            if all(_same(a, b) for a, b in fields.values()):  # the difference is in a field the rule reads via `also`
+                shown += f"; as {rule.megatron}: source {want!r}, exported {got!r}"
             findings.append(
                 Finding(
                     tensor=f"{'+'.join(rule.hf)} (megatron_to_hf_config)",
