@@ -149,6 +149,54 @@ def test_the_shrunk_model_is_small_sharded_distinct_and_splits_at_tp2_ep2_etp2_p
     assert ParallelLayout(tp=2, pp=2, ep=2 if moe else 1, etp=2 if moe else 1).problems_for(geometry) == []
 
 
+QWEN2_SLIDING = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
+    "num_attention_heads": 28, "num_key_value_heads": 4, "num_hidden_layers": 28, "vocab_size": 152064,
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": False,
+    "use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 20, "hidden_act": "silu",
+}  # fmt: skip
+"""A Qwen2-7B shape with its sliding window switched on from layer 20 (7 query heads per KV head)."""
+
+
+def _pattern(c: dict[str, Any]) -> list[str]:
+    """Per-layer kinds of a qwen2 / qwen3_moe config as transformers builds them (MoE or dense, sliding or full)."""
+    layers = c["num_hidden_layers"]
+    if c["model_type"] == "qwen3_moe":
+        step, dense = c.get("decoder_sparse_step", 1), set(c.get("mlp_only_layers") or [])
+        return ["moe" if i not in dense and (i + 1) % step == 0 else "dense" for i in range(layers)]
+    types = c.get("layer_types")
+    return types or ["sliding_attention" if i >= c["max_window_layers"] else "full_attention" for i in range(layers)]
+
+
+@pytest.mark.parametrize("name", ["qwen2-sliding", "qwen3-moe-step2"])
+def test_a_layer_pattern_is_cut_and_written_back_in_the_familys_own_knobs(name: str, tmp_path: Path) -> None:
+    from convcheck.fixtures.shrink_rules import collapse, decompose
+
+    source = (
+        QWEN2_SLIDING if name == "qwen2-sliding"
+        else {**_published("qwen3-30b-a3b"), "decoder_sparse_step": 2, "mlp_only_layers": [0, 47]}
+    )  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(source))
+    folder, shrunk = build_from_config(tmp_path / "config.json")
+    built = json.loads((folder / "config.json").read_text())
+    before, after = decompose(_pattern(source)), decompose(_pattern(built))
+    assert (collapse(after.head), after.period, collapse(after.trailer)) == (
+        collapse(before.head), before.period, collapse(before.trailer)
+    )  # fmt: skip
+    expected = {
+        "qwen2-sliding": {"num_hidden_layers": 4, "max_window_layers": 3, "layer_types": ["full_attention"] * 3
+                          + ["sliding_attention"], "hidden_size": 56, "num_attention_heads": 14, "vocab_size": 88},
+        "qwen3-moe-step2": {"num_hidden_layers": 6, "decoder_sparse_step": 2, "mlp_only_layers": [5]},
+    }[name]  # fmt: skip
+    assert {key: built[key] for key in expected} == expected
+    note = {
+        "qwen2-sliding": "num_hidden_layers 28 -> 4: dense x20, dense+sliding_attention x8 -> dense x3, "
+        "dense+sliding_attention x1",
+        "qwen3-moe-step2": "num_hidden_layers 48 -> 6: dense x1, moe x1, dense x1, ",
+    }[name]
+    assert note in " ".join(shrunk.notes)
+
+
 def test_widths_that_a_swap_could_hide_behind_differ() -> None:
     for name in PUBLISHED:
         c = shrink_file(DATA / f"{name}.config.json").spec.config
