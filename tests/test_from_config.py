@@ -430,6 +430,15 @@ def test_the_shrunk_deepseek_v3_runs_every_default_oracle_and_names_the_real_bri
     kinds = {"coverage": "not-exported", "roundtrip": "missing", "elements": "never-written", "layout": "missing"}
     for oracle, kind in kinds.items():
         assert {(f["tensor"], f["kind"]) for f in res.findings(oracle)} == {(t, kind) for t in MTP_ALIASES}, oracle
+    bugs = {f["tensor"]: f["detail"].get("upstream_bug") for f in res.findings()}
+    assert bugs == {
+        "rope_parameters.rope_type (megatron_to_hf_config)": "deepseek-yarn-dropped",
+        **dict.fromkeys(MTP_ALIASES, "deepseek-mtp-aliases-dropped"),
+    }
+    assert [c.split(":")[0] for c in res.report["causes"]] == [
+        "1 finding(s) are the known megatron-bridge bug deepseek-yarn-dropped",
+        "8 finding(s) are the known megatron-bridge bug deepseek-mtp-aliases-dropped",
+    ]
     assert res.report["model"] == DSV3
     assert f"replay: convcheck verify --model {DSV3} --tp 2 --ep 2 --oracle " in res.out
 
