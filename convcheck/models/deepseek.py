@@ -248,13 +248,16 @@ DEEPSEEK_V3_TABLE = (
 )
 """The config oracle's table for model_type deepseek_v3 (every field of a DeepseekV3Config)."""
 
+RELEASES_0_4_TO_0_6 = ("0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1", "0.6.0", "0.6.2")
+"""Releases the DeepSeek fixtures ran on (make test-release; 0.3.x cannot build them, see releases.toml)."""
+
 YARN_DROPPED = UpstreamBug(
     name="deepseek-yarn-dropped",
     summary="megatron_to_hf_config reads the provider's yarn_rotary_scaling_factor, which the MLA provider leaves "
     "None (its factor is rotary_scaling_factor), so an exported config.json loses the Yarn RoPE scaling",
     where="megatron/bridge/models/conversion/model_bridge.py:732",
     findings=(("config", "rope_parameters.rope_type (megatron_to_hf_config)", "roundtrip-mismatch"),),
-    seen_in=("0.6.2",),
+    seen_in=RELEASES_0_4_TO_0_6,
 )
 MTP_ALIASES_DROPPED = UpstreamBug(
     name="deepseek-mtp-aliases-dropped",
@@ -276,7 +279,20 @@ MTP_ALIASES_DROPPED = UpstreamBug(
             ("receiver", "missing"),
         )
     ),  # fmt: skip
-    seen_in=("0.6.2",),
+    seen_in=RELEASES_0_4_TO_0_6,
+)
+
+SEQ_LENGTH_4096 = UpstreamBug(
+    name="deepseek-seq-length-4096",
+    summary="the DeepSeek-V3 bridge sets seq_length = 4096 whatever max_position_embeddings says, and exports it back "
+    "as max_position_embeddings",
+    where="megatron/bridge/models/deepseek/deepseek_v3_bridge.py:91 (0.5.1)",
+    findings=(
+        ("config", "max_position_embeddings -> seq_length", "mismatch"),
+        ("config", "max_position_embeddings (megatron_to_hf_config)", "roundtrip-mismatch"),
+    ),
+    seen_in=("0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1"),
+    fixed_in="0.6.0",
 )
 
 DEEPSEEK_V3 = Architecture(
@@ -285,5 +301,5 @@ DEEPSEEK_V3 = Architecture(
     mapping_rules=None,
     config_rules=DEEPSEEK_V3_TABLE,
     fixtures=(TINY_DEEPSEEK_V3, TINY_MOONLIGHT),
-    upstream_bugs=(YARN_DROPPED, MTP_ALIASES_DROPPED),
+    upstream_bugs=(YARN_DROPPED, MTP_ALIASES_DROPPED, SEQ_LENGTH_4096),
 )
