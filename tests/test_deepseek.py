@@ -1,5 +1,6 @@
-"""DeepSeek-V3-style fixtures through the real bridge on CPU (issue #34, first part): every generic oracle and the
-config table run and judge; the explicit mappings convcheck lacks say `not-covered`, never pass.
+"""DeepSeek-V3-style fixtures through the real bridge on CPU (issue #34): every oracle runs and judges, the mapping
+oracle against convcheck's own MLA / MTP mappings (convcheck/models/deepseek_mappings.py), at TP1, TP2, EP2, PP2,
+TP2xEP2 and TP2xETP2.
 
 Two real megatron-bridge 0.6.2 bugs, named by both fixtures where they apply:
 - config: DeepSeekV3Bridge.megatron_to_hf_config drops the Yarn RoPE scaling (it reads the provider's
@@ -7,7 +8,11 @@ Two real megatron-bridge 0.6.2 bugs, named by both fixtures where they apply:
   config.json says rope_type "default" (conversion/model_bridge.py:732);
 - tiny:deepseek-v3: the export never writes the MTP layer's embed_tokens / shared_head.head, the copies of
   model.embed_tokens and lm_head published checkpoints hold (the GLM-4.7-Flash bridge restores them,
-  glm47_flash_bridge.py:116).
+  glm47_flash_bridge.py:116). The explicit mappings produce them as copies of the embedding and lm_head, so the
+  mapping oracle names them too; every parameter's shard and every other exported tensor matches.
+
+MLA layout bugs the bridge makes identically in import and export (convcheck.mutants.mla, tests/support/hooks_mla.py)
+pass roundtrip and are named by the mapping oracle, tensor and first wrong element.
 """
 
 from __future__ import annotations
@@ -16,49 +21,56 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import mutant, run_cli
+from tests.support.helpers import CliResult, mutant, run_cli
 
 GENERIC = ("coverage", "roundtrip", "logits", "differential", "elements", "layout")
-NOT_COVERED = {
-    "mapping": "convcheck has no explicit mappings for DeepseekV3ForCausalLM (it has them for LlamaForCausalLM, "
-    "NemotronHForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)",
-}
 YARN_DROPPED = ("rope_parameters.rope_type (megatron_to_hf_config)", "roundtrip-mismatch")
 MTP_ALIASES = ("model.layers.4.embed_tokens.weight", "model.layers.4.shared_head.head.weight")
-LAYOUTS = [(), ("--tp", "2"), ("--ep", "2"), ("--pp", "2"), ("--tp", "2", "--ep", "2")]
+LAYOUTS = [(), ("--tp", "2"), ("--ep", "2"), ("--pp", "2"), ("--tp", "2", "--ep", "2"), ("--tp", "2", "--etp", "2")]
+MLA_HOOK = f"{Path(__file__).parent / 'support' / 'hooks_mla.py'}:kv_a_latent_cut_at_nope"
+PARAMETERS = {"deepseek-v3": 134, "moonlight": 93}
+"""Megatron parameters (and the expert-bias buffers) of each fixture, every one mapped once by the explicit rules."""
 
 
 def _ids(layouts: list[tuple[str, ...]]) -> list[str]:
     return ["-".join(layout) or "tp1" for layout in layouts]
 
 
+def assert_every_parameter_mapped(res: CliResult, model: str) -> None:
+    """The mapping oracle checked every parameter of the model (each row a pass) and every HF tensor the export
+    wrote against the source (tiny:deepseek-v3: 171 of the 173 its mappings produce, the MTP copies missing)."""
+    oracle = next(o for o in res.report["oracles"] if o["name"] == "mapping")
+    hf_tensors = {"deepseek-v3": 171, "moonlight": 121}[model]
+    assert oracle["checked"] == PARAMETERS[model] + hf_tensors
+    assert oracle["unit"] == f"names ({PARAMETERS[model]} Megatron parameters + {hf_tensors} HF tensors)"
+    assert [t["verdict"] for t in oracle["tensors"]] == ["pass"] * PARAMETERS[model]
+    assert oracle["metrics"]["export_vs_source"] == hf_tensors
+    assert oracle["metrics"]["gathers"] == oracle["metrics"]["rebuilt_from_shards"] == 0  # every shard matched
+
+
 @pytest.mark.ranks
 @pytest.mark.parametrize("layout", LAYOUTS, ids=_ids(LAYOUTS))
-def test_moonlight_passes_every_generic_oracle_names_the_yarn_export_bug_and_says_what_it_does_not_cover(
+def test_moonlight_passes_every_oracle_but_config_which_names_the_yarn_export_bug(
     layout: tuple[str, ...], tmp_path: Path
 ) -> None:
     res = run_cli("verify", "--model", "tiny:moonlight", *layout, tmp_path=tmp_path)
     assert res.code == 1, res.out[-3000:] + res.err[-2000:]
     assert res.report is not None and res.report["verdict"] == "fail"
-    assert res.verdicts() == {**dict.fromkeys(GENERIC, "pass"), "config": "fail", "mapping": "not-covered"}
+    assert res.verdicts() == {**dict.fromkeys(GENERIC, "pass"), "config": "fail", "mapping": "pass"}
     oracles = {o["name"]: o for o in res.report["oracles"]}
-    assert {name: oracles[name]["not_covered"] for name in NOT_COVERED} == NOT_COVERED
     assert all(oracles[name]["checked"] > 0 for name in (*GENERIC, "config"))
+    assert_every_parameter_mapped(res, "moonlight")
     assert [(f["tensor"], f["kind"]) for f in res.findings()] == [YARN_DROPPED]
     assert "source 'yarn', exported 'default'" in res.findings("config")[0]["message"]
-    assert "1 not covered by convcheck (mapping)" in res.out
     assert [f["detail"].get("upstream_bug") for f in res.findings()] == ["deepseek-yarn-dropped"]
     assert [c.split(":")[0] for c in res.report["causes"]] == [
         "1 finding(s) are the known megatron-bridge bug deepseek-yarn-dropped"
     ]
+    assert "not covered" not in res.out
 
 
 @pytest.mark.ranks
-@pytest.mark.parametrize(
-    "layout",
-    [(), ("--tp", "2", "--ep", "2"), ("--pp", "2"), ("--tp", "2", "--etp", "2")],
-    ids=["tp1", "tp2-ep2", "pp2", "tp2-etp2"],
-)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=_ids(LAYOUTS))
 def test_deepseek_v3_fails_on_exactly_the_mtp_aliases_the_bridge_does_not_write(
     layout: tuple[str, ...], tmp_path: Path
 ) -> None:
@@ -69,10 +81,11 @@ def test_deepseek_v3_fails_on_exactly_the_mtp_aliases_the_bridge_does_not_write(
     assert res.verdicts() == {
         **{name: "fail" if name in failing else "pass" for name in GENERIC},
         "config": "fail",
-        **dict.fromkeys(NOT_COVERED, "not-covered"),
+        "mapping": "fail",
     }
     assert [(f["tensor"], f["kind"]) for f in res.findings("config")] == [YARN_DROPPED]
-    kinds = {"coverage": "not-exported", "roundtrip": "missing", "elements": "never-written", "layout": "missing"}
+    kinds = {"coverage": "not-exported", "roundtrip": "missing", "elements": "never-written", "layout": "missing",
+             "mapping": "not-exported"}  # fmt: skip
     for oracle, kind in kinds.items():
         assert {(f["tensor"], f["kind"]) for f in res.findings(oracle)} == {(t, kind) for t in MTP_ALIASES}, oracle
     bugs = {f["tensor"]: f["detail"].get("upstream_bug") for f in res.findings()}
@@ -82,8 +95,52 @@ def test_deepseek_v3_fails_on_exactly_the_mtp_aliases_the_bridge_does_not_write(
     }
     assert [c.split(":")[0] for c in res.report["causes"]] == [
         "1 finding(s) are the known megatron-bridge bug deepseek-yarn-dropped",
-        "8 finding(s) are the known megatron-bridge bug deepseek-mtp-aliases-dropped",
+        "10 finding(s) are the known megatron-bridge bug deepseek-mtp-aliases-dropped",
     ]
+    assert_every_parameter_mapped(res, "deepseek-v3")
+
+
+@pytest.mark.ranks
+def test_kv_b_v_before_k_nope_in_import_and_export_passes_roundtrip_and_is_named_by_mapping(tmp_path: Path) -> None:
+    """The bridge's layer-0 linear_kv_up_proj holds each head as [v; k_nope] and exports it back
+    (convcheck.mutants.mla:kv_b_k_nope_v_swapped): roundtrip passes; mapping names the shard on both TP ranks at its
+    first row (v's first row where k_nope's belongs) and the export it rebuilds from them."""
+    res = run_cli("verify", "--model", "tiny:moonlight", "--tp", "2", "--oracle", "roundtrip,mapping",
+                  "--hook", mutant("mla", "kv_b_k_nope_v_swapped"), tmp_path=tmp_path)  # fmt: skip
+    assert res.code == 1, res.out[-3000:] + res.err[-2000:]
+    assert res.verdicts() == {"roundtrip": "pass", "mapping": "fail"}
+    findings = res.findings("mapping")
+    assert sorted((f["tensor"], f["kind"], f["detail"].get("rank")) for f in findings) == [
+        ("decoder.layers.0.self_attention.linear_kv_up_proj.weight", "import-bytes-differ", 0),
+        ("decoder.layers.0.self_attention.linear_kv_up_proj.weight", "import-bytes-differ", 1),
+        ("model.layers.0.self_attn.kv_b_proj.weight", "export-bytes-differ", None),
+    ]
+    assert {tuple(f["detail"]["first_index"]) for f in findings} == {(0, 0)}
+    rank0 = next(f for f in findings if f["detail"].get("rank") == 0)
+    assert "704/704 elements differ; first at index [0, 0]" in rank0["message"]  # 2 heads x 22 rows x 16
+
+
+@pytest.mark.ranks
+def test_kv_a_latent_cut_at_the_wrong_offset_is_named_by_mapping_in_every_layer_and_the_mtp_layer(
+    tmp_path: Path,
+) -> None:
+    """The bridge's linear_kv_down_proj cuts the KV latent after 12 rows (qk_head_dim, not kv_lora_rank 16) in import
+    and export (tests/support/hooks_mla.py): rows 12-23 are wrong in each decoder layer and in the MTP layer
+    (model.layers.4); roundtrip names only the MTP copies the bridge never writes, which mapping names too."""
+    res = run_cli("verify", "--model", "tiny:deepseek-v3", "--oracle", "roundtrip,mapping", "--hook", MLA_HOOK,
+                  tmp_path=tmp_path)  # fmt: skip
+    assert res.code == 1, res.out[-3000:] + res.err[-2000:]
+    assert res.verdicts() == {"roundtrip": "fail", "mapping": "fail"}
+    assert {(f["tensor"], f["kind"]) for f in res.findings("roundtrip")} == {(t, "missing") for t in MTP_ALIASES}
+    findings = [f for f in res.findings("mapping") if f["kind"] != "not-exported"]
+    assert {f["tensor"] for f in res.findings("mapping") if f["kind"] == "not-exported"} == set(MTP_ALIASES)
+    layers = [f"decoder.layers.{i}" for i in range(4)] + ["mtp.layers.0.mtp_model_layer"]
+    assert sorted((f["tensor"], f["kind"]) for f in findings) == sorted(
+        [(f"{layer}.self_attention.linear_kv_down_proj.weight", "import-bytes-differ") for layer in layers]
+        + [(f"model.layers.{i}.self_attn.kv_a_proj_with_mqa.weight", "export-bytes-differ") for i in range(5)]
+    )
+    assert {tuple(f["detail"]["first_index"]) for f in findings} == {(12, 0)}
+    assert all("384/768 elements differ" in f["message"] for f in findings)  # 12 rows x 32 columns
 
 
 @pytest.mark.ranks

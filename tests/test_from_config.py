@@ -411,23 +411,24 @@ MTP_ALIASES = ("model.layers.4.embed_tokens.weight", "model.layers.4.shared_head
 @pytest.mark.ranks
 def test_the_shrunk_deepseek_v3_runs_every_default_oracle_and_names_the_real_bridge_bugs(tmp_path: Path) -> None:
     """The same verdict as tiny:deepseek-v3 (tests/test_deepseek.py): megatron_to_hf_config drops the Yarn scaling
-    (conversion/model_bridge.py:732) and the MTP layer's embed_tokens / shared_head.head copies are never exported;
-    convcheck has no explicit MLA mappings yet (mapping: not-covered)."""
+    (conversion/model_bridge.py:732) and the MTP layer's embed_tokens / shared_head.head copies are never exported
+    (the mapping oracle, against convcheck's explicit MLA / MTP mappings, names them too)."""
     res = run_cli("verify", "--model", DSV3, "--tp", "2", "--ep", "2", tmp_path=tmp_path)
     assert res.code == 1, res.out[-3000:] + res.err[-2000:]
     failing = {"coverage", "roundtrip", "elements", "layout"}
     assert res.verdicts() == {
         **{name: "fail" if name in failing else "pass" for name in GENERIC},
         "config": "fail",
-        "mapping": "not-covered",
+        "mapping": "fail",
     }
     oracles = {o["name"]: o for o in res.report["oracles"]}
-    assert all(oracles[name]["checked"] > 0 for name in (*GENERIC, "config"))
+    assert all(oracles[name]["checked"] > 0 for name in (*GENERIC, "config", "mapping"))
     assert [(f["tensor"], f["kind"]) for f in res.findings("config")] == [
         ("rope_parameters.rope_type (megatron_to_hf_config)", "roundtrip-mismatch")
     ]
     assert "source 'yarn', exported 'default'" in res.findings("config")[0]["message"]
-    kinds = {"coverage": "not-exported", "roundtrip": "missing", "elements": "never-written", "layout": "missing"}
+    kinds = {"coverage": "not-exported", "roundtrip": "missing", "elements": "never-written", "layout": "missing",
+             "mapping": "not-exported"}  # fmt: skip
     for oracle, kind in kinds.items():
         assert {(f["tensor"], f["kind"]) for f in res.findings(oracle)} == {(t, kind) for t in MTP_ALIASES}, oracle
     bugs = {f["tensor"]: f["detail"].get("upstream_bug") for f in res.findings()}
@@ -437,8 +438,9 @@ def test_the_shrunk_deepseek_v3_runs_every_default_oracle_and_names_the_real_bri
     }
     assert [c.split(":")[0] for c in res.report["causes"]] == [
         "1 finding(s) are the known megatron-bridge bug deepseek-yarn-dropped",
-        "8 finding(s) are the known megatron-bridge bug deepseek-mtp-aliases-dropped",
+        "10 finding(s) are the known megatron-bridge bug deepseek-mtp-aliases-dropped",
     ]
+    assert {row["verdict"] for row in oracles["mapping"]["tensors"]} == {"pass"}  # every parameter's shards match
     assert res.report["model"] == DSV3
     assert f"replay: convcheck verify --model {DSV3} --tp 2 --ep 2 --oracle " in res.out
 

@@ -1,5 +1,6 @@
-"""tiny:glm4.7-flash (Glm4MoeLiteForCausalLM, issue #34) through the real GLM47FlashBridge on CPU: every generic
-oracle and the config table pass at every layout, the explicit mappings convcheck lacks say `not-covered`.
+"""tiny:glm4.7-flash (Glm4MoeLiteForCausalLM, issue #34) through the real GLM47FlashBridge on CPU: every default
+oracle passes at every layout, the mapping oracle against DeepSeek's explicit mappings (the MTP layer's copies of the
+embedding and lm_head included).
 
 The bridge's export hook (glm47_flash_bridge.py:116 maybe_modify_converted_hf_weight) writes the MTP layer's
 embed_tokens / shared_head.head copies after megatron_to_hf; the probe follows it (convcheck.probe.hook), so the
@@ -17,10 +18,6 @@ import pytest
 from tests.support.helpers import mutant, run_cli
 
 GENERIC = ("coverage", "roundtrip", "logits", "differential", "elements", "layout")
-NOT_COVERED = {
-    "mapping": "convcheck has no explicit mappings for Glm4MoeLiteForCausalLM (it has them for LlamaForCausalLM, "
-    "NemotronHForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)",
-}
 EMBED_ALIAS, HEAD_ALIAS = "model.layers.4.embed_tokens.weight", "model.layers.4.shared_head.head.weight"
 ELEMENTS = 129192
 """Every element of the 173 source tensors, the two MTP aliases' 2 x 152 x 32 included."""
@@ -29,20 +26,19 @@ LAYOUTS = [(), ("--tp", "2"), ("--ep", "2"), ("--pp", "2"), ("--tp", "2", "--ep"
 
 @pytest.mark.ranks
 @pytest.mark.parametrize("layout", LAYOUTS, ids=["-".join(layout) or "tp1" for layout in LAYOUTS])
-def test_glm_passes_every_generic_oracle_and_the_config_table_and_says_what_it_does_not_cover(
-    layout: tuple[str, ...], tmp_path: Path
-) -> None:
+def test_glm_passes_every_oracle(layout: tuple[str, ...], tmp_path: Path) -> None:
     res = run_cli("verify", "--model", "tiny:glm4.7-flash", *layout, tmp_path=tmp_path)
-    assert res.code == 3, res.out[-3000:] + res.err[-2000:]
-    assert res.report is not None and res.report["verdict"] == "not-covered"
-    assert res.verdicts() == {**dict.fromkeys(GENERIC, "pass"), "config": "pass", "mapping": "not-covered"}
+    assert res.code == 0, res.out[-3000:] + res.err[-2000:]
+    assert res.report is not None and res.report["verdict"] == "pass"
+    assert res.verdicts() == {**dict.fromkeys(GENERIC, "pass"), "config": "pass", "mapping": "pass"}
     assert res.findings() == []
     oracles = {o["name"]: o for o in res.report["oracles"]}
-    assert {name: oracles[name]["not_covered"] for name in NOT_COVERED} == NOT_COVERED
     assert all(oracles[name]["checked"] > 0 for name in (*GENERIC, "config"))
     assert oracles["elements"]["checked"] == oracles["differential"]["checked"] == ELEMENTS
     rows = {row["tensor"]: row["verdict"] for row in oracles["elements"]["tensors"]}
     assert rows[EMBED_ALIAS] == rows[HEAD_ALIAS] == "pass"
+    assert oracles["mapping"]["checked"] == 134 + 173  # every parameter, every exported tensor (the copies too)
+    assert oracles["mapping"]["metrics"]["export_vs_source"] == 173
 
 
 @pytest.mark.ranks
@@ -78,6 +74,26 @@ def test_a_hook_that_swaps_the_mtp_aliases_is_named_by_tensor_and_element(tmp_pa
         (HEAD_ALIAS, "bytes-differ", "first at index [0, 0]: got -0.00010061264038085938 (0xb8d3), expected "
          "4.291534423828125e-05 (0x3834)"),
     }  # fmt: skip
+
+
+@pytest.mark.ranks
+def test_the_mapping_oracle_names_swapped_mtp_aliases_against_the_embedding_and_lm_head(tmp_path: Path) -> None:
+    """The explicit mappings rebuild each MTP copy from the shard it repeats: the swapped copies are named, each at
+    its first element, against the embedding's and lm_head's rows; every parameter's shard still matches."""
+    res = run_cli(
+        "verify", "--model", "tiny:glm4.7-flash", "--tp", "2", "--oracle", "mapping",
+        "--hook", mutant("mtp", "mtp_aliases_swapped"), tmp_path=tmp_path,
+    )  # fmt: skip
+    assert res.code == 1, res.out[-3000:] + res.err[-2000:]
+    assert res.verdicts() == {"mapping": "fail"}
+    found = {(f["tensor"], f["kind"], f["detail"]["megatron"], tuple(f["detail"]["first_index"]))
+             for f in res.findings()}  # fmt: skip
+    assert found == {
+        (EMBED_ALIAS, "export-bytes-differ", "embedding.word_embeddings.weight", (0, 0)),
+        (HEAD_ALIAS, "export-bytes-differ", "output_layer.weight", (0, 0)),
+    }
+    oracle = res.report["oracles"][0]
+    assert {row["verdict"] for row in oracle["tensors"]} == {"pass"}  # shards all right: the export hook is wrong
 
 
 @pytest.mark.ranks

@@ -15,8 +15,7 @@ def test_lookups_cover_every_architecture_in_listing_order() -> None:
                                    "NemotronHForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                                    "Qwen3MoeForCausalLM"]  # fmt: skip
     assert list(TABLES) == ["qwen2", "qwen3", "qwen3_moe", "llama", "nemotron_h", "deepseek_v3", "glm4_moe_lite"]
-    assert BY_HF_CLASS["DeepseekV3ForCausalLM"].mapping_rules is None  # not covered yet
-    assert BY_HF_CLASS["Glm4MoeLiteForCausalLM"].mapping_rules is None  # DeepSeek's, once they exist
+    assert all(arch.mapping_rules is not None for arch in SUPPORTED)  # every family has explicit mappings
     assert list(FIXTURES) == [
         "qwen2", "qwen2-tied", "qwen3", "qwen3-moe", "qwen3-moe-unnorm", "llama", "nemotron-h", "nemotron-h-moe",
         "deepseek-v3", "moonlight", "glm4.7-flash",

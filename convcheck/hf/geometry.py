@@ -32,6 +32,16 @@ class Geometry:
     mamba_head_dim: int = 0
     mamba_groups: int = 0
     mamba_state: int = 0
+    q_lora_rank: int = 0
+    """Multi-latent attention: rank of the query LoRA (0 where q_lora_rank is None: a plain q_proj)."""
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    """Per-head query/key channels without RoPE."""
+    qk_rope_head_dim: int = 0
+    """Per-head query channels with RoPE (and the width of the one RoPE key all heads share)."""
+    v_head_dim: int = 0
+    mtp_layers: int = 0
+    """Multi-token prediction layers (num_nextn_predict_layers); HF numbers MTP layer k model.layers.{L + k}."""
 
     @property
     def has_mamba_layers(self) -> bool:
@@ -69,6 +79,12 @@ class Geometry:
             mamba_head_dim=_integer(sources, "mamba_head_dim"),
             mamba_groups=_integer(sources, "n_groups"),
             mamba_state=_integer(sources, "ssm_state_size"),
+            q_lora_rank=_integer(sources, "q_lora_rank"),
+            kv_lora_rank=_integer(sources, "kv_lora_rank"),
+            qk_nope_head_dim=_integer(sources, "qk_nope_head_dim"),
+            qk_rope_head_dim=_integer(sources, "qk_rope_head_dim"),
+            v_head_dim=_integer(sources, "v_head_dim"),
+            mtp_layers=_integer(sources, "num_nextn_predict_layers"),
         )
 
 

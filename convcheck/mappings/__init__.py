@@ -3,8 +3,10 @@
 from convcheck.hf.geometry import Geometry
 from convcheck.mappings.base import CoverageError, MappingError, RankCoord, Shards, TensorMapping
 from convcheck.mappings.check import roundtrip_findings
+from convcheck.mappings.copies import WithCopies
 from convcheck.mappings.grouped_mlp import GroupedFc1, GroupedFc2
 from convcheck.mappings.mamba import Blocks, mamba_conv1d, mamba_in_proj
+from convcheck.mappings.mla import HeadRows
 from convcheck.mappings.qkv import FusedQKV
 from convcheck.mappings.registry import MappingRegistry, MappingRule, registry_from_rules
 from convcheck.mappings.simple import Gated, Replicated, Split
@@ -17,6 +19,7 @@ __all__ = [
     "Geometry",
     "GroupedFc1",
     "GroupedFc2",
+    "HeadRows",
     "MappingError",
     "MappingRegistry",
     "MappingRule",
@@ -25,6 +28,7 @@ __all__ = [
     "Shards",
     "Split",
     "TensorMapping",
+    "WithCopies",
     "registry_from_rules",
     "mamba_conv1d",
     "mamba_in_proj",

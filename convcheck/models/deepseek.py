@@ -1,9 +1,9 @@
 """DeepSeek-V3-style models (multi-latent attention, dense-first layers, routed + shared experts with a sigmoid router
 and an fp32 expert bias, MTP): DeepSeek-V3 and the Moonlight / DeepSeek-V2-Lite shape (no q LoRA).
 
-The tiny fixtures build and run every generic oracle through the real bridge on CPU (convcheck.compat shims 15-18).
-convcheck has no explicit mappings for this family yet: the mapping oracle reports `not-covered`, never a pass. Its
-config table (below) covers every MLA, MoE, Yarn and MTP knob of DeepseekV3Config."""
+The tiny fixtures build and run every oracle through the real bridge on CPU (convcheck.compat shims 15-18). The
+explicit mappings are in `deepseek_mappings.py` (MLA projections: convcheck.mappings.mla); the config table (below)
+covers every MLA, MoE, Yarn and MTP knob of DeepseekV3Config."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from convcheck.models.config_rules import (
     same,
     unsupported,
 )
+from convcheck.models.deepseek_mappings import deepseek_rules
 from convcheck.models.fixture_spec import FixtureSpec
 from convcheck.models.qwen3_moe import megatron_moe_layers
 from convcheck.models.upstream_bug import UpstreamBug
@@ -298,7 +299,7 @@ SEQ_LENGTH_4096 = UpstreamBug(
 DEEPSEEK_V3 = Architecture(
     hf_classes=("DeepseekV3ForCausalLM",),
     model_type="deepseek_v3",
-    mapping_rules=None,
+    mapping_rules=deepseek_rules,
     config_rules=DEEPSEEK_V3_TABLE,
     fixtures=(TINY_DEEPSEEK_V3, TINY_MOONLIGHT),
     upstream_bugs=(YARN_DROPPED, MTP_ALIASES_DROPPED, SEQ_LENGTH_4096),

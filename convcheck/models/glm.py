@@ -4,7 +4,8 @@ expert, sigmoid router with an fp32 expert bias, and MTP, under a config class o
 A module of its own, not part of deepseek.py: the HF class differs where the config oracle looks (it builds MoE layers
 from `mlp_layer_types` where DeepseekV3 reads `first_k_dense_replace`, uses plain RoPE in the published config, and
 cites its own modeling file), while the bridge (megatron-bridge 0.6.2 glm/glm47_flash_bridge.py) reuses DeepSeek's
-mapping list: the table below is DeepSeek-V3's with those rules replaced. No explicit mappings yet (`not-covered`)."""
+mapping list: the table below is DeepSeek-V3's with those rules replaced, and the explicit mappings are DeepSeek's
+(convcheck/models/deepseek_mappings.py; the tensor names are the same)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 from convcheck.models.architecture import Architecture
 from convcheck.models.config_rules import FieldRule, HfView, MegatronGet, first, unsupported
 from convcheck.models.deepseek import DEEPSEEK_V3_TABLE, HF_QA_KV_NORM_EPS, MLA_SHAPES
+from convcheck.models.deepseek_mappings import deepseek_rules
 from convcheck.models.fixture_spec import FixtureSpec
 from convcheck.models.qwen3_moe import megatron_moe_layers
 
@@ -146,7 +148,7 @@ first_k_dense_replace, num_nextn_predict_layers, topk_method and partial_rotary_
 GLM47_FLASH = Architecture(
     hf_classes=("Glm4MoeLiteForCausalLM",),
     model_type="glm4_moe_lite",
-    mapping_rules=None,
+    mapping_rules=deepseek_rules,
     config_rules=GLM_TABLE,
     fixtures=(TINY_GLM47_FLASH,),
 )
