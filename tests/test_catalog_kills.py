@@ -11,7 +11,8 @@ import pytest
 
 from convcheck import api
 from convcheck.mutants.catalog import MUTANTS
-from convcheck.workflows.kill_matrix import Launch
+from convcheck.verdict import OracleVerdict, Report
+from convcheck.workflows.kill_matrix import Launch, clean_row
 from convcheck.workflows.selftest import Runner, clean_launches, plan, run_clean, run_launch
 from tests.support.cases import CASES
 from tests.support.helpers import matrix_run
@@ -68,10 +69,14 @@ def test_catalog_fixture_layout_runs_clean(launch: Launch, shared_root: Path) ->
     layout = _matrix_args(launch)
     if layout is not None:
         res, _ = matrix_run(shared_root, launch.fixture.removeprefix("tiny:"), layout)
-        assert res.code == 0 and res.report is not None, res.out[-2000:] + res.err[-2000:]
+        assert res.code in (0, 1) and res.report is not None, res.out[-2000:] + res.err[-2000:]
         ran = [o["name"] for o in res.report["oracles"]]
         assert ran == list(default_oracles(layout)) and set(ran) >= set(launch.oracles)
-        assert [o["name"] for o in res.report["oracles"] if o["verdict"] != "pass"] == []
+        oracles = tuple(OracleVerdict.from_dict(o) for o in res.report["oracles"])
+        report = Report(model=launch.fixture, layout=res.report["layout"], device="cpu", versions={}, oracles=oracles)
+        row = clean_row(launch, report, None, 0.0)
+        assert row.passed and row.failing == (), row.first_finding  # known bridge bugs only (tagged), if any
+        assert (res.code == 0) == (row.upstream_bugs == ())
         return
     row = run_clean(Runner(verify=api.verify, device="cpu", timeout_s=600), launch)
     assert row.passed and row.failing == () and row.device == "cpu", row.first_finding
