@@ -13,10 +13,11 @@ from typing import Any
 
 from convcheck.models.architecture import Architecture
 from convcheck.models.config_rules import FieldRule, HfView, MegatronGet, first, unsupported
-from convcheck.models.deepseek import DEEPSEEK_V3_TABLE, HF_QA_KV_NORM_EPS, MLA_SHAPES
+from convcheck.models.deepseek import DEEPSEEK_V3_TABLE, HF_QA_KV_NORM_EPS, MLA_SHAPES, MTP_ALIASES_DROPPED
 from convcheck.models.deepseek_mappings import deepseek_rules
 from convcheck.models.fixture_spec import FixtureSpec
 from convcheck.models.qwen3_moe import megatron_moe_layers
+from convcheck.models.upstream_bug import UpstreamBug
 
 TINY_GLM47_FLASH = FixtureSpec(
     name="glm4.7-flash",
@@ -145,10 +146,21 @@ GLM_TABLE = (*(rule for rule in DEEPSEEK_V3_TABLE if rule.label not in _REPLACED
 """The config oracle's table for model_type glm4_moe_lite (every field of a Glm4MoeLiteConfig, plus the
 first_k_dense_replace, num_nextn_predict_layers, topk_method and partial_rotary_factor published configs carry)."""
 
+GLM_MTP_ALIASES_DROPPED = UpstreamBug(
+    name="glm47-flash-mtp-aliases-dropped",
+    summary="the GLM-4.7-Flash bridge has no export hook yet: its export never writes the MTP layer's embed_tokens / "
+    "shared_head.head copies of model.embed_tokens and lm_head",
+    where="megatron/bridge/models/glm/glm47_flash_bridge.py (0.5.x: no maybe_modify_converted_hf_weight)",
+    findings=MTP_ALIASES_DROPPED.findings,
+    seen_in=("0.5.0", "0.5.1"),
+    fixed_in="0.6.0 (glm47_flash_bridge.py:116 restores them)",
+)
+
 GLM47_FLASH = Architecture(
     hf_classes=("Glm4MoeLiteForCausalLM",),
     model_type="glm4_moe_lite",
     mapping_rules=deepseek_rules,
     config_rules=GLM_TABLE,
     fixtures=(TINY_GLM47_FLASH,),
+    upstream_bugs=(GLM_MTP_ALIASES_DROPPED,),
 )
