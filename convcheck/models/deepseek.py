@@ -87,6 +87,26 @@ HF_QA_KV_NORM_EPS = 1e-6
 1e-6), whatever rms_norm_eps says; Megatron's MLA q/kv norms use layernorm_epsilon."""
 
 
+def fixed_qa_kv_eps(where: str = "", published: str = "") -> FieldRule:
+    """rms_norm_eps vs Megatron's one layernorm_epsilon: equal only at HF's fixed q_a / kv_a norm eps (1e-6).
+    `where`: the HF modeling file:lines building those norms; `published`: what a published config says."""
+    return FieldRule(
+        megatron="layernorm_epsilon",
+        hf=("rms_norm_eps",),
+        expect=lambda c, _m: (
+            HF_QA_KV_NORM_EPS
+            if c["rms_norm_eps"] == HF_QA_KV_NORM_EPS
+            else unsupported(
+                f"HF's q_a / kv_a layernorms use eps {HF_QA_KV_NORM_EPS} whatever rms_norm_eps "
+                f"({c['rms_norm_eps']}) says" + (f" ({where})" if where else "")
+            )
+        ),
+        note="Megatron uses one layernorm_epsilon for every norm, MLA's q / kv norms included, and HF's q_a / kv_a "
+        "norms always use 1e-6: the two agree only when rms_norm_eps is 1e-6"
+        + (f" ({published})" if published else ""),
+    )
+
+
 def _dense_first(c: HfView, _m: MegatronGet) -> list[int]:
     """1 where HF builds an MoE block: layers from first_k_dense_replace on (every moe_layer_freq-th, here 1)."""
     first_dense = c["first_k_dense_replace"]
@@ -128,20 +148,7 @@ DEEPSEEK_V3_TABLE = (
     same("intermediate_size", "ffn_hidden_size", note="the dense-first layers' MLP"),
     *HEADS_AND_VOCAB,
     same("max_position_embeddings", "seq_length"),
-    FieldRule(
-        megatron="layernorm_epsilon",
-        hf=("rms_norm_eps",),
-        expect=lambda c, _m: (
-            HF_QA_KV_NORM_EPS
-            if c["rms_norm_eps"] == HF_QA_KV_NORM_EPS
-            else unsupported(
-                f"HF's q_a / kv_a layernorms use eps {HF_QA_KV_NORM_EPS} whatever rms_norm_eps "
-                f"({c['rms_norm_eps']}) says"
-            )
-        ),
-        note="Megatron uses one layernorm_epsilon for every norm, MLA's q / kv norms included, and HF's q_a / kv_a "
-        "norms always use 1e-6: the two agree only when rms_norm_eps is 1e-6",
-    ),
+    fixed_qa_kv_eps(),
     implied("normalization", "RMSNorm", "RMSNorm everywhere (input, post-attention, final, q_a / kv_a norms)"),
     implied("multi_latent_attention", True, "DeepSeek-V3 attention is MLA"),
     same("q_lora_rank", "q_lora_rank", note="None: q_proj without a q LoRA (Moonlight, DeepSeek-V2-Lite)"),

@@ -13,7 +13,12 @@ from typing import Any
 
 from convcheck.models.architecture import Architecture
 from convcheck.models.config_rules import FieldRule, HfView, MegatronGet, first, unsupported
-from convcheck.models.deepseek import DEEPSEEK_V3_TABLE, HF_QA_KV_NORM_EPS, MLA_SHAPES, MTP_ALIASES_DROPPED
+from convcheck.models.deepseek import (
+    DEEPSEEK_V3_TABLE,
+    MLA_SHAPES,
+    MTP_ALIASES_DROPPED,
+    fixed_qa_kv_eps,
+)
 from convcheck.models.deepseek_mappings import deepseek_rules
 from convcheck.models.fixture_spec import FixtureSpec
 from convcheck.models.qwen3_moe import megatron_moe_layers
@@ -69,20 +74,7 @@ def _rotated_fraction(value: Any, m: MegatronGet) -> Any:
 
 
 GLM_RULES = (
-    FieldRule(
-        megatron="layernorm_epsilon",
-        hf=("rms_norm_eps",),
-        expect=lambda c, _m: (
-            HF_QA_KV_NORM_EPS
-            if c["rms_norm_eps"] == HF_QA_KV_NORM_EPS
-            else unsupported(
-                f"HF's q_a / kv_a layernorms use eps {HF_QA_KV_NORM_EPS} whatever rms_norm_eps "
-                f"({c['rms_norm_eps']}) says ({GLM_MODELING}:253,261)"
-            )
-        ),
-        note="Megatron uses one layernorm_epsilon for every norm, MLA's q / kv norms included, and HF's q_a / kv_a "
-        "norms always use 1e-6: the two agree only when rms_norm_eps is 1e-6 (the published GLM-4.7-Flash says 1e-5)",
-    ),
+    fixed_qa_kv_eps(f"{GLM_MODELING}:253,261", "the published GLM-4.7-Flash says 1e-5"),
     FieldRule(
         megatron="moe_layer_freq",
         hf=("mlp_layer_types", "first_k_dense_replace"),
