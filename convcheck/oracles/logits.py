@@ -27,7 +27,7 @@ INFO = OracleInfo(
     proves="the HF model and the loaded, sharded Megatron model (real TP/EP/PP collectives, upcast to fp32) "
     "give the same logits within the reported tolerance and the same greedy tokens on fixed random tokens",
     does_not_prove="bitwise equality, nor behaviour on other inputs, longer sequences, bf16, KV caching, dropout or "
-    "training",
+    "training, nor the MTP head (transformers has no MTP module; MTP weights are checked bitwise only)",
 )
 SEED = 1234
 """Seed of the token generator (torch.Generator, CPU)."""
