@@ -19,7 +19,7 @@ from convcheck.mappings.copies import with_copies
 from convcheck.mappings.mla import kv_down, kv_up, q_down, q_up
 from convcheck.mappings.registry import MappingRule
 from convcheck.models.dense import EMBEDDING, output_layer
-from convcheck.models.shared_mappings import expert_id, expert_weight, vocab_rows
+from convcheck.models.shared_mappings import expert_id, routed_expert_rules, vocab_rows
 
 TRANSFORMER_LAYER = r"(decoder\.layers\.(?P<layer>\d+)|mtp\.layers\.(?P<mtp>\d+)\.mtp_model_layer)\."
 """A decoder layer (`layer`: its global number) or MTP layer k's transformer layer (`mtp`: k)."""
@@ -158,27 +158,8 @@ ROUTED = (
     # a float32 buffer in Megatron and in published checkpoints: Replicated keeps the dtype, the compare checks it
     _replicated(TRANSFORMER_LAYER + r"mlp\.router\.expert_bias", "mlp.gate.e_score_correction_bias"),
     # one expert per parameter: SequentialMLP (local_experts.E) and TE grouped (linear_fcN.weightE), E global
-    MappingRule(
-        TRANSFORMER_LAYER + expert_weight(1),
-        lambda match, geometry: Gated(
-            megatron=match[0],
-            axis="etp",
-            expert=int(expert_id(match)),
-            num_experts=geometry.num_experts,
-            gate=_expert(match, geometry, "gate_proj").format(expert=expert_id(match)),
-            up=_expert(match, geometry, "up_proj").format(expert=expert_id(match)),
-        ),
-    ),
-    MappingRule(
-        TRANSFORMER_LAYER + expert_weight(2),
-        lambda match, geometry: Split(
-            megatron=match[0],
-            axis="etp",
-            dim=1,
-            expert=int(expert_id(match)),
-            num_experts=geometry.num_experts,
-            hf=_expert(match, geometry, "down_proj").format(expert=expert_id(match)),
-        ),
+    *routed_expert_rules(
+        TRANSFORMER_LAYER, lambda match, geometry, proj: _expert(match, geometry, proj).format(expert=expert_id(match))
     ),
     # legacy GroupedMLP (megatron-core <= 0.16): all of a layer's local experts in one weight1 / weight2
     MappingRule(

@@ -25,7 +25,12 @@ from convcheck.models.config_rules import (
     unsupported,
 )
 from convcheck.models.fixture_spec import tiny_spec
-from convcheck.models.shared_mappings import LAYER_PREFIX, expert_id, expert_weight, vocab_rows
+from convcheck.models.shared_mappings import (
+    LAYER_PREFIX,
+    expert_id,
+    routed_expert_rules,
+    vocab_rows,
+)
 
 # ---- explicit mappings ---------------------------------------------------------------------------------------------
 
@@ -105,27 +110,8 @@ EXPERTS = (
         lambda match, geometry: Replicated(megatron=match[0], hf=hf_layer(match, "mlp.gate.weight")),
     ),
     # One expert per parameter: SequentialMLP (local_experts.E) and TE grouped (linear_fc1.weightE); E global.
-    MappingRule(
-        LAYER_PREFIX + expert_weight(1),
-        lambda match, geometry: Gated(
-            megatron=match[0],
-            axis="etp",
-            expert=int(expert_id(match)),
-            num_experts=geometry.num_experts,
-            gate=hf_expert(match, "gate_proj").format(expert=expert_id(match)),
-            up=hf_expert(match, "up_proj").format(expert=expert_id(match)),
-        ),
-    ),
-    MappingRule(
-        LAYER_PREFIX + expert_weight(2),
-        lambda match, geometry: Split(
-            megatron=match[0],
-            axis="etp",
-            dim=1,
-            expert=int(expert_id(match)),
-            num_experts=geometry.num_experts,
-            hf=hf_expert(match, "down_proj").format(expert=expert_id(match)),
-        ),
+    *routed_expert_rules(
+        LAYER_PREFIX, lambda match, _geometry, proj: hf_expert(match, proj).format(expert=expert_id(match))
     ),
     # Legacy GroupedMLP (megatron-core <= 0.16): all of a layer's local experts in one weight1 / weight2.
     MappingRule(
