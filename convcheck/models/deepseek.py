@@ -107,6 +107,25 @@ def fixed_qa_kv_eps(where: str = "", published: str = "") -> FieldRule:
     )
 
 
+def group_scores_rule(hf_where: str) -> FieldRule:
+    """Group-limited routing: Megatron scores a group by its top (top-k // topk_group) experts, HF (at `hf_where`) by
+    its top 2; the two agree with one group or where that quotient is 2."""
+    return FieldRule(
+        megatron="moe_router_group_topk",
+        hf=("num_experts_per_tok", "topk_group"),
+        expect=lambda c, m: (
+            m("moe_router_group_topk")
+            if (c["n_group"] or 1) == 1 or c["num_experts_per_tok"] // c["topk_group"] == 2
+            else unsupported(
+                "group scores from the top num_experts_per_tok // topk_group experts (Megatron, moe_utils.py:656) "
+                f"where HF takes the top 2 ({hf_where})"
+            )
+        ),
+        note="with more than one group, both score a group by the sum of its top 2 experts only when top-k / "
+        "topk_group is 2",
+    )
+
+
 def _dense_first(c: HfView, _m: MegatronGet) -> list[int]:
     """1 where HF builds an MoE block: layers from first_k_dense_replace on (every moe_layer_freq-th, here 1)."""
     first_dense = c["first_k_dense_replace"]
@@ -212,20 +231,7 @@ DEEPSEEK_V3_TABLE = (
     ),
     same("n_group", "moe_router_num_groups"),
     same("topk_group", "moe_router_group_topk"),
-    FieldRule(
-        megatron="moe_router_group_topk",
-        hf=("num_experts_per_tok", "topk_group"),
-        expect=lambda c, m: (
-            m("moe_router_group_topk")
-            if (c["n_group"] or 1) == 1 or c["num_experts_per_tok"] // c["topk_group"] == 2
-            else unsupported(
-                "group scores from the top num_experts_per_tok // topk_group experts (Megatron, moe_utils.py:656) "
-                "where HF takes the top 2 (modeling_deepseek_v3.py:219)"
-            )
-        ),
-        note="with more than one group, both score a group by the sum of its top 2 experts only when top-k / "
-        "topk_group is 2",
-    ),
+    group_scores_rule("modeling_deepseek_v3.py:219"),
     same("routed_scaling_factor", "moe_router_topk_scaling_factor"),
     implied("moe_router_score_function", "sigmoid", "HF DeepseekV3TopkRouter: sigmoid scores"),
     implied("moe_router_enable_expert_bias", True, "HF adds e_score_correction_bias for the top-k choice"),

@@ -14,12 +14,12 @@ from __future__ import annotations
 import re
 
 from convcheck.hf.geometry import Geometry
-from convcheck.mappings import Gated, GroupedFc1, GroupedFc2, Replicated, Split, TensorMapping
+from convcheck.mappings import Gated, Replicated, Split, TensorMapping
 from convcheck.mappings.copies import with_copies
 from convcheck.mappings.mla import kv_down, kv_up, q_down, q_up
 from convcheck.mappings.registry import MappingRule
 from convcheck.models.dense import EMBEDDING, output_layer
-from convcheck.models.shared_mappings import expert_id, routed_expert_rules, vocab_rows
+from convcheck.models.shared_mappings import routed_expert_rules, vocab_rows
 
 TRANSFORMER_LAYER = r"(decoder\.layers\.(?P<layer>\d+)|mtp\.layers\.(?P<mtp>\d+)\.mtp_model_layer)\."
 """A decoder layer (`layer`: its global number) or MTP layer k's transformer layer (`mtp`: k)."""
@@ -157,32 +157,7 @@ ROUTED = (
     _replicated(TRANSFORMER_LAYER + r"mlp\.router\.weight", "mlp.gate.weight"),
     # a float32 buffer in Megatron and in published checkpoints: Replicated keeps the dtype, the compare checks it
     _replicated(TRANSFORMER_LAYER + r"mlp\.router\.expert_bias", "mlp.gate.e_score_correction_bias"),
-    # one expert per parameter: SequentialMLP (local_experts.E) and TE grouped (linear_fcN.weightE), E global
-    *routed_expert_rules(
-        TRANSFORMER_LAYER, lambda match, geometry, proj: _expert(match, geometry, proj).format(expert=expert_id(match))
-    ),
-    # legacy GroupedMLP (megatron-core <= 0.16): all of a layer's local experts in one weight1 / weight2
-    MappingRule(
-        TRANSFORMER_LAYER + r"mlp\.experts\.weight1",
-        lambda match, geometry: GroupedFc1(
-            megatron=match[0],
-            num_experts=geometry.num_experts,
-            hidden=geometry.hidden,
-            ffn=geometry.moe_ffn,
-            gate=_expert(match, geometry, "gate_proj"),
-            up=_expert(match, geometry, "up_proj"),
-        ),
-    ),
-    MappingRule(
-        TRANSFORMER_LAYER + r"mlp\.experts\.weight2",
-        lambda match, geometry: GroupedFc2(
-            megatron=match[0],
-            num_experts=geometry.num_experts,
-            hidden=geometry.hidden,
-            ffn=geometry.moe_ffn,
-            down=_expert(match, geometry, "down_proj"),
-        ),
-    ),
+    *routed_expert_rules(TRANSFORMER_LAYER, _expert),
 )
 
 

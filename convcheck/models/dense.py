@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from convcheck.mappings import FusedQKV, Gated, GroupedFc1, GroupedFc2, Replicated, Split
+from convcheck.mappings import FusedQKV, Gated, Replicated, Split
 from convcheck.mappings.registry import MappingRule
 from convcheck.models.architecture import Architecture
 from convcheck.models.config_rules import (
@@ -27,7 +27,6 @@ from convcheck.models.config_rules import (
 from convcheck.models.fixture_spec import tiny_spec
 from convcheck.models.shared_mappings import (
     LAYER_PREFIX,
-    expert_id,
     routed_expert_rules,
     vocab_rows,
 )
@@ -109,32 +108,7 @@ EXPERTS = (
         LAYER_PREFIX + r"mlp\.router\.weight",
         lambda match, geometry: Replicated(megatron=match[0], hf=hf_layer(match, "mlp.gate.weight")),
     ),
-    # One expert per parameter: SequentialMLP (local_experts.E) and TE grouped (linear_fc1.weightE); E global.
-    *routed_expert_rules(
-        LAYER_PREFIX, lambda match, _geometry, proj: hf_expert(match, proj).format(expert=expert_id(match))
-    ),
-    # Legacy GroupedMLP (megatron-core <= 0.16): all of a layer's local experts in one weight1 / weight2.
-    MappingRule(
-        LAYER_PREFIX + r"mlp\.experts\.weight1",
-        lambda match, geometry: GroupedFc1(
-            megatron=match[0],
-            num_experts=geometry.num_experts,
-            hidden=geometry.hidden,
-            ffn=geometry.moe_ffn,
-            gate=hf_expert(match, "gate_proj"),
-            up=hf_expert(match, "up_proj"),
-        ),
-    ),
-    MappingRule(
-        LAYER_PREFIX + r"mlp\.experts\.weight2",
-        lambda match, geometry: GroupedFc2(
-            megatron=match[0],
-            num_experts=geometry.num_experts,
-            hidden=geometry.hidden,
-            ffn=geometry.moe_ffn,
-            down=hf_expert(match, "down_proj"),
-        ),
-    ),
+    *routed_expert_rules(LAYER_PREFIX, lambda match, _geometry, projection: hf_expert(match, projection)),
 )
 
 

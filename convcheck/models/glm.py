@@ -18,6 +18,7 @@ from convcheck.models.deepseek import (
     MLA_SHAPES,
     MTP_ALIASES_DROPPED,
     fixed_qa_kv_eps,
+    group_scores_rule,
 )
 from convcheck.models.deepseek_mappings import deepseek_rules
 from convcheck.models.fixture_spec import FixtureSpec
@@ -109,20 +110,7 @@ GLM_RULES = (
         note="HF Glm4MoeLite reads no topk_method: it always picks experts by sigmoid score + "
         f"e_score_correction_bias (noaux_tc, {GLM_MODELING}:465-482)",
     ),
-    FieldRule(
-        megatron="moe_router_group_topk",
-        hf=("num_experts_per_tok", "topk_group"),
-        expect=lambda c, m: (
-            m("moe_router_group_topk")
-            if (c["n_group"] or 1) == 1 or c["num_experts_per_tok"] // c["topk_group"] == 2
-            else unsupported(
-                "group scores from the top num_experts_per_tok // topk_group experts (Megatron, moe_utils.py:656) "
-                f"where HF takes the top 2 ({GLM_MODELING}:470)"
-            )
-        ),
-        note="with more than one group, both score a group by the sum of its top 2 experts only when top-k / "
-        "topk_group is 2",
-    ),
+    group_scores_rule(f"{GLM_MODELING}:470"),
 )
 """The rules where GLM-4.7-Flash differs from DeepSeek-V3 (each replaces the DeepSeek rule of the same label, or of
 the same Megatron field for the layer pattern and rope type)."""

@@ -6,7 +6,7 @@ import re
 from collections.abc import Callable
 
 from convcheck.hf.geometry import Geometry
-from convcheck.mappings import Gated, Split
+from convcheck.mappings import Gated, GroupedFc1, GroupedFc2, Split
 from convcheck.mappings.registry import MappingRule
 
 LAYER_PREFIX = r"decoder\.layers\.(?P<layer>\d+)\."
@@ -32,12 +32,19 @@ def vocab_rows(megatron: str, hf: str, geometry: Geometry) -> Split:
 
 
 ExpertName = Callable[[re.Match[str], Geometry, str], str]
-"""(match, geometry, projection) -> the HF name of that projection of the matched expert (global id filled in)."""
+"""(match, geometry, projection) -> the HF name of that projection of an expert of the matched layer, with an
+`{expert}` field left to fill."""
 
 
-def routed_expert_rules(prefix: str, hf: ExpertName) -> tuple[MappingRule, MappingRule]:
-    """One routed expert's gated linear_fc1 [2 x ffn/etp, hidden] (gate_proj | up_proj) and row-parallel linear_fc2
-    [hidden, ffn/etp] (down_proj), split over ETP; E global, in either spelling of `expert_weight`."""
+def routed_expert_rules(prefix: str, hf: ExpertName) -> tuple[MappingRule, ...]:
+    """Every spelling of a layer's routed experts: one expert per parameter (SequentialMLP `local_experts.E` or TE
+    grouped `linear_fcN.weightE`, E global; gated linear_fc1 [2 x ffn/etp, hidden], row-parallel linear_fc2
+    [hidden, ffn/etp], split over ETP) and legacy GroupedMLP (megatron-core <= 0.16: all local experts in one
+    weight1 / weight2)."""
+
+    def one(match: re.Match[str], geometry: Geometry, projection: str) -> str:
+        return hf(match, geometry, projection).format(expert=expert_id(match))
+
     return (
         MappingRule(
             prefix + expert_weight(1),
@@ -46,8 +53,8 @@ def routed_expert_rules(prefix: str, hf: ExpertName) -> tuple[MappingRule, Mappi
                 axis="etp",
                 expert=int(expert_id(match)),
                 num_experts=geometry.num_experts,
-                gate=hf(match, geometry, "gate_proj"),
-                up=hf(match, geometry, "up_proj"),
+                gate=one(match, geometry, "gate_proj"),
+                up=one(match, geometry, "up_proj"),
             ),
         ),
         MappingRule(
@@ -58,7 +65,28 @@ def routed_expert_rules(prefix: str, hf: ExpertName) -> tuple[MappingRule, Mappi
                 dim=1,
                 expert=int(expert_id(match)),
                 num_experts=geometry.num_experts,
-                hf=hf(match, geometry, "down_proj"),
+                hf=one(match, geometry, "down_proj"),
+            ),
+        ),
+        MappingRule(
+            prefix + r"mlp\.experts\.weight1",
+            lambda match, geometry: GroupedFc1(
+                megatron=match[0],
+                num_experts=geometry.num_experts,
+                hidden=geometry.hidden,
+                ffn=geometry.moe_ffn,
+                gate=hf(match, geometry, "gate_proj"),
+                up=hf(match, geometry, "up_proj"),
+            ),
+        ),
+        MappingRule(
+            prefix + r"mlp\.experts\.weight2",
+            lambda match, geometry: GroupedFc2(
+                megatron=match[0],
+                num_experts=geometry.num_experts,
+                hidden=geometry.hidden,
+                ffn=geometry.moe_ffn,
+                down=hf(match, geometry, "down_proj"),
             ),
         ),
     )
