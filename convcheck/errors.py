@@ -34,3 +34,11 @@ def one_line(exc: BaseException) -> str:
     """`ExcType: first line of the message` (how every raised upstream error is reported)."""
     text = str(exc).strip()
     return f"{exc.__class__.__name__}: {first_line(exc)}" if text else exc.__class__.__name__
+
+
+def raised_at(exc: BaseException, depth: int = 3) -> str:
+    """`file:line` of the innermost `depth` frames that raised, innermost first (paths cut after site-packages)."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    return " <- ".join(f"{f.filename.rpartition('site-packages/')[2]}:{f.lineno}" for f in reversed(frames[-depth:]))

@@ -14,10 +14,12 @@ from tests.conftest import ROOT
 from tests.support.release_targets import on_current_pins, release_label
 
 MODULE_FOR = {
-    "transformer_engine": "convcheck.compat.no_te",
-    "cuda": "convcheck.compat.no_cuda",
-    "mamba_ssm": "convcheck.compat.no_mamba_ssm",
+    "transformer_engine": ("convcheck.compat.no_te", "convcheck.compat.no_te_gdn"),
+    "cuda": ("convcheck.compat.no_cuda",),
+    "mamba_ssm": ("convcheck.compat.no_mamba_ssm",),
+    "fla": ("convcheck.compat.no_fla",),
 }
+"""Missing dependency -> the compat modules its shims may live in."""
 
 
 def _site_packages() -> Path:
@@ -34,10 +36,9 @@ def table_problems(shims: tuple[compat.Shim, ...], targets: bool = True) -> list
         problems.append(f"shim numbers are not 1..{len(shims)} once each: {numbers}")
     site = _site_packages()
     for s in shims:
-        if MODULE_FOR.get(s.missing) != s.module:
-            problems.append(
-                f"shim {s.number}: missing {s.missing!r} belongs in {MODULE_FOR.get(s.missing)}, not {s.module}"
-            )
+        allowed = MODULE_FOR.get(s.missing, ())
+        if s.module not in allowed:
+            problems.append(f"shim {s.number}: missing {s.missing!r} belongs in {' or '.join(allowed)}, not {s.module}")
         spec = importlib.util.find_spec(s.module)
         if spec is None or not spec.origin or f"# --- Shim {s.number} -" not in Path(spec.origin).read_text():
             problems.append(f"shim {s.number}: no '# --- Shim {s.number}' upstream comment in {s.module}")
@@ -70,7 +71,8 @@ def test_planted_table_defects_are_named() -> None:
     bad[9] = dataclasses.replace(bad[9], targets=("megatron/core/ssm/mamba_mixer.py:99999",))
     assert table_problems(tuple(bad)) == [
         "shim 5: test tests/test_compat_forward.py::test_gone does not exist",
-        "shim 7: missing 'transformer_engine' belongs in convcheck.compat.no_te, not convcheck.compat.no_cuda",
+        "shim 7: missing 'transformer_engine' belongs in convcheck.compat.no_te or convcheck.compat.no_te_gdn, not "
+        "convcheck.compat.no_cuda",
         "shim 7: no '# --- Shim 7' upstream comment in convcheck.compat.no_cuda",
         "shim 10: upstream target megatron/core/ssm/mamba_mixer.py:99999 does not exist",
     ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from convcheck.compat import no_cuda, no_mamba_ssm, no_te
+from convcheck.compat import no_cuda, no_fla, no_mamba_ssm, no_te, no_te_gdn
 from convcheck.compat._patch import upstream
 from convcheck.compat.detect import skipped
 from convcheck.compat.no_cuda import CPU_CHECKPOINT_SITES, CPU_CONSTRUCTOR_SITES, CPU_DEVICE_SITES, YARN_SITES
@@ -31,7 +31,7 @@ class Shim:
 
     number: int
     name: str
-    missing: str  # "transformer_engine", "cuda" or "mamba_ssm"
+    missing: str  # "transformer_engine", "cuda", "mamba_ssm" or "fla"
     module: str
     targets: tuple[str, ...]  # upstream file:line in the current pins, relative to site-packages
     test: str  # pytest node id that fails once upstream no longer needs the shim
@@ -39,6 +39,7 @@ class Shim:
 
 
 _TE, _CUDA, _MAMBA = "convcheck.compat.no_te", "convcheck.compat.no_cuda", "convcheck.compat.no_mamba_ssm"
+_FLA, _TE_GDN = "convcheck.compat.no_fla", "convcheck.compat.no_te_gdn"
 _CORE = "megatron/core/"
 _BRIDGES, _CORES = "megatron-bridge 0.3.0-0.6.2", "megatron-core 0.16.0-0.19.2"
 SHIMS = (
@@ -95,6 +96,19 @@ SHIMS = (
          tuple(_CORE + where for _, _, where in YARN_SITES),
          "tests/test_compat_mla.py::test_shim18_still_needed_yarn_rope_allocates_on_cuda",
          "megatron-core 0.19.2 (older releases not yet checked)"),
+    Shim(19, "gdn-without-fla", "fla", _FLA,
+         (_CORE + "ssm/gated_delta_net/common.py:141", _CORE + "ssm/gated_delta_net/common.py:43",
+          _CORE + "ssm/gated_delta_net/gdn.py:205"),
+         "tests/test_compat_gdn.py::test_shim19_still_needed_gdn_needs_fla",
+         "megatron-core 0.17.0-0.19.2 (0.17-0.18: ssm/gated_delta_net.py)"),
+    Shim(20, "experimental-attention-spec-te", "transformer_engine", _TE_GDN,
+         (_CORE + "models/gpt/experimental_attention_variant_module_specs.py:442",
+          _CORE + "models/gpt/experimental_attention_variant_module_specs.py:474",
+          _CORE + "models/gpt/experimental_attention_variant_module_specs.py:73"),
+         "tests/test_compat_gdn.py::test_shim20_still_needed_experimental_spec_asserts_te",
+         "megatron-core 0.19.2 (older releases not yet checked)"),
+    Shim(21, "zero-centered-torch-norm", "transformer_engine", _TE_GDN, (_CORE + "transformer/torch_norm.py:43",),
+         "tests/test_compat_gdn.py::test_shim21_still_needed_torch_norm_rejects_zero_centered_gamma", _CORES),
 )  # fmt: skip
 
 
@@ -106,7 +120,9 @@ def install(device: str = "cpu") -> None:
     if device not in DEVICES:
         raise BadInput(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
     no_te.install()
+    no_te_gdn.install()
     no_mamba_ssm.install()
+    no_fla.install()
     if device == "cpu":
         no_cuda.install()
     else:

@@ -196,11 +196,14 @@ def install_cpu_rng_fork() -> None:
 # megatron-core 0.19.2 constructors that allocate on torch.cuda.current_device() (CPU_CONSTRUCTOR_SITES):
 # - transformer/moe/router.py:178-194: TopKRouter.__init__ creates the `local_tokens_per_expert` and `expert_bias`
 #   buffers there when moe_router_enable_expert_bias is set (NemotronH);
-# - ssm/mamba_mixer.py:326-422: MambaMixer.__init__ creates conv1d, dt_bias, A_log, D and the gated norm there.
+# - ssm/mamba_mixer.py:326-422: MambaMixer.__init__ creates conv1d, dt_bias, A_log, D and the gated norm there;
+# - ssm/gated_delta_net/common.py:230-314: GatedDeltaNet.__init__ (its _GDNBase) creates conv1d, dt_bias and A_log
+#   there and fills them in reset_parameters (0.17-0.18: ssm/gated_delta_net.py).
 # On a CPU run each constructor runs with torch.cuda.current_device() answering "cpu" (shim 4's wrapper).
 CPU_CONSTRUCTOR_SITES = (
     ("megatron.core.transformer.moe.router", "TopKRouter.__init__", "transformer/moe/router.py:184"),
     ("megatron.core.ssm.mamba_mixer", "MambaMixer.__init__", "ssm/mamba_mixer.py:326"),
+    ("megatron.core.ssm.gated_delta_net.common", "_GDNBase.__init__", "ssm/gated_delta_net/common.py:230"),
 )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from convcheck.compat.no_te import cpu_hybrid_stack_spec, cpu_mla_decoder_block_spec, transformer_engine_available
+from convcheck.compat.no_te_gdn import cpu_experimental_block_spec
 
 # megatron-bridge 0.6.2:
 # - model_provider.py ~254 / ~315: without an initialised process group the provider starts NCCL and calls
@@ -65,7 +66,9 @@ def configure_provider(provider: Any, device: str) -> None:
     if hybrid:
         configure_hybrid_provider(provider, device)
     if not transformer_engine_available():
-        if getattr(provider, "multi_latent_attention", False):
+        if getattr(provider, "experimental_attention_variant", None):
+            provider.transformer_layer_spec = cpu_experimental_block_spec
+        elif getattr(provider, "multi_latent_attention", False):
             provider.transformer_layer_spec = cpu_mla_decoder_block_spec
         elif not hybrid:
             provider.transformer_layer_spec = local_layer_spec

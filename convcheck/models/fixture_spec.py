@@ -44,6 +44,13 @@ class FixtureSpec:
     """Multi-token-prediction layers written as `model.layers.{L + k}.*` (the last decoder layer's tensors plus
     enorm, hnorm, eh_proj, shared_head.norm / head and embed_tokens), as published DeepSeek-V3 / GLM-4.7-Flash
     checkpoints hold them: transformers builds no MTP module and save_pretrained writes none."""
+    near_one_tensors: tuple[str, ...] = ()
+    """Name suffixes drawn from [0.5, 2) (convcheck.fixtures.values.near_one_values): norm weights HF stores as a plain
+    scale where Megatron keeps a zero-centered offset (the bridge subtracts one on import, exact only there)."""
+    mtp_style: str = "layers"
+    """How the checkpoint names its MTP layers: "layers" (DeepSeek-V3, GLM: `model.layers.{L + k}.*`, see
+    mtp_layers) or "qwen" (Qwen3-Next, Qwen3.5: `mtp.fc`, `mtp.pre_fc_norm_embedding` / `_hidden`, `mtp.norm` and
+    `mtp.layers.{k}.*`, a copy of the last decoder layer's tensors, which is a full-attention layer)."""
 
 
 def tiny_spec(name: str, config_class: str, description: str, **overrides: Any) -> FixtureSpec:

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from convcheck.compare.bits import int_view
-from convcheck.errors import one_line
+from convcheck.errors import one_line, raised_at
 from convcheck.oracles.base import OracleInfo
 from convcheck.oracles.fp32 import fp32_forward
 from convcheck.oracles.hf_stream import eager, streamed_logits
@@ -209,14 +209,6 @@ def compare(megatron: Any, hf: Any) -> tuple[list[Finding], dict[str, Any]]:
     return findings, metrics
 
 
-def _where(exc: BaseException) -> str:
-    """`file:line` of the innermost frame that raised (upstream file paths shortened after site-packages)."""
-    import traceback
-
-    frames = traceback.extract_tb(exc.__traceback__)
-    return " <- ".join(f"{f.filename.rpartition('site-packages/')[2]}:{f.lineno}" for f in reversed(frames[-3:]))
-
-
 def _hf_device(ctx: RankContext) -> str:
     """Where rank 0 runs the HF reference: its own device (the GPU of a CUDA run), so the host holds no model."""
     import torch
@@ -233,7 +225,7 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     try:
         logits = megatron_logits(ctx, tokens)
     except Exception as exc:  # noqa: BLE001 - a crashing forward is a finding, not a crash of convcheck
-        logits, error = None, f"{one_line(exc)} (at {_where(exc)})"
+        logits, error = None, f"{one_line(exc)} (at {raised_at(exc)})"
     gathered = ctx.gather((logits, error))
     if not ctx.is_reporter:
         return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from convcheck.errors import one_line
+from convcheck.errors import one_line, raised_at
 from convcheck.hf.checkpoint import Checkpoint
 from convcheck.layout import ParallelLayout, RankCoord
 from convcheck.probe import fused
@@ -109,7 +109,7 @@ class RankContext:
         try:
             yield from self.bridge_export(cpu)
         except Exception as exc:  # noqa: BLE001 - a crashing export is a finding, not a crash of convcheck
-            self.export_error = one_line(exc)
+            self.export_error = f"{one_line(exc)} at {raised_at(exc)}"
 
     def bridge_export(self, cpu: bool = True) -> Iterator[tuple[str, Any]]:
         """The bridge's own `export_hf_weights` stream (what senders build on); raises what the bridge raises."""

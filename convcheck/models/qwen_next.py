@@ -1,0 +1,108 @@
+"""Qwen3-Next and Qwen3.5 (dense and MoE text models): gated-DeltaNet / gated-attention hybrids with zero-centered
+RMSNorms, an output gate packed in q_proj, partial RoPE, MoE with a gated shared expert, and one MTP layer.
+
+The bridges (megatron-bridge 0.6.2 qwen/qwen3_next_bridge.py, qwen/qwen35_bridge.py) build them as a GPTModel with
+megatron-core's experimental-attention block spec: a GatedDeltaNet or a gated SelfAttention per layer, from
+`layer_types`. Qwen3-Next stores the GDN input projection as two fused tensors (in_proj_qkvz, in_proj_ba), Qwen3.5 as
+four (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from convcheck.models.architecture import Architecture
+from convcheck.models.fixture_spec import FixtureSpec
+
+LAYER_TYPES = ["full_attention", "linear_attention", "linear_attention", "full_attention"]
+"""A per-layer schedule no `full_attention_interval` gives (layer 0 is full attention), ending with a full-attention
+layer: the bridge builds the MTP layer from the last decoder layer's spec (gpt_provider.py:373), and published
+checkpoints hold an attention MTP layer."""
+
+GDN_SHAPES: dict[str, Any] = {
+    "hidden_size": 32,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "num_hidden_layers": 4,
+    "layer_types": LAYER_TYPES,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 8,
+    "linear_value_head_dim": 8,
+    "linear_conv_kernel_dim": 4,
+    "vocab_size": 152,
+    "max_position_embeddings": 128,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+"""Two key heads and four value heads (two per key head) so TP2 splits both; partial rotary 0.25 as published."""
+
+MOE_SHAPES: dict[str, Any] = {
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 16,
+    "shared_expert_intermediate_size": 24,
+}
+"""Eight routed experts (EP2 and TP2xEP2 legal), a shared expert of its own width and its [1, H] gate."""
+
+GATED_NORM = ("linear_attn.norm.weight",)
+"""The GDN output norm: a plain-scale RMSNorm in HF (Qwen3NextRMSNormGated, ones at init), zero-centered in Megatron."""
+
+TINY_QWEN3_NEXT = FixtureSpec(
+    name="qwen3-next",
+    config_class="Qwen3NextConfig",
+    description="Qwen3-Next: gated DeltaNet + gated attention (schedule full, linear, linear, full), 8 routed + 1 "
+    "gated shared expert, partial RoPE, 1 MTP layer; fused in_proj_qkvz / in_proj_ba",
+    config={**GDN_SHAPES, **MOE_SHAPES, "num_nextn_predict_layers": 1},
+    mtp_layers=1,
+    mtp_style="qwen",
+    near_one_tensors=GATED_NORM,
+)
+
+TINY_QWEN35 = FixtureSpec(
+    name="qwen3.5",
+    config_class="Qwen3_5TextConfig",
+    description="Qwen3.5 dense text model: gated DeltaNet + gated attention (full, linear, linear, full), partial "
+    "RoPE, 1 MTP layer; separate in_proj_qkv / z / b / a",
+    config={**GDN_SHAPES, "intermediate_size": 64, "mtp_num_hidden_layers": 1},
+    mtp_layers=1,
+    mtp_style="qwen",
+    near_one_tensors=GATED_NORM,
+)
+
+TINY_QWEN35_MOE = FixtureSpec(
+    name="qwen3.5-moe",
+    config_class="Qwen3_5MoeTextConfig",
+    description="Qwen3.5-MoE text model: gated DeltaNet + gated attention (full, linear, linear, full), 8 routed + 1 "
+    "gated shared expert, 1 MTP layer; per-expert tensors as save_pretrained writes them",
+    config={**GDN_SHAPES, **MOE_SHAPES, "mtp_num_hidden_layers": 1},
+    mtp_layers=1,
+    mtp_style="qwen",
+    near_one_tensors=GATED_NORM,
+)
+
+QWEN3_NEXT = Architecture(
+    hf_classes=("Qwen3NextForCausalLM",),
+    model_type="qwen3_next",
+    mapping_rules=None,
+    config_rules=(),
+    fixtures=(TINY_QWEN3_NEXT,),
+)
+
+QWEN35 = Architecture(
+    hf_classes=("Qwen3_5ForCausalLM",),
+    model_type="qwen3_5_text",
+    mapping_rules=None,
+    config_rules=(),
+    fixtures=(TINY_QWEN35,),
+)
+
+QWEN35_MOE = Architecture(
+    hf_classes=("Qwen3_5MoeForCausalLM",),
+    model_type="qwen3_5_moe_text",
+    mapping_rules=None,
+    config_rules=(),
+    fixtures=(TINY_QWEN35_MOE,),
+)
