@@ -52,14 +52,9 @@ def as_layout(layout: ParallelLayout | str | None) -> ParallelLayout:
 
 
 def as_oracles(oracles: Sequence[str] | str | None, experts: str = "sequential") -> tuple[str, ...]:
-    """Validated oracle names (all by default); te-grouped experts have no forward, so no logits."""
+    """Validated oracle names (all by default); every expert layout runs every oracle."""
     spec = oracles if oracles is None or isinstance(oracles, str) else ",".join(oracles)
-    names = parse_oracle_names(spec)
-    if experts == "te-grouped":
-        if spec and "logits" in names:
-            raise BadInput("--experts te-grouped has no forward: the logits oracle cannot run on it")
-        names = tuple(o for o in names if o != "logits")
-    return names
+    return parse_oracle_names(spec)
 
 
 def prepare(

@@ -68,7 +68,7 @@ def test_check_catalog_names_each_problem() -> None:
         replace(good, name="x2", hook="convcheck.mutants.bridge:no_such_hook"),
         replace(good, name="x3", layout="tp3"),
         replace(good, name="x4", fixture="tiny:qwen9"),
-        replace(good, name="x5", experts="te-grouped", catches=("logits",)),
+        replace(good, name="x5", experts="grouped-gemm"),
     )
     problems = check_catalog(bad, deep=True)
     assert any("unique" in p for p in problems)
@@ -77,7 +77,7 @@ def test_check_catalog_names_each_problem() -> None:
     assert any(p.startswith("x2:") and "no_such_hook" in p for p in problems)
     assert any(p.startswith("x3:") and "tp=3" in p for p in problems)
     assert any(p.startswith("x4:") and "unknown fixture" in p for p in problems)
-    assert any(p.startswith("x5:") and "no forward" in p for p in problems)
+    assert any(p.startswith("x5:") and "unknown expert layout" in p for p in problems)
 
 
 # --- planning ---------------------------------------------------------------------------------------------------

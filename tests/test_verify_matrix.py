@@ -32,10 +32,8 @@ def test_matrix_covers_every_golden_case() -> None:
 
 
 def default_oracles(layout: tuple[str, ...]) -> list[str]:
-    """What a plain `verify` must run: every default oracle, less logits for te-grouped experts (no forward)."""
-    names = list(DEFAULT_ORACLES)
-    te_grouped = "--experts" in layout and layout[layout.index("--experts") + 1] == "te-grouped"
-    return [name for name in names if not (te_grouped and name == "logits")]
+    """What a plain `verify` must run: every default oracle, whatever the expert layout."""
+    return list(DEFAULT_ORACLES)
 
 
 @pytest.mark.ranks

@@ -125,7 +125,7 @@ Examples:
               help="Callable run in every rank before the model is built (extensions, planted-bug tests).")  # fmt: skip
 @click.option("--experts", type=click.Choice(EXPERT_LAYOUTS), default="sequential", show_default=True,
               help="MoE expert layout: SequentialMLP, or TEGroupedMLP's linear_fcN.weightE "
-              "(no forward: no logits).")  # fmt: skip
+              "(its forward is SequentialMLP's on those weights).")  # fmt: skip
 @click.option("--sender", type=HookSpecType("sender", builtins=("bridge", *SENDERS)), default=None,
               help="Weight-sync sender every export consumer reads: bridge (default), bucketed, broadcast, or "
                    "MODULE:FUNC / FILE.py:FUNC called as FUNC(ctx).")  # fmt: skip

@@ -16,7 +16,9 @@ carries `config` (read by the mappings' `_get_config`). Parameters get the attri
 
 This is a test harness of the bridge's naming and sharding, not a mock of the bridge: the real bridge mappings
 (`decoder.layers.*.mlp.experts.linear_fc{1,2}.weight*`, `_megatron_local_name_to_global`'s `weight{N}` expert
-renumbering, the real TP/EP gathers) run on it. It has no forward: the logits oracle cannot run on it.
+renumbering, the real TP/EP gathers) run on it. Its forward is the forward of the SequentialMLP it replaced (kept
+outside the module tree), whose expert i reads the stand-in's `weight{i}` storage: the same expert math megatron-core
+runs, on the parameters the bridge loaded, so the logits oracle checks the grouped layout end to end.
 """
 
 from __future__ import annotations
@@ -50,9 +52,9 @@ def _grouped_linear_class(name: str, partition_dim: int) -> type:
             self.register_parameter(f"weight{i}", param)
 
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(f"{name} stand-in (convcheck --experts te-grouped) has no forward")
+        raise NotImplementedError(f"{name} stand-in: its TEGroupedMLP runs the experts, not this linear")
 
-    doc = f"Layout-faithful stand-in of megatron-core's {name} (parameters only, no forward)."
+    doc = f"Layout-faithful stand-in of megatron-core's {name} (parameters only; the experts module runs them)."
     return type(name, (torch.nn.Module,), {"__init__": __init__, "forward": forward, "__doc__": doc,
                                             "__module__": __name__})  # fmt: skip
 
@@ -68,9 +70,9 @@ def _classes() -> tuple[type, type]:
     return _CLASSES["column"], _CLASSES["row"]
 
 
-def te_grouped_experts(config: Any, num_local_experts: int, dtype: Any, device: Any) -> Any:
+def te_grouped_experts(config: Any, num_local_experts: int, dtype: Any, device: Any, sequential: Any = None) -> Any:
     """A TEGroupedMLP-shaped experts module: `linear_fc1.weight{i}` [2F/etp, hidden], `linear_fc2.weight{i}`
-    [hidden, F/etp]."""
+    [hidden, F/etp]; its forward runs `sequential` (the SequentialMLP it stands in for) on those weights."""
     import torch
 
     etp = int(getattr(config, "expert_tensor_parallel_size", None) or 1)
@@ -81,10 +83,11 @@ def te_grouped_experts(config: Any, num_local_experts: int, dtype: Any, device: 
     column, row = _classes()
 
     class TEGroupedMLPLayout(torch.nn.Module):
-        """Stand-in of TEGroupedMLP: parameters laid out as in production, no forward."""
+        """Stand-in of TEGroupedMLP: parameters laid out as in production, the SequentialMLP's forward."""
 
         def __init__(self) -> None:
             super().__init__()
+            self.__dict__["sequential"] = sequential  # not a submodule: its parameters are not the model's
             self.config = config
             self.num_local_experts = num_local_experts
             self.linear_fc1 = column(num_local_experts, config.hidden_size, fc1_out, config=config, dtype=dtype,
@@ -93,7 +96,14 @@ def te_grouped_experts(config: Any, num_local_experts: int, dtype: Any, device: 
                                   device=device)  # fmt: skip
 
         def forward(self, *args: Any, **kwargs: Any) -> Any:
-            raise NotImplementedError("TEGroupedMLP stand-in (convcheck --experts te-grouped) has no forward")
+            """SequentialMLP.forward(permuted tokens, tokens_per_expert, probs) with expert i on `weight{i}`."""
+            sequential = self.__dict__["sequential"]
+            if sequential is None:
+                raise NotImplementedError("this TEGroupedMLP stand-in was built without the experts it replaces")
+            for i, expert in enumerate(sequential.local_experts):
+                expert.linear_fc1.weight.data = getattr(self.linear_fc1, f"weight{i}").data
+                expert.linear_fc2.weight.data = getattr(self.linear_fc2, f"weight{i}").data
+            return sequential(*args, **kwargs)
 
     return TEGroupedMLPLayout()
 
@@ -109,7 +119,7 @@ def install_te_grouped_experts(model: list[Any]) -> int:
                 continue
             first = next(experts.parameters())
             config = getattr(experts, "config", None) or module.config
-            module.experts = te_grouped_experts(config, len(local), first.dtype, first.device)
+            module.experts = te_grouped_experts(config, len(local), first.dtype, first.device, experts)
             replaced += 1
     if not replaced and not getattr(model[0].config, "num_moe_experts", None):
         raise BadInput("--experts te-grouped: the model has no SequentialMLP experts to lay out as TEGroupedMLP")

@@ -199,7 +199,7 @@ class SelftestResult:
 
 
 def applicable_oracles(experts: str) -> tuple[str, ...]:
-    """Every oracle that can run on this expert layout (te-grouped has no forward, so no logits)."""
+    """Every oracle that can run on this expert layout (all of them, te-grouped included)."""
     return as_oracles(None, experts)
 
 

@@ -59,8 +59,6 @@ def check_catalog(mutants: Sequence[Mutant] = MUTANTS, *, deep: bool = False) ->
             problems.append(f"{m.name}: catches needs known oracles, got {', '.join(unknown) or 'none'}")
         if m.experts not in EXPERT_LAYOUTS:
             problems.append(f"{m.name}: unknown expert layout {m.experts!r}")
-        elif m.experts == "te-grouped" and FORWARD in m.catches:
-            problems.append(f"{m.name}: te-grouped experts have no forward, logits cannot catch it")
         if not m.targets:
             problems.append(f"{m.name}: targets must name what its findings can be about")
         if not m.fixture.startswith("tiny:"):
