@@ -13,6 +13,7 @@ from typing import Any
 
 from convcheck.models.architecture import Architecture
 from convcheck.models.fixture_spec import FixtureSpec
+from convcheck.models.upstream_bug import UpstreamBug
 
 LAYER_TYPES = ["full_attention", "linear_attention", "linear_attention", "full_attention"]
 """A per-layer schedule no `full_attention_interval` gives (layer 0 is full attention), ending with a full-attention
@@ -99,10 +100,28 @@ QWEN35 = Architecture(
     fixtures=(TINY_QWEN35,),
 )
 
+MTP_SEQUENTIAL_EXPERTS_UNMAPPED = UpstreamBug(
+    name="qwen35-moe-mtp-sequential-experts-unmapped",
+    summary="the Qwen3.5-MoE bridge maps the MTP layer's routed experts only in the grouped layout "
+    "(experts.linear_fc*.weight*), not as SequentialMLP local_experts (what moe_grouped_gemm=False or a build "
+    "without TE gives; its decoder layers have both); the unmapped parameters leave empty conversion tasks "
+    "on which load_hf_weights and export_hf_weights crash",
+    where="megatron/bridge/models/qwen/qwen35_bridge.py:377-390 (_get_moe_mtp_mappings); the crash at "
+    "conversion/model_bridge.py:1100 (load) and :1340 (export)",
+    findings=(
+        ("coverage", "mtp.layers.*.mtp_model_layer.mlp.experts.local_experts.*.linear_fc*.weight", "unmapped"),
+        ("*", "<import>", "import-failed"),
+        ("*", "<export>", "export-failed"),
+    ),
+    seen_in=("0.5.1", "0.6.0", "0.6.2"),
+)
+"""Every other finding of such a run follows from the two crashes (nothing is loaded or exported)."""
+
 QWEN35_MOE = Architecture(
     hf_classes=("Qwen3_5MoeForCausalLM",),
     model_type="qwen3_5_moe_text",
     mapping_rules=None,
     config_rules=(),
     fixtures=(TINY_QWEN35_MOE,),
+    upstream_bugs=(MTP_SEQUENTIAL_EXPERTS_UNMAPPED,),
 )

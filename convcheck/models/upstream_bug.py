@@ -22,7 +22,7 @@ class UpstreamBug:
     where: str
     """Upstream file:line (megatron-bridge unless said otherwise) of the faulty code."""
     findings: tuple[tuple[str, str, str], ...]
-    """(oracle, tensor fnmatch pattern, finding kind) of every finding it causes."""
+    """(oracle, tensor, finding kind) of every finding it causes; oracle and tensor are fnmatch patterns."""
     seen_in: tuple[str, ...]
     """megatron-bridge releases convcheck ran it on and saw it (a finding on another release is not explained)."""
     fixed_in: str = ""
@@ -30,7 +30,7 @@ class UpstreamBug:
 
     def explains(self, bridge_version: str, oracle: str, tensor: str, kind: str) -> bool:
         return bridge_version in self.seen_in and any(
-            oracle == o and kind == k and fnmatchcase(tensor, t) for o, t, k in self.findings
+            fnmatchcase(oracle, o) and kind == k and fnmatchcase(tensor, t) for o, t, k in self.findings
         )
 
     def line(self, count: int) -> str:
