@@ -9,6 +9,7 @@ back, and optionally `expected(hf)` (what the state holds after a full sync), `s
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -37,13 +38,18 @@ class HFReceiver:
         self.model.tie_weights()
         self._storage, self._placement = self._placements()
         self._depth = config.num_hidden_layers if getattr(config, "num_nextn_predict_layers", 0) else None
+        self._ignored = [re.compile(p) for p in getattr(cls, "_keys_to_ignore_on_load_unexpected", None) or ()]
         self.not_held: set[str] = set()
-        """MTP tensors received and dropped: transformers builds no MTP module (DeepSeek-V3, GLM-4.7-Flash)."""
+        """MTP tensors received and dropped: transformers builds no MTP module (DeepSeek-V3, GLM-4.7-Flash, Qwen3-Next,
+        Qwen3.5)."""
 
     def _is_mtp(self, name: str) -> bool:
-        """`model.layers.{L + k}.*` of a model with MTP layers (L = num_hidden_layers), which no HF parameter holds."""
+        """`model.layers.{L + k}.*` of a model with MTP layers (L = num_hidden_layers), which no HF parameter holds, or
+        a name the HF class's loader drops as unexpected (`^mtp.*` for Qwen3-Next / Qwen3.5)."""
         layer = name.split(".")[2] if name.startswith("model.layers.") else ""
-        return self._depth is not None and layer.isdigit() and int(layer) >= self._depth
+        if self._depth is not None and layer.isdigit() and int(layer) >= self._depth:
+            return True
+        return any(p.search(name) for p in self._ignored)
 
     def _placements(self) -> tuple[list[tuple[str, Any]], dict[str, tuple[tuple[int, ...], list[Any]]]]:
         """Unique storages (model name, tensor) and, per checkpoint name, its shape and (storage, source, target)
