@@ -12,10 +12,23 @@ from convcheck.layout import ParallelLayout
 
 STANDARD_LAYOUTS = ("tp1", "tp2", "pp2", "ep2", "tp2ep2")
 """Layouts every fixture is gated at where `ParallelLayout.validate_for` allows them."""
-LAYOUTS_BY_FIXTURE = {"nemotron-h": ("tp1", "tp2", "ep2")}
-"""Fixtures gated at a fixed list instead (NemotronH: 5 layers, no PP2; TP2xEP2 is not part of its matrix)."""
-EXTRA_CASES = (("tiny:qwen2", "tp4", None), ("tiny:qwen3", "tp2", 128))
-"""Beyond the standard layouts: fewer KV heads than TP ranks, and the padded vocabulary training uses."""
+LAYOUTS_BY_FIXTURE = {
+    "nemotron-h": ("tp1", "tp2", "ep2"),
+    "qwen3-next": ("tp2", "pp2", "tp2ep2"),
+    "qwen3.5": ("tp2", "pp2"),
+    "qwen3.5-moe": ("tp1",),
+}
+"""Fixtures gated at a fixed list instead (NemotronH: 5 layers, no PP2; TP2xEP2 is not part of its matrix; the
+gated-DeltaNet fixtures at the layouts that split their GDN heads, stages and experts; Qwen3.5-MoE with SequentialMLP
+experts at TP1 only: the pinned bridge cannot load it, see EXTRA_CASES)."""
+EXTRA_CASES = (
+    ("tiny:qwen2", "tp4", None, "sequential"),
+    ("tiny:qwen3", "tp2", 128, "sequential"),
+    ("tiny:qwen3.5-moe", "tp2", None, "te-grouped"),
+    ("tiny:qwen3.5-moe", "ep2", None, "te-grouped"),
+)
+"""Beyond the standard layouts: fewer KV heads than TP ranks, the padded vocabulary training uses, and Qwen3.5-MoE with
+the TEGroupedMLP layout GPU training runs (the bridge maps its MTP experts only there)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -89,7 +102,11 @@ def default_matrix() -> list[Case]:
         if name not in (*RELEASE_VARIANTS, *PARTLY_COVERED)
         for layout in fixture_layouts(name)
     ]
-    cases += [Case(model=m, layout=ParallelLayout.parse(lay), pad_vocab=pad) for m, lay, pad in EXTRA_CASES]
+    cases += [
+        Case(model=m, layout=ParallelLayout.parse(lay), pad_vocab=pad, experts=experts)
+        for m, lay, pad, experts in EXTRA_CASES
+        if m.removeprefix("tiny:") not in PARTLY_COVERED
+    ]
     return cases
 
 
