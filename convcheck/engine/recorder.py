@@ -68,7 +68,7 @@ def describe_mapping(mapping: Any, module: Any) -> dict[str, Any]:
 
 def local_tasks(ctx: RankContext) -> dict[str, dict[str, Any]]:
     """This rank's global Megatron parameter -> its bridge mapping (registry lookup, as the conversion does)."""
-    registry = ctx.bridge._model_bridge.mapping_registry()
+    registry = ctx.mapping_registry()
     chunks = []
     for chunk in ctx.model:
         while hasattr(chunk, "module"):

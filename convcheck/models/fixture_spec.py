@@ -47,6 +47,9 @@ class FixtureSpec:
     near_one_tensors: tuple[str, ...] = ()
     """Name suffixes drawn from [0.5, 2) (convcheck.fixtures.values.near_one_values): norm weights HF stores as a plain
     scale where Megatron keeps a zero-centered offset (the bridge subtracts one on import, exact only there)."""
+    packed_experts: bool = False
+    """Save MoE experts fused as transformers 5 holds them (`experts.gate_up_proj` / `experts.down_proj`), not split
+    per expert as save_pretrained writes them: the layout of checkpoints published in that format (Qwen3.6)."""
     mtp_style: str = "layers"
     """How the checkpoint names its MTP layers: "layers" (DeepSeek-V3, GLM: `model.layers.{L + k}.*`, see
     mtp_layers) or "qwen" (Qwen3-Next, Qwen3.5: `mtp.fc`, `mtp.pre_fc_norm_embedding` / `_hidden`, `mtp.norm` and

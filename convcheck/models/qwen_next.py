@@ -84,6 +84,18 @@ TINY_QWEN35_MOE = FixtureSpec(
     near_one_tensors=GATED_NORM,
 )
 
+TINY_QWEN36_MOE = FixtureSpec(
+    name="qwen3.6-moe",
+    config_class="Qwen3_5MoeTextConfig",
+    description="Qwen3.6-MoE (Qwen3.5-MoE's text model) as published: routed experts stored fused "
+    "(experts.gate_up_proj / down_proj) in the decoder and the MTP layer",
+    config={**GDN_SHAPES, **MOE_SHAPES, "mtp_num_hidden_layers": 1},
+    mtp_layers=1,
+    mtp_style="qwen",
+    near_one_tensors=GATED_NORM,
+    packed_experts=True,
+)
+
 QWEN3_NEXT = Architecture(
     hf_classes=("Qwen3NextForCausalLM",),
     model_type="qwen3_next",
@@ -122,6 +134,6 @@ QWEN35_MOE = Architecture(
     model_type="qwen3_5_moe_text",
     mapping_rules=None,
     config_rules=(),
-    fixtures=(TINY_QWEN35_MOE,),
+    fixtures=(TINY_QWEN35_MOE, TINY_QWEN36_MOE),
     upstream_bugs=(MTP_SEQUENTIAL_EXPERTS_UNMAPPED,),
 )

@@ -94,7 +94,7 @@ def exactly_once(gathered: list[dict[str, Any]]) -> list[Finding]:
 
 def megatron_side(ctx: RankContext) -> tuple[set[str], list[Finding]]:
     """This rank's global parameter names and the findings about them (unmapped, missing HF, not loaded)."""
-    registry = ctx.bridge._model_bridge.mapping_registry()
+    registry = ctx.mapping_registry()
     tied = bool(getattr(ctx.model[0].config, "share_embeddings_and_output_weights", False))
     hf_names = set(ctx.checkpoint.tensors)
     names: set[str] = set()

@@ -171,6 +171,13 @@ class RankContext:
         """(global Megatron name, this rank's shard) for every parameter and persistent buffer of this rank."""
         return [(self.global_name(local, vp), tensor) for vp, local, tensor in named_tensors(self.model)]
 
+    def mapping_registry(self) -> Any:
+        """The registry the bridge converts with: AutoBridge makes a new model bridge per access, and bridges that
+        choose mappings by the checkpoint's keys (Qwen3.5's packed experts) read its `hf_pretrained`."""
+        model_bridge = self.bridge._model_bridge
+        model_bridge.hf_pretrained = self.bridge.hf_pretrained
+        return model_bridge.mapping_registry()
+
     def global_name(self, local_name: str, vp_stage: int) -> str:
         """Megatron's global parameter name (layer and expert numbers made global)."""
         from megatron.bridge.models.conversion.model_bridge import _megatron_local_name_to_global
