@@ -13,6 +13,7 @@ from typing import Any
 
 from convcheck.models.architecture import Architecture
 from convcheck.models.fixture_spec import FixtureSpec
+from convcheck.models.qwen_next_config import QWEN3_NEXT_TABLE, QWEN35_MOE_TABLE, QWEN35_TABLE
 
 LAYER_TYPES = ["full_attention", "linear_attention", "linear_attention", "full_attention"]
 """A per-layer schedule no `full_attention_interval` gives (layer 0 is full attention), ending with a full-attention
@@ -87,7 +88,7 @@ QWEN3_NEXT = Architecture(
     hf_classes=("Qwen3NextForCausalLM",),
     model_type="qwen3_next",
     mapping_rules=None,
-    config_rules=(),
+    config_rules=QWEN3_NEXT_TABLE,
     fixtures=(TINY_QWEN3_NEXT,),
 )
 
@@ -95,7 +96,7 @@ QWEN35 = Architecture(
     hf_classes=("Qwen3_5ForCausalLM",),
     model_type="qwen3_5_text",
     mapping_rules=None,
-    config_rules=(),
+    config_rules=QWEN35_TABLE,
     fixtures=(TINY_QWEN35,),
 )
 
@@ -103,6 +104,6 @@ QWEN35_MOE = Architecture(
     hf_classes=("Qwen3_5MoeForCausalLM",),
     model_type="qwen3_5_moe_text",
     mapping_rules=None,
-    config_rules=(),
+    config_rules=QWEN35_MOE_TABLE,
     fixtures=(TINY_QWEN35_MOE,),
 )
