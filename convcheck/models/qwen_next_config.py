@@ -132,8 +132,9 @@ def _common(modeling: str) -> tuple[FieldRule, ...]:
             expect=lambda c, _m: (
                 c["hidden_act"]
                 if c["hidden_act"] in ("silu", "swish")
-                else unsupported(f"hidden_act {c['hidden_act']!r} as the GDN conv activation (megatron-core gdn.py "
-                                 "applies silu)")  # fmt: skip
+                else unsupported(
+                    f"hidden_act {c['hidden_act']!r} as the GDN conv activation (megatron-core gdn.py applies silu)"
+                )  # fmt: skip
             ),
             observe=function_name,
             note="HF applies hidden_act in the MLPs and after the GDN conv1d; Megatron's GDN conv always uses silu",
@@ -260,7 +261,9 @@ GDN_CONFIG_EXPORT_LOSES_SCHEDULE = UpstreamBug(
     "Megatron provider gets the HF class defaults for them",
     where="megatron/bridge/models/conversion/model_bridge.py:695-758 (qwen3_next_bridge.py / qwen35_bridge.py do not "
     "override it; auto_bridge.py:401 builds the HF config from it)",
-    findings=tuple(("config", f"{field} (megatron_to_hf_config)", "roundtrip-mismatch") for field in _GDN_EXPORT_FIELDS),
+    findings=tuple(
+        ("config", f"{field} (megatron_to_hf_config)", "roundtrip-mismatch") for field in _GDN_EXPORT_FIELDS
+    ),
     seen_in=("0.6.2",),
 )
 """What the roundtrip half of the config oracle names for a schedule or GDN geometry that is not the class default."""
