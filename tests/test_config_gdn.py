@@ -20,7 +20,8 @@ CASES = {
     "qwen3_5_moe_text": (TINY_QWEN35_MOE, "Qwen3_5MoeForCausalLM"),
 }
 PUBLISHED_EXTRAS = {
-    "qwen3_next": {"full_attention_interval", "num_nextn_predict_layers", "mtp_num_hidden_layers", "partial_rotary_factor"},
+    "qwen3_next": {"full_attention_interval", "num_nextn_predict_layers", "mtp_num_hidden_layers",
+                   "partial_rotary_factor"},
     "qwen3_5_text": {"full_attention_interval", "mtp_num_hidden_layers", "mtp_use_dedicated_embeddings",
                      "attn_output_gate", "partial_rotary_factor"},
     "qwen3_5_moe_text": {"full_attention_interval", "mtp_num_hidden_layers", "mtp_use_dedicated_embeddings",
