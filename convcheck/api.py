@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-
 import time
 from collections.abc import Sequence
 from pathlib import Path
