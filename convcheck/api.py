@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,6 +17,7 @@ from convcheck.engine.resume import checkpoint_folder, run_resumes
 from convcheck.errors import BadInput
 from convcheck.fixtures import build_fixture, get_spec
 from convcheck.fixtures.from_config import CONFIG_PREFIX, build_from_config
+from convcheck.fixtures.shrink import TEXT_MODEL_NOTE
 from convcheck.gate.manifest import build_manifest, check_manifest_path, write_manifest
 from convcheck.hf.checkpoint import architecture_of, open_checkpoint
 from convcheck.hf.geometry import Geometry
@@ -35,7 +37,11 @@ def resolve_model(model: str, layers: int | None = None) -> str:
     """A checkpoint folder for `model`: a path, a built-in fixture `tiny:<name>`, or `config:FILE`, a config.json
     shrunk to a tiny fixture of `layers` layers (default: the fewest that keep its layer pattern); built once."""
     if model.startswith(CONFIG_PREFIX):
-        return str(build_from_config(model.removeprefix(CONFIG_PREFIX), layers)[0])
+        folder, shrunk = build_from_config(model.removeprefix(CONFIG_PREFIX), layers)
+        for note in shrunk.notes:
+            if note.startswith(TEXT_MODEL_NOTE):
+                print(f"INFO {note}", file=sys.stderr)
+        return str(folder)
     if layers is not None:
         raise BadInput(f"--layers applies only to a --model {CONFIG_PREFIX}FILE fixture, not {model}")
     if model.startswith("tiny:"):

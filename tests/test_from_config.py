@@ -524,3 +524,62 @@ def test_mla_yarn_left_at_megatrons_default_factor_is_named(tmp_path: Path) -> N
     assert res.findings("config")[1]["message"].startswith(
         "rope_parameters.rope_type='default' requires rope_type='rope'; the Megatron config has 'yarn'"
     )
+
+
+# ---- the gated-DeltaNet hybrids (issue #29) ------------------------------------------------------------------------
+
+GDN_PUBLISHED = ("qwen3-next-80b-a3b", "qwen3.5-35b-a3b")
+"""Both files were transcribed from memory of the published configs (their `_convcheck_note` key says so; the
+shrinker drops it)."""
+SCHEDULE = ["linear_attention"] * 3 + ["full_attention"]
+
+
+def test_a_gdn_config_keeps_its_schedule_prefix_head_ratios_shared_expert_and_mtp() -> None:
+    nxt = shrink_file(DATA / "qwen3-next-80b-a3b.config.json")
+    c = nxt.spec.config
+    assert c["layer_types"] == SCHEDULE and c["num_hidden_layers"] == 4 and "full_attention_interval" not in c
+    assert (c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], c["hidden_size"]) == (16, 2, 4, 32)
+    assert (c["linear_num_key_heads"], c["linear_num_value_heads"]) == (2, 4)  # 16:32 kept as 1:2
+    assert (c["num_experts"], c["num_experts_per_tok"], c["moe_intermediate_size"]) == (8, 4, 20)
+    assert c["shared_expert_intermediate_size"] == 24 and c["partial_rotary_factor"] == 0.25
+    assert nxt.spec.mtp_style == "qwen" and "_convcheck_note" not in c
+    vl = shrink_file(DATA / "qwen3.5-35b-a3b.config.json")
+    assert vl.spec.config_class == "Qwen3_5MoeTextConfig" and vl.spec.mtp_layers == 1
+    assert vl.spec.config["model_type"] == "qwen3_5_moe_text" and vl.spec.config["layer_types"] == SCHEDULE
+    assert vl.spec.config["rope_parameters"]["partial_rotary_factor"] == 0.25
+    assert [n for n in vl.notes if n.startswith("vision-language")] == [
+        "vision-language config: qwen3_5_moe ['Qwen3_5MoeForConditionalGeneration'] shrunk as its text_config "
+        "(Qwen3_5MoeForCausalLM); the vision tower is left out"
+    ]
+
+
+def test_gdn_layers_keep_a_prefix_with_both_kinds_that_ends_with_full_attention() -> None:
+    c = shrink_file(DATA / "qwen3-next-80b-a3b.config.json", layers=8).spec.config
+    assert c["layer_types"] == SCHEDULE * 2
+    with pytest.raises(BadInput) as info:
+        shrink_file(DATA / "qwen3-next-80b-a3b.config.json", layers=5)
+    assert "--layers 5 cannot keep the layer schedule" in str(info.value) and "end with full attention" in str(
+        info.value
+    )
+
+
+GDN_EXPORT_LOSSES = {
+    f"{name} (megatron_to_hf_config)"
+    for name in ("linear_key_head_dim", "linear_num_key_heads", "linear_num_value_heads", "linear_value_head_dim",
+                 "shared_expert_intermediate_size")
+}  # fmt: skip
+"""What the real megatron_to_hf_config loses for a shrunk GDN model (GDN_CONFIG_EXPORT_LOSES_SCHEDULE); the
+forward direction (every provider rule) holds."""
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize("name", GDN_PUBLISHED)
+def test_a_shrunk_gdn_config_runs_to_a_verdict_naming_the_real_config_export_gap(name: str, tmp_path: Path) -> None:
+    res = run_cli("verify", "--model", f"config:tests/data/{name}.config.json", "--tp", "2", "--oracle", "config",
+                  tmp_path=tmp_path, timeout=600)  # fmt: skip
+    assert res.code == 1, res.out + res.err
+    assert res.verdicts() == {"config": "fail"}
+    assert {(f["tensor"], f["kind"]) for f in res.findings("config")} == {
+        (t, "roundtrip-mismatch") for t in GDN_EXPORT_LOSSES
+    }
+    assert ("INFO vision-language config" in res.err) == name.startswith("qwen3.5")

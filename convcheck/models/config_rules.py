@@ -114,6 +114,7 @@ IGNORED: dict[str, str] = {
     "mamba_proj_bias": "not read by HF NemotronH (Mamba projection biases follow use_bias)",
     "moe_shared_expert_overlap": "Megatron scheduling of the shared expert (no effect on the computed function)",
     "num_logits_to_keep": "HF generation: how many positions return logits",
+    "mamba_ssm_dtype": "not read by transformers' Qwen3.5 (published for serving engines' GDN state cache dtype)",
 }
 """HF fields that do not describe the computed function, with the reason; every other field needs a rule."""
 

@@ -13,6 +13,12 @@ from typing import Any
 
 from convcheck.models.architecture import Architecture
 from convcheck.models.fixture_spec import FixtureSpec
+from convcheck.models.qwen_next_config import (
+    GDN_CONFIG_EXPORT_LOSES_SCHEDULE,
+    QWEN3_NEXT_TABLE,
+    QWEN35_MOE_TABLE,
+    QWEN35_TABLE,
+)
 from convcheck.models.upstream_bug import UpstreamBug
 
 LAYER_TYPES = ["full_attention", "linear_attention", "linear_attention", "full_attention"]
@@ -100,7 +106,7 @@ QWEN3_NEXT = Architecture(
     hf_classes=("Qwen3NextForCausalLM",),
     model_type="qwen3_next",
     mapping_rules=None,
-    config_rules=(),
+    config_rules=QWEN3_NEXT_TABLE,
     fixtures=(TINY_QWEN3_NEXT,),
 )
 
@@ -108,7 +114,7 @@ QWEN35 = Architecture(
     hf_classes=("Qwen3_5ForCausalLM",),
     model_type="qwen3_5_text",
     mapping_rules=None,
-    config_rules=(),
+    config_rules=QWEN35_TABLE,
     fixtures=(TINY_QWEN35,),
 )
 
@@ -133,7 +139,7 @@ QWEN35_MOE = Architecture(
     hf_classes=("Qwen3_5MoeForCausalLM",),
     model_type="qwen3_5_moe_text",
     mapping_rules=None,
-    config_rules=(),
+    config_rules=QWEN35_MOE_TABLE,
     fixtures=(TINY_QWEN35_MOE, TINY_QWEN36_MOE),
-    upstream_bugs=(MTP_SEQUENTIAL_EXPERTS_UNMAPPED,),
+    upstream_bugs=(MTP_SEQUENTIAL_EXPERTS_UNMAPPED, GDN_CONFIG_EXPORT_LOSES_SCHEDULE),
 )
