@@ -108,6 +108,7 @@ QWEN3_NEXT = Architecture(
     mapping_rules=None,
     config_rules=QWEN3_NEXT_TABLE,
     fixtures=(TINY_QWEN3_NEXT,),
+    upstream_bugs=(GDN_CONFIG_EXPORT_LOSES_SCHEDULE,),
 )
 
 QWEN35 = Architecture(
@@ -116,6 +117,7 @@ QWEN35 = Architecture(
     mapping_rules=None,
     config_rules=QWEN35_TABLE,
     fixtures=(TINY_QWEN35,),
+    upstream_bugs=(GDN_CONFIG_EXPORT_LOSES_SCHEDULE,),
 )
 
 MTP_SEQUENTIAL_EXPERTS_UNMAPPED = UpstreamBug(
