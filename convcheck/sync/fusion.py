@@ -3,7 +3,10 @@
 The pattern vLLM and SGLang load with: q/k/v into `qkv_proj` (shard ids "q", "k", "v", rows stacked in that
 order), gate/up into `gate_up_proj` (shard ids 0, 1), and every MoE expert's gate/up/down into the expert stacks
 `experts.w13_weight` [E, 2I, H] (w1 = gate rows, then w3 = up rows) and `experts.w2_weight` [E, H, I]. Squared-ReLU
-MLPs (no gate, e.g. NemotronH) keep `up_proj` unfused and stack only the experts' up rows into w13.
+MLPs (no gate, e.g. NemotronH) keep `up_proj` unfused and stack only the experts' up rows into w13. Gated attention
+(Qwen3-Next, Qwen3.5: q_proj holds per head [q; gate]) makes the q part of qkv_proj twice as tall; Qwen3.5's separate
+gated-DeltaNet projections stack as vLLM's Qwen3.5 loads them: in_proj_qkv then in_proj_z into `in_proj_qkvz`,
+in_proj_b then in_proj_a into `in_proj_ba` (Qwen3-Next stores those two fused already).
 """
 
 from __future__ import annotations
@@ -15,7 +18,12 @@ from typing import Any
 _EXPERT = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<expert>\d+)\.(?P<part>gate|up|down)_proj\.weight$")
 _ATTENTION = re.compile(r"^(?P<prefix>.*)\.(?P<part>q|k|v)_proj\.(?P<kind>weight|bias)$")
 _DENSE = re.compile(r"^(?P<prefix>.*)\.(?P<part>gate|up)_proj\.(?P<kind>weight|bias)$")
-_ORDER: dict[str | int, int] = {"q": 0, "k": 1, "v": 2, 0: 0, 1: 1, "w1": 0, "w3": 1, "w2": 0}
+_GDN = re.compile(r"^(?P<prefix>.*)\.in_proj_(?P<part>qkv|z|b|a)\.weight$")
+_GDN_PARAM = {"qkv": "in_proj_qkvz", "z": "in_proj_qkvz", "b": "in_proj_ba", "a": "in_proj_ba"}
+_ORDER: dict[str | int, int] = {"q": 0, "k": 1, "v": 2, 0: 0, 1: 1, "w1": 0, "w3": 1, "w2": 0, "qkv": 0, "z": 1,
+                                "b": 0, "a": 1}  # fmt: skip
+GATED_ATTENTION = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+"""model_types whose q_proj holds the attention output gate (HF builds it without a config flag)."""
 """Row order of the parts inside one fused parameter (per expert for the stacks)."""
 
 
@@ -35,6 +43,8 @@ class Geometry:
     kv_rows: int
     experts: int
     gated: bool
+    gdn_rows: tuple[int, int, int] = (0, 0, 0)
+    """Gated DeltaNet: rows of in_proj_qkv, of in_proj_z and of each of in_proj_b / in_proj_a."""
 
     @classmethod
     def from_config(cls, config: Any) -> Geometry:
@@ -44,7 +54,19 @@ class Geometry:
         head_dim = int(_get(config, "head_dim", default=int(_get(config, "hidden_size", default=heads)) // heads))
         experts = int(_get(config, "num_experts", "num_local_experts", "n_routed_experts", default=0))
         act = str(_get(config, "mlp_hidden_act", "hidden_act", default="silu"))
-        return cls(q_rows=heads * head_dim, kv_rows=kv * head_dim, experts=experts, gated=act != "relu2")
+        gate = bool(_get(config, "attn_output_gate")) or _get(config, "model_type") in GATED_ATTENTION
+        nk, nv = (
+            int(_get(config, "linear_num_key_heads", default=0)),
+            int(_get(config, "linear_num_value_heads", default=0)),
+        )
+        dk, dv = (
+            int(_get(config, "linear_key_head_dim", default=0)),
+            int(_get(config, "linear_value_head_dim", default=0)),
+        )
+        return cls(
+            q_rows=heads * head_dim * (2 if gate else 1), kv_rows=kv * head_dim, experts=experts,
+            gated=act != "relu2", gdn_rows=(2 * nk * dk + nv * dv, nv * dv, nv),
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +92,10 @@ def slot_of(name: str, geometry: Geometry) -> Slot | None:
     if m := _ATTENTION.match(name):
         start = {"q": 0, "k": geometry.q_rows, "v": geometry.q_rows + geometry.kv_rows}[m["part"]]
         return Slot(f"{m['prefix']}.qkv_proj.{m['kind']}", m["part"], None, start)
+    if m := _GDN.match(name):
+        part = m["part"]
+        start = {"qkv": 0, "z": geometry.gdn_rows[0], "b": 0, "a": geometry.gdn_rows[2]}[part]
+        return Slot(f"{m['prefix']}.{_GDN_PARAM[part]}.weight", part, None, start)
     if geometry.gated and (m := _DENSE.match(name)):
         return Slot(
             f"{m['prefix']}.gate_up_proj.{m['kind']}",
@@ -132,6 +158,11 @@ def locate(
         k_start, v_start = geometry.q_rows, geometry.q_rows + geometry.kv_rows
         part, start = ("q", 0) if row < k_start else ("k", k_start) if row < v_start else ("v", v_start)
         return f"{m['prefix']}.{part}_proj.{m['kind']}", (row - start, *rest)
+    if m := re.match(r"^(?P<prefix>.*)\.in_proj_(?P<fused>qkvz|ba)\.weight$", param):
+        row, *rest = index
+        first, cut = ("qkv", geometry.gdn_rows[0]) if m["fused"] == "qkvz" else ("b", geometry.gdn_rows[2])
+        part, row = (first, row) if row < cut else ({"qkv": "z", "b": "a"}[first], row - cut)
+        return f"{m['prefix']}.in_proj_{part}.weight", (row, *rest)
     if m := re.match(r"^(?P<prefix>.*)\.gate_up_proj\.(?P<kind>weight|bias)$", param):
         row, *rest = index
         half = shape[0] // 2

@@ -194,8 +194,12 @@ class FusedReceiver:
         """The view of the fused parameter that `tensor` (HF tensor `name`) fills, allocated on first use."""
         rows = tensor.shape[0]
         parts = 2 if self.geometry.gated else 1
+        qkv, z, heads = self.geometry.gdn_rows
+        part_rows = {"q": self.geometry.q_rows, "k": self.geometry.kv_rows, "v": self.geometry.kv_rows, "qkv": qkv,
+                     "z": z, "b": heads, "a": heads}  # fmt: skip
         if slot.expert is None:
-            total = self.geometry.q_rows + 2 * self.geometry.kv_rows if slot.shard in ("q", "k", "v") else 2 * rows
+            totals = {"q": self.geometry.q_rows + 2 * self.geometry.kv_rows, "qkv": qkv + z, "b": 2 * heads}
+            total = totals.get({"k": "q", "v": "q", "z": "qkv", "a": "b"}.get(slot.shard, slot.shard), 2 * rows)
             shape = (total, *tensor.shape[1:])
         elif slot.shard == "w2":
             shape = (self.geometry.experts, *tensor.shape)
@@ -205,7 +209,6 @@ class FusedReceiver:
         target = param if slot.expert is None else param[slot.expert]
         start = rows if slot.row_start is None else slot.row_start
         region = target[start : start + rows]
-        part_rows = {"q": self.geometry.q_rows, "k": self.geometry.kv_rows, "v": self.geometry.kv_rows}
         if tuple(region.shape) != tuple(tensor.shape) or part_rows.get(slot.shard, rows) != rows:
             raise ValueError(
                 f"{name}: shape {list(tensor.shape)} does not fit rows {start}.. of {slot.param} {list(param.shape)}"
