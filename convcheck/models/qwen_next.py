@@ -13,6 +13,7 @@ from typing import Any
 
 from convcheck.models.architecture import Architecture
 from convcheck.models.fixture_spec import FixtureSpec
+from convcheck.models.qwen_next_mappings import qwen3_next_rules, qwen35_rules
 from convcheck.models.upstream_bug import UpstreamBug
 
 LAYER_TYPES = ["full_attention", "linear_attention", "linear_attention", "full_attention"]
@@ -87,7 +88,7 @@ TINY_QWEN35_MOE = FixtureSpec(
 QWEN3_NEXT = Architecture(
     hf_classes=("Qwen3NextForCausalLM",),
     model_type="qwen3_next",
-    mapping_rules=None,
+    mapping_rules=qwen3_next_rules,
     config_rules=(),
     fixtures=(TINY_QWEN3_NEXT,),
 )
@@ -95,7 +96,7 @@ QWEN3_NEXT = Architecture(
 QWEN35 = Architecture(
     hf_classes=("Qwen3_5ForCausalLM",),
     model_type="qwen3_5_text",
-    mapping_rules=None,
+    mapping_rules=qwen35_rules,
     config_rules=(),
     fixtures=(TINY_QWEN35,),
 )
@@ -120,7 +121,7 @@ MTP_SEQUENTIAL_EXPERTS_UNMAPPED = UpstreamBug(
 QWEN35_MOE = Architecture(
     hf_classes=("Qwen3_5MoeForCausalLM",),
     model_type="qwen3_5_moe_text",
-    mapping_rules=None,
+    mapping_rules=qwen35_rules,
     config_rules=(),
     fixtures=(TINY_QWEN35_MOE,),
     upstream_bugs=(MTP_SEQUENTIAL_EXPERTS_UNMAPPED,),
