@@ -159,8 +159,8 @@ DENSE = ("mlp.linear_fc1.layer_norm_weight", "mlp.linear_fc1.weight", "mlp.linea
 
 
 def moe(grouped: bool) -> tuple[str, ...]:
-    experts = [f"mlp.experts.linear_fc{i}.weight{e}" if grouped else f"mlp.experts.local_experts.{e}.linear_fc{i}.weight"
-               for e in range(8) for i in (1, 2)]  # fmt: skip
+    spelled = "mlp.experts.linear_fc{i}.weight{e}" if grouped else "mlp.experts.local_experts.{e}.linear_fc{i}.weight"
+    experts = [spelled.format(e=e, i=i) for e in range(8) for i in (1, 2)]
     return ("pre_mlp_layernorm.weight", "mlp.router.weight", "mlp.shared_experts.linear_fc1.weight",
             "mlp.shared_experts.linear_fc2.weight", "mlp.shared_experts.gate_weight", *experts)  # fmt: skip
 
@@ -190,7 +190,9 @@ def fixture(name: str) -> tuple[Geometry, list[str]]:
         ("qwen3.5-moe", "Qwen3_5MoeForCausalLM", moe(grouped=True), 141),
     ],
 )
-def test_registry_covers_the_fixture_exactly_once(name: str, architecture: str, mlp: tuple[str, ...], count: int) -> None:
+def test_registry_covers_the_fixture_exactly_once(
+    name: str, architecture: str, mlp: tuple[str, ...], count: int
+) -> None:
     geometry, hf = fixture(name)
     meg = megatron_names(mlp)
     registry = build_registry(architecture, geometry, meg, hf)
@@ -210,7 +212,8 @@ def test_geometry_reads_the_gdn_widths_and_the_output_gate() -> None:
     got = (geometry.linear_key_heads, geometry.linear_value_heads, geometry.linear_key_dim, geometry.linear_value_dim,
            geometry.linear_conv_kernel, geometry.attention_output_gate)  # fmt: skip
     assert got == (2, 4, 8, 8, 4, True)
-    assert not Geometry.from_hf_config({"model_type": "qwen3_next", "attention_output_gate": False}).attention_output_gate
+    explicit = {"model_type": "qwen3_next", "attention_output_gate": False}
+    assert not Geometry.from_hf_config(explicit).attention_output_gate
     assert not Geometry.from_hf_config({"model_type": "qwen3"}).attention_output_gate
 
 

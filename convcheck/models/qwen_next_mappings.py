@@ -50,9 +50,7 @@ def _replicated(pattern: str, suffix: str) -> MappingRule:
 
 def _rows(pattern: str, suffix: str, dim: int) -> MappingRule:
     """Split over TP along `dim` (0: column parallel or heads, 1: row parallel)."""
-    return MappingRule(
-        TRANSFORMER_LAYER + pattern, lambda m, _g: Split(megatron=m[0], hf=hf_layer(m, suffix), dim=dim)
-    )
+    return MappingRule(TRANSFORMER_LAYER + pattern, lambda m, _g: Split(megatron=m[0], hf=hf_layer(m, suffix), dim=dim))
 
 
 def _gated(pattern: str, mlp: str) -> MappingRule:
