@@ -254,3 +254,28 @@ def test_symmetric_conv1d_q_k_swap_passes_roundtrip_but_not_mapping(tmp_path: Pa
         ("model.layers.2.linear_attn.conv1d.weight", "export-bytes-differ"),
     ]
     assert findings[0]["detail"]["first_index"] == [0, 0, 0]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_agrees_with_the_bridge_merge_helpers(tp: int) -> None:
+    """Our shards, concatenated by rank, equal the pinned bridge's merge_gdn_linear_weights and gated
+    merge_qkv_weights (the helpers both its import and export build on) on the same HF tensors."""
+    from types import SimpleNamespace
+
+    from convcheck import compat
+
+    compat.install_import_shims()
+    from megatron.bridge.models.conversion import param_mapping as pm
+
+    layout = ParallelLayout(tp=tp)
+    config = SimpleNamespace(hidden_size=HIDDEN, linear_key_head_dim=8, linear_value_head_dim=8,
+                             linear_num_key_heads=2, linear_num_value_heads=4, num_attention_heads=4,
+                             num_query_groups=2, kv_channels=8, attention_output_gate=True)  # fmt: skip
+    m, hf = fused()
+    ours = torch.cat([m.to_shard(hf, layout, c) for c in m.coords(layout)])
+    assert compare_bits(m.megatron, pm.merge_gdn_linear_weights(config, hf["qkvz"], hf["ba"], tp_size=tp), ours) is None
+    qkv = FusedQKV(megatron="linear_qkv.weight", q="q", k="k", v="v", num_heads=4, num_query_groups=2, head_dim=8,
+                   output_gate=True)  # fmt: skip
+    hf = {"q": labels(64), "k": labels(16, 1000), "v": labels(16, 2000)}
+    ours = torch.cat([qkv.to_shard(hf, layout, c) for c in qkv.coords(layout)])
+    assert compare_bits(qkv.megatron, pm.merge_qkv_weights(config, hf["q"], hf["k"], hf["v"]), ours) is None
