@@ -42,6 +42,16 @@ class Geometry:
     v_head_dim: int = 0
     mtp_layers: int = 0
     """Multi-token prediction layers (num_nextn_predict_layers); HF numbers MTP layer k model.layers.{L + k}."""
+    linear_key_heads: int = 0
+    """Gated DeltaNet (Qwen3-Next linear attention): key heads (linear_num_key_heads)."""
+    linear_value_heads: int = 0
+    linear_key_dim: int = 0
+    """Channels per GDN key (and query) head."""
+    linear_value_dim: int = 0
+    linear_conv_kernel: int = 0
+    """Width of the GDN causal depthwise conv1d over the [q, k, v] channels."""
+    attention_output_gate: bool = False
+    """q_proj holds a sigmoid output gate per head, `[heads * 2 * head_dim, hidden]` (Qwen3-Next, Qwen3.5)."""
 
     @property
     def has_mamba_layers(self) -> bool:
@@ -85,6 +95,12 @@ class Geometry:
             qk_rope_head_dim=_integer(sources, "qk_rope_head_dim"),
             v_head_dim=_integer(sources, "v_head_dim"),
             mtp_layers=_integer(sources, "num_nextn_predict_layers"),
+            linear_key_heads=_integer(sources, "linear_num_key_heads"),
+            linear_value_heads=_integer(sources, "linear_num_value_heads"),
+            linear_key_dim=_integer(sources, "linear_key_head_dim"),
+            linear_value_dim=_integer(sources, "linear_value_head_dim"),
+            linear_conv_kernel=_integer(sources, "linear_conv_kernel_dim"),
+            attention_output_gate=_output_gate(sources),
         )
 
 
@@ -92,6 +108,20 @@ def _sources(config: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
     """Where fields are looked up, in precedence order: a nested text_config first, then the top level."""
     text = config.get("text_config")
     return (text, config) if isinstance(text, Mapping) else (config,)
+
+
+OUTPUT_GATE_MODEL_TYPES = ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
+"""Model types whose attention always gates its output (transformers 5.12.1 modeling_qwen3_next.py:295 chunks
+q_proj's output per head into [query; gate]); their configs name no field for it."""
+
+
+def _output_gate(sources: tuple[Mapping[str, Any], ...]) -> bool:
+    """An explicit attention_output_gate / attn_output_gate bool, else whether the model type always gates."""
+    for source in sources:
+        for name in ("attention_output_gate", "attn_output_gate"):
+            if isinstance(source.get(name), bool):
+                return bool(source[name])
+    return any(source.get("model_type") in OUTPUT_GATE_MODEL_TYPES for source in sources)
 
 
 def _integer(sources: tuple[Mapping[str, Any], ...], *names: str) -> int:

@@ -4,6 +4,7 @@ from convcheck.hf.geometry import Geometry
 from convcheck.mappings.base import CoverageError, MappingError, RankCoord, Shards, TensorMapping
 from convcheck.mappings.check import roundtrip_findings
 from convcheck.mappings.copies import WithCopies
+from convcheck.mappings.gdn import GDNInProj, GDNWidths, ZeroCentered, gdn_conv1d
 from convcheck.mappings.grouped_mlp import GroupedFc1, GroupedFc2
 from convcheck.mappings.mamba import Blocks, mamba_conv1d, mamba_in_proj
 from convcheck.mappings.mla import HeadRows
@@ -15,6 +16,8 @@ __all__ = [
     "Blocks",
     "CoverageError",
     "FusedQKV",
+    "GDNInProj",
+    "GDNWidths",
     "Gated",
     "Geometry",
     "GroupedFc1",
@@ -29,6 +32,8 @@ __all__ = [
     "Split",
     "TensorMapping",
     "WithCopies",
+    "ZeroCentered",
+    "gdn_conv1d",
     "registry_from_rules",
     "mamba_conv1d",
     "mamba_in_proj",
