@@ -20,6 +20,11 @@ class NotCovered(MappingError):
     reported as a `not-covered` verdict, never as a bridge bug."""
 
 
+class BuildFailed(ConvcheckError):
+    """The bridge's provider or model build raised on a valid checkpoint and layout: a bridge bug, reported as a
+    `<build> build-failed` finding of every oracle (exit 1), never as bad input."""
+
+
 class SetupError(ConvcheckError):
     """The environment or a rank failed before any verdict could be reached; exit code 2."""
 

@@ -13,13 +13,14 @@ from convcheck.atomic import write_bytes_atomic, write_json_atomic
 from convcheck.engine.job import Job
 from convcheck.engine.launch import die_with_parent
 from convcheck.engine.recorder import ManifestRecorder
-from convcheck.errors import BadInput, one_line
+from convcheck.errors import BadInput, BuildFailed, one_line
 from convcheck.hooks import load_hook
 from convcheck.oracles import load_oracle, riders
 from convcheck.rank import shard_match
 from convcheck.rank.bringup import bring_up, quiet
 from convcheck.rank.dist import shutdown_distributed
 from convcheck.rank.memory import AnonPeak, memory_mb, reset_peak, trim
+from convcheck.verdict import Finding, OracleVerdict
 from convcheck.versions import versions
 
 
@@ -30,7 +31,10 @@ def run_job(job: Job) -> dict[str, Any] | None:
     oracles = [load_oracle(name) for name in job.oracles]
     hooks = tuple(load_hook(h) for h in job.hooks)
     function = load_hook(job.rank_function, what="rank function") if job.rank_function else None
-    ctx = bring_up(job.rank_spec(), hooks, load=not job.resuming)
+    try:
+        ctx = bring_up(job.rank_spec(), hooks, load=not job.resuming)
+    except BuildFailed as exc:
+        return build_failed(job, exc, started) if int(os.environ.get("RANK", "0")) == 0 else None
     if function is not None:
         return _run_function(job, ctx, function, started)
     recorder = None
@@ -60,6 +64,20 @@ def run_job(job: Job) -> dict[str, Any] | None:
         "seconds": round(time.perf_counter() - started, 3),
         "rank0_peak_MB": memory,
         "rank0_anon_peak_MB": anon_peaks,
+    }
+
+
+def build_failed(job: Job, exc: BuildFailed, started: float) -> dict[str, Any]:
+    """Rank 0's result when the bridge could not build the model: every selected oracle fails on one finding."""
+    finding = Finding(
+        tensor="<build>", kind="build-failed", message=f"the bridge's provider or model build raised {exc}"
+    )
+    verdicts = [OracleVerdict(name=name, checked=0, findings=(finding,)).to_dict() for name in job.oracles]
+    return {
+        "status": "ok",
+        "versions": versions(),
+        "oracles": verdicts,
+        "seconds": round(time.perf_counter() - started, 3),
     }
 
 

@@ -8,6 +8,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from convcheck.errors import BadInput, BuildFailed, SetupError, one_line, raised_at
 from convcheck.hf.checkpoint import open_checkpoint
 from convcheck.layout import ParallelLayout
 from convcheck.progress import ProgressWriter
@@ -46,6 +47,30 @@ class RankSpec:
     targets: ReshardTargets = ReshardTargets()
 
 
+def _build(bridge: Any, spec: RankSpec) -> tuple[Any, list[Any]]:
+    """The provider and this rank's model chunks; BuildFailed on every rank when the bridge raises on any rank (the
+    ranks agree first, so none goes on into a collective the others never reach)."""
+    import torch.distributed as dist
+
+    error = None
+    try:
+        provider = make_provider(bridge, spec.layout, spec.device, pad_vocab=spec.pad_vocab)
+        model = build_model(provider, spec.device, experts=spec.experts)
+    except (BadInput, SetupError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - a bridge that cannot build a valid model is a finding
+        error = f"{one_line(exc)} at {raised_at(exc)}"
+    errors: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    failed = [(rank, e) for rank, e in enumerate(errors) if e is not None]
+    if failed:
+        rank, first = failed[0]
+        raise BuildFailed(
+            f"rank {rank}: {first}" + (f" (and {len(failed) - 1} more rank(s))" if len(failed) > 1 else "")
+        )
+    return provider, model
+
+
 def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bool = True) -> RankContext:
     """Initialise the groups, run `hooks`, build the model through the bridge and (by default) load the weights."""
     rank = int(os.environ.get("RANK", "0"))
@@ -61,8 +86,7 @@ def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bo
         hook()
     bridge = load_bridge(spec.model_path)
     progress.emit("building the sharded model")
-    provider = make_provider(bridge, spec.layout, spec.device, pad_vocab=spec.pad_vocab)
-    model = build_model(provider, spec.device, experts=spec.experts)
+    provider, model = _build(bridge, spec)
     ctx = RankContext(
         rank=rank,
         world=world,
