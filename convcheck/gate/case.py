@@ -17,15 +17,17 @@ LAYOUTS_BY_FIXTURE = {
     "qwen3-next": ("tp2", "pp2", "tp2ep2"),
     "qwen3.5": ("tp2", "pp2"),
     "qwen3.5-moe": ("tp1",),
+    "qwen3.6-moe": (),
 }
 """Fixtures gated at a fixed list instead (NemotronH: 5 layers, no PP2; TP2xEP2 is not part of its matrix; the
 gated-DeltaNet fixtures at the layouts that split their GDN heads, stages and experts; Qwen3.5-MoE with SequentialMLP
-experts at TP1 only: the pinned bridge cannot load it, see EXTRA_CASES)."""
+experts at TP1 only: the pinned bridge cannot load it, see EXTRA_CASES; Qwen3.6-MoE's fused experts there only)."""
 EXTRA_CASES = (
     ("tiny:qwen2", "tp4", None, "sequential"),
     ("tiny:qwen3", "tp2", 128, "sequential"),
     ("tiny:qwen3.5-moe", "tp2", None, "te-grouped"),
     ("tiny:qwen3.5-moe", "ep2", None, "te-grouped"),
+    ("tiny:qwen3.6-moe", "ep2", None, "te-grouped"),
 )
 """Beyond the standard layouts: fewer KV heads than TP ranks, the padded vocabulary training uses, and Qwen3.5-MoE with
 the TEGroupedMLP layout GPU training runs (the bridge maps its MTP experts only there)."""

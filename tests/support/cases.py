@@ -15,6 +15,7 @@ GDN = {  # gated-DeltaNet hybrids: the layouts that split their GDN heads, stage
     "qwen3-next": [("--tp", "2"), ("--pp", "2"), ("--tp", "2", "--ep", "2")],
     "qwen3.5": [("--tp", "2"), ("--pp", "2")],
     "qwen3.5-moe": [(), ("--tp", "2", "--experts", "te-grouped"), ("--ep", "2", "--experts", "te-grouped")],
+    "qwen3.6-moe": [("--ep", "2", "--experts", "te-grouped")],
 }
 DENSE = [name for name in sorted(FIXTURES) if name not in ("nemotron-h", *GDN, *PARTLY_COVERED, *RELEASE_VARIANTS)]
 CASES = (
@@ -24,10 +25,7 @@ CASES = (
     + [(name, layout) for name, layouts in GDN.items() if name not in PARTLY_COVERED for layout in layouts]
     + [("qwen2", ("--tp", "4"))]  # fewer KV heads (2) than TP ranks (4): each query group split over two ranks
 )
-KNOWN_BUG_CASES = [("qwen3.5-moe", ())]
-"""Cases of otherwise passing fixtures on which the pinned bridge has a known bug (Qwen3.5-MoE's SequentialMLP MTP
-experts are unmapped: tests/test_qwen_next.py asserts that exact verdict)."""
-PASSING = [(name, layout) for name, layout in CASES if name not in KNOWN_BUGS and (name, layout) not in KNOWN_BUG_CASES]
+PASSING = [(name, layout) for name, layout in CASES if name not in KNOWN_BUGS]
 """The cases that must pass every oracle (exact verdicts of the others: tests/test_deepseek.py, test_qwen_next.py)."""
 PADDED = ("qwen3", ("--tp", "2", "--pad-vocab", "128"))
 """The padded vocabulary training uses (make_vocab_size_divisible_by=128 x TP2): megatron-bridge 0.6.2 fails it."""
