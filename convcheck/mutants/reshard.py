@@ -137,3 +137,53 @@ def target_expert_axes_swapped() -> None:
         return placement
 
     wrap(plan, "placement", make)
+
+
+GDN_IN_PROJ = "decoder.layers.1.self_attention.in_proj.weight"
+"""The GDN in_proj whose sections gdn_sections_misordered reads as [q, v, k, z, beta, alpha]."""
+GATED_QKV = "decoder.layers.3.self_attention.linear_qkv.weight"
+"""The gated fused qkv whose q and gate heads gated_qkv_q_gate_swapped trades."""
+GDN_NORM = "decoder.layers.2.self_attention.out_norm.weight"
+"""The zero-centered GDN output norm whose value offset norm_offset_dropped leaves out."""
+
+
+def gdn_sections_misordered() -> None:
+    """Layer 1's GDN in_proj: the sections megatron-core reports ([q, k, v, z, beta, alpha]) are read as [q, v, k,
+    z, beta, alpha] (every piece still fits the trainer shard)."""
+
+    def make(original: Any) -> Any:
+        def sections(module, param, tp):  # type: ignore[no-untyped-def]
+            out = original(module, param, tp)
+            return (out[0], out[2], out[1], *out[3:]) if param == GDN_IN_PROJ else out
+
+        return sections
+
+    wrap(roles, "megatron_sections", make)
+
+
+def gated_qkv_q_gate_swapped() -> None:
+    """Layer 3's gated fused qkv: the planner reads each q head from its gate rows and the gate from its q rows."""
+
+    def make(original: Any) -> Any:
+        def row(role, part, head):  # type: ignore[no-untyped-def]
+            if role.name == GATED_QKV and part in ("q", "gate"):
+                part = "gate" if part == "q" else "q"
+            return original(role, part, head)
+
+        return row
+
+    wrap(plan, "megatron_qkv_row", make)
+
+
+def norm_offset_dropped() -> None:
+    """Layer 2's zero-centered GDN out_norm is planned without its value offset: the target gets Megatron's HF - 1."""
+    from dataclasses import replace
+
+    def make(original: Any) -> Any:
+        def plan_param(role, shards, layout, target, world):  # type: ignore[no-untyped-def]
+            out = original(role, shards, layout, target, world)
+            return replace(out, offset=0.0) if role.name == GDN_NORM else out
+
+        return plan_param
+
+    wrap(plan, "plan_param", make)

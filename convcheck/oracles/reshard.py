@@ -22,8 +22,9 @@ INFO = OracleInfo(
     name=NAME,
     proves="for each target layout (every --target-tp x --target-ep x --target-etp), every target rank's shard of "
     "every parameter, assembled over torch.distributed from only the slices of the trainer ranks' loaded shards "
-    "its plan names (roles from the bridge mapping classes: fused qkv with GQA and kv replication, gate|up, "
-    "column/vocab, row, replicated, experts per EP rank, split over expert TP on either side), equals bitwise the "
+    "its plan names (roles from the bridge mapping classes: fused qkv with GQA, kv replication and an output "
+    "gate, gate|up, GDN sections (in_proj, conv1d), column/vocab, row, replicated (a zero-centered norm's offset "
+    "added back), experts per EP rank, split over expert TP on either side), equals bitwise the "
     "shard computed from the HF tensors; each target rank gets exactly the parameters the target layout gives "
     "it; the plan covers every element exactly once; no target rank moves more than its shard's bytes; the "
     "bridge's role agrees with megatron-core's",

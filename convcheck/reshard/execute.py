@@ -46,7 +46,8 @@ def _nbytes(piece: Piece, itemsize: int) -> int:
 def execute(
     plans: list[ParamPlan], tensors: dict[str, Any], rank: int, world: int, group: Any = None
 ) -> tuple[dict[tuple[int, str], Any], dict[int, Moved]]:
-    """Collective: run `plans` (identical on every rank); this rank's assembled target shards and per-target bytes."""
+    """Collective: run `plans` (identical on every rank); this rank's assembled target shards (each plan's value
+    offset added once assembled, in its dtype) and per-target bytes."""
     import torch
 
     outbox: dict[int, list[Any]] = {}
@@ -83,6 +84,9 @@ def execute(
                 inbox.setdefault(piece.rank, []).append((dest, piece, nbytes))
                 stats.remote_bytes += nbytes
     _exchange(outbox, inbox, device, group)
+    for plan in plans:
+        if plan.offset and host(plan.target, world) == rank:
+            out[(plan.target, plan.name)].add_(plan.offset)
     return out, moved
 
 

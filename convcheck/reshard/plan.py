@@ -34,6 +34,8 @@ class ParamPlan:
     shape: tuple[int, ...]
     dtype: str
     pieces: tuple[Piece, ...]
+    offset: float = 0.0
+    """Added to the assembled shard (the role's value offset: Megatron's zero-centered norm -> HF's)."""
 
 
 def host(target: int, world: int) -> int:
@@ -59,12 +61,29 @@ def source(shards: list[Shard], index: int | None, prefer: int) -> Shard:
 
 
 def megatron_qkv_row(role: ParamRole, part: str, head: int) -> int:
-    """First row of q head / k or v group `head` in Megatron's fused qkv: per group [q heads of g; k_g; v_g]."""
+    """First row of q / gate head or k / v group `head` in Megatron's fused qkv: per group [q heads of g; k_g; v_g],
+    with attention_output_gate [q heads of g; gate heads of g; k_g; v_g] (megatron-core attention.py)."""
     nh, nkv, d = role.heads
     per = nh // nkv
-    if part == "q":
-        return ((head // per) * (per + 2) + head % per) * d
-    return ((head * (per + 2)) + per + (part == "v")) * d
+    q_rows = 2 * per if role.gate else per
+    if part in ("q", "gate"):
+        return ((head // per) * (q_rows + 2) + (per if part == "gate" else 0) + head % per) * d
+    return ((head * (q_rows + 2)) + q_rows + (part == "v")) * d
+
+
+def section_pieces(role: ParamRole, shards: list[Shard], prefer: int, p: int, tp: int) -> list[Piece]:
+    """Target rows [chunk p of each section] from trainer shards each holding [its chunk of each section]."""
+    count = shards[0].count
+    rest = tuple((0, k) for k in shards[0].shape[1:])
+    pieces, at, base = [], 0, 0
+    for size in role.sections:
+        n, m = size // tp, size // count
+        for index, lo, hi in spans(p * n, (p + 1) * n, m):
+            s = source(shards, index, prefer)
+            pieces.append(Piece(s.rank, s.local, ((base + lo, base + hi), *rest), ((at, at + hi - lo), *rest)))
+            at += hi - lo
+        base += m
+    return pieces
 
 
 def kv_heads_for(role: ParamRole, tp: int, p: int) -> range:
@@ -121,13 +140,19 @@ def plan_param(role: ParamRole, shards: list[Shard], layout: TargetLayout, targe
         s = source(shards, None, prefer)
         box = tuple((0, n) for n in s.shape)
         return ParamPlan(
-            name=role.name, target=target, shape=full, dtype=first.dtype, pieces=(Piece(s.rank, s.local, box, box),)
+            name=role.name,
+            target=target,
+            shape=full,
+            dtype=first.dtype,
+            pieces=(Piece(s.rank, s.local, box, box),),
+            offset=role.offset,
         )
     pieces: list[Piece] = []
     if role.kind == "qkv":
         nh, nkv, d = role.heads
         groups = kv_heads_for(role, tp, p)
-        wanted = [("q", h) for h in range(p * nh // tp, (p + 1) * nh // tp)]
+        parts = ("q", "gate") if role.gate else ("q",)
+        wanted = [(part, h) for h in range(p * nh // tp, (p + 1) * nh // tp) for part in parts]
         wanted += [("k", g) for g in groups] + [("v", g) for g in groups]
         for at, (part, head) in enumerate(wanted):
             row = megatron_qkv_row(role, part, head)
@@ -137,6 +162,9 @@ def plan_param(role: ParamRole, shards: list[Shard], layout: TargetLayout, targe
         n = full[0] // tp
         pieces = gated_pieces(shards, prefer, p, n)
         shape = (2 * n, *full[1:])
+    elif role.kind == "sections":
+        pieces = section_pieces(role, shards, prefer, p, tp)
+        shape = (sum(size // tp for size in role.sections), *first.shape[1:])
     else:
         dim = 0 if role.kind == "column" else 1
         n = -(-full[dim] // tp)
@@ -151,7 +179,14 @@ def plan_param(role: ParamRole, shards: list[Shard], layout: TargetLayout, targe
             at += hi - lo
         if at < n:
             pieces.append(Piece(None, "", (), tuple((at, n) if i == dim else (0, k) for i, k in enumerate(shape))))
-    return ParamPlan(name=role.name, target=target, shape=tuple(shape), dtype=first.dtype, pieces=tuple(pieces))
+    return ParamPlan(
+        name=role.name,
+        target=target,
+        shape=tuple(shape),
+        dtype=first.dtype,
+        pieces=tuple(pieces),
+        offset=role.offset,
+    )
 
 
 def build_plan(
@@ -167,6 +202,18 @@ def build_plan(
         if not held or missing:
             findings.append(
                 Finding(tensor=name, kind="no-source", message=f"no trainer rank holds shard(s) {missing} of {count}")
+            )
+            continue
+        uneven = [size for size in role.sections if size % layout.tp or size % count]
+        if uneven:
+            findings.append(
+                Finding(
+                    tensor=name,
+                    kind="plan-indivisible",
+                    message=f"target {layout.label}: section(s) of {uneven} rows do not split over target tp "
+                    f"{layout.tp} and trainer tp {count}",
+                    detail={"target": layout.label, "sections": list(role.sections)},
+                )
             )
             continue
         for target in range(layout.world):

@@ -8,8 +8,15 @@ from typing import Any
 
 from convcheck.verdict import Finding
 
-KINDS = ("qkv", "gated", "column", "row", "replicated")
-"""qkv: QKVMapping; gated: GatedMLPMapping; column/row/replicated: the parallel mappings (AutoMapping resolved)."""
+KINDS = ("qkv", "gated", "sections", "column", "row", "replicated")
+"""qkv: QKVMapping; gated: GatedMLPMapping; sections: the GDN in_proj / conv1d mappings (dim-0 sections, each
+chunked over TP); column/row/replicated: the parallel mappings (AutoMapping and its value-offset subclass resolved)."""
+
+SECTIONED = ("GDNLinearMapping", "GDNLinearMappingSeparate", "GDNConv1dMapping")
+"""Bridge mapping classes whose Megatron tensor is dim-0 sections, each chunked over TP (megatron-core's GDN)."""
+
+OFFSETS = {"RMSNorm2ZeroCenteredRMSNormMapping": 1.0}
+"""AutoMapping subclasses that only shift values: what the export adds to the Megatron value (HF = Megatron + it)."""
 
 _EXPERT_ID = re.compile(r"\.local_experts\.(\d+)\.")
 
@@ -31,6 +38,17 @@ class ParamRole:
     """Global expert id, or None for a dense parameter."""
     heads: tuple[int, int, int] | None = None
     """qkv only: (num_heads, num_kv_heads, head_dim)."""
+    gate: bool = False
+    """qkv only: megatron-core's attention_output_gate (per group [q heads; gate heads; k; v], HF q_proj per head
+    [q; gate])."""
+    sections: tuple[int, ...] = ()
+    """sections only: Megatron's dim-0 section sizes of the whole tensor (each shard holds 1/tp of every one)."""
+    hf_sections: tuple[tuple[int, ...], ...] = ()
+    """sections only: per HF tensor, the global sizes of the sections it holds (in Megatron's section order)."""
+    hf_groups: tuple[int, ...] = ()
+    """sections only: per HF tensor, how many head groups interleave its sections (1: sections stored flat)."""
+    offset: float = 0.0
+    """Added to the moved Megatron value to give the target's (HF-convention) value: 1 for a zero-centered norm."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -55,7 +73,9 @@ def bridge_kind(mapping: Any, module: Any) -> str | None:
     """The role kind of a bridge mapping (AutoMapping resolved the way the bridge resolves it); None if unknown."""
     from megatron.bridge.models.conversion import param_mapping as pm
 
-    if type(mapping) is pm.AutoMapping:
+    if type(mapping) in {getattr(pm, name) for name in SECTIONED}:
+        return "sections"
+    if type(mapping) in {pm.AutoMapping, *(getattr(pm, name) for name in OFFSETS)}:
         if getattr(mapping, "permute_dims", None):
             return None
         mapping = mapping._get_or_create_mapping(mapping._detect_parallelism_type(module))
@@ -74,6 +94,40 @@ def core_split(param: Any) -> str:
     if not getattr(param, "tensor_model_parallel", False):
         return "replicated"
     return {0: "column", 1: "row"}.get(getattr(param, "partition_dim", -1), "replicated")
+
+
+def gdn_module(chunk: Any, local: str) -> Any:
+    """The megatron-core GDN module that owns local parameter `local` (the nearest ancestor with split sections)."""
+    while hasattr(chunk, "module"):
+        chunk = chunk.module
+    parts = local.split(".")
+    for end in range(len(parts) - 1, 0, -1):
+        module = chunk.get_submodule(".".join(parts[:end]))
+        if hasattr(module, "in_proj_split_sections"):
+            return module
+    raise LookupError(f"{local} is not inside a megatron-core GatedDeltaNet")
+
+
+def megatron_sections(module: Any, param: str, tp: int) -> tuple[int, ...]:
+    """Global dim-0 sections of a GDN parameter from megatron-core's own per-rank split: in_proj
+    [q, k, v, z, beta, alpha] (in_proj_split_sections), conv1d channels [q, k, v] (the first three)."""
+    local = tuple(int(n) for n in module.in_proj_split_sections)
+    return tuple(n * tp for n in (local[:3] if ".conv1d." in f".{param}" else local))
+
+
+def hf_sections(mapping: Any, config: Any) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
+    """Per HF tensor of a GDN mapping, its sections' global sizes and its head-group interleave (HF's layout, by
+    mapping class): GDNLinearMapping qkvz [q, k, v, z] and ba [b, a] grouped per key head (Qwen3-Next);
+    GDNLinearMappingSeparate flat qkv [q, k, v], z, b, a (Qwen3.5); GDNConv1dMapping flat channels [q, k, v]."""
+    qk = config.linear_key_head_dim * config.linear_num_key_heads
+    v = config.linear_value_head_dim * config.linear_num_value_heads
+    nv, nk = config.linear_num_value_heads, config.linear_num_key_heads
+    name = type(mapping).__name__
+    if name == "GDNLinearMapping":
+        return ((qk, qk, v, v), (nv, nv)), (nk, nk)
+    if name == "GDNLinearMappingSeparate":
+        return ((qk, qk, v), (v,), (nv,), (nv,)), (1, 1, 1, 1)
+    return ((qk, qk, v),), (1,)
 
 
 def _hf_names(mapping: Any, kind: str) -> tuple[str, ...]:
@@ -102,8 +156,8 @@ def collect(ctx: Any) -> tuple[list[tuple[ParamRole, Shard]], dict[str, Any], li
                 Finding(
                     tensor=name,
                     kind="role-underivable",
-                    message=f"{type(mapping).__name__} on rank {ctx.rank} has no reshard role (qkv, gated, column, "
-                    "row, replicated); add one to convcheck.reshard.roles.bridge_kind",
+                    message=f"{type(mapping).__name__} on rank {ctx.rank} has no reshard role (qkv, gated, sections, "
+                    "column, row, replicated); add one to convcheck.reshard.roles.bridge_kind",
                     detail={"rank": ctx.rank, "mapping": type(mapping).__name__},
                 )
             )
@@ -115,6 +169,17 @@ def collect(ctx: Any) -> tuple[list[tuple[ParamRole, Shard]], dict[str, Any], li
             continue
         is_expert = bool(getattr(mapping, "is_expert", False))
         match = _EXPERT_ID.search(name) if is_expert else None
+        extra: dict[str, Any] = {"offset": OFFSETS.get(type(mapping).__name__, 0.0)}
+        if kind == "qkv":
+            extra |= {"heads": heads, "gate": bool(getattr(config, "attention_output_gate", False))}
+        if kind == "sections":
+            module = gdn_module(ctx.model[task.vp_stage or 0], task.param_name)
+            sections, groups = hf_sections(mapping, config)
+            extra |= {
+                "sections": megatron_sections(module, task.param_name, ctx.layout.tp),
+                "hf_sections": sections,
+                "hf_groups": groups,
+            }
         role = ParamRole(
             name=name,
             kind=kind,
@@ -122,7 +187,7 @@ def collect(ctx: Any) -> tuple[list[tuple[ParamRole, Shard]], dict[str, Any], li
             hf=hf,
             hf_shapes=tuple(tuple(ctx.checkpoint.tensors[h].shape) for h in hf),
             expert=int(match.group(1)) if match else None,
-            heads=heads if kind == "qkv" else None,
+            **extra,
         )
         index, count = (ctx.coord.etp_rank, ctx.layout.etp) if is_expert else (ctx.coord.tp_rank, ctx.layout.tp)
         local = f"{task.vp_stage}:{task.param_name}"
@@ -165,7 +230,7 @@ def merge(
 
 def role_mismatch(role: ParamRole) -> Finding | None:
     """A finding when the bridge's role disagrees with megatron-core's partition attributes for the parameter."""
-    expected = "column" if role.kind in ("qkv", "gated") else role.kind
+    expected = "column" if role.kind in ("qkv", "gated", "sections") else role.kind
     if expected == role.core_split:
         return None
     return Finding(

@@ -4,11 +4,15 @@ Target rank r has tp rank p = r % tp for dense tensors, and for experts etp rank
 (r // etp) % ep (expert TP innermost, as Megatron orders its expert grid; world lcm(tp, ep * etp)). Per role (shapes
 for a [rows, cols] HF weight), with (i, n) = (p, tp) for a dense tensor and (q, etp) for an expert's:
 - qkv: [q heads of p; k heads; v heads], [(nh/tp + 2 * kvh) * d, hidden], kvh = nkv/tp, or 1 when nkv < tp:
-  the kv head p // (tp / nkv), replicated on tp / nkv ranks;
+  the kv head p // (tp / nkv), replicated on tp / nkv ranks; with an output gate each q head is HF q_proj's 2d rows
+  [q; gate] of that head;
+- sections (GDN in_proj, conv1d): the HF tensors cut into their sections (de-grouped where HF interleaves them per
+  key head), then [rows p of section 0; rows p of section 1; ...], each section split evenly over tp;
 - gated: [gate rows of i; up rows of i], [2 * ffn/n, hidden] (vLLM's w13 under TP: gate|up packed per rank);
 - column (vocab too): rows [i*m, (i+1)*m), m = ceil(rows/n), rows past the end zero: [m, cols];
 - row: the same along cols: [rows, ceil(cols/n)] (an expert's down projection: vLLM's w2 under TP);
 - replicated: the whole tensor;
+- a value offset (zero-centered norm): none here, the reference is the HF value (the executor adds the offset);
 - experts: only on the target ranks whose ep rank owns them (experts/ep consecutive global ids), split over etp.
 Written independently of the planner (plan.py reads Megatron's interleaved layout; this reads HF's).
 """
@@ -68,7 +72,20 @@ class TargetLayout:
 
 def reference_kind(role: Any) -> str:
     """The split the reference uses: the packing from the bridge class, the split from megatron-core's attributes."""
-    return role.kind if role.kind in ("qkv", "gated") else role.core_split
+    return role.kind if role.kind in ("qkv", "gated", "sections") else role.core_split
+
+
+def hf_section_list(role: Any, hf: list[Any]) -> list[Any]:
+    """Every section of `role` in order, whole, cut from the HF tensors (per tensor: `groups` interleaved groups,
+    each [its rows of section 0; of section 1; ...])."""
+    out = []
+    for tensor, sizes, groups in zip(hf, role.hf_sections, role.hf_groups, strict=True):
+        grouped = tensor.reshape(groups, -1, *tensor.shape[1:])
+        at = 0
+        for size in sizes:
+            out.append(grouped[:, at : at + size // groups].reshape(size, *tensor.shape[1:]))
+            at += size // groups
+    return out
 
 
 def reference_shard(role: Any, hf: list[Any], layout: TargetLayout, rank: int) -> Any:
@@ -80,11 +97,14 @@ def reference_shard(role: Any, hf: list[Any], layout: TargetLayout, rank: int) -
     if kind == "qkv":
         nh, nkv, d = role.heads
         q, k, v = hf
-        qn = nh // tp
+        qn, qd = nh // tp, 2 * d if role.gate else d
         kv = range(p * nkv // tp, (p + 1) * nkv // tp) if nkv >= tp else range(p // (tp // nkv), p // (tp // nkv) + 1)
-        heads = [q[h * d : (h + 1) * d] for h in range(p * qn, (p + 1) * qn)]
+        heads = [q[h * qd : (h + 1) * qd] for h in range(p * qn, (p + 1) * qn)]
         heads += [k[g * d : (g + 1) * d] for g in kv] + [v[g * d : (g + 1) * d] for g in kv]
         return torch.cat(heads, 0)
+    if kind == "sections":
+        chunks = [s[p * (s.shape[0] // tp) : (p + 1) * (s.shape[0] // tp)] for s in hf_section_list(role, hf)]
+        return torch.cat(chunks, 0)
     if kind == "gated":
         n = hf[0].shape[0] // tp
         return torch.cat([hf[0][p * n : (p + 1) * n], hf[1][p * n : (p + 1) * n]], 0)
