@@ -5,8 +5,9 @@ probe says where each of this rank's elements must land. A rank checks its own e
 real output; rank 0 checks the real outputs a collective made agree across ranks (compare.fold digests) and the
 probe slots cover every element. The real conversions are those of an earlier export drain when one ran
 (convcheck.probe.fused).
-Mappings that compute values rather than move them are reported (the probe follows codes, not arithmetic), except the elementwise value maps convcheck.probe.values declares:
-their moves are probed and their values compared bitwise against the declared map.
+Mappings that compute values rather than move them are reported (the probe follows codes, not arithmetic),
+except the elementwise value maps convcheck.probe.values declares: their moves are probed and their values
+compared bitwise against the declared map.
 """
 
 from __future__ import annotations
