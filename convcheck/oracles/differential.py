@@ -5,7 +5,9 @@ probe says where each of this rank's elements must land. A rank checks its own e
 real output; rank 0 checks the real outputs a collective made agree across ranks (compare.fold digests) and the
 probe slots cover every element. The real conversions are those of an earlier export drain when one ran
 (convcheck.probe.fused).
-Mappings that compute values rather than move them are reported (the probe follows codes, not arithmetic).
+Mappings that compute values rather than move them are reported (the probe follows codes, not arithmetic),
+except the elementwise value maps convcheck.probe.values declares: their moves are probed and their values
+compared bitwise against the declared map.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ INFO = OracleInfo(
     "ranks of a comm-stub probe run of the same mapping: every element covered, ranks agree, no probe "
     "slot missing from the real output",
     does_not_prove="that the mapping's local math is right (a bug outside the collectives is in both sides; see "
-    "roundtrip); mappings that compute values instead of moving them are reported, not proven; that replicas "
+    "roundtrip); mappings that compute values instead of moving them are reported, not proven (except the "
+    "elementwise value maps convcheck.probe.values declares, checked bitwise against the declared map); that replicas "
     "of a tensor no collective touches hold equal weights (see mapping)",
     rides_on="export",
 )
@@ -171,10 +174,16 @@ def _slot_findings(hf: str, r: int, e: dict[str, Any]) -> list[Finding]:
         out.append(Finding(
             tensor=hf, kind="differs",
             message=f"rank {r}: {m['count']} of its elements are not where the probe puts them; "
-            f"first at HF index {m['first']}: real {m['real']}, probe {m['probe']} ({e['param']})",
+            f"first at HF index {m['first']}: real {m['real']}, probe {m['probe']}{_mapped(e)} ({e['param']})",
             detail={"rank": r, "first_index": m["first"], "count": m["count"]},
         ))  # fmt: skip
     return out
+
+
+def _mapped(e: dict[str, Any]) -> str:
+    """` after x + 1 (Class)` when the probe's value went through the mapping's declared value map, else ''."""
+    label = e.get("value_map")
+    return f" after {label}" if label else ""
 
 
 def _written_once(

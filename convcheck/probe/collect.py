@@ -9,6 +9,7 @@ from convcheck.compare.fold import digest
 from convcheck.probe.hook import ExportHook, export_hook
 from convcheck.probe.run import CodeCache, own_view_slots, probe_task, range_labels, to_ranges
 from convcheck.probe.runs import diff_positions, hf_ranges, mismatched_runs
+from convcheck.probe.values import ValueMap, value_map
 from convcheck.verdict import Finding
 
 
@@ -106,6 +107,7 @@ def task_records(
         slots = (own_view_slots(real, task.param_weight) if fast else None) or probe_task(task, ctx.rank, codes, hook)
     except Exception as exc:  # noqa: BLE001 - an unsupported pattern fails loud as a finding
         return [*records, {**base, "error": f"probe failed: {_first_line(exc)}"}]
+    values = value_map(task.mapping)
     for name in sorted(set(slots) | set(real)):
         slot = slots.get(name)
         rec: dict[str, Any] = {**base, "hf": name}
@@ -113,7 +115,7 @@ def task_records(
             rec.update(shape=list(slot.shape), writer=[list(w) for w in slot.writer], ranges=hf_ranges(slot.runs))
             rec["owned"] = slot.owned
         if with_real:
-            rec.update(_against_real(real.get(name), slot, task.param_weight))
+            rec.update(_against_real(real.get(name), slot, task.param_weight, values))
             if cross_rank and rec["real"] is not None and _may_differ(ctx, slot, real[name]):
                 rec["real"]["digest"] = digest(real[name])  # on the tensor's device, no host copy
         records.append(rec)
@@ -139,9 +141,10 @@ def _may_differ(ctx: Any, slot: Any, tensor: Any) -> bool:
     return slot.owned != tensor.numel()
 
 
-def _against_real(tensor: Any, slot: Any, weight: Any) -> dict[str, Any]:
+def _against_real(tensor: Any, slot: Any, weight: Any, values: ValueMap | None = None) -> dict[str, Any]:
     """Compare this rank's probe slot with the real output bitwise, run by run on the weight's device (its digest,
-    for the cross-rank check, is filled in by `collect`)."""
+    for the cross-rank check, is filled in by `collect`); the shard through `values` when its mapping declares an
+    elementwise value map (convcheck.probe.values)."""
     if tensor is None:
         return {"real": None}
     tensor = tensor.detach()
@@ -156,7 +159,9 @@ def _against_real(tensor: Any, slot: Any, weight: Any) -> dict[str, Any]:
         return out
     if tuple(tensor.shape) != tuple(slot.shape) or tensor.element_size() != weight.element_size():
         return out  # the assembler reports the shape / dtype difference
-    weight = weight.detach()
+    weight = weight.detach() if values is None else values.apply(weight)
+    if values is not None:
+        out["value_map"] = values.label
     if tensor.device != weight.device:
         tensor = tensor.to(weight.device)
     real_bits, mine_bits = int_view(tensor), int_view(weight)

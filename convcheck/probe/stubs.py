@@ -14,6 +14,8 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from convcheck.probe.values import follow_moves_only
+
 _GROUP_ATTRS = ("pp_group", "ep_group", "_tp_group", "_etp_group")
 _DIST_CALLS = (
     "all_gather", "all_gather_object", "all_gather_into_tensor", "broadcast", "broadcast_object_list",
@@ -204,6 +206,7 @@ def probe_copy(mapping: Any, state: ProbeState) -> Any:
         new._convcheck_probe = state
         for name, func in _STUBS.items():
             setattr(new, name, types.MethodType(func, new))
+        follow_moves_only(new)
     for key, value in list(vars(new).items()):
         if _is_mapping(value):
             setattr(new, key, probe_copy(value, state))
