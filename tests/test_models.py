@@ -23,7 +23,7 @@ def test_lookups_cover_every_architecture_in_listing_order() -> None:
     assert all(arch.mapping_rules is not None for arch in SUPPORTED if not partly & {f.name for f in arch.fixtures})
     assert list(FIXTURES) == [
         "qwen2", "qwen2-tied", "qwen3", "qwen3-moe", "qwen3-moe-unnorm", "llama", "nemotron-h", "nemotron-h-moe",
-        "deepseek-v3", "moonlight", "glm4.7-flash", "qwen3-next", "qwen3.5", "qwen3.5-moe",
+        "deepseek-v3", "moonlight", "glm4.7-flash", "qwen3-next", "qwen3.5", "qwen3.5-moe", "qwen3.6-moe",
     ]  # fmt: skip
     for arch in SUPPORTED:
         assert BY_MODEL_TYPE[arch.model_type] is arch and all(BY_HF_CLASS[c] is arch for c in arch.hf_classes)

@@ -16,7 +16,7 @@ from convcheck.errors import SetupError
 from convcheck.mutants.catalog import FORWARD, MUTANTS, Mutant
 from convcheck.oracles import DEFAULT_ORACLES as ORACLES
 from convcheck.verdict import Finding, OracleVerdict, Report
-from convcheck.workflows.kill_matrix import CAUGHT, ERROR, MISSED, NOT_APPLICABLE, NOT_RUN, attribute
+from convcheck.workflows.kill_matrix import CAUGHT, ERROR, MISSED, NOT_RUN, attribute
 from convcheck.workflows.selftest import check_catalog, clean_launches, plan, run_selftest, select
 from convcheck.workflows.targets import globs_meet
 from tests.support.helpers import run_cli
@@ -125,7 +125,7 @@ def test_full_runs_each_mutant_alone_at_every_layout_with_every_oracle() -> None
     ]  # fmt: skip
     assert all(lay.oracles == tuple(ORACLES) for lay in launches)
     te = _m("te", ("x",), experts="te-grouped", layout="ep2", fixture="tiny:qwen3-moe")
-    assert "logits" not in plan([te], quick=False)[0].oracles
+    assert "logits" in plan([te], quick=False)[0].oracles  # the grouped stand-in runs the forward too
 
 
 def test_quick_runs_logits_only_where_one_mutant_can_change_the_forward() -> None:
@@ -240,7 +240,7 @@ def test_survivor_false_alarm_and_error_fail_the_selftest() -> None:
     assert "rank 1 died" in b_row.first_finding
     te = _m("te", ("model.layers.0.mlp.experts.*",), experts="te-grouped", layout="ep2", fixture="tiny:qwen3-moe")
     (row,) = run_selftest([te], quick=False, verify=FakeVerify({})).rows
-    assert row.cells["logits"] == NOT_APPLICABLE and row.cells["layout"] == MISSED
+    assert row.cells["logits"] == row.cells["layout"] == MISSED  # every oracle applies to the grouped layout
 
 
 def test_clean_run_with_a_finding_is_a_false_alarm() -> None:

@@ -2,9 +2,8 @@
 gated norm, the gated-attention q/gate interleave and the per-layer schedule (hooks in convcheck.mutants.gdn).
 
 Export-only bugs are named by roundtrip and layout (tensor, first wrong element, block diagnosis); the gated norm's
-value bugs also by the differential, which compares its values against the declared map x + 1. The mapping oracle
-has no GDN tables yet: it is expected to catch the in_proj / conv1d / q-gate bugs once it does, and the config
-oracle already names the collapsed schedule.
+value bugs also by the differential, which compares its values against the declared map x + 1; the collapsed schedule
+by the config oracle (linear_attention_freq) and logits.
 """
 
 from __future__ import annotations
@@ -67,8 +66,7 @@ GDN_MUTANTS: tuple[Mutant, ...] = (
         hook=_M + "gdn:schedule_as_interval",
         fixture=QWEN3_NEXT,
         layout="tp2",
-        catches=("logits",),  # config names it too (linear_attention_freq), but the clean qwen3-next run's config
-        # verdict still carries the known gdn-config-export-loses-schedule untagged in the catalog's clean row
+        catches=("config", "logits"),
         targets=("*",),
     ),
     Mutant(
