@@ -103,23 +103,6 @@ TINY_QWEN36_MOE = FixtureSpec(
     packed_experts=True,
 )
 
-QWEN3_NEXT = Architecture(
-    hf_classes=("Qwen3NextForCausalLM",),
-    model_type="qwen3_next",
-    mapping_rules=qwen3_next_rules,
-    config_rules=QWEN3_NEXT_TABLE,
-    fixtures=(TINY_QWEN3_NEXT,),
-    upstream_bugs=(GDN_CONFIG_EXPORT_LOSES_SCHEDULE,),
-)
-
-QWEN35 = Architecture(
-    hf_classes=("Qwen3_5ForCausalLM",),
-    model_type="qwen3_5_text",
-    mapping_rules=qwen35_rules,
-    config_rules=QWEN35_TABLE,
-    fixtures=(TINY_QWEN35,),
-    upstream_bugs=(GDN_CONFIG_EXPORT_LOSES_SCHEDULE,),
-)
 
 MTP_SEQUENTIAL_EXPERTS_UNMAPPED = UpstreamBug(
     name="qwen35-moe-mtp-sequential-experts-unmapped",
@@ -134,9 +117,43 @@ MTP_SEQUENTIAL_EXPERTS_UNMAPPED = UpstreamBug(
         ("*", "<import>", "import-failed"),
         ("*", "<export>", "export-failed"),
     ),
-    seen_in=("0.5.1", "0.6.0", "0.6.2"),
+    seen_in=("0.5.0", "0.5.1", "0.6.0", "0.6.2"),
 )
 """Every other finding of such a run follows from the two crashes (nothing is loaded or exported)."""
+
+SEQUENTIAL_EXPERTS_UNMAPPED = UpstreamBug(
+    name="gdn-moe-sequential-experts-unmapped",
+    summary="the Qwen3-Next and Qwen3.5-MoE bridges map the decoder's routed experts only in the grouped layout, not "
+    "as SequentialMLP local_experts; load_hf_weights and export_hf_weights crash on the empty conversion tasks",
+    where="megatron/bridge/models/qwen/qwen3_next_bridge.py, qwen35_bridge.py (0.5.0: no local_experts mapping)",
+    findings=(
+        ("coverage", "decoder.layers.*.mlp.experts.local_experts.*.linear_fc*.weight", "unmapped"),
+        ("*", "<import>", "import-failed"),
+        ("*", "<export>", "export-failed"),
+    ),
+    seen_in=("0.5.0",),
+    fixed_in="0.5.1 (Sequential (non-grouped) experts mappings)",
+)
+
+SCHEDULE_COLLAPSED = UpstreamBug(
+    name="gdn-schedule-collapsed-to-interval",
+    summary="full_attention_interval_from_hf turns layer_types into one interval (the first full-attention layer's "
+    "index + 1), so a schedule no interval gives is built with GDN and attention on the wrong layers",
+    where="megatron/bridge/models/conversion/transformers_compat.py:213-223 (0.5.x)",
+    findings=(("config", "layer_types -> linear_attention_freq", "mismatch"),),
+    seen_in=("0.5.0", "0.5.1"),
+    fixed_in="0.6.0 (the per-layer list, transformers_compat.py:217-223)",
+)
+
+READS_FULL_ATTENTION_INTERVAL = UpstreamBug(
+    name="qwen3-next-reads-full-attention-interval",
+    summary="the Qwen3-Next provider reads hf_config.full_attention_interval, which Qwen3NextConfig no longer keeps "
+    "(transformers turns it into layer_types): building the provider raises AttributeError",
+    where="megatron/bridge/models/qwen/qwen3_next_bridge.py:85 (0.4.x; :80 in 0.3.x)",
+    findings=(("*", "<build>", "build-failed"),),
+    seen_in=("0.3.0", "0.3.1", "0.4.0", "0.4.1", "0.4.2"),
+    fixed_in="0.5.0 (full_attention_interval_from_hf)",
+)
 
 QWEN35_MOE = Architecture(
     hf_classes=("Qwen3_5MoeForCausalLM",),
@@ -144,5 +161,33 @@ QWEN35_MOE = Architecture(
     mapping_rules=qwen35_rules,
     config_rules=QWEN35_MOE_TABLE,
     fixtures=(TINY_QWEN35_MOE, TINY_QWEN36_MOE),
-    upstream_bugs=(MTP_SEQUENTIAL_EXPERTS_UNMAPPED, GDN_CONFIG_EXPORT_LOSES_SCHEDULE),
+    upstream_bugs=(
+        MTP_SEQUENTIAL_EXPERTS_UNMAPPED,
+        GDN_CONFIG_EXPORT_LOSES_SCHEDULE,
+        SCHEDULE_COLLAPSED,
+        SEQUENTIAL_EXPERTS_UNMAPPED,
+    ),
+)
+
+QWEN3_NEXT = Architecture(
+    hf_classes=("Qwen3NextForCausalLM",),
+    model_type="qwen3_next",
+    mapping_rules=qwen3_next_rules,
+    config_rules=QWEN3_NEXT_TABLE,
+    fixtures=(TINY_QWEN3_NEXT,),
+    upstream_bugs=(
+        GDN_CONFIG_EXPORT_LOSES_SCHEDULE,
+        SCHEDULE_COLLAPSED,
+        SEQUENTIAL_EXPERTS_UNMAPPED,
+        READS_FULL_ATTENTION_INTERVAL,
+    ),
+)
+
+QWEN35 = Architecture(
+    hf_classes=("Qwen3_5ForCausalLM",),
+    model_type="qwen3_5_text",
+    mapping_rules=qwen35_rules,
+    config_rules=QWEN35_TABLE,
+    fixtures=(TINY_QWEN35,),
+    upstream_bugs=(GDN_CONFIG_EXPORT_LOSES_SCHEDULE, SCHEDULE_COLLAPSED),
 )

@@ -264,6 +264,6 @@ GDN_CONFIG_EXPORT_LOSES_SCHEDULE = UpstreamBug(
     findings=tuple(
         ("config", f"{field} (megatron_to_hf_config)", "roundtrip-mismatch") for field in _GDN_EXPORT_FIELDS
     ),
-    seen_in=("0.6.2",),
+    seen_in=("0.5.0", "0.5.1", "0.6.0", "0.6.2"),
 )
 """What the roundtrip half of the config oracle names for a schedule or GDN geometry that is not the class default."""
