@@ -119,6 +119,6 @@ def test_qwen3_next_tp2_sync_checkpoint_and_reshard_oracles_pass(receiver: str, 
                   tmp_path=tmp_path)  # fmt: skip
     assert res.code == 0, res.out[-3000:] + res.err[-2000:]
     assert res.verdicts() == dict.fromkeys(oracles.split(","), "pass")
-    metrics = {o["name"]: o["metrics"] for o in res.report["oracles"]}
+    metrics = {o["name"]: o.get("metrics", {}) for o in res.report["oracles"]}
     if receiver == "hf":
         assert metrics["receiver"]["not_held"] == 41  # mtp.* tensors: Qwen3NextForCausalLM has no MTP module

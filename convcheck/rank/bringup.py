@@ -52,23 +52,36 @@ def _build(bridge: Any, spec: RankSpec) -> tuple[Any, list[Any]]:
     ranks agree first, so none goes on into a collective the others never reach)."""
     import torch.distributed as dist
 
-    error = None
+    error, te_limit = None, False
     try:
         provider = make_provider(bridge, spec.layout, spec.device, pad_vocab=spec.pad_vocab)
         model = build_model(provider, spec.device, experts=spec.experts)
     except (BadInput, SetupError):
         raise
     except Exception as exc:  # noqa: BLE001 - a bridge that cannot build a valid model is a finding
-        error = f"{one_line(exc)} at {raised_at(exc)}"
-    errors: list[str | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(errors, error)
+        error, te_limit = f"{one_line(exc)} at {raised_at(exc)}", _needs_te(exc)
+    errors: list[tuple[str, bool] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, (error, te_limit) if error is not None else None)
     failed = [(rank, e) for rank, e in enumerate(errors) if e is not None]
-    if failed:
-        rank, first = failed[0]
-        raise BuildFailed(
-            f"rank {rank}: {first}" + (f" (and {len(failed) - 1} more rank(s))" if len(failed) > 1 else "")
-        )
-    return provider, model
+    if not failed:
+        return provider, model
+    rank, (first, limit) = failed[0]
+    more = f" (and {len(failed) - 1} more rank(s))" if len(failed) > 1 else ""
+    if limit:
+        raise SetupError(f"this megatron-core cannot build the model without Transformer Engine: rank {rank}: {first}")
+    raise BuildFailed(f"rank {rank}: {first}{more}")
+
+
+def _needs_te(exc: BaseException) -> bool:
+    """True when the build failed on a Transformer Engine class megatron-core left None because TE is missing (an
+    `isinstance(x, TEClass)` with TEClass None): a limit of running without TE, not a bridge bug."""
+    from convcheck.compat import transformer_engine_available
+
+    return (
+        isinstance(exc, TypeError)
+        and "isinstance() arg 2 must be a type" in str(exc)
+        and (not transformer_engine_available())
+    )
 
 
 def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bool = True) -> RankContext:
