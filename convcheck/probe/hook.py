@@ -17,9 +17,9 @@ ExportHook = Callable[[Any, dict[str, Any]], dict[str, Any]]
 
 
 def export_hook(ctx: Any, tasks: list[Any]) -> ExportHook | None:
-    """The run's export hook, or None when the bridge's class keeps the base one (which returns its input) and none
-    of `tasks` (the run's conversion tasks) is grouped. A grouped task (fused experts) skips the hook and goes through the bridge's expert
-    buffering instead (convcheck.probe.grouped), as in the export loop (model_bridge.py:1361-1383)."""
+    """The run's export hook, or None when the bridge's class keeps the base one (which returns its input) and
+    none of `tasks` (the run's conversion tasks) is grouped. A grouped task (fused experts) skips the hook and goes
+    through the bridge's expert buffering instead (convcheck.probe.grouped), as in model_bridge.py:1361-1383."""
     from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge
 
     from convcheck.probe.grouped import grouped_follow, is_grouped
