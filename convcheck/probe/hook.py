@@ -9,14 +9,14 @@ in model_bridge.py:1307-1335), and on a new dict each call, so the export's own 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 ExportHook = Callable[[Any, dict[str, Any]], dict[str, Any]]
 """(task, HF name -> tensor as megatron_to_hf made it) -> HF name -> tensor as the bridge's export emits it."""
 
 
-def export_hook(ctx: Any, tasks: list[Any]) -> ExportHook | None:
+def export_hook(ctx: Any, tasks: Iterable[Any] = ()) -> ExportHook | None:
     """The run's export hook, or None when the bridge's class keeps the base one (which returns its input) and
     none of `tasks` (the run's conversion tasks) is grouped. A grouped task (fused experts) skips the hook and goes
     through the bridge's expert buffering instead (convcheck.probe.grouped), as in model_bridge.py:1361-1383."""
