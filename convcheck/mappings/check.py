@@ -59,7 +59,7 @@ def rows_match(mapping: Any, hf: Mapping[str, Any], layout: ParallelLayout, coor
     if pieces is None:
         return False
     blocks, row = pieces(hf, layout, coord), 0
-    if shard.dim() == 0 or sum(b.shape[0] for b in blocks) != shard.shape[0]:
+    if blocks is None or shard.dim() == 0 or sum(b.shape[0] for b in blocks) != shard.shape[0]:
         return False
     for block in blocks:
         part = shard.detach().narrow(0, row, block.shape[0])

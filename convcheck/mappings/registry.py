@@ -21,6 +21,9 @@ class MappingRule:
     pattern: str
     build: Callable[[re.Match[str], Geometry], TensorMapping]
     """(the match of a Megatron name, the model's geometry) -> that parameter's mapping."""
+    when: Callable[[re.Match[str], frozenset[str]], bool] | None = None
+    """(the match, the model's HF names) -> whether the rule applies (the checkpoint's spelling, e.g. fused experts);
+    None: always."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -53,12 +56,17 @@ def registry_from_rules(
     missing = geometry.missing_for_mappings()
     if missing:
         raise MappingError(f"HF config lacks {', '.join(missing)}")
-    compiled = [(re.compile(rule.pattern), rule.build) for rule in rules]
+    compiled = [(re.compile(rule.pattern), rule.build, rule.when) for rule in rules]
+    wanted = frozenset(hf_names)
     problems: list[str] = []
     mappings: dict[str, TensorMapping] = {}
     copies: set[str] = set()
     for name in sorted(set(megatron_names)):
-        hits = [(p, make) for p, make in compiled if p.fullmatch(name)]
+        hits = [
+            (p, make)
+            for p, make, when in compiled
+            if (m := p.fullmatch(name)) is not None and (when is None or when(m, wanted))
+        ]
         if not hits:
             problems.append(f"{name}: Megatron parameter has no mapping")
             continue
@@ -70,8 +78,10 @@ def registry_from_rules(
         mappings[name] = make(pattern.fullmatch(name), geometry)  # type: ignore[arg-type]
         if tied and name == "output_layer.weight":
             copies.add(name)
-    produced = Counter(hf for name, m in mappings.items() if name not in copies for hf in m.hf_names)
-    wanted = set(hf_names)
+    produced = Counter(
+        hf for name, m in mappings.items() if name not in copies and not hasattr(m, "fused_part") for hf in m.hf_names
+    )
+    problems += _fused_parts(mappings, produced)
     for hf in sorted(wanted | set(produced)):
         count = produced.get(hf, 0)
         if hf not in wanted:
@@ -84,3 +94,25 @@ def registry_from_rules(
     return MappingRegistry(
         architecture=architecture, mappings=mappings, problems=tuple(sorted(problems)), copies=frozenset(copies)
     )
+
+
+def _fused_parts(mappings: dict[str, TensorMapping], produced: Counter[str]) -> list[str]:
+    """Count a fused HF tensor (convcheck.mappings.fused_experts) produced once when each of its slices is produced
+    exactly once; the problems of one whose slices are missing or doubled."""
+    slices: dict[str, list[int]] = {}
+    total: dict[str, int] = {}
+    for mapping in mappings.values():
+        part = getattr(mapping, "fused_part", None)
+        if part is not None:
+            slices.setdefault(part[0], []).append(part[1])
+            total[part[0]] = part[2]
+    problems = []
+    for hf, got in sorted(slices.items()):
+        counts = Counter(got)
+        missing = [e for e in range(total[hf]) if counts[e] == 0]
+        doubled = sorted(e for e, n in counts.items() if n > 1)
+        if missing or doubled:
+            problems.append(f"{hf}: slices {missing} are never produced, slices {doubled} more than once")
+        else:
+            produced[hf] += 1
+    return problems

@@ -20,7 +20,7 @@ from convcheck.mappings import FusedQKV, Gated, Replicated, Split
 from convcheck.mappings.gdn import GDNInProj, GDNWidths, ZeroCentered, gdn_conv1d
 from convcheck.mappings.registry import MappingRule
 from convcheck.models.dense import EMBEDDING_AND_FINAL_NORM, output_layer
-from convcheck.models.shared_mappings import routed_expert_rules
+from convcheck.models.shared_mappings import fused_expert_rules, routed_expert_rules, stored_per_expert
 
 TRANSFORMER_LAYER = r"(decoder\.layers\.(?P<layer>\d+)|mtp\.layers\.(?P<mtp>\d+)\.mtp_model_layer)\."
 """A decoder layer (`layer`: its global number) or MTP layer k's transformer layer (`mtp`: k)."""
@@ -125,8 +125,12 @@ MOE = (
     _rows(r"mlp\.shared_experts\.linear_fc2\.weight", "mlp.shared_expert.down_proj.weight", dim=1),
     _replicated(r"mlp\.shared_experts\.gate_weight", "mlp.shared_expert_gate.weight"),  # [1, hidden]
     *routed_expert_rules(
-        TRANSFORMER_LAYER, lambda m, _g, projection: hf_layer(m, f"mlp.experts.{{expert}}.{projection}.weight")
+        TRANSFORMER_LAYER,
+        lambda m, _g, projection: hf_layer(m, f"mlp.experts.{{expert}}.{projection}.weight"),
+        stored_per_expert(lambda m, projection: hf_layer(m, f"mlp.experts.{projection}")),
     ),
+    # Qwen3.6: experts fused as transformers 5 holds them (qwen35_bridge.py:104-140, 363-377)
+    *fused_expert_rules(TRANSFORMER_LAYER, lambda m, projection: hf_layer(m, f"mlp.experts.{projection}")),
 )
 
 

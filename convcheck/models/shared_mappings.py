@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from convcheck.hf.geometry import Geometry
 from convcheck.mappings import Gated, GroupedFc1, GroupedFc2, Split
+from convcheck.mappings.fused_experts import FusedSlice
 from convcheck.mappings.registry import MappingRule
 
 LAYER_PREFIX = r"decoder\.layers\.(?P<layer>\d+)\."
@@ -36,11 +37,13 @@ ExpertName = Callable[[re.Match[str], Geometry, str], str]
 `{expert}` field left to fill."""
 
 
-def routed_expert_rules(prefix: str, hf: ExpertName) -> tuple[MappingRule, ...]:
+def routed_expert_rules(
+    prefix: str, hf: ExpertName, when: Callable[[re.Match[str], frozenset[str]], bool] | None = None
+) -> tuple[MappingRule, ...]:
     """Every spelling of a layer's routed experts: one expert per parameter (SequentialMLP `local_experts.E` or TE
     grouped `linear_fcN.weightE`, E global; gated linear_fc1 [2 x ffn/etp, hidden], row-parallel linear_fc2
     [hidden, ffn/etp], split over ETP) and legacy GroupedMLP (megatron-core <= 0.16: all local experts in one
-    weight1 / weight2)."""
+    weight1 / weight2); `when`: whether the one-expert rules apply (per-expert HF tensors, not fused ones)."""
 
     def one(match: re.Match[str], geometry: Geometry, projection: str) -> str:
         return hf(match, geometry, projection).format(expert=expert_id(match))
@@ -56,6 +59,7 @@ def routed_expert_rules(prefix: str, hf: ExpertName) -> tuple[MappingRule, ...]:
                 gate=one(match, geometry, "gate_proj"),
                 up=one(match, geometry, "up_proj"),
             ),
+            when,
         ),
         MappingRule(
             prefix + expert_weight(2),
@@ -67,6 +71,7 @@ def routed_expert_rules(prefix: str, hf: ExpertName) -> tuple[MappingRule, ...]:
                 num_experts=geometry.num_experts,
                 hf=one(match, geometry, "down_proj"),
             ),
+            when,
         ),
         MappingRule(
             prefix + r"mlp\.experts\.weight1",
@@ -90,3 +95,52 @@ def routed_expert_rules(prefix: str, hf: ExpertName) -> tuple[MappingRule, ...]:
             ),
         ),
     )
+
+
+FusedName = Callable[[re.Match[str], str], str]
+"""(match, fused projection: gate_up_proj or down_proj) -> that fused HF tensor of the matched layer."""
+
+
+def fused_expert_rules(prefix: str, fused: FusedName) -> tuple[MappingRule, ...]:
+    """One expert per parameter (SequentialMLP or TE grouped) <-> its slice of the layer's fused `gate_up_proj`
+    `[E, 2F, hidden]` / `down_proj` `[E, hidden, F]`; they apply where the checkpoint holds the fused tensor (as the
+    bridge chooses with moe_experts_stored_packed), and `stored_fused` says where that is."""
+
+    def fc1(match: re.Match[str], geometry: Geometry) -> FusedSlice:
+        name = fused(match, "gate_up_proj")
+        inner = Gated(
+            megatron=match[0],
+            axis="etp",
+            expert=int(expert_id(match)),
+            num_experts=geometry.num_experts,
+            gate=f"{name}[{expert_id(match)}].gate",
+            up=f"{name}[{expert_id(match)}].up",
+        )
+        return FusedSlice(inner=inner, fused=name)
+
+    def fc2(match: re.Match[str], geometry: Geometry) -> FusedSlice:
+        name = fused(match, "down_proj")
+        inner = Split(
+            megatron=match[0],
+            axis="etp",
+            dim=1,
+            expert=int(expert_id(match)),
+            num_experts=geometry.num_experts,
+            hf=f"{name}[{expert_id(match)}]",
+        )
+        return FusedSlice(inner=inner, fused=name)
+
+    return (
+        MappingRule(prefix + expert_weight(1), fc1, stored_fused(fused)),
+        MappingRule(prefix + expert_weight(2), fc2, stored_fused(fused)),
+    )
+
+
+def stored_fused(fused: FusedName) -> Callable[[re.Match[str], frozenset[str]], bool]:
+    """Whether the checkpoint holds the matched layer's experts fused (its `gate_up_proj` is an HF tensor)."""
+    return lambda match, names: fused(match, "gate_up_proj") in names
+
+
+def stored_per_expert(fused: FusedName) -> Callable[[re.Match[str], frozenset[str]], bool]:
+    """The opposite of `stored_fused`."""
+    return lambda match, names: fused(match, "gate_up_proj") not in names

@@ -82,7 +82,8 @@ def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[
     for hf, entries in sorted(by_hf.items()):
         probes = [(r, e) for r, e in entries if "ranges" in e]
         reals = [(r, e) for r, e in entries if e.get("real")]
-        found += _ranks_disagree(hf, reals)
+        for task in sorted({e["task"] for _, e in reals}):  # a fused HF tensor is made by many tasks, each a part
+            found += _ranks_disagree(hf, [(r, e) for r, e in reals if e["task"] == task])
         found += [f for r, e in probes for f in _slot_findings(hf, r, e)]
         if not probes:
             if reals:

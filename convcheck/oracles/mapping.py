@@ -394,6 +394,10 @@ def _localise(
                     keep[hf_name] = (megatron, tensor)
         except MappingError:  # already a finding from the first rebuild, after the names it yielded
             pass
+        if ctx.is_reporter:  # a fused tensor no one parameter rebuilds: its shards matched, so the source is it
+            reader = TensorReader(ctx.checkpoint)
+            for hf_name in sorted(wanted & from_source - set(keep)):
+                keep[hf_name] = (megatron, reader.get(hf_name))
     findings: list[Finding] = []
     named: set[str] = set()
     for hf_name, tensor in ctx.export():

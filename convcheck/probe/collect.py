@@ -6,7 +6,7 @@ from typing import Any
 
 from convcheck.compare.bits import describe_element, int_view, unravel_index
 from convcheck.compare.fold import digest
-from convcheck.probe.hook import ExportHook, export_hook
+from convcheck.probe.hook import ExportHook, export_hook, hook_name
 from convcheck.probe.run import CodeCache, own_view_slots, probe_task, range_labels, to_ranges
 from convcheck.probe.runs import diff_positions, hf_ranges, mismatched_runs
 from convcheck.probe.values import ValueMap, value_map
@@ -36,11 +36,12 @@ def collect(ctx: Any, *, with_real: bool) -> list[dict[str, Any]]:
         return cached[1]
     records: list[dict[str, Any]] = []
     codes = CodeCache()
-    hook = export_hook(ctx)
-    for index, task in enumerate(tasks_of(ctx)):
+    tasks = tasks_of(ctx)
+    hook = export_hook(ctx, tasks)
+    for index, task in enumerate(tasks):
         real: dict[str, Any] | BaseException | None = None
         version = weight_version(task)
-        if with_real and not getattr(task.mapping, "is_grouped_export", False):
+        if with_real:
             try:
                 real = dict(task.mapping.megatron_to_hf(task.param_weight, task.megatron_module) or {})
             except Exception as exc:  # noqa: BLE001 - a crashing export is a finding
@@ -86,8 +87,6 @@ def task_records(
     bridge's export `hook` (convcheck.probe.hook), both the probe's and the real outputs are followed through it."""
     param = str(getattr(task, "global_param_name", "") or task.param_name)
     base = {"task": index, "param": param}
-    if getattr(task.mapping, "is_grouped_export", False):
-        return [{**base, "error": "grouped (fused-expert) export is not probed"}]
     records: list[dict[str, Any]] = []
     if isinstance(real, BaseException):
         records.append({**base, "error": f"real megatron_to_hf raised {_first_line(real)}"})
@@ -99,7 +98,7 @@ def task_records(
         except Exception as exc:  # noqa: BLE001 - a crashing hook is a finding
             return [
                 *records,
-                {**base, "error": f"the bridge's maybe_modify_converted_hf_weight raised {_first_line(exc)}"},
+                {**base, "error": f"{hook_name(task)} raised {_first_line(exc)}"},
             ]
     cross_rank = with_real and ctx.world > 1  # several ranks export each tensor: digests for the assembler
     try:

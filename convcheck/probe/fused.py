@@ -39,8 +39,9 @@ class ProbeInExport:
         self.next = 0
         self.seconds = 0.0
         self.intact = True
-        self.hook = export_hook(ctx)
-        self.tasks = [self._tapped(i, task) for i, task in enumerate(tasks_of(ctx))]
+        tasks = tasks_of(ctx)
+        self.hook = export_hook(ctx, tasks)
+        self.tasks = [self._tapped(i, task) for i, task in enumerate(tasks)]
 
     def _tapped(self, index: int, task: Any) -> Any:
         """A copy of `task` whose mapping shell calls the real mapping, then records the task."""
@@ -66,7 +67,7 @@ class ProbeInExport:
             return
         self.next += 1
         started = time.perf_counter()
-        real = None if getattr(task.mapping, "is_grouped_export", False) else dict(out or {})
+        real = dict(out or {})
         self.records.extend(
             task_records(self.ctx, index, task, real, self.codes, with_real=True, unwritten=unwritten, hook=self.hook)
         )

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from convcheck.compare.bits import unravel_index
-from convcheck.probe.hook import ExportHook, hook_made
+from convcheck.probe.hook import ExportHook, hook_made, hook_name
 from convcheck.probe.runs import code_dtype, decode_runs, owned, shard_codes, view_runs
 from convcheck.probe.stubs import ProbeCommError, ProbeState, no_communication, probe_copy, warm
 
@@ -115,7 +115,7 @@ def probe_task(
         except ProbeCommError as exc:
             if name not in hooked:
                 raise
-            raise ProbeCommError(f"{name}, made by the bridge's maybe_modify_converted_hf_weight: {exc}") from None
+            raise ProbeCommError(f"{name}, made by {hook_name(task)}: {exc}") from None
     return _slots(out, runs, state)
 
 

@@ -1,0 +1,79 @@
+"""One expert's parameter <-> its slice `[e]` of a fused HF expert tensor, as transformers 5 and Qwen3.6 store MoE
+experts: `experts.gate_up_proj` `[E, 2F, hidden]` (slice e is `[gate rows; up rows]`, the bridge's
+FusedGatedExpertMapping splits it with torch.chunk(.., 2, dim=0), param_mapping.py:3010) and `experts.down_proj`
+`[E, hidden, F]` (slice e is expert e's down_proj).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from convcheck.layout import ParallelLayout
+from convcheck.mappings.base import MappingError, RankCoord, Shards, need
+from convcheck.mappings.simple import Gated, Split
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FusedSlice:
+    """`inner` (the per-expert Gated fc1 or row-parallel Split fc2 of expert `expert`) read from and written to
+    `fused[expert]`; the registry counts the fused tensor produced once when every expert's slice is."""
+
+    inner: Gated | Split
+    fused: str
+    """The fused HF tensor, `[E, 2F, hidden]` (Gated) or `[E, hidden, F]` (Split)."""
+
+    @property
+    def megatron(self) -> str:
+        return self.inner.megatron
+
+    @property
+    def expert(self) -> int:
+        return int(self.inner.expert or 0)
+
+    @property
+    def hf_names(self) -> tuple[str, ...]:
+        return (self.fused,)
+
+    @property
+    def fused_part(self) -> tuple[str, int, int]:
+        """(fused HF name, this slice, slices in all)."""
+        return self.fused, self.expert, self.inner.num_experts
+
+    def canonical(self, coord: RankCoord) -> RankCoord:
+        return self.inner.canonical(coord)
+
+    def coords(self, layout: ParallelLayout) -> list[RankCoord]:
+        return self.inner.coords(layout)
+
+    def _parts(self, hf: Mapping[str, Any]) -> dict[str, Any]:
+        """The inner mapping's HF tensors: views of slice `[expert]` of the fused tensor."""
+        fused = need(hf, self.fused)
+        if fused.dim() != 3 or fused.shape[0] != self.inner.num_experts:
+            raise MappingError(f"{self.fused}: shape {list(fused.shape)}, expected [{self.inner.num_experts}, ., .]")
+        piece = fused[self.expert]
+        if isinstance(self.inner, Gated):
+            if piece.shape[0] % 2:
+                raise MappingError(f"{self.fused}: {piece.shape[0]} rows do not split into gate and up")
+            gate, up = piece.chunk(2, dim=0)
+            return {self.inner.gate: gate, self.inner.up: up}
+        return {self.inner.hf: piece}
+
+    def to_shard(self, hf: Mapping[str, Any], layout: ParallelLayout, coord: RankCoord) -> Any:
+        return self.inner.to_shard(self._parts(hf), layout, coord)
+
+    def row_pieces(self, hf: Mapping[str, Any], layout: ParallelLayout, coord: RankCoord) -> list[Any] | None:
+        """The inner mapping's row blocks, when it gives them (Gated)."""
+        pieces = getattr(self.inner, "row_pieces", None)
+        return None if pieces is None else pieces(self._parts(hf), layout, coord)
+
+    def from_shards(self, shards: Shards, layout: ParallelLayout) -> Iterator[tuple[str, Any]]:
+        """Slice `fused[expert]` rebuilt, named `fused[expert]` (the whole tensor needs every expert's shards)."""
+        import torch
+
+        parts = dict(self.inner.from_shards(shards, layout))
+        if isinstance(self.inner, Gated):
+            yield f"{self.fused}[{self.expert}]", torch.cat([parts[self.inner.gate], parts[self.inner.up]], dim=0)
+        else:
+            yield f"{self.fused}[{self.expert}]", parts[self.inner.hf]
