@@ -259,7 +259,7 @@ def _refusal(config: dict[str, Any], fields: ClassFields | None = None, layers: 
 
 def test_what_cannot_be_shrunk_is_refused_in_one_line_naming_it() -> None:
     dsv3, llama = _published("deepseek-v3"), _published("llama-3.1-8b")
-    supported = "deepseek_v3, llama, qwen2, qwen3, qwen3_moe"
+    supported = "deepseek_v3, llama, qwen2, qwen3, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, qwen3_next"
     assert (
         _refusal({"model_type": "mistral"})
         == f"--from-config cannot shrink model_type 'mistral'; it supports {supported}"

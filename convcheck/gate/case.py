@@ -16,12 +16,12 @@ LAYOUTS_BY_FIXTURE = {
     "nemotron-h": ("tp1", "tp2", "ep2"),
     "qwen3-next": ("tp2", "pp2", "tp2ep2"),
     "qwen3.5": ("tp2", "pp2"),
-    "qwen3.5-moe": ("tp1",),
+    "qwen3.5-moe": (),
     "qwen3.6-moe": (),
 }
 """Fixtures gated at a fixed list instead (NemotronH: 5 layers, no PP2; TP2xEP2 is not part of its matrix; the
-gated-DeltaNet fixtures at the layouts that split their GDN heads, stages and experts; Qwen3.5-MoE with SequentialMLP
-experts at TP1 only: the pinned bridge cannot load it, see EXTRA_CASES; Qwen3.6-MoE's fused experts there only)."""
+gated-DeltaNet fixtures at the layouts that split their GDN heads, stages and experts; Qwen3.5-MoE and Qwen3.6-MoE
+only with the TEGroupedMLP layout, EXTRA_CASES: the pinned bridge cannot load their SequentialMLP MTP experts)."""
 EXTRA_CASES = (
     ("tiny:qwen2", "tp4", None, "sequential"),
     ("tiny:qwen3", "tp2", 128, "sequential"),

@@ -95,8 +95,9 @@ TINY_QWEN36_MOE = FixtureSpec(
     name="qwen3.6-moe",
     config_class="Qwen3_5MoeTextConfig",
     description="Qwen3.6-MoE (Qwen3.5-MoE's text model) as published: routed experts stored fused "
-    "(experts.gate_up_proj / down_proj) in the decoder and the MTP layer",
-    config={**GDN_SHAPES, **MOE_SHAPES, "mtp_num_hidden_layers": 1},
+    "(experts.gate_up_proj / down_proj) in the decoder and the MTP layer; expert width 8, so a fused [8, 16, 32] "
+    "tensor still holds distinct values",
+    config={**GDN_SHAPES, **MOE_SHAPES, "moe_intermediate_size": 8, "mtp_num_hidden_layers": 1},
     mtp_layers=1,
     mtp_style="qwen",
     near_one_tensors=GATED_NORM,

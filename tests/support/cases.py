@@ -14,7 +14,7 @@ MOE = ("deepseek-v3", "glm4.7-flash", "moonlight", "qwen3-moe")
 GDN = {  # gated-DeltaNet hybrids: the layouts that split their GDN heads, stages and experts (convcheck.gate.case)
     "qwen3-next": [("--tp", "2"), ("--pp", "2"), ("--tp", "2", "--ep", "2")],
     "qwen3.5": [("--tp", "2"), ("--pp", "2")],
-    "qwen3.5-moe": [(), ("--tp", "2", "--experts", "te-grouped"), ("--ep", "2", "--experts", "te-grouped")],
+    "qwen3.5-moe": [("--tp", "2", "--experts", "te-grouped"), ("--ep", "2", "--experts", "te-grouped")],
     "qwen3.6-moe": [("--ep", "2", "--experts", "te-grouped")],
 }
 DENSE = [name for name in sorted(FIXTURES) if name not in ("nemotron-h", *GDN, *PARTLY_COVERED, *RELEASE_VARIANTS)]
