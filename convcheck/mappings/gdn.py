@@ -24,6 +24,7 @@ from typing import Any
 from convcheck.layout import ParallelLayout
 from convcheck.mappings.base import MappingError, RankCoord, Shards, chunk, need, shard_of
 from convcheck.mappings.mamba import Blocks
+from convcheck.mappings.simple import Replicated
 
 COMPONENTS = ("q", "k", "v", "z", "b", "a")
 """Megatron's in_proj sections, in order, on every TP rank."""
@@ -180,26 +181,13 @@ def gdn_conv1d(*, megatron: str, hf: str, widths: GDNWidths) -> Blocks:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class ZeroCentered:
+class ZeroCentered(Replicated):
     """A replicated norm weight `[n]` Megatron applies as `1 + w` and HF as a plain scale `w`: the shard is
     `hf - 1` (in the HF dtype), the export `shard + 1` (exact for HF values in [0.5, 2] in bf16)."""
 
-    megatron: str
-    hf: str
-
-    @property
-    def hf_names(self) -> tuple[str, ...]:
-        return (self.hf,)
-
-    def canonical(self, coord: RankCoord) -> RankCoord:
-        return RankCoord()
-
-    def coords(self, layout: ParallelLayout) -> list[RankCoord]:
-        return [RankCoord()]
-
     def to_shard(self, hf: Mapping[str, Any], layout: ParallelLayout, coord: RankCoord) -> Any:
-        coord.check_in(layout)
-        return need(hf, self.hf) - 1
+        return Replicated.to_shard(self, hf, layout, coord) - 1
 
     def from_shards(self, shards: Shards, layout: ParallelLayout) -> Iterator[tuple[str, Any]]:
-        yield self.hf, shard_of(shards, RankCoord(), self.megatron) + 1
+        for name, tensor in Replicated.from_shards(self, shards, layout):
+            yield name, tensor + 1
