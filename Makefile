@@ -44,7 +44,7 @@ bench-realsize: setup
 # Older Megatron-Bridge releases (convcheck/gate/releases.toml): `make env BRIDGE=0.5.1` makes .venv-bridge-0.5.1/
 # (base venv: $$CONVCHECK_BASE_VENV, else .venv); `make test-release BRIDGE=0.5.1` runs, in it, the release checks and
 # smoke (tests/test_releases.py: verify of tiny:qwen3 and tiny:qwen3-moe at TP1 and TP2) and every compat shim test.
-RELEASE_TESTS := tests/test_releases.py tests/test_compat.py tests/test_compat_mla.py tests/test_compat_shims.py tests/test_compat_device.py \
+RELEASE_TESTS := tests/test_releases.py tests/test_compat.py tests/test_compat_mla.py tests/test_compat_gdn.py tests/test_compat_shims.py tests/test_compat_device.py \
 	tests/test_compat_forward.py tests/test_compat_hybrid.py tests/test_compat_hybrid_forward.py
 
 env:
