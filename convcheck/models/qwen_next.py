@@ -133,7 +133,7 @@ SEQUENTIAL_EXPERTS_UNMAPPED = UpstreamBug(
         ("*", "<export>", "export-failed"),
     ),
     seen_in=("0.5.0",),
-    fixed_in="0.5.1 (Sequential (non-grouped) experts mappings)",
+    fixed_in="0.5.1 (its Sequential (non-grouped) experts mappings; on main: #4499, bf5163a59)",
 )
 
 SCHEDULE_COLLAPSED = UpstreamBug(
@@ -143,7 +143,7 @@ SCHEDULE_COLLAPSED = UpstreamBug(
     where="megatron/bridge/models/conversion/transformers_compat.py:213-223 (0.5.x)",
     findings=(("config", "layer_types -> linear_attention_freq", "mismatch"),),
     seen_in=("0.5.0", "0.5.1"),
-    fixed_in="0.6.0 (the per-layer list, transformers_compat.py:217-223)",
+    fixed_in="0.6.0 (#4790, 2f69b0677: the per-layer list, transformers_compat.py:217-223)",
 )
 
 READS_FULL_ATTENTION_INTERVAL = UpstreamBug(
@@ -153,7 +153,7 @@ READS_FULL_ATTENTION_INTERVAL = UpstreamBug(
     where="megatron/bridge/models/qwen/qwen3_next_bridge.py:85 (0.4.x; :80 in 0.3.x)",
     findings=(("*", "<build>", "build-failed"),),
     seen_in=("0.3.0", "0.3.1", "0.4.0", "0.4.1", "0.4.2"),
-    fixed_in="0.5.0 (full_attention_interval_from_hf)",
+    fixed_in="0.5.0 (#3609, 270536cce: full_attention_interval_from_hf)",
 )
 
 QWEN35_MOE = Architecture(
