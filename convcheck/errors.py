@@ -47,3 +47,17 @@ def raised_at(exc: BaseException, depth: int = 3) -> str:
 
     frames = traceback.extract_tb(exc.__traceback__)
     return " <- ".join(f"{f.filename.rpartition('site-packages/')[2]}:{f.lineno}" for f in reversed(frames[-depth:]))
+
+
+_NO_CUDA = (
+    "Found no NVIDIA driver",
+    "Torch not compiled with CUDA enabled",
+    "No CUDA GPUs are available",
+    "Cannot re-initialize CUDA in forked subprocess",  # a CPU run's rank forked from the warm server
+)
+
+
+def needs_cuda(exc: BaseException) -> bool:
+    """True when `exc` is torch saying there is no CUDA device: on a CPU run, upstream code convcheck has no CPU shim
+    for (a limit of convcheck's CPU runs, never a bridge bug)."""
+    return any(text in str(exc) for text in _NO_CUDA)

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from convcheck.compare.bits import int_view
-from convcheck.errors import one_line, raised_at
+from convcheck.errors import needs_cuda, one_line, raised_at
 from convcheck.oracles.base import OracleInfo
 from convcheck.oracles.fp32 import fp32_forward
 from convcheck.oracles.hf_stream import eager, streamed_logits
@@ -221,14 +221,23 @@ def _hf_device(ctx: RankContext) -> str:
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank runs its part of the Megatron forward; rank 0 runs HF and compares."""
     tokens = fixed_tokens(int(ctx.checkpoint.config["vocab_size"]))
-    error = None
+    error, cpu_limit = None, False
     try:
         logits = megatron_logits(ctx, tokens)
     except Exception as exc:  # noqa: BLE001 - a crashing forward is a finding, not a crash of convcheck
         logits, error = None, f"{one_line(exc)} (at {raised_at(exc)})"
-    gathered = ctx.gather((logits, error))
+        cpu_limit = ctx.device == "cpu" and needs_cuda(exc)
+    gathered = ctx.gather((logits, error, cpu_limit))
     if not ctx.is_reporter:
         return None
+    limited = [(r, e) for r, (_, e, cpu) in enumerate(gathered) if cpu]
+    if limited:  # convcheck has no CPU shim for this forward: a gap of convcheck, not a bridge bug
+        rank, first = limited[0]
+        reason = (
+            f"the Megatron forward calls CUDA where convcheck has no CPU shim (rank {rank}: {first}); use --device cuda"
+        )
+        return OracleVerdict(name=NAME, checked=0, unit="logits", not_covered=reason)
+    gathered = [(t, e) for t, e, _ in gathered]
     findings = [
         Finding(tensor="<megatron forward>", kind="forward-failed", message=f"rank {r}: {e}", detail={"rank": r})
         for r, (_, e) in enumerate(gathered)

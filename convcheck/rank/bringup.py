@@ -8,7 +8,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from convcheck.errors import BadInput, BuildFailed, SetupError, one_line, raised_at
+from convcheck.errors import BadInput, BuildFailed, SetupError, needs_cuda, one_line, raised_at
 from convcheck.hf.checkpoint import open_checkpoint
 from convcheck.layout import ParallelLayout
 from convcheck.progress import ProgressWriter
@@ -52,36 +52,37 @@ def _build(bridge: Any, spec: RankSpec) -> tuple[Any, list[Any]]:
     ranks agree first, so none goes on into a collective the others never reach)."""
     import torch.distributed as dist
 
-    error, te_limit = None, False
+    error, limit = None, None
     try:
         provider = make_provider(bridge, spec.layout, spec.device, pad_vocab=spec.pad_vocab)
         model = build_model(provider, spec.device, experts=spec.experts)
     except (BadInput, SetupError):
         raise
     except Exception as exc:  # noqa: BLE001 - a bridge that cannot build a valid model is a finding
-        error, te_limit = f"{one_line(exc)} at {raised_at(exc)}", _needs_te(exc)
-    errors: list[tuple[str, bool] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(errors, (error, te_limit) if error is not None else None)
+        error, limit = f"{one_line(exc)} at {raised_at(exc)}", _environment_limit(exc, spec.device)
+    errors: list[tuple[str, str | None] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, (error, limit) if error is not None else None)
     failed = [(rank, e) for rank, e in enumerate(errors) if e is not None]
     if not failed:
         return provider, model
     rank, (first, limit) = failed[0]
     more = f" (and {len(failed) - 1} more rank(s))" if len(failed) > 1 else ""
     if limit:
-        raise SetupError(f"this megatron-core cannot build the model without Transformer Engine: rank {rank}: {first}")
+        raise SetupError(f"this megatron-core cannot build the model {limit}: rank {rank}: {first}")
     raise BuildFailed(f"rank {rank}: {first}{more}")
 
 
-def _needs_te(exc: BaseException) -> bool:
-    """True when the build failed on a Transformer Engine class megatron-core left None because TE is missing (an
-    `isinstance(x, TEClass)` with TEClass None): a limit of running without TE, not a bridge bug."""
+def _environment_limit(exc: BaseException, device: str) -> str | None:
+    """Why the build failed because of this environment, not the bridge (None: a bridge failure): a Transformer Engine
+    class megatron-core left None because TE is missing (`isinstance(x, TEClass)` with TEClass None), or, on a CPU run,
+    upstream code that calls CUDA where convcheck has no CPU shim."""
     from convcheck.compat import transformer_engine_available
 
-    return (
-        isinstance(exc, TypeError)
-        and "isinstance() arg 2 must be a type" in str(exc)
-        and (not transformer_engine_available())
-    )
+    if isinstance(exc, TypeError) and "isinstance() arg 2 must be a type" in str(exc):
+        return None if transformer_engine_available() else "without Transformer Engine"
+    if device == "cpu" and needs_cuda(exc):
+        return "on the CPU (it calls CUDA where convcheck has no CPU shim; run with --device cuda)"
+    return None
 
 
 def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bool = True) -> RankContext:

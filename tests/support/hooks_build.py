@@ -18,3 +18,17 @@ def provider_reads_a_missing_field() -> None:
         return provider
 
     Qwen3Bridge.provider_bridge = provider_bridge
+
+
+def forward_calls_cuda() -> None:
+    """Every transformer layer's forward first allocates on CUDA (upstream code convcheck has no CPU shim for)."""
+    import torch
+    from megatron.core.transformer.transformer_layer import TransformerLayer
+
+    original = TransformerLayer.forward
+
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        torch.zeros(1, device="cuda")
+        return original(self, *args, **kwargs)
+
+    TransformerLayer.forward = forward
