@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from convcheck.mappings import FusedQKV, Gated, Replicated, Split
+from convcheck.mappings import Gated, Replicated, Split
 from convcheck.mappings.registry import MappingRule
 from convcheck.models.architecture import Architecture
 from convcheck.models.config_rules import (
@@ -27,6 +27,7 @@ from convcheck.models.config_rules import (
 from convcheck.models.fixture_spec import tiny_spec
 from convcheck.models.shared_mappings import (
     LAYER_PREFIX,
+    fused_qkv_rule,
     routed_expert_rules,
     vocab_rows,
 )
@@ -66,18 +67,7 @@ LAYER_NORMS = (
     ),
 )
 ATTENTION = (
-    MappingRule(
-        LAYER_PREFIX + r"self_attention\.linear_qkv\.(?P<kind>weight|bias)",
-        lambda match, geometry: FusedQKV(
-            megatron=match[0],
-            q=hf_layer(match, f"self_attn.q_proj.{match['kind']}"),
-            k=hf_layer(match, f"self_attn.k_proj.{match['kind']}"),
-            v=hf_layer(match, f"self_attn.v_proj.{match['kind']}"),
-            num_heads=geometry.num_heads,
-            num_query_groups=geometry.num_query_groups,
-            head_dim=geometry.head_dim,
-        ),
-    ),
+    fused_qkv_rule(LAYER_PREFIX, hf_layer, bias=True),
     MappingRule(
         LAYER_PREFIX + r"self_attention\.q_layernorm\.weight",
         lambda match, geometry: Replicated(megatron=match[0], hf=hf_layer(match, "self_attn.q_norm.weight")),

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from convcheck.hf.geometry import Geometry
-from convcheck.mappings import FusedQKV, Replicated, Split, mamba_conv1d, mamba_in_proj
+from convcheck.mappings import Replicated, Split, mamba_conv1d, mamba_in_proj
 from convcheck.mappings.registry import MappingRule
 from convcheck.models.architecture import Architecture
 from convcheck.models.config_rules import (
@@ -24,7 +24,7 @@ from convcheck.models.config_rules import (
     unsupported,
 )
 from convcheck.models.fixture_spec import TINY_SHAPES, FixtureSpec
-from convcheck.models.shared_mappings import LAYER_PREFIX, expert_id, expert_weight, vocab_rows
+from convcheck.models.shared_mappings import LAYER_PREFIX, expert_id, expert_weight, fused_qkv_rule, vocab_rows
 
 # ---- explicit mappings ---------------------------------------------------------------------------------------------
 
@@ -77,18 +77,7 @@ MAMBA_MIXER = (
     ),
 )
 ATTENTION = (
-    MappingRule(
-        LAYER_PREFIX + r"self_attention\.linear_qkv\.weight",
-        lambda match, geometry: FusedQKV(
-            megatron=match[0],
-            q=hf_layer(match, "mixer.q_proj.weight"),
-            k=hf_layer(match, "mixer.k_proj.weight"),
-            v=hf_layer(match, "mixer.v_proj.weight"),
-            num_heads=geometry.num_heads,
-            num_query_groups=geometry.num_query_groups,
-            head_dim=geometry.head_dim,
-        ),
-    ),
+    fused_qkv_rule(LAYER_PREFIX, hf_layer, module="mixer"),
     MappingRule(
         LAYER_PREFIX + r"self_attention\.linear_proj\.weight",
         lambda match, geometry: Split(megatron=match[0], hf=hf_layer(match, "mixer.o_proj.weight"), dim=1),

@@ -16,11 +16,16 @@ import re
 from collections.abc import Callable
 
 from convcheck.hf.geometry import Geometry
-from convcheck.mappings import FusedQKV, Gated, Replicated, Split
+from convcheck.mappings import Gated, Replicated, Split
 from convcheck.mappings.gdn import GDNInProj, GDNWidths, ZeroCentered, gdn_conv1d
 from convcheck.mappings.registry import MappingRule
 from convcheck.models.dense import EMBEDDING_AND_FINAL_NORM, output_layer
-from convcheck.models.shared_mappings import fused_expert_rules, routed_expert_rules, stored_per_expert
+from convcheck.models.shared_mappings import (
+    fused_expert_rules,
+    fused_qkv_rule,
+    routed_expert_rules,
+    stored_per_expert,
+)
 
 TRANSFORMER_LAYER = r"(decoder\.layers\.(?P<layer>\d+)|mtp\.layers\.(?P<mtp>\d+)\.mtp_model_layer)\."
 """A decoder layer (`layer`: its global number) or MTP layer k's transformer layer (`mtp`: k)."""
@@ -72,19 +77,7 @@ NORMS = (
     _replicated(r"(pre_mlp_layernorm\.weight|mlp\.linear_fc1\.layer_norm_weight)", "post_attention_layernorm.weight"),
 )
 GATED_ATTENTION = (
-    MappingRule(  # [G * (2n + 2) * d / tp, hidden]: per group [q heads; gate heads; k; v]
-        TRANSFORMER_LAYER + r"self_attention\.linear_qkv\.weight",
-        lambda m, g: FusedQKV(
-            megatron=m[0],
-            q=hf_layer(m, "self_attn.q_proj.weight"),
-            k=hf_layer(m, "self_attn.k_proj.weight"),
-            v=hf_layer(m, "self_attn.v_proj.weight"),
-            num_heads=g.num_heads,
-            num_query_groups=g.num_query_groups,
-            head_dim=g.head_dim,
-            output_gate=g.attention_output_gate,
-        ),
-    ),
+    fused_qkv_rule(TRANSFORMER_LAYER, hf_layer),  # with the output gate: per group [q heads; gate heads; k; v]
     _replicated(r"self_attention\.q_layernorm\.weight", "self_attn.q_norm.weight"),
     _replicated(r"self_attention\.k_layernorm\.weight", "self_attn.k_norm.weight"),
     _rows(r"self_attention\.linear_proj\.weight", "self_attn.o_proj.weight", dim=1),

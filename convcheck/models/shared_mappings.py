@@ -6,12 +6,33 @@ import re
 from collections.abc import Callable
 
 from convcheck.hf.geometry import Geometry
-from convcheck.mappings import Gated, GroupedFc1, GroupedFc2, Split
+from convcheck.mappings import FusedQKV, Gated, GroupedFc1, GroupedFc2, Split
 from convcheck.mappings.fused_experts import FusedSlice
 from convcheck.mappings.registry import MappingRule
 
 LAYER_PREFIX = r"decoder\.layers\.(?P<layer>\d+)\."
 """Megatron's name prefix of one decoder layer; the `layer` group is the global layer number."""
+
+
+def fused_qkv_rule(
+    prefix: str, hf_layer: Callable[[re.Match[str], str], str], module: str = "self_attn", bias: bool = False
+) -> MappingRule:
+    """linear_qkv `[G * (n + 2) * d / tp, hidden]` (with the output gate `[G * (2n + 2) * d / tp, hidden]`, per group
+    [q heads; gate heads; k; v]) from `{module}.q_proj` / `k_proj` / `v_proj` of the layer `hf_layer` names; `bias`:
+    the fused bias too."""
+    return MappingRule(
+        prefix + r"self_attention\.linear_qkv\." + (r"(?P<kind>weight|bias)" if bias else r"(?P<kind>weight)"),
+        lambda match, geometry: FusedQKV(
+            megatron=match[0],
+            q=hf_layer(match, f"{module}.q_proj.{match['kind']}"),
+            k=hf_layer(match, f"{module}.k_proj.{match['kind']}"),
+            v=hf_layer(match, f"{module}.v_proj.{match['kind']}"),
+            num_heads=geometry.num_heads,
+            num_query_groups=geometry.num_query_groups,
+            head_dim=geometry.head_dim,
+            output_gate=geometry.attention_output_gate,
+        ),
+    )
 
 
 def expert_weight(fc: int) -> str:
