@@ -58,49 +58,44 @@ MOE_SHAPES: dict[str, Any] = {
 GATED_NORM = ("linear_attn.norm.weight",)
 """The GDN output norm: a plain-scale RMSNorm in HF (Qwen3NextRMSNormGated, ones at init), zero-centered in Megatron."""
 
-TINY_QWEN3_NEXT = FixtureSpec(
+
+def gdn_spec(name: str, config_class: str, description: str, config: dict[str, Any], **extra: Any) -> FixtureSpec:
+    """A GDN fixture: one MTP layer stored as `mtp.*`, the gated norm drawn near one, `extra` on top."""
+    return FixtureSpec(name=name, config_class=config_class, description=description, config=config, mtp_layers=1,
+                       mtp_style="qwen", near_one_tensors=GATED_NORM, **extra)  # fmt: skip
+
+
+TINY_QWEN3_NEXT = gdn_spec(
     name="qwen3-next",
     config_class="Qwen3NextConfig",
     description="Qwen3-Next: gated DeltaNet + gated attention (schedule full, linear, linear, full), 8 routed + 1 "
     "gated shared expert, partial RoPE, 1 MTP layer; fused in_proj_qkvz / in_proj_ba",
     config={**GDN_SHAPES, **MOE_SHAPES, "num_nextn_predict_layers": 1},
-    mtp_layers=1,
-    mtp_style="qwen",
-    near_one_tensors=GATED_NORM,
 )
 
-TINY_QWEN35 = FixtureSpec(
+TINY_QWEN35 = gdn_spec(
     name="qwen3.5",
     config_class="Qwen3_5TextConfig",
     description="Qwen3.5 dense text model: gated DeltaNet + gated attention (full, linear, linear, full), partial "
     "RoPE, 1 MTP layer; separate in_proj_qkv / z / b / a",
     config={**GDN_SHAPES, "intermediate_size": 64, "mtp_num_hidden_layers": 1},
-    mtp_layers=1,
-    mtp_style="qwen",
-    near_one_tensors=GATED_NORM,
 )
 
-TINY_QWEN35_MOE = FixtureSpec(
+TINY_QWEN35_MOE = gdn_spec(
     name="qwen3.5-moe",
     config_class="Qwen3_5MoeTextConfig",
     description="Qwen3.5-MoE text model: gated DeltaNet + gated attention (full, linear, linear, full), 8 routed + 1 "
     "gated shared expert, 1 MTP layer; per-expert tensors as save_pretrained writes them",
     config={**GDN_SHAPES, **MOE_SHAPES, "mtp_num_hidden_layers": 1},
-    mtp_layers=1,
-    mtp_style="qwen",
-    near_one_tensors=GATED_NORM,
 )
 
-TINY_QWEN36_MOE = FixtureSpec(
+TINY_QWEN36_MOE = gdn_spec(
     name="qwen3.6-moe",
     config_class="Qwen3_5MoeTextConfig",
     description="Qwen3.6-MoE (Qwen3.5-MoE's text model) as published: routed experts stored fused "
     "(experts.gate_up_proj / down_proj) in the decoder and the MTP layer; expert width 8, so a fused [8, 16, 32] "
     "tensor still holds distinct values",
     config={**GDN_SHAPES, **MOE_SHAPES, "moe_intermediate_size": 8, "mtp_num_hidden_layers": 1},
-    mtp_layers=1,
-    mtp_style="qwen",
-    near_one_tensors=GATED_NORM,
     packed_experts=True,
 )
 
