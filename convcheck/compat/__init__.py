@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from convcheck.compat import no_cuda, no_fla, no_mamba_ssm, no_te, no_te_gdn
+from convcheck.compat import no_cuda, no_fla, no_mamba_ssm, no_te, no_te_gdn, no_te_olmoe
 from convcheck.compat._patch import upstream
 from convcheck.compat.detect import skipped
 from convcheck.compat.no_cuda import CPU_CHECKPOINT_SITES, CPU_CONSTRUCTOR_SITES, CPU_DEVICE_SITES, YARN_SITES
@@ -40,6 +40,7 @@ class Shim:
 
 _TE, _CUDA, _MAMBA = "convcheck.compat.no_te", "convcheck.compat.no_cuda", "convcheck.compat.no_mamba_ssm"
 _FLA, _TE_GDN = "convcheck.compat.no_fla", "convcheck.compat.no_te_gdn"
+_TE_OLMOE = "convcheck.compat.no_te_olmoe"
 _CORE = "megatron/core/"
 _BRIDGES, _CORES = "megatron-bridge 0.3.0-0.6.2", "megatron-core 0.16.0-0.19.2"
 SHIMS = (
@@ -109,6 +110,10 @@ SHIMS = (
          "megatron-core 0.19.2 (older releases not yet checked)"),
     Shim(21, "zero-centered-torch-norm", "transformer_engine", _TE_GDN, (_CORE + "transformer/torch_norm.py:43",),
          "tests/test_compat_gdn.py::test_shim21_still_needed_torch_norm_rejects_zero_centered_gamma", _CORES),
+    Shim(26, "olmoe-layer-spec-te", "transformer_engine", _TE_OLMOE,
+         ("megatron/bridge/models/olmoe/olmoe_provider.py:43",),
+         "tests/test_olmoe.py::test_shim26_still_needed_olmoe_layer_spec_asks_for_te",
+         "megatron-bridge 0.6.2 (older releases not yet checked)"),
 )  # fmt: skip
 
 
@@ -121,6 +126,7 @@ def install(device: str = "cpu") -> None:
         raise BadInput(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
     no_te.install()
     no_te_gdn.install()
+    no_te_olmoe.install()
     no_mamba_ssm.install()
     no_fla.install()
     if device == "cpu":

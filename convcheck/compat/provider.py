@@ -6,6 +6,7 @@ from typing import Any
 
 from convcheck.compat.no_te import cpu_hybrid_stack_spec, cpu_mla_decoder_block_spec, transformer_engine_available
 from convcheck.compat.no_te_gdn import cpu_experimental_block_spec
+from convcheck.compat.no_te_olmoe import is_olmoe_layer_spec
 
 # megatron-bridge 0.6.2:
 # - model_provider.py ~254 / ~315: without an initialised process group the provider starts NCCL and calls
@@ -70,7 +71,7 @@ def configure_provider(provider: Any, device: str) -> None:
             provider.transformer_layer_spec = cpu_experimental_block_spec
         elif getattr(provider, "multi_latent_attention", False):
             provider.transformer_layer_spec = cpu_mla_decoder_block_spec
-        elif not hybrid:
+        elif not hybrid and not is_olmoe_layer_spec(provider.transformer_layer_spec):  # shim 26 keeps it
             provider.transformer_layer_spec = local_layer_spec
         provider.transformer_impl = "local"
         for name in CPU_FUSION_FIELDS:

@@ -1,0 +1,84 @@
+"""OLMoE (OlmoeForCausalLM): a Llama-style MoE decoder whose q/k norms span all heads; config table, tiny fixture and
+the bridge bugs convcheck names."""
+
+from __future__ import annotations
+
+from convcheck.models.architecture import Architecture
+from convcheck.models.config_rules import HEADS_AND_VOCAB, FieldRule, HfView, MegatronGet, implied, same, unsupported
+from convcheck.models.dense import NORM_ROPE_ACT
+from convcheck.models.fixture_spec import TINY_SHAPES, FixtureSpec
+from convcheck.models.olmoe_mappings import olmoe_rules
+from convcheck.models.qwen3_moe import megatron_moe_layers
+from convcheck.models.upstream_bug import UpstreamBug
+
+
+def _clip_qkv(c: HfView, m: MegatronGet) -> object:
+    """Any num_layers where clip_qkv is null; HF clamps q, k and v to [-clip_qkv, clip_qkv] after the projections
+    and q/k norms otherwise, which Megatron cannot represent."""
+    clip = c.get("clip_qkv")
+    return m("num_layers") if clip is None else unsupported(f"clip_qkv {clip} (Megatron has no q/k/v clamp)")
+
+
+OLMOE_TABLE = (
+    same("num_hidden_layers", "num_layers"),
+    same("hidden_size", "hidden_size"),
+    *HEADS_AND_VOCAB,
+    same("max_position_embeddings", "seq_length"),
+    *NORM_ROPE_ACT,
+    same("attention_bias", "add_qkv_bias"),
+    implied("add_bias_linear", False, "OLMoE o_proj and experts have no bias"),
+    implied("qk_layernorm", True, "OLMoE attention always applies q_norm / k_norm (over all heads, not per head)"),
+    FieldRule(megatron="num_layers", hf=("clip_qkv",), expect=_clip_qkv, note="clip_qkv must be null"),
+    same("num_experts", "num_moe_experts", also=("num_local_experts",)),
+    same("num_experts_per_tok", "moe_router_topk"),
+    same("intermediate_size", "moe_ffn_hidden_size", note="OLMoE's intermediate_size is the expert width"),
+    FieldRule(
+        megatron="moe_router_pre_softmax",
+        hf=("norm_topk_prob",),
+        expect=lambda c, _m: not c["norm_topk_prob"],
+        note="HF softmaxes all experts and renormalises the top-k only iff norm_topk_prob; Megatron's pre-softmax "
+        "router keeps the top-k of the full softmax",
+    ),
+    implied("moe_router_score_function", "softmax", "HF router: softmax over expert logits"),
+    implied("moe_router_topk_scaling_factor", None, "HF applies no routed scaling factor"),
+    implied("moe_router_enable_expert_bias", False, "HF router has no expert bias"),
+    implied("moe_shared_expert_intermediate_size", None, "OLMoE has no shared expert"),
+    FieldRule(
+        megatron="moe_layer_freq",
+        hf=(),
+        expect=lambda c, _m: [1] * c["num_hidden_layers"],
+        observe=megatron_moe_layers,
+        note="every OLMoE decoder layer is an MoE layer",
+    ),
+    same("router_aux_loss_coef", "moe_aux_loss_coeff", note="training only"),
+)
+"""Every OlmoeConfig knob; clip_qkv must be null (Megatron cannot clamp q/k/v)."""
+
+TINY_OLMOE = FixtureSpec(
+    name="olmoe",
+    config_class="OlmoeConfig",
+    description="OLMoE (published 1B-7B-0125 structure): 8 experts top-2, full-width q/k norms, 4 heads / 4 KV",
+    config={
+        **{key: value for key, value in TINY_SHAPES.items() if key not in ("head_dim", "intermediate_size")},
+        "num_key_value_heads": 4,
+        "intermediate_size": 16,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "norm_topk_prob": False,
+        "clip_qkv": None,
+        "pad_token_id": 1,
+        "eos_token_id": 150,
+        "rms_norm_eps": 1e-5,
+    },
+)
+"""Published OLMoE configs have no head_dim (hidden / heads = 8 here) and as many KV heads as query heads: the
+bridge's k_layernorm is num_attention_heads wide, so a GQA config does not even import (see K_NORM_WIDTH below)."""
+
+OLMOE = Architecture(
+    hf_classes=("OlmoeForCausalLM",),
+    model_type="olmoe",
+    mapping_rules=olmoe_rules,
+    config_rules=OLMOE_TABLE,
+    fixtures=(TINY_OLMOE,),
+    upstream_bugs=(),
+)
