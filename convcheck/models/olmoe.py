@@ -74,11 +74,43 @@ TINY_OLMOE = FixtureSpec(
 """Published OLMoE configs have no head_dim (hidden / heads = 8 here) and as many KV heads as query heads: the
 bridge's k_layernorm is num_attention_heads wide, so a GQA config does not even import (see K_NORM_WIDTH below)."""
 
+QK_NORM_FULL_WIDTH_UNDER_TP = UpstreamBug(
+    name="olmoe-qk-norm-full-width-under-tp",
+    summary="OLMoESelfAttention builds q_layernorm / k_layernorm num_attention_heads * head_dim wide and applies them "
+    "to this TP rank's local query / key partition: at TP > 1 the forward raises a shape error (the import and export "
+    "are consistent and pass); no split of the weight would be right either, the RMS over all heads needs every TP "
+    "rank's heads (an all-reduce the attention lacks)",
+    where="megatron/bridge/models/olmoe/olmoe_provider.py:121-135 (built full width), :177-180 (applied to the "
+    "local partition); the same code since 0.3.0 (c8bd1e84c, #952)",
+    findings=(
+        ("logits", "decoder.layers.*.self_attention.q_layernorm.weight", "forward-failed"),
+        ("logits", "decoder.layers.*.self_attention.k_layernorm.weight", "forward-failed"),
+    ),
+    seen_in=("0.6.2",),
+)
+"""TP1, EP2 and PP2 pass; TP2 and TP2xEP2 fail logits on the first layer's q_layernorm (weight [32], input [.., 16])."""
+
+SEQUENTIAL_EXPERTS_UNMAPPED = UpstreamBug(
+    name="olmoe-sequential-experts-unmapped",
+    summary="the OLMoE bridge maps routed experts only in the grouped layout (experts.linear_fc*.weight*), not as "
+    "SequentialMLP local_experts (moe_grouped_gemm off, or a build without TE); the unmapped parameters leave empty "
+    "conversion tasks on which load_hf_weights and export_hf_weights crash",
+    where="megatron/bridge/models/olmoe/olmoe_bridge.py:115, :138-142 (grouped names only); the crash at "
+    "conversion/model_bridge.py:1100 (load) and :1340 (export); the same mapping table since 0.3.0",
+    findings=(
+        ("coverage", "decoder.layers.*.mlp.experts.local_experts.*.linear_fc*.weight", "unmapped"),
+        ("*", "<import>", "import-failed"),
+        ("*", "<export>", "export-failed"),
+    ),
+    seen_in=("0.6.2",),
+)
+"""Every other finding of such a run follows from the two crashes (layer 1 and every expert are never loaded)."""
+
 OLMOE = Architecture(
     hf_classes=("OlmoeForCausalLM",),
     model_type="olmoe",
     mapping_rules=olmoe_rules,
     config_rules=OLMOE_TABLE,
     fixtures=(TINY_OLMOE,),
-    upstream_bugs=(),
+    upstream_bugs=(QK_NORM_FULL_WIDTH_UNDER_TP, SEQUENTIAL_EXPERTS_UNMAPPED),
 )

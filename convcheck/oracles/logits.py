@@ -16,6 +16,7 @@ from typing import Any, Iterator
 from convcheck.compare.bits import int_view
 from convcheck.errors import needs_cuda, one_line, raised_at
 from convcheck.oracles.base import OracleInfo
+from convcheck.oracles.forward_site import ForwardSite, tracking
 from convcheck.oracles.fp32 import fp32_forward
 from convcheck.oracles.hf_stream import eager, streamed_logits
 from convcheck.rank.context import RankContext
@@ -218,31 +219,43 @@ def _hf_device(ctx: RankContext) -> str:
     return str(first.device) if first is not None and first.device.type == "cuda" else str(torch.device("cpu"))
 
 
+def forward_failed(rank: int, error: str, where: ForwardSite | None) -> Finding:
+    """A Megatron forward that raised on `rank`, named by the parameter of the module it raised in (where known)."""
+    if where is None:
+        return Finding(tensor="<megatron forward>", kind="forward-failed", message=f"rank {rank}: {error}",
+                       detail={"rank": rank})  # fmt: skip
+    return Finding(
+        tensor=where.tensor,
+        kind="forward-failed",
+        message=f"rank {rank}: {error}, {where.describe()}",
+        detail={"rank": rank, "module": where.module, "module_class": where.kind, "params": where.params,
+                "inputs": where.inputs},
+    )  # fmt: skip
+
+
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank runs its part of the Megatron forward; rank 0 runs HF and compares."""
     tokens = fixed_tokens(int(ctx.checkpoint.config["vocab_size"]))
-    error, cpu_limit = None, False
-    try:
-        logits = megatron_logits(ctx, tokens)
-    except Exception as exc:  # noqa: BLE001 - a crashing forward is a finding, not a crash of convcheck
-        logits, error = None, f"{one_line(exc)} (at {raised_at(exc)})"
-        cpu_limit = ctx.device == "cpu" and needs_cuda(exc)
-    gathered = ctx.gather((logits, error, cpu_limit))
+    error, cpu_limit, where = None, False, None
+    with tracking(ctx.model, ctx.global_name) as site:
+        try:
+            logits = megatron_logits(ctx, tokens)
+        except Exception as exc:  # noqa: BLE001 - a crashing forward is a finding, not a crash of convcheck
+            logits, error = None, f"{one_line(exc)} (at {raised_at(exc)})"
+            cpu_limit = ctx.device == "cpu" and needs_cuda(exc)
+            where = site()
+    gathered = ctx.gather((logits, error, cpu_limit, where))
     if not ctx.is_reporter:
         return None
-    limited = [(r, e) for r, (_, e, cpu) in enumerate(gathered) if cpu]
+    limited = [(r, e) for r, (_, e, cpu, _) in enumerate(gathered) if cpu]
     if limited:  # convcheck has no CPU shim for this forward: a gap of convcheck, not a bridge bug
         rank, first = limited[0]
         reason = (
             f"the Megatron forward calls CUDA where convcheck has no CPU shim (rank {rank}: {first}); use --device cuda"
         )
         return OracleVerdict(name=NAME, checked=0, unit="logits", not_covered=reason)
-    gathered = [(t, e) for t, e, _ in gathered]
-    findings = [
-        Finding(tensor="<megatron forward>", kind="forward-failed", message=f"rank {r}: {e}", detail={"rank": r})
-        for r, (_, e) in enumerate(gathered)
-        if e
-    ]
+    findings = [forward_failed(r, e, where) for r, (_, e, _, where) in enumerate(gathered) if e]
+    gathered = [(t, e) for t, e, _, _ in gathered]
     outputs = [(r, t) for r, (t, _) in enumerate(gathered) if t is not None]
     if not outputs:
         return make_verdict(NAME, checked=0, findings=findings, unit="logits")

@@ -24,7 +24,8 @@ KILLED, SURVIVED, ERRORED, SKIPPED = "killed", "survived", "errored", "skipped"
 CLI: never a kill); this host could not run its launch at the asked device."""
 
 FORWARD_TENSORS = frozenset({"logits", "greedy-tokens", "<megatron forward>", "<hf forward>"})
-"""Finding names of the logits oracle: a target `logits` claims them (they name no tensor)."""
+"""Finding names of the logits oracle: a target `logits` claims them (they name no tensor), as it claims every
+`forward-failed` finding (named by the parameter of the module the forward raised in)."""
 
 Verify = Callable[..., Report]
 """`api.verify`'s signature: (model, layout, *, oracles, hooks, experts) -> Report."""
@@ -209,7 +210,7 @@ def layout_spec(layout: str) -> str:
 
 def finding_name(finding: Finding) -> str:
     """The name a finding is attributed by: the tensor, the tensor a `<...>` summary points at, or `logits`."""
-    if finding.tensor in FORWARD_TENSORS:
+    if finding.tensor in FORWARD_TENSORS or finding.kind == "forward-failed":
         return FORWARD
     if finding.tensor.startswith("<") and isinstance(finding.detail.get("tensor"), str):
         return finding.detail["tensor"]
