@@ -19,6 +19,7 @@ import pytest
 from convcheck import compat
 from convcheck.compat.detect import optional_module
 from convcheck.compat.no_te_olmoe import is_olmoe_layer_spec
+from convcheck.models.olmoe import TINY_OLMOE
 from tests.support.helpers import CliResult, mutant, run_cli
 from tests.support.release_targets import skip_unless
 
@@ -157,3 +158,44 @@ def test_shim26_still_needed_olmoe_layer_spec_asks_for_te() -> None:
     spec = module.olmoe_layer_spec(provider)  # shim 26: the bridge's attention on megatron-core's local spec
     assert spec.submodules.self_attention.module is module.OLMoESelfAttention
     assert is_olmoe_layer_spec(module.olmoe_layer_spec)
+
+
+def _variant(folder: Path, **overrides: object) -> Path:
+    """tiny:olmoe's config with `overrides`, random bf16 weights saved by transformers itself."""
+    import torch
+    from transformers import OlmoeConfig, OlmoeForCausalLM
+
+    config = {key: value for key, value in TINY_OLMOE.config.items() if key != "torch_dtype"}
+    torch.manual_seed(0)
+    OlmoeForCausalLM(OlmoeConfig(**{**config, **overrides})).to(torch.bfloat16).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.ranks
+def test_olmoe_knobs_the_bridge_hard_codes_and_gqa_k_norm_are_named(tmp_path: Path) -> None:
+    """Off the published configs: GQA (2 KV heads), norm_topk_prob true, tied embeddings, clip_qkv 8. The config
+    oracle names each hard-coded knob, mapping and logits the k_layernorm built num_attention_heads wide."""
+    ckpt = _variant(tmp_path / "ckpt", num_key_value_heads=2, norm_topk_prob=True, tie_word_embeddings=True,
+                    clip_qkv=8.0)  # fmt: skip
+    res = run_cli("verify", "--model", str(ckpt), "--experts", "te-grouped", "--oracle", "config,mapping,logits",
+                  "--table", "none", tmp_path=tmp_path)  # fmt: skip
+    assert res.code == 1
+    assert res.verdicts() == {"config": "fail", "mapping": "fail", "logits": "fail"}
+    knobs = [
+        ("tie_word_embeddings", "share_embeddings_and_output_weights"),
+        ("norm_topk_prob", "moe_router_pre_softmax"),
+        ("clip_qkv", "num_layers"),
+    ]
+    assert sorted(_findings(res, "config")) == sorted(
+        [(f"{hf} -> {megatron}", "mismatch") for hf, megatron in knobs]
+        + [(f"{hf} (megatron_to_hf_config)", "roundtrip-mismatch") for hf, _ in knobs]
+    )
+    assert {f["detail"].get("upstream_bug") for f in res.findings("config")} == {"olmoe-provider-hard-codes-knobs"}
+    k_norm = [f for f in res.findings("mapping") if f["kind"] == "import-shape"]
+    assert [f["tensor"] for f in k_norm] == [f"decoder.layers.{n}.self_attention.k_layernorm.weight" for n in range(2)]
+    assert "shape [32], expected [16]" in k_norm[0]["message"]
+    assert [(f["tensor"], f["kind"]) for f in res.findings("logits")] == [
+        ("decoder.layers.0.self_attention.k_layernorm.weight", "forward-failed")
+    ]
+    tagged = {f["detail"].get("upstream_bug") for f in [*k_norm, *res.findings("logits")]}
+    assert tagged == {"olmoe-k-norm-width-ignores-kv-heads"}

@@ -72,7 +72,7 @@ TINY_OLMOE = FixtureSpec(
     },
 )
 """Published OLMoE configs have no head_dim (hidden / heads = 8 here) and as many KV heads as query heads: the
-bridge's k_layernorm is num_attention_heads wide, so a GQA config does not even import (see K_NORM_WIDTH below)."""
+bridge's k_layernorm is num_attention_heads wide: a GQA config does not import (olmoe-k-norm-width-ignores-kv-heads)."""
 
 QK_NORM_FULL_WIDTH_UNDER_TP = UpstreamBug(
     name="olmoe-qk-norm-full-width-under-tp",
@@ -82,13 +82,11 @@ QK_NORM_FULL_WIDTH_UNDER_TP = UpstreamBug(
     "rank's heads (an all-reduce the attention lacks)",
     where="megatron/bridge/models/olmoe/olmoe_provider.py:121-135 (built full width), :177-180 (applied to the "
     "local partition); the same code since 0.3.0 (c8bd1e84c, #952)",
-    findings=(
-        ("logits", "decoder.layers.*.self_attention.q_layernorm.weight", "forward-failed"),
-        ("logits", "decoder.layers.*.self_attention.k_layernorm.weight", "forward-failed"),
-    ),
+    findings=(("logits", "decoder.layers.*.self_attention.q_layernorm.weight", "forward-failed"),),
     seen_in=("0.6.2",),
 )
-"""TP1, EP2 and PP2 pass; TP2 and TP2xEP2 fail logits on the first layer's q_layernorm (weight [32], input [.., 16])."""
+"""TP1, EP2 and PP2 pass; TP2 and TP2xEP2 fail logits on the first layer's q_layernorm (weight [32], input [.., 16]):
+the forward reaches q_layernorm first, so a k_layernorm forward failure is the GQA width bug below."""
 
 SEQUENTIAL_EXPERTS_UNMAPPED = UpstreamBug(
     name="olmoe-sequential-experts-unmapped",
@@ -106,11 +104,49 @@ SEQUENTIAL_EXPERTS_UNMAPPED = UpstreamBug(
 )
 """Every other finding of such a run follows from the two crashes (layer 1 and every expert are never loaded)."""
 
+K_NORM_WIDTH_IGNORES_KV_HEADS = UpstreamBug(
+    name="olmoe-k-norm-width-ignores-kv-heads",
+    summary="OLMoESelfAttention builds k_layernorm num_attention_heads * head_dim wide where HF's k_norm is "
+    "num_key_value_heads * head_dim: a GQA OLMoE checkpoint fails to import (shape mismatch) and its forward raises; "
+    "published OLMoE configs have as many KV heads as heads",
+    where="megatron/bridge/models/olmoe/olmoe_provider.py:129-135 (transformers olmoe/modeling_olmoe.py OlmoeAttention "
+    "k_norm); the same code since 0.3.0",
+    findings=(
+        ("mapping", "decoder.layers.*.self_attention.k_layernorm.weight", "import-shape"),
+        ("logits", "decoder.layers.*.self_attention.k_layernorm.weight", "forward-failed"),
+        ("elements", "model.layers.*.self_attn.k_norm.weight", "shape"),
+    ),
+    seen_in=("0.6.2",),
+)
+
+HARD_CODED_KNOBS = UpstreamBug(
+    name="olmoe-provider-hard-codes-knobs",
+    summary="the OLMoE bridge sets share_embeddings_and_output_weights False and moe_router_pre_softmax True whatever "
+    "tie_word_embeddings and norm_topk_prob say, and accepts a clip_qkv Megatron cannot apply (its exported config "
+    "loses all three); published OLMoE configs hold the values it assumes",
+    where="megatron/bridge/models/olmoe/olmoe_bridge.py:79 (share_embeddings_and_output_weights), :89 "
+    "(moe_router_pre_softmax); clip_qkv is read nowhere",
+    findings=(
+        ("config", "tie_word_embeddings -> share_embeddings_and_output_weights", "mismatch"),
+        ("config", "norm_topk_prob -> moe_router_pre_softmax", "mismatch"),
+        ("config", "clip_qkv -> num_layers", "mismatch"),
+        ("config", "tie_word_embeddings (megatron_to_hf_config)", "roundtrip-mismatch"),
+        ("config", "norm_topk_prob (megatron_to_hf_config)", "roundtrip-mismatch"),
+        ("config", "clip_qkv (megatron_to_hf_config)", "roundtrip-mismatch"),
+    ),
+    seen_in=("0.6.2",),
+)
+
 OLMOE = Architecture(
     hf_classes=("OlmoeForCausalLM",),
     model_type="olmoe",
     mapping_rules=olmoe_rules,
     config_rules=OLMOE_TABLE,
     fixtures=(TINY_OLMOE,),
-    upstream_bugs=(QK_NORM_FULL_WIDTH_UNDER_TP, SEQUENTIAL_EXPERTS_UNMAPPED),
+    upstream_bugs=(
+        QK_NORM_FULL_WIDTH_UNDER_TP,
+        SEQUENTIAL_EXPERTS_UNMAPPED,
+        K_NORM_WIDTH_IGNORES_KV_HEADS,
+        HARD_CODED_KNOBS,
+    ),
 )
