@@ -47,7 +47,7 @@ def test_olmoe_grouped_experts_pass_every_oracle(layout: tuple[str, ...], tmp_pa
     assert all(oracles[o]["checked"] > 0 for o in ORACLES)
     assert [t["verdict"] for t in oracles["mapping"]["tensors"]] == ["pass"] * PARAMETERS
     assert oracles["logits"]["metrics"]["greedy_match"] == "32/32"
-    assert res.report["causes"] == []
+    assert res.report.get("causes", []) == []
 
 
 @pytest.mark.ranks
