@@ -20,7 +20,7 @@ from convcheck import compat
 from convcheck.compat.detect import optional_module
 from convcheck.compat.no_te_olmoe import is_olmoe_layer_spec
 from convcheck.models.olmoe import TINY_OLMOE
-from tests.support.helpers import CliResult, mutant, run_cli
+from tests.support.helpers import CliResult, matrix_run, mutant, run_cli
 from tests.support.release_targets import skip_unless
 
 ORACLES = ("coverage", "roundtrip", "config", "logits", "differential", "elements", "layout", "mapping")
@@ -37,10 +37,16 @@ def _findings(res: CliResult, oracle: str) -> list[tuple[str, str]]:
     return [(f["tensor"], f["kind"]) for f in res.findings(oracle)]
 
 
+def _matrix(shared_root: Path, *layout: str) -> CliResult:
+    """The verify matrix's shared run of the gate case (tests/support/cases.py OLMOE), grouped experts."""
+    res, _ = matrix_run(shared_root, "olmoe", (*layout, "--experts", "te-grouped"))
+    return res
+
+
 @pytest.mark.ranks
 @pytest.mark.parametrize("layout", [(), ("--ep", "2"), ("--pp", "2")], ids=["tp1", "ep2", "pp2"])
-def test_olmoe_grouped_experts_pass_every_oracle(layout: tuple[str, ...], tmp_path: Path) -> None:
-    res = _verify(tmp_path, *layout, "--experts", "te-grouped")
+def test_olmoe_grouped_experts_pass_every_oracle(layout: tuple[str, ...], shared_root: Path) -> None:
+    res = _matrix(shared_root, *layout)
     assert res.code == 0, res.out[-3000:] + res.err[-2000:]
     assert res.verdicts() == dict.fromkeys(ORACLES, "pass")
     oracles = {o["name"]: o for o in res.report["oracles"]}
@@ -52,10 +58,10 @@ def test_olmoe_grouped_experts_pass_every_oracle(layout: tuple[str, ...], tmp_pa
 
 @pytest.mark.ranks
 @pytest.mark.parametrize("layout", [("--tp", "2"), ("--tp", "2", "--ep", "2")], ids=["tp2", "tp2ep2"])
-def test_olmoe_tp2_names_the_full_width_qk_norm_bug(layout: tuple[str, ...], tmp_path: Path) -> None:
+def test_olmoe_tp2_names_the_full_width_qk_norm_bug(layout: tuple[str, ...], shared_root: Path) -> None:
     """Import, export, layout and mappings agree (the bridge holds the full-width norm whole on every TP rank); the
     forward raises in layer 0's q_layernorm on every rank, named with its weight and input shapes."""
-    res = _verify(tmp_path, *layout, "--experts", "te-grouped")
+    res = _matrix(shared_root, *layout)
     assert res.code == 1, res.out[-3000:] + res.err[-2000:]
     assert res.verdicts() == {**dict.fromkeys(ORACLES, "pass"), "logits": "fail"}
     findings = res.findings("logits")

@@ -17,12 +17,17 @@ GDN = {  # gated-DeltaNet hybrids: the layouts that split their GDN heads, stage
     "qwen3.5-moe": [("--tp", "2", "--experts", "te-grouped"), ("--ep", "2", "--experts", "te-grouped")],
     "qwen3.6-moe": [("--ep", "2", "--experts", "te-grouped")],
 }
-DENSE = [name for name in sorted(FIXTURES) if name not in ("nemotron-h", *GDN, *PARTLY_COVERED, *RELEASE_VARIANTS)]
+OLMOE = [(*layout, "--experts", "te-grouped") for layout in [(), ("--tp", "2"), ("--pp", "2"), *MOE_LAYOUTS]]
+"""OLMoE with grouped experts only (the pinned bridge maps no SequentialMLP experts: tests/test_olmoe.py)."""
+DENSE = [
+    name for name in sorted(FIXTURES) if name not in ("nemotron-h", "olmoe", *GDN, *PARTLY_COVERED, *RELEASE_VARIANTS)
+]
 CASES = (
     [(name, layout) for name in DENSE for layout in DENSE_LAYOUTS]
     + [(name, layout) for name in MOE for layout in MOE_LAYOUTS]
     + [("nemotron-h", layout) for layout in HYBRID_LAYOUTS]
     + [(name, layout) for name, layouts in GDN.items() if name not in PARTLY_COVERED for layout in layouts]
+    + [("olmoe", layout) for layout in OLMOE]
     + [("qwen2", ("--tp", "4"))]  # fewer KV heads (2) than TP ranks (4): each query group split over two ranks
 )
 PASSING = [(name, layout) for name, layout in CASES if name not in KNOWN_BUGS]
