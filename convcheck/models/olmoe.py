@@ -83,7 +83,7 @@ QK_NORM_FULL_WIDTH_UNDER_TP = UpstreamBug(
     where="megatron/bridge/models/olmoe/olmoe_provider.py:121-135 (built full width), :177-180 (applied to the "
     "local partition); the same code since 0.3.0 (c8bd1e84c, #952)",
     findings=(("logits", "decoder.layers.*.self_attention.q_layernorm.weight", "forward-failed"),),
-    seen_in=("0.6.2",),
+    seen_in=("0.3.0", "0.3.1", "0.4.2", "0.5.1", "0.6.0", "0.6.2"),
 )
 """TP1, EP2 and PP2 pass; TP2 and TP2xEP2 fail logits on the first layer's q_layernorm (weight [32], input [.., 16]):
 the forward reaches q_layernorm first, so a k_layernorm forward failure is the GQA width bug below."""
@@ -137,6 +137,23 @@ HARD_CODED_KNOBS = UpstreamBug(
     seen_in=("0.6.2",),
 )
 
+ROW_PARALLEL_SCATTER_NON_CONTIGUOUS = UpstreamBug(
+    name="row-parallel-scatter-non-contiguous",
+    summary="the row-parallel import scatters torch.chunk(hf, tp, dim=1) column blocks without making them "
+    "contiguous (its .to(dtype) copies nothing when the dtypes agree): at TP2 each rank's o_proj shard holds the "
+    "wrong elements over gloo (NCCL refuses non-contiguous tensors); import and export differ, roundtrip names it",
+    where="megatron/bridge/models/conversion/param_mapping.py:918 (the chunks) and :500-508 (scatter_to_tp_ranks "
+    "without .contiguous()) in 0.3.x",
+    findings=(
+        ("roundtrip", "model.layers.*.self_attn.o_proj.weight", "bytes-differ"),
+        ("layout", "model.layers.*.self_attn.o_proj.weight", "layout-differs"),
+        ("mapping", "decoder.layers.*.self_attention.linear_proj.weight", "import-bytes-differ"),
+    ),
+    seen_in=("0.3.0", "0.3.1"),
+    fixed_in="0.4.0 (#2794, a235e0314: scatter_to_tp_ranks makes each split contiguous, param_mapping.py:608 in 0.6.2)",
+)
+"""Seen on tiny:olmoe at TP2 with bridge 0.3.x (the Qwen3 fixtures pass TP2 there; why they escape is not traced)."""
+
 OLMOE = Architecture(
     hf_classes=("OlmoeForCausalLM",),
     model_type="olmoe",
@@ -148,5 +165,6 @@ OLMOE = Architecture(
         SEQUENTIAL_EXPERTS_UNMAPPED,
         K_NORM_WIDTH_IGNORES_KV_HEADS,
         HARD_CODED_KNOBS,
+        ROW_PARALLEL_SCATTER_NON_CONTIGUOUS,
     ),
 )
