@@ -113,7 +113,8 @@ SHIMS = (
     Shim(26, "olmoe-layer-spec-te", "transformer_engine", _TE_OLMOE,
          ("megatron/bridge/models/olmoe/olmoe_provider.py:43",),
          "tests/test_olmoe.py::test_shim26_still_needed_olmoe_layer_spec_asks_for_te",
-         "megatron-bridge 0.6.2 (older releases not yet checked)"),
+         "megatron-bridge 0.3.0-0.6.2 (tiny:olmoe built with the bridge's attention on 0.3.0, 0.3.1, 0.4.2, 0.5.1, "
+         "0.6.0, 0.6.2)"),
 )  # fmt: skip
 
 
