@@ -57,15 +57,21 @@ MISTRAL_TABLE = (
 WINDOW_OFF_BY_ONE = UpstreamBug(
     name="sliding-window-off-by-one",
     summary="the bridge sets Megatron's window_size to (sliding_window, 0), one position wider than HF's window",
-    where="megatron/bridge/models/mistral/mistral_bridge.py provider_bridge (window_size = [sliding_window, 0])",
-    findings=(("config", "sliding_window -> window_size", "mismatch"),),
+    where="megatron/bridge/models/mistral/mistral_bridge.py:56 (0.3.x: window_size = [sliding_window, 0])",
+    findings=(
+        ("config", "sliding_window -> window_size", "mismatch"),
+        ("logits", "logits", "logits-differ"),
+        ("logits", "greedy-tokens", "greedy-differs"),
+    ),
     seen_in=("0.3.0", "0.3.1"),
     fixed_in="0.4.0 (#2656, 5fcab34f8: window_size = [sliding_window - 1, 0])",
 )
 WINDOW_EXPORT_DROPPED = UpstreamBug(
     name="sliding-window-export-dropped",
-    summary="the bridge's exported config.json loses sliding_window (Mistral comes back with full attention)",
-    where="megatron/bridge/models/conversion/model_bridge.py megatron_to_hf_config (no window field)",
+    summary="the bridge's exported config.json loses sliding_window: Mistral comes back with MistralConfig's default "
+    "window 4096 whatever it had (none included)",
+    where="megatron/bridge/models/mistral/mistral_bridge.py (0.4.x-0.5.x: no megatron_to_hf_config of its own; the "
+    "generic one in conversion/model_bridge.py writes no sliding_window, so the HF class default 4096 comes back)",
     findings=(("config", "sliding_window (megatron_to_hf_config)", "roundtrip-mismatch"),),
     seen_in=("0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1"),
     fixed_in="0.6.0 (#4800, bf4eaa30a: mcore_to_hf_window_size in megatron_to_hf_config)",
