@@ -70,10 +70,10 @@ WINDOW_EXPORT_DROPPED = UpstreamBug(
     name="sliding-window-export-dropped",
     summary="the bridge's exported config.json loses sliding_window: Mistral comes back with MistralConfig's default "
     "window 4096 whatever it had (none included)",
-    where="megatron/bridge/models/mistral/mistral_bridge.py (0.4.x-0.5.x: no megatron_to_hf_config of its own; the "
+    where="megatron/bridge/models/mistral/mistral_bridge.py (0.3.x-0.5.x: no megatron_to_hf_config of its own; the "
     "generic one in conversion/model_bridge.py writes no sliding_window, so the HF class default 4096 comes back)",
     findings=(("config", "sliding_window (megatron_to_hf_config)", "roundtrip-mismatch"),),
-    seen_in=("0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1"),
+    seen_in=("0.3.0", "0.3.1", "0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1"),
     fixed_in="0.6.0 (#4800, bf4eaa30a: mcore_to_hf_window_size in megatron_to_hf_config)",
 )
 
@@ -93,9 +93,10 @@ MISTRAL = Architecture(
         tiny_spec(
             "mistral-nowindow",
             "MistralConfig",
-            "Mistral with sliding_window null: full attention (Mistral-7B-v0.3's structure)",
+            "Mistral with sliding_window null: full attention, as Mistral-7B-v0.3 (the default rope theta, the only "
+            "one transformers 4.57 reads from the config.json transformers 5 writes)",
             sliding_window=None,
-            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         ),
     ),
     upstream_bugs=(WINDOW_OFF_BY_ONE, WINDOW_EXPORT_DROPPED),
