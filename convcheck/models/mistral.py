@@ -70,10 +70,10 @@ WINDOW_EXPORT_DROPPED = UpstreamBug(
     name="sliding-window-export-dropped",
     summary="the bridge's exported config.json loses sliding_window: Mistral comes back with MistralConfig's default "
     "window 4096 whatever it had (none included)",
-    where="megatron/bridge/models/mistral/mistral_bridge.py (0.3.x-0.5.x: no megatron_to_hf_config of its own; the "
+    where="megatron/bridge/models/mistral/mistral_bridge.py (0.3.1-0.5.x: no megatron_to_hf_config of its own; the "
     "generic one in conversion/model_bridge.py writes no sliding_window, so the HF class default 4096 comes back)",
     findings=(("config", "sliding_window (megatron_to_hf_config)", "roundtrip-mismatch"),),
-    seen_in=("0.3.0", "0.3.1", "0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1"),
+    seen_in=("0.3.1", "0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1"),
     fixed_in="0.6.0 (#4800, bf4eaa30a: mcore_to_hf_window_size in megatron_to_hf_config)",
 )
 
