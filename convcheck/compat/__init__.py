@@ -110,6 +110,8 @@ SHIMS = (
          "megatron-core 0.19.2 (older releases not yet checked)"),
     Shim(21, "zero-centered-torch-norm", "transformer_engine", _TE_GDN, (_CORE + "transformer/torch_norm.py:43",),
          "tests/test_compat_gdn.py::test_shim21_still_needed_torch_norm_rejects_zero_centered_gamma", _CORES),
+    Shim(22, "sliding-window-mask-on-cuda", "cuda", _CUDA, (_CORE + "transformer/utils.py:44",),
+         "tests/test_compat_forward.py::test_shim22_sliding_window_mask_still_built_on_cuda", _CORES),
     Shim(26, "olmoe-layer-spec-te", "transformer_engine", _TE_OLMOE,
          ("megatron/bridge/models/olmoe/olmoe_provider.py:43",),
          "tests/test_olmoe.py::test_shim26_still_needed_olmoe_layer_spec_asks_for_te",

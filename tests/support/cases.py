@@ -19,14 +19,18 @@ GDN = {  # gated-DeltaNet hybrids: the layouts that split their GDN heads, stage
 }
 OLMOE = [(*layout, "--experts", "te-grouped") for layout in [(), ("--tp", "2"), ("--pp", "2"), *MOE_LAYOUTS]]
 """OLMoE with grouped experts only (the pinned bridge maps no SequentialMLP experts: tests/test_olmoe.py)."""
+ONE_LAYOUT = {"mistral-nowindow": ("--tp", "2")}  # the other layouts are tiny:mistral's
 DENSE = [
-    name for name in sorted(FIXTURES) if name not in ("nemotron-h", "olmoe", *GDN, *PARTLY_COVERED, *RELEASE_VARIANTS)
+    name
+    for name in sorted(FIXTURES)
+    if name not in ("nemotron-h", "olmoe", *GDN, *ONE_LAYOUT, *PARTLY_COVERED, *RELEASE_VARIANTS)
 ]
 CASES = (
     [(name, layout) for name in DENSE for layout in DENSE_LAYOUTS]
     + [(name, layout) for name in MOE for layout in MOE_LAYOUTS]
     + [("nemotron-h", layout) for layout in HYBRID_LAYOUTS]
     + [(name, layout) for name, layouts in GDN.items() if name not in PARTLY_COVERED for layout in layouts]
+    + list(ONE_LAYOUT.items())
     + [("olmoe", layout) for layout in OLMOE]
     + [("qwen2", ("--tp", "4"))]  # fewer KV heads (2) than TP ranks (4): each query group split over two ranks
 )
