@@ -19,6 +19,7 @@ LAYOUTS_BY_FIXTURE = {
     "qwen3.5-moe": (),
     "qwen3.6-moe": (),
     "mistral-nowindow": ("tp2",),
+    "olmoe": (),
 }
 """Fixtures gated at a fixed list instead (NemotronH: 5 layers, no PP2; TP2xEP2 is not part of its matrix; the
 gated-DeltaNet fixtures at the layouts that split their GDN heads, stages and experts; Qwen3.5-MoE and Qwen3.6-MoE
@@ -30,9 +31,11 @@ EXTRA_CASES = (
     ("tiny:qwen3.5-moe", "tp2", None, "te-grouped"),
     ("tiny:qwen3.5-moe", "ep2", None, "te-grouped"),
     ("tiny:qwen3.6-moe", "ep2", None, "te-grouped"),
+    *(("tiny:olmoe", layout, None, "te-grouped") for layout in ("tp1", "tp2", "pp2", "ep2", "tp2ep2")),
 )
 """Beyond the standard layouts: fewer KV heads than TP ranks, the padded vocabulary training uses, and Qwen3.5-MoE with
-the TEGroupedMLP layout GPU training runs (the bridge maps its MTP experts only there)."""
+the TEGroupedMLP layout GPU training runs (the bridge maps its MTP experts only there), and OLMoE in that layout too
+(the bridge maps its experts only there)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
