@@ -1,0 +1,73 @@
+"""GPT-OSS (GptOssForCausalLM, model_type gpt_oss): attention with q/k/v/o biases and per-head sinks, sliding-window
+attention on every other layer, yarn RoPE, and an MoE of biased experts (router bias, clamped quick-GELU GLU with
+gate and up interleaved) stored fused as transformers 5 holds them.
+
+megatron-bridge 0.6.2 models/gpt_oss/gpt_oss_bridge.py builds it as a GPTModel with softmax_type "learnable" (the
+sinks are core_attention.softmax_offset), window_attn_skip_freq 2 and moe_ffn_hidden_size = intermediate_size.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from convcheck.models.architecture import Architecture
+from convcheck.models.fixture_spec import FixtureSpec
+from convcheck.models.gpt_oss_config import GPT_OSS_TABLE
+from convcheck.models.gpt_oss_mappings import gpt_oss_rules
+
+GPT_OSS_SHAPES: dict[str, Any] = {
+    "hidden_size": 32,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "num_hidden_layers": 4,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "vocab_size": 152,
+    "sliding_window": 4,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+"""Four layers (sliding, full, sliding, full: PP2 keeps both kinds per stage), 8 experts top-2 (EP2 and TP2xEP2 legal),
+a 4-token window, so the window changes the logits oracle's 16-token logits."""
+
+PUBLISHED: dict[str, Any] = {
+    "attention_bias": True,
+    "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 131072,
+    "rope_parameters": {
+        "rope_type": "yarn",
+        "rope_theta": 150000.0,
+        "factor": 32.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": 4096,
+    },
+    "swiglu_limit": 7.0,
+}
+"""As openai/gpt-oss-20b's config.json holds them (its rope_scaling spelt as transformers 5's rope_parameters)."""
+
+TINY_GPT_OSS = FixtureSpec(
+    name="gpt-oss",
+    config_class="GptOssConfig",
+    description="GPT-OSS: sinks, q/k/v/o biases, sliding window 4 on every other layer, yarn RoPE, 8 biased experts "
+    "top-2 stored fused with gate/up interleaved; intermediate 8 (no expert tensor is square)",
+    config={**GPT_OSS_SHAPES, **PUBLISHED, "intermediate_size": 8},
+)
+
+TINY_GPT_OSS_SQUARE = FixtureSpec(
+    name="gpt-oss-square",
+    config_class="GptOssConfig",
+    description="GPT-OSS with intermediate == hidden == 16, as both published sizes are: each expert's down_proj is "
+    "square, so its orientation shows only in the values",
+    config={**GPT_OSS_SHAPES, **PUBLISHED, "hidden_size": 16, "intermediate_size": 16},
+)
+
+GPT_OSS = Architecture(
+    hf_classes=("GptOssForCausalLM",),
+    model_type="gpt_oss",
+    mapping_rules=gpt_oss_rules,
+    config_rules=GPT_OSS_TABLE,
+    fixtures=(TINY_GPT_OSS, TINY_GPT_OSS_SQUARE),
+)
