@@ -52,6 +52,16 @@ def test_shim5_causal_mask_still_built_on_cuda() -> None:
     )
 
 
+def test_shim22_sliding_window_mask_still_built_on_cuda() -> None:
+    """utils.py:44 still makes the sliding-window mask with device="cuda"; fused_softmax imports it by name."""
+    if on_current_pins():
+        assert 'device="cuda"' in _source_line("megatron.core.transformer.utils", 44)
+        assert "def get_sliding_window_causal_mask" in _source_line("megatron.core.transformer.utils", 42)
+    else:  # another release: the same function, checked by content
+        assert 'device="cuda"' in upstream_source("megatron.core.transformer.utils", "get_sliding_window_causal_mask")
+    assert "get_sliding_window_causal_mask" in _module_text("megatron.core.fusions.fused_softmax")
+
+
 @pytest.mark.fresh_process
 def test_shim6_attention_dropout_still_forks_cuda_rng() -> None:
     """dot_product_attention.py:217 still forks the CUDA RNG tracker, whose fork reads the CUDA RNG state."""
@@ -81,11 +91,15 @@ def test_forward_shims_compute_what_upstream_computes_and_are_idempotent() -> No
         from megatron.core.transformer import utils
         from megatron.core.utils import GlobalMemoryBuffer
         for fn in (RotaryEmbedding.get_emb, GlobalMemoryBuffer.get_tensor, utils.get_default_causal_mask,
-                   CudaRNGStatesTracker.fork):
+                   utils.get_sliding_window_causal_mask, CudaRNGStatesTracker.fork):
             assert fn._convcheck_shim and not getattr(fn._convcheck_original, "_convcheck_shim", False)
         assert fused_softmax.get_default_causal_mask is utils.get_default_causal_mask
         mask = utils.get_default_causal_mask(5)
         assert mask.device.type == "cpu" and torch.equal(mask, torch.triu(torch.ones(5, 5), diagonal=1).bool())
+        assert fused_softmax.get_sliding_window_causal_mask is utils.get_sliding_window_causal_mask
+        window = utils.get_sliding_window_causal_mask(6, 6, (2, 0))  # key j kept for query i iff i - 2 <= j <= i
+        want = torch.tensor([[not (i - 2 <= j <= i) for j in range(6)] for i in range(6)])
+        assert window.device.type == "cpu" and torch.equal(window, want), window
         rope = RotaryEmbedding(kv_channels=8, rotary_percent=1.0, rotary_base=10000, use_cpu_initialization=True)
         emb = rope.get_emb(6)
         inv = 1.0 / (10000 ** (torch.arange(0, 8, 2, dtype=torch.float32) / 8))

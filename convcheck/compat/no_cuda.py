@@ -1,5 +1,6 @@
-"""What exists because this run has no CUDA device: shims 2-6, 9, 11 and 12, installed and active exactly when the run's
-requested device is "cpu", whatever the host has. Each runs the upstream code (or its exact formula) on the CPU."""
+"""What exists because this run has no CUDA device: shims 2-6, 9, 11, 12, 18 and 22, installed and active exactly
+when the run's requested device is "cpu", whatever the host has. Each runs the upstream code (or its exact formula) on
+the CPU."""
 
 from __future__ import annotations
 
@@ -171,6 +172,36 @@ def install_cpu_causal_mask() -> None:
         fused_softmax.get_default_causal_mask = wrapper
 
 
+# --- Shim 22 ----------------------------------------------------------------------------------------
+# megatron-core 0.19.2, megatron/core/transformer/utils.py:42-49: get_sliding_window_causal_mask builds its [sq, skv]
+# mask with device="cuda"; the unfused softmax (fusions/fused_softmax.py:322, imported there by name) calls it for
+# every sliding-window layer (Mistral, GPT-OSS). On a CPU run the same formula runs on the CPU: keep key j of query i
+# iff skv - sq - left <= j - i <= skv - sq + right, the mask being True where a score is dropped.
+def install_cpu_sliding_window_mask() -> None:
+    """Install shim 22 (idempotent) in both modules that bind the name; skipped where this release lacks it."""
+    import torch
+    from megatron.core.fusions import fused_softmax
+    from megatron.core.transformer import utils
+
+    if not has_attr(utils, "get_sliding_window_causal_mask"):
+        skip(22, "transformer/utils.py has no get_sliding_window_causal_mask in this release")
+        return
+
+    def cpu_window_mask(original: Any) -> Any:
+        def get_sliding_window_causal_mask(sq: int, skv: int, window_size: Any) -> torch.Tensor:
+            if not active():
+                return original(sq, skv, window_size)
+            keep = torch.ones(sq, skv, dtype=torch.bool, device="cpu")
+            keep = torch.triu(keep, diagonal=skv - sq - window_size[0])
+            return ~torch.tril(keep, diagonal=skv - sq + window_size[1])
+
+        return get_sliding_window_causal_mask
+
+    wrapper = _patch(utils, "get_sliding_window_causal_mask", cpu_window_mask)
+    if getattr(fused_softmax, "get_sliding_window_causal_mask", None) is wrapper._convcheck_original:
+        fused_softmax.get_sliding_window_causal_mask = wrapper
+
+
 # --- Shim 6 -----------------------------------------------------------------------------------------
 # megatron-core 0.19.2, megatron/core/transformer/dot_product_attention.py:217: attention dropout runs inside
 # tensor_parallel.get_cuda_rng_tracker().fork(), which reads and writes the CUDA RNG state (and raises
@@ -289,11 +320,12 @@ def install_cpu_attention_sinks() -> None:
 
 
 def install() -> None:
-    """Install shims 2-6, 9, 11, 12, 18 and 23 (idempotent) and route them to the CPU."""
+    """Install shims 2-6, 9, 11, 12, 18, 22 and 23 (idempotent) and route them to the CPU."""
     install_cpu_replicated_mapping()
     install_cpu_tied_embedding_setup()
     install_cpu_device_sites()
     install_cpu_causal_mask()
+    install_cpu_sliding_window_mask()
     install_cpu_rng_fork()
     install_cpu_constructor_sites()
     install_cpu_checkpoint_preload()
