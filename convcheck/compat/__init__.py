@@ -115,14 +115,11 @@ SHIMS = (
          "megatron-core 0.19.2 (older releases not yet checked)"),
     Shim(21, "zero-centered-torch-norm", "transformer_engine", _TE_GDN, (_CORE + "transformer/torch_norm.py:43",),
          "tests/test_compat_gdn.py::test_shim21_still_needed_torch_norm_rejects_zero_centered_gamma", _CORES),
-<<<<<<< HEAD
     Shim(22, "sliding-window-mask-on-cuda", "cuda", _CUDA, (_CORE + "transformer/utils.py:44",),
          "tests/test_compat_forward.py::test_shim22_sliding_window_mask_still_built_on_cuda", _CORES),
->>>>>>> main
     Shim(23, "attention-sinks-on-cuda", "cuda", _CUDA, tuple(_CORE + where for _, _, where in SINK_SITES),
          "tests/test_gpt_oss_units.py::test_shim23_still_needed_sinks_allocated_on_cuda",
          "megatron-core 0.19.2 (older releases not yet checked)"),
-=======
 )  # fmt: skip
 
 
