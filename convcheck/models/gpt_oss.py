@@ -14,6 +14,7 @@ from convcheck.models.architecture import Architecture
 from convcheck.models.fixture_spec import FixtureSpec
 from convcheck.models.gpt_oss_config import GPT_OSS_TABLE
 from convcheck.models.gpt_oss_mappings import gpt_oss_rules
+from convcheck.models.upstream_bug import UpstreamBug
 
 GPT_OSS_SHAPES: dict[str, Any] = {
     "hidden_size": 32,
@@ -64,10 +65,52 @@ TINY_GPT_OSS_SQUARE = FixtureSpec(
     config={**GPT_OSS_SHAPES, **PUBLISHED, "hidden_size": 16, "intermediate_size": 16},
 )
 
+SLIDING_WINDOW_EXPORT = UpstreamBug(
+    name="gpt-oss-sliding-window-export",
+    summary="megatron_to_hf_config does not write sliding_window (the provider's window_size is (W - 1, 0)), so an "
+    "exported config.json falls back to GptOssConfig's default 128 and a model with another window is rebuilt "
+    "with the wrong one",
+    where="megatron/bridge/models/gpt_oss/gpt_oss_bridge.py:56-104 (no megatron_to_hf_config; the generic one, "
+    "conversion/model_bridge.py:453 table, has no sliding_window)",
+    findings=(("config", "sliding_window (megatron_to_hf_config)", "roundtrip-mismatch"),),
+    seen_in=("0.6.2",),
+    fixed_in="",
+)
+"""#4800 (bf4eaa30a) added the export, but #4982 (78ee7ac5b, the revert of GPT-OSS's HybridModel migration) dropped
+its GPT-OSS part before v0.6.0; megatron-bridge main (c335a9954, 2026-08-22) still lacks it."""
+
+ATTENTION_BIAS_EXPORT = UpstreamBug(
+    name="gpt-oss-attention-bias-export",
+    summary="the provider sets add_qkv_bias False (the q/k/v biases come from add_bias_linear) and the generic "
+    "megatron_to_hf_config exports attention_bias from add_qkv_bias: an exported config.json says attention_bias "
+    "false, so transformers builds attention without the q/k/v/o biases the exported weights hold",
+    where="megatron/bridge/models/gpt_oss/gpt_oss_bridge.py:63 with conversion/model_bridge.py:453",
+    findings=(("config", "attention_bias (megatron_to_hf_config)", "roundtrip-mismatch"),),
+    seen_in=("0.6.2",),
+    fixed_in="not in a release; main 365a51fb4 (in #5397, 8a84d7166: add_qkv_bias from attention_bias and "
+    "megatron_to_hf_config writing attention_bias true)",
+)
+
+WINDOW_OFF_BY_ONE = UpstreamBug(
+    name="gpt-oss-window-hardcoded-128",
+    summary="window_size is the constant (128, 0) whatever sliding_window says: one key more than HF's 128-token "
+    "window on the published models, and the wrong window on any other",
+    where="megatron/bridge/models/gpt_oss/gpt_oss_bridge.py provider_bridge and gpt_oss_provider.py:77 (0.3.x)",
+    findings=(
+        ("config", "sliding_window -> window_size", "mismatch"),
+        ("logits", "logits", "logits-differ"),
+        ("logits", "logits", "greedy-differs"),
+    ),
+    seen_in=("0.3.0", "0.3.1"),
+    fixed_in="0.4.0 (#2656, 5fcab34f8: (sliding_window - 1, 0))",
+)
+"""Read from the 0.3.x sources (convcheck has not run them on this fixture): the lead's release smoke confirms."""
+
 GPT_OSS = Architecture(
     hf_classes=("GptOssForCausalLM",),
     model_type="gpt_oss",
     mapping_rules=gpt_oss_rules,
     config_rules=GPT_OSS_TABLE,
     fixtures=(TINY_GPT_OSS, TINY_GPT_OSS_SQUARE),
+    upstream_bugs=(SLIDING_WINDOW_EXPORT, ATTENTION_BIAS_EXPORT, WINDOW_OFF_BY_ONE),
 )
