@@ -62,41 +62,58 @@ def test_expert_tp_is_refused_by_megatron_core_for_biased_experts(tmp_path: Path
     assert "Bias in Moe is only supported when ETP==1" in res.findings("coverage")[0]["message"]
 
 
-SYMMETRIC = [
-    ("gate_up_halves", "tiny:gpt-oss", "gate_up_proj"),
-    ("bias_not_interleaved", "tiny:gpt-oss", "gate_up_proj_bias"),
-    ("down_proj_not_transposed", "tiny:gpt-oss-square", "down_proj"),
-]
+FC = "decoder.layers.{layer}.mlp.experts.local_experts.{expert}.linear_fc"
+SYMMETRIC = {
+    "gate_up_halves": ("tiny:gpt-oss", {"1.weight": [1, 0], "1.bias": [1]}),
+    "bias_not_interleaved": ("tiny:gpt-oss", {"1.bias": [1]}),
+    "down_proj_not_transposed": ("tiny:gpt-oss-square", {"2.weight": [0, 1]}),
+}
+"""hook -> (fixture, {expert parameter: its first wrong element}). Halves: row 1 of fc1 should be gate 1 (HF column 2)
+and is HF column 1 (up 0); the square down_proj: fc2 [0, 1] should be D[e][1, 0] and is D[e][0, 1]."""
 
 
 @pytest.mark.ranks
-@pytest.mark.parametrize(("hook", "model", "fused"), SYMMETRIC, ids=[h for h, _, _ in SYMMETRIC])
-def test_symmetric_expert_bug_is_named_by_mapping_and_logits(hook: str, model: str, fused: str, tmp_path: Path) -> None:
-    """The export undoes the import, so the roundtrip stays bitwise; the mapping oracle names each expert
-    parameter of the fused tensor and its first wrong element, and the logits differ."""
+@pytest.mark.parametrize("hook", list(SYMMETRIC))
+def test_symmetric_expert_bug_is_named_by_mapping_and_logits(hook: str, tmp_path: Path) -> None:
+    """The export undoes the import, so the roundtrip stays bitwise; the mapping oracle names every expert's
+    parameter with its first wrong element, and the logits differ."""
+    model, wrong = SYMMETRIC[hook]
     res = run_cli("verify", "--model", model, "--ep", "2", *MUTANT_ORACLES,
                   "--hook", mutant("gpt_oss", hook), tmp_path=tmp_path)  # fmt: skip
     assert res.code == 1, res.err
     assert res.verdicts() == {"roundtrip": "pass", "mapping": "fail", "logits": "fail"}
-    named = _findings(res, "mapping")
-    fc = "linear_fc2.weight" if fused == "down_proj" else "linear_fc1." + ("bias" if "bias" in fused else "weight")
-    expected = {f"decoder.layers.{layer}.mlp.experts.local_experts.{e}.{fc}" for layer in range(4) for e in range(8)}
-    assert set(named) == expected
-    assert {kind for kind, _ in named.values()} == {"import-bytes-differ"}
-    assert {tuple(index) for _, index in named.values()} == {FIRST_WRONG[hook]}
-    assert {f["kind"] for f in res.findings("logits")} >= {"logits-differ"}
-
-
-FIRST_WRONG = {"gate_up_halves": (0, 1), "bias_not_interleaved": (1,), "down_proj_not_transposed": (0, 1)}
-"""The first wrong element of each expert's shard: gate row 0's second column (halves: HF column 1 is up 0, read as
-gate 0's... ) - see the comments of each mutant."""
+    assert _findings(res, "mapping") == {
+        FC.format(layer=layer, expert=expert) + part: ("import-bytes-differ", index)
+        for layer in range(4)
+        for expert in range(8)
+        for part, index in wrong.items()
+    }
+    assert {f["tensor"]: f["kind"] for f in res.findings("logits")}["logits"] == "logits-differ"
 
 
 @pytest.mark.ranks
 def test_sinks_not_split_over_tp_is_named_by_roundtrip_mapping_and_logits(tmp_path: Path) -> None:
+    """Every TP rank loads rank 0's heads' sinks: the export holds [s0, s1, s0, s1]."""
     res = run_cli("verify", "--model", "tiny:gpt-oss", "--tp", "2", *MUTANT_ORACLES,
                   "--hook", mutant("gpt_oss", "sinks_not_split"), tmp_path=tmp_path)  # fmt: skip
     assert res.code == 1, res.err
     assert res.verdicts() == {"roundtrip": "fail", "mapping": "fail", "logits": "fail"}
-    sinks = {f"model.layers.{layer}.self_attn.sinks" for layer in range(4)}
-    assert _findings(res, "roundtrip") == dict.fromkeys(sinks, ("bytes-differ", [2]))
+    layers = range(4)
+    assert _findings(res, "roundtrip") == {f"model.layers.{n}.self_attn.sinks": ("bytes-differ", [2]) for n in layers}
+    assert _findings(res, "mapping") == {
+        f"decoder.layers.{n}.self_attention.core_attention.softmax_offset": ("import-bytes-differ", [0]) for n in layers
+    }
+    assert [f["kind"] for f in res.findings("logits")] == ["logits-differ"]
+
+
+@pytest.mark.ranks
+def test_window_off_by_one_is_named_by_config_and_logits(tmp_path: Path) -> None:
+    """window_size (W, 0) instead of (W - 1, 0) (the 0.3.x bug #2656 fixed): the 4-token window shows in the logits."""
+    res = run_cli("verify", "--model", "tiny:gpt-oss", "--tp", "2", "--oracle", "config,logits",
+                  "--hook", mutant("gpt_oss", "window_off_by_one"), tmp_path=tmp_path)  # fmt: skip
+    assert res.code == 1, res.err
+    assert res.verdicts() == {"config": "fail", "logits": "fail"}
+    config = {f["tensor"]: f["kind"] for f in res.findings("config")}
+    assert config == {"sliding_window -> window_size": "mismatch", **dict.fromkeys(EXPORT_BUGS, "roundtrip-mismatch")}
+    assert "requires window_size=[3, 0]; the Megatron config has [4, 0]" in res.findings("config")[-1]["message"]
+    assert {f["kind"] for f in res.findings("logits")} == {"logits-differ", "greedy-differs"}

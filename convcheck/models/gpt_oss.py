@@ -106,11 +106,40 @@ WINDOW_OFF_BY_ONE = UpstreamBug(
 )
 """Read from the 0.3.x sources (convcheck has not run them on this fixture): the lead's release smoke confirms."""
 
+TINY_GPT_OSS_2F_HIDDEN = FixtureSpec(
+    name="gpt-oss-2f-hidden",
+    config_class="GptOssConfig",
+    description="GPT-OSS with 2 x intermediate == hidden (16, 32) and 4 experts: each expert's gate_up_proj "
+    "[hidden, 2F] is square, so its orientation shows only in the values",
+    config={**GPT_OSS_SHAPES, **PUBLISHED, "intermediate_size": 16, "num_local_experts": 4},
+)
+
+GATE_UP_SQUARE_ORIENTATION = UpstreamBug(
+    name="gpt-oss-gate-up-square-orientation",
+    summary="GPTOSSMLPGateUpProjMapping aligns each expert's gate_up_proj [hidden, 2F] to fc1 [2F, hidden] by shape; "
+    "where 2 x intermediate == hidden the shapes agree, the slice is kept untransposed and de-interleaved along "
+    "hidden: every expert's fc1 is wrong on import and the export does not restore the source",
+    where="megatron/bridge/models/gpt_oss/gpt_oss_bridge.py:300 with conversion/param_mapping.py:2891 "
+    "(_align_expert_weight_to_shape returns a tensor whose shape already matches)",
+    findings=(
+        ("roundtrip", "model.layers.*.mlp.experts.gate_up_proj", "bytes-differ"),
+        ("layout", "model.layers.*.mlp.experts.gate_up_proj", "tp1-differs-from-source"),
+        ("mapping", "decoder.layers.*.mlp.experts.*linear_fc1.weight*", "import-bytes-differ"),
+        ("mapping", "model.layers.*.mlp.experts.gate_up_proj", "export-bytes-differ"),
+        ("logits", "logits", "logits-differ"),
+        ("logits", "greedy-tokens", "greedy-differs"),
+    ),
+    seen_in=("0.6.2",),
+    fixed_in="",
+)
+"""Published GPT-OSS (hidden == intermediate) is not affected. Source: present since #2685 (ae1bec45a, 0.4.0) and on
+megatron-bridge main c335a9954; 0.3.x transposed every 3-D expert tensor on load instead."""
+
 GPT_OSS = Architecture(
     hf_classes=("GptOssForCausalLM",),
     model_type="gpt_oss",
     mapping_rules=gpt_oss_rules,
     config_rules=GPT_OSS_TABLE,
-    fixtures=(TINY_GPT_OSS, TINY_GPT_OSS_SQUARE),
-    upstream_bugs=(SLIDING_WINDOW_EXPORT, ATTENTION_BIAS_EXPORT, WINDOW_OFF_BY_ONE),
+    fixtures=(TINY_GPT_OSS, TINY_GPT_OSS_SQUARE, TINY_GPT_OSS_2F_HIDDEN),
+    upstream_bugs=(SLIDING_WINDOW_EXPORT, ATTENTION_BIAS_EXPORT, GATE_UP_SQUARE_ORIENTATION, WINDOW_OFF_BY_ONE),
 )

@@ -35,12 +35,11 @@ def bias_not_interleaved() -> None:
         def hf_to_megatron(self, hf_weights, megatron_module):  # type: ignore[no-untyped-def]
             if not self.hf_param.endswith("_bias"):
                 return original(self, hf_weights, megatron_module)
-            saved = type(self)._interleave
-            type(self)._interleave = staticmethod(lambda rows: rows)
+            self._interleave = lambda rows: rows  # this instance only
             try:
                 return original(self, hf_weights, megatron_module)
             finally:
-                type(self)._interleave = saved
+                del self._interleave
 
         return hf_to_megatron
 
