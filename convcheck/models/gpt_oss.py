@@ -124,15 +124,13 @@ GATE_UP_SQUARE_ORIENTATION = UpstreamBug(
     findings=(
         ("roundtrip", "model.layers.*.mlp.experts.gate_up_proj", "bytes-differ"),
         ("layout", "model.layers.*.mlp.experts.gate_up_proj", "tp1-differs-from-source"),
-        ("mapping", "decoder.layers.*.mlp.experts.*linear_fc1.weight*", "import-bytes-differ"),
-        ("mapping", "model.layers.*.mlp.experts.gate_up_proj", "export-bytes-differ"),
-        ("logits", "logits", "logits-differ"),
-        ("logits", "greedy-tokens", "greedy-differs"),
     ),
     seen_in=("0.6.2",),
     fixed_in="",
 )
-"""Published GPT-OSS (hidden == intermediate) is not affected. Source: present since #2685 (ae1bec45a, 0.4.0) and on
+"""Only the fused tensor's findings are tagged: the mapping oracle's per-expert fc1 findings and the logits are the same
+names a planted interleave bug gives on any GPT-OSS fixture, so they stay untagged. Published GPT-OSS (hidden ==
+intermediate) is not affected. Source: present since #2685 (ae1bec45a, 0.4.0) and on
 megatron-bridge main c335a9954; 0.3.x transposed every 3-D expert tensor on load instead."""
 
 GPT_OSS = Architecture(
