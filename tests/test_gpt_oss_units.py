@@ -116,3 +116,16 @@ def test_shim23_still_needed_sinks_allocated_on_cuda() -> None:
         first = lines[1]
         numbered = {first + i: text for i, text in enumerate(lines[0])}
         assert "device=torch.cuda.current_device()" in numbered[132]
+
+
+def test_bridge_mxfp4_dequantization_runs_on_cpu() -> None:
+    """The bridge's dequantize_mxfp4 (the import path of `*_blocks` / `*_scales`) is plain torch: it runs on the CPU.
+    Byte 0x21 holds e2m1 codes 1 (0.5, low nibble first) and 2 (1.0); scale 128 doubles them."""
+    compat.install_import_shims()
+    from megatron.bridge.models.conversion.quantization_utils import dequantize_mxfp4
+
+    blocks = torch.full((2, 3, 1, 16), 0x21, dtype=torch.uint8)  # [E, rows, groups, 16 bytes = 32 values]
+    scales = torch.tensor([[[127], [128], [126]]] * 2, dtype=torch.uint8)
+    out = dequantize_mxfp4(blocks, scales)
+    assert out.shape == (2, 3, 32) and out.device.type == "cpu"
+    assert out[0, :, :2].tolist() == [[0.5, 1.0], [1.0, 2.0], [0.25, 0.5]]
