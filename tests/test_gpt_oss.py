@@ -120,7 +120,8 @@ def test_sinks_not_split_and_window_off_by_one_are_each_named(tmp_path: Path) ->
 @pytest.mark.ranks
 def test_gate_up_square_orientation_bug_is_named_where_2f_equals_hidden(tmp_path: Path) -> None:
     """2 x intermediate == hidden: the bridge keeps each expert's [hidden, 2F] gate_up_proj slice untransposed (its
-    shape equals fc1's): every expert's fc1 is wrong, the export does not restore it (gpt-oss-gate-up-square-orientation)."""
+    shape equals fc1's): every expert's fc1 is wrong and the export does not restore it
+    (gpt-oss-gate-up-square-orientation)."""
     res = run_cli("verify", "--model", "tiny:gpt-oss-2f-hidden", "--oracle", "coverage,roundtrip,mapping,logits",
                   tmp_path=tmp_path)  # fmt: skip
     assert res.code == 1, res.err

@@ -33,7 +33,10 @@ ATTENTION = (
     _replicated(r"mlp\.router\.bias", "mlp.router.bias"),  # [E]
 )
 
-EXPERT = r"mlp\.experts\.(local_experts\.(?P<local>\d+)\.linear_fc(?P<fc>[12])\.(?P<kind>weight|bias)|linear_fc(?P<gfc>[12])\.(?P<gkind>weight|bias)(?P<grouped>\d+))"
+EXPERT = (
+    r"mlp\.experts\.(local_experts\.(?P<local>\d+)\.linear_fc(?P<fc>[12])\.(?P<kind>weight|bias)"
+    r"|linear_fc(?P<gfc>[12])\.(?P<gkind>weight|bias)(?P<grouped>\d+))"
+)
 """One expert's parameter: SequentialMLP `local_experts.E.linear_fcN.{weight,bias}` or TE grouped
 `linear_fcN.{weight,bias}E` (E global)."""
 
