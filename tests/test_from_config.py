@@ -31,7 +31,7 @@ from convcheck.layout import ParallelLayout
 from tests.support.helpers import ROOT, mutant, run_cli
 
 DATA = ROOT / "tests" / "data"
-PUBLISHED = ("deepseek-v3", "moonlight-16b-a3b", "qwen3-30b-a3b", "llama-3.1-8b")
+PUBLISHED = ("deepseek-v3", "moonlight-16b-a3b", "qwen3-30b-a3b", "llama-3.1-8b", "mistral-7b-v0.1")
 DSV3 = "config:tests/data/deepseek-v3.config.json"
 
 
@@ -259,10 +259,10 @@ def _refusal(config: dict[str, Any], fields: ClassFields | None = None, layers: 
 
 def test_what_cannot_be_shrunk_is_refused_in_one_line_naming_it() -> None:
     dsv3, llama = _published("deepseek-v3"), _published("llama-3.1-8b")
-    supported = "deepseek_v3, llama, qwen2, qwen3, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, qwen3_next"
+    supported = "deepseek_v3, llama, mistral, qwen2, qwen3, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, qwen3_next"
     assert (
-        _refusal({"model_type": "mistral"})
-        == f"--from-config cannot shrink model_type 'mistral'; it supports {supported}"
+        _refusal({"model_type": "gemma3_text"})
+        == f"--from-config cannot shrink model_type 'gemma3_text'; it supports {supported}"
     )
     assert _refusal({"model_type": "nemotron_h"}) == (
         f"--from-config cannot shrink model_type 'nemotron_h' (convcheck covers it, but the shrinker has no rules for "
@@ -312,13 +312,13 @@ def test_an_unreadable_config_is_refused_in_one_line(tmp_path: Path) -> None:
 
 
 def test_bad_input_exits_2_with_one_stderr_line(tmp_path: Path) -> None:
-    mistral = tmp_path / "mistral.json"
-    mistral.write_text(json.dumps({"model_type": "mistral"}))
+    gemma = tmp_path / "gemma.json"
+    gemma.write_text(json.dumps({"model_type": "gemma3_text"}))
     cases = {
         ("fixtures", "build", "--from-config", str(tmp_path / "missing.json")): "config file not found: ",
-        ("fixtures", "build", "--from-config", str(mistral)): "cannot shrink model_type 'mistral'",
+        ("fixtures", "build", "--from-config", str(gemma)): "cannot shrink model_type 'gemma3_text'",
         ("fixtures", "build"): "give a fixture NAME or --from-config FILE",
-        ("verify", "--model", f"config:{mistral}"): "cannot shrink model_type 'mistral'",
+        ("verify", "--model", f"config:{gemma}"): "cannot shrink model_type 'gemma3_text'",
         ("verify", "--model", "tiny:qwen3", "--layers", "2"): "--layers applies only to a --model config:FILE fixture",
     }
     for args, message in cases.items():

@@ -40,7 +40,7 @@ INSTALLED = metadata.version("megatron-bridge")
 SMOKE = os.environ.get("CONVCHECK_RELEASE_SMOKE") == "1"
 SMOKE_CASES = (
     "qwen3@tp1", "qwen3@tp2", "qwen3-moe@tp1", "qwen3-moe@tp2", "deepseek-v3@tp1", "moonlight@tp1", "glm4.7-flash@tp1",
-    "qwen3-next@tp1", "qwen3.5@tp1", "qwen3.5-moe@tp1",
+    "qwen3-next@tp1", "qwen3.5@tp1", "qwen3.5-moe@tp1", "mistral@tp1", "mistral-nowindow@tp1",
 )  # fmt: skip
 STOPS = "exit-2"
 """A smoke entry `{exit-2 = "..."}`: the release cannot build the fixture; verify stops with exit 2 saying that."""

@@ -18,10 +18,12 @@ LAYOUTS_BY_FIXTURE = {
     "qwen3.5": ("tp2", "pp2"),
     "qwen3.5-moe": (),
     "qwen3.6-moe": (),
+    "mistral-nowindow": ("tp2",),
 }
 """Fixtures gated at a fixed list instead (NemotronH: 5 layers, no PP2; TP2xEP2 is not part of its matrix; the
 gated-DeltaNet fixtures at the layouts that split their GDN heads, stages and experts; Qwen3.5-MoE and Qwen3.6-MoE
-only with the TEGroupedMLP layout, EXTRA_CASES: the pinned bridge cannot load their SequentialMLP MTP experts)."""
+only with the TEGroupedMLP layout, EXTRA_CASES: the pinned bridge cannot load their SequentialMLP MTP experts; Mistral
+without a window at TP2 only, tiny:mistral covering the layouts)."""
 EXTRA_CASES = (
     ("tiny:qwen2", "tp4", None, "sequential"),
     ("tiny:qwen3", "tp2", 128, "sequential"),

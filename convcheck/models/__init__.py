@@ -10,7 +10,7 @@ from dataclasses import replace
 from convcheck.errors import NotCovered
 from convcheck.hf.geometry import Geometry
 from convcheck.mappings import MappingRegistry, registry_from_rules
-from convcheck.models import deepseek, dense, glm, gpt_oss, nemotron_h, qwen3_moe, qwen_next
+from convcheck.models import deepseek, dense, glm, gpt_oss, mistral, nemotron_h, qwen3_moe, qwen_next
 from convcheck.models.architecture import Architecture, unique_index
 from convcheck.models.config_rules import FieldRule
 from convcheck.models.fixture_spec import FixtureSpec
@@ -22,6 +22,7 @@ SUPPORTED: tuple[Architecture, ...] = (
     dense.QWEN3,
     qwen3_moe.QWEN3_MOE,
     dense.LLAMA,
+    mistral.MISTRAL,
     nemotron_h.NEMOTRON_H,
     deepseek.DEEPSEEK_V3,
     glm.GLM47_FLASH,

@@ -19,6 +19,10 @@ MegatronGet = Callable[[str], Any]
 """Reads a Megatron field: a TransformerConfig attribute, or `model.X` on the first model chunk."""
 
 
+REQUIRED: Any = type("Required", (), {"__repr__": lambda self: "REQUIRED"})()
+"""FieldRule.missing of a field every Megatron config must have."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FieldRule:
     """One Megatron field and the HF fields it must reproduce."""
@@ -35,6 +39,9 @@ class FieldRule:
     """Why the correspondence holds (shown in findings)."""
     also: tuple[str, ...] = ()
     """The same HF fields as other transformers releases spell them (read where `hf` is absent; covered, unlabelled)."""
+    missing: Any = REQUIRED
+    """The value a Megatron config without the field means (a field older megatron-core releases lack); REQUIRED: a
+    config without it is unreadable."""
 
     @property
     def label(self) -> str:

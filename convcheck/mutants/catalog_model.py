@@ -5,7 +5,18 @@ from __future__ import annotations
 
 from convcheck.mutants.catalog_gdn import GDN_MUTANTS
 from convcheck.mutants.catalog_gpt_oss import GPT_OSS_MUTANTS
-from convcheck.mutants.mutant import DEEPSEEK, FORWARD, GLM_FLASH, MOE, MOONLIGHT, NEMOTRON, QWEN3, Mutant, rule_targets
+from convcheck.mutants.mutant import (
+    DEEPSEEK,
+    FORWARD,
+    GLM_FLASH,
+    MISTRAL,
+    MOE,
+    MOONLIGHT,
+    NEMOTRON,
+    QWEN3,
+    Mutant,
+    rule_targets,
+)
 from convcheck.mutants.mutant import HOOKS as _M
 
 MODEL_MUTANTS: tuple[Mutant, ...] = (
@@ -153,6 +164,24 @@ MODEL_MUTANTS: tuple[Mutant, ...] = (
             "output_layer.weight",
             FORWARD,
         ),
+    ),
+    Mutant(
+        name="window_off_by_one",
+        description="sliding window one too wide: the provider's window_size is (W, 0) for HF's sliding_window W",
+        hook=_M + "config:window_off_by_one",
+        fixture=MISTRAL,
+        layout="tp1",
+        catches=("config", "logits"),
+        targets=(*rule_targets("sliding_window", "window_size"), FORWARD),
+    ),
+    Mutant(
+        name="window_export_dropped",
+        description="sliding window dropped on export: megatron_to_hf_config writes no sliding_window",
+        hook=_M + "config:window_export_dropped",
+        fixture=MISTRAL,
+        layout="tp1",
+        catches=("config",),
+        targets=("sliding_window (megatron_to_hf_config)",),
     ),
     Mutant(
         name="router_topk",

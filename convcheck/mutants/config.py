@@ -49,3 +49,28 @@ def scale_o_proj_on_import() -> None:
         return hf_to_megatron
 
     wrap(AutoMapping, "hf_to_megatron", make)
+
+
+def window_off_by_one() -> None:
+    """Sliding window one position too wide: window_size (W, 0) for HF's W (the bridge's bug before #2656)."""
+
+    def widen(p):  # type: ignore[no-untyped-def]
+        if p.window_size is not None:
+            p.window_size = (p.window_size[0] + 1, p.window_size[1])
+
+    alter_provider(widen)
+
+
+def window_export_dropped() -> None:
+    """The exported config.json loses sliding_window (the bridge's bug before #4800): Mistral comes back full."""
+    from megatron.bridge.models.mistral.mistral_bridge import MistralBridge
+
+    def make(original):  # type: ignore[no-untyped-def]
+        def megatron_to_hf_config(provider):  # type: ignore[no-untyped-def]
+            exported = dict(original(provider))
+            exported.pop("sliding_window", None)
+            return exported
+
+        return classmethod(lambda cls, provider: megatron_to_hf_config(provider))
+
+    wrap(MistralBridge, "megatron_to_hf_config", make)

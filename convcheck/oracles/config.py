@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from convcheck.models import TABLES
-from convcheck.models.config_rules import Coverage, FieldRule, HfView
+from convcheck.models.config_rules import REQUIRED, Coverage, FieldRule, HfView
 from convcheck.oracles.base import OracleInfo
 from convcheck.rank.context import RankContext
 from convcheck.verdict import Finding, OracleVerdict, make_verdict
@@ -73,12 +73,22 @@ def megatron_getter(ctx: RankContext) -> Any:
     return get
 
 
+def _read(rule: FieldRule, get: Any) -> Any:
+    """The rule's Megatron field; `rule.missing` where the config lacks the field and the rule says what that means."""
+    try:
+        return get(rule.megatron)
+    except AttributeError:
+        if rule.missing is REQUIRED:
+            raise
+        return rule.missing
+
+
 def check_rule(rule: FieldRule, hf: HfView, get: Any) -> Finding | None:
     """None when the Megatron field holds what the HF fields require; else a finding naming both sides."""
     hf_values = {f: hf.get(f, _ABSENT) for f in rule.hf}
     try:
         expected = rule.expect(hf, get)
-        actual = rule.observe(get(rule.megatron), get)
+        actual = rule.observe(_read(rule, get), get)
     except (AttributeError, KeyError, TypeError) as exc:
         return Finding(
             tensor=rule.label,
