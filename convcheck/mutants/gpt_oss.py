@@ -60,8 +60,9 @@ def bias_not_interleaved() -> None:
 
 
 def down_proj_not_transposed() -> None:
-    """A square expert down_proj is neither transposed on import nor on export (the code #3743 fixed): each expert's
-    fc2 holds D[e] where it needs D[e].T; a roundtrip stays bitwise."""
+    """A square expert down_proj is neither transposed on import nor on export: each expert's fc2 holds D[e] where it
+    needs D[e].T; a roundtrip stays bitwise. The code #3271 (0182c798b) brought to main and #3743 (d35bae9c0; 0.4.2:
+    #3753) fixed, in no PyPI release."""
     from megatron.bridge.models.gpt_oss.gpt_oss_bridge import GPTOSSBridge, GPTOSSMLPDownProjMapping
 
     def square(tensor: Any) -> bool:
