@@ -130,8 +130,8 @@ GATE_UP_SQUARE_ORIENTATION = UpstreamBug(
 )
 """Only the fused tensor's findings are tagged: the mapping oracle's per-expert fc1 findings and the logits are the same
 names a planted interleave bug gives on any GPT-OSS fixture, so they stay untagged. Published GPT-OSS (hidden ==
-intermediate) is not affected. Source: in every release from 0.4.0 (the shape-based alignment #2685 brought, ae1bec45a) and on
-megatron-bridge main c335a9954; 0.3.x transposed every 3-D expert tensor on load instead."""
+intermediate) is not affected. Source: in every release from 0.4.0 (the shape-based alignment #2685 brought,
+ae1bec45a) and on megatron-bridge main c335a9954; 0.3.x transposed every 3-D expert tensor on load instead."""
 
 GPT_OSS = Architecture(
     hf_classes=("GptOssForCausalLM",),
