@@ -12,12 +12,13 @@ from tests.conftest import ROOT
 
 
 def test_lookups_cover_every_architecture_in_listing_order() -> None:
-    assert sorted(BY_HF_CLASS) == ["DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM", "LlamaForCausalLM",
-                                   "MistralForCausalLM", "NemotronHForCausalLM", "OlmoeForCausalLM", "Qwen2ForCausalLM",
-                                   "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen3NextForCausalLM",
-                                   "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"]  # fmt: skip
+    assert sorted(BY_HF_CLASS) == ["DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM", "GptOssForCausalLM",
+                                   "LlamaForCausalLM", "MistralForCausalLM", "NemotronHForCausalLM", "OlmoeForCausalLM",
+                                   "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
+                                   "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"]  # fmt: skip
     assert list(TABLES) == ["qwen2", "qwen3", "qwen3_moe", "llama", "mistral", "nemotron_h", "deepseek_v3",
-                            "glm4_moe_lite", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmoe"]  # fmt: skip
+                            "glm4_moe_lite", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "gpt_oss",
+                            "olmoe"]  # fmt: skip
     partly = set(PARTLY_COVERED)
     # every family has explicit mappings, but those still being built (fixtures in PARTLY_COVERED)
     assert all(arch.mapping_rules is not None for arch in SUPPORTED if not partly & {f.name for f in arch.fixtures})
@@ -25,6 +26,7 @@ def test_lookups_cover_every_architecture_in_listing_order() -> None:
         "qwen2", "qwen2-tied", "qwen3", "qwen3-moe", "qwen3-moe-unnorm", "llama", "mistral", "mistral-nowindow",
         "nemotron-h", "nemotron-h-moe",
         "deepseek-v3", "moonlight", "glm4.7-flash", "qwen3-next", "qwen3.5", "qwen3.5-moe", "qwen3.6-moe",
+        "gpt-oss", "gpt-oss-square", "gpt-oss-2f-hidden",
         "olmoe",
     ]  # fmt: skip
     for arch in SUPPORTED:

@@ -9,7 +9,13 @@ from dataclasses import dataclass
 from convcheck.compat import no_cuda, no_fla, no_mamba_ssm, no_te, no_te_gdn, no_te_olmoe
 from convcheck.compat._patch import upstream
 from convcheck.compat.detect import skipped
-from convcheck.compat.no_cuda import CPU_CHECKPOINT_SITES, CPU_CONSTRUCTOR_SITES, CPU_DEVICE_SITES, YARN_SITES
+from convcheck.compat.no_cuda import (
+    CPU_CHECKPOINT_SITES,
+    CPU_CONSTRUCTOR_SITES,
+    CPU_DEVICE_SITES,
+    SINK_SITES,
+    YARN_SITES,
+)
 from convcheck.compat.no_mamba_ssm import MixerGatedRMSNorm
 from convcheck.compat.no_te import cpu_hybrid_stack_spec, install_import_shims, transformer_engine_available
 from convcheck.compat.provider import (
@@ -112,6 +118,9 @@ SHIMS = (
          "tests/test_compat_gdn.py::test_shim21_still_needed_torch_norm_rejects_zero_centered_gamma", _CORES),
     Shim(22, "sliding-window-mask-on-cuda", "cuda", _CUDA, (_CORE + "transformer/utils.py:44",),
          "tests/test_compat_forward.py::test_shim22_sliding_window_mask_still_built_on_cuda", _CORES),
+    Shim(23, "attention-sinks-on-cuda", "cuda", _CUDA, tuple(_CORE + where for _, _, where in SINK_SITES),
+         "tests/test_gpt_oss_units.py::test_shim23_still_needed_sinks_allocated_on_cuda",
+         "megatron-core 0.19.2 (older releases not yet checked)"),
     Shim(26, "olmoe-layer-spec-te", "transformer_engine", _TE_OLMOE,
          ("megatron/bridge/models/olmoe/olmoe_provider.py:43",),
          "tests/test_olmoe.py::test_shim26_still_needed_olmoe_layer_spec_asks_for_te",

@@ -303,8 +303,24 @@ def install_cpu_yarn_rope() -> None:
     _install_sites(YARN_SITES, 18)
 
 
+# --- Shim 23 ----------------------------------------------------------------------------------------
+# megatron-core 0.19.2 transformer/dot_product_attention.py:119-138: DotProductAttention.__init__ allocates the
+# attention sinks (softmax_type "learnable": the softmax_offset parameter, one per local head; "off-by-one": a zero
+# buffer) on torch.cuda.current_device() (:123, :132). On a CPU run the constructor runs with
+# torch.cuda.current_device() answering "cpu" (shim 4's wrapper): the same tensors, on the CPU.
+SINK_SITES = (
+    ("megatron.core.transformer.dot_product_attention", "DotProductAttention.__init__",
+     "transformer/dot_product_attention.py:132"),
+)  # fmt: skip
+
+
+def install_cpu_attention_sinks() -> None:
+    """Install shim 23 at every site of SINK_SITES (idempotent; active on CPU runs only)."""
+    _install_sites(SINK_SITES, 23)
+
+
 def install() -> None:
-    """Install shims 2-6, 9, 11, 12, 18 and 22 (idempotent) and route them to the CPU."""
+    """Install shims 2-6, 9, 11, 12, 18, 22 and 23 (idempotent) and route them to the CPU."""
     install_cpu_replicated_mapping()
     install_cpu_tied_embedding_setup()
     install_cpu_device_sites()
@@ -315,4 +331,5 @@ def install() -> None:
     install_cpu_checkpoint_preload()
     install_cpu_checkpoint_finalize()
     install_cpu_yarn_rope()
+    install_cpu_attention_sinks()
     set_active(True)

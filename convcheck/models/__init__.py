@@ -10,7 +10,7 @@ from dataclasses import replace
 from convcheck.errors import NotCovered
 from convcheck.hf.geometry import Geometry
 from convcheck.mappings import MappingRegistry, registry_from_rules
-from convcheck.models import deepseek, dense, glm, mistral, nemotron_h, olmoe, qwen3_moe, qwen_next
+from convcheck.models import deepseek, dense, glm, gpt_oss, mistral, nemotron_h, olmoe, qwen3_moe, qwen_next
 from convcheck.models.architecture import Architecture, unique_index
 from convcheck.models.config_rules import FieldRule
 from convcheck.models.fixture_spec import FixtureSpec
@@ -29,6 +29,7 @@ SUPPORTED: tuple[Architecture, ...] = (
     qwen_next.QWEN3_NEXT,
     qwen_next.QWEN35,
     qwen_next.QWEN35_MOE,
+    gpt_oss.GPT_OSS,
     olmoe.OLMOE,
 )
 """Every supported architecture; config tables and `tiny:` fixtures are listed in this order."""

@@ -6,7 +6,8 @@ provider builds the model and before the import, by a layout-faithful stand-in o
 `weight{i}` (i in [0, num_local_experts)), shaped as TE's GroupedLinear stores them (`[out, in]`):
 
 - fc1 `weight{i}`: `[2 * moe_ffn / etp, hidden]` (gate|up halves per ETP rank, as Megatron's fc1),
-- fc2 `weight{i}`: `[hidden, moe_ffn / etp]`.
+- fc2 `weight{i}`: `[hidden, moe_ffn / etp]`;
+- with add_bias_linear (GPT-OSS) also `bias{i}`: fc1 `[2 * moe_ffn / etp]`, fc2 `[hidden]` (whole on every ETP rank).
 
 The submodule classes carry the names `TEColumnParallelGroupedLinear` / `TERowParallelGroupedLinear` because the
 bridge's AutoMapping dispatches on the module's class name (param_mapping.py `_MODULE_TYPE_REGISTRY`), and each
@@ -50,6 +51,15 @@ def _grouped_linear_class(name: str, partition_dim: int) -> type:
             param.partition_dim = partition_dim
             param.partition_stride = 1
             self.register_parameter(f"weight{i}", param)
+        for i in range(num_gemms if config.add_bias_linear else 0):  # TE GroupedLinear's `bias{i}` [out]
+            bias = torch.nn.Parameter(torch.empty(output_size, dtype=dtype, device=device))
+            bias.allreduce = False
+            bias.tensor_model_parallel = (
+                partition_dim == 0
+            )  # row-parallel biases stay whole (transformer_engine.py:116)
+            if partition_dim == 0:
+                bias.partition_dim, bias.partition_stride = 0, 1
+            self.register_parameter(f"bias{i}", bias)
 
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(f"{name} stand-in: its TEGroupedMLP runs the experts, not this linear")
@@ -103,6 +113,9 @@ def te_grouped_experts(config: Any, num_local_experts: int, dtype: Any, device: 
             for i, expert in enumerate(sequential.local_experts):
                 expert.linear_fc1.weight.data = getattr(self.linear_fc1, f"weight{i}").data
                 expert.linear_fc2.weight.data = getattr(self.linear_fc2, f"weight{i}").data
+                if self.config.add_bias_linear:
+                    expert.linear_fc1.bias.data = getattr(self.linear_fc1, f"bias{i}").data
+                    expert.linear_fc2.bias.data = getattr(self.linear_fc2, f"bias{i}").data
             return sequential(*args, **kwargs)
 
     return TEGroupedMLPLayout()
