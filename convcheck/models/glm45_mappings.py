@@ -82,7 +82,8 @@ def _qkv(match: re.Match[str], geometry: Geometry) -> TensorMapping:
 
 
 def _fused_expert(fc: int) -> MappingRule:
-    """One expert's linear_fc`fc` <-> its slice of the layer's fused gate_up_proj `[E, 2F, H]` / down_proj `[E, H, F]`."""
+    """One expert's linear_fc`fc` <-> its slice of the layer's fused gate_up_proj `[E, 2F, H]` or down_proj
+    `[E, H, F]`."""
 
     def build(match: re.Match[str], geometry: Geometry) -> TensorMapping:
         rules = fused_expert_rules(

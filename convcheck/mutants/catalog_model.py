@@ -4,6 +4,7 @@ Megatron-Core, and Mamba (NemotronH)."""
 from __future__ import annotations
 
 from convcheck.mutants.catalog_gdn import GDN_MUTANTS
+from convcheck.mutants.catalog_glm45 import GLM45_MUTANTS
 from convcheck.mutants.mutant import (
     DEEPSEEK,
     FORWARD,
@@ -347,4 +348,5 @@ MODEL_MUTANTS: tuple[Mutant, ...] = (
         targets=("*.layers.4.shared_head.head.weight",),
     ),
     *GDN_MUTANTS,
+    *GLM45_MUTANTS,
 )
