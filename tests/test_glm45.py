@@ -173,3 +173,23 @@ def test_mtp_source_layer_partial_rotary_and_bias_dtype_are_named(tmp_path: Path
     config = {f["tensor"]: f["kind"] for f in res.findings("config")}
     rule = "partial_rotary_factor+rope_parameters.partial_rotary_factor"
     assert config == {f"{rule} -> rotary_percent": "mismatch", f"{rule} (megatron_to_hf_config)": "roundtrip-mismatch"}
+
+
+def test_the_bridges_te_free_decoder_block_spec_is_kept() -> None:
+    """The GLM-4.5 bridge binds megatron-core's decoder block spec to its HAVE_TE (glm45_bridge.py:63): without TE
+    the CPU provider keeps it (dense-first layers from moe_layer_freq), where a TE one is replaced by the local spec."""
+    from functools import partial
+
+    from convcheck import compat
+
+    compat.install_import_shims()  # shim 1: megatron.bridge imports TE unconditionally (peft/lora_layers.py:20)
+    from megatron.bridge.models.glm import glm45_bridge
+    from megatron.bridge.models.gpt_provider import local_layer_spec
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    from convcheck.compat.provider import keeps_te_free_block_spec
+
+    assert keeps_te_free_block_spec(partial(get_gpt_decoder_block_spec, use_transformer_engine=False))
+    assert not keeps_te_free_block_spec(partial(get_gpt_decoder_block_spec, use_transformer_engine=True))
+    assert not keeps_te_free_block_spec(local_layer_spec)
+    assert glm45_bridge.HAVE_TE is False  # what the bridge binds here (no Transformer Engine installed)
