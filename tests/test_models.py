@@ -14,8 +14,8 @@ from tests.conftest import ROOT
 def test_lookups_cover_every_architecture_in_listing_order() -> None:
     assert sorted(BY_HF_CLASS) == ["DeepseekV3ForCausalLM", "Glm4MoeForCausalLM", "Glm4MoeLiteForCausalLM",
                                    "LlamaForCausalLM", "MistralForCausalLM", "NemotronHForCausalLM", "Qwen2ForCausalLM",
-                                   "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM",
-                                   "Qwen3_5MoeForCausalLM"]  # fmt: skip
+                                   "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen3NextForCausalLM",
+                                   "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"]  # fmt: skip
     assert list(TABLES) == ["qwen2", "qwen3", "qwen3_moe", "llama", "mistral", "nemotron_h", "deepseek_v3",
                             "glm4_moe_lite", "glm4_moe", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"]  # fmt: skip
     partly = set(PARTLY_COVERED)
