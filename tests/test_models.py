@@ -12,12 +12,13 @@ from tests.conftest import ROOT
 
 
 def test_lookups_cover_every_architecture_in_listing_order() -> None:
-    assert sorted(BY_HF_CLASS) == ["DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM", "GptOssForCausalLM",
-                                   "LlamaForCausalLM", "MistralForCausalLM", "NemotronHForCausalLM", "OlmoeForCausalLM",
-                                   "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
-                                   "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"]  # fmt: skip
+    assert sorted(BY_HF_CLASS) == ["DeepseekV3ForCausalLM", "Glm4MoeForCausalLM", "Glm4MoeLiteForCausalLM",
+                                   "GptOssForCausalLM", "LlamaForCausalLM", "MistralForCausalLM",
+                                   "NemotronHForCausalLM", "OlmoeForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                                   "Qwen3MoeForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM",
+                                   "Qwen3_5MoeForCausalLM"]  # fmt: skip
     assert list(TABLES) == ["qwen2", "qwen3", "qwen3_moe", "llama", "mistral", "nemotron_h", "deepseek_v3",
-                            "glm4_moe_lite", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "gpt_oss",
+                            "glm4_moe_lite", "glm4_moe", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "gpt_oss",
                             "olmoe"]  # fmt: skip
     partly = set(PARTLY_COVERED)
     # every family has explicit mappings, but those still being built (fixtures in PARTLY_COVERED)
@@ -25,9 +26,8 @@ def test_lookups_cover_every_architecture_in_listing_order() -> None:
     assert list(FIXTURES) == [
         "qwen2", "qwen2-tied", "qwen3", "qwen3-moe", "qwen3-moe-unnorm", "llama", "mistral", "mistral-nowindow",
         "nemotron-h", "nemotron-h-moe",
-        "deepseek-v3", "moonlight", "glm4.7-flash", "qwen3-next", "qwen3.5", "qwen3.5-moe", "qwen3.6-moe",
-        "gpt-oss", "gpt-oss-square", "gpt-oss-2f-hidden",
-        "olmoe",
+        "deepseek-v3", "moonlight", "glm4.7-flash", "glm4.5", "glm4.5-air", "qwen3-next", "qwen3.5", "qwen3.5-moe",
+        "qwen3.6-moe", "gpt-oss", "gpt-oss-square", "gpt-oss-2f-hidden", "olmoe",
     ]  # fmt: skip
     for arch in SUPPORTED:
         assert BY_MODEL_TYPE[arch.model_type] is arch and all(BY_HF_CLASS[c] is arch for c in arch.hf_classes)

@@ -59,6 +59,20 @@ def builds_legacy_grouped_mlp() -> bool:
     return "GroupedMLP," in source and importlib.util.find_spec("grouped_gemm") is None
 
 
+def keeps_te_free_block_spec(spec: Any) -> bool:
+    """True for a spec the bridge already built without TE that a local layer spec would lose information of:
+    megatron-core's get_gpt_decoder_block_spec bound to use_transformer_engine=False (the GLM-4.5 bridge, which
+    binds it to its HAVE_TE, glm/glm45_bridge.py:63: dense-first layers from moe_layer_freq, which local_layer_spec
+    drops, gpt_provider.py:92-97)."""
+    import functools
+
+    return (
+        isinstance(spec, functools.partial)
+        and getattr(spec.func, "__name__", "") == "get_gpt_decoder_block_spec"
+        and spec.keywords.get("use_transformer_engine") is False
+    )
+
+
 def configure_provider(provider: Any, device: str) -> None:
     """TE-free spec when Transformer Engine is missing; on CPU also CPU init, fusions off, allgather dispatcher."""
     from megatron.bridge.models.gpt_provider import local_layer_spec
@@ -71,7 +85,10 @@ def configure_provider(provider: Any, device: str) -> None:
             provider.transformer_layer_spec = cpu_experimental_block_spec
         elif getattr(provider, "multi_latent_attention", False):
             provider.transformer_layer_spec = cpu_mla_decoder_block_spec
-        elif not hybrid and not is_olmoe_layer_spec(provider.transformer_layer_spec):  # shim 26 keeps it
+        elif not hybrid and not (  # shim 26 keeps OLMoE's; GLM-4.5 brings its own TE-free block spec
+            is_olmoe_layer_spec(provider.transformer_layer_spec)
+            or keeps_te_free_block_spec(provider.transformer_layer_spec)
+        ):
             provider.transformer_layer_spec = local_layer_spec
         provider.transformer_impl = "local"
         for name in CPU_FUSION_FIELDS:

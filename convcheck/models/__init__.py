@@ -10,7 +10,7 @@ from dataclasses import replace
 from convcheck.errors import NotCovered
 from convcheck.hf.geometry import Geometry
 from convcheck.mappings import MappingRegistry, registry_from_rules
-from convcheck.models import deepseek, dense, glm, gpt_oss, mistral, nemotron_h, olmoe, qwen3_moe, qwen_next
+from convcheck.models import deepseek, dense, glm, glm45, gpt_oss, mistral, nemotron_h, olmoe, qwen3_moe, qwen_next
 from convcheck.models.architecture import Architecture, unique_index
 from convcheck.models.config_rules import FieldRule
 from convcheck.models.fixture_spec import FixtureSpec
@@ -26,6 +26,7 @@ SUPPORTED: tuple[Architecture, ...] = (
     nemotron_h.NEMOTRON_H,
     deepseek.DEEPSEEK_V3,
     glm.GLM47_FLASH,
+    glm45.GLM45,
     qwen_next.QWEN3_NEXT,
     qwen_next.QWEN35,
     qwen_next.QWEN35_MOE,

@@ -4,6 +4,7 @@ Megatron-Core, and Mamba (NemotronH)."""
 from __future__ import annotations
 
 from convcheck.mutants.catalog_gdn import GDN_MUTANTS
+from convcheck.mutants.catalog_glm45 import GLM45_MUTANTS
 from convcheck.mutants.catalog_gpt_oss import GPT_OSS_MUTANTS
 from convcheck.mutants.mutant import (
     DEEPSEEK,
@@ -349,4 +350,5 @@ MODEL_MUTANTS: tuple[Mutant, ...] = (
     ),
     *GDN_MUTANTS,
     *GPT_OSS_MUTANTS,
+    *GLM45_MUTANTS,
 )
