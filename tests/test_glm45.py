@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import CliResult, mutant, run_cli
+from tests.support.cases import FIXED
+from tests.support.helpers import CliResult, matrix_run, mutant, run_cli
+from tests.test_verify_matrix import assert_matches_golden
 
 ALIASES_BUG = "glm45-mtp-aliases-dropped"
 SEQUENTIAL_BUG = "glm45-sequential-experts-unmapped"
@@ -60,14 +62,18 @@ def _elementwise(res: CliResult, oracle: str) -> dict[str, tuple[str, list[int] 
     return {f["tensor"]: (f["kind"], f.get("detail", {}).get("first_index")) for f in res.findings(oracle)}
 
 
+GROUPED = [(name, layout) for name in ("glm4.5", "glm4.5-air") for layout in FIXED[name] if "te-grouped" in layout]
+"""The verify matrix's TEGroupedMLP cases (tests/support/cases.py): TP2, PP2, EP2, TP2xEP2; Air at TP2xEP2."""
+
+
 @pytest.mark.ranks
 @pytest.mark.parametrize(
-    ("model", "layout"), [("glm4.5", ("--tp", "2")), ("glm4.5-air", ("--tp", "2", "--ep", "2"))], ids=["tp2", "tp2ep2"]
+    ("model", "layout"), GROUPED, ids=[f"{n}-{'-'.join(a[:-2]).replace('--', '')}" for n, a in GROUPED]
 )
 def test_te_grouped_experts_convert_bitwise_but_for_the_mtp_aliases(
-    model: str, layout: tuple[str, ...], tmp_path: Path
+    model: str, layout: tuple[str, ...], shared_root: Path
 ) -> None:
-    res = _verify(model, *layout, "--experts", "te-grouped", tmp_path=tmp_path)
+    res, folder = matrix_run(shared_root, model, layout)  # the verify matrix's shared run
     assert res.code == 1, res.out[-3000:] + res.err[-2000:]
     assert res.verdicts() == {**dict.fromkeys(ALIAS_KINDS, "fail"), "config": "pass", "logits": "pass",
                               "differential": "pass"}  # fmt: skip
@@ -81,13 +87,15 @@ def test_te_grouped_experts_convert_bitwise_but_for_the_mtp_aliases(
     assert [c.split(":")[0] for c in res.report["causes"]] == [
         f"10 finding(s) are the known megatron-bridge bug {ALIASES_BUG}"
     ]
+    assert_matches_golden(model, layout, folder / "manifest.json")
 
 
 @pytest.mark.ranks
-def test_sequential_experts_name_the_unmapped_local_experts(tmp_path: Path) -> None:
+def test_sequential_experts_name_the_unmapped_local_experts(shared_root: Path) -> None:
     """SequentialMLP experts (moe_grouped_gemm off, or no TE): the bridge has no mapping for any local_experts
-    parameter, its load and export crash on the empty conversion tasks, and the run names the bug."""
-    res = _verify("glm4.5", "--experts", "sequential", tmp_path=tmp_path)
+    parameter, its load and export crash on the empty conversion tasks, and the run names the bug. The verify
+    matrix's TP1 run."""
+    res, folder = matrix_run(shared_root, "glm4.5", ())
     assert res.code == 1
     assert res.verdicts() == {
         **dict.fromkeys(("coverage", "roundtrip", "logits", "elements", "layout", "mapping"), "fail"),
@@ -108,6 +116,7 @@ def test_sequential_experts_name_the_unmapped_local_experts(tmp_path: Path) -> N
     assert tagged == {SEQUENTIAL_BUG}
     causes = [c.split(":")[0] for c in res.report["causes"]]
     assert any(c.endswith(f"the known megatron-bridge bug {SEQUENTIAL_BUG}") for c in causes)
+    assert_matches_golden("glm4.5", (), folder / "manifest.json")
 
 
 @pytest.mark.ranks

@@ -22,6 +22,7 @@ from convcheck.compat.no_te_olmoe import is_olmoe_layer_spec
 from convcheck.models.olmoe import TINY_OLMOE
 from tests.support.helpers import CliResult, matrix_run, mutant, run_cli
 from tests.support.release_targets import skip_unless
+from tests.test_verify_matrix import assert_matches_golden
 
 ORACLES = ("coverage", "roundtrip", "config", "logits", "differential", "elements", "layout", "mapping")
 PARAMETERS = 49
@@ -38,8 +39,11 @@ def _findings(res: CliResult, oracle: str) -> list[tuple[str, str]]:
 
 
 def _matrix(shared_root: Path, *layout: str) -> CliResult:
-    """The verify matrix's shared run of the gate case (tests/support/cases.py OLMOE), grouped experts."""
-    res, _ = matrix_run(shared_root, "olmoe", (*layout, "--experts", "te-grouped"))
+    """The verify matrix's shared run of the gate case (tests/support/cases.py FIXED), grouped experts; its manifest
+    matches the golden one."""
+    grouped = (*layout, "--experts", "te-grouped")
+    res, folder = matrix_run(shared_root, "olmoe", grouped)
+    assert_matches_golden("olmoe", grouped, folder / "manifest.json")
     return res
 
 

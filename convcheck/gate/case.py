@@ -20,6 +20,10 @@ LAYOUTS_BY_FIXTURE = {
     "qwen3.6-moe": (),
     "mistral-nowindow": ("tp2",),
     "olmoe": (),
+    "gpt-oss-square": (),
+    "gpt-oss-2f-hidden": ("ep2",),
+    "glm4.5": ("tp1",),
+    "glm4.5-air": (),
 }
 """Fixtures gated at a fixed list instead (NemotronH: 5 layers, no PP2; TP2xEP2 is not part of its matrix; the
 gated-DeltaNet fixtures at the layouts that split their GDN heads, stages and experts; Qwen3.5-MoE and Qwen3.6-MoE
@@ -32,10 +36,16 @@ EXTRA_CASES = (
     ("tiny:qwen3.5-moe", "ep2", None, "te-grouped"),
     ("tiny:qwen3.6-moe", "ep2", None, "te-grouped"),
     *(("tiny:olmoe", layout, None, "te-grouped") for layout in ("tp1", "tp2", "pp2", "ep2", "tp2ep2")),
+    ("tiny:gpt-oss", "ep2", None, "te-grouped"),
+    ("tiny:gpt-oss-square", "ep2", None, "te-grouped"),
+    ("tiny:gpt-oss-square", "tp2ep2", None, "te-grouped"),
+    *(("tiny:glm4.5", layout, None, "te-grouped") for layout in ("tp2", "pp2", "ep2", "tp2ep2")),
+    ("tiny:glm4.5-air", "tp2ep2", None, "te-grouped"),
 )
 """Beyond the standard layouts: fewer KV heads than TP ranks, the padded vocabulary training uses, and Qwen3.5-MoE with
 the TEGroupedMLP layout GPU training runs (the bridge maps its MTP experts only there), and OLMoE in that layout too
-(the bridge maps its experts only there)."""
+(the bridge maps its experts only there), GPT-OSS's square fixture and GLM-4.5 (whose bridge maps no SequentialMLP
+experts: its TP1 sequential case records that named crash) with TEGroupedMLP experts."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

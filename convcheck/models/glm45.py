@@ -134,7 +134,9 @@ MTP_ALIASES_DROPPED = UpstreamBug(
     findings=DEEPSEEK_MTP_ALIASES_DROPPED.findings,
     seen_in=("0.6.2",),
 )
-"""Still on megatron-bridge main (067f987df, 2026-08-22); glm45_bridge.py is the same file in 0.5.0-0.6.2."""
+"""Still on megatron-bridge main (067f987df, 2026-08-22); glm45_bridge.py is the same file in 0.5.0-0.6.2. Published
+GLM-4.5 holds both copies in layer 92 (vLLM's deepseek_mtp drafter loads them from GLM-4.5 and names them missing
+from GLM-4.6, which publishes none): a checkpoint without them gets no finding, the export matching its source."""
 
 SEQUENTIAL_EXPERTS_UNMAPPED = UpstreamBug(
     name="glm45-sequential-experts-unmapped",

@@ -17,21 +17,25 @@ GDN = {  # gated-DeltaNet hybrids: the layouts that split their GDN heads, stage
     "qwen3.5-moe": [("--tp", "2", "--experts", "te-grouped"), ("--ep", "2", "--experts", "te-grouped")],
     "qwen3.6-moe": [("--ep", "2", "--experts", "te-grouped")],
 }
-OLMOE = [(*layout, "--experts", "te-grouped") for layout in [(), ("--tp", "2"), ("--pp", "2"), *MOE_LAYOUTS]]
-"""OLMoE with grouped experts only (the pinned bridge maps no SequentialMLP experts: tests/test_olmoe.py)."""
-ONE_LAYOUT = {"mistral-nowindow": ("--tp", "2")}  # the other layouts are tiny:mistral's
-DENSE = [
-    name
-    for name in sorted(FIXTURES)
-    if name not in ("nemotron-h", "olmoe", *GDN, *ONE_LAYOUT, *PARTLY_COVERED, *RELEASE_VARIANTS)
-]
+TE = ("--experts", "te-grouped")
+FIXED = {  # families checked at a fixed list of layouts (convcheck.gate.case LAYOUTS_BY_FIXTURE and EXTRA_CASES)
+    **GDN,
+    "mistral-nowindow": [("--tp", "2")],  # the other layouts are tiny:mistral's
+    # grouped experts only: the pinned bridge maps no SequentialMLP experts (tests/test_olmoe.py)
+    "olmoe": [(*layout, *TE) for layout in [(), ("--tp", "2"), ("--pp", "2"), *MOE_LAYOUTS]],
+    "gpt-oss": [*DENSE_LAYOUTS, *MOE_LAYOUTS, ("--ep", "2", *TE)],
+    "gpt-oss-square": [("--ep", "2", *TE), ("--tp", "2", "--ep", "2", *TE)],
+    "gpt-oss-2f-hidden": [("--ep", "2")],
+    # SequentialMLP at TP1 (the bridge maps no local experts: a named crash), grouped experts everywhere else
+    "glm4.5": [(), *((*layout, *TE) for layout in [("--tp", "2"), ("--pp", "2"), *MOE_LAYOUTS])],
+    "glm4.5-air": [("--tp", "2", "--ep", "2", *TE)],
+}
+DENSE = [name for name in sorted(FIXTURES) if name not in ("nemotron-h", *FIXED, *PARTLY_COVERED, *RELEASE_VARIANTS)]
 CASES = (
     [(name, layout) for name in DENSE for layout in DENSE_LAYOUTS]
     + [(name, layout) for name in MOE for layout in MOE_LAYOUTS]
     + [("nemotron-h", layout) for layout in HYBRID_LAYOUTS]
-    + [(name, layout) for name, layouts in GDN.items() if name not in PARTLY_COVERED for layout in layouts]
-    + list(ONE_LAYOUT.items())
-    + [("olmoe", layout) for layout in OLMOE]
+    + [(name, layout) for name, layouts in FIXED.items() if name not in PARTLY_COVERED for layout in layouts]
     + [("qwen2", ("--tp", "4"))]  # fewer KV heads (2) than TP ranks (4): each query group split over two ranks
 )
 PASSING = [(name, layout) for name, layout in CASES if name not in KNOWN_BUGS]
