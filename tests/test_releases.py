@@ -40,7 +40,8 @@ INSTALLED = metadata.version("megatron-bridge")
 SMOKE = os.environ.get("CONVCHECK_RELEASE_SMOKE") == "1"
 SMOKE_CASES = (
     "qwen3@tp1", "qwen3@tp2", "qwen3-moe@tp1", "qwen3-moe@tp2", "deepseek-v3@tp1", "moonlight@tp1", "glm4.7-flash@tp1",
-    "qwen3-next@tp1", "qwen3.5@tp1", "qwen3.5-moe@tp1", "mistral@tp1", "mistral-nowindow@tp1",
+    "qwen3-next@tp1", "qwen3.5@tp1", "qwen3.5-moe@tp1", "mistral@tp1", "mistral-nowindow@tp1", "gpt-oss@tp1",
+    "gpt-oss-2f-hidden@tp1", "glm4.5@tp1+te-grouped", "olmoe@tp2+te-grouped",
 )  # fmt: skip
 STOPS = "exit-2"
 """A smoke entry `{exit-2 = "..."}`: the release cannot build the fixture; verify stops with exit 2 saying that."""
@@ -290,11 +291,12 @@ def test_release_env_holds_the_table_pins() -> None:
 @pytest.mark.skipif(not SMOKE, reason="the release smoke runs under make test-release BRIDGE=X")
 @pytest.mark.parametrize("case", SMOKE_CASES)
 def test_release_smoke(case: str, tmp_path: Path) -> None:
-    fixture, _, layout = case.partition("@")
+    fixture, _, where = case.partition("@")
+    layout, _, experts = where.partition("+")  # FIXTURE@tpN, or FIXTURE@tpN+EXPERTS for an expert layout
     if fixture in RELEASES[INSTALLED].unsupported:
         pytest.skip(f"{release_label()}: {RELEASES[INSTALLED].unsupported[fixture]}")
     res = run_cli("verify", "--model", f"tiny:{fixture}", "--tp", layout.removeprefix("tp"), "--table", "none",
-                  tmp_path=tmp_path, timeout=900)  # fmt: skip
+                  *(("--experts", experts) if experts else ()), tmp_path=tmp_path, timeout=900)  # fmt: skip
     expected = RELEASES[INSTALLED].smoke.get(case, {})
     if STOPS in expected:
         assert res.code == 2 and expected[STOPS] in res.err, res.err[-2000:]
