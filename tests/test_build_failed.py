@@ -34,6 +34,9 @@ def test_a_cuda_call_or_a_missing_te_class_is_a_limit_of_the_environment_not_a_b
     assert _environment_limit(no_driver, "cpu") is not None and _environment_limit(no_driver, "cuda") is None
     te_none = TypeError("isinstance() arg 2 must be a type, a tuple of types, or a union")
     assert _environment_limit(te_none, "cpu") == "without Transformer Engine"
+    te_version = TypeError("'>=' not supported between instances of 'NoneType' and 'Version'")  # 0.3.0 GPT-OSS
+    assert _environment_limit(te_version, "cpu") == "without Transformer Engine"
+    assert _environment_limit(TypeError("'>=' not supported between instances of 'int' and 'str'"), "cpu") is None
     assert _environment_limit(ValueError("Expert bias for aux-loss-free routing"), "cpu") is None
 
 

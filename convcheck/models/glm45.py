@@ -132,7 +132,7 @@ MTP_ALIASES_DROPPED = UpstreamBug(
     where="megatron/bridge/models/glm/glm45_bridge.py:280-300 (MTP mappings without the aliases, no "
     "maybe_modify_converted_hf_weight)",
     findings=DEEPSEEK_MTP_ALIASES_DROPPED.findings,
-    seen_in=("0.6.2",),
+    seen_in=("0.3.0", "0.3.1", "0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1", "0.6.0", "0.6.2"),
 )
 """Still on megatron-bridge main (067f987df, 2026-08-22); glm45_bridge.py is the same file in 0.5.0-0.6.2. Published
 GLM-4.5 holds both copies in layer 92 (vLLM's deepseek_mtp drafter loads them from GLM-4.5 and names them missing
@@ -155,11 +155,21 @@ SEQUENTIAL_EXPERTS_UNMAPPED = UpstreamBug(
 """Every other finding of such a run follows from the two crashes (nothing is loaded or exported). No release maps
 local_experts for GLM-4.5 (0.3.0's glm45_bridge.py:111-159 neither); still so on megatron-bridge main (067f987df)."""
 
+MTP_FORWARD_NEEDS_LABELS = UpstreamBug(
+    name="mtp-forward-needs-labels",
+    summary="megatron-core 0.16's GPTModel.forward clones the labels whenever MTP layers exist, so a model with MTP "
+    "cannot run an inference forward (no labels): the logits oracle's forward raises",
+    where="megatron-core 0.16.x megatron/core/models/gpt/gpt_model.py:612 (mtp_labels = labels.clone())",
+    findings=(("logits", "<megatron forward>", "forward-failed"),),
+    seen_in=("0.3.0", "0.3.1"),
+    fixed_in="megatron-core 0.17.0 (bridge 0.4.0): the forward runs without labels",
+)
+
 GLM45 = Architecture(
     hf_classes=("Glm4MoeForCausalLM",),
     model_type="glm4_moe",
     mapping_rules=glm45_rules,
     config_rules=GLM45_TABLE,
     fixtures=(TINY_GLM45, TINY_GLM45_AIR),
-    upstream_bugs=(MTP_ALIASES_DROPPED, SEQUENTIAL_EXPERTS_UNMAPPED),
+    upstream_bugs=(MTP_ALIASES_DROPPED, SEQUENTIAL_EXPERTS_UNMAPPED, MTP_FORWARD_NEEDS_LABELS),
 )

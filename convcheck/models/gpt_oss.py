@@ -73,7 +73,7 @@ SLIDING_WINDOW_EXPORT = UpstreamBug(
     where="megatron/bridge/models/gpt_oss/gpt_oss_bridge.py:56-104 (no megatron_to_hf_config; the generic one, "
     "conversion/model_bridge.py:453 table, has no sliding_window)",
     findings=(("config", "sliding_window (megatron_to_hf_config)", "roundtrip-mismatch"),),
-    seen_in=("0.6.2",),
+    seen_in=("0.5.0", "0.5.1", "0.6.0", "0.6.2"),
     fixed_in="",
 )
 """#4800 (bf4eaa30a) added the export, but #4982 (78ee7ac5b, the revert of GPT-OSS's HybridModel migration) dropped
@@ -86,7 +86,7 @@ ATTENTION_BIAS_EXPORT = UpstreamBug(
     "false, so transformers builds attention without the q/k/v/o biases the exported weights hold",
     where="megatron/bridge/models/gpt_oss/gpt_oss_bridge.py:63 with conversion/model_bridge.py:453",
     findings=(("config", "attention_bias (megatron_to_hf_config)", "roundtrip-mismatch"),),
-    seen_in=("0.6.2",),
+    seen_in=("0.5.0", "0.5.1", "0.6.0", "0.6.2"),
     fixed_in="not in a release; main 365a51fb4 (in #5397, 8a84d7166: add_qkv_bias from attention_bias and "
     "megatron_to_hf_config writing attention_bias true)",
 )
@@ -99,12 +99,23 @@ WINDOW_OFF_BY_ONE = UpstreamBug(
     findings=(
         ("config", "sliding_window -> window_size", "mismatch"),
         ("logits", "logits", "logits-differ"),
-        ("logits", "logits", "greedy-differs"),
+        ("logits", "greedy-tokens", "greedy-differs"),
     ),
-    seen_in=("0.3.0", "0.3.1"),
+    seen_in=("0.3.1",),
     fixed_in="0.4.0 (#2656, 5fcab34f8: (sliding_window - 1, 0))",
 )
-"""Read from the 0.3.x sources (convcheck has not run them on this fixture): the lead's release smoke confirms."""
+"""Seen on 0.3.1 (the release smoke: logits differ); 0.3.0's GPT-OSS provider cannot be built without Transformer
+Engine (gpt_oss_provider.py:87 compares get_te_version(), None, with a Version: exit 2)."""
+
+CONFIG_EXPORT_RAISES = UpstreamBug(
+    name="gpt-oss-config-export-raises",
+    summary="megatron_to_hf_config raises on the provider's quick_gelu activation, which the activation map lacks: "
+    "no config.json can be exported",
+    where="megatron/bridge/models/conversion/model_bridge.py:424 (0.4.2, megatron_to_hf_activation)",
+    findings=(("config", "<megatron_to_hf_config>", "roundtrip-failed"),),
+    seen_in=("0.3.1", "0.4.0", "0.4.1", "0.4.2"),
+    fixed_in="0.5.0 (#3696, 146bf52a0: quick_gelu in ACTIVATION_FUNC_MAP)",
+)
 
 TINY_GPT_OSS_2F_HIDDEN = FixtureSpec(
     name="gpt-oss-2f-hidden",
@@ -125,7 +136,7 @@ GATE_UP_SQUARE_ORIENTATION = UpstreamBug(
         ("roundtrip", "model.layers.*.mlp.experts.gate_up_proj", "bytes-differ"),
         ("layout", "model.layers.*.mlp.experts.gate_up_proj", "tp1-differs-from-source"),
     ),
-    seen_in=("0.6.2",),
+    seen_in=("0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1", "0.6.0", "0.6.2"),
     fixed_in="",
 )
 """Only the fused tensor's findings are tagged: the mapping oracle's per-expert fc1 findings and the logits are the same
@@ -139,5 +150,11 @@ GPT_OSS = Architecture(
     mapping_rules=gpt_oss_rules,
     config_rules=GPT_OSS_TABLE,
     fixtures=(TINY_GPT_OSS, TINY_GPT_OSS_SQUARE, TINY_GPT_OSS_2F_HIDDEN),
-    upstream_bugs=(SLIDING_WINDOW_EXPORT, ATTENTION_BIAS_EXPORT, GATE_UP_SQUARE_ORIENTATION, WINDOW_OFF_BY_ONE),
+    upstream_bugs=(
+        SLIDING_WINDOW_EXPORT,
+        ATTENTION_BIAS_EXPORT,
+        GATE_UP_SQUARE_ORIENTATION,
+        WINDOW_OFF_BY_ONE,
+        CONFIG_EXPORT_RAISES,
+    ),
 )

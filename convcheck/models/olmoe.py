@@ -83,7 +83,7 @@ QK_NORM_FULL_WIDTH_UNDER_TP = UpstreamBug(
     where="megatron/bridge/models/olmoe/olmoe_provider.py:121-135 (built full width), :177-180 (applied to the "
     "local partition); the same code since 0.3.0 (c8bd1e84c, #952)",
     findings=(("logits", "decoder.layers.*.self_attention.q_layernorm.weight", "forward-failed"),),
-    seen_in=("0.3.0", "0.3.1", "0.4.2", "0.5.1", "0.6.0", "0.6.2"),
+    seen_in=("0.3.0", "0.3.1", "0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1", "0.6.0", "0.6.2"),
 )
 """TP1, EP2 and PP2 pass; TP2 and TP2xEP2 fail logits on the first layer's q_layernorm (weight [32], input [.., 16]):
 the forward reaches q_layernorm first, so a k_layernorm forward failure is the GQA width bug below."""

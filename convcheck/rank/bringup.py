@@ -74,11 +74,15 @@ def _build(bridge: Any, spec: RankSpec) -> tuple[Any, list[Any]]:
 
 def _environment_limit(exc: BaseException, device: str) -> str | None:
     """Why the build failed because of this environment, not the bridge (None: a bridge failure): a Transformer Engine
-    class megatron-core left None because TE is missing (`isinstance(x, TEClass)` with TEClass None), or, on a CPU run,
-    upstream code that calls CUDA where convcheck has no CPU shim."""
+    class megatron-core left None because TE is missing (`isinstance(x, TEClass)` with TEClass None), a TE version
+    check without TE (megatron-core's get_te_version() is None, compared with a Version: the 0.3.0 GPT-OSS provider),
+    or, on a CPU run, upstream code that calls CUDA where convcheck has no CPU shim."""
     from convcheck.compat import transformer_engine_available
 
-    if isinstance(exc, TypeError) and "isinstance() arg 2 must be a type" in str(exc):
+    te_missing = "isinstance() arg 2 must be a type" in str(
+        exc
+    ) or "not supported between instances of 'NoneType' and 'Version'" in str(exc)
+    if isinstance(exc, TypeError) and te_missing:
         return None if transformer_engine_available() else "without Transformer Engine"
     if device == "cpu" and needs_cuda(exc):
         return "on the CPU (it calls CUDA where convcheck has no CPU shim; run with --device cuda)"
