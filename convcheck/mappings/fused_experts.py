@@ -16,13 +16,14 @@ from convcheck.mappings.simple import Gated, Split
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class FusedSlice:
-    """`inner` (the per-expert Gated fc1 or row-parallel Split fc2 of expert `expert`) read from and written to
-    `fused[expert]`; the registry counts the fused tensor produced once when every expert's slice is."""
+class ExpertSlice:
+    """`inner` (one expert's per-expert mapping) read from and written to `fused[expert]`; the registry counts the
+    fused tensor produced once when every expert's slice is. Subclasses say how a slice holds the inner tensors
+    (`_parts`) and how they go back into one (`from_shards`)."""
 
-    inner: Gated | Split
+    inner: Any
     fused: str
-    """The fused HF tensor, `[E, 2F, hidden]` (Gated) or `[E, hidden, F]` (Split)."""
+    """The fused HF tensor, `[E, ...]`."""
 
     @property
     def megatron(self) -> str:
@@ -47,18 +48,20 @@ class FusedSlice:
     def coords(self, layout: ParallelLayout) -> list[RankCoord]:
         return self.inner.coords(layout)
 
-    def _parts(self, hf: Mapping[str, Any]) -> dict[str, Any]:
-        """The inner mapping's HF tensors: views of slice `[expert]` of the fused tensor."""
+    def _slice(self, hf: Mapping[str, Any]) -> Any:
+        """`fused[expert]`, after checking the fused tensor holds one slice per expert."""
         fused = need(hf, self.fused)
-        if fused.dim() != 3 or fused.shape[0] != self.inner.num_experts:
-            raise MappingError(f"{self.fused}: shape {list(fused.shape)}, expected [{self.inner.num_experts}, ., .]")
-        piece = fused[self.expert]
-        if isinstance(self.inner, Gated):
-            if piece.shape[0] % 2:
-                raise MappingError(f"{self.fused}: {piece.shape[0]} rows do not split into gate and up")
-            gate, up = piece.chunk(2, dim=0)
-            return {self.inner.gate: gate, self.inner.up: up}
-        return {self.inner.hf: piece}
+        if fused.shape[0] != self.inner.num_experts:
+            raise MappingError(f"{self.fused}: shape {list(fused.shape)}, expected [{self.inner.num_experts}, ...]")
+        return fused[self.expert]
+
+    def _parts(self, hf: Mapping[str, Any]) -> dict[str, Any]:
+        """The inner mapping's HF tensors, as views of `fused[expert]` in Megatron's orientation."""
+        raise NotImplementedError
+
+    def from_shards(self, shards: Shards, layout: ParallelLayout) -> Iterator[tuple[str, Any]]:
+        """Slice `fused[expert]` rebuilt, named `fused[expert]` (the whole tensor needs every expert's shards)."""
+        raise NotImplementedError
 
     def to_shard(self, hf: Mapping[str, Any], layout: ParallelLayout, coord: RankCoord) -> Any:
         return self.inner.to_shard(self._parts(hf), layout, coord)
@@ -67,6 +70,26 @@ class FusedSlice:
         """The inner mapping's row blocks, when it gives them (Gated)."""
         pieces = getattr(self.inner, "row_pieces", None)
         return None if pieces is None else pieces(self._parts(hf), layout, coord)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FusedSlice(ExpertSlice):
+    """`inner` (the per-expert Gated fc1 or row-parallel Split fc2 of expert `expert`) read from and written to
+    `fused[expert]`, `[E, 2F, hidden]` (Gated: slice e is [gate rows; up rows]) or `[E, hidden, F]` (Split)."""
+
+    inner: Gated | Split
+
+    def _parts(self, hf: Mapping[str, Any]) -> dict[str, Any]:
+        """The inner mapping's HF tensors: views of slice `[expert]` of the fused tensor."""
+        piece = self._slice(hf)
+        if piece.dim() != 2:
+            raise MappingError(f"{self.fused}: slice {list(piece.shape)}, expected [{self.inner.num_experts}, ., .]")
+        if isinstance(self.inner, Gated):
+            if piece.shape[0] % 2:
+                raise MappingError(f"{self.fused}: {piece.shape[0]} rows do not split into gate and up")
+            gate, up = piece.chunk(2, dim=0)
+            return {self.inner.gate: gate, self.inner.up: up}
+        return {self.inner.hf: piece}
 
     def from_shards(self, shards: Shards, layout: ParallelLayout) -> Iterator[tuple[str, Any]]:
         """Slice `fused[expert]` rebuilt, named `fused[expert]` (the whole tensor needs every expert's shards)."""

@@ -17,6 +17,7 @@ from typing import Any
 
 from convcheck.layout import ParallelLayout
 from convcheck.mappings.base import MappingError, RankCoord, Shards, need, shard_of
+from convcheck.mappings.fused_experts import ExpertSlice
 from convcheck.mappings.simple import Gated, Split, _Owned
 
 PROJECTIONS = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
@@ -51,14 +52,11 @@ Inner = Gated | Split | ExpertBias
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class InterleavedSlice:
+class InterleavedSlice(ExpertSlice):
     """`inner` (expert `expert`'s fc1 / fc2 weight or bias, in Megatron's order) read from and written to
-    `fused[expert]` of the GPT-OSS fused tensor `projection`; the registry counts the fused tensor once when every
-    expert's slice is produced."""
+    `fused[expert]` of the GPT-OSS fused tensor `projection`."""
 
     inner: Inner
-    fused: str
-    """The fused HF tensor (`...mlp.experts.<projection>`)."""
     projection: str
     """One of PROJECTIONS."""
 
@@ -66,35 +64,9 @@ class InterleavedSlice:
         if self.projection not in PROJECTIONS:
             raise MappingError(f"{self.fused}: projection must be one of {PROJECTIONS}, got {self.projection!r}")
 
-    @property
-    def megatron(self) -> str:
-        return self.inner.megatron
-
-    @property
-    def expert(self) -> int:
-        return int(self.inner.expert or 0)
-
-    @property
-    def hf_names(self) -> tuple[str, ...]:
-        return (self.fused,)
-
-    @property
-    def fused_part(self) -> tuple[str, int, int]:
-        """(fused HF name, this slice, slices in all)."""
-        return self.fused, self.expert, self.inner.num_experts
-
-    def canonical(self, coord: RankCoord) -> RankCoord:
-        return self.inner.canonical(coord)
-
-    def coords(self, layout: ParallelLayout) -> list[RankCoord]:
-        return self.inner.coords(layout)
-
     def _parts(self, hf: Mapping[str, Any]) -> dict[str, Any]:
         """The inner mapping's HF tensors, as views of `fused[expert]` in Megatron's orientation."""
-        fused = need(hf, self.fused)
-        if fused.shape[0] != self.inner.num_experts:
-            raise MappingError(f"{self.fused}: shape {list(fused.shape)}, expected [{self.inner.num_experts}, ...]")
-        piece = fused[self.expert]
+        piece = self._slice(hf)
         if isinstance(self.inner, Gated):  # [hidden, 2F] -> gate, up [F, hidden]; a bias [2F] -> [F], [F]
             if piece.shape[-1] % 2:
                 raise MappingError(f"{self.fused}: {piece.shape[-1]} columns do not alternate gate and up")
@@ -106,14 +78,6 @@ class InterleavedSlice:
         if isinstance(self.inner, Split):  # down_proj [F, hidden] -> fc2 [hidden, F]
             return {self.inner.hf: piece.t()}
         return {self.inner.hf: piece}
-
-    def to_shard(self, hf: Mapping[str, Any], layout: ParallelLayout, coord: RankCoord) -> Any:
-        return self.inner.to_shard(self._parts(hf), layout, coord)
-
-    def row_pieces(self, hf: Mapping[str, Any], layout: ParallelLayout, coord: RankCoord) -> list[Any] | None:
-        """The inner mapping's row blocks, when it gives them (Gated)."""
-        pieces = getattr(self.inner, "row_pieces", None)
-        return None if pieces is None else pieces(self._parts(hf), layout, coord)
 
     def from_shards(self, shards: Shards, layout: ParallelLayout) -> Iterator[tuple[str, Any]]:
         """Slice `fused[expert]` rebuilt in HF's orientation (gate and up interleaved), named `fused[expert]`."""
