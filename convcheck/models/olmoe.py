@@ -8,7 +8,7 @@ from convcheck.models.config_rules import HEADS_AND_VOCAB, FieldRule, HfView, Me
 from convcheck.models.dense import NORM_ROPE_ACT
 from convcheck.models.fixture_spec import TINY_SHAPES, FixtureSpec
 from convcheck.models.olmoe_mappings import olmoe_rules
-from convcheck.models.qwen3_moe import megatron_moe_layers
+from convcheck.models.qwen3_moe import SOFTMAX_ROUTER, megatron_moe_layers
 from convcheck.models.upstream_bug import UpstreamBug
 
 
@@ -32,16 +32,7 @@ OLMOE_TABLE = (
     same("num_experts", "num_moe_experts", also=("num_local_experts",)),
     same("num_experts_per_tok", "moe_router_topk"),
     same("intermediate_size", "moe_ffn_hidden_size", note="OLMoE's intermediate_size is the expert width"),
-    FieldRule(
-        megatron="moe_router_pre_softmax",
-        hf=("norm_topk_prob",),
-        expect=lambda c, _m: not c["norm_topk_prob"],
-        note="HF softmaxes all experts and renormalises the top-k only iff norm_topk_prob; Megatron's pre-softmax "
-        "router keeps the top-k of the full softmax",
-    ),
-    implied("moe_router_score_function", "softmax", "HF router: softmax over expert logits"),
-    implied("moe_router_topk_scaling_factor", None, "HF applies no routed scaling factor"),
-    implied("moe_router_enable_expert_bias", False, "HF router has no expert bias"),
+    *SOFTMAX_ROUTER,
     implied("moe_shared_expert_intermediate_size", None, "OLMoE has no shared expert"),
     FieldRule(
         megatron="moe_layer_freq",

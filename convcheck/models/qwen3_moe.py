@@ -25,15 +25,7 @@ def megatron_moe_layers(freq: Any, m: MegatronGet) -> Any:
     return [int(i % freq == 0) for i in range(m("num_layers"))] if isinstance(freq, int) else list(freq)
 
 
-QWEN3_MOE_TABLE = (
-    *SHAPES,
-    *NORM_ROPE_ACT,
-    same("attention_bias", "add_qkv_bias"),
-    implied("add_bias_linear", False, "Qwen3-MoE o_proj and experts have no bias"),
-    implied("qk_layernorm", True, "Qwen3-MoE attention always applies q_norm / k_norm"),
-    same(NUM_EXPERTS[0], "num_moe_experts", also=NUM_EXPERTS[1:]),
-    same("num_experts_per_tok", "moe_router_topk"),
-    same("moe_intermediate_size", "moe_ffn_hidden_size"),
+SOFTMAX_ROUTER = (
     FieldRule(
         megatron="moe_router_pre_softmax",
         hf=("norm_topk_prob",),
@@ -44,6 +36,19 @@ QWEN3_MOE_TABLE = (
     implied("moe_router_score_function", "softmax", "HF router: softmax over expert logits"),
     implied("moe_router_topk_scaling_factor", None, "HF applies no routed scaling factor"),
     implied("moe_router_enable_expert_bias", False, "HF router has no expert bias"),
+)
+"""A softmax router without expert bias or scaling, renormalising the top-k iff norm_topk_prob (Qwen3-MoE, OLMoE)."""
+
+QWEN3_MOE_TABLE = (
+    *SHAPES,
+    *NORM_ROPE_ACT,
+    same("attention_bias", "add_qkv_bias"),
+    implied("add_bias_linear", False, "Qwen3-MoE o_proj and experts have no bias"),
+    implied("qk_layernorm", True, "Qwen3-MoE attention always applies q_norm / k_norm"),
+    same(NUM_EXPERTS[0], "num_moe_experts", also=NUM_EXPERTS[1:]),
+    same("num_experts_per_tok", "moe_router_topk"),
+    same("moe_intermediate_size", "moe_ffn_hidden_size"),
+    *SOFTMAX_ROUTER,
     implied("moe_shared_expert_intermediate_size", None, "Qwen3-MoE has no shared expert"),
     FieldRule(
         megatron="moe_layer_freq",
