@@ -71,8 +71,8 @@ def test_planted_table_defects_are_named() -> None:
     bad[9] = dataclasses.replace(bad[9], targets=("megatron/core/ssm/mamba_mixer.py:99999",))
     assert table_problems(tuple(bad)) == [
         "shim 5: test tests/test_compat_forward.py::test_gone does not exist",
-        "shim 7: missing 'transformer_engine' belongs in convcheck.compat.no_te or convcheck.compat.no_te_gdn, not "
-        "convcheck.compat.no_cuda",
+        "shim 7: missing 'transformer_engine' belongs in convcheck.compat.no_te or convcheck.compat.no_te_gdn or "
+        "convcheck.compat.no_te_olmoe, not convcheck.compat.no_cuda",
         "shim 7: no '# --- Shim 7' upstream comment in convcheck.compat.no_cuda",
         "shim 10: upstream target megatron/core/ssm/mamba_mixer.py:99999 does not exist",
     ]

@@ -155,8 +155,8 @@ def test_olmoe_qk_norm_loaded_as_split_over_tp_is_named(tmp_path: Path) -> None:
     assert {f["detail"].get("upstream_bug") for f in res.findings("logits")} == {TP_BUG}
 
 
-def test_shim26_still_needed_olmoe_layer_spec_asks_for_te() -> None:
-    """Fails when the bridge's OLMoE layer spec builds without TE from its own base spec (then delete shim 26)."""
+def test_shim24_still_needed_olmoe_layer_spec_asks_for_te() -> None:
+    """Fails when the bridge's OLMoE layer spec builds without TE from its own base spec (then delete shim 24)."""
     compat.install_import_shims()
     module = optional_module("megatron.bridge.models.olmoe.olmoe_provider")
     skip_unless(module is not None, "megatron.bridge.models.olmoe.olmoe_provider")
@@ -165,7 +165,7 @@ def test_shim26_still_needed_olmoe_layer_spec_asks_for_te() -> None:
     provider = module.OlMoEModelProvider(**sizes, num_moe_experts=8, moe_ffn_hidden_size=16, moe_router_topk=2)
     with pytest.raises(TypeError, match="'NoneType' object is not callable"):
         compat.upstream(module.default_layer_spec)(provider)
-    spec = module.olmoe_layer_spec(provider)  # shim 26: the bridge's attention on megatron-core's local spec
+    spec = module.olmoe_layer_spec(provider)  # shim 24: the bridge's attention on megatron-core's local spec
     assert spec.submodules.self_attention.module is module.OLMoESelfAttention
     assert is_olmoe_layer_spec(module.olmoe_layer_spec)
 

@@ -121,9 +121,9 @@ SHIMS = (
     Shim(23, "attention-sinks-on-cuda", "cuda", _CUDA, tuple(_CORE + where for _, _, where in SINK_SITES),
          "tests/test_gpt_oss_units.py::test_shim23_still_needed_sinks_allocated_on_cuda",
          "megatron-core 0.19.2 (older releases not yet checked)"),
-    Shim(26, "olmoe-layer-spec-te", "transformer_engine", _TE_OLMOE,
+    Shim(24, "olmoe-layer-spec-te", "transformer_engine", _TE_OLMOE,
          ("megatron/bridge/models/olmoe/olmoe_provider.py:43",),
-         "tests/test_olmoe.py::test_shim26_still_needed_olmoe_layer_spec_asks_for_te",
+         "tests/test_olmoe.py::test_shim24_still_needed_olmoe_layer_spec_asks_for_te",
          "megatron-bridge 0.3.0-0.6.2 (tiny:olmoe built with the bridge's attention on 0.3.0, 0.3.1, 0.4.2, 0.5.1, "
          "0.6.0, 0.6.2)"),
 )  # fmt: skip

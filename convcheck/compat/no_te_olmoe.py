@@ -1,5 +1,5 @@
 """What exists because Transformer Engine is missing, for the OLMoE bridge: its own layer spec (the full-width q/k norm
-attention) built on megatron-core's local backend (shim 26). Delete this module once the bridge builds OLMoE without
+attention) built on megatron-core's local backend (shim 24). Delete this module once the bridge builds OLMoE without
 TE."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from convcheck.compat.detect import optional_module, skip
 from convcheck.compat.no_te import transformer_engine_available
 
 OLMOE_PROVIDER = "megatron.bridge.models.olmoe.olmoe_provider"
-SHIM_26 = "olmoe-layer-spec-te"
+SHIM_24 = "olmoe-layer-spec-te"
 
-# --- Shim 26 ----------------------------------------------------------------------------------------
+# --- Shim 24 ----------------------------------------------------------------------------------------
 # megatron-bridge 0.6.2, models/olmoe/olmoe_provider.py:43: olmoe_layer_spec starts from default_layer_spec(config),
 # the TE layer spec, which fails without TE (megatron-core gpt_layer_specs.py:233, 'NoneType' object is not
 # callable); replacing the whole spec by local_layer_spec (what convcheck does for the other GPT bridges) would drop
@@ -35,15 +35,15 @@ def _local_base(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 
 def install() -> None:
-    """Shim 26 where the installed bridge has an OLMoE provider built on default_layer_spec (idempotent)."""
+    """Shim 24 where the installed bridge has an OLMoE provider built on default_layer_spec (idempotent)."""
     module = optional_module(OLMOE_PROVIDER)
     if module is None or not hasattr(module, "default_layer_spec"):
-        skip(26, f"{OLMOE_PROVIDER}.default_layer_spec is absent in this release")
+        skip(24, f"{OLMOE_PROVIDER}.default_layer_spec is absent in this release")
         return
-    _patch(module, "default_layer_spec", _local_base, name=SHIM_26)
+    _patch(module, "default_layer_spec", _local_base, name=SHIM_24)
 
 
 def is_olmoe_layer_spec(spec: Any) -> bool:
-    """True for the bridge's olmoe_layer_spec (kept on the TE-free path: shim 26 gives it a local base spec)."""
+    """True for the bridge's olmoe_layer_spec (kept on the TE-free path: shim 24 gives it a local base spec)."""
     module = optional_module(OLMOE_PROVIDER)
     return module is not None and spec is getattr(module, "olmoe_layer_spec", None)

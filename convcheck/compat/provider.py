@@ -85,7 +85,7 @@ def configure_provider(provider: Any, device: str) -> None:
             provider.transformer_layer_spec = cpu_experimental_block_spec
         elif getattr(provider, "multi_latent_attention", False):
             provider.transformer_layer_spec = cpu_mla_decoder_block_spec
-        elif not hybrid and not (  # shim 26 keeps OLMoE's; GLM-4.5 brings its own TE-free block spec
+        elif not hybrid and not (  # shim 24 keeps OLMoE's; GLM-4.5 brings its own TE-free block spec
             is_olmoe_layer_spec(provider.transformer_layer_spec)
             or keeps_te_free_block_spec(provider.transformer_layer_spec)
         ):

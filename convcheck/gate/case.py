@@ -22,7 +22,7 @@ LAYOUTS_BY_FIXTURE = {
     "olmoe": (),
     "gpt-oss-square": (),
     "gpt-oss-2f-hidden": ("ep2",),
-    "glm4.5": ("tp1",),
+    "glm4.5": (),
     "glm4.5-air": (),
 }
 """Fixtures gated at a fixed list instead (NemotronH: 5 layers, no PP2; TP2xEP2 is not part of its matrix; the
@@ -45,7 +45,7 @@ EXTRA_CASES = (
 """Beyond the standard layouts: fewer KV heads than TP ranks, the padded vocabulary training uses, and Qwen3.5-MoE with
 the TEGroupedMLP layout GPU training runs (the bridge maps its MTP experts only there), and OLMoE in that layout too
 (the bridge maps its experts only there), GPT-OSS's square fixture and GLM-4.5 (whose bridge maps no SequentialMLP
-experts: its TP1 sequential case records that named crash) with TEGroupedMLP experts."""
+experts: tests/test_glm45.py runs that named crash) with TEGroupedMLP experts."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
