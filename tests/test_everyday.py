@@ -254,3 +254,19 @@ def test_short_rank_tmpdirs_of_killed_launchers_are_swept(tmp_path: Path) -> Non
     finally:
         for folder in (dead, alive, short):
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_launch_whose_rendezvous_port_was_taken_is_relaunched_and_only_then(tmp_path: Path) -> None:
+    """torchrun --standalone picks a free port and binds it later: a launch that lost it in between (EADDRINUSE, as a
+    parallel test worker can cause) is started again; any other failure is the run's own."""
+    from convcheck.engine.launch import PORT_RETRIES, _port_taken
+
+    log = tmp_path / "ranks.log"
+    log.write_text(
+        "torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address. "
+        "port: 37405, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use\n"
+    )
+    assert _port_taken(log) and PORT_RETRIES >= 1
+    log.write_text("RuntimeError: shape mismatch in decoder.layers.0.mlp.linear_fc1.weight\n")
+    assert not _port_taken(log)
+    assert not _port_taken(tmp_path / "missing.log")

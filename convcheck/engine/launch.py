@@ -243,6 +243,31 @@ def _launch_with(
         if exits is not None:
             code = 0 if all(c == 0 for _, c in exits) else 1
             return _result(job, code, log_file, started, exits, launcher="warm agent")
+    for attempt in range(PORT_RETRIES + 1):
+        code = _torchrun(job, job_file, log_file, env, reader, progress)
+        if code == 0 or attempt == PORT_RETRIES or not _port_taken(log_file):
+            break
+    return _result(job, code, log_file, started)
+
+
+PORT_RETRIES = 2
+"""Relaunches after a rendezvous port taken between torchrun's pick and its bind (EADDRINUSE): --standalone picks a
+free port, and a launch started in that gap (another test worker, another user) can take it first."""
+
+
+def _port_taken(log_file: Path) -> bool:
+    """True when the launch failed because its rendezvous port was taken (nothing of the job has run)."""
+    try:
+        text = log_file.read_text(errors="replace")
+    except OSError:
+        return False
+    return "EADDRINUSE" in text and "address already in use" in text
+
+
+def _torchrun(
+    job: Job, job_file: Path, log_file: Path, env: dict[str, str], reader: ProgressReader, progress: ProgressSink | None
+) -> int:
+    """One torchrun launch of the job's ranks, its output in `log_file`; the exit code."""
     with open(log_file, "wb") as log:
         proc = subprocess.Popen(
             torchrun_command(job_file, job.layout.world_size),
@@ -253,14 +278,13 @@ def _launch_with(
             preexec_fn=_start_session,  # noqa: PLW1509 - setsid + parent-death signal, nothing else
         )
         try:
-            code = _wait(proc, job.timeout_s, reader, progress)
+            return _wait(proc, job.timeout_s, reader, progress)
         except subprocess.TimeoutExpired:
             stop_group(proc)
             raise _timed_out(job, log_file) from None
         except BaseException:
             stop_group(proc)
             raise
-    return _result(job, code, log_file, started)
 
 
 def _launch_warm(
