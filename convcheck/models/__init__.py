@@ -12,6 +12,7 @@ from convcheck.hf.geometry import Geometry
 from convcheck.mappings import MappingRegistry, registry_from_rules
 from convcheck.models import deepseek, dense, glm, glm45, gpt_oss, mistral, nemotron_h, olmoe, qwen3_moe, qwen_next
 from convcheck.models.architecture import Architecture, unique_index
+from convcheck.models.bridge_wide import BRIDGE_WIDE
 from convcheck.models.config_rules import FieldRule
 from convcheck.models.fixture_spec import FixtureSpec
 from convcheck.models.upstream_bug import UpstreamBug
@@ -75,10 +76,10 @@ UPSTREAM_BUG = "upstream_bug"
 def tag_upstream_bugs(
     architecture: str, bridge_version: str, verdicts: Sequence[OracleVerdict]
 ) -> tuple[tuple[OracleVerdict, ...], list[str]]:
-    """Tag each finding a known bug of `architecture`'s family explains (seen in `bridge_version`); one line per bug
-    that explains any. Verdicts keep every finding: a known bridge bug still fails the run."""
+    """Tag each finding a known bug of `architecture`'s family or of the bridge's conversion core explains (seen in
+    `bridge_version`); one line per bug that explains any. Verdicts keep every finding: a known bridge bug still fails the run."""
     family = BY_HF_CLASS.get(architecture)
-    bugs: tuple[UpstreamBug, ...] = family.upstream_bugs if family else ()
+    bugs: tuple[UpstreamBug, ...] = (*(family.upstream_bugs if family else ()), *BRIDGE_WIDE)
     counts: dict[str, int] = {}
     out = []
     for verdict in verdicts:

@@ -128,23 +128,6 @@ HARD_CODED_KNOBS = UpstreamBug(
     seen_in=("0.6.2",),
 )
 
-ROW_PARALLEL_SCATTER_NON_CONTIGUOUS = UpstreamBug(
-    name="row-parallel-scatter-non-contiguous",
-    summary="the row-parallel import scatters torch.chunk(hf, tp, dim=1) column blocks without making them "
-    "contiguous (its .to(dtype) copies nothing when the dtypes agree): at TP2 each rank's o_proj shard holds the "
-    "wrong elements over gloo (NCCL refuses non-contiguous tensors); import and export differ, roundtrip names it",
-    where="megatron/bridge/models/conversion/param_mapping.py:918 (the chunks) and :500-508 (scatter_to_tp_ranks "
-    "without .contiguous()) in 0.3.x",
-    findings=(
-        ("roundtrip", "model.layers.*.self_attn.o_proj.weight", "bytes-differ"),
-        ("layout", "model.layers.*.self_attn.o_proj.weight", "layout-differs"),
-    ),
-    seen_in=("0.3.0", "0.3.1"),
-    fixed_in="0.4.0 (#2794, a235e0314: scatter_to_tp_ranks makes each split contiguous, param_mapping.py:608 in 0.6.2)",
-)
-"""Seen on tiny:olmoe at TP2 with bridge 0.3.x (the Qwen3 fixtures pass TP2 there; why they escape is not traced).
-The mapping oracle names the same shards (linear_proj import-bytes-differ) untagged: a layer never loaded gives that
-finding too."""
 
 OLMOE = Architecture(
     hf_classes=("OlmoeForCausalLM",),
@@ -157,6 +140,5 @@ OLMOE = Architecture(
         SEQUENTIAL_EXPERTS_UNMAPPED,
         K_NORM_WIDTH_IGNORES_KV_HEADS,
         HARD_CODED_KNOBS,
-        ROW_PARALLEL_SCATTER_NON_CONTIGUOUS,
     ),
 )
