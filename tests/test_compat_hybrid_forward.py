@@ -22,7 +22,9 @@ def test_shim10_still_needed_mamba_forward_calls_mamba_ssm_kernels() -> None:
     """Fails when mamba_ssm is installed or the mixer stops calling its scan kernels (then drop shim 10)."""
     assert importlib.util.find_spec("mamba_ssm") is None
     text = _module_text("megatron.core.ssm.mamba_mixer")
-    assert "    mamba_chunk_scan_combined = None\n    mamba_split_conv1d_scan_combined = None\n" in text
+    bound_to_none = "    mamba_chunk_scan_combined = None\n    mamba_split_conv1d_scan_combined = None\n" in text
+    left_unbound = "from mamba_ssm.ops.triton.ssd_combined import" in text and "except ImportError" in text  # 0.16.x
+    assert bound_to_none or left_unbound
     compat.install_import_shims()
     from megatron.core.ssm.mamba_mixer import MambaMixer
 
@@ -91,6 +93,9 @@ def test_chunk_scan_equals_the_recurrence(length: int, chunk: int) -> None:
 
 def test_split_conv1d_scan_matches_transformers_nemotron_h_mixer() -> None:
     """in_proj -> shim 10 -> shim 8's gated norm -> out_proj equals HF NemotronHMamba2Mixer.torch_forward."""
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "NemotronHConfig"):
+        pytest.skip(f"transformers {transformers.__version__} has no NemotronH")
     from transformers import NemotronHConfig
     from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHMamba2Mixer
 
