@@ -77,7 +77,7 @@ def tag_upstream_bugs(
     architecture: str, bridge_version: str, verdicts: Sequence[OracleVerdict]
 ) -> tuple[tuple[OracleVerdict, ...], list[str]]:
     """Tag each finding a known bug of `architecture`'s family or of the bridge's conversion core explains (seen in
-    `bridge_version`); one line per bug that explains any. Verdicts keep every finding: a known bridge bug still fails the run."""
+    `bridge_version`); one line per bug that explains any. Verdicts keep every finding: a known bug still fails."""
     family = BY_HF_CLASS.get(architecture)
     bugs: tuple[UpstreamBug, ...] = (*(family.upstream_bugs if family else ()), *BRIDGE_WIDE)
     counts: dict[str, int] = {}
