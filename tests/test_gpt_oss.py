@@ -115,7 +115,7 @@ def test_sinks_not_split_and_window_off_by_one_are_each_named(tmp_path: Path) ->
         **dict.fromkeys(EXPORT_BUGS, "roundtrip-mismatch"),
     }
     assert (
-        "requires window_size=[3, 0]; the Megatron config has [4, 0]"
+        "requires window_size=(3, 0); the Megatron config has (4, 0)"
         in config["sliding_window -> window_size"]["message"]
     )
     assert {f["kind"] for f in res.findings("logits")} >= {"logits-differ"}

@@ -95,7 +95,7 @@ def test_window_rules_read_layer_types_and_megatron_skip_freq() -> None:
     config = FIXTURES["gpt-oss"].config
     view = {"layer_types": ["sliding_attention", "full_attention"] * 2, "sliding_window": config["sliding_window"]}
     assert hf_window_layers(view, None) == [1, 0, 1, 0]
-    assert hf_window_size(view, None) == [3, 0]
+    assert hf_window_size(view, None) == (3, 0)
     fields = {"num_layers": 4, "window_size": (3, 0)}
     assert megatron_window_layers(2, fields.get) == [1, 0, 1, 0]  # utils.py:504, layer numbers from 1
     assert megatron_window_layers(None, fields.get) == [1, 1, 1, 1]

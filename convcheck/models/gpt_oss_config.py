@@ -15,6 +15,7 @@ from convcheck.models.config_rules import (
     same,
     unsupported,
 )
+from convcheck.models.mistral import observed_window, window_size
 
 HF_LIMIT, HF_ALPHA = 7.0, 1.702
 """GptOssExperts' clamp and quick-GELU slope, fixed in the module (HF:84-85) whatever the config says."""
@@ -40,16 +41,9 @@ def megatron_window_layers(freq: Any, m: MegatronGet) -> Any:
     return [int(bool(v)) for v in freq]
 
 
-def hf_window_size(c: HfView, _m: MegatronGet) -> Any:
-    """HF's window of W keys (the query and the W - 1 before it, masking_utils sliding_window_overlay) is Megatron's
-    (W - 1, 0); no sliding layer: None."""
-    if "sliding_attention" not in (c.get("layer_types") or []):
-        return None
-    return [c["sliding_window"] - 1, 0]
-
-
-def _pair(value: Any, _m: MegatronGet) -> Any:
-    return list(value) if isinstance(value, tuple | list) else value
+def hf_window_size(c: HfView, m: MegatronGet) -> Any:
+    """Mistral's rule (W keys: Megatron's (W - 1, 0)) where some layer is a sliding one; no sliding layer: None."""
+    return window_size(c, m) if "sliding_attention" in (c.get("layer_types") or []) else None
 
 
 def _yarn(field: str, megatron: str) -> FieldRule:
@@ -95,7 +89,7 @@ GPT_OSS_TABLE: tuple[FieldRule, ...] = (
         expect=lambda _c, _m: "learnable",
         note="each head's learned sink joins its softmax (HF self_attn.sinks, eager_attention_forward)",
     ),
-    FieldRule(megatron="window_size", hf=("sliding_window",), expect=hf_window_size, observe=_pair),
+    FieldRule(megatron="window_size", hf=("sliding_window",), expect=hf_window_size, observe=observed_window),
     FieldRule(
         megatron="window_attn_skip_freq",
         hf=("layer_types",),
