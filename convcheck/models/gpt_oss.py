@@ -49,20 +49,26 @@ PUBLISHED: dict[str, Any] = {
 }
 """As openai/gpt-oss-20b's config.json holds them (its rope_scaling spelt as transformers 5's rope_parameters)."""
 
-TINY_GPT_OSS = FixtureSpec(
-    name="gpt-oss",
-    config_class="GptOssConfig",
-    description="GPT-OSS: sinks, q/k/v/o biases, sliding window 4 on every other layer, yarn RoPE, 8 biased experts "
-    "top-2 stored fused with gate/up interleaved; intermediate 8 (no expert tensor is square)",
-    config={**GPT_OSS_SHAPES, **PUBLISHED, "intermediate_size": 8},
+
+def gpt_oss_spec(name: str, description: str, **overrides: Any) -> FixtureSpec:
+    """A GPT-OSS fixture: GPT_OSS_SHAPES with the published knobs, `overrides` on top."""
+    config = {**GPT_OSS_SHAPES, **PUBLISHED, **overrides}
+    return FixtureSpec(name=name, config_class="GptOssConfig", description=description, config=config)
+
+
+TINY_GPT_OSS = gpt_oss_spec(
+    "gpt-oss",
+    "GPT-OSS: sinks, q/k/v/o biases, sliding window 4 on every other layer, yarn RoPE, 8 biased experts top-2 stored "
+    "fused with gate/up interleaved; intermediate 8 (no expert tensor is square)",
+    intermediate_size=8,
 )
 
-TINY_GPT_OSS_SQUARE = FixtureSpec(
-    name="gpt-oss-square",
-    config_class="GptOssConfig",
-    description="GPT-OSS with intermediate == hidden == 16, as both published sizes are: each expert's down_proj is "
-    "square, so its orientation shows only in the values",
-    config={**GPT_OSS_SHAPES, **PUBLISHED, "hidden_size": 16, "intermediate_size": 16},
+TINY_GPT_OSS_SQUARE = gpt_oss_spec(
+    "gpt-oss-square",
+    "GPT-OSS with intermediate == hidden == 16, as both published sizes are: each expert's down_proj is square, so "
+    "its orientation shows only in the values",
+    hidden_size=16,
+    intermediate_size=16,
 )
 
 SLIDING_WINDOW_EXPORT = UpstreamBug(
@@ -117,12 +123,12 @@ CONFIG_EXPORT_RAISES = UpstreamBug(
     fixed_in="0.5.0 (#3696, 146bf52a0: quick_gelu in ACTIVATION_FUNC_MAP)",
 )
 
-TINY_GPT_OSS_2F_HIDDEN = FixtureSpec(
-    name="gpt-oss-2f-hidden",
-    config_class="GptOssConfig",
-    description="GPT-OSS with 2 x intermediate == hidden (16, 32) and 4 experts: each expert's gate_up_proj "
-    "[hidden, 2F] is square, so its orientation shows only in the values",
-    config={**GPT_OSS_SHAPES, **PUBLISHED, "intermediate_size": 16, "num_local_experts": 4},
+TINY_GPT_OSS_2F_HIDDEN = gpt_oss_spec(
+    "gpt-oss-2f-hidden",
+    "GPT-OSS with 2 x intermediate == hidden (16, 32) and 4 experts: each expert's gate_up_proj [hidden, 2F] is "
+    "square, so its orientation shows only in the values",
+    intermediate_size=16,
+    num_local_experts=4,
 )
 
 GATE_UP_SQUARE_ORIENTATION = UpstreamBug(
