@@ -3,6 +3,7 @@
     python bench/bench_realsize.py --layers 1 --ep 2                      # real-dims Qwen3-30B-A3B cut, CPU
     python bench/bench_realsize.py --layers 4 --device cuda               # the same, 4 layers, one GPU
     python bench/bench_realsize.py --layers 48 --tiny-dims --ep 2         # 48 x 128 experts (~18.9k HF tensors)
+    python bench/bench_realsize.py --layers 1 --ep 2 --runs "save"        # the save oracle (bridge writer) alone
 
 The checkpoint is built from Qwen3-30B-A3B's config (written in code; --layers cuts it, --tiny-dims shrinks every
 width and keeps the tensor count) with random bf16 weights, saved as safetensors, cached by its parameters. The
@@ -58,9 +59,13 @@ TINY_DIMS = {
 
 
 def build(folder: Path, layers: int, tiny_dims: bool, experts: int, seed: int = 0, device: str = "cpu") -> Path:
-    """Write the cut checkpoint (config.json + bf16 safetensors shards of <= 2 GB) unless it is already there;
-    random values drawn on `device`."""
+    """Write the cut checkpoint (config.json + bf16 safetensors shards of <= 2 GB + a word-level tokenizer, as the
+    save oracle's writer needs one) unless it is already there; random values drawn on `device`."""
+    from convcheck.fixtures.build import write_tokenizer
+
     if (folder / ".complete").exists():
+        if not (folder / "tokenizer.json").exists():  # made before the tokenizer was part of it
+            write_tokenizer(folder, QWEN3_30B_A3B["vocab_size"] if not tiny_dims else TINY_DIMS["vocab_size"])
         return folder
     import torch
     import transformers
@@ -96,6 +101,7 @@ def build(folder: Path, layers: int, tiny_dims: bool, experts: int, seed: int = 
             size = 0
     flush()
     config.save_pretrained(folder)
+    write_tokenizer(folder, int(fields["vocab_size"]))
     index = {"metadata": {"total_size": sum(2 * _numel(s) for s in shapes.values())}, "weight_map": weight_map}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=1, sort_keys=True))
     (folder / ".complete").write_text("ok\n")

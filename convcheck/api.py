@@ -83,6 +83,7 @@ def prepare(
     target_ep: int | Sequence[int] | None = None,
     target_etp: int | Sequence[int] | None = None,
     layers: int | None = None,
+    save_dtype: str | None = None,
 ) -> Any:
     """Validate everything a run needs before any rank starts; return the Job (BadInput names the first problem).
 
@@ -90,13 +91,15 @@ def prepare(
     `pad_vocab=N` builds the padded vocabulary training uses; `manifest_out` makes rank 0 write the gate manifest;
     `resume_layout`: the layout(s) the distckpt oracle resumes its checkpoint at (TP1 when not given);
     `target_tp` / `target_ep` / `target_etp`: the reshard oracle's target TP, EP and expert-TP sizes (each one or
-    several; every combination is checked in one launch); `layers`: the layer count of a `config:FILE` model.
+    several; every combination is checked in one launch); `layers`: the layer count of a `config:FILE` model;
+    `save_dtype` ("bf16", "fp16", "fp32"): the save oracle writes with the bridge's weight_dtype cast.
     """
     if experts not in EXPERT_LAYOUTS:
         raise BadInput(f"unknown expert layout {experts!r}; known: {', '.join(EXPERT_LAYOUTS)}")
     names = as_oracles(oracles, experts)
     grid = as_layout(layout)
     check_pad_vocab(pad_vocab)
+    check_save_dtype(names, save_dtype)
     if manifest_out is not None:
         manifest_out = check_manifest_path(manifest_out)
     if progress is not None and model.startswith(("tiny:", CONFIG_PREFIX)):
@@ -133,6 +136,7 @@ def prepare(
         manifest_out=manifest_out,
         resume_layouts=resumes,
         targets=targets,
+        save_dtype=save_dtype,
     )
 
 
@@ -184,6 +188,18 @@ def reshard_targets(
                 f"({num_experts})"
             )
     return ReshardTargets(tps=tps or (1,), eps=eps or (1,), etps=etps or (1,))
+
+
+def check_save_dtype(names: Sequence[str], save_dtype: str | None) -> None:
+    """BadInput unless `save_dtype` is None, or a cast the save oracle knows and the save oracle runs."""
+    from convcheck.ckpt.written import CAST_DTYPES
+
+    if save_dtype is None:
+        return
+    if save_dtype not in CAST_DTYPES:
+        raise BadInput(f"--save-dtype must be one of {', '.join(CAST_DTYPES)}, got {save_dtype!r}")
+    if "save" not in names:
+        raise BadInput("--save-dtype is an option of the save oracle; add --oracle save")
 
 
 def check_pad_vocab(pad_vocab: int | None) -> None:
@@ -290,6 +306,7 @@ def verify(
     target_ep: int | Sequence[int] | None = None,
     target_etp: int | Sequence[int] | None = None,
     layers: int | None = None,
+    save_dtype: str | None = None,
 ) -> Report:
     """Build `model` sharded at `layout` through the real bridge and run the oracles; ConvcheckError on bad input."""
     job = prepare(
@@ -311,6 +328,7 @@ def verify(
         target_ep=target_ep,
         target_etp=target_etp,
         layers=layers,
+        save_dtype=save_dtype,
     )
     return run(job, log_dir=log_dir, progress=progress)
 

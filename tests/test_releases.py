@@ -32,6 +32,7 @@ from convcheck.fixtures.reference import (
     stored_digests,
 )
 from convcheck.gate.release_table import current_release, get_release, load_releases
+from convcheck.layout import ParallelLayout
 from tests.support.helpers import ROOT, run_cli
 from tests.support.release_targets import on_current_pins, release_label
 
@@ -42,7 +43,10 @@ SMOKE_CASES = (
     "qwen3@tp1", "qwen3@tp2", "qwen3-moe@tp1", "qwen3-moe@tp2", "deepseek-v3@tp1", "moonlight@tp1", "glm4.7-flash@tp1",
     "qwen3-next@tp1", "qwen3.5@tp1", "qwen3.5-moe@tp1", "mistral@tp1", "mistral-nowindow@tp1", "gpt-oss@tp1",
     "gpt-oss-2f-hidden@tp1", "glm4.5@tp1+te-grouped", "olmoe@tp2+te-grouped",
+    "qwen2-tied@tp2:save", "qwen3-moe@tp2ep2:save", "llama@pp2:save", "deepseek-v3@tp1:save",
 )  # fmt: skip
+"""FIXTURE@LAYOUT[+EXPERTS][:ORACLES]: LAYOUT as `ParallelLayout.parse` reads it (tp2, pp2, tp2ep2); ORACLES a
+comma list run instead of the default set (the opt-in save oracle: the bridge's own HF writer on that release)."""
 STOPS = "exit-2"
 """A smoke entry `{exit-2 = "..."}`: the release cannot build the fixture; verify stops with exit 2 saying that."""
 
@@ -292,11 +296,15 @@ def test_release_env_holds_the_table_pins() -> None:
 @pytest.mark.parametrize("case", SMOKE_CASES)
 def test_release_smoke(case: str, tmp_path: Path) -> None:
     fixture, _, where = case.partition("@")
+    where, _, oracles = where.partition(":")
     layout, _, experts = where.partition("+")  # FIXTURE@tpN, or FIXTURE@tpN+EXPERTS for an expert layout
     if fixture in RELEASES[INSTALLED].unsupported:
         pytest.skip(f"{release_label()}: {RELEASES[INSTALLED].unsupported[fixture]}")
-    res = run_cli("verify", "--model", f"tiny:{fixture}", "--tp", layout.removeprefix("tp"), "--table", "none",
-                  *(("--experts", experts) if experts else ()), tmp_path=tmp_path, timeout=900)  # fmt: skip
+    grid = ParallelLayout.parse(layout)
+    sizes = [a for axis in ("tp", "pp", "ep", "etp") for a in (f"--{axis}", str(getattr(grid, axis)))]
+    res = run_cli("verify", "--model", f"tiny:{fixture}", *sizes, "--table", "none",
+                  *(("--experts", experts) if experts else ()), *(("--oracle", oracles) if oracles else ()),
+                  tmp_path=tmp_path, timeout=900)  # fmt: skip
     expected = RELEASES[INSTALLED].smoke.get(case, {})
     if STOPS in expected:
         assert res.code == 2 and expected[STOPS] in res.err, res.err[-2000:]

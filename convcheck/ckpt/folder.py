@@ -65,7 +65,7 @@ def check_index(folder: str | Path, index_name: str) -> Structure:
     ]
     tensors: dict[str, TensorEntry] = {}
     for shard in on_disk:
-        tensors_here, problem = _shard_tensors(root / shard)
+        tensors_here, problem = shard_tensors(root / shard)
         if problem is not None:
             findings.append(problem)
             continue
@@ -89,7 +89,7 @@ def check_index(folder: str | Path, index_name: str) -> Structure:
     return Structure(findings=tuple(findings), tensors=tensors, shards=len(on_disk))
 
 
-def _shard_tensors(path: Path) -> tuple[dict[str, TensorEntry], Finding | None]:
+def shard_tensors(path: Path) -> tuple[dict[str, TensorEntry], Finding | None]:
     """Every tensor of one shard with its absolute data offset; or a corrupt-shard / overlap finding."""
     try:
         header = read_header(path)

@@ -39,7 +39,7 @@ def _fail_line(exc: BaseException) -> None:
 
 PREPARE_OPTIONS = ("model", "layers", "tp", "pp", "ep", "etp", "oracles", "device", "hooks", "experts", "timeout",
                    "sender", "receiver", "chunk_mb", "pad_vocab", "manifest_path", "resume_layouts", "target_tps",
-                   "target_eps", "target_etps")  # fmt: skip
+                   "target_eps", "target_etps", "save_dtype")  # fmt: skip
 """The verify options that make its Job (the others say where output goes)."""
 
 
@@ -65,6 +65,7 @@ def job_from_options(params: dict[str, Any], progress: Any = None) -> Any:
         target_ep=p["target_eps"] or None,
         target_etp=p["target_etps"] or None,
         layers=p["layers"],
+        save_dtype=p["save_dtype"],
     )
 
 
@@ -149,6 +150,9 @@ Examples:
 @click.option("--target-etp", "target_etps", type=click.IntRange(min=1), multiple=True,
               help="reshard oracle: the target expert-TP size, each expert split over it (repeatable; "
               "default 1: experts whole).")  # fmt: skip
+@click.option("--save-dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default=None,
+              help="save oracle: write with the bridge's weight_dtype cast to this dtype and prove every float "
+              "tensor is exactly the source's cast (default: no cast, bytes as the source).")  # fmt: skip
 def verify(
     model: str,
     layers: int | None,
@@ -175,6 +179,7 @@ def verify(
     target_tps: tuple[int, ...],
     target_eps: tuple[int, ...],
     target_etps: tuple[int, ...],
+    save_dtype: str | None,
 ) -> None:
     """Build the sharded Megatron model from MODEL through the real bridge and run the oracles."""
     layout = ParallelLayout(tp=tp, pp=pp, ep=ep, etp=etp)

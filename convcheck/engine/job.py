@@ -57,6 +57,8 @@ class Job:
     """Reshard oracle: the target sizes, every combination checked in this one launch."""
     resuming: bool = False
     """Set only in a resume job: the model is built but not loaded from the HF checkpoint (`checkpoint_dir` is)."""
+    save_dtype: str | None = None
+    """Save oracle: the bridge's weight_dtype cast to write with ("bf16", "fp16", "fp32"; None: no cast)."""
 
     def replay_args(self, oracles: Sequence[str] | None = None) -> list[str]:
         """`convcheck verify` arguments that rerun this job, with only `oracles` when given (defaults left out)."""
@@ -82,6 +84,8 @@ class Job:
                                 ("--target-etp", self.targets.etps)):  # fmt: skip
                 if tuple(sizes) != (1,):
                     args += [a for size in sizes for a in (flag, str(size))]
+        if "save" in oracles and self.save_dtype is not None:
+            args += ["--save-dtype", self.save_dtype]
         if self.sync.sender is not None:
             args += ["--sender", self.sync.sender]
         if self.sync.receiver is not None:
@@ -105,6 +109,7 @@ class Job:
             checkpoint_dir=self.checkpoint_dir,
             resuming=self.resuming,
             targets=self.targets,
+            save_dtype=self.save_dtype,
         )
 
     @property

@@ -27,6 +27,7 @@ from convcheck.oracles import (
     receiver,
     reshard,
     roundtrip,
+    save,
 )
 from convcheck.oracles.base import OracleInfo
 
@@ -45,6 +46,7 @@ _MODULES: tuple[ModuleType, ...] = (
     broadcast,
     distckpt,
     reshard,
+    save,
 )
 """In the order a run executes them; the opt-in ones (INFO.default False) run only when named."""
 

@@ -45,6 +45,8 @@ class RankSpec:
     resuming: bool = False
     """A resume job: the model is built but not loaded from the HF checkpoint."""
     targets: ReshardTargets = ReshardTargets()
+    save_dtype: str | None = None
+    """Save oracle: the bridge's weight_dtype cast to write with (None: no cast)."""
 
 
 def _build(bridge: Any, spec: RankSpec) -> tuple[Any, list[Any]]:
@@ -121,6 +123,7 @@ def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bo
         checkpoint_dir=spec.checkpoint_dir,
         resuming=spec.resuming,
         targets=spec.targets,
+        save_dtype=spec.save_dtype,
     )
     if load:
         progress.emit("loading the checkpoint through the bridge")

@@ -76,6 +76,8 @@ class RankContext:
     """A resume job: the model was built but not loaded from the HF checkpoint."""
     targets: ReshardTargets = ReshardTargets()
     """Reshard oracle: the target TP, EP and expert-TP sizes."""
+    save_dtype: str | None = None
+    """Save oracle: the bridge's weight_dtype cast to write with ("bf16", "fp16", "fp32"; None: no cast)."""
 
     @property
     def is_reporter(self) -> bool:

@@ -1,0 +1,199 @@
+"""Run the bridge's own HF writer (AutoBridge.save_hf_pretrained / save_hf_weights) collectively into a folder, and
+record what it was handed: the names its export stream yielded, what it printed, and what it raised."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from convcheck.errors import BadInput, one_line, raised_at
+from convcheck.rank.context import RankContext
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Variant:
+    """One call of the bridge's writer: which method, with which options."""
+
+    label: str
+    """Short name in findings and metrics, e.g. "save_hf_pretrained" or "save_hf_weights(distributed, n=2)"."""
+    method: str
+    """"save_hf_pretrained" (config, artifacts and weights) or "save_hf_weights" (weights only)."""
+    distributed: bool = False
+    every_n: int = 1
+    """`save_every_n_ranks` (with distributed_save)."""
+    cast: str | None = None
+    """The weight_dtype cast ("bf16", "fp16", "fp32"; None: none)."""
+
+    @property
+    def folder(self) -> str:
+        """The sub-folder the variant writes into (a plain file name)."""
+        return self.method + ("-distributed" if self.distributed else "")
+
+
+def plan(world: int, cast: str | None, offered: frozenset[str]) -> list[Variant]:
+    """The writer calls one run proves: save_hf_pretrained on rank 0, then save_hf_weights, with every rank (every
+    second rank from 4 ranks up) writing its share of the shards where the layout has several ranks and the bridge
+    offers distributed_save (`offered`: the keyword arguments its save_hf_weights takes)."""
+    if cast is not None and "weight_dtype" not in offered:
+        raise BadInput(f"--save-dtype: this bridge's save_hf_weights takes no weight_dtype ({_bridge_version()})")
+    out = [Variant(label="save_hf_pretrained", method="save_hf_pretrained", cast=cast)]
+    if world > 1 and "distributed_save" in offered:
+        every = 2 if world >= 4 else 1
+        label = f"save_hf_weights(distributed_save, save_every_n_ranks={every})"
+        out.append(Variant(label=label, method="save_hf_weights", distributed=True, every_n=every, cast=cast))
+    else:
+        out.append(Variant(label="save_hf_weights", method="save_hf_weights", cast=cast))
+    return out
+
+
+def offered(bridge: Any) -> frozenset[str]:
+    """The keyword arguments the bridge's save_hf_weights takes (distributed_save came in 0.4.0, weight_dtype in
+    0.6.0)."""
+    import inspect
+
+    return frozenset(inspect.signature(type(bridge).save_hf_weights).parameters)
+
+
+def _bridge_version() -> str:
+    from importlib import metadata
+
+    return f"megatron-bridge {metadata.version('megatron-bridge')}"
+
+
+@dataclass(kw_only=True)
+class Written:
+    """What one writer call did on this rank."""
+
+    error: str | None = None
+    """One line (with where) when the writer raised on this rank."""
+    said: list[str] = field(default_factory=list)
+    """The warning and error lines the writer printed on this rank (it warns instead of failing in places)."""
+    yielded: set[str] = field(default_factory=set)
+    """HF names the export stream handed the writer on this rank."""
+    seconds: float = 0.0
+    skipped: bool = False
+    """This rank stopped before writing weights because another rank's writer had raised (not a finding of its own)."""
+
+
+def write(ctx: RankContext, variant: Variant, folder: Path) -> Written:
+    """Collective: call the bridge's writer on every rank into `folder`; what it raised or printed is recorded.
+
+    A writer that raises on one rank only must not leave the others waiting in a collective: the export stream each
+    rank started is drained to its end (its gathers stay matched), and save_hf_pretrained's weights step starts only
+    once every rank got there (rank 0 writes config and tokenizer first, alone)."""
+    import torch
+
+    out = Written()
+    kwargs: dict[str, Any] = {"show_progress": False}
+    if variant.distributed:
+        kwargs.update(distributed_save=True, save_every_n_ranks=variant.every_n)
+    if variant.cast is not None:
+        from convcheck.ckpt.written import CAST_DTYPES
+
+        kwargs["weight_dtype"] = getattr(torch, CAST_DTYPES[variant.cast][1])
+    printed = io.StringIO()
+    streams: list[_Stream] = []
+    gate = _WeightsGate(ctx) if variant.method == "save_hf_pretrained" else None
+    started = time.perf_counter()
+    with _recording(ctx, out.yielded, streams), _gated(ctx, gate), contextlib.redirect_stdout(printed):
+        try:
+            getattr(ctx.bridge, variant.method)(ctx.model, str(folder), **kwargs)
+        except _OtherRankRaised:
+            out.skipped = True
+        except Exception as exc:  # noqa: BLE001 - a raising writer is a finding
+            out.error = f"{one_line(exc)} at {raised_at(exc)}"
+        if gate is not None and not gate.passed:
+            gate.agree(False)  # this rank raised before its weights step: the others must not wait for it
+        for stream in streams:
+            stream.drain()
+    out.seconds = time.perf_counter() - started
+    out.said = [line.strip() for line in printed.getvalue().splitlines() if _worth_saying(line)]
+    return out
+
+
+def _worth_saying(line: str) -> bool:
+    text = line.strip()
+    return text.startswith(("Warning", "Error", "- ", "  - ")) or "not written" in text or "missing" in text
+
+
+class _Stream:
+    """One export stream handed to the writer: the names it yielded, and what is left of it once the writer stops."""
+
+    def __init__(self, inner: Iterator[tuple[str, Any]], names: set[str]) -> None:
+        self.inner, self.names, self.done = inner, names, False
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        for name, tensor in self.inner:
+            self.names.add(name)
+            yield name, tensor
+        self.done = True
+
+    def drain(self) -> None:
+        """Run the rest of the stream (its collectives) when the writer stopped consuming it early."""
+        if not self.done:
+            for _ in self.inner:
+                pass
+            self.done = True
+
+
+@contextlib.contextmanager
+def _recording(ctx: RankContext, names: set[str], streams: list[_Stream]) -> Iterator[None]:
+    """Record every name the bridge's export stream yields while the writer runs (the writer makes a new model bridge
+    per call, so the stream method of its class is wrapped, and restored after)."""
+    cls = type(ctx.bridge._model_bridge)
+    own = "stream_weights_megatron_to_hf" in vars(cls)
+    original = cls.stream_weights_megatron_to_hf
+
+    def stream(self: Any, *args: Any, **kwargs: Any) -> Iterator[tuple[str, Any]]:
+        streams.append(_Stream(iter(original(self, *args, **kwargs)), names))
+        return iter(streams[-1])
+
+    cls.stream_weights_megatron_to_hf = stream
+    try:
+        yield
+    finally:
+        if own:
+            cls.stream_weights_megatron_to_hf = original
+        else:
+            del cls.stream_weights_megatron_to_hf
+
+
+class _OtherRankRaised(Exception):
+    """Raised in place of save_hf_weights on a rank whose peer's save_hf_pretrained raised before that step."""
+
+
+class _WeightsGate:
+    """Every rank agrees before save_hf_pretrained's weights step (rank 0 may have raised writing its artifacts)."""
+
+    def __init__(self, ctx: RankContext) -> None:
+        self.ctx, self.passed = ctx, False
+
+    def agree(self, ready: bool) -> bool:
+        self.passed = True
+        return all(self.ctx.gather(ready))
+
+
+@contextlib.contextmanager
+def _gated(ctx: RankContext, gate: _WeightsGate | None) -> Iterator[None]:
+    """While save_hf_pretrained runs, its call of save_hf_weights waits for every rank's agreement first."""
+    if gate is None:
+        yield
+        return
+    cls = type(ctx.bridge)
+    original = cls.save_hf_weights
+
+    def save_hf_weights(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not gate.agree(True):
+            raise _OtherRankRaised
+        return original(self, *args, **kwargs)
+
+    cls.save_hf_weights = save_hf_weights
+    try:
+        yield
+    finally:
+        cls.save_hf_weights = original
