@@ -232,3 +232,16 @@ def test_the_writer_calls_follow_what_the_bridge_offers() -> None:
     assert [v.label for v in plan(2, None, frozenset())] == [PRETRAINED, WEIGHTS]  # 0.3.x: no distributed_save
     with pytest.raises(BadInput, match="--save-dtype: this bridge's save_hf_weights takes no weight_dtype"):
         plan(1, "bf16", frozenset({"distributed_save"}))  # 0.4.x / 0.5.x
+
+
+@pytest.mark.ranks
+def test_a_strict_writer_raising_mid_stream_on_rank_0_alone_is_named_without_a_hang(tmp_path: Path) -> None:
+    """The stream hands the writer a name the source has not: in save_hf_pretrained (rank 0 writes) only rank 0
+    raises, mid-stream, while rank 1 is inside the export's gathers; with distributed_save both ranks raise."""
+    res, save = _save(tmp_path, "tiny:qwen3", "--tp", "2", "--hook", _HOOK + "stream_renames_norm")
+    assert res.code == 1 and save["verdict"] == "fail"
+    assert sorted(_only(save)) == [("<folder>", "no-weights")] * 2 + [("<writer>", "writer-raised")] * 3
+    raised = sorted(f["message"] for f in save["findings"] if f["kind"] == "writer-raised")
+    assert [m.split(":")[0] for m in raised] == [f"{PRETRAINED} raised on rank 0", f"{DISTRIBUTED} raised on rank 0",
+                                                 f"{DISTRIBUTED} raised on rank 1"]  # fmt: skip
+    assert all("KeyError: \"Tensor 'model.norm.scale' from generator not found" in m for m in raised)

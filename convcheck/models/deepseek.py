@@ -291,6 +291,7 @@ MTP_ALIASES_DROPPED = UpstreamBug(
             ("distckpt", "missing"),
             ("receiver", "not-delivered"),
             ("receiver", "missing"),
+            ("save", "missing"),
         )
     ),  # fmt: skip
     seen_in=RELEASES_0_4_TO_0_6,

@@ -101,3 +101,18 @@ def wrong_index_entry() -> None:
         return save_generator
 
     wrap(_state_source(), "save_generator", make)
+
+
+def stream_renames_norm() -> None:
+    """The export stream hands the writer model.norm.weight as `model.norm.scale` (a name the source has not): the
+    strict writer raises mid-stream, on rank 0 alone in a rank-0 write."""
+    from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge
+
+    def make(original: Any) -> Any:
+        def stream(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            for name, tensor in original(self, *args, **kwargs):
+                yield ("model.norm.scale" if name == MOVED else name), tensor
+
+        return stream
+
+    wrap(MegatronModelBridge, "stream_weights_megatron_to_hf", make)

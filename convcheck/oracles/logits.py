@@ -210,7 +210,7 @@ def compare(megatron: Any, hf: Any) -> tuple[list[Finding], dict[str, Any]]:
     return findings, metrics
 
 
-def _hf_device(ctx: RankContext) -> str:
+def hf_device(ctx: RankContext) -> str:
     """Where rank 0 runs the HF reference: its own device (the GPU of a CUDA run), so the host holds no model."""
     import torch
 
@@ -273,7 +273,7 @@ def run(ctx: RankContext) -> OracleVerdict | None:
                 )
             )
     try:
-        hf, how = hf_reference(ctx.checkpoint.path, tokens, device=_hf_device(ctx))
+        hf, how = hf_reference(ctx.checkpoint.path, tokens, device=hf_device(ctx))
     except Exception as exc:  # noqa: BLE001 - reported, the Megatron side already ran
         findings.append(Finding(tensor="<hf forward>", kind="hf-failed", message=one_line(exc)))
         return make_verdict(NAME, checked=0, findings=findings, unit="logits")

@@ -15,6 +15,7 @@ from pathlib import Path
 from convcheck.ckpt.written import prove_written
 from convcheck.hf.checkpoint import Checkpoint
 from convcheck.oracles.base import OracleInfo
+from convcheck.oracles.logits import hf_device
 from convcheck.oracles.save_files import config_findings, logits_check, tokenizer_findings
 from convcheck.oracles.save_write import Variant, Written, offered, plan, write
 from convcheck.rank.context import RankContext
@@ -113,7 +114,8 @@ def _prove(
         weights_ok = not any(f.tensor != "<logits>" and f.kind not in ("field-differs",) for f in findings)
         if weights_ok and (folder / "config.json").exists():
             vocab = int(source.config["vocab_size"])
-            wrong, error = logits_check(source.path, folder, variant.label, vocab, exact=variant.cast is None)
+            device = hf_device(ctx)
+            wrong, error = logits_check(source.path, folder, variant.label, vocab, variant.cast is None, device)
             findings += wrong
             numbers["logits_max_abs_error"] = error
     return report.checked, findings, numbers

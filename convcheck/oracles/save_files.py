@@ -106,17 +106,20 @@ def tokenizer_findings(source: Path, written: Path, label: str) -> tuple[list[Fi
     return out, added
 
 
-def logits_check(source: Path, written: Path, label: str, vocab: int, exact: bool) -> tuple[list[Finding], float]:
+def logits_check(
+    source: Path, written: Path, label: str, vocab: int, exact: bool, device: str = "cpu"
+) -> tuple[list[Finding], float]:
     """(findings, max abs error) of transformers' fp32 logits of the written folder against the source's on the
-    logits oracle's fixed tokens; `exact`: bitwise equality is required (same bytes and config give the same bits)."""
+    logits oracle's fixed tokens, both on `device`; `exact`: bitwise equality is required (same bytes and config give
+    the same bits)."""
     import torch
 
     from convcheck.oracles.logits import fixed_tokens, hf_reference
 
     tokens = fixed_tokens(vocab)
-    want, _ = hf_reference(source, tokens)
+    want, _ = hf_reference(source, tokens, device=device)
     try:
-        got, _ = hf_reference(written, tokens)
+        got, _ = hf_reference(written, tokens, device=device)
     except Exception as exc:  # noqa: BLE001 - a folder transformers cannot load is the finding
         return [Finding(tensor="<logits>", kind="unloadable", message=f"{label}: {one_line(exc)}")], float("nan")
     if want.shape != got.shape:

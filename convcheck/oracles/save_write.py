@@ -84,8 +84,9 @@ def write(ctx: RankContext, variant: Variant, folder: Path) -> Written:
     """Collective: call the bridge's writer on every rank into `folder`; what it raised or printed is recorded.
 
     A writer that raises on one rank only must not leave the others waiting in a collective: the export stream each
-    rank started is drained to its end (its gathers stay matched), and save_hf_pretrained's weights step starts only
-    once every rank got there (rank 0 writes config and tokenizer first, alone)."""
+    rank started is drained to its end (its gathers stay matched), save_hf_pretrained's weights step starts only
+    once every rank got there (rank 0 writes config and tokenizer first, alone), and a rank 0 that raised in a rank-0
+    write joins the closing barrier it skipped."""
     import torch
 
     out = Written()
@@ -98,19 +99,23 @@ def write(ctx: RankContext, variant: Variant, folder: Path) -> Written:
         kwargs["weight_dtype"] = getattr(torch, CAST_DTYPES[variant.cast][1])
     printed = io.StringIO()
     streams: list[_Stream] = []
-    gate = _WeightsGate(ctx) if variant.method == "save_hf_pretrained" else None
+    step = _WeightsStep(ctx, agreed=variant.method != "save_hf_pretrained")
     started = time.perf_counter()
-    with _recording(ctx, out.yielded, streams), _gated(ctx, gate), contextlib.redirect_stdout(printed):
+    with _recording(ctx, out.yielded, streams), _stepping(ctx, step), contextlib.redirect_stdout(printed):
         try:
             getattr(ctx.bridge, variant.method)(ctx.model, str(folder), **kwargs)
         except _OtherRankRaised:
             out.skipped = True
         except Exception as exc:  # noqa: BLE001 - a raising writer is a finding
             out.error = f"{one_line(exc)} at {raised_at(exc)}"
-        if gate is not None and not gate.passed:
-            gate.agree(False)  # this rank raised before its weights step: the others must not wait for it
+        if not step.agreed:
+            step.agree(False)  # this rank raised before its weights step: the others must not wait for it
         for stream in streams:
             stream.drain()
+        if step.owes_final_barrier(variant.distributed):
+            import torch.distributed as dist
+
+            dist.barrier()
     out.seconds = time.perf_counter() - started
     out.said = [line.strip() for line in printed.getvalue().splitlines() if _worth_saying(line)]
     return out
@@ -167,30 +172,39 @@ class _OtherRankRaised(Exception):
     """Raised in place of save_hf_weights on a rank whose peer's save_hf_pretrained raised before that step."""
 
 
-class _WeightsGate:
-    """Every rank agrees before save_hf_pretrained's weights step (rank 0 may have raised writing its artifacts)."""
+class _WeightsStep:
+    """save_hf_weights as the writer calls it on this rank: whether it started and whether it raised. Under
+    save_hf_pretrained every rank first agrees to start it (rank 0 may have raised writing its artifacts, alone)."""
 
-    def __init__(self, ctx: RankContext) -> None:
-        self.ctx, self.passed = ctx, False
+    def __init__(self, ctx: RankContext, agreed: bool) -> None:
+        self.ctx, self.agreed = ctx, agreed
+        self.started = self.raised = False
 
     def agree(self, ready: bool) -> bool:
-        self.passed = True
+        self.agreed = True
         return all(self.ctx.gather(ready))
+
+    def owes_final_barrier(self, distributed: bool) -> bool:
+        """Rank 0 raised inside a rank-0 write (its strict checks run there alone): the other ranks drained their
+        streams and wait in save_hf_weights' closing barrier (auto_bridge.py:1203), which this rank skipped."""
+        return self.raised and not distributed and self.ctx.rank == 0 and self.ctx.world > 1
 
 
 @contextlib.contextmanager
-def _gated(ctx: RankContext, gate: _WeightsGate | None) -> Iterator[None]:
-    """While save_hf_pretrained runs, its call of save_hf_weights waits for every rank's agreement first."""
-    if gate is None:
-        yield
-        return
+def _stepping(ctx: RankContext, step: _WeightsStep) -> Iterator[None]:
+    """Wrap the bridge's save_hf_weights for this call: agreement first where asked, then record how it ended."""
     cls = type(ctx.bridge)
     original = cls.save_hf_weights
 
     def save_hf_weights(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not gate.agree(True):
+        if not step.agreed and not step.agree(True):
             raise _OtherRankRaised
-        return original(self, *args, **kwargs)
+        step.started = True
+        try:
+            return original(self, *args, **kwargs)
+        except BaseException:
+            step.raised = True
+            raise
 
     cls.save_hf_weights = save_hf_weights
     try:
