@@ -54,11 +54,11 @@ def prove_written(
     kept = Checkpoint(path=source.path, config={}, tensors=expected)
     if cast is None:
         swept = compare(Side(label="source", weights=kept), Side(label=label, weights=out))
-        report.findings += [_labelled(f, label, written) for f in swept.findings if f.kind != "extra"]
+        report.findings += [_labelled(f, label, written, expected) for f in swept.findings if f.kind != "extra"]
         report.checked = swept.tensors
         return report
     report.checked, found = _cast_findings(kept, out, cast)
-    report.findings += [_labelled(f, label, written) for f in found]
+    report.findings += [_labelled(f, label, written, expected) for f in found]
     return report
 
 
@@ -150,12 +150,16 @@ def _cast_findings(source: Checkpoint, out: Checkpoint, cast: str) -> tuple[int,
     return checked, findings
 
 
-def _labelled(finding: Finding, label: str, written: dict[str, TensorEntry]) -> Finding:
-    """The finding with the variant's label and the file it concerns in front of its message."""
-    entry = written.get(finding.tensor)
-    where = f" in {entry.file}" if entry is not None else ""
+def _labelled(
+    finding: Finding, label: str, written: dict[str, TensorEntry], source: dict[str, TensorEntry] | None = None
+) -> Finding:
+    """The finding with the variant's label and the file it concerns in front of its message (for a tensor the folder
+    lacks: the source's file)."""
     if finding.message.startswith(f"{label}:"):
         return finding
+    entry = written.get(finding.tensor)
+    kept = (source or {}).get(finding.tensor)
+    where = f" in {entry.file}" if entry is not None else f" (the source keeps it in {kept.file})" if kept else ""
     return Finding(
         tensor=finding.tensor,
         kind=finding.kind,
