@@ -177,6 +177,8 @@ class ParallelLayout:
         if ffn and ffn % self.tp:
             out.append(f"tp={self.tp} does not divide intermediate_size={ffn}")
         out += self.pipeline_problems(layers)
+        if self.vpp > 1 and geometry.layer_types:  # megatron-core 0.19.2 hybrid_layer_allocation.py:385
+            out.append(f"vpp={self.vpp} needs '|' stage separators in a hybrid layer pattern (convcheck has none)")
         if not experts and (self.ep > 1 or self.etp > 1):
             out.append("the model has no experts, so ep and etp must be 1")
         for key, value in (("mamba_num_heads", geometry.mamba_heads), ("n_groups", geometry.mamba_groups)):

@@ -49,7 +49,7 @@ def _spec(layout: tuple[str, ...]) -> tuple[str, str]:
     experts = args.pop("--experts", "sequential")
     if "--pad-vocab" in args:
         return ("", "")  # the padded vocabulary is a case of its own, never a catalog launch's clean run
-    return ParallelLayout(**{k.removeprefix("--"): int(v) for k, v in args.items()}).spec, experts
+    return ParallelLayout(**{k.removeprefix("--").replace("-", "_"): int(v) for k, v in args.items()}).spec, experts
 
 
 def test_no_catalog_entry_is_left_out_of_the_plan() -> None:

@@ -18,6 +18,11 @@ GDN = {  # gated-DeltaNet hybrids: the layouts that split their GDN heads, stage
     "qwen3.6-moe": [("--ep", "2", "--experts", "te-grouped")],
 }
 TE = ("--experts", "te-grouped")
+VPP = {  # 4- and 6-layer variants for the pipeline layouts their 2-layer fixtures cannot take (tests/test_vpp.py)
+    "qwen2-tied-4l": [("--pp", "2", "--vpp", "2"), ("--pp", "2", "--pp-first", "1", "--pp-last", "3")],
+    "qwen3-moe-4l": [("--pp", "2", "--vpp", "2", "--ep", "2")],
+    "nemotron-h-6l": [("--pp", "2")],
+}
 FIXED = {  # families checked at a fixed list of layouts (convcheck.gate.case LAYOUTS_BY_FIXTURE and EXTRA_CASES)
     **GDN,
     "mistral-nowindow": [("--tp", "2")],  # the other layouts are tiny:mistral's
@@ -29,6 +34,7 @@ FIXED = {  # families checked at a fixed list of layouts (convcheck.gate.case LA
     # grouped experts: the bridge maps no SequentialMLP experts (a named crash, tests/test_glm45.py)
     "glm4.5": [(*layout, *TE) for layout in [("--tp", "2"), ("--pp", "2"), *MOE_LAYOUTS]],
     "glm4.5-air": [("--tp", "2", "--ep", "2", *TE)],
+    **VPP,
 }
 DENSE = [name for name in sorted(FIXTURES) if name not in ("nemotron-h", *FIXED, *PARTLY_COVERED, *RELEASE_VARIANTS)]
 CASES = (
@@ -49,7 +55,7 @@ def gate_case(name: str, layout: tuple[str, ...]) -> Case:
     args = dict(zip(layout[::2], layout[1::2], strict=True))
     pad = args.pop("--pad-vocab", None)
     experts = args.pop("--experts", "sequential")
-    grid = ParallelLayout(**{k.removeprefix("--"): int(v) for k, v in args.items()})
+    grid = ParallelLayout(**{k.removeprefix("--").replace("-", "_"): int(v) for k, v in args.items()})
     return Case(model=f"tiny:{name}", layout=grid, pad_vocab=int(pad) if pad else None, experts=experts)
 
 
