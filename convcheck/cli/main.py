@@ -37,9 +37,9 @@ def _fail_line(exc: BaseException) -> None:
     sys.exit(EXIT_BAD_INPUT)
 
 
-PREPARE_OPTIONS = ("model", "layers", "tp", "pp", "vpp", "pp_first", "pp_last", "ep", "etp", "oracles", "device", "hooks", "experts", "timeout",
-                   "sender", "receiver", "chunk_mb", "pad_vocab", "manifest_path", "resume_layouts", "target_tps",
-                   "target_eps", "target_etps")  # fmt: skip
+PREPARE_OPTIONS = ("model", "layers", "tp", "pp", "vpp", "pp_first", "pp_last", "ep", "etp", "oracles", "device",
+                   "hooks", "experts", "timeout", "sender", "receiver", "chunk_mb", "pad_vocab", "manifest_path",
+                   "resume_layouts", "target_tps", "target_eps", "target_etps")  # fmt: skip
 """The verify options that make its Job (the others say where output goes)."""
 
 

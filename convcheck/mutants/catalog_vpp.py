@@ -26,7 +26,7 @@ VPP_MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="vpp_tied_output_wrong_chunk",
-        description="VPP tied embeddings: the last stage's output-layer copy is synced into chunk 0, not the last chunk",
+        description="VPP tied embeddings: the last stage's output-layer copy is synced into chunk 0, not its last",
         hook=_M + "vpp:tied_output_from_first_chunk",
         fixture=TIED_4L,
         layout=VPP2,
