@@ -14,13 +14,13 @@ from convcheck.errors import BadInput
 from convcheck.hf.geometry import Geometry
 from convcheck.layout import ParallelLayout
 from convcheck.mutants.catalog_vpp import VPP_MUTANTS
-from tests.support.cases import VPP
+from tests.support.cases import ACCOUNTED, VPP
 from tests.support.helpers import CliResult, matrix_run, mutant, run_cli
 from tests.test_verify_matrix import default_oracles
 
 DEFAULT = ("coverage", "roundtrip", "config", "logits", "differential", "elements", "layout", "mapping")
 FOUR_LAYERS = Geometry(num_heads=4, num_query_groups=2, num_layers=4, ffn=64)
-CASES = [(name, layout) for name, layouts in VPP.items() for layout in layouts]
+CASES = [(name, layout) for name, layouts in VPP.items() for layout in layouts] + ACCOUNTED
 
 
 # ---- the layout: spelling, validation ------------------------------------------------------------------------------
@@ -33,6 +33,8 @@ CASES = [(name, layout) for name, layouts in VPP.items() for layout in layouts]
         (ParallelLayout(tp=2, pp=2, vpp=2, ep=2), "tp2pp2vpp2ep2", "TP2xPP2xVPP2xEP2"),
         (ParallelLayout(pp=2, pp_first=1, pp_last=3), "pp2first1last3", "PP2xFIRST1xLAST3"),
         (ParallelLayout(pp=4, pp_first=1), "pp4first1", "PP4xFIRST1"),
+        (ParallelLayout(pp=2, vpp=2, pp_embed=True, pp_loss=True), "pp2vpp2embedloss", "PP2xVPP2xEMBEDxLOSS"),
+        (ParallelLayout(pp=3, pp_loss=True), "pp3loss", "PP3xLOSS"),
         (ParallelLayout(tp=2, ep=2), "tp2ep2", "TP2xEP2"),  # the existing spellings are unchanged
         (ParallelLayout(), "tp1", "TP1"),
     ],
@@ -54,7 +56,10 @@ def test_dict_keeps_its_old_keys_when_the_pipeline_is_plain() -> None:
 def test_chunks_interleave_and_uneven_stages_split_the_rest() -> None:
     assert ParallelLayout(pp=2, vpp=2).chunk_layers(4) == [[range(0, 1), range(2, 3)], [range(1, 2), range(3, 4)]]
     assert ParallelLayout(pp=2, pp_first=1, pp_last=3).chunk_layers(4) == [[range(0, 1)], [range(1, 4)]]
-    assert ParallelLayout(pp=3, pp_first=1).stage_layers(5) == [1, 2, 2]
+    assert ParallelLayout(pp=3, pp_first=1).chunk_counts(5) == [[1], [2], [2]]
+    accounted = ParallelLayout(pp=2, vpp=2, pp_embed=True, pp_loss=True)
+    assert accounted.chunk_layers(2) == [[range(0, 0), range(1, 2)], [range(0, 1), range(2, 2)]]  # two empty chunks
+    assert ParallelLayout(pp=3, pp_embed=True, pp_loss=True).chunk_counts(4) == [[1], [2], [1]]
     assert ParallelLayout(pp=2, vpp=2, pp_last=2).chunk_layers(6) == [
         [range(0, 2), range(3, 5)],
         [range(2, 3), range(5, 6)],
@@ -81,6 +86,15 @@ def test_chunks_interleave_and_uneven_stages_split_the_rest() -> None:
             "the 3 layers left by pp_first=1 do not split evenly over 2 middle stage chunk(s)",
         ),
         (ParallelLayout(pp=2, vpp=2, pp_first=1), "vpp=2 does not divide pp_first=1"),
+        (
+            ParallelLayout(pp_embed=True),
+            "pp_embed / pp_loss need pp > 1 (they count the embedding / loss as a pipeline layer)",
+        ),
+        (
+            ParallelLayout(pp=2, pp_loss=True, pp_last=2),
+            "pp_embed / pp_loss cannot be combined with pp_first / pp_last",
+        ),
+        (ParallelLayout(pp=2, pp_embed=True), "pp=2 does not divide num_hidden_layers=4 + the embedding = 5"),
     ],
 )
 def test_each_impossible_pipeline_is_one_line(layout: ParallelLayout, problem: str) -> None:
@@ -108,6 +122,10 @@ def test_non_positive_pipeline_fields(bad: object) -> None:
         (("--pp", "2", "--vpp", "2"), "impossible layout PP2xVPP2: pp*vpp=2*2 does not divide num_hidden_layers=2"),
         (("--pp-last", "1"), "impossible layout LAST1: pp_first / pp_last need pp > 1"),
         (("--pp", "2", "--pp-first", "1", "--pp-last", "2"), "pp_first=1 + pp_last=2 does not add up"),
+        (
+            ("--pp", "2", "--pp-embed"),
+            "impossible layout PP2xEMBED: pp=2 does not divide num_hidden_layers=2 + the embedding = 3",
+        ),
     ],
 )
 def test_cli_rejects_impossible_pipelines_with_exit_2(args: tuple[str, ...], line: str) -> None:
@@ -123,6 +141,8 @@ def test_replay_line_spells_the_pipeline_flags() -> None:
     assert job.replay_args()[:5] == ["--model", "tiny:qwen2-tied-4l", "--pp", "2", "--vpp"]
     uneven = prepare("tiny:qwen2-tied-4l", "pp2first1last3", oracles=("coverage",), device="cpu")
     assert uneven.replay_args()[2:8] == ["--pp", "2", "--pp-first", "1", "--pp-last", "3"]
+    flags = prepare("tiny:qwen2-tied", "pp2vpp2embedloss", oracles=("coverage",), device="cpu")
+    assert flags.replay_args()[2:8] == ["--pp", "2", "--vpp", "2", "--pp-embed", "--pp-loss"]
 
 
 # ---- every default oracle at the VPP and uneven layouts (the verify matrix's shared runs) --------------------------
@@ -137,7 +157,8 @@ def test_every_default_oracle_passes(name: str, layout: tuple[str, ...], shared_
     grid = ParallelLayout.from_dict(res.report["layout"])
     assert grid.spec == gate_spec(layout)
     mapping = next(o for o in res.report["oracles"] if o["name"] == "mapping")
-    shards = {"pp2vpp2": "15/15", "pp2first1last3": "8/8", "pp2vpp2ep2": "31/31", "pp2": "16/16"}[grid.spec]
+    shards = {"pp2vpp2": "15/15", "pp2first1last3": "8/8", "pp2vpp2ep2": "31/31", "pp2": "16/16",
+              "pp2vpp2embedloss": "8/8"}[grid.spec]  # fmt: skip
     assert mapping["metrics"]["rank0_shards_in_roundtrip"] == shards  # rank 0's stage holds what the layout says
 
 

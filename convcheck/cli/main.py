@@ -37,15 +37,16 @@ def _fail_line(exc: BaseException) -> None:
     sys.exit(EXIT_BAD_INPUT)
 
 
-PREPARE_OPTIONS = ("model", "layers", "tp", "pp", "vpp", "pp_first", "pp_last", "ep", "etp", "oracles", "device",
-                   "hooks", "experts", "timeout", "sender", "receiver", "chunk_mb", "pad_vocab", "manifest_path",
-                   "resume_layouts", "target_tps", "target_eps", "target_etps")  # fmt: skip
+PREPARE_OPTIONS = ("model", "layers", "tp", "pp", "vpp", "pp_first", "pp_last", "pp_embed", "pp_loss", "ep", "etp",
+                   "oracles", "device", "hooks", "experts", "timeout", "sender", "receiver", "chunk_mb", "pad_vocab",
+                   "manifest_path", "resume_layouts", "target_tps", "target_eps", "target_etps")  # fmt: skip
 """The verify options that make its Job (the others say where output goes)."""
 
 
 def cli_layout(p: dict[str, Any]) -> ParallelLayout:
-    """The ParallelLayout of verify's --tp --pp --vpp --pp-first --pp-last --ep --etp."""
-    return ParallelLayout(**{k: p[k] for k in ("tp", "pp", "vpp", "pp_first", "pp_last", "ep", "etp")})
+    """The ParallelLayout of verify's --tp --pp --vpp --pp-first --pp-last --pp-embed --pp-loss --ep --etp."""
+    return ParallelLayout(**{k: p[k] for k in ("tp", "pp", "vpp", "pp_first", "pp_last", "pp_embed", "pp_loss", "ep",
+                                               "etp")})  # fmt: skip
 
 
 def job_from_options(params: dict[str, Any], progress: Any = None) -> Any:
@@ -112,6 +113,10 @@ Examples:
               help="Decoder layers of the first pipeline stage (uneven stages; default: even split).")  # fmt: skip
 @click.option("--pp-last", type=click.IntRange(min=1), default=None,
               help="Decoder layers of the last pipeline stage (uneven stages; default: even split).")  # fmt: skip
+@click.option("--pp-embed", is_flag=True,
+              help="Count the embedding as a pipeline layer (the first chunk builds one fewer).")  # fmt: skip
+@click.option("--pp-loss", is_flag=True,
+              help="Count the loss as a pipeline layer (the last chunk builds one fewer).")  # fmt: skip
 @click.option("--ep", type=click.IntRange(min=1), default=1, show_default=True, help="Expert parallel size.")
 @click.option("--etp", type=click.IntRange(min=1), default=1, show_default=True, help="Expert tensor parallel size.")
 @click.option(
@@ -168,6 +173,8 @@ def verify(
     vpp: int,
     pp_first: int | None,
     pp_last: int | None,
+    pp_embed: bool,
+    pp_loss: bool,
     ep: int,
     etp: int,
     oracles: tuple[str, ...] | None,
@@ -192,8 +199,8 @@ def verify(
 ) -> None:
     """Build the sharded Megatron model from MODEL through the real bridge and run the oracles."""
     try:
-        layout = cli_layout({"tp": tp, "pp": pp, "vpp": vpp, "pp_first": pp_first, "pp_last": pp_last, "ep": ep,
-                             "etp": etp})  # fmt: skip
+        layout = cli_layout({"tp": tp, "pp": pp, "vpp": vpp, "pp_first": pp_first, "pp_last": pp_last,
+                             "pp_embed": pp_embed, "pp_loss": pp_loss, "ep": ep, "etp": etp})  # fmt: skip
     except ConvcheckError as exc:
         _fail_line(exc)
     display = progress_for(f"{model} {layout.label}", quiet)

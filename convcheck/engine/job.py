@@ -65,7 +65,8 @@ class Job:
         if self.layers is not None:
             args += ["--layers", str(self.layers)]
         for key, value in self.layout.fields_set():
-            args += [f"--{key.replace('_', '-')}", str(value)]
+            flag = f"--{key.replace('_', '-')}"
+            args += [flag] if value is True else [flag, str(value)]
         if self.device_requested != "auto":
             args += ["--device", self.device_requested]
         if self.experts != "sequential":

@@ -202,7 +202,9 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     source = set(ctx.checkpoint.tensors)
     parts = [c for _, _, c in gathered]
     all_findings = list(unique.values()) + exactly_once(parts) + export_side(counts, source)
-    if ctx.layout.vpp > 1 or ctx.layout.uneven:  # the split Megatron makes by itself is not convcheck's to re-derive
+    if (
+        ctx.layout.vpp > 1 or ctx.layout.uneven or ctx.layout.accounts
+    ):  # the split Megatron makes by itself is not convcheck's to re-derive
         all_findings += placement(parts, ctx.layout, int(ctx.model[0].config.num_layers))
     bad = {f.tensor for f in all_findings}
     rows = tuple(
