@@ -84,6 +84,14 @@ class ParallelLayout:
         words = {v: k for k, v in _SPELLED.items()}
         return [words.get(k, k) + ("" if k in _FLAGS else str(v)) for k, v in self.fields_set()]
 
+    def cli_args(self) -> list[str]:
+        """The `convcheck verify` options giving this layout (defaults left out), e.g. ["--pp", "2", "--vpp", "2"]."""
+        args = []
+        for key, value in self.fields_set():
+            flag = f"--{key.replace('_', '-')}"
+            args += [flag] if value is True else [flag, str(value)]
+        return args
+
     @property
     def label(self) -> str:
         """Short human label such as "TP2xEP2", "PP2xVPP2", "PP2xFIRST1xLAST3", "PP2xEMBEDxLOSS" or "TP1"."""

@@ -64,9 +64,7 @@ class Job:
         args = ["--model", self.model_label]
         if self.layers is not None:
             args += ["--layers", str(self.layers)]
-        for key, value in self.layout.fields_set():
-            flag = f"--{key.replace('_', '-')}"
-            args += [flag] if value is True else [flag, str(value)]
+        args += self.layout.cli_args()
         if self.device_requested != "auto":
             args += ["--device", self.device_requested]
         if self.experts != "sequential":
