@@ -1,8 +1,8 @@
 """Virtual pipeline (VPP, interleaved chunks) and uneven pipeline stages (issue #31): the layout's spelling and its
 bad inputs, every default oracle at PP2xVPP2 (tied embeddings), PP2xVPP2xEP2 (experts), PP2 with stages of 1 + 3
 layers and a hybrid pattern split by PP2, a distributed checkpoint resumed across a VPP change, a reshard from a VPP
-source, and the two planted VPP bugs (a chunk numbered with chunk 0's offset, the tied output layer synced through
-the wrong chunk), each asserted as a whole verdict."""
+source, and the planted pipeline bugs (a chunk numbered with chunk 0's offset, the tied output layer synced through
+the wrong chunk, an uneven split numbered as if even), each asserted as a whole verdict."""
 
 from __future__ import annotations
 
@@ -187,8 +187,8 @@ def test_distckpt_resumes_across_vpp_and_reshard_from_vpp(tmp_path: Path) -> Non
 # ---- the planted VPP bugs --------------------------------------------------------------------------------------------
 
 
-def _run_mutant(hook: str, tmp_path: Path) -> CliResult:
-    return run_cli("verify", "--model", "tiny:qwen2-tied-4l", "--pp", "2", "--vpp", "2", "--timeout", "200",
+def _run_mutant(hook: str, tmp_path: Path, layout: tuple[str, ...] = ("--pp", "2", "--vpp", "2")) -> CliResult:
+    return run_cli("verify", "--model", "tiny:qwen2-tied-4l", *layout, "--timeout", "200",
                    "--hook", mutant("vpp", hook), tmp_path=tmp_path)  # fmt: skip
 
 
@@ -226,8 +226,28 @@ def test_tied_output_synced_through_the_wrong_chunk_is_named(tmp_path: Path) -> 
     assert {f["kind"] for f in r.findings("logits")} == {"logits-differ", "greedy-differs"}
 
 
-def test_catalog_lists_both_vpp_mutants_at_the_vpp_layout() -> None:
+@pytest.mark.ranks
+def test_uneven_split_numbered_as_even_is_named(tmp_path: Path) -> None:
+    r = _run_mutant("uneven_offset_as_even", tmp_path, ("--pp", "2", "--pp-first", "1", "--pp-last", "3"))
+    assert r.code == 1
+    assert r.verdicts() == {**dict.fromkeys(DEFAULT, "fail"), "config": "pass"}
+    (misplaced,) = [f for f in r.findings("coverage") if f["kind"] == "misplaced-layers"]
+    assert misplaced["message"] == (
+        "PP stage 1 chunk 0 (rank 1) holds decoder layers [2, 3, 4]; PP2xFIRST1xLAST3 puts layers [1, 2, 3] there"
+    )
+    coverage = {(f["tensor"], f["kind"]) for f in r.findings("coverage")}
+    assert ("decoder.layers.4.self_attention.linear_qkv.weight", "hf-missing") in coverage
+    assert ("model.layers.1.self_attn.q_proj.weight", "not-exported") in coverage
+    (crash,) = [f for f in r.findings("roundtrip") if f["kind"] == "export-failed"]
+    assert (
+        "Object must exist on at least one PP rank at megatron/bridge/models/conversion/param_mapping.py:479"
+        in (crash["message"])
+    )
+
+
+def test_catalog_lists_the_pipeline_mutants() -> None:
     assert [(m.name, m.fixture, m.layout) for m in VPP_MUTANTS] == [
         ("vpp_chunk_offset_from_chunk0", "tiny:qwen2-tied-4l", "pp2vpp2"),
         ("vpp_tied_output_wrong_chunk", "tiny:qwen2-tied-4l", "pp2vpp2"),
+        ("uneven_offset_as_even", "tiny:qwen2-tied-4l", "pp2first1last3"),
     ]

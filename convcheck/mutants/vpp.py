@@ -1,8 +1,10 @@
-"""Planted virtual-pipeline bugs: a chunk's layers numbered with another chunk's offset, and the last stage's tied
-output layer synced through the wrong chunk. Each patches the real Megatron-Bridge function the bug would live in."""
+"""Planted virtual-pipeline and uneven-stage bugs: a chunk's layers numbered with another chunk's offset, the last
+stage's tied output layer synced through the wrong chunk, and an uneven split numbered as if it were even. Each
+patches the real Megatron-Bridge function the bug would live in."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from convcheck.mutants import wrap
@@ -16,6 +18,27 @@ def chunk_offset_from_chunk0() -> None:
     def make(original: Any) -> Any:
         def local_to_global(models, config, param_name, vp_stage=None):  # type: ignore[no-untyped-def]
             return original(models, config, param_name, 0 if vp_stage else vp_stage)
+
+        return local_to_global
+
+    wrap(model_bridge, "_megatron_local_name_to_global", make)
+
+
+def uneven_offset_as_even() -> None:
+    """The bridge's local->global layer numbering assumes an even split: a stage's offset is pp_rank x
+    (num_layers / pp) instead of the layers the stages before it really hold (wrong after an uneven first stage)."""
+    from megatron.bridge.models.conversion import model_bridge
+    from megatron.core import parallel_state
+
+    def make(original: Any) -> Any:
+        def local_to_global(models, config, param_name, vp_stage=None):  # type: ignore[no-untyped-def]
+            name = original(models, config, param_name, vp_stage)
+            local = re.match(r"^decoder\.layers\.(\d+)\.", param_name)
+            if local is None or config.pipeline_model_parallel_size < 2:
+                return name
+            stage = parallel_state.get_pipeline_model_parallel_rank()
+            even = int(local.group(1)) + stage * (config.num_layers // config.pipeline_model_parallel_size)
+            return re.sub(r"^decoder\.layers\.\d+\.", f"decoder.layers.{even}.", name)
 
         return local_to_global
 
