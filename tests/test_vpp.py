@@ -1,8 +1,9 @@
 """Virtual pipeline (VPP, interleaved chunks) and uneven pipeline stages (issue #31): the layout's spelling and its
-bad inputs, every default oracle at PP2xVPP2 (tied embeddings), PP2xVPP2xEP2 (experts), PP2 with stages of 1 + 3
-layers and a hybrid pattern split by PP2, a distributed checkpoint resumed across a VPP change, a reshard from a VPP
-source, and the planted pipeline bugs (a chunk numbered with chunk 0's offset, the tied output layer synced through
-the wrong chunk, an uneven split numbered as if even), each asserted as a whole verdict."""
+bad inputs; every default oracle at PP2xVPP2 (tied embeddings), PP2xVPP2xEP2 (experts), PP2 with stages of 1 + 3
+layers, PP2xVPP2 with the embedding and loss counted as layers, and hybrid patterns split by PP2 (evenly, and 2 + 3);
+a distributed checkpoint resumed across a VPP change and a reshard from a VPP source; the planted pipeline bugs (a
+chunk numbered with chunk 0's offset, the tied output layer synced through the wrong chunk, an uneven split numbered
+as if even), each asserted as a whole verdict."""
 
 from __future__ import annotations
 
@@ -14,13 +15,13 @@ from convcheck.errors import BadInput
 from convcheck.hf.geometry import Geometry
 from convcheck.layout import ParallelLayout
 from convcheck.mutants.catalog_vpp import VPP_MUTANTS
-from tests.support.cases import ACCOUNTED, VPP
+from tests.support.cases import PIPELINE_EXTRAS, VPP
 from tests.support.helpers import CliResult, matrix_run, mutant, run_cli
 from tests.test_verify_matrix import default_oracles
 
 DEFAULT = ("coverage", "roundtrip", "config", "logits", "differential", "elements", "layout", "mapping")
 FOUR_LAYERS = Geometry(num_heads=4, num_query_groups=2, num_layers=4, ffn=64)
-CASES = [(name, layout) for name, layouts in VPP.items() for layout in layouts] + ACCOUNTED
+CASES = [(name, layout) for name, layouts in VPP.items() for layout in layouts] + PIPELINE_EXTRAS
 
 
 # ---- the layout: spelling, validation ------------------------------------------------------------------------------
@@ -158,7 +159,7 @@ def test_every_default_oracle_passes(name: str, layout: tuple[str, ...], shared_
     assert grid.spec == gate_spec(layout)
     mapping = next(o for o in res.report["oracles"] if o["name"] == "mapping")
     shards = {"pp2vpp2": "15/15", "pp2first1last3": "8/8", "pp2vpp2ep2": "31/31", "pp2": "16/16",
-              "pp2vpp2embedloss": "8/8"}[grid.spec]  # fmt: skip
+              "pp2vpp2embedloss": "8/8", "pp2first2last3": "13/13"}[grid.spec]  # fmt: skip
     assert mapping["metrics"]["rank0_shards_in_roundtrip"] == shards  # rank 0's stage holds what the layout says
 
 

@@ -23,9 +23,12 @@ VPP = {  # 4- and 6-layer variants for the pipeline layouts their 2-layer fixtur
     "qwen3-moe-4l": [("--pp", "2", "--vpp", "2", "--ep", "2")],
     "nemotron-h-6l": [("--pp", "2")],
 }
-ACCOUNTED = [  # the embedding and the loss counted as pipeline layers: chunk 0 of stage 0 and the last chunk of the
-    # last stage build no decoder layer at all (2 layers over PP2 x VPP2 counted as 4)
+PIPELINE_EXTRAS = [
+    # the embedding and the loss counted as pipeline layers: chunk 0 of stage 0 and the last chunk of the last stage
+    # build no decoder layer at all (2 layers over PP2 x VPP2 counted as 4)
     ("qwen2-tied", ("--pp", "2", "--vpp", "2", "--pp-embed", "--pp-loss")),
+    # the 5-layer hybrid pattern M*-ME split 2 + 3 (an even PP2 cannot split it)
+    ("nemotron-h", ("--pp", "2", "--pp-first", "2", "--pp-last", "3")),
 ]
 FIXED = {  # families checked at a fixed list of layouts (convcheck.gate.case LAYOUTS_BY_FIXTURE and EXTRA_CASES)
     **GDN,
@@ -47,7 +50,7 @@ CASES = (
     + [("nemotron-h", layout) for layout in HYBRID_LAYOUTS]
     + [(name, layout) for name, layouts in FIXED.items() if name not in PARTLY_COVERED for layout in layouts]
     + [("qwen2", ("--tp", "4"))]  # fewer KV heads (2) than TP ranks (4): each query group split over two ranks
-    + ACCOUNTED
+    + PIPELINE_EXTRAS
 )
 PASSING = [(name, layout) for name, layout in CASES if name not in KNOWN_BUGS]
 """The cases that must pass every oracle (exact verdicts of the others: tests/test_deepseek.py, test_qwen_next.py)."""
