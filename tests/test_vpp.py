@@ -252,3 +252,16 @@ def test_catalog_lists_the_pipeline_mutants() -> None:
         ("vpp_tied_output_wrong_chunk", "tiny:qwen2-tied-4l", "pp2vpp2"),
         ("uneven_offset_as_even", "tiny:qwen2-tied-4l", "pp2first1last3"),
     ]
+
+
+def test_plugin_takes_the_pipeline_fields_as_keywords() -> None:
+    from convcheck.pytest_plugin import _choose_layout
+
+    plain = {"tp": 1, "pp": 1, "ep": 1, "etp": 1, "vpp": 1, "pp_first": None, "pp_last": None, "pp_embed": False,
+             "pp_loss": False}  # fmt: skip
+    assert _choose_layout(None, {**plain, "pp": 2, "vpp": 2}, None, ParallelLayout()) == ParallelLayout(pp=2, vpp=2)
+    uneven = _choose_layout(None, {**plain, "pp": 2, "pp_first": 1, "pp_last": 3}, None, ParallelLayout())
+    assert uneven == ParallelLayout.parse("pp2first1last3")
+    assert _choose_layout(None, plain, None, ParallelLayout(tp=2)) == ParallelLayout(tp=2)  # all defaults: the default
+    with pytest.raises(BadInput, match="give either layout='pp2' or pp_embed=, not both"):
+        _choose_layout("pp2", {**plain, "pp_embed": True}, None, ParallelLayout())
