@@ -32,9 +32,7 @@ def _verify_args(case: dict) -> list[str]:
 
     layout = ParallelLayout.parse(case["layout"])
     args = ["verify", "--model", case["model"], "--quiet"]
-    for axis in ("tp", "pp", "ep", "etp"):
-        if getattr(layout, axis) > 1:
-            args += [f"--{axis}", str(getattr(layout, axis))]
+    args += layout.cli_args()
     if case.get("pad_vocab"):
         args += ["--pad-vocab", str(case["pad_vocab"])]
     return args

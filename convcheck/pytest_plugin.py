@@ -116,7 +116,8 @@ def convcheck_layout(request: pytest.FixtureRequest) -> ParallelLayout:
 def convcheck_verify(
     request: pytest.FixtureRequest, convcheck_layout: ParallelLayout, tmp_path_factory: pytest.TempPathFactory
 ) -> Callable[..., Report]:
-    """`convcheck_verify(model=None, layout=None, *, tp=1, pp=1, ep=1, etp=1, oracles=None, hooks=(), sender=None,
+    """`convcheck_verify(model=None, layout=None, *, tp=1, pp=1, ep=1, etp=1, vpp=1, pp_first=None, pp_last=None,
+    pp_embed=False, pp_loss=False, oracles=None, hooks=(), sender=None,
     receiver=None, target_tp=None, target_ep=None, target_etp=None, **kw) -> Report`: one real verify run (target_*:
     the reshard oracle's target sizes, one or a list each; kw: any other keyword of convcheck.api.verify, e.g. device,
     experts, timeout_s, log_dir, chunk_mb, pad_vocab, manifest_out, resume_layout)."""
@@ -131,6 +132,11 @@ def convcheck_verify(
         pp: int = 1,
         ep: int = 1,
         etp: int = 1,
+        vpp: int = 1,
+        pp_first: int | None = None,
+        pp_last: int | None = None,
+        pp_embed: bool = False,
+        pp_loss: bool = False,
         oracles: Sequence[str] | str | None = None,
         hooks: Sequence[str | Callable[..., Any]] | str = (),
         sender: str | Callable[..., Any] | None = None,
@@ -140,7 +146,9 @@ def convcheck_verify(
         target_etp: int | Sequence[int] | None = None,
         **kw: Any,
     ) -> Report:
-        grid = _choose_layout(layout, {"tp": tp, "pp": pp, "ep": ep, "etp": etp}, test_layout, ParallelLayout())
+        sizes = {"tp": tp, "pp": pp, "ep": ep, "etp": etp, "vpp": vpp, "pp_first": pp_first, "pp_last": pp_last,
+                 "pp_embed": pp_embed, "pp_loss": pp_loss}  # fmt: skip
+        grid = _choose_layout(layout, sizes, test_layout, ParallelLayout())
         options = {**kw, **_adapter_options(sender=sender, receiver=receiver)}
         options |= {"target_tp": target_tp, "target_ep": target_ep, "target_etp": target_etp}
         options.setdefault("log_dir", str(tmp_path_factory.mktemp("convcheck-verify")))
@@ -314,12 +322,14 @@ def _layout_parametrized(request: pytest.FixtureRequest) -> bool:
 
 def _choose_layout(
     layout: ParallelLayout | str | None,
-    sizes: dict[str, int],
+    sizes: dict[str, int | bool | None],
     test_layout: ParallelLayout | None,
     default: ParallelLayout,
 ) -> ParallelLayout:
-    """The explicit layout, else tp/pp/ep/etp when any is not 1, else the test's layout, else `default`."""
-    custom = {axis: size for axis, size in sizes.items() if size != 1}
+    """The explicit layout, else the sizes (tp, pp, vpp, pp_first, ...) that are not at ParallelLayout's default, else
+    the test's layout, else `default`."""
+    plain = ParallelLayout()
+    custom = {a: s for a, s in sizes.items() if s != getattr(plain, a)}
     if layout is not None and custom:
         raise BadInput(f"give either layout={layout!r} or {', '.join(f'{k}=' for k in custom)}, not both")
     if layout is not None:

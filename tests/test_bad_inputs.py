@@ -123,7 +123,7 @@ class Case:
         from convcheck.layout import ParallelLayout
 
         grid = ParallelLayout.parse(self.layout)
-        return tuple(a for k in ("tp", "pp", "ep", "etp") for a in (f"--{k}", str(getattr(grid, k))))
+        return tuple(grid.cli_args())
 
 
 def truncated_shard(ckpt: Path) -> Case:

@@ -43,13 +43,12 @@ def _matrix_args(launch: Launch) -> tuple[str, ...] | None:
 
 def _spec(layout: tuple[str, ...]) -> tuple[str, str]:
     """(grid spec, expert layout) of a verify-matrix layout, e.g. ("ep2", "te-grouped")."""
-    from convcheck.layout import ParallelLayout
+    from tests.support.cases import gate_case
 
-    args = dict(zip(layout[::2], layout[1::2], strict=True))
-    experts = args.pop("--experts", "sequential")
-    if "--pad-vocab" in args:
+    if "--pad-vocab" in layout:
         return ("", "")  # the padded vocabulary is a case of its own, never a catalog launch's clean run
-    return ParallelLayout(**{k.removeprefix("--"): int(v) for k, v in args.items()}).spec, experts
+    case = gate_case("x", layout)
+    return case.layout.spec, case.experts
 
 
 def test_no_catalog_entry_is_left_out_of_the_plan() -> None:

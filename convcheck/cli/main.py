@@ -37,10 +37,17 @@ def _fail_line(exc: BaseException) -> None:
     sys.exit(EXIT_BAD_INPUT)
 
 
-PREPARE_OPTIONS = ("model", "layers", "tp", "pp", "ep", "etp", "oracles", "device", "hooks", "experts", "timeout",
-                   "sender", "receiver", "chunk_mb", "pad_vocab", "manifest_path", "resume_layouts", "target_tps",
-                   "target_eps", "target_etps", "save_dtype")  # fmt: skip
+PREPARE_OPTIONS = ("model", "layers", "tp", "pp", "vpp", "pp_first", "pp_last", "pp_embed", "pp_loss", "ep", "etp",
+                   "oracles", "device", "hooks", "experts", "timeout", "sender", "receiver", "chunk_mb", "pad_vocab",
+                   "manifest_path", "resume_layouts", "target_tps", "target_eps", "target_etps",
+                   "save_dtype")  # fmt: skip
 """The verify options that make its Job (the others say where output goes)."""
+
+
+def cli_layout(p: dict[str, Any]) -> ParallelLayout:
+    """The ParallelLayout of verify's --tp --pp --vpp --pp-first --pp-last --pp-embed --pp-loss --ep --etp."""
+    return ParallelLayout(**{k: p[k] for k in ("tp", "pp", "vpp", "pp_first", "pp_last", "pp_embed", "pp_loss", "ep",
+                                               "etp")})  # fmt: skip
 
 
 def job_from_options(params: dict[str, Any], progress: Any = None) -> Any:
@@ -48,7 +55,7 @@ def job_from_options(params: dict[str, Any], progress: Any = None) -> Any:
     p = params
     return api.prepare(
         p["model"],
-        ParallelLayout(tp=p["tp"], pp=p["pp"], ep=p["ep"], etp=p["etp"]),
+        cli_layout(p),
         oracles=p["oracles"],
         device=p["device"],
         hooks=p["hooks"],
@@ -102,6 +109,16 @@ Examples:
               help="Decoder layers of a config:FILE model (default: fewest keeping its layer pattern).")  # fmt: skip
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor parallel size.")
 @click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True, help="Pipeline parallel size.")
+@click.option("--vpp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Virtual pipeline size: model chunks per pipeline rank, interleaved (needs --pp > 1).")  # fmt: skip
+@click.option("--pp-first", type=click.IntRange(min=1), default=None,
+              help="Decoder layers of the first pipeline stage (uneven stages; default: even split).")  # fmt: skip
+@click.option("--pp-last", type=click.IntRange(min=1), default=None,
+              help="Decoder layers of the last pipeline stage (uneven stages; default: even split).")  # fmt: skip
+@click.option("--pp-embed", is_flag=True,
+              help="Count the embedding as a pipeline layer (the first chunk builds one fewer).")  # fmt: skip
+@click.option("--pp-loss", is_flag=True,
+              help="Count the loss as a pipeline layer (the last chunk builds one fewer).")  # fmt: skip
 @click.option("--ep", type=click.IntRange(min=1), default=1, show_default=True, help="Expert parallel size.")
 @click.option("--etp", type=click.IntRange(min=1), default=1, show_default=True, help="Expert tensor parallel size.")
 @click.option(
@@ -158,6 +175,11 @@ def verify(
     layers: int | None,
     tp: int,
     pp: int,
+    vpp: int,
+    pp_first: int | None,
+    pp_last: int | None,
+    pp_embed: bool,
+    pp_loss: bool,
     ep: int,
     etp: int,
     oracles: tuple[str, ...] | None,
@@ -182,7 +204,11 @@ def verify(
     save_dtype: str | None,
 ) -> None:
     """Build the sharded Megatron model from MODEL through the real bridge and run the oracles."""
-    layout = ParallelLayout(tp=tp, pp=pp, ep=ep, etp=etp)
+    try:
+        layout = cli_layout({"tp": tp, "pp": pp, "vpp": vpp, "pp_first": pp_first, "pp_last": pp_last,
+                             "pp_embed": pp_embed, "pp_loss": pp_loss, "ep": ep, "etp": etp})  # fmt: skip
+    except ConvcheckError as exc:
+        _fail_line(exc)
     display = progress_for(f"{model} {layout.label}", quiet)
     try:
         with display or contextlib.nullcontext():

@@ -167,8 +167,9 @@ def _grid(title: str, names: list[str], rows: dict[str, dict[str, Any]], order: 
 
 
 def _layout_label(layout: dict[str, int]) -> str:
-    parts = [f"{k.upper()}{layout[k]}" for k in ("tp", "pp", "ep", "etp") if layout.get(k, 1) > 1]
-    return "x".join(parts) or "TP1"
+    from convcheck.layout import ParallelLayout
+
+    return ParallelLayout.from_dict(layout).label
 
 
 def report_json(report: Report) -> str:

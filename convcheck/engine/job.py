@@ -66,9 +66,7 @@ class Job:
         args = ["--model", self.model_label]
         if self.layers is not None:
             args += ["--layers", str(self.layers)]
-        for key in ("tp", "pp", "ep", "etp"):
-            if (value := getattr(self.layout, key)) != 1:
-                args += [f"--{key}", str(value)]
+        args += self.layout.cli_args()
         if self.device_requested != "auto":
             args += ["--device", self.device_requested]
         if self.experts != "sequential":

@@ -267,6 +267,14 @@ QWEN2 = Architecture(
             use_sliding_window=False,
             tie_word_embeddings=True,
         ),
+        tiny_spec(
+            "qwen2-tied-4l",
+            "Qwen2Config",
+            "tiny:qwen2-tied with 4 layers: virtual pipeline (PP2 x VPP2) and uneven stages (1 + 3)",
+            use_sliding_window=False,
+            tie_word_embeddings=True,
+            num_hidden_layers=4,
+        ),
     ),
 )
 QWEN3 = Architecture(

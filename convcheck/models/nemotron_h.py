@@ -389,6 +389,16 @@ TINY_NEMOTRON_H = FixtureSpec(
     renames={"backbone.embedding.weight": EMBEDDING},
 )
 
+# Six layers, so PP2 splits the pattern: stage 0 holds M*- (Mamba, attention, MLP), stage 1 M*E (Mamba, attention, MoE).
+TINY_NEMOTRON_H_6L = FixtureSpec(
+    name="nemotron-h-6l",
+    config_class="NemotronHConfig",
+    description="NemotronH hybrid M*-M*E: every layer type, the pattern split in two by PP2",
+    config={**TINY_NEMOTRON_H.config, "hybrid_override_pattern": "M*-M*E"},
+    fp32_tensors=TINY_NEMOTRON_H.fp32_tensors,
+    renames=TINY_NEMOTRON_H.renames,
+)
+
 # The same without the dense MLP layer: transformers 5.3 (bridge 0.4.x) knows only mamba, attention and moe layers.
 TINY_NEMOTRON_H_MOE = FixtureSpec(
     name="nemotron-h-moe",
@@ -404,5 +414,5 @@ NEMOTRON_H = Architecture(
     model_type="nemotron_h",
     mapping_rules=hybrid_rules,
     config_rules=NEMOTRON_H_TABLE,
-    fixtures=(TINY_NEMOTRON_H, TINY_NEMOTRON_H_MOE),
+    fixtures=(TINY_NEMOTRON_H, TINY_NEMOTRON_H_MOE, TINY_NEMOTRON_H_6L),
 )

@@ -90,5 +90,13 @@ QWEN3_MOE = Architecture(
             **TINY_MOE,
             norm_topk_prob=False,
         ),
+        tiny_spec(
+            "qwen3-moe-4l",
+            "Qwen3MoeConfig",
+            "tiny:qwen3-moe with 4 layers: virtual pipeline with experts (PP2 x VPP2 x EP2)",
+            **TINY_MOE,
+            norm_topk_prob=True,
+            num_hidden_layers=4,
+        ),
     ),
 )

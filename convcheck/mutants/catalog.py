@@ -14,9 +14,10 @@ from __future__ import annotations
 from convcheck.mutants.catalog_layout import LAYOUT_MUTANTS
 from convcheck.mutants.catalog_model import MODEL_MUTANTS
 from convcheck.mutants.catalog_olmoe import OLMOE_MUTANTS
+from convcheck.mutants.catalog_vpp import VPP_MUTANTS
 from convcheck.mutants.mutant import FORWARD, Mutant
 
-MUTANTS: tuple[Mutant, ...] = (*LAYOUT_MUTANTS, *MODEL_MUTANTS, *OLMOE_MUTANTS)
+MUTANTS: tuple[Mutant, ...] = (*LAYOUT_MUTANTS, *MODEL_MUTANTS, *OLMOE_MUTANTS, *VPP_MUTANTS)
 """Every shipped mutant, in the order the kill matrix lists them."""
 
 __all__ = ["FORWARD", "MUTANTS", "Mutant"]

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Any
 
-from convcheck.layout import RankCoord
+from convcheck.layout import ParallelLayout, RankCoord
 from convcheck.oracles.base import OracleInfo
 from convcheck.rank.context import RankContext
 from convcheck.rank.model import named_tensors
@@ -17,7 +18,8 @@ INFO = OracleInfo(
     proves="every Megatron parameter and persistent buffer has a bridge mapping whose HF tensors exist, "
     "every element was written by the import, every global parameter is held exactly once per "
     "model-parallel replica (no two EP ranks or PP stages claim one name), and the export produces every "
-    "source tensor exactly once with no extra names",
+    "source tensor exactly once with no extra names; under a virtual pipeline or uneven stages, every model chunk "
+    "holds exactly the decoder layers the layout puts there",
     does_not_prove="that any value landed in the right place (see roundtrip)",
     drains_export=True,
 )
@@ -39,13 +41,43 @@ def claims(ctx: RankContext) -> dict[str, Any]:
     """What this rank claims: its coordinates and, per global name, how many local tensors and whether expert."""
     counts: Counter[str] = Counter()
     expert: set[str] = set()
+    layers: dict[int, set[int]] = {chunk: set() for chunk in range(len(ctx.model))}
     for vp_stage, local, tensor in named_tensors(ctx.model):
         name = ctx.global_name(local, vp_stage)
         counts[name] += 1
         if is_expert(name, tensor):
             expert.add(name)
+        if found := DECODER_LAYER.match(name):
+            layers[vp_stage].add(int(found.group(1)))
     mtp = any(name.startswith(MTP_PREFIX) for name in counts)
-    return {"rank": ctx.rank, "coord": ctx.coord, "counts": dict(counts), "expert": sorted(expert), "mtp": mtp}
+    chunks = [sorted(held) for _, held in sorted(layers.items())]
+    return {"rank": ctx.rank, "coord": ctx.coord, "counts": dict(counts), "expert": sorted(expert), "mtp": mtp,
+            "layers": chunks}  # fmt: skip
+
+
+DECODER_LAYER = re.compile(r"decoder\.layers\.(\d+)\.")
+"""A global decoder-layer parameter name and its layer number."""
+
+
+def placement(gathered: list[dict[str, Any]], layout: ParallelLayout, num_layers: int) -> list[Finding]:
+    """Layers held by a model chunk other than the one `layout` puts them in (a virtual pipeline's interleave or an
+    uneven split ignored, or a chunk numbered with another's offset): one finding per misplaced (stage, chunk)."""
+    expected = layout.chunk_layers(num_layers)
+    findings = []
+    for part in gathered:
+        stage = part["coord"].pp_rank
+        for chunk, held in enumerate(part["layers"]):
+            want = list(expected[stage][chunk]) if chunk < len(expected[stage]) else []
+            if held == want:
+                continue
+            wrong = sorted(set(held) ^ set(want))
+            message = (
+                f"PP stage {stage} chunk {chunk} (rank {part['rank']}) holds decoder layers {held}; "
+                f"{layout.label} puts layers {want} there"
+            )
+            detail = {"tensor": f"decoder.layers.{wrong[0]}", "rank": part["rank"], "held": held, "expected": want}
+            findings.append(Finding(tensor="<pipeline>", kind="misplaced-layers", message=message, detail=detail))
+    return findings
 
 
 MTP_PREFIX = "mtp."
@@ -168,7 +200,12 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         for f in rank_findings:
             unique.setdefault((f["tensor"], f["kind"]), Finding.from_dict(f))
     source = set(ctx.checkpoint.tensors)
-    all_findings = list(unique.values()) + exactly_once([c for _, _, c in gathered]) + export_side(counts, source)
+    parts = [c for _, _, c in gathered]
+    all_findings = list(unique.values()) + exactly_once(parts) + export_side(counts, source)
+    if (
+        ctx.layout.vpp > 1 or ctx.layout.uneven or ctx.layout.accounts
+    ):  # the split Megatron makes by itself is not convcheck's to re-derive
+        all_findings += placement(parts, ctx.layout, int(ctx.model[0].config.num_layers))
     bad = {f.tensor for f in all_findings}
     rows = tuple(
         TensorRow(

@@ -97,8 +97,11 @@ def _tied(model: list[Any]) -> list[Any]:
 
 
 def megatron_logits(ctx: RankContext, tokens: Any, whole: bool = False) -> Any | None:
-    """Collective fp32 forward of this rank's chunk; full-vocab logits [B, S, V] on last-stage ranks, else None.
+    """Collective fp32 forward of this rank's chunks; full-vocab logits [B, S, V] on last-stage ranks, else None.
 
+    Pipeline order: chunk 0 on stages 0..P-1, then chunk 1 on stages 0..P-1, ... (a virtual pipeline's interleave);
+    hidden states [S, B, H] pass stage to stage, from the last stage back to the first between chunks. The
+    embedding is chunk 0 of stage 0's, the final norm and output layer the last chunk of the last stage's.
     `whole`: upcast the whole chunk up front instead of block by block (the same bits, more memory)."""
     import torch
     import torch.distributed as dist
@@ -115,14 +118,18 @@ def megatron_logits(ctx: RankContext, tokens: Any, whole: bool = False) -> Any |
         for chunk in ctx.model:
             chunk.eval()
         try:
-            if stage > 0:
-                shape = (tokens.shape[1], tokens.shape[0], gpt.config.hidden_size)  # [s, b, h]
-                hidden = torch.empty(shape, dtype=torch.float32, device=device)
-                dist.recv(hidden, src=pp_ranks[stage - 1])
-                gpt.set_input_tensor(hidden)
-            out = gpt(input_ids=tokens, position_ids=positions, attention_mask=None)
-            if stage < len(pp_ranks) - 1:
-                dist.send(out.float().contiguous(), dst=pp_ranks[stage + 1])
+            stages, chunks = len(pp_ranks), len(ctx.model)
+            for index, chunk in enumerate(ctx.model):
+                module = _unwrap(chunk)
+                if stage > 0 or index > 0:  # input from the previous stage (the last one, between chunks)
+                    shape = (tokens.shape[1], tokens.shape[0], gpt.config.hidden_size)  # [s, b, h]
+                    hidden = torch.empty(shape, dtype=torch.float32, device=device)
+                    dist.recv(hidden, src=pp_ranks[stage - 1])  # stage 0's previous stage is pp_ranks[-1]
+                    module.set_input_tensor(hidden)
+                out = module(input_ids=tokens, position_ids=positions, attention_mask=None)
+                if stage < stages - 1 or index < chunks - 1:
+                    dist.send(out.float().contiguous(), dst=pp_ranks[(stage + 1) % stages])
+            if stage < stages - 1:
                 return None
         finally:
             for chunk, training in zip(ctx.model, was_training):

@@ -27,6 +27,7 @@ def init_distributed(layout: ParallelLayout, device: str, timeout_s: float) -> t
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=layout.tp,
         pipeline_model_parallel_size=layout.pp,
+        virtual_pipeline_model_parallel_size=layout.vpp if layout.vpp > 1 else None,
         expert_model_parallel_size=layout.ep,
         expert_tensor_parallel_size=layout.etp,
     )

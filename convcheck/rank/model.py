@@ -34,6 +34,11 @@ def make_provider(bridge: Any, layout: ParallelLayout, device: str, pad_vocab: i
         provider.should_pad_vocab = True
     provider.tensor_model_parallel_size = layout.tp
     provider.pipeline_model_parallel_size = layout.pp
+    provider.virtual_pipeline_model_parallel_size = layout.vpp if layout.vpp > 1 else None
+    provider.num_layers_in_first_pipeline_stage = layout.pp_first
+    provider.num_layers_in_last_pipeline_stage = layout.pp_last
+    provider.account_for_embedding_in_pipeline_split = layout.pp_embed
+    provider.account_for_loss_in_pipeline_split = layout.pp_loss
     provider.expert_model_parallel_size = layout.ep
     provider.expert_tensor_parallel_size = layout.etp
     provider.sequence_parallel = False

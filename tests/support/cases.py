@@ -18,6 +18,18 @@ GDN = {  # gated-DeltaNet hybrids: the layouts that split their GDN heads, stage
     "qwen3.6-moe": [("--ep", "2", "--experts", "te-grouped")],
 }
 TE = ("--experts", "te-grouped")
+VPP = {  # 4- and 6-layer variants for the pipeline layouts their 2-layer fixtures cannot take (tests/test_vpp.py)
+    "qwen2-tied-4l": [("--pp", "2", "--vpp", "2"), ("--pp", "2", "--pp-first", "1", "--pp-last", "3")],
+    "qwen3-moe-4l": [("--pp", "2", "--vpp", "2", "--ep", "2")],
+    "nemotron-h-6l": [("--pp", "2")],
+}
+PIPELINE_EXTRAS = [
+    # the embedding and the loss counted as pipeline layers: chunk 0 of stage 0 and the last chunk of the last stage
+    # build no decoder layer at all (2 layers over PP2 x VPP2 counted as 4)
+    ("qwen2-tied", ("--pp", "2", "--vpp", "2", "--pp-embed", "--pp-loss")),
+    # the 5-layer hybrid pattern M*-ME split 2 + 3 (an even PP2 cannot split it)
+    ("nemotron-h", ("--pp", "2", "--pp-first", "2", "--pp-last", "3")),
+]
 FIXED = {  # families checked at a fixed list of layouts (convcheck.gate.case LAYOUTS_BY_FIXTURE and EXTRA_CASES)
     **GDN,
     "mistral-nowindow": [("--tp", "2")],  # the other layouts are tiny:mistral's
@@ -29,6 +41,7 @@ FIXED = {  # families checked at a fixed list of layouts (convcheck.gate.case LA
     # grouped experts: the bridge maps no SequentialMLP experts (a named crash, tests/test_glm45.py)
     "glm4.5": [(*layout, *TE) for layout in [("--tp", "2"), ("--pp", "2"), *MOE_LAYOUTS]],
     "glm4.5-air": [("--tp", "2", "--ep", "2", *TE)],
+    **VPP,
 }
 DENSE = [name for name in sorted(FIXTURES) if name not in ("nemotron-h", *FIXED, *PARTLY_COVERED, *RELEASE_VARIANTS)]
 CASES = (
@@ -37,6 +50,7 @@ CASES = (
     + [("nemotron-h", layout) for layout in HYBRID_LAYOUTS]
     + [(name, layout) for name, layouts in FIXED.items() if name not in PARTLY_COVERED for layout in layouts]
     + [("qwen2", ("--tp", "4"))]  # fewer KV heads (2) than TP ranks (4): each query group split over two ranks
+    + PIPELINE_EXTRAS
 )
 PASSING = [(name, layout) for name, layout in CASES if name not in KNOWN_BUGS]
 """The cases that must pass every oracle (exact verdicts of the others: tests/test_deepseek.py, test_qwen_next.py)."""
@@ -44,12 +58,26 @@ PADDED = ("qwen3", ("--tp", "2", "--pad-vocab", "128"))
 """The padded vocabulary training uses (make_vocab_size_divisible_by=128 x TP2): megatron-bridge 0.6.2 fails it."""
 
 
+def layout_args(layout: tuple[str, ...]) -> dict[str, str | bool]:
+    """A matrix layout's options: `--flag VALUE` pairs, and flags without a value (`--pp-embed`) as True."""
+    out: dict[str, str | bool] = {}
+    for i, arg in enumerate(layout):
+        if arg.startswith("--"):
+            value = layout[i + 1] if i + 1 < len(layout) and not layout[i + 1].startswith("--") else True
+            out[arg] = value
+    return out
+
+
+def _size(value: str | bool) -> int | bool:
+    return value if isinstance(value, bool) else int(value)
+
+
 def gate_case(name: str, layout: tuple[str, ...]) -> Case:
     """The gate case of one matrix entry (its golden manifest is GOLDEN_DIR / case.file_name)."""
-    args = dict(zip(layout[::2], layout[1::2], strict=True))
+    args = layout_args(layout)
     pad = args.pop("--pad-vocab", None)
-    experts = args.pop("--experts", "sequential")
-    grid = ParallelLayout(**{k.removeprefix("--"): int(v) for k, v in args.items()})
+    experts = str(args.pop("--experts", "sequential"))
+    grid = ParallelLayout(**{k.removeprefix("--").replace("-", "_"): _size(v) for k, v in args.items()})
     return Case(model=f"tiny:{name}", layout=grid, pad_vocab=int(pad) if pad else None, experts=experts)
 
 
