@@ -44,9 +44,11 @@ SMOKE_CASES = (
     "qwen3-next@tp1", "qwen3.5@tp1", "qwen3.5-moe@tp1", "mistral@tp1", "mistral-nowindow@tp1", "gpt-oss@tp1",
     "gpt-oss-2f-hidden@tp1", "glm4.5@tp1+te-grouped", "olmoe@tp2+te-grouped",
     "qwen2-tied@tp2:save", "qwen3-moe@tp2ep2:save", "llama@pp2:save", "deepseek-v3@tp1:save",
+    "qwen2-tied-4l@pp2vpp2", "qwen3-moe-4l@pp2vpp2ep2", "qwen2-tied-4l@pp2first1last3",
 )  # fmt: skip
 """FIXTURE@LAYOUT[+EXPERTS][:ORACLES]: LAYOUT as `ParallelLayout.parse` reads it (tp2, pp2, tp2ep2); ORACLES a
-comma list run instead of the default set (the opt-in save oracle: the bridge's own HF writer on that release)."""
+comma list run instead of the default set (the opt-in save oracle: the bridge's own HF writer on that release). Each run
+stops hung ranks after 240 s (a release that hangs names it as {exit-2 = "ranks did not finish"})."""
 STOPS = "exit-2"
 """A smoke entry `{exit-2 = "..."}`: the release cannot build the fixture; verify stops with exit 2 saying that."""
 
@@ -301,8 +303,7 @@ def test_release_smoke(case: str, tmp_path: Path) -> None:
     if fixture in RELEASES[INSTALLED].unsupported:
         pytest.skip(f"{release_label()}: {RELEASES[INSTALLED].unsupported[fixture]}")
     grid = ParallelLayout.parse(layout)
-    sizes = [a for axis in ("tp", "pp", "ep", "etp") for a in (f"--{axis}", str(getattr(grid, axis)))]
-    res = run_cli("verify", "--model", f"tiny:{fixture}", *sizes, "--table", "none",
+    res = run_cli("verify", "--model", f"tiny:{fixture}", *grid.cli_args(), "--table", "none", "--timeout", "240",
                   *(("--experts", experts) if experts else ()), *(("--oracle", oracles) if oracles else ()),
                   tmp_path=tmp_path, timeout=900)  # fmt: skip
     expected = RELEASES[INSTALLED].smoke.get(case, {})

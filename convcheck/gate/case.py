@@ -24,8 +24,13 @@ LAYOUTS_BY_FIXTURE = {
     "gpt-oss-2f-hidden": ("ep2",),
     "glm4.5": (),
     "glm4.5-air": (),
+    "qwen2-tied-4l": ("pp2vpp2", "pp2first1last3"),
+    "llama-tied-4l": ("pp2vpp2", "pp2first1last3"),
+    "qwen3-moe-4l": ("pp2vpp2ep2",),
+    "nemotron-h-6l": ("pp2",),
 }
-"""Fixtures gated at a fixed list instead (NemotronH: 5 layers, no PP2; TP2xEP2 is not part of its matrix; the
+"""Fixtures gated at a fixed list instead (the 4-layer / 6-layer pipeline fixtures at their virtual and uneven
+pipeline layouts; NemotronH: 5 layers, no even PP2; TP2xEP2 is not part of its matrix; the
 gated-DeltaNet fixtures at the layouts that split their GDN heads, stages and experts; Qwen3.5-MoE and Qwen3.6-MoE
 only with the TEGroupedMLP layout, EXTRA_CASES: the pinned bridge cannot load their SequentialMLP MTP experts; Mistral
 without a window at TP2 only, tiny:mistral covering the layouts)."""
@@ -41,11 +46,15 @@ EXTRA_CASES = (
     ("tiny:gpt-oss-square", "tp2ep2", None, "te-grouped"),
     *(("tiny:glm4.5", layout, None, "te-grouped") for layout in ("tp2", "pp2", "ep2", "tp2ep2")),
     ("tiny:glm4.5-air", "tp2ep2", None, "te-grouped"),
+    ("tiny:qwen3-moe-4l", "pp2vpp2ep2", None, "te-grouped"),
+    ("tiny:qwen2-tied", "pp2vpp2embedloss", None, "sequential"),
+    ("tiny:nemotron-h", "pp2first2last3", None, "sequential"),
 )
 """Beyond the standard layouts: fewer KV heads than TP ranks, the padded vocabulary training uses, and Qwen3.5-MoE with
 the TEGroupedMLP layout GPU training runs (the bridge maps its MTP experts only there), and OLMoE in that layout too
 (the bridge maps its experts only there), GPT-OSS's square fixture and GLM-4.5 (whose bridge maps no SequentialMLP
-experts: tests/test_glm45.py runs that named crash) with TEGroupedMLP experts."""
+experts: tests/test_glm45.py runs that named crash) with TEGroupedMLP experts; the virtual pipeline with the embedding and
+loss counted as stages (two chunks hold no decoder layer), and NemotronH's hybrid pattern split 2 + 3 over PP2."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -289,5 +289,14 @@ LLAMA = Architecture(
     model_type="llama",
     mapping_rules=decoder_rules,
     config_rules=LLAMA_TABLE,
-    fixtures=(tiny_spec("llama", "LlamaConfig", "Llama, GQA 4q/2kv heads, no biases"),),
+    fixtures=(
+        tiny_spec("llama", "LlamaConfig", "Llama, GQA 4q/2kv heads, no biases"),
+        tiny_spec(
+            "llama-tied-4l",
+            "LlamaConfig",
+            "Llama-3.2-style tied embeddings, 4 layers: virtual pipeline (PP2 x VPP2) and uneven stages (1 + 3)",
+            tie_word_embeddings=True,
+            num_hidden_layers=4,
+        ),
+    ),
 )

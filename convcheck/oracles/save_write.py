@@ -112,7 +112,7 @@ def write(ctx: RankContext, variant: Variant, folder: Path) -> Written:
             step.agree(False)  # this rank raised before its weights step: the others must not wait for it
         for stream in streams:
             stream.drain()
-        if step.owes_final_barrier(variant.distributed):
+        if step.owes_final_barrier(variant.distributed) and not any(stream.failed for stream in streams):
             import torch.distributed as dist
 
             dist.barrier()
@@ -130,12 +130,18 @@ class _Stream:
     """One export stream handed to the writer: the names it yielded, and what is left of it once the writer stops."""
 
     def __init__(self, inner: Iterator[tuple[str, Any]], names: set[str]) -> None:
-        self.inner, self.names, self.done = inner, names, False
+        self.inner, self.names, self.done, self.failed = inner, names, False, False
 
     def __iter__(self) -> Iterator[tuple[str, Any]]:
-        for name, tensor in self.inner:
-            self.names.add(name)
-            yield name, tensor
+        try:
+            for name, tensor in self.inner:
+                self.names.add(name)
+                yield name, tensor
+        except GeneratorExit:
+            raise
+        except BaseException:
+            self.failed = self.done = True  # the export itself raised (on every rank, as its gathers do)
+            raise
         self.done = True
 
     def drain(self) -> None:
@@ -186,7 +192,8 @@ class _WeightsStep:
 
     def owes_final_barrier(self, distributed: bool) -> bool:
         """Rank 0 raised inside a rank-0 write (its strict checks run there alone): the other ranks drained their
-        streams and wait in save_hf_weights' closing barrier (auto_bridge.py:1203), which this rank skipped."""
+        streams and wait in save_hf_weights' closing barrier (auto_bridge.py:1203), which this rank skipped. (Not when
+        the export stream itself raised: it raises on every rank, and none reaches that barrier.)"""
         return self.raised and not distributed and self.ctx.rank == 0 and self.ctx.world > 1
 
 

@@ -20,7 +20,8 @@ GDN = {  # gated-DeltaNet hybrids: the layouts that split their GDN heads, stage
 TE = ("--experts", "te-grouped")
 VPP = {  # 4- and 6-layer variants for the pipeline layouts their 2-layer fixtures cannot take (tests/test_vpp.py)
     "qwen2-tied-4l": [("--pp", "2", "--vpp", "2"), ("--pp", "2", "--pp-first", "1", "--pp-last", "3")],
-    "qwen3-moe-4l": [("--pp", "2", "--vpp", "2", "--ep", "2")],
+    "llama-tied-4l": [("--pp", "2", "--vpp", "2"), ("--pp", "2", "--pp-first", "1", "--pp-last", "3")],
+    "qwen3-moe-4l": [("--pp", "2", "--vpp", "2", "--ep", "2"), ("--pp", "2", "--vpp", "2", "--ep", "2", *TE)],
     "nemotron-h-6l": [("--pp", "2")],
 }
 PIPELINE_EXTRAS = [
