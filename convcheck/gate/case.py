@@ -53,8 +53,8 @@ EXTRA_CASES = (
 """Beyond the standard layouts: fewer KV heads than TP ranks, the padded vocabulary training uses, and Qwen3.5-MoE with
 the TEGroupedMLP layout GPU training runs (the bridge maps its MTP experts only there), and OLMoE in that layout too
 (the bridge maps its experts only there), GPT-OSS's square fixture and GLM-4.5 (whose bridge maps no SequentialMLP
-experts: tests/test_glm45.py runs that named crash) with TEGroupedMLP experts; the virtual pipeline with the embedding and
-loss counted as stages (two chunks hold no decoder layer), and NemotronH's hybrid pattern split 2 + 3 over PP2."""
+experts: tests/test_glm45.py runs that named crash) with TEGroupedMLP experts; the virtual pipeline with the embedding
+and loss counted as stages (two chunks hold no decoder layer), and NemotronH's hybrid pattern split 2 + 3 over PP2."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
