@@ -141,6 +141,7 @@ GATE_UP_SQUARE_ORIENTATION = UpstreamBug(
     findings=(
         ("roundtrip", "model.layers.*.mlp.experts.gate_up_proj", "bytes-differ"),
         ("layout", "model.layers.*.mlp.experts.gate_up_proj", "tp1-differs-from-source"),
+        ("save", "model.layers.*.mlp.experts.gate_up_proj", "bytes-differ"),
     ),
     seen_in=("0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1", "0.6.0", "0.6.2"),
     fixed_in="",
