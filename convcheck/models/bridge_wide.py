@@ -18,6 +18,8 @@ ROW_PARALLEL_SCATTER_NON_CONTIGUOUS = UpstreamBug(
         ("roundtrip", "model.layers.*.mlp.down_proj.weight", "bytes-differ"),
         ("layout", "model.layers.*.self_attn.o_proj.weight", "layout-differs"),
         ("layout", "model.layers.*.mlp.down_proj.weight", "layout-differs"),
+        ("save", "model.layers.*.self_attn.o_proj.weight", "bytes-differ"),
+        ("save", "model.layers.*.mlp.down_proj.weight", "bytes-differ"),
     ),
     seen_in=("0.3.0", "0.3.1"),
     fixed_in="0.4.0 (#2794, a235e0314: scatter_to_tp_ranks makes each split contiguous, param_mapping.py:608 in 0.6.2)",
@@ -32,6 +34,7 @@ SEQUENTIAL_EXPERT_EXPORT_FAILS = UpstreamBug(
     where="megatron/bridge/models/conversion/param_mapping.py:677 (0.3.1; gather_from_ep_ranks)",
     findings=(
         ("*", "<export>", "export-failed"),
+        ("save", "<writer>", "writer-raised"),  # the writer's own export stream raises the same way
         ("differential", "*.local_experts.*", "probe-failed"),
         ("elements", "*.local_experts.*", "probe-failed"),
     ),
@@ -40,5 +43,26 @@ SEQUENTIAL_EXPERT_EXPORT_FAILS = UpstreamBug(
 )
 """Seen on tiny:qwen3-moe and tiny:gpt-oss (SequentialMLP experts) with bridge 0.3.x."""
 
-BRIDGE_WIDE: tuple[UpstreamBug, ...] = (ROW_PARALLEL_SCATTER_NON_CONTIGUOUS, SEQUENTIAL_EXPERT_EXPORT_FAILS)
+WRITER_STRICT_ONLY_WARNS = UpstreamBug(
+    name="writer-strict-only-warns",
+    summary="save_hf_pretrained / save_hf_weights with strict=True (the default) print 'Error: N tensors from the "
+    "original checkpoint were not written' and return normally: every tensor of a source shard the export did not "
+    "complete is left out of the folder, and the index's metadata.total_size still counts them",
+    where="megatron/bridge/models/hf_pretrained/state.py (SafeTensorsStateSource.save_generator, its final report: "
+    "no raise before #4513)",
+    findings=(
+        ("save", "*.safetensors", "shard-dropped"),
+        ("save", "model.safetensors.index.json", "total-size"),
+    ),
+    seen_in=("0.5.1",),
+    fixed_in="0.6.0 (#4513, b110e96c5: strict mode raises on unsaved keys)",
+)
+"""Seen on tiny:deepseek-v3 (its MTP shard, which the export leaves incomplete: deepseek-mtp-aliases-dropped) with
+the save oracle on bridge 0.5.1; the code is the same in 0.4.x and 0.5.0, whose deepseek export fails earlier."""
+
+BRIDGE_WIDE: tuple[UpstreamBug, ...] = (
+    ROW_PARALLEL_SCATTER_NON_CONTIGUOUS,
+    SEQUENTIAL_EXPERT_EXPORT_FAILS,
+    WRITER_STRICT_ONLY_WARNS,
+)
 """Every bridge-wide known bug."""
