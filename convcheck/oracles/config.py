@@ -36,7 +36,7 @@ def flatten(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _same(a: Any, b: Any) -> bool:
+def same_value(a: Any, b: Any) -> bool:
     """Equality that does not let True pass for 1 (or 1.0 for True)."""
     if isinstance(a, bool) or isinstance(b, bool):
         return type(a) is type(b) and a == b
@@ -96,7 +96,7 @@ def check_rule(rule: FieldRule, hf: HfView, get: Any) -> Finding | None:
             message=f"cannot evaluate the rule: {exc.__class__.__name__}: {exc}",
             detail={"hf": hf_values},
         )
-    if _same(expected, actual):
+    if same_value(expected, actual):
         return None
     shown = ", ".join(f"{k}={v!r}" for k, v in hf_values.items()) or "the architecture"
     return Finding(
@@ -112,7 +112,7 @@ def uncovered(source: dict[str, Any], defaults: dict[str, Any], coverage: Covera
     """HF fields whose value differs from the config class default and that no rule or ignore entry names."""
     findings = []
     for key in sorted(source):
-        if _same(source[key], defaults.get(key, _ABSENT)) or coverage.covers(key):
+        if same_value(source[key], defaults.get(key, _ABSENT)) or coverage.covers(key):
             continue
         findings.append(
             Finding(
@@ -153,10 +153,10 @@ def roundtrip(
             want, got = rule.expect(hf, get), rule.expect(view, get)
         except (KeyError, TypeError) as exc:
             want, got = "<source>", f"<unreadable: {exc.__class__.__name__}: {exc}>"
-        if not _same(want, got):
+        if not same_value(want, got):
             fields = {f: (hf.get(f, _ABSENT), view.get(f, _ABSENT)) for f in rule.hf}
             shown = ", ".join(f"{k}: source {a!r}, exported {b!r}" for k, (a, b) in fields.items())
-            if all(_same(a, b) for a, b in fields.values()):  # the difference is in a field the rule reads via `also`
+            if all(same_value(a, b) for a, b in fields.values()):  # the difference is in a field read via `also`
                 shown += f"; as {rule.megatron}: source {want!r}, exported {got!r}"
             findings.append(
                 Finding(

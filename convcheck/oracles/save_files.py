@@ -8,6 +8,7 @@ from typing import Any
 
 from convcheck.compare.bits import first_difference, int_view
 from convcheck.errors import one_line
+from convcheck.oracles.config import flatten, same_value
 from convcheck.verdict import Finding
 
 IGNORED_FIELDS = frozenset({"transformers_version", "_name_or_path"})
@@ -51,30 +52,16 @@ def _same_fields(file: str, cls: Any, source: Path, written: Path, label: str) -
     out = []
     for key in sorted(set(want) | set(got)):
         a, b = want.get(key, "<absent>"), got.get(key, "<absent>")
-        if not _same(a, b):
+        if not same_value(a, b):
             message = f"{label}: {key} is {b!r}, the source's is {a!r}"
             out.append(Finding(tensor=f"{file}:{key}", kind="field-differs", message=message))
     return out
 
 
 def _fields(cls: Any, folder: Path) -> dict[str, Any]:
-    """The flattened fields transformers reads from `folder` (nested dicts one level deep, spelled with dots)."""
+    """The fields transformers reads from `folder`, nested ones spelled with dots (the config oracle's flatten)."""
     data = cls.from_pretrained(str(folder)).to_dict()
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        if key in IGNORED_FIELDS:
-            continue
-        if isinstance(value, dict) and value and key not in ("id2label", "label2id"):
-            out.update({f"{key}.{sub}": v for sub, v in value.items()})
-        else:
-            out[key] = value
-    return out
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    return a == b
+    return {k: v for k, v in flatten(data).items() if k not in IGNORED_FIELDS}
 
 
 def tokenizer_findings(source: Path, written: Path, label: str) -> tuple[list[Finding], list[str]]:
