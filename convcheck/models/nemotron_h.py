@@ -389,24 +389,28 @@ TINY_NEMOTRON_H = FixtureSpec(
     renames={"backbone.embedding.weight": EMBEDDING},
 )
 
-# Six layers, so PP2 splits the pattern: stage 0 holds M*- (Mamba, attention, MLP), stage 1 M*E (Mamba, attention, MoE).
-TINY_NEMOTRON_H_6L = FixtureSpec(
-    name="nemotron-h-6l",
-    config_class="NemotronHConfig",
-    description="NemotronH hybrid M*-M*E: every layer type, the pattern split in two by PP2",
-    config={**TINY_NEMOTRON_H.config, "hybrid_override_pattern": "M*-M*E"},
-    fp32_tensors=TINY_NEMOTRON_H.fp32_tensors,
-    renames=TINY_NEMOTRON_H.renames,
-)
 
+def _pattern_variant(name: str, pattern: str, description: str) -> FixtureSpec:
+    """tiny:nemotron-h with another hybrid pattern (same widths, fp32 tensors and renames)."""
+    return FixtureSpec(
+        name=name,
+        config_class="NemotronHConfig",
+        description=description,
+        config={**TINY_NEMOTRON_H.config, "hybrid_override_pattern": pattern},
+        fp32_tensors=TINY_NEMOTRON_H.fp32_tensors,
+        renames=TINY_NEMOTRON_H.renames,
+    )
+
+
+# Six layers, so PP2 splits the pattern: stage 0 holds M*- (Mamba, attention, MLP), stage 1 M*E (Mamba, attention, MoE).
+TINY_NEMOTRON_H_6L = _pattern_variant(
+    "nemotron-h-6l", "M*-M*E", "NemotronH hybrid M*-M*E: every layer type, the pattern split in two by PP2"
+)
 # The same without the dense MLP layer: transformers 5.3 (bridge 0.4.x) knows only mamba, attention and moe layers.
-TINY_NEMOTRON_H_MOE = FixtureSpec(
-    name="nemotron-h-moe",
-    config_class="NemotronHConfig",
-    description="NemotronH hybrid M*ME: Mamba, attention, MoE, no dense MLP (the layer types transformers 5.3 has)",
-    config={**TINY_NEMOTRON_H.config, "hybrid_override_pattern": "M*ME"},
-    fp32_tensors=TINY_NEMOTRON_H.fp32_tensors,
-    renames=TINY_NEMOTRON_H.renames,
+TINY_NEMOTRON_H_MOE = _pattern_variant(
+    "nemotron-h-moe",
+    "M*ME",
+    "NemotronH hybrid M*ME: Mamba, attention, MoE, no dense MLP (the layer types transformers 5.3 has)",
 )
 
 NEMOTRON_H = Architecture(
