@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from convcheck.atomic import write_json_atomic
 from convcheck.cache import loaded_sources
 from convcheck.engine.launch import die_with_parent
 from convcheck.engine.warm_client import IMPORT_ENV, PIDS_FILE, import_env, source_key
@@ -170,7 +171,7 @@ def _run_ranks(conn: socket.socket, request: dict[str, Any]) -> list[tuple[int, 
         pids[pid] = rank
     os.close(log)
     pids_file = Path(request["log_file"]).with_name(PIDS_FILE)  # who to look for (tests, a stuck run)
-    pids_file.write_text(json.dumps({"agent": os.getpid(), "ranks": sorted(pids, key=pids.__getitem__)}))
+    write_json_atomic(pids_file, {"agent": os.getpid(), "ranks": sorted(pids, key=pids.__getitem__)})  # never half read
     exits: dict[int, int] = {}
     stop_at = None
     while len(exits) < nproc:
