@@ -54,7 +54,7 @@ WRITER_STRICT_ONLY_WARNS = UpstreamBug(
         ("save", "*.safetensors", "shard-dropped"),
         ("save", "model.safetensors.index.json", "total-size"),
     ),
-    seen_in=("0.5.1",),
+    seen_in=("0.5.0", "0.5.1"),
     fixed_in="0.6.0 (#4513, b110e96c5: strict mode raises on unsaved keys)",
 )
 """Seen on tiny:deepseek-v3 (its MTP shard, which the export leaves incomplete: deepseek-mtp-aliases-dropped) with
