@@ -259,3 +259,14 @@ def test_an_export_raising_on_every_rank_is_named_without_a_hang(tmp_path: Path)
     assert all("'NoneType' object has no attribute 'param_weight'" in f["message"]
                for f in save["findings"] if f["kind"] == "writer-raised")  # fmt: skip
     assert {f["kind"] for f in save["findings"]} == {"writer-raised", "missing", "shard-dropped", "no-weights"}
+
+
+@pytest.mark.ranks
+def test_a_written_config_that_changes_the_model_is_named_with_its_logits(tmp_path: Path) -> None:
+    res, save = _save(tmp_path, "tiny:qwen3", "--hook", _HOOK + "config_eps_changed")
+    assert res.code == 1 and save["verdict"] == "fail"
+    assert _only(save) == [("<logits>", "logits-differ"), ("config.json:rms_norm_eps", "field-differs")]
+    field, logits = save["findings"][1]["message"], save["findings"][0]["message"]
+    assert field == f"{PRETRAINED}: rms_norm_eps is 0.01, the source's is 1e-06"
+    assert logits.startswith(f"{PRETRAINED}: transformers' fp32 logits of the folder differ from the source's in ")
+    assert "first at [0, 0, " in logits and save["metrics"][PRETRAINED]["logits_max_abs_error"] > 0

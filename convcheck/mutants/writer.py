@@ -116,3 +116,23 @@ def stream_renames_norm() -> None:
         return stream
 
     wrap(MegatronModelBridge, "stream_weights_megatron_to_hf", make)
+
+
+def config_eps_changed() -> None:
+    """save_hf_pretrained writes config.json with rms_norm_eps 1e-2 instead of the source's: the weights are right,
+    the model transformers loads from the folder is not."""
+    from megatron.bridge import AutoBridge
+
+    def make(original: Any) -> Any:
+        def save_hf_pretrained(self, model, path, *args, **kwargs):  # type: ignore[no-untyped-def]
+            out = original(self, model, path, *args, **kwargs)
+            config = Path(path) / "config.json"
+            if config.exists():
+                data = json.loads(config.read_text())
+                data["rms_norm_eps"] = 1e-2
+                config.write_text(json.dumps(data, indent=2))
+            return out
+
+        return save_hf_pretrained
+
+    wrap(AutoBridge, "save_hf_pretrained", make)

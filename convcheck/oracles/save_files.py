@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from convcheck.compare.bits import first_difference, int_view
+from convcheck.compare.bits import bytes_equal, first_difference, unravel_index
 from convcheck.errors import one_line
 from convcheck.oracles.config import flatten, same_value
 from convcheck.verdict import Finding
@@ -99,8 +99,6 @@ def logits_check(
     """(findings, max abs error) of transformers' fp32 logits of the written folder against the source's on the
     logits oracle's fixed tokens, both on `device`; `exact`: bitwise equality is required (same bytes and config give
     the same bits)."""
-    import torch
-
     from convcheck.oracles.logits import fixed_tokens, hf_reference
 
     tokens = fixed_tokens(vocab)
@@ -113,10 +111,10 @@ def logits_check(
         message = f"{label}: logits of shape {list(got.shape)}, the source's {list(want.shape)}"
         return [Finding(tensor="<logits>", kind="logits-shape", message=message)], float("nan")
     error = float((want - got).abs().max()) if want.numel() else 0.0
-    if not exact or torch.equal(int_view(want), int_view(got)):
+    if not exact or bytes_equal(want, got):
         return [], error
     count, first, expected, actual = first_difference(want, got)
-    index = [int(i) for i in torch.unravel_index(torch.tensor(first), want.shape)]
+    index = list(unravel_index(first, tuple(want.shape)))
     message = (
         f"{label}: transformers' fp32 logits of the folder differ from the source's in {count} places "
         f"(max abs {error:.3g}); first at {index}: got {actual}, expected {expected}"
