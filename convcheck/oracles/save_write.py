@@ -13,6 +13,7 @@ from typing import Any
 
 from convcheck.errors import BadInput, one_line, raised_at
 from convcheck.rank.context import RankContext
+from convcheck.versions import versions
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -40,7 +41,8 @@ def plan(world: int, cast: str | None, offered: frozenset[str]) -> list[Variant]
     second rank from 4 ranks up) writing its share of the shards where the layout has several ranks and the bridge
     offers distributed_save (`offered`: the keyword arguments its save_hf_weights takes)."""
     if cast is not None and "weight_dtype" not in offered:
-        raise BadInput(f"--save-dtype: this bridge's save_hf_weights takes no weight_dtype ({_bridge_version()})")
+        bridge = versions()["megatron-bridge"]
+        raise BadInput(f"--save-dtype: this bridge's save_hf_weights takes no weight_dtype (megatron-bridge {bridge})")
     out = [Variant(label="save_hf_pretrained", method="save_hf_pretrained", cast=cast)]
     if world > 1 and "distributed_save" in offered:
         every = 2 if world >= 4 else 1
@@ -57,12 +59,6 @@ def offered(bridge: Any) -> frozenset[str]:
     import inspect
 
     return frozenset(inspect.signature(type(bridge).save_hf_weights).parameters)
-
-
-def _bridge_version() -> str:
-    from importlib import metadata
-
-    return f"megatron-bridge {metadata.version('megatron-bridge')}"
 
 
 @dataclass(kw_only=True)
@@ -153,25 +149,33 @@ class _Stream:
 
 
 @contextlib.contextmanager
-def _recording(ctx: RankContext, names: set[str], streams: list[_Stream]) -> Iterator[None]:
-    """Record every name the bridge's export stream yields while the writer runs (the writer makes a new model bridge
-    per call, so the stream method of its class is wrapped, and restored after)."""
-    cls = type(ctx.bridge._model_bridge)
-    own = "stream_weights_megatron_to_hf" in vars(cls)
-    original = cls.stream_weights_megatron_to_hf
-
-    def stream(self: Any, *args: Any, **kwargs: Any) -> Iterator[tuple[str, Any]]:
-        streams.append(_Stream(iter(original(self, *args, **kwargs)), names))
-        return iter(streams[-1])
-
-    cls.stream_weights_megatron_to_hf = stream
+def _swapped(cls: type, name: str, make: Any) -> Iterator[None]:
+    """`cls.name` replaced by `make(original)` for the block, then exactly as before (an inherited method is
+    inherited again, not copied onto `cls`)."""
+    own = name in vars(cls)
+    original = getattr(cls, name)
+    setattr(cls, name, make(original))
     try:
         yield
     finally:
         if own:
-            cls.stream_weights_megatron_to_hf = original
+            setattr(cls, name, original)
         else:
-            del cls.stream_weights_megatron_to_hf
+            delattr(cls, name)
+
+
+def _recording(ctx: RankContext, names: set[str], streams: list[_Stream]) -> Any:
+    """Record every name the bridge's export stream yields while the writer runs (the writer makes a new model bridge
+    per call, so the stream method of its class is wrapped)."""
+
+    def make(original: Any) -> Any:
+        def stream(self: Any, *args: Any, **kwargs: Any) -> Iterator[tuple[str, Any]]:
+            streams.append(_Stream(iter(original(self, *args, **kwargs)), names))
+            return iter(streams[-1])
+
+        return stream
+
+    return _swapped(type(ctx.bridge._model_bridge), "stream_weights_megatron_to_hf", make)
 
 
 class _OtherRankRaised(Exception):
@@ -179,12 +183,12 @@ class _OtherRankRaised(Exception):
 
 
 class _WeightsStep:
-    """save_hf_weights as the writer calls it on this rank: whether it started and whether it raised. Under
+    """save_hf_weights as the writer calls it on this rank: whether it raised. Under
     save_hf_pretrained every rank first agrees to start it (rank 0 may have raised writing its artifacts, alone)."""
 
     def __init__(self, ctx: RankContext, agreed: bool) -> None:
         self.ctx, self.agreed = ctx, agreed
-        self.started = self.raised = False
+        self.raised = False
 
     def agree(self, ready: bool) -> bool:
         self.agreed = True
@@ -197,24 +201,19 @@ class _WeightsStep:
         return self.raised and not distributed and self.ctx.rank == 0 and self.ctx.world > 1
 
 
-@contextlib.contextmanager
-def _stepping(ctx: RankContext, step: _WeightsStep) -> Iterator[None]:
+def _stepping(ctx: RankContext, step: _WeightsStep) -> Any:
     """Wrap the bridge's save_hf_weights for this call: agreement first where asked, then record how it ended."""
-    cls = type(ctx.bridge)
-    original = cls.save_hf_weights
 
-    def save_hf_weights(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not step.agreed and not step.agree(True):
-            raise _OtherRankRaised
-        step.started = True
-        try:
-            return original(self, *args, **kwargs)
-        except BaseException:
-            step.raised = True
-            raise
+    def make(original: Any) -> Any:
+        def save_hf_weights(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if not step.agreed and not step.agree(True):
+                raise _OtherRankRaised
+            try:
+                return original(self, *args, **kwargs)
+            except BaseException:
+                step.raised = True
+                raise
 
-    cls.save_hf_weights = save_hf_weights
-    try:
-        yield
-    finally:
-        cls.save_hf_weights = original
+        return save_hf_weights
+
+    return _swapped(type(ctx.bridge), "save_hf_weights", make)
