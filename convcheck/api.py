@@ -12,6 +12,7 @@ from convcheck.causes import explain
 from convcheck.device import choose_device, visible_gpu_count
 from convcheck.engine.job import Job
 from convcheck.engine.launch import run_ranks
+from convcheck.engine.nodes import Nodes, check_across_nodes
 from convcheck.engine.reference import attribute_layout
 from convcheck.engine.resume import checkpoint_folder, run_resumes
 from convcheck.errors import BadInput
@@ -84,6 +85,7 @@ def prepare(
     target_etp: int | Sequence[int] | None = None,
     layers: int | None = None,
     save_dtype: str | None = None,
+    nodes: Nodes | None = None,
 ) -> Any:
     """Validate everything a run needs before any rank starts; return the Job (BadInput names the first problem).
 
@@ -92,7 +94,8 @@ def prepare(
     `resume_layout`: the layout(s) the distckpt oracle resumes its checkpoint at (TP1 when not given);
     `target_tp` / `target_ep` / `target_etp`: the reshard oracle's target TP, EP and expert-TP sizes (each one or
     several; every combination is checked in one launch); `layers`: the layer count of a `config:FILE` model;
-    `save_dtype` ("bf16", "fp16", "fp32"): the save oracle writes with the bridge's weight_dtype cast.
+    `save_dtype` ("bf16", "fp16", "fp32"): the save oracle writes with the bridge's weight_dtype cast;
+    `nodes`: the run spans hosts, this launcher being one node (convcheck.engine.nodes.make_nodes; docs/scale.md).
     """
     if experts not in EXPERT_LAYOUTS:
         raise BadInput(f"unknown expert layout {experts!r}; known: {', '.join(EXPERT_LAYOUTS)}")
@@ -100,6 +103,7 @@ def prepare(
     grid = as_layout(layout)
     check_pad_vocab(pad_vocab)
     check_save_dtype(names, save_dtype)
+    check_across_nodes(nodes, grid.world_size, names)
     if manifest_out is not None:
         manifest_out = check_manifest_path(manifest_out)
     if progress is not None and model.startswith(("tiny:", CONFIG_PREFIX)):
@@ -116,7 +120,8 @@ def prepare(
     targets = reshard_targets(names, target_tp, target_ep, target_etp, checkpoint.config, experts)
     requested = device
     gpus = visible_gpu_count() if device != "cpu" else 0
-    device, reason = choose_device(device, gpus, max([grid.world_size, *(r.world_size for r in resumes)]))
+    here = grid.world_size if nodes is None else nodes.per_node(grid.world_size)  # ranks this host starts
+    device, reason = choose_device(device, gpus, max([here, *(r.world_size for r in resumes)]))
     if progress is not None:
         progress({"phase": f"running on {device} ({reason})"})
     return Job(
@@ -137,6 +142,7 @@ def prepare(
         resume_layouts=resumes,
         targets=targets,
         save_dtype=save_dtype,
+        nodes=nodes,
     )
 
 
@@ -256,8 +262,34 @@ def run(job: Any, log_dir: str | None = None, progress: ProgressSink | None = No
     with checkpoint_folder(job, log_dir) as job:
         result = run_ranks(job, log_dir=log_dir, progress=progress)
         result = run_resumes(job, result, log_dir, progress)
+    return report_of(job, result, started, log_dir, progress)
+
+
+def run_here(job: Any, log_dir: str | None = None) -> tuple[Report, bool]:
+    """Run a prepared Job in the processes of the torchrun running this one (`torchrun ... -m convcheck verify`):
+    collective; (the Report, whether this process is rank 0 and prints it). Only rank 0 launches the layout
+    oracle's TP1 job (it names differences, it never changes a verdict)."""
+    from convcheck.engine.inplace import run_here as run_ranks_here
+    from convcheck.engine.inplace import torchrun_place
+
+    started = time.perf_counter()
+    result = run_ranks_here(job, log_dir)
+    first = torchrun_place()[0] == 0
+    return report_of(job, result, started, log_dir, None, attribute=first), first
+
+
+def report_of(
+    job: Any,
+    result: dict[str, Any],
+    started: float,
+    log_dir: str | None = None,
+    progress: ProgressSink | None = None,
+    attribute: bool = True,
+) -> Report:
+    """The Report of a job's rank-0 result: the layout oracle's TP1 attribution (`attribute`), the gate manifest,
+    the upstream bugs it knows and the causes."""
     ranked = tuple(OracleVerdict.from_dict(o) for o in result["oracles"])
-    attributed = attribute_layout(job, ranked, log_dir, progress)
+    attributed = attribute_layout(job, ranked, log_dir, progress) if attribute else ranked
     if job.manifest_out and "manifest" in result:
         write_gate_manifest(job.manifest_out, result["manifest"], attributed)
     verdicts, known = tag_upstream_bugs(
@@ -307,6 +339,7 @@ def verify(
     target_etp: int | Sequence[int] | None = None,
     layers: int | None = None,
     save_dtype: str | None = None,
+    nodes: Nodes | None = None,
 ) -> Report:
     """Build `model` sharded at `layout` through the real bridge and run the oracles; ConvcheckError on bad input."""
     job = prepare(
@@ -329,6 +362,7 @@ def verify(
         target_etp=target_etp,
         layers=layers,
         save_dtype=save_dtype,
+        nodes=nodes,
     )
     return run(job, log_dir=log_dir, progress=progress)
 

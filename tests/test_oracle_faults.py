@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from convcheck.engine.job import Job
-from convcheck.engine.launch import _result
+from convcheck.engine.outcome import read_result
 from convcheck.errors import SetupError
 from convcheck.fixtures import build_fixture
 from convcheck.layout import ParallelLayout
@@ -133,18 +133,18 @@ def test_the_rank_whose_error_came_first_is_blamed(tmp_path: Path) -> None:
     """Rank 1 raised; rank 0 then lost its peer and wrote a gloo error (torchrun names rank 0 as root cause)."""
     job, log = _job(tmp_path, {1: "ValueError: planted", 0: GLOO_ERROR}, _summary((0, 4), (1, 4)))
     with pytest.raises(SetupError, match=r"^rank 1 failed: ValueError: planted \(log: "):
-        _result(job, 1, log, time.monotonic())
+        read_result(job, 1, log, time.monotonic())
 
 
 def test_a_rank_stopped_by_torchrun_is_not_reported_dead(tmp_path: Path) -> None:
     """Rank 1 raised; torchrun then stopped rank 0 with SIGTERM before it could write anything."""
     job, log = _job(tmp_path, {1: "ValueError: planted"}, _summary((1, 4), (0, -15)))
     with pytest.raises(SetupError, match=r"^rank 1 failed: ValueError: planted"):
-        _result(job, 1, log, time.monotonic())
+        read_result(job, 1, log, time.monotonic())
 
 
 def test_a_rank_that_died_silently_is_blamed(tmp_path: Path) -> None:
     """Rank 1 died without a word (os._exit); rank 0 then failed in a collective."""
     job, log = _job(tmp_path, {0: GLOO_ERROR}, _summary((1, 9), (0, 4)))
     with pytest.raises(SetupError, match=r"^rank 1 died without reporting an error"):
-        _result(job, 1, log, time.monotonic())
+        read_result(job, 1, log, time.monotonic())

@@ -17,9 +17,11 @@ from convcheck import api
 from convcheck.api import EXPERT_LAYOUTS
 from convcheck.atomic import write_all_atomic as write_together
 from convcheck.cache import cache_root, clear_cache
+from convcheck.cli.nodes import NODE_OPTIONS, end_on_other_node, node_options, nodes_of
 from convcheck.cli.progress import progress_for
 from convcheck.cli.render import junit_xml, print_report, report_json
 from convcheck.cli.types import HookSpecType, LayoutType, OracleList, ReportPath
+from convcheck.engine.inplace import inside_torchrun
 from convcheck.engine.launch import Interrupted
 from convcheck.errors import BadInput, ConvcheckError, one_line
 from convcheck.fixtures import FIXTURES, build_fixture
@@ -40,7 +42,7 @@ def _fail_line(exc: BaseException) -> None:
 PREPARE_OPTIONS = ("model", "layers", "tp", "pp", "vpp", "pp_first", "pp_last", "pp_embed", "pp_loss", "ep", "etp",
                    "oracles", "device", "hooks", "experts", "timeout", "sender", "receiver", "chunk_mb", "pad_vocab",
                    "manifest_path", "resume_layouts", "target_tps", "target_eps", "target_etps",
-                   "save_dtype")  # fmt: skip
+                   "save_dtype", *NODE_OPTIONS)  # fmt: skip
 """The verify options that make its Job (the others say where output goes)."""
 
 
@@ -73,6 +75,7 @@ def job_from_options(params: dict[str, Any], progress: Any = None) -> Any:
         target_etp=p["target_etps"] or None,
         layers=p["layers"],
         save_dtype=p["save_dtype"],
+        nodes=nodes_of(p),
     )
 
 
@@ -99,6 +102,9 @@ Examples:
   convcheck verify --model tiny:qwen3-moe --tp 2 --ep 2
   convcheck verify --model /ckpt/qwen3 --tp 2 --oracle coverage,roundtrip --json report.json
   convcheck verify --model config:my-model/config.json --tp 2 --ep 2
+  torchrun --nproc-per-node 4 -m convcheck verify --model tiny:qwen3-moe --tp 2 --ep 2
+  convcheck verify --model /ckpt/m --tp 2 --ep 4 --etp 2 --nnodes 2 --node-rank $SLURM_NODEID \\
+      --master-addr $HEAD --master-port 29400      (one per host: docs/scale.md)
 """
 
 
@@ -170,6 +176,7 @@ Examples:
 @click.option("--save-dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default=None,
               help="save oracle: write with the bridge's weight_dtype cast to this dtype and prove every float "
               "tensor is exactly the source's cast (default: no cast, bytes as the source).")  # fmt: skip
+@node_options
 def verify(
     model: str,
     layers: int | None,
@@ -202,21 +209,35 @@ def verify(
     target_eps: tuple[int, ...],
     target_etps: tuple[int, ...],
     save_dtype: str | None,
+    nnodes: int,
+    node_rank: int | None,
+    master_addr: str | None,
+    master_port: int | None,
 ) -> None:
-    """Build the sharded Megatron model from MODEL through the real bridge and run the oracles."""
+    """Build the sharded Megatron model from MODEL through the real bridge and run the oracles (under torchrun:
+    in torchrun's processes, no second launch)."""
     try:
         layout = cli_layout({"tp": tp, "pp": pp, "vpp": vpp, "pp_first": pp_first, "pp_last": pp_last,
                              "pp_embed": pp_embed, "pp_loss": pp_loss, "ep": ep, "etp": etp})  # fmt: skip
     except ConvcheckError as exc:
         _fail_line(exc)
-    display = progress_for(f"{model} {layout.label}", quiet)
+    here = inside_torchrun()
+    display = None if here else progress_for(f"{model} {layout.label}", quiet)
+    reports = True
     try:
         with display or contextlib.nullcontext():
             options = click.get_current_context().params
             job = job_from_options({k: options[k] for k in PREPARE_OPTIONS}, progress=display)
-            report = api.run(job, log_dir=log_dir, progress=display)
+            if here:
+                report, reports = api.run_here(job, log_dir=log_dir)
+            else:
+                report = api.run(job, log_dir=log_dir, progress=display)
     except ConvcheckError as exc:
         _fail_line(exc)
+    code = {PASS: EXIT_PASS, NOT_COVERED: EXIT_NOT_COVERED}.get(report.verdict, EXIT_FAIL)
+    if not reports:  # another torchrun process than rank 0: rank 0 prints the report
+        sys.exit(code)
+    end_on_other_node(job.nodes, report.verdict, code)
     print_report(report, table=table)
     if report.verdict == FAIL:
         failing = [o.name for o in report.oracles if o.verdict == FAIL]
@@ -226,7 +247,7 @@ def verify(
         write_together(outputs)
     except OSError as exc:
         _fail_line(ConvcheckError(f"cannot write the report: {exc}"))
-    sys.exit({PASS: EXIT_PASS, NOT_COVERED: EXIT_NOT_COVERED}.get(report.verdict, EXIT_FAIL))
+    sys.exit(code)
 
 
 @cli.command(name="oracles")

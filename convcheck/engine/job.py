@@ -6,7 +6,9 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
+from convcheck.engine.nodes import Nodes
 from convcheck.layout import ParallelLayout
 from convcheck.rank.bringup import RankSpec
 from convcheck.rank.options import ReshardTargets, SyncOptions
@@ -59,6 +61,23 @@ class Job:
     """Set only in a resume job: the model is built but not loaded from the HF checkpoint (`checkpoint_dir` is)."""
     save_dtype: str | None = None
     """Save oracle: the bridge's weight_dtype cast to write with ("bf16", "fp16", "fp32"; None: no cast)."""
+    nodes: Nodes | None = None
+    """The run spans hosts: this launcher's node and where the nodes meet (None: one host, torchrun --standalone)."""
+
+    def agreed(self) -> dict[str, Any]:
+        """What every node of a multi-node run must have been asked alike (paths and the node's own rank aside)."""
+        data = self._plain()
+        for own in ("workdir", "model_path", "checkpoint_dir", "rank_kwargs_file"):
+            data.pop(own, None)
+        if data.get("nodes"):
+            data["nodes"] = {k: v for k, v in data["nodes"].items() if k != "node_rank"}
+        return data
+
+    def _plain(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["layout"] = self.layout.to_dict()
+        data["resume_layouts"] = [layout.to_dict() for layout in self.resume_layouts]
+        return data
 
     def replay_args(self, oracles: Sequence[str] | None = None) -> list[str]:
         """`convcheck verify` arguments that rerun this job, with only `oracles` when given (defaults left out)."""
@@ -129,10 +148,7 @@ class Job:
 
     def save(self) -> Path:
         path = Path(self.workdir) / "job.json"
-        data = asdict(self)
-        data["layout"] = self.layout.to_dict()
-        data["resume_layouts"] = [layout.to_dict() for layout in self.resume_layouts]
-        path.write_text(json.dumps(data, indent=2))
+        path.write_text(json.dumps(self._plain(), indent=2))
         return path
 
     @classmethod
@@ -144,4 +160,5 @@ class Job:
         data["resume_layouts"] = tuple(ParallelLayout.from_dict(d) for d in data.get("resume_layouts", ()))
         data["sync"] = SyncOptions(**data["sync"])
         data["targets"] = ReshardTargets.from_dict(data["targets"])
+        data["nodes"] = Nodes(**data["nodes"]) if data.get("nodes") else None
         return cls(**data)

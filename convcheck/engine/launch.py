@@ -8,9 +8,8 @@ removed when the run ends, except after a setup error, whose message names the k
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -19,13 +18,19 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from convcheck.cache import cache_root
 from convcheck.engine.job import Job
+from convcheck.engine.nodes import Nodes
+from convcheck.engine.outcome import read_result
+from convcheck.engine.rollcall import decide, meeting
 from convcheck.engine.warm_client import WarmTimeout, run_warm, warm_socket
 from convcheck.errors import BadInput, SetupError
 from convcheck.progress import ProgressReader, ProgressSink
+
+LAUNCHED = "CONVCHECK_LAUNCHED"
+"""Set in the environment of the ranks convcheck starts (convcheck.engine.inplace tells them from torchrun's own)."""
 
 STOP_GRACE_S = 5.0
 """How long the ranks get to exit after SIGTERM before SIGKILL."""
@@ -44,10 +49,15 @@ class Interrupted(BaseException):
         return 128 + self.signum
 
 
-def torchrun_command(job_file: Path, nproc: int) -> list[str]:
-    """The torchrun command line for `nproc` ranks of the worker (free rendezvous port via --standalone)."""
+def torchrun_command(job_file: Path, nproc: int, nodes: Nodes | None = None, port: int = 0) -> list[str]:
+    """The torchrun command line for `nproc` ranks of the worker on this node: --standalone (a free rendezvous port)
+    on one node; across nodes, a static rendezvous at node 0's `port` with this node's rank."""
+    where = ["--standalone"]
+    if nodes is not None:
+        where = [f"--nnodes={nodes.nnodes}", f"--node-rank={nodes.node_rank}", f"--master-addr={nodes.master_addr}",
+                 f"--master-port={port}"]  # fmt: skip
     return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        sys.executable, "-m", "torch.distributed.run", *where, f"--nproc-per-node={nproc}",
         "-m", "convcheck.engine.worker", str(job_file),
     ]  # fmt: skip
 
@@ -55,6 +65,7 @@ def torchrun_command(job_file: Path, nproc: int) -> list[str]:
 def rank_env(device: str, tmpdir: Path | None = None) -> dict[str, str]:
     """Environment for the ranks: one thread each, unbuffered output, no GPU on CPU runs, NVLink multicast off."""
     env = dict(os.environ)
+    env[LAUNCHED] = "1"  # a `convcheck` run inside these ranks launches its own, it is not one of them
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
@@ -237,17 +248,52 @@ def _launch_with(
         progress({"phase": "starting ranks", "world": job.layout.world_size})
     env = rank_env(job.device, tmpdir)
     started = time.monotonic()
+    if job.nodes is not None:
+        return _launch_across(job, job_file, log_file, env, reader, progress)
     warm = warm_socket(job.device)
     if warm is not None:
         exits = _launch_warm(warm, job, job_file, log_file, env, reader, progress)
         if exits is not None:
             code = 0 if all(c == 0 for _, c in exits) else 1
-            return _result(job, code, log_file, started, exits, launcher="warm agent")
+            return read_result(job, code, log_file, started, exits, launcher="warm agent")
     for attempt in range(PORT_RETRIES + 1):
         code = _torchrun(job, job_file, log_file, env, reader, progress)
         if code == 0 or attempt == PORT_RETRIES or not _port_taken(log_file):
             break
-    return _result(job, code, log_file, started)
+    return read_result(job, code, log_file, started)
+
+
+def _launch_across(
+    job: Job, job_file: Path, log_file: Path, env: dict[str, str], reader: ProgressReader, progress: ProgressSink | None
+) -> dict[str, Any]:
+    """This node's share of a job spanning nodes: meet the other launchers (same job), run this node's ranks with
+    torchrun, post how they ended, and end as every node does (convcheck.engine.rollcall)."""
+    nodes = job.nodes
+    assert nodes is not None
+    meet = meeting(nodes, job.timeout_s)
+    launch, meet.launches = meet.launches, meet.launches + 1
+    if progress is not None:
+        progress({"phase": f"node {nodes.node_rank} of {nodes.nnodes}: waiting for the other nodes"})
+    meet.check_in(launch, job.agreed(), job.timeout_s)
+    port = meet.torchrun_port(launch, job.timeout_s)
+    started = time.monotonic()
+    local = nodes.local_ranks(job.layout.world_size)
+    try:
+        command = torchrun_command(job_file, len(local), nodes, port)
+        code = _torchrun(job, job_file, log_file, env, reader, progress, command, meet.watcher(launch))
+        end = {"kind": "ok", "result": read_result(job, code, log_file, started, local=local)}
+    except BadInput as exc:
+        end = {"kind": "bad_input", "error": str(exc)}
+    except SetupError as exc:
+        end = {"kind": "error", "error": str(exc)}
+    except Interrupted as exc:  # the others stop at once instead of waiting for this node's silence
+        with contextlib.suppress(SetupError):
+            meet.post_end(launch, {"kind": "error", "error": f"its launcher was {exc}"})
+        raise
+    meet.post_end(launch, end)
+    ends = meet.ends(launch)
+    meet.leave(launch)
+    return decide(nodes, ends)
 
 
 PORT_RETRIES = 2
@@ -265,12 +311,19 @@ def _port_taken(log_file: Path) -> bool:
 
 
 def _torchrun(
-    job: Job, job_file: Path, log_file: Path, env: dict[str, str], reader: ProgressReader, progress: ProgressSink | None
+    job: Job,
+    job_file: Path,
+    log_file: Path,
+    env: dict[str, str],
+    reader: ProgressReader,
+    progress: ProgressSink | None,
+    command: list[str] | None = None,
+    watch: Callable[[], None] | None = None,
 ) -> int:
-    """One torchrun launch of the job's ranks, its output in `log_file`; the exit code."""
+    """One torchrun launch of the job's ranks (`command`: this node's share), output in `log_file`; its exit code."""
     with open(log_file, "wb") as log:
         proc = subprocess.Popen(
-            torchrun_command(job_file, job.layout.world_size),
+            command or torchrun_command(job_file, job.layout.world_size),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -278,7 +331,7 @@ def _torchrun(
             preexec_fn=_start_session,  # noqa: PLW1509 - setsid + parent-death signal, nothing else
         )
         try:
-            return _wait(proc, job.timeout_s, reader, progress)
+            return _wait(proc, job.timeout_s, reader, progress, watch)
         except subprocess.TimeoutExpired:
             stop_group(proc)
             raise _timed_out(job, log_file) from None
@@ -318,9 +371,14 @@ def _timed_out(job: Job, log_file: Path) -> SetupError:
 
 
 def _wait(
-    proc: subprocess.Popen[bytes], timeout_s: float, reader: ProgressReader, progress: ProgressSink | None
+    proc: subprocess.Popen[bytes],
+    timeout_s: float,
+    reader: ProgressReader,
+    progress: ProgressSink | None,
+    watch: Callable[[], None] | None = None,
 ) -> int:
-    """Wait for torchrun, handing progress events on as they arrive; TimeoutExpired after `timeout_s`."""
+    """Wait for torchrun, handing progress events on as they arrive; TimeoutExpired after `timeout_s`. `watch` is
+    called meanwhile and may raise (another node of the run ended badly)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -332,75 +390,5 @@ def _wait(
             if progress is not None:
                 for event in reader.poll():
                     progress(event)
-
-
-def _result(
-    job: Job,
-    code: int,
-    log_file: Path,
-    started: float,
-    exits: list[tuple[int, int]] | None = None,
-    launcher: str = "torchrun",
-) -> dict[str, Any]:
-    """Rank 0's result, or the error that explains its absence. `exits`: (rank, exit code) in the order the ranks
-    ended, as the warm agent reports them (None: read torchrun's summary in the log)."""
-    failed = exit_codes(log_file) if exits is None else {rank: c for rank, c in exits if c != 0}
-    errors = _rank_errors(job)
-    if code != 0 and not any(e["status"] == "bad_input" for e in errors):
-        stopped = {rank for rank, exit_code in failed.items() if exit_code == -signal.SIGTERM}
-        silent = sorted(set(range(job.layout.world_size)) - {e["rank"] for e in errors} - stopped)
-        if silent and errors:
-            raise SetupError(
-                f"rank {', '.join(map(str, silent))} died without reporting an error ({launcher} exit code {code}); "
-                f"the other ranks then failed with: {errors[0]['error'][:200]}; log: {log_file}"
-            )
-    if errors:
-        first = errors[0]
-        if first["status"] == "bad_input":
-            raise BadInput(first["error"])
-        raise SetupError(f"rank {first['rank']} failed: {first['error']} (log: {log_file})")
-    if code != 0 or not job.result_file.exists():
-        cause = root_cause(log_file) if exits is None else next(((r, c) for r, c in exits if c != 0), None)
-        who = f"rank {cause[0]} died with exit code {cause[1]}" if cause else "a rank exited without a result"
-        raise SetupError(
-            f"{who} ({launcher} exit code {code} after {time.monotonic() - started:.0f} s); log: {log_file}"
-        )
-    return json.loads(job.result_file.read_text())
-
-
-_EXIT = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank[^)]*\)\s*exitcode\s*:\s*(-?\d+)")
-
-
-def exit_codes(log_file: Path) -> dict[int, int]:
-    """Rank -> exit code of every failed rank in torchrun's summary (-15: torchrun stopped it after another failed)."""
-    try:
-        text = log_file.read_text(errors="replace")[-20000:]
-    except OSError:
-        return {}
-    return {int(rank): int(code) for rank, code in _EXIT.findall(text)}
-
-
-_ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
-
-
-def root_cause(log_file: Path) -> tuple[int, int] | None:
-    """(rank, exit code) of the first failure torchrun observed, read from its summary in the log."""
-    try:
-        match = _ROOT_CAUSE.search(log_file.read_text(errors="replace")[-20000:])
-    except OSError:
-        return None
-    return (int(match.group(1)), int(match.group(2))) if match else None
-
-
-def _rank_errors(job: Job) -> list[dict[str, Any]]:
-    """Error files left by ranks: bad input first, then the earliest written (the cause; its peers' errors follow)."""
-    out = []
-    for rank in range(job.layout.world_size):
-        path = job.error_file(rank)
-        if path.exists():
-            try:
-                error = json.loads(path.read_text())
-            except json.JSONDecodeError:
-                error = {"status": "error", "rank": rank, "error": "unreadable error file"}
-            out.append((error["status"] != "bad_input", path.stat().st_mtime_ns, rank, error))
-    return [error for *_, error in sorted(out, key=lambda item: item[:3])]
+        if watch is not None:
+            watch()

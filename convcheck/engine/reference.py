@@ -56,6 +56,7 @@ def reference_manifest(job: Job, log_dir: str | None = None, progress: ProgressS
         workdir=".",
         write_manifest=str(manifest),
         manifest_out=None,
+        nodes=None,  # one rank: each node of a multi-node run makes (or reuses) its own, standalone
     )
     prefixed = None
     if progress is not None:

@@ -1,0 +1,84 @@
+"""`torchrun ... -m convcheck verify ...`: the processes torchrun started are the ranks; no second launch.
+
+Each process runs the job's oracles as a worker would, rank 0's result goes to every rank over the job's own process
+group, and every process ends with the verdict's exit code. Ranks of one node share a job folder under the system
+temp dir (or under --log-dir), removed at the end unless --log-dir was given.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from convcheck.engine.job import Job
+from convcheck.engine.launch import LAUNCHED
+from convcheck.errors import BadInput
+
+
+def inside_torchrun() -> bool:
+    """True when this process is a worker torchrun started to run `convcheck` itself (not one of convcheck's ranks)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ and "LOCAL_RANK" in os.environ and LAUNCHED not in os.environ
+
+
+def torchrun_place() -> tuple[int, int, int, int]:
+    """(rank, world, node, nodes) of this process as torchrun set them."""
+    env = os.environ
+    return (int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("GROUP_RANK", "0")),
+            int(env.get("GROUP_WORLD_SIZE", "1")))  # fmt: skip
+
+
+def check_here(job: Job) -> None:
+    """BadInput unless torchrun started exactly the ranks the layout needs, and the job needs no launch of its own."""
+    _rank, world, _node, _nodes = torchrun_place()
+    if world != job.layout.world_size:
+        raise BadInput(
+            f"torchrun started {world} processes but the layout {job.layout.label} needs {job.layout.world_size}"
+        )
+    if job.resume_layouts:
+        raise BadInput("the distckpt oracle resumes in launches of its own: run it with `convcheck verify`, not "
+                       "inside torchrun")  # fmt: skip
+    if job.nodes is not None:
+        raise BadInput("--nnodes starts torchrun on each node: inside torchrun, give torchrun's own --nnodes instead")
+
+
+def run_here(job: Job, log_dir: str | None = None) -> dict[str, Any]:
+    """Run `job` in this process, one rank of it; every rank returns rank 0's result (collective)."""
+    from convcheck.engine import worker
+    from convcheck.rank.bringup import quiet
+
+    check_here(job)
+    rank, _world, node, _nodes = torchrun_place()
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "run")
+    base = Path(log_dir) if log_dir else Path(tempfile.gettempdir())
+    workdir = base / f"convcheck-torchrun-{run_id}-{os.environ.get('MASTER_PORT', '0')}-node{node}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    if job.device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # as for convcheck's own CPU ranks: upstream takes its CPU paths
+    quiet()
+    job = replace(job, workdir=str(workdir))
+    done = False
+    try:
+        shared = _share(worker.run_job(job), rank)
+        done = True
+        return shared
+    finally:  # after a failure no barrier: torchrun stops the other ranks when this one exits
+        if os.environ.get("LOCAL_RANK", "0") == "0" and not log_dir:
+            shutil.rmtree(workdir, ignore_errors=True)
+        if done:
+            from convcheck.rank.dist import shutdown_distributed
+
+            shutdown_distributed()
+
+
+def _share(result: dict[str, Any] | None, rank: int) -> dict[str, Any]:
+    """Rank 0's result on every rank (the job's default process group), once every rank is done with the folder."""
+    import torch.distributed as dist
+
+    box = [result if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    dist.barrier()
+    return box[0]
