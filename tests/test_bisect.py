@@ -1,0 +1,106 @@
+"""`convcheck bisect` over a synthetic Megatron-Bridge history (the pinned bridge's files, a planted conversion change,
+a commit that does not import, an unrelated one) and `make env BRIDGE=<work tree>` from it; bad input; the picking of
+the commits to test."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from convcheck.workflows.bisect import _picks
+from tests.support.bridge_history import History, make_history
+from tests.support.helpers import ROOT, run_cli
+
+CASE = "qwen3/tp1"
+SUBJECT = "qwen3: planted conversion change (q_norm and k_norm swapped)"
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory: pytest.TempPathFactory) -> History:
+    return make_history(tmp_path_factory.mktemp("bridge") / "Megatron-Bridge")
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    return {"CONVCHECK_BASE_VENV": sys.prefix, "CONVCHECK_ENV_DIR": str(tmp)}
+
+
+@pytest.mark.ranks
+def test_bisect_names_the_planted_commit_and_skips_the_broken_one(history: History, tmp_path: Path) -> None:
+    res = run_cli("bisect", "--bridge-repo", str(history.repo), "--good", history.released, "--bad", "main",
+                  "--case", CASE, "--env-dir", str(tmp_path / "envs"), env=_env(tmp_path), timeout=600)  # fmt: skip
+    assert res.code == 0, res.out + res.err
+    out = res.out.splitlines()
+    assert f"FOUND first bad commit {history.planted} {SUBJECT}" in out
+    found = out.index(f"FOUND first bad commit {history.planted} {SUBJECT}")
+    diffs = [line.strip() for line in out[found + 1 :] if line.startswith("  ")]
+    assert "decoder.layers.0.self_attention.q_layernorm.weight: [hf-names-changed]" in "\n".join(diffs), diffs
+    assert any(line.startswith("mapping: [verdict-regression]") for line in diffs), diffs
+    skipped = [line for line in out if line.startswith("SKIPPED")]
+    assert len(skipped) == 1 and skipped[0].startswith(f"SKIPPED {history.broken[:9]} refactor: an import that fails: ")
+    assert "planted: this commit does not import" in skipped[0]
+    assert out[-1].startswith("bisect: 4 commit(s) after good, 4 tested (1 skipped), pins of release 0.6.2, ")
+    steps = [line for line in res.err.splitlines() if line.startswith("bisect: step ")]
+    assert [s.split()[3:5] for s in steps] == [
+        [history.released[:9], "good:"],
+        [history.fixed[:9], "bad:"],
+        [history.broken[:9], "skip:"],
+        [history.planted[:9], "bad:"],
+    ], steps
+    # the per-commit environments are cached: one per tested commit, none half-made
+    envs = sorted(p.name for p in (tmp_path / "envs").iterdir())
+    assert len(envs) == 4 and all(n.startswith(".venv-bridge-0.6.2+g") for n in envs), envs
+
+
+@pytest.mark.ranks
+def test_make_env_from_the_work_tree_gates_like_a_release(history: History, tmp_path: Path) -> None:
+    env = {**os.environ, **_env(tmp_path)}
+    made = subprocess.run(["make", "-s", "-C", str(ROOT), "env", f"BRIDGE={history.repo}"], capture_output=True,
+                          text=True, env=env, check=False)  # fmt: skip
+    assert made.returncode == 0, made.stdout + made.stderr
+    convcheck = tmp_path / f".venv-bridge-0.6.2+g{history.fixed[:9]}" / "bin" / "convcheck"
+    env.pop("CONVCHECK_WARM_SOCKET", None)
+    res = subprocess.run([str(convcheck), "gate", "check", "--case", CASE], capture_output=True, text=True, env=env,
+                         check=False, timeout=600)  # fmt: skip
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "FAIL decoder.layers.0.self_attention.q_layernorm.weight: [hf-names-changed]" in res.stdout
+    assert (f"candidate: megatron-bridge 0.6.2 (commit {history.fixed[:9]}, clean tree) from {history.repo}; "
+            "megatron-core 0.19.2, transformers 5.12.1 (pins of release 0.6.2)") in res.stdout  # fmt: skip
+    assert f"now: megatron-core 0.19.2 megatron-bridge 0.6.2+g{history.fixed[:9]} transformers 5.12.1" in res.stdout
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["--bridge-repo", "{tmp}", "--good", "a", "--bad", "b", "--case", CASE], "not a git repository: {tmp}"),
+        (["--good", "nope", "--bad", "main", "--case", CASE], "unknown revision 'nope' in {git}"),
+        (["--good", "main", "--bad", "main~4", "--case", CASE], "good main is not an ancestor of bad main~4"),
+        (["--good", "main~4", "--bad", "main", "--case", "qwen9/tp1"], "unknown gate case 'qwen9/tp1'; known: "),
+        (["--good", "main~4", "--bad", "main"], "give one of --case ID or --verify 'ARGS'"),
+        (["--good", "main~4", "--bad", "main", "--case", CASE, "--verify", "--model tiny:qwen3"],
+         "give one of --case ID or --verify 'ARGS'"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line_and_exit_2(history: History, tmp_path: Path, args: list[str], line: str) -> None:
+    if "--bridge-repo" not in args:
+        args = ["--bridge-repo", str(history.repo), *args]
+    res = run_cli("bisect", *[a.format(tmp=tmp_path) for a in args], "--env-dir", str(tmp_path / "envs"),
+                  env=_env(tmp_path))  # fmt: skip
+    want = line.format(tmp=tmp_path, git=history.repo / ".git")
+    assert res.code == 2 and len(res.err.splitlines()) == 1, res.err
+    assert res.err.startswith(f"convcheck: error: {want}"), res.err
+    assert not (tmp_path / "envs").exists() or not list((tmp_path / "envs").iterdir())
+
+
+def test_picks_halve_the_range_and_jump_over_skipped_runs() -> None:
+    assert _picks(-1, 4, {4}, set(), 1) == [1]  # 0..3 untested: the lower middle
+    assert _picks(-1, 4, {4}, set(), 2) == [1, 2]  # --jobs 2: thirds
+    assert _picks(0, 1, {0, 1}, set(), 1) == []  # nothing left between good and bad
+    # a run of skipped commits around the middle: each skip doubles the distance kept from them
+    skipped = {50, 51, 49}
+    pick = _picks(-1, 100, {100, *skipped}, skipped, 1)[0]
+    assert min(abs(pick - s) for s in skipped) > 7, pick
+    assert _picks(-1, 3, {3, 1}, {1}, 1) == [0]  # only neighbours of the skip are left: take one anyway
