@@ -4,6 +4,7 @@ the commits to test."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -63,10 +64,24 @@ def test_make_env_from_the_work_tree_gates_like_a_release(history: History, tmp_
     assert made.returncode == 0, made.stdout + made.stderr
     convcheck = tmp_path / f".venv-bridge-0.6.2+g{history.fixed[:9]}" / "bin" / "convcheck"
     env.pop("CONVCHECK_WARM_SOCKET", None)
-    res = subprocess.run([str(convcheck), "gate", "check", "--case", CASE], capture_output=True, text=True, env=env,
-                         check=False, timeout=600)  # fmt: skip
+    report = tmp_path / "gate.json"
+    res = subprocess.run([str(convcheck), "gate", "check", "--case", CASE, "--json", str(report)], capture_output=True,
+                         text=True, env=env, check=False, timeout=600)  # fmt: skip
     assert res.returncode == 1, res.stdout + res.stderr
-    assert "FAIL decoder.layers.0.self_attention.q_layernorm.weight: [hf-names-changed]" in res.stdout
+    differences = json.loads(report.read_text())["cases"][0]["differences"]
+    assert sorted((d["kind"], d["subject"]) for d in differences) == [
+        *[
+            ("hf-names-changed", f"decoder.layers.{n}.self_attention.{x}_layernorm.weight")
+            for n in (0, 1)
+            for x in "kq"
+        ],
+        ("verdict-regression", "logits"),
+        ("verdict-regression", "mapping"),
+    ]
+    assert (
+        "FAIL 2 names like decoder.layers.0.self_attention.q_layernorm.weight: [hf-names-changed] HF names "
+        "model.layers.0.self_attn.q_norm.weight -> model.layers.0.self_attn.k_norm.weight  [qwen3/tp1]"
+    ) in res.stdout
     assert (f"candidate: megatron-bridge 0.6.2 (commit {history.fixed[:9]}, clean tree) from {history.repo}; "
             "megatron-core 0.19.2, transformers 5.12.1 (pins of release 0.6.2)") in res.stdout  # fmt: skip
     assert f"now: megatron-core 0.19.2 megatron-bridge 0.6.2+g{history.fixed[:9]} transformers 5.12.1" in res.stdout
@@ -104,3 +119,25 @@ def test_picks_halve_the_range_and_jump_over_skipped_runs() -> None:
     pick = _picks(-1, 100, {100, *skipped}, skipped, 1)[0]
     assert min(abs(pick - s) for s in skipped) > 7, pick
     assert _picks(-1, 3, {3, 1}, {1}, 1) == [0]  # only neighbours of the skip are left: take one anyway
+
+
+def test_verify_mode_classifies_by_exit_code(history: History, tmp_path: Path) -> None:
+    """--verify: exit 0 good, 1 bad (its last report lines kept), anything else skip (its last stderr line)."""
+    from convcheck.workflows.bisect import Runner, Spec
+    from convcheck.workflows.candidate import bridge_commit
+
+    fake = tmp_path / "env"
+    (fake / "bin").mkdir(parents=True)
+    script = fake / "bin" / "convcheck"
+    src = bridge_commit(history.repo, "main")
+    runner = Runner(Spec(repo=str(history.repo), good="a", bad="b", verify=("--model", "tiny:qwen3")), "", "0.6.2",
+                    tmp_path)  # fmt: skip
+    for code, state, why in ((0, "good", "verify exit 0"), (1, "bad", "verify exit 1"), (2, "skip", "verify did not "
+                             "run: convcheck: error: no such model")):  # fmt: skip
+        script.write_text(
+            f"#!/bin/sh\necho 'FAIL roundtrip'\necho 'convcheck: error: no such model' >&2\nexit {code}\n"
+        )
+        script.chmod(0o755)
+        step = runner._verify(fake, src, 0.0)
+        assert (step.state, step.why, step.commit) == (state, why, history.fixed)
+        assert step.differences == (("FAIL roundtrip",) if state == "bad" else ())
