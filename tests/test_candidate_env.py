@@ -152,3 +152,18 @@ def test_gate_report_names_the_candidate(history: History, tmp_path: Path, monke
             "megatron-core 0.19.2, transformers 5.12.1 (pins of release 0.6.2)\n") in out.getvalue()  # fmt: skip
     monkeypatch.setattr(sys, "prefix", str(tmp_path / "release-env"))
     assert gate_result([], triage([], [], []), tmp_path, 1.0)["candidate"] is None
+
+
+def test_core_from_a_tree_comes_before_the_base_venv(history: History, tmp_path: Path) -> None:
+    core = tmp_path / "Megatron-LM" / "megatron" / "core"
+    core.mkdir(parents=True)
+    (core / "__init__.py").write_text("")
+    (core / "package_info.py").write_text("MAJOR = 0\nMINOR = 20\nPATCH = 0\nPRE_RELEASE = 'rc1'\n")
+    p = plan(parse_bridge(f"{history.repo}@main"), core=str(core.parents[1]))
+    assert (p.core.kind, p.core.version, p.stack()) == ("tree", "0.20.0rc1", ["transformers==5.12.1",
+                                                                             "tokenizers==0.22.2"])  # fmt: skip
+    assert p.name == f".venv-bridge-0.6.2+g{history.fixed[:9]}-core0.20.0rc1.tree.{p.core.content[:8]}"
+    env = build(p, tmp_path / p.name, BASE, note=lambda _: None)
+    pth = next((env / "lib").glob("python*/site-packages/zz-convcheck-candidate.pth")).read_text().splitlines()
+    assert pth[:2] == [str(env / "bridge-src"), str(core.parents[1])] and pth[-1].endswith("site-packages")
+    assert "megatron-core 0.20.0rc1+tree." in describe(env)

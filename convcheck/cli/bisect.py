@@ -24,7 +24,7 @@ Exit codes:
 
 \b
 Example:
-  convcheck bisect --bridge-repo ~/Megatron-Bridge --good v0.6.0 --bad main --case qwen3/tp2+pad128
+  convcheck bisect --bridge-repo ~/Megatron-Bridge --good 558587ede --bad main --case qwen3/tp2+pad128
 """
 
 
@@ -37,7 +37,8 @@ Example:
 @click.option("--verify", "verify_args", default=None,
               help="Instead of --case: arguments of `convcheck verify` (exit 0 good, 1 bad, else skip).")  # fmt: skip
 @click.option("--hook", "hooks", type=HookSpecType(), multiple=True,
-              help="Callable run in every rank of every step before the model is built.")  # fmt: skip
+              help="Loaded in every rank of every step before the bridge is imported, run before the model is "
+              "built (e.g. examples/bisect_hooks.py:stub_fla).")  # fmt: skip
 @click.option("--core", default=None,
               help="megatron-core of every step: a version, source tree or wheel (default: the pins of the "
               "release nearest the bad commit).")  # fmt: skip

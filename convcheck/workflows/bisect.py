@@ -17,7 +17,7 @@ from pathlib import Path
 
 from convcheck.errors import BadInput, ConvcheckError
 from convcheck.gate.check import compare
-from convcheck.workflows.candidate import bridge_commit, git, git_dir, nearest_release, plan
+from convcheck.workflows.candidate import Source, bridge_commit, git, git_dir, nearest_release, plan
 from convcheck.workflows.candidate_env import build
 
 GOOD, BAD, SKIP = "good", "bad", "skip"
@@ -117,7 +117,7 @@ class Runner:
         why = "manifest equals the good commit's" if not diffs else f"{len(diffs)} difference(s) from the good commit's"
         return self._step(src, BAD if diffs else GOOD, why, started, lines)
 
-    def _verify(self, env: Path, src: object, started: float) -> Step:
+    def _verify(self, env: Path, src: Source, started: float) -> Step:
         args = [str(env / "bin" / "convcheck"), "verify", *self.spec.verify, "--timeout", str(self.spec.timeout_s)]
         args += [a for h in self.spec.hooks for a in ("--hook", h)]
         done = self._call(args)
@@ -153,7 +153,7 @@ class Runner:
                 os.killpg(proc.pid, signal.SIGKILL)
 
     @staticmethod
-    def _step(src: object, state: str, why: str, started: float, lines: tuple[str, ...] = ()) -> Step:
+    def _step(src: Source, state: str, why: str, started: float, lines: tuple[str, ...] = ()) -> Step:
         return Step(commit=src.commit, subject=src.subject or "", state=state, why=why,
                     seconds=time.perf_counter() - started, differences=lines)  # fmt: skip
 

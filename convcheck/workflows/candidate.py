@@ -204,9 +204,8 @@ class Plan:
         return [*core, f"transformers=={self.transformers}", f"tokenizers=={self.tokenizers}", *self.extras]
 
     def base_stack(self) -> bool:
-        """True when that layer is exactly the current pins' (the base venv holds it: nothing to install)."""
-        current = load_releases()[current_release()]
-        return self.stack() == [r for r in current.requirements() if not r.startswith("megatron-bridge==")]
+        """True when the base venv (the current pins) already holds every package of that layer: nothing to install."""
+        return set(self.stack()) <= set(load_releases()[current_release()].requirements())
 
     @property
     def name(self) -> str:
