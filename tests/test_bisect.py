@@ -141,3 +141,35 @@ def test_verify_mode_classifies_by_exit_code(history: History, tmp_path: Path) -
         step = runner._verify(fake, src, 0.0)
         assert (step.state, step.why, step.commit) == (state, why, history.fixed)
         assert step.differences == (("FAIL roundtrip",) if state == "bad" else ())
+
+
+@pytest.mark.fresh_process
+def test_fla_stand_in_hook_lets_the_bridge_import_and_nothing_else() -> None:
+    """examples/bisect_hooks.py:stub_fla (the real bisect's hook): `from fla.modules import ...` works, building one
+    raises, every other fla import fails as without fla, and transformers still reports fla missing."""
+    code = """
+import importlib.util, runpy, sys
+assert importlib.util.find_spec("fla") is None, "the real fla is installed: nothing to check"
+runpy.run_path("examples/bisect_hooks.py")
+from fla.modules import FusedRMSNormGated, ShortConvolution
+try:
+    ShortConvolution(8)
+except ImportError as exc:
+    print("built:", exc)
+for name in ("fla.ops.gated_delta_rule", "fla.modules.l2norm", "fla.utils"):
+    try:
+        __import__(name)
+    except ModuleNotFoundError:
+        print("missing:", name)
+from transformers.utils.import_utils import is_flash_linear_attention_available
+print("transformers sees fla:", is_flash_linear_attention_available())
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == [
+        "built: flash-linear-attention is not installed (stand-in from examples/bisect_hooks.py)",
+        "missing: fla.ops.gated_delta_rule",
+        "missing: fla.modules.l2norm",
+        "missing: fla.utils",
+        "transformers sees fla: False",
+    ]
