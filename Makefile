@@ -54,4 +54,4 @@ test-release: env
 	CONVCHECK_RELEASE_SMOKE=1 .venv-bridge-$(BRIDGE)/bin/python -m pytest -q -rs -p no:cacheprovider $(RELEASE_TESTS)
 
 clean:
-	rm -rf $(VENV) .cache .venv-bridge-*
+	rm -rf $(VENV) .cache .venv-bridge-* .venv-stack-*
