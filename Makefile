@@ -48,10 +48,10 @@ RELEASE_TESTS := tests/test_releases.py tests/test_compat.py tests/test_compat_m
 	tests/test_compat_forward.py tests/test_compat_hybrid.py tests/test_compat_hybrid_forward.py
 
 env:
-	@scripts/make-env.sh $(BRIDGE)
+	@CORE=$(CORE) TRANSFORMERS=$(TRANSFORMERS) scripts/make-env.sh $(BRIDGE)
 
 test-release: env
 	CONVCHECK_RELEASE_SMOKE=1 .venv-bridge-$(BRIDGE)/bin/python -m pytest -q -rs -p no:cacheprovider $(RELEASE_TESTS)
 
 clean:
-	rm -rf $(VENV) .cache .venv-bridge-*
+	rm -rf $(VENV) .cache .venv-bridge-* .venv-stack-*

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv-bridge-X/ for Megatron-Bridge release X (convcheck/gate/releases.toml): its own site-packages hold the
+# Create .venv-bridge-X/ for Megatron-Bridge release X (or a candidate: a tree, a wheel, REPO@REF; see below) (convcheck/gate/releases.toml): its own site-packages hold the
 # release's megatron-core, megatron-bridge, transformers, tokenizers and extras (all --no-deps) and convcheck
 # (editable); a .pth file appends the base venv's site-packages AFTER its own, so torch and the other heavy packages
 # are reused and the release's own pins win. The base venv is $CONVCHECK_BASE_VENV, else .venv (made by
@@ -18,6 +18,12 @@ if [ ! -x "$BASE/bin/python" ]; then
 fi
 BASE=$(cd "$BASE" && pwd)
 BASE_PY="$BASE/bin/python"
+# Not a release: a source tree, a wheel or REPO@REF of a clone (convcheck/workflows/candidate_env.py; CORE= and
+# TRANSFORMERS= choose megatron-core and transformers, default: the pins of the nearest release; the env goes into
+# $CONVCHECK_ENV_DIR, default the repo root).
+if [[ "$BRIDGE" == *.whl || -d "$BRIDGE" || "$BRIDGE" == *@* ]]; then
+  exec "$BASE_PY" -I -c 'import sys; sys.path.insert(0, "."); from convcheck.workflows.candidate_env import main; sys.exit(main())' "$BRIDGE" "${CORE:-}" "${TRANSFORMERS:-}"
+fi
 # the repo's convcheck/gate/release_table.py, not an installed copy (-I: no user site, no PYTHONPATH; -c: cwd first on sys.path)
 REQS=$(cd "$PWD" && "$BASE_PY" -I -c 'import sys; sys.path.insert(0, "."); from convcheck.gate.release_table import main; sys.exit(main())' requirements "$BRIDGE") || exit 2
 BASE_SITE=$("$BASE_PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

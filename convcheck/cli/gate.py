@@ -23,6 +23,7 @@ from convcheck.gate.case import Case, default_matrix, fixture_layouts, normalise
 from convcheck.hf.checkpoint import open_checkpoint
 from convcheck.layout import ParallelLayout
 from convcheck.versions import versions
+from convcheck.workflows.candidate_env import candidate_info, candidate_line
 from convcheck.workflows.gate_runner import Options, read_index
 from convcheck.workflows.gate_runner import check as run_check
 from convcheck.workflows.gate_runner import record as run_record
@@ -223,6 +224,7 @@ def gate_result(results: list[Any], verdict: Any, golden: Path, seconds: float) 
         "verdict": "pass" if all(c["status"] == "pass" for c in cases) else "fail",
         "golden": str(golden),
         "versions": versions(),
+        "candidate": candidate_info(),
         "seconds": round(seconds, 3),
         "cases": cases,
         "unused_allow": [{"entry": e.index, **e.to_dict()} for e in verdict.unused],
@@ -278,6 +280,8 @@ def print_gate(result: dict[str, Any], out: Any = None, max_lines: int = 40) -> 
         extra = f", {len(c['allowed'])} allowed" if c["allowed"] else ""
         out.write(f"{word} {c['id']}: {len(c['differences'])} difference(s){extra} ({c['seconds']:.1f} s)\n")
     passed = sum(c["status"] == "pass" for c in result["cases"])
+    if result.get("candidate"):
+        out.write(candidate_line(result["candidate"]) + "\n")
     now = result["versions"]
     golden = next((c["golden_versions"] for c in result["cases"] if c["golden_versions"]), {})
     out.write(
