@@ -38,6 +38,9 @@ INFO = OracleInfo(
     "the explicit mappings themselves match Megatron's forward beyond their own tests",
     drains_export=True,  # where roundtrip has not answered for it
     rides_on="source",
+    live="the bridge's export of the trained weights equals, bitwise, the HF tensors convcheck's explicit mappings "
+    "rebuild from every rank's own shards (gathered to rank 0 in batches); the first wrong element is named; the "
+    "shards themselves are not checked against a source (there is none for trained values)",
 )
 KEEP_BYTES = 1 << 30
 """Rebuilt bytes of mismatching tensors rank 0 keeps for one extra export stream (one tensor if larger)."""

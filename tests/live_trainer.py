@@ -1,0 +1,121 @@
+"""Stands for a user's trainer under torchrun: its own process groups and AutoBridge model, weights perturbed as a
+training step would, then convcheck.live inside the job. tests/test_live.py launches it and reads OUT/result.json.
+
+usage: torchrun --standalone --nproc-per-node N tests/live_trainer.py CHECKPOINT TP EP ORACLES OUT
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def setup(checkpoint: str, tp: int, ep: int) -> tuple[list, object]:
+    """The trainer's own bring-up: gloo groups, parallel_state, the bridge's provider and the loaded model."""
+    from convcheck import compat  # this CPU machine's stand-in for Transformer Engine and CUDA, as in any CPU job
+
+    compat.install("cpu")
+    from megatron.bridge import AutoBridge
+    from megatron.core import parallel_state
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
+    bridge = AutoBridge.from_hf_pretrained(checkpoint)
+    provider = bridge.to_megatron_provider(load_weights=False)
+    provider.tensor_model_parallel_size, provider.expert_model_parallel_size = tp, ep
+    provider.sequence_parallel = False
+    compat.configure_provider(provider, "cpu")
+    provider.finalize()
+    model = provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=True)
+    bridge.load_hf_weights(model)
+    return model, bridge
+
+
+def perturb(model: list, seed: int = 7) -> None:
+    """A seeded add like an optimizer step: replicated parameters change identically on every rank that holds them,
+    tensor-parallel shards and experts each by their own draw."""
+    from megatron.core import parallel_state as ps
+
+    with torch.no_grad():
+        for chunk in model:
+            for name, param in chunk.named_parameters():
+                expert = getattr(param, "allreduce", True) is False
+                shard = ps.get_expert_tensor_parallel_rank() if expert else ps.get_tensor_model_parallel_rank()
+                own = (ps.get_expert_model_parallel_rank() if expert else 0, ps.get_pipeline_model_parallel_rank())
+                key = f"{name}|{shard if getattr(param, 'tensor_model_parallel', False) else -1}|{own}"
+                gen = torch.Generator().manual_seed(seed + int(hashlib.sha256(key.encode()).hexdigest()[:8], 16))
+                step = torch.randn(param.shape, generator=gen, dtype=torch.float32) * 1e-2
+                param.add_(step.to(param.dtype))
+
+
+def weights_digest(model: list) -> str:
+    """sha256 over every parameter and buffer of this rank, bytes and names (what must not change)."""
+    from convcheck.compare.bits import raw_bytes
+
+    h = hashlib.sha256()
+    for chunk in model:
+        for name, tensor in list(chunk.named_parameters()) + list(chunk.named_buffers()):
+            h.update(name.encode())
+            h.update(raw_bytes(tensor))
+    return h.hexdigest()
+
+
+def patched_state() -> dict[str, int]:
+    """Identities of what the oracles patch while they run (torch.distributed calls, the bridge's mapping methods)."""
+    from megatron.bridge.models.conversion import param_mapping
+
+    out = {f"dist.{n}": id(getattr(dist, n)) for n in dir(dist) if callable(getattr(dist, n, None))}
+    for cls_name in dir(param_mapping):
+        cls = getattr(param_mapping, cls_name)
+        if isinstance(cls, type):
+            out.update({f"{cls_name}.{k}": id(v) for k, v in vars(cls).items() if callable(v)})
+    return out
+
+
+def main() -> int:
+    checkpoint, tp, ep, oracles, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], Path(sys.argv[5])
+    import convcheck.live
+    from convcheck.mutants.bridge import swap_qk_head0
+
+    model, bridge = setup(checkpoint, tp, ep)
+    perturb(model)
+    rank = dist.get_rank()
+    before, patches = weights_digest(model), patched_state()
+    clean = convcheck.live.check(model, bridge, oracles=oracles)
+    after_clean = weights_digest(model)
+    unpatched = patched_state() == patches
+    manifest = convcheck.live.digest(model, bridge, out=out / "live.digest.json" if rank == 0 else None)
+    bridge.save_hf_weights(model, str(out / "export"))  # the receiver side's folder, for `convcheck sweep`
+    swap_qk_head0()  # a mapping bug in the sync path (the bridge's export of layer 0's q/k), planted now
+    planted = convcheck.live.check(model, bridge, oracles="coverage,differential,mapping")
+    after_planted = weights_digest(model)
+    sameness = [before == after_clean, before == after_planted]
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (sameness, unpatched))
+    if rank == 0:
+        result = {
+            "clean": clean.to_dict(),
+            "planted": planted.to_dict(),
+            "weights_unchanged": [all(s[i] for s, _ in gathered) for i in range(2)],
+            "nothing_left_patched": all(u for _, u in gathered),
+            "digest_tensors": len(manifest.tensors),
+        }
+        (out / "result.json").write_text(json.dumps(result, indent=1))
+    dist.barrier()
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())
