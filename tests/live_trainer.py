@@ -26,10 +26,13 @@ def setup(checkpoint: str, tp: int, ep: int) -> tuple[list, object]:
     from megatron.core import parallel_state
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=tp, expert_model_parallel_size=ep, expert_tensor_parallel_size=1
+    )
     bridge = AutoBridge.from_hf_pretrained(checkpoint)
     provider = bridge.to_megatron_provider(load_weights=False)
     provider.tensor_model_parallel_size, provider.expert_model_parallel_size = tp, ep
+    provider.expert_tensor_parallel_size = 1
     provider.sequence_parallel = False
     compat.configure_provider(provider, "cpu")
     provider.finalize()

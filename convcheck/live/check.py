@@ -66,9 +66,7 @@ def check(
     )
 
 
-def digest(
-    model: Any, bridge: Any, *, out: str | Path | None = None, sender: str | None = None
-) -> Manifest | None:
+def digest(model: Any, bridge: Any, *, out: str | Path | None = None, sender: str | None = None) -> Manifest | None:
     """Collective: the `convcheck-digest/1` manifest of one export of the job's weights (through `sender`, default the
     bridge's own export) on rank 0 (written to `out` when given), None on other ranks; compare it with a receiver's
     folder by `convcheck sweep FOLDER MANIFEST`."""

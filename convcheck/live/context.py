@@ -107,8 +107,10 @@ def live_context(
     chunks = chunks_of(model)
     folder = names_folder(bridge, names_from)
     if folder is None and need_names:
-        raise BadInput("live: the bridge was not built from a local checkpoint folder; pass names_from=FOLDER (its "
-                       "config.json and safetensors headers name the export's tensors; no tensor bytes are read)")  # fmt: skip
+        raise BadInput(
+            "live: the bridge was not built from a local checkpoint folder; pass names_from=FOLDER (its config.json "
+            "and safetensors headers name the export's tensors; no tensor bytes are read)"
+        )
     checkpoint = names_only(folder) if folder is not None else Checkpoint(path=Path("."), config={}, tensors={})
     layout = job_layout(chunks)
     first = next((p for c in chunks for p in c.parameters()), None)
