@@ -82,6 +82,14 @@ def patched_state() -> dict[str, int]:
     return out
 
 
+class Wrapped(torch.nn.Module):
+    """Holds a chunk as `.module`, the way DDP and Float16Module do."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+
 def main() -> int:
     checkpoint, tp, ep, oracles, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], Path(sys.argv[5])
     import convcheck.live
@@ -97,7 +105,8 @@ def main() -> int:
     manifest = convcheck.live.digest(model, bridge, out=out / "live.digest.json" if rank == 0 else None)
     bridge.save_hf_weights(model, str(out / "export"))  # the receiver side's folder, for `convcheck sweep`
     swap_qk_head0()  # a mapping bug in the sync path (the bridge's export of layer 0's q/k), planted now
-    planted = convcheck.live.check(model, bridge, oracles="coverage,differential,mapping")
+    wrapped = [Wrapped(chunk) for chunk in model]  # as DDP / Float16Module hold it: the check unwraps `.module`
+    planted = convcheck.live.check(wrapped, bridge, oracles="coverage,differential,mapping")
     after_planted = weights_digest(model)
     sameness = [before == after_clean, before == after_planted]
     gathered: list = [None] * dist.get_world_size()

@@ -96,3 +96,14 @@ def test_source_needing_oracle_is_refused_before_anything() -> None:
         convcheck.live.check(None, None, oracles=["nope"])
     with pytest.raises(BadInput, match=r"^sender 'no_such_module:f': cannot import no_such_module"):
         convcheck.live.check(None, None, sender="no_such_module:f")
+
+
+def test_live_table_is_generated_from_the_modules() -> None:
+    import re
+
+    from convcheck.oracles import live_markdown
+
+    text = (ROOT / "docs" / "live.md").read_text()
+    match = re.search(r"<!-- live:begin[^\n]*-->\n(.*?)<!-- live:end -->", text, re.DOTALL)
+    assert match, "docs/live.md lost its live:begin / live:end markers"
+    assert match.group(1) == live_markdown(), "paste convcheck.oracles.live_markdown() into docs/live.md"
