@@ -30,13 +30,14 @@ def _worker(args: argparse.Namespace) -> None:
 
     quiet()
     layout = ParallelLayout(tp=args.tp, pp=args.pp, ep=args.ep)
-    ctx = bring_up(RankSpec(model_path=args.path, layout=layout))
+    ctx = bring_up(RankSpec(model_path=args.path, layout=layout, device=args.device))
     model, bridge = ctx.model, ctx.bridge
     export_s, live_s, digest_s, per_oracle = [], [], [], {}
     report = None
     for _ in range(args.repeat):
         t0 = time.perf_counter()
-        count = sum(1 for _ in bridge.export_hf_weights(model, cpu=True, show_progress=False))
+        cpu = ctx.device != "cuda"  # as the oracles drain it
+        count = sum(1 for _ in bridge.export_hf_weights(model, cpu=cpu, show_progress=False))
         export_s.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         report = convcheck.live.check(model, bridge, oracles=args.oracles)
@@ -77,7 +78,7 @@ def _checkpoint(args: argparse.Namespace) -> tuple[str, str]:
         dims = "tiny" if args.tiny_dims else "real"
         work = Path(os.environ.get("CONVCHECK_CACHE_DIR", "/tmp")) / "realsize"  # bench_realsize's cache and names
         folder = work / f"qwen3-30b-a3b-{'tiny-' if args.tiny_dims else ''}{args.realsize_layers}l-128e"
-        build(folder, args.realsize_layers, args.tiny_dims, 128)
+        build(folder, args.realsize_layers, args.tiny_dims, 128, device=args.device)
         return str(folder), f"qwen3-30b-a3b cut: {args.realsize_layers} layers, {dims} dims"
     from convcheck.api import resolve_model
 
@@ -91,6 +92,7 @@ def main() -> None:
     for dim in ("tp", "pp", "ep"):
         p.add_argument(f"--{dim}", type=int, default=1)
     p.add_argument("--oracles", default="coverage,differential,mapping")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--realsize-layers", type=int, default=0)
     p.add_argument("--tiny-dims", action="store_true")
