@@ -26,6 +26,7 @@ CASES = {
 }
 QK_BUG = ("model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.q_proj.weight")
 """What convcheck.mutants.bridge:swap_qk_head0 changes in the export."""
+QKV = "decoder.layers.0.self_attention.linear_qkv.weight"
 
 
 def launch(shared_root: Path, case: str) -> tuple[dict[str, Any], Path]:
@@ -57,19 +58,23 @@ def test_live_check_passes_and_names_a_planted_bug(shared_root: Path, case: str)
     assert [o["name"] for o in clean["oracles"]] == asked
     assert all(o["checked"] > 0 for o in clean["oracles"])
     mapping = next(o for o in clean["oracles"] if o["name"] == "mapping")
-    assert mapping["metrics"]["export"] == "shared (coverage)"  # rode on coverage's drain, no export of its own
+    assert mapping["metrics"]["export"] == "shared (export tap)"  # rode on coverage's drain, no export of its own
+    assert mapping["metrics"]["gathers"] == 0  # every shard matched the export: nothing rebuilt
     differential = next(o for o in clean["oracles"] if o["name"] == "differential")
     assert differential["metrics"]["real"] == "shared (coverage export)"
     assert planted["verdict"] == "fail"
     failed = {o["name"]: o["findings"] for o in planted["oracles"] if o["verdict"] != "pass"}
     assert sorted(failed) == ["mapping"]  # the bug is in the export's math: the probe makes it too
     findings = {f["tensor"]: f for f in failed["mapping"]}
-    assert sorted(findings) == sorted(QK_BUG)
+    assert sorted(findings) == sorted([*QK_BUG, QKV])
     q = findings["model.layers.0.self_attn.q_proj.weight"]
     assert q["kind"] == "export-bytes-differ"
-    assert "explicit mapping of decoder.layers.0.self_attention.linear_qkv.weight" in q["message"]
+    assert f"explicit mapping of {QKV} (rebuilt from the shards)" in q["message"]
     assert "256/1024 elements differ; first at index [0, 0]" in q["message"]
-    assert q["detail"]["megatron"] == "decoder.layers.0.self_attention.linear_qkv.weight"
+    assert q["detail"]["megatron"] == QKV and q["detail"]["first_index"] == [0, 0]
+    shard = findings[QKV]  # head 0 lives on TP rank 0 only
+    assert shard["kind"] == "shard-bytes-differ" and shard["detail"]["rank"] == 0
+    assert "to_shard of the export: 512/1024 elements differ; first at index [0, 0]" in shard["message"]
     assert result["weights_unchanged"] == [True, True]  # digest of every rank's weights before and after each check
     assert result["nothing_left_patched"]
 

@@ -9,7 +9,7 @@ from typing import Any
 from convcheck.errors import BadInput
 from convcheck.hf.digest import Manifest, check_output, write_text_atomic
 from convcheck.live.context import live_context
-from convcheck.oracles import ORACLES, load_live_oracle, parse_live_names, riders
+from convcheck.oracles import ORACLES, load_live_oracle, mapping_live, parse_live_names, riders
 from convcheck.rank.context import RankContext
 from convcheck.rank.export_digests import ExportDigests
 from convcheck.rank.options import SyncOptions
@@ -39,7 +39,7 @@ def check(
     sync = SyncOptions(sender=normalize_sender(sender), receiver=receiver, chunk_mb=chunk_mb)
     ctx = live_context(model, bridge, names_from=names_from, sync=sync)
     started = time.perf_counter()
-    tap = _digest_tap(ctx, names)
+    _shard_tap(ctx, names)
     verdicts: list[OracleVerdict] = []
     try:
         ctx.memo.probe_in_export = "differential" in riders(names)
@@ -50,9 +50,7 @@ def check(
             if verdict is not None:
                 verdicts.append(_timed(verdict, time.perf_counter() - t0))
     finally:
-        if tap is not None:
-            tap.close()
-        ctx.memo = type(ctx.memo)()  # the records and held tensors go with it
+        ctx.memo = type(ctx.memo)()  # the probe records and held tensors go with it
     if not ctx.is_reporter:
         return None
     return Report(
@@ -92,14 +90,15 @@ def digest(model: Any, bridge: Any, *, out: str | Path | None = None, sender: st
     return manifest
 
 
-def _digest_tap(ctx: RankContext, names: tuple[str, ...]) -> ExportDigests | None:
-    """The export tap the live mapping check reads, fed by the first oracle that drains the export before it."""
-    if "mapping" not in names:
+def _shard_tap(ctx: RankContext, names: tuple[str, ...]) -> Any:
+    """Collective: the live mapping check's tap, fed by the first oracle before it that drains the export (None when
+    mapping is not asked for, or nothing drains before it: it then drains itself)."""
+    if "mapping" not in names or not any(ORACLES[n].drains_export for n in names[: names.index("mapping")]):
         return None
-    first = next((n for n in names if ORACLES[n].drains_export), "mapping")
-    tap = ExportDigests(reporter=ctx.is_reporter, by=first)
-    ctx.memo.export_digests = tap
-    ctx.memo.export_taps.append(tap)
+    tap = mapping_live.start(ctx)
+    if tap is not None:
+        ctx.memo.shard_tap = tap
+        ctx.memo.export_taps.append(tap)
     return tap
 
 

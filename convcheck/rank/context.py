@@ -34,9 +34,6 @@ class RunMemo:
     export_taps: list[Any] = field(default_factory=list)
     """Taps every export stream feeds: `start()`, `offer(name, tensor)` per item, `finish(export_error)` when the
     stream ran to its end (e.g. the gate manifest's digests, convcheck.engine.recorder)."""
-    export_digests: Any = None
-    """A live run's digests of the first full export (convcheck.rank.export_digests), for the live mapping check and
-    the live digest manifest."""
 
 
 @dataclass(kw_only=True)

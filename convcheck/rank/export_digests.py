@@ -1,5 +1,5 @@
-"""An export tap that hashes (rank 0) every tensor of the first export stream drained to its end: the live mapping
-check's export side and the live `convcheck-digest/1` manifest, taken inside a drain an oracle runs anyway."""
+"""An export tap that hashes (rank 0) every tensor of the first export stream drained to its end: the live
+`convcheck-digest/1` manifest of a job's export (convcheck.live.digest)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,9 @@ from typing import Any
 from convcheck.compare.hashpool import HashPool
 from convcheck.hf.checkpoint import _TORCH_NAMES
 from convcheck.hf.digest import HASH, DigestEntry, Manifest
-from convcheck.verdict import Finding
 
 SAFETENSORS_NAMES = {torch_name: st for st, torch_name in _TORCH_NAMES.items()}
 """torch dtype name -> the safetensors dtype name a manifest records."""
-
-Digest = tuple[str, tuple[int, ...], str]
-"""(torch dtype, shape, sha256 of the raw bytes), as convcheck.oracles.mapping compares them."""
 
 
 class ExportDigests:
@@ -55,19 +51,6 @@ class ExportDigests:
         if self._pool is not None:
             pool, self._pool = self._pool, None
             pool.results()
-
-    @property
-    def failure(self) -> Finding | None:
-        if not self.error:
-            return None
-        return Finding(tensor="<export>", kind="export-failed", message=f"the export raised {self.error}")
-
-    def by_name(self) -> dict[str, list[Digest]]:
-        """Every exported name with the digest of each yield of it, in order (empty off the reporting rank)."""
-        out: dict[str, list[Digest]] = {}
-        for i, (name, dtype, shape) in enumerate(self._order):
-            out.setdefault(name, []).append((f"torch.{dtype}", shape, self._shas[i]))
-        return out
 
     def manifest(self) -> Manifest:
         """The `convcheck-digest/1` manifest of the stream (the last yield of a name repeated by the export)."""
