@@ -1,7 +1,7 @@
 """Stands for a user's trainer under torchrun: its own process groups and AutoBridge model, weights perturbed as a
 training step would, then convcheck.live inside the job. tests/test_live.py launches it and reads OUT/result.json.
 
-usage: torchrun --standalone --nproc-per-node N tests/live_trainer.py CHECKPOINT TP EP ORACLES OUT
+usage: torchrun --standalone --nproc-per-node N tests/live_trainer.py CHECKPOINT TP EP ORACLES OUT [SENDER]
 """
 
 from __future__ import annotations
@@ -90,8 +90,12 @@ class Wrapped(torch.nn.Module):
         self.module = module
 
 
+SYNC = "convcheck.mutants.sync"
+
+
 def main() -> int:
     checkpoint, tp, ep, oracles, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], Path(sys.argv[5])
+    sender = sys.argv[6] if len(sys.argv) > 6 else None
     import convcheck.live
     from convcheck.mutants.bridge import swap_qk_head0
 
@@ -99,9 +103,18 @@ def main() -> int:
     perturb(model)
     rank = dist.get_rank()
     before, patches = weights_digest(model), patched_state()
-    clean = convcheck.live.check(model, bridge, oracles=oracles)
+    clean = convcheck.live.check(model, bridge, oracles=oracles, sender=sender)
     after_clean = weights_digest(model)
     unpatched = patched_state() == patches
+    sync_planted = None
+    if sender:  # a sync path with two planted bugs: a sender that flips one bit, a receiver that transposes on reload
+        sync_planted = convcheck.live.check(
+            model,
+            bridge,
+            oracles="receiver,idempotence",
+            sender=f"{SYNC}:flip_bit",
+            receiver=f"{SYNC}:TransposeOnReloadReceiver",
+        )
     manifest = convcheck.live.digest(model, bridge, out=out / "live.digest.json" if rank == 0 else None)
     bridge.save_hf_weights(model, str(out / "export"))  # the receiver side's folder, for `convcheck sweep`
     swap_qk_head0()  # a mapping bug in the sync path (the bridge's export of layer 0's q/k), planted now
@@ -115,6 +128,7 @@ def main() -> int:
         result = {
             "clean": clean.to_dict(),
             "planted": planted.to_dict(),
+            "sync_planted": sync_planted.to_dict() if sync_planted is not None else None,
             "weights_unchanged": [all(s[i] for s, _ in gathered) for i in range(2)],
             "nothing_left_patched": all(u for _, u in gathered),
             "digest_tensors": len(manifest.tensors),

@@ -21,9 +21,10 @@ from convcheck.errors import BadInput
 from tests.support.helpers import ROOT, run_cli
 
 CASES = {
-    "qwen3-tp2": ("tiny:qwen3", 2, 1, "coverage,differential,mapping,idempotence"),
-    "qwen3-moe-tp2ep2": ("tiny:qwen3-moe", 2, 2, "coverage,differential,elements,mapping"),
+    "qwen3-tp2": ("tiny:qwen3", 2, 1, "coverage,differential,mapping,receiver,idempotence", "bucketed"),
+    "qwen3-moe-tp2ep2": ("tiny:qwen3-moe", 2, 2, "coverage,differential,elements,mapping", ""),
 }
+"""fixture, TP, EP, the clean check's oracles, its sender (the planted check: coverage, differential, mapping)."""
 QK_BUG = ("model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.q_proj.weight")
 """What convcheck.mutants.bridge:swap_qk_head0 changes in the export."""
 QKV = "decoder.layers.0.self_attention.linear_qkv.weight"
@@ -31,7 +32,7 @@ QKV = "decoder.layers.0.self_attention.linear_qkv.weight"
 
 def launch(shared_root: Path, case: str) -> tuple[dict[str, Any], Path]:
     """The trainer's result for `case`, launched once per session (the first test to ask runs it)."""
-    fixture, tp, ep, oracles = CASES[case]
+    fixture, tp, ep, oracles, sender = CASES[case]
     folder = shared_root / "live-runs" / case
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / ".lock", "a") as lock:
@@ -40,8 +41,8 @@ def launch(shared_root: Path, case: str) -> tuple[dict[str, Any], Path]:
         if not result.exists():
             ranks = f"--nproc-per-node={math.lcm(tp, ep)}"
             trainer = str(ROOT / "tests" / "live_trainer.py")
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", ranks, trainer,
-                   resolve_model(fixture), str(tp), str(ep), oracles, str(folder)]  # fmt: skip
+            args = [resolve_model(fixture), str(tp), str(ep), oracles, str(folder), *([sender] if sender else [])]
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", ranks, trainer, *args]
             env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, cwd=ROOT)
             assert result.exists(), f"trainer exit {proc.returncode}: {proc.stderr[-3000:]}"
@@ -112,3 +113,20 @@ def test_live_table_is_generated_from_the_modules() -> None:
     match = re.search(r"<!-- live:begin[^\n]*-->\n(.*?)<!-- live:end -->", text, re.DOTALL)
     assert match, "docs/live.md lost its live:begin / live:end markers"
     assert match.group(1) == live_markdown(), "paste convcheck.oracles.live_markdown() into docs/live.md"
+
+
+@pytest.mark.ranks
+def test_live_sync_path_bugs_are_named(shared_root: Path) -> None:
+    """In the same job: a sender that flips one bit of k_proj is named by the live receiver check (against the bridge's
+    own export), a receiver that transposes o_proj on reload by idempotence."""
+    result, _ = launch(shared_root, "qwen3-tp2")
+    planted = {o["name"]: o for o in result["sync_planted"]["oracles"]}
+    assert planted["receiver"]["verdict"] == "fail" and planted["idempotence"]["verdict"] == "fail"
+    (flipped,) = planted["receiver"]["findings"]
+    assert (flipped["tensor"], flipped["kind"], flipped["detail"]["first_index"]) == (
+        "model.layers.0.self_attn.qkv_proj.weight", "bytes-differ", [32, 5]
+    )  # fmt: skip
+    assert "<- model.layers.0.self_attn.k_proj.weight[0, 5]" in flipped["message"]
+    transposed = {f["tensor"]: f for f in planted["idempotence"]["findings"]}
+    assert sorted(transposed) == [f"model.layers.{i}.self_attn.o_proj.weight" for i in (0, 1)]
+    assert all("transposed by the replay" in f["message"] for f in transposed.values())

@@ -26,6 +26,7 @@ from convcheck.oracles import (
     mapping,
     mapping_live,
     receiver,
+    receiver_live,
     reshard,
     roundtrip,
     save,
@@ -96,7 +97,7 @@ def load_oracle(name: str) -> Callable[[Any], Any]:
 LIVE_ORACLES: tuple[str, ...] = tuple(name for name, info in ORACLES.items() if info.live)
 """The oracles that can run inside a user's job with no HF source of the weights' values (convcheck.live)."""
 LIVE_DEFAULT: tuple[str, ...] = ("coverage", "differential", "mapping")
-_LIVE_RUN: dict[str, Callable[[Any], Any]] = {"mapping": mapping_live.run}
+_LIVE_RUN: dict[str, Callable[[Any], Any]] = {"mapping": mapping_live.run, "receiver": receiver_live.run}
 
 
 def parse_live_names(names: Sequence[str] | str | None) -> tuple[str, ...]:
