@@ -130,3 +130,18 @@ def test_live_sync_path_bugs_are_named(shared_root: Path) -> None:
     transposed = {f["tensor"]: f for f in planted["idempotence"]["findings"]}
     assert sorted(transposed) == [f"model.layers.{i}.self_attn.o_proj.weight" for i in (0, 1)]
     assert all("transposed by the replay" in f["message"] for f in transposed.values())
+
+
+def test_names_folder_gives_names_never_bytes() -> None:
+    """The live run's checkpoint keeps the header's names, shapes and dtypes; any read of a value fails loudly."""
+    from convcheck.hf.checkpoint import TensorReader, open_checkpoint
+    from convcheck.live.context import NO_BYTES, names_only
+
+    folder = resolve_model("tiny:qwen3")
+    names, source = names_only(Path(folder)), open_checkpoint(folder)
+    assert {n: (e.shape, e.dtype) for n, e in names.tensors.items()} == {
+        n: (e.shape, e.dtype) for n, e in source.tensors.items()
+    }
+    assert {e.file for e in names.tensors.values()} == {NO_BYTES}
+    with pytest.raises(Exception, match="names only"):
+        TensorReader(names).get("model.norm.weight")
