@@ -24,7 +24,9 @@ from convcheck.oracles import (
     layout_invariance,
     logits,
     mapping,
+    mapping_live,
     receiver,
+    receiver_live,
     reshard,
     roundtrip,
     save,
@@ -92,7 +94,44 @@ def load_oracle(name: str) -> Callable[[Any], Any]:
     return _RUN[name]
 
 
+LIVE_ORACLES: tuple[str, ...] = tuple(name for name, info in ORACLES.items() if info.live)
+"""The oracles that can run inside a user's job with no HF source of the weights' values (convcheck.live)."""
+LIVE_DEFAULT: tuple[str, ...] = ("coverage", "differential", "mapping")
+_LIVE_RUN: dict[str, Callable[[Any], Any]] = {"mapping": mapping_live.run, "receiver": receiver_live.run}
+
+
+def parse_live_names(names: Sequence[str] | str | None) -> tuple[str, ...]:
+    """Known oracles that can run live, in run order (LIVE_DEFAULT when empty); BadInput names an unknown one or one
+    that needs an HF source of the weights' values."""
+    spec = names if isinstance(names, str) or names is None else ",".join(names)
+    asked = parse_oracle_names(spec) if spec else LIVE_DEFAULT
+    sourced = [n for n in asked if not ORACLES[n].live]
+    if sourced:
+        raise BadInput(
+            f"oracle {', '.join(sourced)} needs an HF source of the weights' values, which a live check does not "
+            f"have; live: {', '.join(LIVE_ORACLES)}"
+        )
+    return tuple(n for n in ORACLES if n in asked)
+
+
+def load_live_oracle(name: str) -> Callable[[Any], Any]:
+    """The `run` function oracle `name` uses inside a user's job (its own unless it has a live variant)."""
+    return _LIVE_RUN.get(name, _RUN[name])
+
+
+def live_markdown() -> str:
+    """The table docs/live.md embeds between its `live:begin` / `live:end` markers (each oracle's INFO.live)."""
+    lines = ["| oracle | proves live (no HF source) |", "| --- | --- |"]
+    lines += [f"| `{i.name}` | {i.live or 'needs an HF source: refused'} |" for i in ORACLES.values()]
+    return "\n".join(lines) + "\n"
+
+
 __all__ = [
+    "LIVE_DEFAULT",
+    "LIVE_ORACLES",
+    "live_markdown",
+    "load_live_oracle",
+    "parse_live_names",
     "riders",
     "DEFAULT_ORACLES",
     "ORACLES",

@@ -21,3 +21,6 @@ class OracleInfo:
     rides_on: str = ""
     """What of an earlier oracle's work it does its own inside, when such an oracle runs before it: "export"
     (any `drains_export` oracle's drain) or "source" (a `reads_source` oracle's reads); "" for nothing."""
+    live: str = ""
+    """What it proves when run inside the user's job on trained weights, with no HF source of their values
+    (convcheck.live); "" when it needs such a source (asking for it live is bad input)."""

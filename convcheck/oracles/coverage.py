@@ -22,6 +22,11 @@ INFO = OracleInfo(
     "holds exactly the decoder layers the layout puts there",
     does_not_prove="that any value landed in the right place (see roundtrip)",
     drains_export=True,
+    live="every Megatron parameter and persistent buffer of the job's chunks has a bridge mapping whose HF tensors "
+    "the bridge's own checkpoint header names, every global parameter is held exactly once per model-parallel "
+    "replica, and the export of the trained weights produces every tensor that header names exactly once with no "
+    "extra names (names, shapes and dtypes from the header only; that an import wrote every element is the job's own "
+    "load, not checked live)",
 )
 
 

@@ -32,6 +32,9 @@ INFO = OracleInfo(
     "elementwise value maps convcheck.probe.values declares, checked bitwise against the declared map); that replicas "
     "of a tensor no collective touches hold equal weights (see mapping)",
     rides_on="export",
+    live="the same on the trained weights, over the job's own process groups: per conversion task the real "
+    "megatron_to_hf equals, bitwise, the union over ranks of the comm-stub probe (index codes on copies, the weights "
+    "never written); every element covered, ranks agree",
 )
 
 

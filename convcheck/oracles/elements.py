@@ -21,6 +21,8 @@ INFO = OracleInfo(
     proves="with index-coded shards, every element of every source HF tensor is written exactly once across "
     "ranks (replicas count once); gaps and overlaps are named as HF index ranges",
     does_not_prove="that the element written at an index holds the right value (see roundtrip, differential)",
+    live="the same with index codes on copies of the job's shards (the weights are never written): every element of "
+    "every tensor the bridge's checkpoint header names is written exactly once across ranks",
 )
 
 

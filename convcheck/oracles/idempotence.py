@@ -19,6 +19,8 @@ INFO = OracleInfo(
     "taken after the first sync, and the receiver never modifies the tensors it is handed",
     does_not_prove="that the first sync was right (see receiver), or idempotence of partial or interleaved syncs",
     default=False,
+    live="the same for the trained weights streamed by the chosen sender: replaying the sync in the same, reversed "
+    "and shuffled order leaves the receiver (rank 0, built from the bridge's config.json) bit-identical",
 )
 SEED = 0
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import Any
+
 from convcheck.oracles.base import OracleInfo
 from convcheck.rank.context import RankContext
 from convcheck.sync import receive
@@ -17,11 +20,22 @@ INFO = OracleInfo(
     does_not_prove="that the receiver computes correctly with those parameters, or anything about partial syncs; "
     "it trusts the receiver's expected() (the fused receiver's packs by torch.cat, its loader by row offsets)",
     default=False,
+    live="the same against the bridge's own export of the trained weights instead of a source: after one full sync "
+    "through the chosen sender into the NaN-filled receiver (rank 0, built from the bridge's config.json), every "
+    "receiver parameter is bitwise what that export implies (its expected()), nothing is left unwritten, and every "
+    "exported tensor is delivered exactly once (with the default sender this proves the receiver's loading; with "
+    "yours, also that it streams what the bridge exports); it costs a second export drain",
 )
 
 
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank drains the sender's stream; rank 0 syncs it into a fresh receiver and compares."""
+    return check(ctx, lambda: receive.SourceTensors(ctx.checkpoint) if ctx.is_reporter else {})
+
+
+def check(ctx: RankContext, expected_source: Callable[[], Mapping[str, Any]]) -> OracleVerdict | None:
+    """The receiver oracle against `expected_source()` (called on every rank after the sync, so it may be collective;
+    rank 0's mapping of HF name -> tensor is what the receiver's expected() reads)."""
     receiver, failure = receive.build(ctx) if ctx.is_reporter else (None, None)
     if receiver is not None:
         try:
@@ -29,12 +43,12 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         except Exception as exc:  # noqa: BLE001 - a receiver whose tensors cannot be filled is a finding
             receiver, failure = None, receive.failed(ctx, "while its tensors were filled with the sentinel", exc)
     delivery = receive.sync(ctx, receiver)
+    source = expected_source()
     if not ctx.is_reporter:
         return None
     findings = [f for f in (failure, delivery.failure, ctx.export_failure()) if f is not None]
     if receiver is None or delivery.failure is not None:
         return make_verdict(NAME, checked=0, findings=findings, unit="parameters")
-    source = receive.SourceTensors(ctx.checkpoint)
     names = list(source)
     findings += receive.delivery_findings(delivery, names)
     try:

@@ -1,0 +1,125 @@
+"""Benchmark: convcheck.live.check (coverage, differential, mapping) inside a job, as a ratio to one bare bridge export
+(bridge.export_hf_weights drained) of the same model in the same run; also live.digest. Prints one JSON object.
+
+    python bench/bench_live.py --model tiny:qwen3 --tp 2
+    python bench/bench_live.py --model tiny:qwen3-moe --tp 2 --ep 2
+    python bench/bench_live.py --realsize-layers 48 --tiny-dims --ep 2   # bench_realsize's Qwen3-30B-A3B cut
+
+The ranks are brought up by convcheck's own rank code (standing for the trainer's); the live check then sees only
+the model chunks, the bridge and megatron-core's parallel_state, as inside a user's job. Best of --repeat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _worker(args: argparse.Namespace) -> None:
+    import convcheck.live
+    from convcheck.layout import ParallelLayout
+    from convcheck.rank import RankSpec, bring_up, quiet
+    from convcheck.rank.dist import shutdown_distributed
+
+    quiet()
+    layout = ParallelLayout(tp=args.tp, pp=args.pp, ep=args.ep)
+    ctx = bring_up(RankSpec(model_path=args.path, layout=layout, device=args.device))
+    model, bridge = ctx.model, ctx.bridge
+    export_s, live_s, digest_s, per_oracle, in_drain = [], [], [], {}, {}
+    report = None
+    for _ in range(args.repeat):
+        t0 = time.perf_counter()
+        cpu = ctx.device != "cuda"  # as the oracles drain it
+        count = sum(1 for _ in bridge.export_hf_weights(model, cpu=cpu, show_progress=False))
+        export_s.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        report = convcheck.live.check(model, bridge, oracles=args.oracles)
+        live_s.append(time.perf_counter() - t0)
+        if report is not None:
+            for o in report.oracles:
+                per_oracle[o.name] = min(per_oracle.get(o.name, 1e9), o.seconds)
+                if "in_export_s" in o.metrics:  # its work inside coverage's drain, part of coverage's seconds
+                    in_drain[o.name] = min(in_drain.get(o.name, 1e9), o.metrics["in_export_s"])
+        t0 = time.perf_counter()
+        convcheck.live.digest(model, bridge)
+        digest_s.append(time.perf_counter() - t0)
+    if ctx.rank == 0 and report is not None:
+        out = {
+            "model": args.label,
+            "layout": layout.label,
+            "device": ctx.device,
+            "hf_tensors": count,
+            "repeat": args.repeat,
+            "oracles": args.oracles,
+            "verdict": report.verdict,
+            "export_s": round(min(export_s), 4),
+            "live_check_s": round(min(live_s), 4),
+            "ratio": round(min(live_s) / min(export_s), 3),
+            "goal": "<= 1.5",
+            "live_digest_s": round(min(digest_s), 4),
+            "digest_ratio": round(min(digest_s) / min(export_s), 3),
+            "per_oracle_s": {k: round(v, 4) for k, v in per_oracle.items()},
+            "in_coverage_drain_s": {k: round(v, 4) for k, v in in_drain.items()},
+            "outside_oracles_s": round(min(live_s) - sum(per_oracle.values()), 4),
+        }
+        sys.stdout.write(json.dumps(out) + "\n")
+    shutdown_distributed()
+
+
+def _checkpoint(args: argparse.Namespace) -> tuple[str, str]:
+    """(folder, label) of the model to bench: a fixture or path, or bench_realsize's cut."""
+    if args.realsize_layers:
+        sys.path.insert(0, str(ROOT / "bench"))
+        from bench_realsize import build  # type: ignore[import-not-found]
+
+        dims = "tiny" if args.tiny_dims else "real"
+        work = Path(os.environ.get("CONVCHECK_CACHE_DIR", "/tmp")) / "realsize"  # bench_realsize's cache and names
+        folder = work / f"qwen3-30b-a3b-{'tiny-' if args.tiny_dims else ''}{args.realsize_layers}l-128e"
+        build(folder, args.realsize_layers, args.tiny_dims, 128, device=args.device)
+        return str(folder), f"qwen3-30b-a3b cut: {args.realsize_layers} layers, {dims} dims"
+    from convcheck.api import resolve_model
+
+    return str(Path(resolve_model(args.model)).resolve()), args.model
+
+
+def main() -> None:
+    """Parse, build the model, launch the ranks (or be one)."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="tiny:qwen3")
+    for dim in ("tp", "pp", "ep"):
+        p.add_argument(f"--{dim}", type=int, default=1)
+    p.add_argument("--oracles", default="coverage,differential,mapping")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--realsize-layers", type=int, default=0)
+    p.add_argument("--tiny-dims", action="store_true")
+    p.add_argument("--path", help=argparse.SUPPRESS)
+    p.add_argument("--label", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.path:
+        _worker(args)
+        return
+    path, label = _checkpoint(args)
+    from convcheck.layout import ParallelLayout
+
+    world = ParallelLayout(tp=args.tp, pp=args.pp, ep=args.ep).world_size
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", __file__,
+           *sys.argv[1:], "--path", path, "--label", label]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
+        sys.exit(proc.returncode or 1)
+    sys.stdout.write(lines[-1] + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""convcheck.live.check and .digest: collective calls inside the user's job, on its own model, bridge and groups."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from convcheck.errors import BadInput
+from convcheck.hf.digest import Manifest, check_output, write_text_atomic
+from convcheck.live.context import live_context
+from convcheck.oracles import ORACLES, load_live_oracle, mapping_live, parse_live_names, riders
+from convcheck.rank.context import RankContext
+from convcheck.rank.export_digests import ExportDigests
+from convcheck.rank.options import SyncOptions
+from convcheck.sync.adapters import check_adapters, normalize_sender
+from convcheck.verdict import OracleVerdict, Report, complete
+from convcheck.versions import versions
+
+
+def check(
+    model: Any,
+    bridge: Any,
+    oracles: str | list[str] | tuple[str, ...] | None = None,
+    *,
+    sender: str | None = None,
+    receiver: str | None = None,
+    chunk_mb: float = 64.0,
+    names_from: str | Path | None = None,
+) -> Report | None:
+    """Collective (every rank calls it): run the live oracles (default coverage, differential, mapping) on the job's
+    model chunks through its AutoBridge and process groups; rank 0 returns the Report, other ranks None.
+
+    The weights are only read. `sender` / `receiver` are specs as `convcheck verify --sender/--receiver` takes them
+    (built-in names or MODULE:NAME). BadInput, on every rank before any collective, for an oracle that needs an HF
+    source, a bad adapter, or a job that is not initialised."""
+    names = parse_live_names(oracles)
+    check_adapters(sender, receiver, chunk_mb)
+    sync = SyncOptions(sender=normalize_sender(sender), receiver=receiver, chunk_mb=chunk_mb)
+    ctx = live_context(model, bridge, names_from=names_from, sync=sync)
+    started = time.perf_counter()
+    _shard_tap(ctx, names)
+    verdicts: list[OracleVerdict] = []
+    try:
+        ctx.memo.probe_in_export = "differential" in riders(names)
+        for name in names:
+            ctx.phase = f"oracle {name}"
+            t0 = time.perf_counter()
+            verdict = load_live_oracle(name)(ctx)
+            if verdict is not None:
+                verdicts.append(_timed(verdict, time.perf_counter() - t0))
+    finally:
+        ctx.memo = type(ctx.memo)()  # the probe records and held tensors go with it
+    if not ctx.is_reporter:
+        return None
+    return Report(
+        model=f"live:{ctx.checkpoint.architecture}",
+        layout=ctx.layout.to_dict(),
+        device=ctx.device,
+        versions=versions(),
+        oracles=complete(names, tuple(verdicts)),
+        seconds=time.perf_counter() - started,
+        device_reason="live: the device of the job's weights",
+    )
+
+
+def digest(model: Any, bridge: Any, *, out: str | Path | None = None, sender: str | None = None) -> Manifest | None:
+    """Collective: the `convcheck-digest/1` manifest of one export of the job's weights (through `sender`, default the
+    bridge's own export) on rank 0 (written to `out` when given), None on other ranks; compare it with a receiver's
+    folder by `convcheck sweep FOLDER MANIFEST`."""
+    target = check_output(out) if out is not None else None
+    check_adapters(sender, None, 64.0)
+    ctx = live_context(model, bridge, names_from=None, sync=SyncOptions(sender=normalize_sender(sender)),
+                       need_names=sender is not None)  # fmt: skip
+    tap = ExportDigests(reporter=ctx.is_reporter, by="digest")
+    ctx.memo.export_taps.append(tap)
+    try:
+        for _ in ctx.export(cpu=ctx.device != "cuda"):
+            pass
+    finally:
+        tap.close()
+    if ctx.export_error:
+        raise BadInput(f"live digest: the export raised {ctx.export_error}")
+    if not ctx.is_reporter:
+        return None
+    manifest = tap.manifest()
+    if target is not None:
+        write_text_atomic(target, manifest.to_json())
+        manifest = Manifest(path=target, hash=manifest.hash, tensors=manifest.tensors)
+    return manifest
+
+
+def _shard_tap(ctx: RankContext, names: tuple[str, ...]) -> Any:
+    """Collective: the live mapping check's tap, fed by the first oracle before it that drains the export (None when
+    mapping is not asked for, or nothing drains before it: it then drains itself)."""
+    if "mapping" not in names or not any(ORACLES[n].drains_export for n in names[: names.index("mapping")]):
+        return None
+    tap = mapping_live.start(ctx)
+    if tap is not None:
+        ctx.memo.shard_tap = tap
+        ctx.memo.export_taps.append(tap)
+    return tap
+
+
+def _timed(verdict: OracleVerdict, seconds: float) -> OracleVerdict:
+    """The verdict with its seconds, as the worker records them."""
+    import dataclasses
+
+    return dataclasses.replace(verdict, seconds=round(seconds, 3))

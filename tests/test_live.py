@@ -1,0 +1,147 @@
+"""convcheck.live inside a job that is not convcheck's: tests/live_trainer.py stands for a user's trainer (its own
+torch.distributed and parallel_state init, its own AutoBridge model, weights perturbed as a training step would) and
+calls convcheck.live.check clean, then with a planted mapping bug, and convcheck.live.digest. One torchrun launch per
+case answers every test of the case."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from convcheck.api import resolve_model
+from convcheck.errors import BadInput
+from tests.support.helpers import ROOT, run_cli
+
+CASES = {
+    "qwen3-tp2": ("tiny:qwen3", 2, 1, "coverage,differential,mapping,receiver,idempotence", "bucketed"),
+    "qwen3-moe-tp2ep2": ("tiny:qwen3-moe", 2, 2, "coverage,differential,elements,mapping", ""),
+}
+"""fixture, TP, EP, the clean check's oracles, its sender (the planted check: coverage, differential, mapping)."""
+QK_BUG = ("model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.q_proj.weight")
+"""What convcheck.mutants.bridge:swap_qk_head0 changes in the export."""
+QKV = "decoder.layers.0.self_attention.linear_qkv.weight"
+
+
+def launch(shared_root: Path, case: str) -> tuple[dict[str, Any], Path]:
+    """The trainer's result for `case`, launched once per session (the first test to ask runs it)."""
+    fixture, tp, ep, oracles, sender = CASES[case]
+    folder = shared_root / "live-runs" / case
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        result = folder / "result.json"
+        if not result.exists():
+            ranks = f"--nproc-per-node={math.lcm(tp, ep)}"
+            trainer = str(ROOT / "tests" / "live_trainer.py")
+            args = [resolve_model(fixture), str(tp), str(ep), oracles, str(folder), *([sender] if sender else [])]
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", ranks, trainer, *args]
+            env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, cwd=ROOT)
+            assert result.exists(), f"trainer exit {proc.returncode}: {proc.stderr[-3000:]}"
+        return json.loads(result.read_text()), folder
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_live_check_passes_and_names_a_planted_bug(shared_root: Path, case: str) -> None:
+    result, _ = launch(shared_root, case)
+    clean, planted = result["clean"], result["planted"]
+    asked = CASES[case][3].split(",")
+    assert clean["verdict"] == "pass", [(o["name"], o["findings"][:2]) for o in clean["oracles"]]
+    assert [o["name"] for o in clean["oracles"]] == asked
+    assert all(o["checked"] > 0 for o in clean["oracles"])
+    mapping = next(o for o in clean["oracles"] if o["name"] == "mapping")
+    assert mapping["metrics"]["export"] == "shared (export tap)"  # rode on coverage's drain, no export of its own
+    assert mapping["metrics"]["gathers"] == 0  # every shard matched the export: nothing rebuilt
+    differential = next(o for o in clean["oracles"] if o["name"] == "differential")
+    assert differential["metrics"]["real"] == "shared (coverage export)"
+    assert planted["verdict"] == "fail"
+    failed = {o["name"]: o["findings"] for o in planted["oracles"] if o["verdict"] != "pass"}
+    assert sorted(failed) == ["mapping"]  # the bug is in the export's math: the probe makes it too
+    findings = {f["tensor"]: f for f in failed["mapping"]}
+    assert sorted(findings) == sorted([*QK_BUG, QKV])
+    q = findings["model.layers.0.self_attn.q_proj.weight"]
+    assert q["kind"] == "export-bytes-differ"
+    assert f"explicit mapping of {QKV} (rebuilt from the shards)" in q["message"]
+    assert "256/1024 elements differ; first at index [0, 0]" in q["message"]
+    assert q["detail"]["megatron"] == QKV and q["detail"]["first_index"] == [0, 0]
+    shard = findings[QKV]  # head 0 lives on TP rank 0 only
+    assert shard["kind"] == "shard-bytes-differ" and shard["detail"]["rank"] == 0
+    assert "to_shard of the export: 512/1024 elements differ; first at index [0, 0]" in shard["message"]
+    assert result["weights_unchanged"] == [True, True]  # digest of every rank's weights before and after each check
+    assert result["nothing_left_patched"]
+
+
+@pytest.mark.ranks
+def test_live_digest_matches_the_saved_export(shared_root: Path) -> None:
+    """live.digest of the trained weights equals what `convcheck sweep` reads from the bridge's saved export of the
+    same weights, and differs from the untrained fixture on every perturbed tensor."""
+    result, folder = launch(shared_root, "qwen3-tp2")
+    manifest = json.loads((folder / "live.digest.json").read_text())
+    assert manifest["format"] == "convcheck-digest/1" and len(manifest["tensors"]) == result["digest_tensors"] == 25
+    same = run_cli("sweep", str(folder / "export"), str(folder / "live.digest.json"))
+    assert same.code == 0 and "identical; 25 tensors in both" in same.out, same.out + same.err
+    trained = run_cli("sweep", resolve_model("tiny:qwen3"), str(folder / "live.digest.json"))
+    assert trained.code == 1 and "model.embed_tokens.weight" in trained.out, trained.out
+
+
+def test_source_needing_oracle_is_refused_before_anything() -> None:
+    import convcheck.live
+
+    with pytest.raises(BadInput, match=r"^oracle roundtrip, logits needs an HF source .*; live: coverage, "):
+        convcheck.live.check(None, None, oracles="coverage,roundtrip,logits")
+    with pytest.raises(BadInput, match=r"^unknown oracle nope"):
+        convcheck.live.check(None, None, oracles=["nope"])
+    with pytest.raises(BadInput, match=r"^sender 'no_such_module:f': cannot import no_such_module"):
+        convcheck.live.check(None, None, sender="no_such_module:f")
+
+
+def test_live_table_is_generated_from_the_modules() -> None:
+    import re
+
+    from convcheck.oracles import live_markdown
+
+    text = (ROOT / "docs" / "live.md").read_text()
+    match = re.search(r"<!-- live:begin[^\n]*-->\n(.*?)<!-- live:end -->", text, re.DOTALL)
+    assert match, "docs/live.md lost its live:begin / live:end markers"
+    assert match.group(1) == live_markdown(), "paste convcheck.oracles.live_markdown() into docs/live.md"
+
+
+@pytest.mark.ranks
+def test_live_sync_path_bugs_are_named(shared_root: Path) -> None:
+    """In the same job: a sender that flips one bit of k_proj is named by the live receiver check (against the bridge's
+    own export), a receiver that transposes o_proj on reload by idempotence."""
+    result, _ = launch(shared_root, "qwen3-tp2")
+    planted = {o["name"]: o for o in result["sync_planted"]["oracles"]}
+    assert planted["receiver"]["verdict"] == "fail" and planted["idempotence"]["verdict"] == "fail"
+    (flipped,) = planted["receiver"]["findings"]
+    assert (flipped["tensor"], flipped["kind"], flipped["detail"]["first_index"]) == (
+        "model.layers.0.self_attn.qkv_proj.weight", "bytes-differ", [32, 5]
+    )  # fmt: skip
+    assert "<- model.layers.0.self_attn.k_proj.weight[0, 5]" in flipped["message"]
+    transposed = {f["tensor"]: f for f in planted["idempotence"]["findings"]}
+    assert sorted(transposed) == [f"model.layers.{i}.self_attn.o_proj.weight" for i in (0, 1)]
+    assert all("transposed by the replay" in f["message"] for f in transposed.values())
+
+
+def test_names_folder_gives_names_never_bytes() -> None:
+    """The live run's checkpoint keeps the header's names, shapes and dtypes; any read of a value fails loudly."""
+    from convcheck.hf.checkpoint import TensorReader, open_checkpoint
+    from convcheck.live.context import NO_BYTES, names_only
+
+    folder = resolve_model("tiny:qwen3")
+    names, source = names_only(Path(folder)), open_checkpoint(folder)
+    assert {n: (e.shape, e.dtype) for n, e in names.tensors.items()} == {
+        n: (e.shape, e.dtype) for n, e in source.tensors.items()
+    }
+    assert {e.file for e in names.tensors.values()} == {NO_BYTES}
+    with pytest.raises(Exception, match="names only"):
+        TensorReader(names).get("model.norm.weight")
