@@ -50,10 +50,3 @@ def test_an_edited_bridge_never_reuses_a_stale_reference(tmp_path: Path) -> None
         }
         assert len(list(manifests.glob("*.json"))) == 1  # the stale manifest was replaced
 
-    module.write_text(healthy)  # the fix, same version string again
-    fixed = run_cli(*args, tmp_path=tmp_path, env=env)
-    assert fixed.code == 0, fixed.out[-2000:] + fixed.err
-    assert fixed.verdicts() == {"roundtrip": "pass", "layout": "pass"}
-    layout = next(o for o in fixed.report["oracles"] if o["name"] == "layout")
-    # every tensor equals the source (roundtrip's drain told): no TP1 job, no drain of its own
-    assert layout["metrics"] == {"reference": "source", "export": "roundtrip"}

@@ -61,6 +61,8 @@ def test_verify_passes(name: str, layout: tuple[str, ...], shared_root: Path) ->
             assert oracles[name_]["checked"] == numel and oracles[name_]["unit"] == "elements"
     if "layout" in oracles:
         assert oracles["layout"]["checked"] == oracles["roundtrip"]["checked"]
+        # every tensor equals the source (roundtrip's drain told): no TP1 job, no drain of its own
+        assert oracles["layout"]["metrics"] == {"reference": "source", "export": "roundtrip"}
     rows = oracles["mapping"]["tensors"]  # every Megatron parameter covered by an explicit mapping and proven
     assert rows and [r["tensor"] for r in rows if r["verdict"] != "pass"] == []
     assert "PASS" in res.out.strip().splitlines()[-1]
