@@ -6,15 +6,16 @@ from __future__ import annotations
 
 def agreed(errors: list[str | None]) -> str | None:
     """The one line every rank reports for the per-rank `errors` (None: that rank did not fail): unchanged when every
-    rank failed alike, else the lowest failing rank's error naming the ranks that failed."""
+    rank failed alike, else the lowest failing rank's error, saying which ranks failed."""
     failing = [(rank, error) for rank, error in enumerate(errors) if error]
     if not failing:
         return None
-    first = failing[0][1]
-    if len(failing) == len(errors) and all(error == first for _, error in failing):
-        return first
+    first_rank, first = failing[0]
+    if len(failing) == len(errors):
+        alike = all(error == first for _, error in failing)
+        return first if alike else f"{first}; on every rank (rank {first_rank}'s shown)"
     ranks = ", ".join(str(rank) for rank, _ in failing)
-    return f"on rank{'s' if len(failing) > 1 else ''} {ranks} only: {first}"
+    return f"{first}; on rank{'s' if len(failing) > 1 else ''} {ranks} only"
 
 
 def agree(error: str | None) -> str | None:
