@@ -173,6 +173,15 @@ def one_rank_failures(model: list, bridge: object, groups: dict) -> dict:
     }
 
 
+def wrappers(chunk: torch.nn.Module) -> str:
+    """The chunk's classes from the outside in, down to the Megatron model (`A(B(C))`)."""
+    names = [type(chunk).__name__]
+    while isinstance(getattr(chunk, "module", None), torch.nn.Module):
+        chunk = chunk.module
+        names.append(type(chunk).__name__)
+    return "(".join(names) + ")" * (len(names) - 1)
+
+
 def main() -> int:
     checkpoint, tp, ep, pp = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     oracles, out, sender = sys.argv[5], Path(sys.argv[6]), sys.argv[7] if len(sys.argv) > 7 else None
@@ -205,7 +214,7 @@ def main() -> int:
     after_planted = weights_digest(model)
     sameness = [before == after_clean, before == after_planted]
     gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (sameness, unpatched, type(model[0]).__name__))
+    dist.all_gather_object(gathered, (sameness, unpatched, wrappers(model[0])))
     if rank == 0:
         result = {
             "clean": clean.to_dict(),
