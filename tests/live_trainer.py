@@ -1,7 +1,10 @@
 """Stands for a user's trainer under torchrun: its own process groups and AutoBridge model, weights perturbed as a
 training step would, then convcheck.live inside the job. tests/test_live.py launches it and reads OUT/result.json.
 
-usage: torchrun --standalone --nproc-per-node N tests/live_trainer.py CHECKPOINT TP EP ORACLES OUT [SENDER]
+usage: torchrun --standalone --nproc-per-node N tests/live_trainer.py CHECKPOINT TP EP PP ORACLES OUT [SENDER]
+
+The chunks are DistributedDataParallel(Float16Module(GPTModel)) as megatron training wraps them; with PP > 1 every
+call also passes the job's ProcessGroupCollection.
 """
 
 from __future__ import annotations
@@ -17,26 +20,37 @@ import torch
 import torch.distributed as dist
 
 
-def setup(checkpoint: str, tp: int, ep: int) -> tuple[list, object]:
-    """The trainer's own bring-up: gloo groups, parallel_state, the bridge's provider and the loaded model."""
+def setup(checkpoint: str, tp: int, ep: int, pp: int) -> tuple[list, object]:
+    """The trainer's own bring-up: gloo groups, parallel_state, the bridge's provider and the loaded model, wrapped in
+    megatron-core's DistributedDataParallel as training wraps it."""
     from convcheck import compat  # this CPU machine's stand-in for Transformer Engine and CUDA, as in any CPU job
 
     compat.install("cpu")
     from megatron.bridge import AutoBridge
     from megatron.core import parallel_state
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    from convcheck.compat.no_cuda import cpu_current_device
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
     parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=tp, expert_model_parallel_size=ep, expert_tensor_parallel_size=1
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        expert_model_parallel_size=ep,
+        expert_tensor_parallel_size=1,
     )
     bridge = AutoBridge.from_hf_pretrained(checkpoint)
     provider = bridge.to_megatron_provider(load_weights=False)
     provider.tensor_model_parallel_size, provider.expert_model_parallel_size = tp, ep
-    provider.expert_tensor_parallel_size = 1
+    provider.pipeline_model_parallel_size, provider.expert_tensor_parallel_size = pp, 1
     provider.sequence_parallel = False
     compat.configure_provider(provider, "cpu")
     provider.finalize()
     model = provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=True)
+    ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True)
+    with cpu_current_device():  # as megatron's _ddp_wrap does it, minus its CUDA stream; the grad buffers on the CPU
+        model = [DistributedDataParallel(config=c.config, ddp_config=ddp, module=c, disable_bucketing=i > 0,
+                                         pg_collection=c.pg_collection) for i, c in enumerate(model)]  # fmt: skip
     bridge.load_hf_weights(model)
     return model, bridge
 
@@ -82,14 +96,6 @@ def patched_state() -> dict[str, int]:
     return out
 
 
-class Wrapped(torch.nn.Module):
-    """Holds a chunk as `.module`, the way DDP and Float16Module do."""
-
-    def __init__(self, module: torch.nn.Module) -> None:
-        super().__init__()
-        self.module = module
-
-
 SYNC = "convcheck.mutants.sync"
 
 
@@ -118,44 +124,106 @@ def interrupted_check(model: list, bridge: object) -> bool:
     return False
 
 
+def raises_on_rank1(ctx):  # type: ignore[no-untyped-def]
+    """A user's sender (given as the function) streaming the bridge's export; on rank 1 only it raises after three
+    tensors, while rank 0 keeps streaming."""
+    for count, item in enumerate(ctx.bridge_export()):
+        if count == 3 and ctx.rank == 1:
+            raise ConnectionError("weight channel to the rollout closed")
+        yield item
+
+
+def one_rank_failures(model: list, bridge: object, groups: dict) -> dict:
+    """Raises on some ranks only, each in a live call that every rank makes: a sender raising on rank 1 (rank 0's
+    report), the coverage oracle raising in rank 0's own report, and (with a collection) a collection whose TP group
+    disagrees with parallel_state. What each rank got, gathered on rank 0."""
+    import convcheck.live
+    from convcheck.errors import BadInput
+    from convcheck.oracles import coverage
+    from tests.live_trainer import raises_on_rank1  # the function under its module's name, not __main__
+
+    report = convcheck.live.check(model, bridge, sender=raises_on_rank1, **groups)
+    original, mine = coverage.exactly_once, {}
+
+    def planted(parts: list) -> list:
+        raise RuntimeError("planted: rank 0's report raised")
+
+    coverage.exactly_once = planted  # rank 0 alone calls it, after coverage's gather
+    try:
+        convcheck.live.check(model, bridge, **groups)
+    except convcheck.live.LiveFailure as exc:
+        mine["oracle"] = str(exc)
+    finally:
+        coverage.exactly_once = original
+    if groups:  # a collection whose TP group spans every rank: parallel_state's does not
+        from megatron.core.process_groups_config import ProcessGroupCollection
+
+        wrong = ProcessGroupCollection.use_mpu_process_groups()
+        wrong.tp = dist.new_group(list(range(dist.get_world_size())))
+        try:
+            convcheck.live.check(model, bridge, pg_collection=wrong)
+        except BadInput as exc:
+            mine["refused"] = str(exc)
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return {
+        "sender": report.to_dict() if report is not None else None,
+        "oracle": [m.get("oracle") for m in every],
+        "refused": [m.get("refused") for m in every],
+    }
+
+
+def wrappers(chunk: torch.nn.Module) -> str:
+    """The chunk's classes from the outside in, down to the Megatron model (`A(B(C))`)."""
+    names = [type(chunk).__name__]
+    while isinstance(getattr(chunk, "module", None), torch.nn.Module):
+        chunk = chunk.module
+        names.append(type(chunk).__name__)
+    return "(".join(names) + ")" * (len(names) - 1)
+
+
 def main() -> int:
-    checkpoint, tp, ep, oracles, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], Path(sys.argv[5])
-    sender = sys.argv[6] if len(sys.argv) > 6 else None
+    checkpoint, tp, ep, pp = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    oracles, out, sender = sys.argv[5], Path(sys.argv[6]), sys.argv[7] if len(sys.argv) > 7 else None
     import convcheck.live
     from convcheck.mutants.bridge import swap_qk_head0
+    from convcheck.mutants.sync import TransposeOnReloadReceiver, flip_bit
 
-    model, bridge = setup(checkpoint, tp, ep)
+    model, bridge = setup(checkpoint, tp, ep, pp)
+    groups = {}
+    if pp > 1:  # the job's own collection, as megatron training builds it for its model and DDP
+        from megatron.core.process_groups_config import ProcessGroupCollection
+
+        groups = {"pg_collection": ProcessGroupCollection.use_mpu_process_groups()}
     perturb(model)
     rank = dist.get_rank()
     before, patches = weights_digest(model), patched_state()
-    clean = convcheck.live.check(model, bridge, oracles=oracles, sender=sender)
+    clean = convcheck.live.check(model, bridge, oracles=oracles, sender=sender, **groups)
     after_clean = weights_digest(model)
     unpatched = patched_state() == patches and interrupted_check(model, bridge)
     sync_planted = None
-    if sender:  # a sync path with two planted bugs: a sender that flips one bit, a receiver that transposes on reload
-        sync_planted = convcheck.live.check(
-            model,
-            bridge,
-            oracles="receiver,idempotence",
-            sender=f"{SYNC}:flip_bit",
-            receiver=f"{SYNC}:TransposeOnReloadReceiver",
+    if sender:  # a sync path with two planted bugs, given as objects: a sender that flips one bit, a receiver that
+        sync_planted = convcheck.live.check(  # transposes on reload
+            model, bridge, oracles="receiver,idempotence", sender=flip_bit, receiver=TransposeOnReloadReceiver
         )
-    manifest = convcheck.live.digest(model, bridge, out=out / "live.digest.json" if rank == 0 else None)
+    manifest = convcheck.live.digest(model, bridge, out=out / "live.digest.json" if rank == 0 else None, **groups)
     bridge.save_hf_weights(model, str(out / "export"))  # the receiver side's folder, for `convcheck sweep`
+    failures = one_rank_failures(model, bridge, groups)
     swap_qk_head0()  # a mapping bug in the sync path (the bridge's export of layer 0's q/k), planted now
-    wrapped = [Wrapped(chunk) for chunk in model]  # as DDP / Float16Module hold it: the check unwraps `.module`
-    planted = convcheck.live.check(wrapped, bridge, oracles="coverage,differential,mapping")
+    planted = convcheck.live.check(model, bridge, oracles="coverage,differential,mapping", **groups)
     after_planted = weights_digest(model)
     sameness = [before == after_clean, before == after_planted]
     gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (sameness, unpatched))
+    dist.all_gather_object(gathered, (sameness, unpatched, wrappers(model[0])))
     if rank == 0:
         result = {
             "clean": clean.to_dict(),
             "planted": planted.to_dict(),
             "sync_planted": sync_planted.to_dict() if sync_planted is not None else None,
-            "weights_unchanged": [all(s[i] for s, _ in gathered) for i in range(2)],
-            "nothing_left_patched": all(u for _, u in gathered),
+            "one_rank": failures,
+            "weights_unchanged": [all(s[i] for s, _, _ in gathered) for i in range(2)],
+            "nothing_left_patched": all(u for _, u, _ in gathered),
+            "wrapped_as": sorted({w for _, _, w in gathered}),
             "digest_tensors": len(manifest.tensors),
         }
         (out / "result.json").write_text(json.dumps(result, indent=1))

@@ -9,6 +9,7 @@ import fcntl
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,27 +22,40 @@ from convcheck.errors import BadInput
 from tests.support.helpers import ROOT, run_cli
 
 CASES = {
-    "qwen3-tp2": ("tiny:qwen3", 2, 1, "coverage,differential,mapping,receiver,idempotence", "bucketed"),
-    "qwen3-moe-tp2ep2": ("tiny:qwen3-moe", 2, 2, "coverage,differential,elements,mapping", ""),
+    "qwen3-tp2": ("tiny:qwen3", 2, 1, 1, "coverage,differential,mapping,receiver,idempotence", "bucketed"),
+    "qwen3-moe-tp2ep2": ("tiny:qwen3-moe", 2, 2, 1, "coverage,differential,elements,mapping", ""),
+    "qwen3-pp2": ("tiny:qwen3", 1, 1, 2, "coverage,differential,elements,mapping", ""),
 }
-"""fixture, TP, EP, the clean check's oracles, its sender (the planted check: coverage, differential, mapping)."""
+"""fixture, TP, EP, PP, the clean check's oracles, its sender (the planted check: coverage, differential, mapping). The
+chunks are DDP-wrapped in every case; the PP2 case (each stage holds its own layer) passes the job's
+ProcessGroupCollection to every call."""
 QK_BUG = ("model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.q_proj.weight")
 """What convcheck.mutants.bridge:swap_qk_head0 changes in the export."""
 QKV = "decoder.layers.0.self_attention.linear_qkv.weight"
+QKV_SHARD = {1: "512/2048", 2: "512/1024"}
+"""By TP: the elements of TP rank 0's QKV shard the swap of head 0 changes."""
 
 
 def launch(shared_root: Path, case: str) -> tuple[dict[str, Any], Path]:
     """The trainer's result for `case`, launched once per session (the first test to ask runs it)."""
-    fixture, tp, ep, oracles, sender = CASES[case]
+    fixture, tp, ep, pp, oracles, sender = CASES[case]
     folder = shared_root / "live-runs" / case
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         result = folder / "result.json"
         if not result.exists():
-            ranks = f"--nproc-per-node={math.lcm(tp, ep)}"
+            ranks = f"--nproc-per-node={math.lcm(tp, ep) * pp}"
             trainer = str(ROOT / "tests" / "live_trainer.py")
-            args = [resolve_model(fixture), str(tp), str(ep), oracles, str(folder), *([sender] if sender else [])]
+            args = [
+                resolve_model(fixture),
+                str(tp),
+                str(ep),
+                str(pp),
+                oracles,
+                str(folder),
+                *([sender] if sender else []),
+            ]
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", ranks, trainer, *args]
             env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, cwd=ROOT)
@@ -54,7 +68,7 @@ def launch(shared_root: Path, case: str) -> tuple[dict[str, Any], Path]:
 def test_live_check_passes_and_names_a_planted_bug(shared_root: Path, case: str) -> None:
     result, _ = launch(shared_root, case)
     clean, planted = result["clean"], result["planted"]
-    asked = CASES[case][3].split(",")
+    asked = CASES[case][4].split(",")
     assert clean["verdict"] == "pass", [(o["name"], o["findings"][:2]) for o in clean["oracles"]]
     assert [o["name"] for o in clean["oracles"]] == asked
     assert all(o["checked"] > 0 for o in clean["oracles"])
@@ -75,16 +89,63 @@ def test_live_check_passes_and_names_a_planted_bug(shared_root: Path, case: str)
     assert q["detail"]["megatron"] == QKV and q["detail"]["first_index"] == [0, 0]
     shard = findings[QKV]  # head 0 lives on TP rank 0 only
     assert shard["kind"] == "shard-bytes-differ" and shard["detail"]["rank"] == 0
-    assert "to_shard of the export: 512/1024 elements differ; first at index [0, 0]" in shard["message"]
+    assert (
+        f"to_shard of the export: {QKV_SHARD[CASES[case][1]]} elements differ; first at index [0, 0]"
+        in shard["message"]
+    )
     assert result["weights_unchanged"] == [True, True]  # digest of every rank's weights before and after each check
     assert result["nothing_left_patched"]
+    assert result["wrapped_as"] == ["DistributedDataParallel(Float16Module(GPTModel))"]  # as the trainer holds them
+    assert (
+        clean["layout"]["pp"] == CASES[case][3]
+        and clean["layout"]["world_size"] == math.lcm(*CASES[case][1:3]) * CASES[case][3]
+    )
+
+
+REFUSED = (
+    "live: pg_collection.tp holds ranks [0, 1] on rank 0, parallel_state's tp group [0]; the pinned megatron-bridge's "
+    "export reads parallel_state, so a collection that disagrees with it is refused; on every rank (rank 0's shown)"
+)
+SENDER_RAISED = (
+    "sender tests.live_trainer:raises_on_rank1 raised ConnectionError: weight channel to the rollout closed "
+    "(after 3 item(s)); on rank 1 only"
+)
 
 
 @pytest.mark.ranks
-def test_live_digest_matches_the_saved_export(shared_root: Path) -> None:
-    """live.digest of the trained weights equals what `convcheck sweep` reads from the bridge's saved export of the
-    same weights, and differs from the untrained fixture on every perturbed tensor."""
-    result, folder = launch(shared_root, "qwen3-tp2")
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_raise_on_some_ranks_ends_every_rank_alike(shared_root: Path, case: str) -> None:
+    """No hang, the same error everywhere: a user's sender (a function object) raising on rank 1 only is rank 0's
+    `sender-failed` finding (rank 1 drained the rest of the bridge's export, so the collectives matched); the
+    coverage oracle raising in rank 0's report alone is the same LiveFailure on every rank; a collection whose TP
+    group disagrees with parallel_state is the same BadInput on every rank."""
+    result, _ = launch(shared_root, case)
+    report = result["one_rank"]["sender"]
+    assert report["verdict"] == "fail"
+    failed = {o["name"]: [(f["tensor"], f["kind"], f["message"]) for f in o["findings"]] for o in report["oracles"]
+              if o["verdict"] != "pass"}  # fmt: skip
+    assert failed == {name: [("<sender>", "sender-failed", SENDER_RAISED)] for name in ("coverage", "mapping")}
+    assert next(o for o in report["oracles"] if o["name"] == "differential")["verdict"] == "pass"
+    first, *others = result["one_rank"]["oracle"]
+    assert all(other == first for other in others) and len(others) + 1 == result["clean"]["layout"]["world_size"]
+    assert re.fullmatch(
+        r"live: oracle coverage raised RuntimeError: planted: rank 0's report raised at \S+/tests/live_trainer\.py:\d+ "
+        r"<- \S+/convcheck/oracles/coverage\.py:\d+ <- \S+/convcheck/live/check\.py:\d+; on rank 0 only",
+        first,
+    ), first
+    refused = result["one_rank"]["refused"]
+    if CASES[case][3] == 1:
+        assert refused == [None] * len(refused)  # no collection passed in this case
+        return
+    assert refused == [REFUSED] * 2
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize("case", ["qwen3-pp2", "qwen3-tp2"])
+def test_live_digest_matches_the_saved_export(shared_root: Path, case: str) -> None:
+    """live.digest of the trained weights (with the job's collection in the PP2 case) equals what `convcheck sweep`
+    reads from the bridge's saved export of the same weights, and differs from the untrained fixture."""
+    result, folder = launch(shared_root, case)
     manifest = json.loads((folder / "live.digest.json").read_text())
     assert manifest["format"] == "convcheck-digest/1" and len(manifest["tensors"]) == result["digest_tensors"] == 25
     same = run_cli("sweep", str(folder / "export"), str(folder / "live.digest.json"))
@@ -145,3 +206,28 @@ def test_names_folder_gives_names_never_bytes() -> None:
     assert {e.file for e in names.tensors.values()} == {NO_BYTES}
     with pytest.raises(Exception, match="names only"):
         TensorReader(names).get("model.norm.weight")
+
+
+def test_agreed_line_names_the_ranks_that_failed() -> None:
+    """What every rank reports after the agreement: unchanged when all failed alike, else rank-qualified."""
+    from convcheck.sync.agree import agreed
+
+    assert agreed([None, None]) is None
+    assert agreed(["E: x", "E: x"]) == "E: x"
+    assert agreed([None, "E: x"]) == "E: x; on rank 1 only"
+    assert agreed([None, "E: x", None, "E: y"]) == "E: x; on ranks 1, 3 only"
+    assert agreed(["E: a", "E: b"]) == "E: a; on every rank (rank 0's shown)"
+
+
+def test_sender_and_receiver_objects_are_accepted_and_named() -> None:
+    """live's sender= / receiver= take the function / class itself, checked as a spec is and named module:qualname."""
+    from convcheck.mutants.sync import TransposeOnReloadReceiver, flip_bit
+    from convcheck.sync.adapters import check_adapters, label, load_receiver, load_sender
+
+    check_adapters(flip_bit, TransposeOnReloadReceiver, 64.0)
+    assert load_sender(flip_bit) is flip_bit and load_receiver(TransposeOnReloadReceiver) is TransposeOnReloadReceiver
+    assert label(flip_bit) == "convcheck.mutants.sync:flip_bit" and label("bucketed") == "bucketed"
+    with pytest.raises(BadInput, match=r"^receiver 'builtins:dict' has no load_weights\(weights\) method$"):
+        check_adapters(None, dict, 64.0)
+    with pytest.raises(BadInput, match=r"^sender 'builtins:int' is not callable$"):
+        check_adapters(3, None, 64.0)

@@ -8,12 +8,13 @@ from typing import Any
 
 from convcheck.errors import BadInput
 from convcheck.hf.digest import Manifest, check_output, write_text_atomic
+from convcheck.live.agreement import run_agreed
 from convcheck.live.context import live_context
 from convcheck.oracles import ORACLES, load_live_oracle, mapping_live, parse_live_names, riders
 from convcheck.rank.context import RankContext
 from convcheck.rank.export_digests import ExportDigests
 from convcheck.rank.options import SyncOptions
-from convcheck.sync.adapters import check_adapters, normalize_sender
+from convcheck.sync.adapters import Adapter, check_adapters, normalize_sender
 from convcheck.verdict import OracleVerdict, Report, complete
 from convcheck.versions import versions
 
@@ -23,21 +24,24 @@ def check(
     bridge: Any,
     oracles: str | list[str] | tuple[str, ...] | None = None,
     *,
-    sender: str | None = None,
-    receiver: str | None = None,
+    sender: Adapter | None = None,
+    receiver: Adapter | None = None,
     chunk_mb: float = 64.0,
     names_from: str | Path | None = None,
+    pg_collection: Any = None,
 ) -> Report | None:
     """Collective (every rank calls it): run the live oracles (default coverage, differential, mapping) on the job's
     model chunks through its AutoBridge and process groups; rank 0 returns the Report, other ranks None.
 
     The weights are only read. `sender` / `receiver` are specs as `convcheck verify --sender/--receiver` takes them
-    (built-in names or MODULE:NAME). BadInput, on every rank before any collective, for an oracle that needs an HF
-    source, a bad adapter, or a job that is not initialised."""
+    (built-in names or MODULE:NAME) or the function / class itself; `pg_collection` the job's ProcessGroupCollection
+    (default: parallel_state's groups). BadInput, the same on every rank before any oracle, for an oracle that needs
+    an HF source, a bad adapter, a collection that disagrees, or a job that is not initialised; an oracle raising on
+    some ranks only is convcheck.live.LiveFailure on every rank."""
     names = parse_live_names(oracles)
     check_adapters(sender, receiver, chunk_mb)
     sync = SyncOptions(sender=normalize_sender(sender), receiver=receiver, chunk_mb=chunk_mb)
-    ctx = live_context(model, bridge, names_from=names_from, sync=sync)
+    ctx = live_context(model, bridge, names_from=names_from, sync=sync, pg_collection=pg_collection)
     started = time.perf_counter()
     _shard_tap(ctx, names)
     verdicts: list[OracleVerdict] = []
@@ -46,7 +50,7 @@ def check(
         for name in names:
             ctx.phase = f"oracle {name}"
             t0 = time.perf_counter()
-            verdict = load_live_oracle(name)(ctx)
+            verdict = run_agreed(name, lambda: load_live_oracle(name)(ctx))  # noqa: B023 - called at once
             if verdict is not None:
                 verdicts.append(_timed(verdict, time.perf_counter() - t0))
     finally:
@@ -64,14 +68,16 @@ def check(
     )
 
 
-def digest(model: Any, bridge: Any, *, out: str | Path | None = None, sender: str | None = None) -> Manifest | None:
+def digest(
+    model: Any, bridge: Any, *, out: str | Path | None = None, sender: Adapter | None = None, pg_collection: Any = None
+) -> Manifest | None:
     """Collective: the `convcheck-digest/1` manifest of one export of the job's weights (through `sender`, default the
     bridge's own export) on rank 0 (written to `out` when given), None on other ranks; compare it with a receiver's
     folder by `convcheck sweep FOLDER MANIFEST`."""
     target = check_output(out) if out is not None else None
     check_adapters(sender, None, 64.0)
     ctx = live_context(model, bridge, names_from=None, sync=SyncOptions(sender=normalize_sender(sender)),
-                       need_names=sender is not None)  # fmt: skip
+                       need_names=sender is not None, pg_collection=pg_collection)  # fmt: skip
     tap = ExportDigests(reporter=ctx.is_reporter, by="digest")
     ctx.memo.export_taps.append(tap)
     try:

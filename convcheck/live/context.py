@@ -1,5 +1,6 @@
-"""A RankContext made from a running job's own objects: its model chunks, its AutoBridge, its process groups (read
-from megatron-core's parallel_state, never created here) and the names its bridge's checkpoint header declares."""
+"""A RankContext made from a running job's own objects: its model chunks, its AutoBridge, its process groups (its
+ProcessGroupCollection when given, else megatron-core's parallel_state; never created here) and the names its
+bridge's checkpoint header declares."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from typing import Any
 from convcheck.errors import BadInput
 from convcheck.hf.checkpoint import Checkpoint, open_checkpoint
 from convcheck.layout import ParallelLayout
+from convcheck.live.groups import job_groups
 from convcheck.rank.context import RankContext
-from convcheck.rank.dist import rank_coord
 from convcheck.rank.options import SyncOptions
+from convcheck.sync.agree import agree
 
 NO_BYTES = "<names only: a live check reads no tensor bytes>"
 """The file every entry of a live run's checkpoint points at: reading a value from it fails loudly."""
@@ -36,24 +38,6 @@ def chunks_of(model: Any) -> list[Any]:
     if not items or not all(isinstance(c, torch.nn.Module) for c in items):
         raise BadInput("live: model must be a torch module or a non-empty list of model chunks (one per virtual stage)")
     return [unwrap(c) for c in items]
-
-
-def job_layout(chunks: list[Any]) -> ParallelLayout:
-    """The layout of the job's groups, read from megatron-core's parallel_state and the chunks' config."""
-    from megatron.core import parallel_state as ps
-
-    config = chunks[0].config
-    return ParallelLayout(
-        tp=ps.get_tensor_model_parallel_world_size(),
-        pp=ps.get_pipeline_model_parallel_world_size(),
-        ep=ps.get_expert_model_parallel_world_size(),
-        etp=ps.get_expert_tensor_parallel_world_size(),
-        vpp=len(chunks),
-        pp_first=getattr(config, "num_layers_in_first_pipeline_stage", None),
-        pp_last=getattr(config, "num_layers_in_last_pipeline_stage", None),
-        pp_embed=bool(getattr(config, "account_for_embedding_in_pipeline_split", False)),
-        pp_loss=bool(getattr(config, "account_for_loss_in_pipeline_split", False)),
-    )
 
 
 def names_folder(bridge: Any, names_from: str | Path | None) -> Path | None:
@@ -95,15 +79,55 @@ def vocab_shim(chunks: list[Any], layout: ParallelLayout) -> Any:
 
 
 def live_context(
-    model: Any, bridge: Any, *, names_from: str | Path | None, sync: SyncOptions, need_names: bool = True
+    model: Any,
+    bridge: Any,
+    *,
+    names_from: str | Path | None,
+    sync: SyncOptions,
+    need_names: bool = True,
+    pg_collection: Any = None,
 ) -> RankContext:
-    """This rank's context over the job's objects; BadInput (on every rank, before any collective) when the job is
-    not initialised or the names cannot be found."""
+    """This rank's context over the job's objects; BadInput, the same line on every rank (agreed across the world
+    before any other collective), when the job is not initialised, its groups disagree or the names cannot be found."""
     import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise BadInput("live: call it inside an initialised job (torch.distributed and megatron-core parallel_state)")
+    error, parts = None, None
+    try:
+        parts = _parts(model, bridge, names_from, need_names, pg_collection)
+    except BadInput as exc:
+        error = str(exc)
+    agreed = agree(error)
+    if agreed is not None or parts is None:
+        raise BadInput(agreed or error or "live: the job's objects could not be read")
+    chunks, checkpoint, groups = parts
+    first = next((p for c in chunks for p in c.parameters()), None)
+    device = "cuda" if first is not None and first.is_cuda else "cpu"
+    return RankContext(
+        rank=dist.get_rank(),
+        world=dist.get_world_size(),
+        layout=groups.layout,
+        coord=groups.coord,
+        device=device,
+        checkpoint=checkpoint,
+        bridge=bridge,
+        provider=vocab_shim(chunks, groups.layout),
+        model=chunks,
+        sync=sync,
+        groups=groups.groups if pg_collection is not None else None,
+    )
+
+
+def _parts(model: Any, bridge: Any, names_from: str | Path | None, need_names: bool, pg_collection: Any) -> Any:
+    """This rank's chunks, names-only checkpoint and groups; BadInput (this rank's own, not yet agreed)."""
     from megatron.core import parallel_state as ps
 
-    if not dist.is_initialized() or not ps.model_parallel_is_initialized():
-        raise BadInput("live: call it inside an initialised job (torch.distributed and megatron-core parallel_state)")
+    if not ps.model_parallel_is_initialized():
+        raise BadInput(
+            "live: megatron-core parallel_state is not initialised; the pinned megatron-bridge's export reads it "
+            "(call it inside an initialised job, with or without a pg_collection that agrees with it)"
+        )
     chunks = chunks_of(model)
     folder = names_folder(bridge, names_from)
     if folder is None and need_names:
@@ -112,18 +136,4 @@ def live_context(
             "and safetensors headers name the export's tensors; no tensor bytes are read)"
         )
     checkpoint = names_only(folder) if folder is not None else Checkpoint(path=Path("."), config={}, tensors={})
-    layout = job_layout(chunks)
-    first = next((p for c in chunks for p in c.parameters()), None)
-    device = "cuda" if first is not None and first.is_cuda else "cpu"
-    return RankContext(
-        rank=dist.get_rank(),
-        world=dist.get_world_size(),
-        layout=layout,
-        coord=rank_coord(),
-        device=device,
-        checkpoint=checkpoint,
-        bridge=bridge,
-        provider=vocab_shim(chunks, layout),
-        model=chunks,
-        sync=sync,
-    )
+    return chunks, checkpoint, job_groups(chunks, pg_collection)

@@ -12,7 +12,7 @@ from convcheck.probe import fused
 from convcheck.progress import ProgressWriter
 from convcheck.rank.model import named_tensors
 from convcheck.rank.options import ReshardTargets, SyncOptions
-from convcheck.sync.stream import sender_failure, sender_stream
+from convcheck.sync.stream import hold, sender_failure, sender_stream
 from convcheck.verdict import Finding
 
 
@@ -34,6 +34,8 @@ class RunMemo:
     export_taps: list[Any] = field(default_factory=list)
     """Taps every export stream feeds: `start()`, `offer(name, tensor)` per item, `finish(export_error)` when the
     stream ran to its end (e.g. the gate manifest's digests, convcheck.engine.recorder)."""
+    held_exports: list[Any] = field(default_factory=list)
+    """The bridge exports a custom sender is iterating (convcheck.sync.stream.Held): drained if the sender raises."""
 
 
 @dataclass(kw_only=True)
@@ -76,6 +78,8 @@ class RankContext:
     """A resume job: the model was built but not loaded from the HF checkpoint."""
     targets: ReshardTargets = ReshardTargets()
     """Reshard oracle: the target TP, EP and expert-TP sizes."""
+    groups: dict[str, Any] | None = None
+    """Axis -> process group when the job gave its own (convcheck.live's pg_collection); None: parallel_state's."""
     save_dtype: str | None = None
     """Save oracle: the bridge's weight_dtype cast to write with ("bf16", "fp16", "fp32"; None: no cast)."""
 
@@ -116,11 +120,14 @@ class RankContext:
     def bridge_export(self, cpu: bool = True) -> Iterator[tuple[str, Any]]:
         """The bridge's own `export_hf_weights` stream (what senders build on); raises what the bridge raises."""
         if not self.memo.probe_in_export or not fused.usable(self.bridge):
-            return self.bridge.export_hf_weights(self.model, cpu=cpu, show_progress=False)
+            return hold(self, self.bridge.export_hf_weights(self.model, cpu=cpu, show_progress=False))
         self.memo.probe_in_export = False  # one drain carries the probe
         tap = fused.ProbeInExport(self)
-        return tap.drain(
-            self.bridge.export_hf_weights(self.model, cpu=cpu, show_progress=False, conversion_tasks=tap.tasks)
+        return hold(
+            self,
+            tap.drain(
+                self.bridge.export_hf_weights(self.model, cpu=cpu, show_progress=False, conversion_tasks=tap.tasks)
+            ),
         )
 
     def export_failure(self) -> Finding | None:
@@ -157,6 +164,8 @@ class RankContext:
         import torch.distributed as dist
         from megatron.core import parallel_state as ps
 
+        if self.groups is not None and axis in self.groups:
+            return self.groups[axis]
         getters = {
             "tp": ps.get_tensor_model_parallel_group,
             "pp": ps.get_pipeline_model_parallel_group,

@@ -10,10 +10,12 @@ from typing import Any
 class SyncOptions:
     """The weight-sync path under test (convcheck.sync)."""
 
-    sender: str | None = None
-    """The sender every export consumer reads: a built-in name or `MODULE:FUNC` (None: the bridge's export)."""
-    receiver: str | None = None
-    """Receiver of the receiver/idempotence oracles: a built-in name or `MODULE:CLASS` (None: "hf")."""
+    sender: Any = None
+    """The sender every export consumer reads: a built-in name or `MODULE:FUNC` (None: the bridge's export); in a
+    live check also the function itself."""
+    receiver: Any = None
+    """Receiver of the receiver/idempotence oracles: a built-in name or `MODULE:CLASS` (None: "hf"); in a live check
+    also the class itself."""
     chunk_mb: float = 64.0
     """Bound of one broadcast chunk and of one bucket of the bucketed sender, in MiB."""
 

@@ -23,13 +23,28 @@ READBACK = ("state_dict", "named_parameters")
 """How convcheck reads a receiver's state back, in order of preference."""
 
 
-def normalize_sender(spec: str | None) -> str | None:
-    """None for the bridge's export (also spelled "bridge"), else the spec unchanged."""
-    return None if spec in (None, "", BRIDGE) else spec
+Adapter = str | Callable[..., Any]
+"""A sender or receiver as given: a spec (built-in name, `MODULE:NAME`, `FILE.py:NAME`) or the object itself (live)."""
 
 
-def _load(spec: str, table: dict[str, str], what: str) -> Any:
-    """The object a built-in name or hook-style spec names; BadInput when it does not resolve."""
+def normalize_sender(spec: Adapter | None) -> Adapter | None:
+    """None for the bridge's export (also spelled "bridge"), else the spec (or callable) unchanged."""
+    return None if spec is None or (isinstance(spec, str) and spec in ("", BRIDGE)) else spec
+
+
+def label(adapter: Adapter) -> str:
+    """How reports name a sender or receiver: its spec, or `module:qualname` of an object given directly."""
+    if isinstance(adapter, str):
+        return adapter
+    name = getattr(adapter, "__qualname__", None) or type(adapter).__qualname__
+    return f"{getattr(adapter, '__module__', None) or type(adapter).__module__}:{name}"
+
+
+def _load(spec: Adapter, table: dict[str, str], what: str) -> Any:
+    """The object a built-in name or hook-style spec names (an object given directly: itself); BadInput when it does
+    not resolve."""
+    if not isinstance(spec, str):
+        return spec
     target = table.get(spec, spec)
     try:
         return load_hook(target, what=what)
@@ -39,28 +54,31 @@ def _load(spec: str, table: dict[str, str], what: str) -> Any:
         raise BadInput(f"{what} {spec!r} cannot be imported: {one_line(exc)}") from None
 
 
-def load_sender(spec: str) -> Callable[[Any], Any]:
-    """The sender function `FUNC(ctx) -> iterator of (hf_name, tensor)` of a built-in name or spec."""
+def load_sender(spec: Adapter) -> Callable[[Any], Any]:
+    """The sender function `FUNC(ctx) -> iterator of (hf_name, tensor)` of a built-in name or spec, or the callable
+    itself."""
     function = _load(spec, SENDERS, "sender")
     if not callable(function):
-        raise BadInput(f"sender {spec!r} is not callable")
+        raise BadInput(f"sender {label(spec)!r} is not callable")
     return function
 
 
-def load_receiver(spec: str | None) -> type:
-    """The receiver class of a built-in name or spec: it must have load_weights and a way to read its state back."""
+def load_receiver(spec: Adapter | None) -> type:
+    """The receiver class of a built-in name or spec, or the class (any callable `(config=...)`) itself: it must have
+    load_weights and a way to read its state back."""
     spec = spec or DEFAULT_RECEIVER
     cls = _load(spec, RECEIVERS, "receiver")
+    name = label(spec)
     if not callable(cls):
-        raise BadInput(f"receiver {spec!r} is not a class")
+        raise BadInput(f"receiver {name!r} is not a class")
     if not callable(getattr(cls, "load_weights", None)):
-        raise BadInput(f"receiver {spec!r} has no load_weights(weights) method")
-    if not any(callable(getattr(cls, name, None)) for name in READBACK):
-        raise BadInput(f"receiver {spec!r} has neither state_dict() nor named_parameters() to read its state back")
+        raise BadInput(f"receiver {name!r} has no load_weights(weights) method")
+    if not any(callable(getattr(cls, method, None)) for method in READBACK):
+        raise BadInput(f"receiver {name!r} has neither state_dict() nor named_parameters() to read its state back")
     return cls
 
 
-def check_adapters(sender: str | None, receiver: str | None, chunk_mb: float) -> None:
+def check_adapters(sender: Adapter | None, receiver: Adapter | None, chunk_mb: float) -> None:
     """Resolve the specs and check the chunk bound before any rank starts; BadInput names the first problem."""
     if not chunk_mb > 0:
         raise BadInput(f"--chunk-mb must be positive, got {chunk_mb!r}")

@@ -10,7 +10,7 @@ from typing import Any
 from convcheck.compare.bits import compare_bits, count_true, first_true, together, unravel_index
 from convcheck.errors import one_line
 from convcheck.hf.checkpoint import TensorReader
-from convcheck.sync.adapters import DEFAULT_RECEIVER, load_receiver
+from convcheck.sync.adapters import DEFAULT_RECEIVER, label, load_receiver
 from convcheck.verdict import Finding
 
 
@@ -34,7 +34,7 @@ class SourceTensors(Mapping):
 
 
 def receiver_label(ctx: Any) -> str:
-    return ctx.sync.receiver or DEFAULT_RECEIVER
+    return label(ctx.sync.receiver or DEFAULT_RECEIVER)
 
 
 def failed(ctx: Any, what: str, exc: BaseException) -> Finding:
