@@ -53,3 +53,15 @@ def _torchrun_only(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
     """Tests marked `torchrun` launch their ranks with torchrun, the default launcher, whatever the session has."""
     if request.node.get_closest_marker("torchrun") is not None:
         monkeypatch.delenv(SOCKET_ENV, raising=False)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With $CONVCHECK_TEST_TIMES=FILE, one JSON line per test phase (nodeid, phase, seconds, outcome) appended as it
+    ends: where the suite's time goes, readable while it runs (every xdist worker appends to the same file)."""
+    path = os.environ.get("CONVCHECK_TEST_TIMES")
+    if path:
+        import json
+
+        line = {"test": report.nodeid, "when": report.when, "s": round(report.duration, 2), "outcome": report.outcome}
+        with open(path, "a") as out:
+            out.write(json.dumps(line) + "\n")

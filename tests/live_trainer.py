@@ -9,6 +9,7 @@ call also passes the job's ProcessGroupCollection.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
@@ -19,36 +20,47 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+DEVICE = os.environ.get("LIVE_DEVICE", "cpu")
+"""Where the trainer holds its model: cpu (gloo, the suite) or cuda (NCCL, one GPU per rank: docs/gpu.md)."""
+
 
 def setup(checkpoint: str, tp: int, ep: int, pp: int) -> tuple[list, object]:
-    """The trainer's own bring-up: gloo groups, parallel_state, the bridge's provider and the loaded model, wrapped in
-    megatron-core's DistributedDataParallel as training wraps it."""
+    """The trainer's own bring-up: gloo groups (NCCL, one GPU per rank, with LIVE_DEVICE=cuda), parallel_state, the
+    bridge's provider and the loaded model, wrapped in megatron-core's DistributedDataParallel as training wraps it."""
     from convcheck import compat  # this CPU machine's stand-in for Transformer Engine and CUDA, as in any CPU job
 
-    compat.install("cpu")
+    device = DEVICE
+    compat.install(device)
     from megatron.bridge import AutoBridge
     from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
     from convcheck.compat.no_cuda import cpu_current_device
 
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", timeout=datetime.timedelta(seconds=300))
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
         expert_model_parallel_size=ep,
         expert_tensor_parallel_size=1,
     )
+    if device == "cuda":
+        from megatron.core import tensor_parallel
+
+        tensor_parallel.model_parallel_cuda_manual_seed(1234)
     bridge = AutoBridge.from_hf_pretrained(checkpoint)
     provider = bridge.to_megatron_provider(load_weights=False)
     provider.tensor_model_parallel_size, provider.expert_model_parallel_size = tp, ep
     provider.pipeline_model_parallel_size, provider.expert_tensor_parallel_size = pp, 1
     provider.sequence_parallel = False
-    compat.configure_provider(provider, "cpu")
+    compat.configure_provider(provider, device)
     provider.finalize()
-    model = provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=True)
+    model = provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=device == "cpu")
     ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True)
-    with cpu_current_device():  # as megatron's _ddp_wrap does it, minus its CUDA stream; the grad buffers on the CPU
+    place = cpu_current_device() if device == "cpu" else contextlib.nullcontext()
+    with place:  # as megatron's _ddp_wrap does it, minus its CUDA stream; on the CPU the grad buffers stay there
         model = [DistributedDataParallel(config=c.config, ddp_config=ddp, module=c, disable_bucketing=i > 0,
                                          pg_collection=c.pg_collection) for i, c in enumerate(model)]  # fmt: skip
     bridge.load_hf_weights(model)
@@ -69,7 +81,7 @@ def perturb(model: list, seed: int = 7) -> None:
                 key = f"{name}|{shard if getattr(param, 'tensor_model_parallel', False) else -1}|{own}"
                 gen = torch.Generator().manual_seed(seed + int(hashlib.sha256(key.encode()).hexdigest()[:8], 16))
                 step = torch.randn(param.shape, generator=gen, dtype=torch.float32) * 1e-2
-                param.add_(step.to(param.dtype))
+                param.add_(step.to(device=param.device, dtype=param.dtype))
 
 
 def weights_digest(model: list) -> str:
