@@ -17,10 +17,10 @@ from click.testing import CliRunner
 from convcheck.cli.main import cli
 from convcheck.engine.nodes import Nodes
 from convcheck.engine.rollcall import agree, free_port
-from convcheck.errors import BadInput, NodesDisagree
+from convcheck.errors import BadInput, NodeLost, NodesDisagree, SetupError
 from convcheck.gate import GOLDEN_DIR
 from convcheck.oracles import ORACLES
-from convcheck.workflows.gate_runner import Options, digests, prepare_case, read_index
+from convcheck.workflows.gate_runner import Options, digests, prepare_case, read_index, run_prepared
 from convcheck.workflows.kill_matrix import Launch
 from convcheck.workflows.selftest import Runner, run_selftest
 from tests.support.helpers import ROOT
@@ -110,8 +110,8 @@ def test_nodes_agree_on_the_whole_run_or_both_stop_naming_what_differs() -> None
             )
 
 
-def _pair(tmp: Path, *runs: list[str]) -> list[subprocess.CompletedProcess[str]]:
-    """Node 0 runs `runs[0]`, node 1 `runs[1]`, at one meeting point on 127.0.0.1 (both at once)."""
+def _pair(tmp: Path, *runs: list[str]) -> list[subprocess.Popen[str]]:
+    """Node 0 runs `runs[0]`, node 1 `runs[1]`, at one meeting point on 127.0.0.1 (started at once)."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     procs = []
@@ -119,23 +119,58 @@ def _pair(tmp: Path, *runs: list[str]) -> list[subprocess.CompletedProcess[str]]
         flags = ["--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port)]
         procs.append(subprocess.Popen([sys.executable, "-m", "convcheck", *args, *flags, "--timeout", "120"], cwd=tmp,
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))  # fmt: skip
-    return [subprocess.CompletedProcess(p.args, p.wait(timeout=240), p.stdout.read(), p.stderr.read()) for p in procs]  # type: ignore[union-attr]
+    return procs
+
+
+def _ended(procs: list[subprocess.Popen[str]]) -> list[tuple[int, str, str]]:
+    ended = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=240)
+        ended.append((proc.returncode, out, err))
+    return ended
 
 
 def test_gate_and_selftest_nodes_started_with_other_arguments_stop_before_any_rank(tmp_path: Path) -> None:
     gate = _pair(tmp_path, ["gate", "check", "--case", CASE], ["gate", "check", "--case", "qwen3-moe/ep2"])
-    for proc in gate:
-        assert proc.returncode == 2 and proc.stdout == "", proc.stderr
-        assert proc.stderr == (
+    other = ["selftest", "--no-warm", "--quick", "--only"]
+    selftest = _pair(tmp_path, [*other, "swap_qk_head0"], [*other, "gqa_qk_swap_group1"])
+    for code, out, err in _ended(gate):
+        assert code == 2 and out == "", err
+        assert err == (
             "convcheck: error: node 1 was started with another job than node 0 (case qwen3-moe/ep2, case "
             "qwen3-moe/tp2ep2, golden differ): start every node with the same arguments\n"
         )
-    other = ["selftest", "--no-warm", "--quick", "--only"]
-    selftest = _pair(tmp_path, [*other, "swap_qk_head0"], [*other, "gqa_qk_swap_group1"])
-    for proc in selftest:
-        assert proc.returncode == 2, proc.stderr
-        assert proc.stderr.endswith(
+    (code0, out0, err0), (code1, out1, err1) = _ended(selftest)
+    assert (code0, code1, out1) == (2, 2, ""), (err0, err1)
+    for err in (err0, err1):
+        assert err.endswith(
             "convcheck: error: node 1 was started with another job than node 0 (launches, mutants differ): start "
             "every node with the same arguments\n"
         )
-    assert selftest[1].stdout == "" and not list(tmp_path.iterdir())
+    assert out0.startswith("selftest (quick") and not list(tmp_path.iterdir())
+
+
+def test_a_lost_node_ends_the_whole_run_a_failed_launch_only_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    from convcheck import api
+    from convcheck.engine.rollcall import decide
+
+    gone = {0: {"kind": "ok", "result": {}}, 1: {"kind": "gone", "error": "its launcher was interrupted by SIGTERM"}}
+    with pytest.raises(NodeLost, match=r"^node 1: its launcher was interrupted by SIGTERM$"):
+        decide(_nodes(0), gone)
+    for error, ends_run in ((NodeLost("node 1 never joined"), True), (SetupError("rank 1 failed: OOM"), False)):
+
+        def run(_job: Any, error: Exception = error) -> None:
+            raise error
+
+        monkeypatch.setattr(api, "run", run)
+        if ends_run:
+            with pytest.raises(NodeLost):
+                run_prepared(("a job", None), Path("m.json"))
+        else:
+            assert run_prepared(("a job", None), Path("m.json")) == (None, "rank 1 failed: OOM")
+
+    def lost(*_args: Any, **_kwargs: Any) -> Any:
+        raise NodeLost("node 1 went silent")
+
+    with pytest.raises(NodeLost):
+        Runner(verify=lost, nodes=_nodes(0)).run(Launch(fixture="tiny:qwen3", layout="tp2"))
