@@ -130,6 +130,7 @@ def _ended(procs: list[subprocess.Popen[str]]) -> list[tuple[int, str, str]]:
     return ended
 
 
+@pytest.mark.fresh_process  # four fresh launchers (torch for the meeting point): ~30-60 s on 2 cores
 def test_gate_and_selftest_nodes_started_with_other_arguments_stop_before_any_rank(tmp_path: Path) -> None:
     gate = _pair(tmp_path, ["gate", "check", "--case", CASE], ["gate", "check", "--case", "qwen3-moe/ep2"])
     other = ["selftest", "--no-warm", "--quick", "--only"]
@@ -137,8 +138,8 @@ def test_gate_and_selftest_nodes_started_with_other_arguments_stop_before_any_ra
     for code, out, err in _ended(gate):
         assert code == 2 and out == "", err
         assert err == (
-            "convcheck: error: node 1 was started with another job than node 0 (case qwen3-moe/ep2, case "
-            "qwen3-moe/tp2ep2, golden differ): start every node with the same arguments\n"
+            "convcheck: error: node 1 was started with another job than node 0 (golden, case qwen3-moe/ep2, case "
+            "qwen3-moe/tp2ep2 differ): start every node with the same arguments\n"
         )
     (code0, out0, err0), (code1, out1, err1) = _ended(selftest)
     assert (code0, code1, out1) == (2, 2, ""), (err0, err1)

@@ -88,7 +88,9 @@ class Meeting:
         jobs = [json.loads(self.store.get(key)) for key in keys]
         for node, other in enumerate(jobs):
             if other != jobs[0]:
-                fields = sorted(k for k in {*other, *jobs[0]} if other.get(k) != jobs[0].get(k))
+                # options first, then the per-item entries of a whole run ("case qwen3/tp2", agree below)
+                fields = sorted((k for k in {*other, *jobs[0]} if other.get(k) != jobs[0].get(k)),
+                                key=lambda k: (" " in k, k))  # fmt: skip
                 named = ", ".join(fields[:6]) + (f" and {len(fields) - 6} more" if len(fields) > 6 else "")
                 raise NodesDisagree(
                     f"node {node} was started with another job than node 0 ({named} differ): start every node with "

@@ -107,7 +107,8 @@ def prepared_cases(
     from convcheck.engine.rollcall import agree
 
     prepared = [prepare_case(c, folder / c.file_name, options) for c in cases]
-    run = {"command": command, **(agreed or {})}
+    run = {"command": command, "device": options.device, "hooks": list(options.hooks), "timeout_s": options.timeout_s,
+           **(agreed or {})}  # fmt: skip
     for case, (job, error) in zip(cases, prepared, strict=True):
         run[f"case {case.id}"] = job.agreed() if job is not None else {"error": error}
     agree(options.nodes, run, options.timeout_s)
