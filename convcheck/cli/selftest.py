@@ -56,6 +56,7 @@ def selftest(models: tuple[str, ...], quick: bool, json_path: str | None, only: 
     the hosts (TP1 ones run on each by itself); node 0 prints the matrix and writes --json."""
     try:
         nodes = nodes_of(node_params)
+        lib.check_jobs(jobs, nodes)
         problems = lib.check_catalog(MUTANTS)
         if problems:
             raise ConvcheckError(f"mutant catalog: {problems[0]}")

@@ -295,10 +295,7 @@ def run_selftest(
     run first (NodesDisagree names what differs) and following node 0 launch by launch."""
     if device not in CHOICES:
         raise BadInput(f"--device must be one of {', '.join(CHOICES)}, got {device!r}")
-    if jobs < 1:
-        raise BadInput(f"--jobs must be at least 1, got {jobs}")
-    if nodes is not None and jobs > 1:
-        raise BadInput("--jobs must be 1 with --nnodes (every node makes the launches in node 0's order)")
+    check_jobs(jobs, nodes)
     real = verify is None
     if verify is None:
         verify = api.verify
@@ -341,6 +338,14 @@ def run_selftest(
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="selftest") as pool:
             list(pool.map(one_place, keys))
     return result(complete=True)
+
+
+def check_jobs(jobs: int, nodes: Nodes | None) -> None:
+    """BadInput unless `jobs` is at least 1, and 1 across nodes (every node makes the launches in node 0's order)."""
+    if jobs < 1:
+        raise BadInput(f"--jobs must be at least 1, got {jobs}")
+    if nodes is not None and jobs > 1:
+        raise BadInput("--jobs must be 1 with --nnodes (every node makes the launches in node 0's order)")
 
 
 def _agree(nodes: Nodes, runner: Runner, launches: Sequence[Launch], quick: bool) -> None:
