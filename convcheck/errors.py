@@ -29,6 +29,18 @@ class SetupError(ConvcheckError):
     """The environment or a rank failed before any verdict could be reached; exit code 2."""
 
 
+class NodeLost(SetupError):
+    """A node of a multi-node run never came, went away or was stopped: no later launch of the run can meet; exit 2."""
+
+
+class NodesDisagree(BadInput):
+    """The nodes of a multi-node run were started with other arguments; exit 2 before any rank starts."""
+
+
+RUN_ENDING = (NodeLost, NodesDisagree)
+"""Errors that end a whole multi-launch run (gate, selftest) on every node instead of only the launch that met them."""
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message, or its class name when the message is empty."""
     text = str(exc).strip()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from convcheck.engine.nodes import Nodes, check_across_nodes, make_nodes
 from convcheck.engine.rollcall import decide, free_port
 from convcheck.errors import BadInput, SetupError
 from convcheck.layout import ParallelLayout
+from tests.support.helpers import ROOT
 
 CONVCHECK = [sys.executable, "-m", "convcheck"]
 MOE = ["--model", "tiny:qwen3-moe", "--tp", "2", "--ep", "4"]  # 4 ranks: 2 per node, TP inside a node, EP across
@@ -66,15 +68,19 @@ def test_every_node_ends_the_same_way() -> None:
         decide(nodes, {0: {"kind": "error", "error": peer}, 1: {"kind": "error", "error": "rank 2 failed: OOM"}})
 
 
-def _launchers(tmp: Path, args: list[str], mark: str, port: int | None = None) -> list[subprocess.Popen[bytes]]:
-    """Node 1's launcher, then node 0's, both on this host (their output in tmp/nodeK.out / .err)."""
+def _launchers(
+    tmp: Path, args: list[str], mark: str, port: int | None = None, command: tuple[str, ...] = ("verify",)
+) -> list[subprocess.Popen[bytes]]:
+    """Node 1's launcher, then node 0's, both on this host (their output in tmp/nodeK.out / .err), running this
+    checkout's convcheck (PYTHONPATH: the cwd is `tmp`); `{node}` in an argument becomes the node's rank."""
     port = port or free_port()
-    env = {**os.environ, "CONVCHECK_TEST_MARK": mark}
+    env = {**os.environ, "CONVCHECK_TEST_MARK": mark, "PYTHONPATH": str(ROOT)}
     procs = []
     for node in (1, 0):
         flags = ["--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port)]
         with open(tmp / f"node{node}.out", "wb") as out, open(tmp / f"node{node}.err", "wb") as err:
-            procs.append(subprocess.Popen([*CONVCHECK, "verify", *args, *flags, "--timeout", "300"], stdout=out,
+            mine = [arg.replace("{node}", str(node)) for arg in args]
+            procs.append(subprocess.Popen([*CONVCHECK, *command, *mine, *flags, "--timeout", "300"], stdout=out,
                                           stderr=err, env=env, cwd=tmp))  # fmt: skip
     return procs[::-1]
 
@@ -115,6 +121,30 @@ def test_two_nodes_pass_then_a_planted_bug_fails_on_both(tmp_path: Path) -> None
     assert "FAIL mapping: model.layers.0.self_attn.q_proj.weight: [export-bytes-differ]" in out0
     assert "FAIL tiny:qwen3-moe TP2xEP4 on cpu: 0/2 oracles pass" in out0
     assert out1 == "convcheck: node 1 of 2: fail (node 0 prints the report)\n" and err1 == ""
+    assert _left(mark) == []
+
+
+@pytest.mark.ranks
+def test_a_gate_over_two_cases_on_two_nodes(tmp_path: Path) -> None:
+    """`gate check` over two cases (1 rank a node each): node 1 follows node 0 case by case; the bug planted in the
+    ep2 case only fails it on both nodes' exit codes, node 0 names it, node 1 prints one line and writes nothing."""
+    mark = uuid.uuid4().hex
+    hook = f"{ROOT / 'tests' / 'support' / 'hooks_nodes.py'}:swap_qk_head0_without_tp"
+    args = ["--case", "qwen3-moe/tp2ep2", "--case", "qwen3-moe/ep2", "--hook", hook, "--json", "gate{node}.json"]
+    procs = _launchers(tmp_path, args, mark, command=("gate", "check"))
+    (zero, out0, err0), (one, out1, err1) = _ended(procs, tmp_path)
+    assert (zero, one) == (1, 1), (err0[-3000:], err1[-3000:])
+    assert ("FAIL model.layers.0.self_attn.k_proj.weight: [bytes-changed] bytes changed: sha256 ea01cf30dfb9 -> "
+            "81547249f11c; roundtrip now: [bytes-differ] 256/512 elements differ; first at index [0, 0]: got "
+            "-0.00616455078125 (0xbbca), expected -0.01300048828125 (0xbc55)") in out0  # fmt: skip
+    assert "FAIL qwen3-moe/ep2: 5 difference(s)" in out0 and "PASS qwen3-moe/tp2ep2: 0 difference(s)" in out0
+    assert "FAIL gate: 1/2 case(s) match" in out0
+    assert [line.split(":")[0] for line in err0.splitlines()] == ["[1/2] qwen3-moe/ep2", "[2/2] qwen3-moe/tp2ep2"]
+    assert out1 == "convcheck: node 1 of 2: fail (node 0 prints the report)\n" and err1 == ""
+    report = json.loads((tmp_path / "gate0.json").read_text())
+    assert {c["id"]: c["status"] for c in report["cases"]} == {"qwen3-moe/ep2": "fail", "qwen3-moe/tp2ep2": "pass"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gate0.json", "node0.err", "node0.out", "node1.err",
+                                                          "node1.out"]  # fmt: skip
     assert _left(mark) == []
 
 

@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 import click
 
 from convcheck.atomic import write_all_atomic as write_together
+from convcheck.cli.nodes import end_on_other_node, node_options, nodes_of
 from convcheck.cli.types import HookSpecType, ReportPath
 from convcheck.errors import BadInput, ConvcheckError
 from convcheck.fixtures import FIXTURES, RELEASE_VARIANTS, get_spec
@@ -86,6 +87,7 @@ def _selection(function: Any) -> Any:
 @_selection
 @click.option("--pad-vocab", type=click.IntRange(min=1), default=None, metavar="N",
               help="With --model/--layout: record the padded-vocabulary variant of each case.")  # fmt: skip
+@node_options
 def record(
     out: str,
     models: tuple[str, ...],
@@ -94,15 +96,20 @@ def record(
     device: str,
     timeout: float,
     pad_vocab: int | None,
+    **node_params: Any,
 ) -> None:
-    """Run the case matrix (default: every fixture at every legal layout) and write one manifest per case."""
+    """Run the case matrix (default: every fixture at every legal layout) and write one manifest per case
+    (with --nnodes, node 0 writes them; the other nodes write nothing)."""
     try:
+        nodes = nodes_of(node_params)
         cases = _record_cases(models, layouts, case_ids, pad_vocab)
         started = time.perf_counter()
-        results = run_record(cases, Path(out), Options(device=device, timeout_s=timeout), note=_note)
+        options = Options(device=device, timeout_s=timeout, nodes=nodes)
+        results = run_record(cases, Path(out), options, note=_note if options.writes else None)
     except ConvcheckError as exc:
         _bad_input(exc)
     failed = [r for r in results if r.error is not None]
+    end_on_other_node(nodes, "fail" if failed else "pass", EXIT_FAIL if failed else EXIT_PASS)
     for r in failed:
         click.echo(f"FAIL {r.case.id}: not recorded: {r.error}")
     done = len(results) - len(failed)
@@ -152,6 +159,7 @@ def _record_cases(
               "(planted-bug tests).")  # fmt: skip
 @click.option("--json", "json_path", type=ReportPath(), help="Write the gate result as JSON.")
 @click.option("--junit", "junit_path", type=ReportPath(), help="Write JUnit XML (one testcase per case).")
+@node_options
 def check(
     folder: str | None,
     allow_file: str | None,
@@ -163,19 +171,25 @@ def check(
     hooks: tuple[str, ...],
     json_path: str | None,
     junit_path: str | None,
+    **node_params: Any,
 ) -> None:
-    """Re-run the cases of FOLDER (default: the golden manifests shipped with convcheck) and compare every one."""
+    """Re-run the cases of FOLDER (default: the golden manifests shipped with convcheck) and compare every one
+    (with --nnodes, every node compares; node 0 prints the result and writes --json / --junit)."""
     golden = Path(folder) if folder else GOLDEN_DIR
     try:
+        nodes = nodes_of(node_params)
         entries = load_allow(allow_file) if allow_file else []
         cases = select(list(read_index(golden).values()), models=models, layouts=layouts, ids=case_ids)
         started = time.perf_counter()
-        results = run_check(cases, golden, Options(device=device, hooks=hooks, timeout_s=timeout), note=_note)
+        options = Options(device=device, hooks=hooks, timeout_s=timeout, nodes=nodes)
+        allow = {"allow": [e.to_dict() for e in entries]}
+        results = run_check(cases, golden, options, note=_note if options.writes else None, agreed=allow)
     except ConvcheckError as exc:
         _bad_input(exc)
     differences = [d for r in results for d in r.differences]
     verdict = triage(differences, entries, [r.case.id for r in results])
     result = gate_result(results, verdict, golden, time.perf_counter() - started)
+    end_on_other_node(nodes, result["verdict"], EXIT_PASS if result["verdict"] == "pass" else EXIT_FAIL)
     print_gate(result)
     for case in result["cases"]:
         if case["status"] != "pass":

@@ -260,6 +260,8 @@ def list_oracles(markdown: bool) -> None:
     for info in ORACLES.values():
         opt_in = "" if info.default else f" (not in the default set: --oracle {info.name})"
         click.echo(f"{info.name}{opt_in}\n  proves: {info.proves}\n  does not prove: {info.does_not_prove}")
+        if info.live:
+            click.echo(f"  live (convcheck.live.check, inside a running job): {info.live}")
 
 
 @cli.group()

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from convcheck.atomic import write_json_atomic
+from convcheck.cli.nodes import end_on_other_node, node_options, nodes_of
 from convcheck.engine.warm_client import serving
 from convcheck.errors import ConvcheckError
 from convcheck.mutants.catalog import MUTANTS
@@ -47,11 +48,15 @@ _MARK = {"caught": "[green]caught[/green]", "missed": "[red]missed[/red]", "erro
 @click.option("--warm/--no-warm", default=True, show_default=True,
               help="CPU launches fork fresh ranks from one server that imported megatron once (~2 s a launch, not "
               "~20); --no-warm starts every launch with torchrun.")  # fmt: skip
+@node_options
 def selftest(models: tuple[str, ...], quick: bool, json_path: str | None, only: str, timeout: float, device: str,
-             jobs: int, warm: bool) -> None:  # fmt: skip
+             jobs: int, warm: bool, **node_params: Any) -> None:  # fmt: skip
     """Plant every catalogued bug in the real bridge and check that an oracle catches each, with a clean run of
-    every fixture x layout used (exit 1 if a mutant survives or a clean run fails)."""
+    every fixture x layout used (exit 1 if a mutant survives or a clean run fails). With --nnodes, launches span
+    the hosts (TP1 ones run on each by itself); node 0 prints the matrix and writes --json."""
     try:
+        nodes = nodes_of(node_params)
+        lib.check_jobs(jobs, nodes)
         problems = lib.check_catalog(MUTANTS)
         if problems:
             raise ConvcheckError(f"mutant catalog: {problems[0]}")
@@ -65,15 +70,19 @@ def selftest(models: tuple[str, ...], quick: bool, json_path: str | None, only: 
     mode = "quick" if quick else "full"
     warm = warm and device != "cuda"
     launcher = "warm CPU ranks" if warm else "torchrun"
-    click.echo(f"selftest ({mode}, --device {device}, --jobs {jobs}, {launcher}): {len(chosen)} mutant(s); "
-               f"{_versions_line()}")  # fmt: skip
+    reports = nodes is None or nodes.reports  # another node prints one line at the end and writes nothing
+    if reports:
+        click.echo(f"selftest ({mode}, --device {device}, --jobs {jobs}, {launcher}): {len(chosen)} mutant(s); "
+                   f"{_versions_line()}")  # fmt: skip
     try:
         with serving(wait_s=180.0) if warm else nullcontext():
-            result = lib.run_selftest(chosen, quick=quick, progress=click.echo, timeout_s=timeout, device=device,
-                                      jobs=jobs, partial=_writer(json_path))  # fmt: skip
+            result = lib.run_selftest(chosen, quick=quick, progress=click.echo if reports else None, timeout_s=timeout,
+                                      device=device, jobs=jobs, partial=_writer(json_path) if reports else None,
+                                      nodes=nodes)  # fmt: skip
     except ConvcheckError as exc:
         click.echo(f"convcheck: error: {exc}", err=True)
         sys.exit(2)
+    end_on_other_node(nodes, "pass" if result.passed else "fail", 0 if result.passed else 1)
     print_matrix(result)
     if json_path:
         write_json_atomic(json_path, result.to_dict())

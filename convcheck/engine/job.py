@@ -69,6 +69,7 @@ class Job:
         data = self._plain()
         for own in ("workdir", "model_path", "checkpoint_dir", "rank_kwargs_file"):
             data.pop(own, None)
+        data["manifest_out"] = bool(data["manifest_out"])  # every rank records it alike; the path is each node's own
         if data.get("nodes"):
             data["nodes"] = {k: v for k, v in data["nodes"].items() if k != "node_rank"}
         return data

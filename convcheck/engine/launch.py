@@ -271,7 +271,7 @@ def _launch_across(
     nodes = job.nodes
     assert nodes is not None
     meet = meeting(nodes, job.timeout_s)
-    launch, meet.launches = meet.launches, meet.launches + 1
+    launch = meet.next_launch()
     if progress is not None:
         progress({"phase": f"node {nodes.node_rank} of {nodes.nnodes}: waiting for the other nodes"})
     meet.check_in(launch, job.agreed(), job.timeout_s)
@@ -288,7 +288,7 @@ def _launch_across(
         end = {"kind": "error", "error": str(exc)}
     except Interrupted as exc:  # the others stop at once instead of waiting for this node's silence
         with contextlib.suppress(SetupError):
-            meet.post_end(launch, {"kind": "error", "error": f"its launcher was {exc}"})
+            meet.post_end(launch, {"kind": "gone", "error": f"its launcher was {exc}"})
         raise
     meet.post_end(launch, end)
     ends = meet.ends(launch)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from convcheck.engine.nodes import Nodes
-from convcheck.errors import BadInput, SetupError
+from convcheck.errors import BadInput, NodeLost, NodesDisagree, SetupError
 
 EXIT_GRACE_S = 30.0
 """How long a launcher whose ranks ended waits for the other nodes' ends before naming the missing ones."""
@@ -64,9 +64,14 @@ class Meeting:
         except RuntimeError as exc:
             raise _host_lost(self.nodes, exc) from None
 
+    def next_launch(self) -> int:
+        """The number of the next launch made through this meeting (every node numbers them in the same order)."""
+        launch, self.launches = self.launches, self.launches + 1
+        return launch
+
     def check_in(self, launch: int, job: dict[str, Any], timeout_s: float) -> None:
-        """Post this node's job and wait for every node's; SetupError naming the nodes that never came, BadInput when
-        a node was started with another job."""
+        """Post this node's job and wait for every node's; NodeLost naming the nodes that never came, NodesDisagree
+        when a node was started with another job."""
         me = self.nodes.node_rank
         try:
             self.store.set(self._key(launch, "job", me), json.dumps(job, sort_keys=True))
@@ -76,17 +81,20 @@ class Meeting:
         missing = self._wait(keys, timeout_s)
         if missing:
             absent = ", ".join(k.rsplit("/", 1)[1] for k in missing)
-            raise SetupError(
+            raise NodeLost(
                 f"node {absent} never joined the run at {self.nodes.master_addr}:{self.nodes.master_port} within "
                 f"{timeout_s:g} s (start one launcher per node with the same --nnodes, --master-addr and --master-port)"
             )
         jobs = [json.loads(self.store.get(key)) for key in keys]
         for node, other in enumerate(jobs):
             if other != jobs[0]:
-                fields = sorted(k for k in {*other, *jobs[0]} if other.get(k) != jobs[0].get(k))
-                raise BadInput(
-                    f"node {node} was started with another job than node 0 ({', '.join(fields)} differ): start every "
-                    "node with the same arguments"
+                # options first, then the per-item entries of a whole run ("case qwen3/tp2", agree below)
+                fields = sorted((k for k in {*other, *jobs[0]} if other.get(k) != jobs[0].get(k)),
+                                key=lambda k: (" " in k, k))  # fmt: skip
+                named = ", ".join(fields[:6]) + (f" and {len(fields) - 6} more" if len(fields) > 6 else "")
+                raise NodesDisagree(
+                    f"node {node} was started with another job than node 0 ({named} differ): start every node with "
+                    "the same arguments"
                 )
 
     def torchrun_port(self, launch: int, timeout_s: float) -> int:
@@ -99,7 +107,8 @@ class Meeting:
         return int(self.store.get(key))
 
     def post_end(self, launch: int, end: dict[str, Any]) -> None:
-        """Post how this node's ranks ended: {"kind": "ok" | "bad_input" | "error", "error": line, "result": ...}."""
+        """Post how this node's ranks ended: {"kind": "ok" | "bad_input" | "error" | "gone" (its launcher was
+        stopped), "error": line, "result": ...}."""
         try:
             self.store.set(self._key(launch, "end", self.nodes.node_rank), json.dumps(end))
         except RuntimeError as exc:
@@ -190,7 +199,7 @@ def decide(nodes: Nodes, ends: dict[int, dict[str, Any] | None]) -> dict[str, An
     gone = [node for node, end in ends.items() if end is None]
     if gone:
         listed = ", ".join(map(str, gone))
-        raise SetupError(
+        raise NodeLost(
             f"node {listed} stopped without reporting its ranks' end (its launcher died or was stopped); "
             f"stopped the ranks of node {nodes.node_rank}"
         )
@@ -200,6 +209,9 @@ def decide(nodes: Nodes, ends: dict[int, dict[str, Any] | None]) -> dict[str, An
         if not result:
             raise SetupError("node 0's ranks ended without rank 0's result")
         return result
+    stopped = [node for node, end in failed.items() if end["kind"] == "gone"]
+    if stopped:  # its launcher was interrupted: it makes no further launch
+        raise NodeLost(f"node {stopped[0]}: {failed[stopped[0]]['error']}")
     bad = [node for node, end in failed.items() if end["kind"] == "bad_input"]
     if bad:
         raise BadInput(f"node {bad[0]}: {failed[bad[0]]['error']}")
@@ -214,10 +226,22 @@ def _peer_loss(error: str) -> bool:
     return any(text in error.lower() for text in PEER_LOSS)
 
 
-def _host_lost(nodes: Nodes, exc: BaseException) -> SetupError:
-    return SetupError(
+def _host_lost(nodes: Nodes, exc: BaseException) -> NodeLost:
+    return NodeLost(
         f"lost node 0's meeting point {nodes.master_addr}:{nodes.master_port} (its launcher died or was stopped): {exc}"
     )
+
+
+def agree(nodes: Nodes, run: dict[str, Any], timeout_s: float) -> None:
+    """Before the first launch of a multi-launch run (gate, selftest) every node posts the whole run it was asked (its
+    cases, golden digests, ...) as one launch of the meeting; NodesDisagree names what differs, before any rank."""
+    meet = meeting(nodes, timeout_s)
+    launch = meet.next_launch()
+    try:
+        meet.check_in(launch, run, timeout_s)
+    except NodesDisagree:
+        meet.leave(launch, timeout_s=5.0)  # node 0 keeps the store up until every node has read why
+        raise
 
 
 def free_port() -> int:

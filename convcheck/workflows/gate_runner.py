@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from convcheck import api
 from convcheck.atomic import write_json_atomic
-from convcheck.errors import BadInput, ConvcheckError
+from convcheck.engine.nodes import Nodes
+from convcheck.errors import RUN_ENDING, BadInput, ConvcheckError
 from convcheck.gate.case import Case
 from convcheck.gate.check import Difference, compare, not_golden, not_run
 from convcheck.gate.manifest import load_manifest, write_manifest
@@ -30,6 +32,13 @@ class Options:
     device: str = "auto"
     hooks: tuple[str, ...] = ()
     timeout_s: float = 600.0
+    nodes: Nodes | None = None
+    """Every case spans these hosts (docs/scale.md): one launcher per node, each following node 0 case by case."""
+
+    @property
+    def writes(self) -> bool:
+        """This node writes the manifests and index (`record`): one node, or node 0 of several."""
+        return self.nodes is None or self.nodes.reports
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -45,6 +54,15 @@ class CaseResult:
 
 def run_case(case: Case, manifest_path: Path, options: Options) -> tuple[dict[str, Any] | None, str | None]:
     """One verify launch of `case` with every oracle; (manifest, None), or (None, one line) when it could not run."""
+    return run_prepared(prepare_case(case, manifest_path, options), manifest_path)
+
+
+Prepared = tuple[Any, str | None]
+"""A case's Job, or (None, the one line saying why it cannot run)."""
+
+
+def prepare_case(case: Case, manifest_path: Path, options: Options) -> Prepared:
+    """`api.prepare` of one case (every oracle, the manifest written to `manifest_path`)."""
     try:
         job = api.prepare(
             case.model,
@@ -55,13 +73,51 @@ def run_case(case: Case, manifest_path: Path, options: Options) -> tuple[dict[st
             timeout_s=options.timeout_s,
             pad_vocab=case.pad_vocab,
             manifest_out=str(manifest_path),
+            nodes=options.nodes,
         )
+    except ConvcheckError as exc:
+        return None, str(exc)
+    return job, None
+
+
+def run_prepared(prepared: Prepared, manifest_path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """Launch a prepared case; (manifest, None) or (None, one line). Across nodes, an error that ends the whole run
+    (a node lost, nodes that disagree) is raised instead."""
+    job, error = prepared
+    if job is None:
+        return None, error
+    try:
         api.run(job)
+    except RUN_ENDING:
+        raise
     except ConvcheckError as exc:
         return None, str(exc)
     if not manifest_path.is_file():
         return None, "the run ended without writing its manifest"
     return load_manifest(manifest_path), None
+
+
+def prepared_cases(
+    command: str, cases: list[Case], folder: Path, options: Options, agreed: dict[str, Any] | None = None
+) -> Iterator[Prepared]:
+    """Each case's Job, prepared as it is reached; across nodes, all of them first, and every node agrees on the
+    whole run (`command`, each case's Job and `agreed`) before the first launch (NodesDisagree names what differs)."""
+    if options.nodes is None:
+        return (prepare_case(c, folder / c.file_name, options) for c in cases)
+    from convcheck.engine.rollcall import agree
+
+    prepared = [prepare_case(c, folder / c.file_name, options) for c in cases]
+    run = {"command": command, "device": options.device, "hooks": list(options.hooks), "timeout_s": options.timeout_s,
+           **(agreed or {})}  # fmt: skip
+    for case, (job, error) in zip(cases, prepared, strict=True):
+        run[f"case {case.id}"] = job.agreed() if job is not None else {"error": error}
+    agree(options.nodes, run, options.timeout_s)
+    return iter(prepared)
+
+
+def digests(files: Iterable[Path]) -> dict[str, str | None]:
+    """File name -> sha256 of its bytes (None: missing), what every node of a gate check must hold alike."""
+    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() if f.is_file() else None for f in files}
 
 
 def read_index(folder: str | Path) -> dict[str, Case]:
@@ -92,28 +148,36 @@ def write_index(folder: Path, cases: list[Case]) -> None:
 
 
 def record(cases: list[Case], out: Path, options: Options, note: Note | None = None) -> list[CaseResult]:
-    """Run every case and write its manifest (and the index) into `out`."""
-    out.mkdir(parents=True, exist_ok=True)
-    results = []
-    for i, case in enumerate(cases, 1):
-        started = time.perf_counter()
-        manifest, error = run_case(case, out / case.file_name, options)
-        result = CaseResult(case=case, manifest=manifest, error=error, seconds=time.perf_counter() - started)
-        if manifest is not None:
-            write_manifest(out / case.file_name, manifest)
-            write_index(out, [case])
-        results.append(result)
-        _note(note, i, len(cases), result, "recorded" if error is None else f"not recorded: {error}")
+    """Run every case and write its manifest (and the index) into `out` (across nodes, node 0 alone writes)."""
+    with tempfile.TemporaryDirectory(prefix="convcheck-gate-") as scratch:
+        folder = out if options.writes else Path(scratch)  # another node's manifests stay in its scratch folder
+        if options.writes:
+            out.mkdir(parents=True, exist_ok=True)
+        results = []
+        for i, (case, prepared) in enumerate(zip(cases, prepared_cases("gate record", cases, folder, options)), 1):
+            started = time.perf_counter()
+            manifest, error = run_prepared(prepared, folder / case.file_name)
+            result = CaseResult(case=case, manifest=manifest, error=error, seconds=time.perf_counter() - started)
+            if manifest is not None and options.writes:
+                write_manifest(out / case.file_name, manifest)
+                write_index(out, [case])
+            results.append(result)
+            _note(note, i, len(cases), result, "recorded" if error is None else f"not recorded: {error}")
     return results
 
 
-def check(cases: list[Case], golden: Path, options: Options, note: Note | None = None) -> list[CaseResult]:
-    """Run every case and compare its manifest with the golden one in `golden`."""
+def check(
+    cases: list[Case], golden: Path, options: Options, note: Note | None = None, agreed: dict[str, Any] | None = None
+) -> list[CaseResult]:
+    """Run every case and compare its manifest with the golden one in `golden`; across nodes every node compares
+    (the golden files and `agreed`, e.g. the allow entries, must match node 0's)."""
     results = []
     with tempfile.TemporaryDirectory(prefix="convcheck-gate-") as scratch:
-        for i, case in enumerate(cases, 1):
+        held = {"golden": digests(golden / c.file_name for c in cases), **(agreed or {})} if options.nodes else None
+        jobs = prepared_cases("gate check", cases, Path(scratch), options, held)
+        for i, (case, prepared) in enumerate(zip(cases, jobs), 1):
             started = time.perf_counter()
-            manifest, error = run_case(case, Path(scratch) / case.file_name, options)
+            manifest, error = run_prepared(prepared, Path(scratch) / case.file_name)
             golden_file = golden / case.file_name
             if manifest is None:
                 diffs = [not_run(case.id, error or "no manifest")]

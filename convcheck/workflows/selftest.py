@@ -18,7 +18,8 @@ from typing import Any
 from convcheck import api
 from convcheck.api import EXPERT_LAYOUTS
 from convcheck.device import CHOICES, visible_gpu_count
-from convcheck.errors import BadInput, ConvcheckError
+from convcheck.engine.nodes import Nodes
+from convcheck.errors import RUN_ENDING, BadInput, ConvcheckError
 from convcheck.fixtures import build_fixture, get_spec
 from convcheck.hooks import load_hook
 from convcheck.layout import ParallelLayout
@@ -190,25 +191,40 @@ class Runner:
     device: str = "auto"
     timeout_s: float = 600.0
     visible_gpus: int = 0
+    nodes: Nodes | None = None
+    """Launches span these hosts (each node follows node 0 launch by launch); one whose ranks the nodes cannot
+    split evenly (TP1) runs on every node by itself, as the layout oracle's TP1 job does."""
     say: Progress = lambda _line: None
     total: int = 0
     count: int = 0
     lock: Any = field(default_factory=threading.Lock)
 
+    def spans(self, launch: Launch) -> Nodes | None:
+        """The nodes `launch` spans: all of them when they split its ranks evenly, else None (this node alone)."""
+        world = ParallelLayout.parse(launch.layout).world_size
+        return self.nodes if self.nodes is not None and world % self.nodes.nnodes == 0 else None
+
     def skip_reason(self, launch: Launch) -> str | None:
         """Why `--device cuda` cannot run `launch` on this host (too few GPUs), else None."""
         world = ParallelLayout.parse(launch.layout).world_size
-        if self.device == "cuda" and world > self.visible_gpus:
-            return f"skipped: --device cuda needs {world} GPU(s) for {launch.label}, {self.visible_gpus} visible"
+        nodes = self.spans(launch)
+        here = world if nodes is None else nodes.per_node(world)
+        if self.device == "cuda" and here > self.visible_gpus:
+            return f"skipped: --device cuda needs {here} GPU(s) for {launch.label}, {self.visible_gpus} visible"
         return None
 
     def run(self, launch: Launch) -> tuple[Report | None, str | None, float]:
         """(report, error, seconds) of one launch; a ConvcheckError (exit 2 in the CLI) is its error."""
         t0 = time.perf_counter()
+        nodes = self.spans(launch)
+        across = {} if nodes is None else {"nodes": nodes}
         try:
             report = self.verify(launch.fixture, launch.layout, oracles=launch.oracles, hooks=launch.hooks,
-                                 experts=launch.experts, timeout_s=self.timeout_s, device=self.device)  # fmt: skip
+                                 experts=launch.experts, timeout_s=self.timeout_s, device=self.device,
+                                 **across)  # fmt: skip
             error = None
+        except RUN_ENDING:
+            raise
         except ConvcheckError as exc:
             report, error = None, str(exc)
         seconds = time.perf_counter() - t0
@@ -271,14 +287,15 @@ def run_selftest(
     device: str = "auto",
     jobs: int = 1,
     partial: Callable[[SelftestResult], None] | None = None,
+    nodes: Nodes | None = None,
 ) -> SelftestResult:
     """Run the clean launches and the mutant launches (shared ones rerun alone when attribution is unclear), each
     fixture x layout's launches in order, up to `jobs` fixture x layouts at a time; `partial` gets the matrix so far
-    (`complete=False`) after each fixture x layout."""
+    (`complete=False`) after each fixture x layout. `nodes`: the launches span hosts, every node agreeing on the
+    run first (NodesDisagree names what differs) and following node 0 launch by launch."""
     if device not in CHOICES:
         raise BadInput(f"--device must be one of {', '.join(CHOICES)}, got {device!r}")
-    if jobs < 1:
-        raise BadInput(f"--jobs must be at least 1, got {jobs}")
+    check_jobs(jobs, nodes)
     real = verify is None
     if verify is None:
         verify = api.verify
@@ -286,9 +303,10 @@ def run_selftest(
     launches = plan(mutants, quick)
     clean = clean_launches(launches)
     gpus = visible_gpu_count() if device == "cuda" else 0
-    runner = Runner(
-        verify=verify, device=device, timeout_s=timeout_s, visible_gpus=gpus, say=progress or (lambda _line: None)
-    )
+    runner = Runner(verify=verify, device=device, timeout_s=timeout_s, visible_gpus=gpus, nodes=nodes,
+                    say=progress or (lambda _line: None))  # fmt: skip
+    if nodes is not None:
+        _agree(nodes, runner, [*clean, *launches], quick)
     runner.add(sum(runner.skip_reason(x) is None for x in [*launches, *clean]))
 
     finished: dict[tuple[str, str, str], tuple[list[CleanRow], list[MutantRow]]] = {}
@@ -320,6 +338,25 @@ def run_selftest(
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="selftest") as pool:
             list(pool.map(one_place, keys))
     return result(complete=True)
+
+
+def check_jobs(jobs: int, nodes: Nodes | None) -> None:
+    """BadInput unless `jobs` is at least 1, and 1 across nodes (every node makes the launches in node 0's order)."""
+    if jobs < 1:
+        raise BadInput(f"--jobs must be at least 1, got {jobs}")
+    if nodes is not None and jobs > 1:
+        raise BadInput("--jobs must be 1 with --nnodes (every node makes the launches in node 0's order)")
+
+
+def _agree(nodes: Nodes, runner: Runner, launches: Sequence[Launch], quick: bool) -> None:
+    """Every node of a multi-node selftest was asked the same launches (NodesDisagree names what differs)."""
+    from convcheck.engine.rollcall import agree
+
+    planned = [f"{x.label} [{','.join(m.name for m in x.mutants) or 'clean'}] {','.join(x.oracles)}" for x in launches]
+    mutants = sorted({m.name for x in launches for m in x.mutants})
+    run = {"command": "selftest", "mutants": mutants, "quick": quick, "device": runner.device,
+           "timeout_s": runner.timeout_s, "gpus": runner.visible_gpus, "launches": planned}  # fmt: skip
+    agree(nodes, run, runner.timeout_s)
 
 
 def _build_fixtures(fixtures: set[str]) -> None:
