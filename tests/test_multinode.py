@@ -127,22 +127,22 @@ def test_two_nodes_pass_then_a_planted_bug_fails_on_both(tmp_path: Path) -> None
 @pytest.mark.ranks
 def test_a_gate_over_two_cases_on_two_nodes(tmp_path: Path) -> None:
     """`gate check` over two cases (1 rank a node each): node 1 follows node 0 case by case; the bug planted in the
-    ep2 case only fails it on both nodes' exit codes, node 0 names it, node 1 prints one line and writes nothing."""
+    pp2 case only fails it on both nodes' exit codes, node 0 names it, node 1 prints one line and writes nothing."""
     mark = uuid.uuid4().hex
     hook = f"{ROOT / 'tests' / 'support' / 'hooks_nodes.py'}:swap_qk_head0_without_tp"
-    args = ["--case", "qwen3-moe/tp2ep2", "--case", "qwen3-moe/ep2", "--hook", hook, "--json", "gate{node}.json"]
+    args = ["--case", "qwen3/tp2", "--case", "qwen3/pp2", "--hook", hook, "--json", "gate{node}.json"]
     procs = _launchers(tmp_path, args, mark, command=("gate", "check"))
     (zero, out0, err0), (one, out1, err1) = _ended(procs, tmp_path)
     assert (zero, one) == (1, 1), (err0[-3000:], err1[-3000:])
     assert ("FAIL model.layers.0.self_attn.k_proj.weight: [bytes-changed] bytes changed: sha256 ea01cf30dfb9 -> "
             "81547249f11c; roundtrip now: [bytes-differ] 256/512 elements differ; first at index [0, 0]: got "
             "-0.00616455078125 (0xbbca), expected -0.01300048828125 (0xbc55)") in out0  # fmt: skip
-    assert "FAIL qwen3-moe/ep2: 5 difference(s)" in out0 and "PASS qwen3-moe/tp2ep2: 0 difference(s)" in out0
+    assert "FAIL qwen3/pp2: 5 difference(s)" in out0 and "PASS qwen3/tp2: 0 difference(s)" in out0
     assert "FAIL gate: 1/2 case(s) match" in out0
-    assert [line.split(":")[0] for line in err0.splitlines()] == ["[1/2] qwen3-moe/ep2", "[2/2] qwen3-moe/tp2ep2"]
+    assert [line.split(":")[0] for line in err0.splitlines()] == ["[1/2] qwen3/pp2", "[2/2] qwen3/tp2"]
     assert out1 == "convcheck: node 1 of 2: fail (node 0 prints the report)\n" and err1 == ""
     report = json.loads((tmp_path / "gate0.json").read_text())
-    assert {c["id"]: c["status"] for c in report["cases"]} == {"qwen3-moe/ep2": "fail", "qwen3-moe/tp2ep2": "pass"}
+    assert {c["id"]: c["status"] for c in report["cases"]} == {"qwen3/pp2": "fail", "qwen3/tp2": "pass"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gate0.json", "node0.err", "node0.out", "node1.err",
                                                           "node1.out"]  # fmt: skip
     assert _left(mark) == []

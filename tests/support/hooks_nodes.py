@@ -4,7 +4,7 @@ from convcheck.mutants.bridge import swap_qk_head0
 
 
 def swap_qk_head0_without_tp() -> None:
-    """The q/k head-0 swap of convcheck.mutants.bridge, planted only where TP is 1 (a gate's ep2 case, not tp2ep2)."""
+    """The q/k head-0 swap of convcheck.mutants.bridge, planted only where TP is 1 (a gate's pp2 case, not tp2)."""
     from megatron.core import parallel_state
 
     if parallel_state.get_tensor_model_parallel_world_size() == 1:
