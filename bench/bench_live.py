@@ -7,6 +7,7 @@
 
 The ranks are brought up by convcheck's own rank code (standing for the trainer's); the live check then sees only
 the model chunks, the bridge and megatron-core's parallel_state, as inside a user's job. Best of --repeat.
+CONVCHECK_BENCH_PROFILE=FILE writes a cProfile of rank 0's live.check to FILE.rank0 (bench/_launch.py).
 """
 
 from __future__ import annotations
@@ -14,23 +15,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from _launch import ROOT, launch, profiled, rank_up  # type: ignore[import-not-found]
 
 
 def _worker(args: argparse.Namespace) -> None:
     import convcheck.live
     from convcheck.layout import ParallelLayout
-    from convcheck.rank import RankSpec, bring_up, quiet
-    from convcheck.rank.dist import shutdown_distributed
 
-    quiet()
     layout = ParallelLayout(tp=args.tp, pp=args.pp, ep=args.ep)
-    ctx = bring_up(RankSpec(model_path=args.path, layout=layout, device=args.device))
+    with rank_up(args.path, layout, args.device) as ctx:
+        _measure(args, ctx, layout, convcheck.live)
+
+
+def _measure(args: argparse.Namespace, ctx: Any, layout: Any, live: Any) -> None:
+    """Best of --repeat: one bare export drain, live.check, live.digest; rank 0 prints the JSON line."""
     model, bridge = ctx.model, ctx.bridge
     export_s, live_s, digest_s, per_oracle, in_drain = [], [], [], {}, {}
     report = None
@@ -40,7 +43,8 @@ def _worker(args: argparse.Namespace) -> None:
         count = sum(1 for _ in bridge.export_hf_weights(model, cpu=cpu, show_progress=False))
         export_s.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        report = convcheck.live.check(model, bridge, oracles=args.oracles)
+        with profiled(ctx.rank):
+            report = live.check(model, bridge, oracles=args.oracles)
         live_s.append(time.perf_counter() - t0)
         if report is not None:
             for o in report.oracles:
@@ -48,7 +52,7 @@ def _worker(args: argparse.Namespace) -> None:
                 if "in_export_s" in o.metrics:  # its work inside coverage's drain, part of coverage's seconds
                     in_drain[o.name] = min(in_drain.get(o.name, 1e9), o.metrics["in_export_s"])
         t0 = time.perf_counter()
-        convcheck.live.digest(model, bridge)
+        live.digest(model, bridge)
         digest_s.append(time.perf_counter() - t0)
     if ctx.rank == 0 and report is not None:
         out = {
@@ -70,7 +74,6 @@ def _worker(args: argparse.Namespace) -> None:
             "outside_oracles_s": round(min(live_s) - sum(per_oracle.values()), 4),
         }
         sys.stdout.write(json.dumps(out) + "\n")
-    shutdown_distributed()
 
 
 def _checkpoint(args: argparse.Namespace) -> tuple[str, str]:
@@ -110,15 +113,7 @@ def main() -> None:
     from convcheck.layout import ParallelLayout
 
     world = ParallelLayout(tp=args.tp, pp=args.pp, ep=args.ep).world_size
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", __file__,
-           *sys.argv[1:], "--path", path, "--label", label]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
-        sys.exit(proc.returncode or 1)
-    sys.stdout.write(lines[-1] + "\n")
+    launch(__file__, world, [*sys.argv[1:], "--path", path, "--label", label])
 
 
 if __name__ == "__main__":

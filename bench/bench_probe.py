@@ -8,26 +8,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from _launch import launch, rank_up  # type: ignore[import-not-found]
 
 
 def _worker(args: argparse.Namespace) -> None:
     from convcheck.layout import ParallelLayout
+
+    layout = ParallelLayout(tp=args.tp, pp=args.pp, ep=args.ep, etp=args.etp)
+    with rank_up(args.path, layout) as ctx:
+        _measure(args, ctx, layout)
+
+
+def _measure(args: argparse.Namespace, ctx: Any, layout: Any) -> None:
+    """Best of --repeat: one bare export drain, then the probe of every task; rank 0 prints the JSON line."""
     from convcheck.probe import probe_task
     from convcheck.probe.collect import tasks_of
     from convcheck.probe.run import CodeCache
-    from convcheck.rank import RankSpec, bring_up, quiet
-    from convcheck.rank.dist import shutdown_distributed
 
-    quiet()
-    layout = ParallelLayout(tp=args.tp, pp=args.pp, ep=args.ep, etp=args.etp)
-    ctx = bring_up(RankSpec(model_path=args.path, layout=layout))
     rank, bridge, model = ctx.rank, ctx.bridge, ctx.model
     export_s, probe_s = [], []
     for _ in range(args.repeat):
@@ -55,7 +57,6 @@ def _worker(args: argparse.Namespace) -> None:
             "probe_elements_rank0": elements,
         }
         sys.stdout.write(json.dumps(out) + "\n")
-    shutdown_distributed()
 
 
 def main() -> None:
@@ -76,15 +77,7 @@ def main() -> None:
     from convcheck.layout import ParallelLayout
 
     world = ParallelLayout(tp=args.tp, pp=args.pp, ep=args.ep, etp=args.etp).world_size
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", __file__,
-           *sys.argv[1:], "--path", path]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
-        sys.exit(proc.returncode or 1)
-    sys.stdout.write(lines[-1] + "\n")
+    launch(__file__, world, [*sys.argv[1:], "--path", path])
 
 
 if __name__ == "__main__":

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from convcheck.errors import BadInput
 from convcheck.hf.digest import Manifest, check_output, write_text_atomic
@@ -41,6 +43,13 @@ def check(
     names = parse_live_names(oracles)
     check_adapters(sender, receiver, chunk_mb)
     sync = SyncOptions(sender=normalize_sender(sender), receiver=receiver, chunk_mb=chunk_mb)
+    with collector_paused():
+        return _check(model, bridge, names, names_from, sync, pg_collection)
+
+
+def _check(
+    model: Any, bridge: Any, names: tuple[str, ...], names_from: Any, sync: SyncOptions, pg_collection: Any
+) -> Report | None:
     ctx = live_context(model, bridge, names_from=names_from, sync=sync, pg_collection=pg_collection)
     started = time.perf_counter()
     _shard_tap(ctx, names)
@@ -94,6 +103,20 @@ def digest(
         write_text_atomic(target, manifest.to_json())
         manifest = Manifest(path=target, hash=manifest.hash, tensors=manifest.tensors)
     return manifest
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the block and back on after it when it was on: the check makes tens
+    of thousands of records at a real model's tensor count, and each full collection would walk the whole job's
+    heap (seconds); what the check leaves cyclic is collected after it as usual."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _shard_tap(ctx: RankContext, names: tuple[str, ...]) -> Any:

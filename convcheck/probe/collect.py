@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from convcheck.compare.bits import describe_element, int_view, unravel_index
-from convcheck.compare.fold import digest
+from convcheck.compare.fold import quick_digest
 from convcheck.probe.hook import ExportHook, export_hook, hook_name
 from convcheck.probe.run import CodeCache, own_view_slots, probe_task, range_labels, to_ranges
 from convcheck.probe.runs import diff_positions, hf_ranges, mismatched_runs
@@ -116,7 +116,7 @@ def task_records(
         if with_real:
             rec.update(_against_real(real.get(name), slot, task.param_weight, values))
             if cross_rank and rec["real"] is not None and _may_differ(ctx, slot, real[name]):
-                rec["real"]["digest"] = digest(real[name])  # on the tensor's device, no host copy
+                rec["real"]["digest"] = quick_digest(real[name])  # on the tensor's device, no host copy
         records.append(rec)
     return records
 

@@ -217,22 +217,26 @@ def probe_copy(mapping: Any, state: ProbeState) -> Any:
     return new
 
 
+def _refuser(name: str) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        raise ProbeCommError(f"probe: the mapping called torch.distributed.{name} directly")
+
+    return call
+
+
+_REFUSERS = {name: _refuser(name) for name in _DIST_CALLS}
+"""One refusing stand-in per collective, made once (the probe enters no_communication once per task)."""
+
+
 @contextlib.contextmanager
 def no_communication() -> Iterator[None]:
     """While active, every torch.distributed collective raises ProbeCommError (the probe must stay local)."""
     import torch.distributed as dist
 
     saved = {name: getattr(dist, name) for name in _DIST_CALLS if hasattr(dist, name)}
-
-    def refuse(name: str) -> Any:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            raise ProbeCommError(f"probe: the mapping called torch.distributed.{name} directly")
-
-        return call
-
     try:
         for name in saved:
-            setattr(dist, name, refuse(name))
+            setattr(dist, name, _REFUSERS[name])
         yield
     finally:
         for name, func in saved.items():

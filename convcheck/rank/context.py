@@ -82,6 +82,10 @@ class RankContext:
     """Axis -> process group when the job gave its own (convcheck.live's pg_collection); None: parallel_state's."""
     save_dtype: str | None = None
     """Save oracle: the bridge's weight_dtype cast to write with ("bf16", "fp16", "fp32"; None: no cast)."""
+    _global_names: tuple[tuple[Any, ...], dict[tuple[str, int], str]] = field(
+        default_factory=lambda: ((), {}), repr=False
+    )
+    """(the chunks, (local name, virtual stage) -> global name): `global_name`'s answers for these very chunks."""
 
     @property
     def is_reporter(self) -> bool:
@@ -190,7 +194,16 @@ class RankContext:
         return model_bridge.mapping_registry()
 
     def global_name(self, local_name: str, vp_stage: int) -> str:
-        """Megatron's global parameter name (layer and expert numbers made global)."""
+        """Megatron's global parameter name (layer and expert numbers made global), computed once per name while
+        the model chunks stay the same objects (coverage, the shard tap and the registry all ask)."""
         from megatron.bridge.models.conversion.model_bridge import _megatron_local_name_to_global
 
-        return _megatron_local_name_to_global(self.model, self.model[0].config, local_name, vp_stage)
+        held = self._global_names[0]
+        if len(held) != len(self.model) or any(a is not b for a, b in zip(held, self.model)):
+            self._global_names = (tuple(self.model), {})
+        names = self._global_names[1]
+        found = names.get((local_name, vp_stage))
+        if found is None:
+            found = _megatron_local_name_to_global(self.model, self.model[0].config, local_name, vp_stage)
+            names[(local_name, vp_stage)] = found
+        return found

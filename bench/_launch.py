@@ -1,0 +1,60 @@
+"""What the benches that time work inside ranks share: relaunch the bench script under torchrun and pass on rank 0's
+JSON line (the launcher side), and one rank's bring-up of the model (the rank side)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def launch(script: str, world: int, args: list[str]) -> None:
+    """Run `script` with `args` on `world` torchrun ranks (one thread each, this checkout first on the path) and
+    write the last JSON line rank 0 printed; on failure, the tails of both streams on stderr and the exit code."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", script, *args]
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
+        sys.exit(proc.returncode or 1)
+    sys.stdout.write(lines[-1] + "\n")
+
+
+@contextlib.contextmanager
+def rank_up(path: str, layout: Any, device: str = "cpu") -> Iterator[Any]:
+    """This rank's RankContext with the checkpoint at `path` loaded at `layout` (convcheck's own rank code, standing
+    for a trainer's); the process group is shut down after the block."""
+    from convcheck.rank import RankSpec, bring_up, quiet
+    from convcheck.rank.dist import shutdown_distributed
+
+    quiet()
+    ctx = bring_up(RankSpec(model_path=path, layout=layout, device=device))
+    try:
+        yield ctx
+    finally:
+        shutdown_distributed()
+
+
+@contextlib.contextmanager
+def profiled(rank: int) -> Iterator[None]:
+    """cProfile around the block on this rank when CONVCHECK_BENCH_PROFILE=FILE (ranks: CONVCHECK_BENCH_PROFILE_RANKS,
+    default 0); the stats go to FILE.rankN (read them with pstats; time spent waiting in collectives shows there)."""
+    target = os.environ.get("CONVCHECK_BENCH_PROFILE")
+    if not target or str(rank) not in os.environ.get("CONVCHECK_BENCH_PROFILE_RANKS", "0").split(","):
+        yield
+        return
+    import cProfile
+
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        yield
+    finally:
+        prof.disable()
+        prof.dump_stats(f"{target}.rank{rank}")
