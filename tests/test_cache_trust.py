@@ -49,4 +49,3 @@ def test_an_edited_bridge_never_reuses_a_stale_reference(tmp_path: Path) -> None
             ("model.norm.weight", "tp1-differs-from-source")
         }
         assert len(list(manifests.glob("*.json"))) == 1  # the stale manifest was replaced
-
