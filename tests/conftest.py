@@ -65,3 +65,22 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         line = {"test": report.nodeid, "when": report.when, "s": round(report.duration, 2), "outcome": report.outcome}
         with open(path, "a") as out:
             out.write(json.dumps(line) + "\n")
+
+
+LONGEST_FIRST = (
+    "tests/test_cache_trust.py",
+    "tests/test_bisect.py",
+    "tests/test_multinode.py",
+    "tests/test_pytest_plugin.py",
+    "tests/test_live.py",
+    "tests/test_compat.py",
+    "tests/test_compat_device.py",
+    "tests/test_nodes_runs.py",
+)
+"""Files whose tests take a minute or more each (their own torchrun launches, fresh interpreters importing megatron):
+scheduled first, so no xdist worker ends the session on one while the other waits; they need no warm server."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the LONGEST_FIRST files' tests before the others (stable otherwise)."""
+    items.sort(key=lambda item: not item.nodeid.startswith(LONGEST_FIRST))

@@ -54,6 +54,56 @@ def test_a_launcher_whose_import_environment_differs_uses_torchrun(tmp_path: Pat
     assert not (tmp_path / "job" / PIDS_FILE).exists()  # the server refused; torchrun ran the ranks
 
 
+@pytest.mark.ranks
+def test_a_job_with_its_own_folder_before_pythonpath_is_served_warm(tmp_path: Path) -> None:
+    """A user's repo put before the server's PYTHONPATH (as pytest's pytester does): the forked ranks find its modules
+    where a fresh rank would, here a --hook planting the q/k swap, and the run stays warm."""
+    wait_for_warm_server()
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "my_trainer_hooks.py").write_text(
+        "from convcheck.mutants.bridge import swap_qk_head0\n\n\ndef plant():\n    swap_qk_head0()\n"
+    )
+    path = os.pathsep.join(filter(None, [str(tmp_path / "repo"), os.environ.get("PYTHONPATH", "")]))
+    res = run_cli(
+        "verify", "--model", "tiny:qwen3", "--oracle", "roundtrip", "--hook", "my_trainer_hooks:plant",
+        "--log-dir", str(tmp_path / "job"), tmp_path=tmp_path, env={"PYTHONPATH": path},
+    )  # fmt: skip
+    assert res.code == 1, res.err
+    assert {(f["tensor"], f["kind"]) for f in res.findings("roundtrip")} == {
+        ("model.layers.0.self_attn.k_proj.weight", "bytes-differ"),
+        ("model.layers.0.self_attn.q_proj.weight", "bytes-differ"),
+    }
+    assert (tmp_path / "job" / PIDS_FILE).exists()  # warm ranks ran it
+
+
+def test_pythonpath_extras_are_served_only_when_they_shadow_nothing(tmp_path: Path) -> None:
+    env = import_env(os.environ)
+    key, own = source_key(), env["PYTHONPATH"]
+    repo, shadow = tmp_path / "repo", tmp_path / "shadow"
+    (repo / "my_pkg").mkdir(parents=True)
+    (repo / "my_hooks.py").write_text("")
+    shadow.mkdir()
+    (shadow / "json.py").write_text("")
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text("")
+    joined = lambda *parts: os.pathsep.join(filter(None, [*map(str, parts), own]))  # noqa: E731
+    assert warm.extra_paths(joined("repo"), own, str(tmp_path)) == [str(repo)]
+    assert warm.extra_paths(own, own, "/") == []
+    assert warm.extra_paths(str(repo), "/elsewhere", "/") is None  # the server's own entries are not its tail
+    ok = {"key": key, "import_env": {**env, "PYTHONPATH": joined(repo)}, "cwd": str(tmp_path)}
+    assert warm._refusal(ok, key, env) is None
+    for folder, held in ((shadow, shadow / "json.py"), (tmp_path / "site", tmp_path / "site" / "sitecustomize.py")):
+        asked = {**ok, "import_env": {**env, "PYTHONPATH": joined(repo, folder)}}
+        assert warm._refusal(asked, key, env) == (
+            f"the launcher's PYTHONPATH holds {held}, a module the server imported from elsewhere"
+        )
+    assert "does not end with the server's" in warm._refusal(
+        {**ok, "import_env": {**env, "PYTHONPATH": f"{own}{os.pathsep}{repo}" if own else ""}},
+        key,
+        {**env, "PYTHONPATH": "/x"},
+    )
+
+
 def test_the_server_refuses_other_source_and_another_import_environment() -> None:
     env = import_env(os.environ)
     key = source_key()

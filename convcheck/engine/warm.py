@@ -81,6 +81,8 @@ def serve(path: str) -> int:
                 if refusal:
                     _send(conn, {"refused": refusal})
                     continue
+                request["extra_paths"] = extra_paths(request["import_env"]["PYTHONPATH"], env["PYTHONPATH"],
+                                                     request.get("cwd", "."))  # fmt: skip
                 if os.fork() == 0:  # the agent: never returns
                     listener.close()
                     _agent(conn, request)
@@ -96,9 +98,40 @@ def _refusal(request: dict[str, Any] | None, key: str, env: dict[str, str]) -> s
         return "no request"
     if request.get("key") != key:
         return "the convcheck source changed since the server started"
-    if request.get("import_env") != env:
+    asked = dict(request.get("import_env") or {})
+    if {**asked, "PYTHONPATH": ""} != {**env, "PYTHONPATH": ""}:
         names = ", ".join(IMPORT_ENV)
         return f"the launcher's import-time environment ({names}) differs from the server's"
+    extras = extra_paths(asked.get("PYTHONPATH", ""), env["PYTHONPATH"], request.get("cwd", "."))
+    if extras is None:
+        return "the launcher's PYTHONPATH does not end with the server's"
+    shadow = shadowing(extras, {name.split(".")[0] for name in sys.modules})
+    return f"the launcher's PYTHONPATH holds {shadow}, a module the server imported from elsewhere" if shadow else None
+
+
+def extra_paths(asked: str, own: str, cwd: str) -> list[str] | None:
+    """The absolute PYTHONPATH entries a job puts before the server's own (None: its PYTHONPATH does not end with
+    the server's, so a fresh rank would search another order)."""
+    entries = [e for e in asked.split(os.pathsep) if e]
+    tail = [e for e in own.split(os.pathsep) if e]
+    if entries[len(entries) - len(tail) :] != tail:
+        return None
+    return [os.path.abspath(os.path.join(cwd, e)) for e in entries[: len(entries) - len(tail)]]
+
+
+def shadowing(paths: list[str], imported: set[str]) -> str | None:
+    """The first file or folder under `paths` a fresh interpreter would import in place of a top-level module the
+    server already has (or run at start-up: sitecustomize, usercustomize; a zip on the path counts as one); None:
+    the forked ranks resolve every import as fresh ones would, with `paths` put before the server's."""
+    for entry in map(Path, paths):
+        if not entry.is_dir():
+            if entry.exists():
+                return str(entry)
+            continue
+        for child in entry.iterdir():
+            name = child.name if child.is_dir() else child.name.split(".")[0]
+            if name in imported or name in ("sitecustomize", "usercustomize"):
+                return str(child)
     return None
 
 
@@ -221,6 +254,7 @@ def _rank(rank: int, nproc: int, port: int, log: int, request: dict[str, Any]) -
             MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), CONVCHECK_WARM_RANK="1",
         )  # fmt: skip
         os.chdir(request["cwd"])
+        sys.path[1:1] = request["extra_paths"]  # where a fresh rank has the job's PYTHONPATH: after its cwd
         import tempfile
 
         tempfile.tempdir = None  # the server may have cached its own TMPDIR; the rank's is the job's
