@@ -5,12 +5,10 @@
 # GPU (TP = the GPUs seen, at most 2). Needs the wheels in .whl/ (docs/gpu.md). Results in ${OUT:-/tmp/out}.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-source scripts/device-env.sh
+source scripts/device-env.sh  # also OUT (default /tmp/out), made
 export OMP_NUM_THREADS=1
-GPUS=$(python3 -c 'import torch; print(min(torch.cuda.device_count(), 2))')
-echo "torch $(python3 -c 'import torch; print(torch.__version__)') gpus $GPUS cores $(nproc --all)"
+read -r TORCH GPUS < <(python3 -c 'import torch; print(torch.__version__, min(torch.cuda.device_count(), 2))')
+echo "torch $TORCH, $GPUS GPU(s) used, $(nproc --all) cores"
 CKPT=$(python3 -c 'from convcheck.api import resolve_model; print(resolve_model("tiny:qwen3"))')
 mkdir -p "$OUT/live"
 start=$(date +%s)

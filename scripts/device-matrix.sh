@@ -4,9 +4,7 @@
 # visible. Needs the wheels in .whl/ (README "GPU runs"). Results: ${OUT:-/tmp/out}/matrix-*.txt, nccl.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-source scripts/device-env.sh
+source scripts/device-env.sh  # also OUT (default /tmp/out), made
 export OMP_NUM_THREADS=1
 gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 echo "torch $(python3 -c 'import torch; print(torch.__version__)') gpus $gpus cores $(nproc --all)"

@@ -4,9 +4,7 @@
 # Results in ${OUT:-/tmp/out}: verify.json (every report), tails.txt (last lines of each run), bench-*.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-source scripts/device-env.sh
+source scripts/device-env.sh  # also OUT (default /tmp/out), made
 export OMP_NUM_THREADS=1
 echo "torch $(python3 -c 'import torch; print(torch.__version__, torch.cuda.device_count())') cores $(nproc --all)"
 M=convcheck.mutants

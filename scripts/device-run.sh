@@ -5,9 +5,7 @@
 # tiny:qwen3-moe at TP2, EP2, TP2xEP2 when 2 GPUs are visible). Reports go to ${OUT:-/tmp/out}.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-source scripts/device-env.sh
+source scripts/device-env.sh  # also OUT (default /tmp/out), made
 gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 echo "torch $(python3 -c 'import torch; print(torch.__version__)') gpus $gpus"
 default="qwen2|;qwen2-tied|;qwen3|;qwen3-moe|;llama|"

@@ -4,9 +4,7 @@
 # writer imports modelopt) and PuLP as a plain folder .whl/pysite/pulp (its solver binaries left out). Reports: $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-source scripts/device-env.sh
+source scripts/device-env.sh  # also OUT (default /tmp/out), made
 export PYTHONPATH=$PYTHONPATH:$PWD/.whl/pysite
 python3 -c 'from modelopt.torch.quantization.utils import is_quantized' || exit 7
 IFS=';' read -ra cases <<< "${CASES:-qwen2-tied|;qwen3-moe|;llama|;deepseek-v3|;moonlight|--save-dtype bf16;nemotron-h|}"

@@ -4,9 +4,7 @@
 # (e.g. "--quick" or "--model tiny:llama"). Compare a matrix with a CPU one: scripts/compare-kill-matrices.py.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-source scripts/device-env.sh
+source scripts/device-env.sh  # also OUT (default /tmp/out), made
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 echo "torch $(python3 -c 'import torch; print(torch.__version__, torch.cuda.device_count(), "GPU(s)")'), $(nproc --all) cores"
 status=0
