@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from convcheck.compare.bits import int_view
+from convcheck.compare.bits import int_view, tensor_sha256
 
 CHUNK = 1 << 12
 """Bytes per chunk (one key per byte position, per lane)."""
@@ -67,8 +67,7 @@ def quick_digest(tensor: Any) -> str:
     HOST_SHA_BYTES (prefixed `sha256:`), else `digest`; the two kinds never equal each other."""
     if tensor.device.type != "cpu" or tensor.numel() * tensor.element_size() > HOST_SHA_BYTES:
         return digest(tensor)
-    data = int_view(tensor).numpy()
-    return "sha256:" + hashlib.sha256(memoryview(data).cast("B")).hexdigest()
+    return "sha256:" + tensor_sha256(tensor)
 
 
 def chunk_sums(data: Any) -> Any:

@@ -9,6 +9,7 @@ from typing import Any
 
 from convcheck.errors import BadInput
 from convcheck.layout import ParallelLayout, RankCoord
+from convcheck.rank.dist import parallel_state_group
 
 AXES = (("tp", "tp"), ("pp", "pp"), ("ep", "ep"), ("etp", "expt_tp"), ("dp", "dp"))
 """convcheck's axis -> the ProcessGroupCollection field that holds its group."""
@@ -24,16 +25,8 @@ class JobGroups:
 
 
 def parallel_state_groups() -> dict[str, Any]:
-    """parallel_state's group along each axis."""
-    from megatron.core import parallel_state as ps
-
-    return {
-        "tp": ps.get_tensor_model_parallel_group(),
-        "pp": ps.get_pipeline_model_parallel_group(),
-        "ep": ps.get_expert_model_parallel_group(),
-        "etp": ps.get_expert_tensor_parallel_group(),
-        "dp": ps.get_data_parallel_group(),
-    }
+    """parallel_state's group along each axis of AXES."""
+    return {axis: parallel_state_group(axis) for axis, _ in AXES}
 
 
 def model_collection(chunks: list[Any]) -> Any:

@@ -116,7 +116,7 @@ def task_records(
         if with_real:
             rec.update(_against_real(real.get(name), slot, task.param_weight, values))
             if cross_rank and rec["real"] is not None and _may_differ(ctx, slot, real[name]):
-                rec["real"]["digest"] = quick_digest(real[name])  # on the tensor's device, no host copy
+                rec["real"]["digest"] = quick_digest(real[name])  # on the tensor's device: no host copy of a GPU tensor
         records.append(rec)
     return records
 

@@ -10,6 +10,7 @@ from convcheck.hf.checkpoint import Checkpoint
 from convcheck.layout import ParallelLayout, RankCoord
 from convcheck.probe import fused
 from convcheck.progress import ProgressWriter
+from convcheck.rank.dist import parallel_state_group
 from convcheck.rank.model import named_tensors
 from convcheck.rank.options import ReshardTargets, SyncOptions
 from convcheck.sync.stream import hold, sender_failure, sender_stream
@@ -164,23 +165,11 @@ class RankContext:
         return out
 
     def group(self, axis: str) -> Any:
-        """This rank's process group along `axis`: "tp", "pp", "ep", "etp", "dp" or "world"."""
-        import torch.distributed as dist
-        from megatron.core import parallel_state as ps
-
+        """This rank's process group along `axis`: "tp", "pp", "ep", "etp", "dp" or "world" (the job's own when it gave
+        them, else parallel_state's)."""
         if self.groups is not None and axis in self.groups:
             return self.groups[axis]
-        getters = {
-            "tp": ps.get_tensor_model_parallel_group,
-            "pp": ps.get_pipeline_model_parallel_group,
-            "ep": ps.get_expert_model_parallel_group,
-            "etp": ps.get_expert_tensor_parallel_group,
-            "dp": ps.get_data_parallel_group,
-            "world": lambda: dist.group.WORLD,
-        }
-        if axis not in getters:
-            raise ValueError(f"unknown axis {axis!r}; known: {', '.join(getters)}")
-        return getters[axis]()
+        return parallel_state_group(axis)
 
     def named_parameters(self) -> list[tuple[str, Any]]:
         """(global Megatron name, this rank's shard) for every parameter and persistent buffer of this rank."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from typing import Any
 
 from convcheck.layout import ParallelLayout
 from convcheck.mappings.base import RankCoord
@@ -59,3 +60,25 @@ def shutdown_distributed() -> None:
         parallel_state.destroy_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+AXES = ("tp", "pp", "ep", "etp", "dp", "world")
+"""The axes `parallel_state_group` knows."""
+
+
+def parallel_state_group(axis: str) -> Any:
+    """megatron-core parallel_state's process group of this rank along `axis` (one of AXES; "world": the default)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    getters = {
+        "tp": ps.get_tensor_model_parallel_group,
+        "pp": ps.get_pipeline_model_parallel_group,
+        "ep": ps.get_expert_model_parallel_group,
+        "etp": ps.get_expert_tensor_parallel_group,
+        "dp": ps.get_data_parallel_group,
+        "world": lambda: dist.group.WORLD,
+    }
+    if axis not in getters:
+        raise ValueError(f"unknown axis {axis!r}; known: {', '.join(AXES)}")
+    return getters[axis]()

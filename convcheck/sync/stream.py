@@ -73,6 +73,15 @@ def _close_held(ctx: Any) -> None:
             close()
 
 
+def _sender(spec: Any) -> Any:
+    """The sender function of `spec`: a spec string is loaded once per process, a function given directly is itself."""
+    if not isinstance(spec, str):
+        return load_sender(spec)
+    if spec not in _SENDERS:
+        _SENDERS[spec] = load_sender(spec)
+    return _SENDERS[spec]
+
+
 def sender_stream(ctx: Any, cpu: bool = True) -> Iterator[tuple[str, Any]]:
     """Run `ctx.sync.sender` as FUNC(ctx); yield its good items (on the CPU when `cpu`), record the rest on `ctx`.
 
@@ -86,10 +95,7 @@ def sender_stream(ctx: Any, cpu: bool = True) -> Iterator[tuple[str, Any]]:
     _close_held(ctx)
     try:
         try:
-            spec = ctx.sync.sender
-            if isinstance(spec, str) and spec not in _SENDERS:
-                _SENDERS[spec] = load_sender(spec)
-            items = iter((_SENDERS[spec] if isinstance(spec, str) else load_sender(spec))(ctx))
+            items = iter(_sender(ctx.sync.sender)(ctx))
             for item in items:
                 problem = describe_item(item, known)
                 if problem is not None:
