@@ -91,16 +91,20 @@ def test_pythonpath_extras_are_served_only_when_they_shadow_nothing(tmp_path: Pa
     assert warm.extra_paths(own, own, "/") == []
     assert warm.extra_paths(str(repo), "/elsewhere", "/") is None  # the server's own entries are not its tail
     ok = {"key": key, "import_env": {**env, "PYTHONPATH": joined(repo)}, "cwd": str(tmp_path)}
-    assert warm._refusal(ok, key, env) is None
+    assert warm._admission(ok, key, env) == (None, [str(repo)])
     for folder, held in ((shadow, shadow / "json.py"), (tmp_path / "site", tmp_path / "site" / "sitecustomize.py")):
         asked = {**ok, "import_env": {**env, "PYTHONPATH": joined(repo, folder)}}
-        assert warm._refusal(asked, key, env) == (
-            f"the launcher's PYTHONPATH holds {held}, a module the server imported from elsewhere"
+        assert warm._admission(asked, key, env) == (
+            f"the launcher's PYTHONPATH holds {held}, a module the server imported from elsewhere",
+            [],
         )
-    assert "does not end with the server's" in warm._refusal(
-        {**ok, "import_env": {**env, "PYTHONPATH": f"{own}{os.pathsep}{repo}" if own else ""}},
-        key,
-        {**env, "PYTHONPATH": "/x"},
+    assert (
+        "does not end with the server's"
+        in warm._admission(
+            {**ok, "import_env": {**env, "PYTHONPATH": f"{own}{os.pathsep}{repo}" if own else ""}},
+            key,
+            {**env, "PYTHONPATH": "/x"},
+        )[0]
     )
 
 
@@ -108,11 +112,11 @@ def test_the_server_refuses_other_source_and_another_import_environment() -> Non
     env = import_env(os.environ)
     key = source_key()
     assert key == source_key()
-    assert warm._refusal({"key": key, "import_env": env}, key, env) is None
-    assert "source changed" in warm._refusal({"key": "0" * 64, "import_env": env}, key, env)
+    assert warm._admission({"key": key, "import_env": env}, key, env) == (None, [])
+    assert "source changed" in warm._admission({"key": "0" * 64, "import_env": env}, key, env)[0]
     other = {**env, "OMP_NUM_THREADS": "7"}
-    assert "import-time environment" in warm._refusal({"key": key, "import_env": other}, key, env)
-    assert warm._refusal(None, key, env) == "no request"
+    assert "import-time environment" in warm._admission({"key": key, "import_env": other}, key, env)[0]
+    assert warm._admission(None, key, env) == ("no request", [])
 
 
 def test_an_edited_loaded_file_makes_the_server_stale_a_touched_one_does_not(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import click
 
-from convcheck.engine.nodes import Nodes, make_nodes
+from convcheck.engine.nodes import Nodes, make_nodes, reports
 
 NODE_OPTIONS = ("nnodes", "node_rank", "master_addr", "master_port")
 """The parameter names the options below add."""
@@ -38,7 +38,7 @@ def nodes_of(params: dict[str, Any]) -> Nodes | None:
 
 def end_on_other_node(nodes: Nodes | None, verdict: str, code: int) -> None:
     """On a node other than 0, say the verdict in one line and exit with its code (node 0 prints the report)."""
-    if nodes is None or nodes.reports:
+    if reports(nodes):
         return
     click.echo(f"convcheck: node {nodes.node_rank} of {nodes.nnodes}: {verdict} (node 0 prints the report)")
     raise SystemExit(code)

@@ -11,6 +11,7 @@ import click
 
 from convcheck.atomic import write_json_atomic
 from convcheck.cli.nodes import end_on_other_node, node_options, nodes_of
+from convcheck.engine.nodes import reports as node_reports
 from convcheck.engine.warm_client import serving
 from convcheck.errors import ConvcheckError
 from convcheck.mutants.catalog import MUTANTS
@@ -70,7 +71,7 @@ def selftest(models: tuple[str, ...], quick: bool, json_path: str | None, only: 
     mode = "quick" if quick else "full"
     warm = warm and device != "cuda"
     launcher = "warm CPU ranks" if warm else "torchrun"
-    reports = nodes is None or nodes.reports  # another node prints one line at the end and writes nothing
+    reports = node_reports(nodes)  # another node prints one line at the end and writes nothing
     if reports:
         click.echo(f"selftest ({mode}, --device {device}, --jobs {jobs}, {launcher}): {len(chosen)} mutant(s); "
                    f"{_versions_line()}")  # fmt: skip

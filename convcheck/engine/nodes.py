@@ -41,6 +41,11 @@ class Nodes:
         return asdict(self)
 
 
+def reports(nodes: Nodes | None) -> bool:
+    """This launcher prints the report and writes files: a one-host run, or node 0 of several."""
+    return nodes is None or nodes.reports
+
+
 def make_nodes(nnodes: int, node_rank: int | None, master_addr: str | None, master_port: int | None) -> Nodes | None:
     """The Nodes of `--nnodes --node-rank --master-addr --master-port` (None for one node); BadInput naming the flag."""
     if nnodes < 1:

@@ -77,12 +77,12 @@ def serve(path: str) -> int:
             conn, _ = listener.accept()
             with conn:
                 request = _read_message(conn)
-                refusal = _refusal(request, key, env) or _stale(loaded)
+                refusal, extras = _admission(request, key, env)
+                refusal = refusal or _stale(loaded)
                 if refusal:
                     _send(conn, {"refused": refusal})
                     continue
-                request["extra_paths"] = extra_paths(request["import_env"]["PYTHONPATH"], env["PYTHONPATH"],
-                                                     request.get("cwd", "."))  # fmt: skip
+                request["extra_paths"] = extras
                 if os.fork() == 0:  # the agent: never returns
                     listener.close()
                     _agent(conn, request)
@@ -92,21 +92,24 @@ def serve(path: str) -> int:
     return 0
 
 
-def _refusal(request: dict[str, Any] | None, key: str, env: dict[str, str]) -> str | None:
-    """Why this server cannot run `request` as a fresh torchrun would (None: it can)."""
+def _admission(request: dict[str, Any] | None, key: str, env: dict[str, str]) -> tuple[str | None, list[str]]:
+    """(why this server cannot run `request` as a fresh torchrun would, or None; the PYTHONPATH entries its ranks
+    put before the server's)."""
     if request is None:
-        return "no request"
+        return "no request", []
     if request.get("key") != key:
-        return "the convcheck source changed since the server started"
+        return "the convcheck source changed since the server started", []
     asked = dict(request.get("import_env") or {})
     if {**asked, "PYTHONPATH": ""} != {**env, "PYTHONPATH": ""}:
         names = ", ".join(IMPORT_ENV)
-        return f"the launcher's import-time environment ({names}) differs from the server's"
+        return f"the launcher's import-time environment ({names}) differs from the server's", []
     extras = extra_paths(asked.get("PYTHONPATH", ""), env["PYTHONPATH"], request.get("cwd", "."))
     if extras is None:
-        return "the launcher's PYTHONPATH does not end with the server's"
+        return "the launcher's PYTHONPATH does not end with the server's", []
     shadow = shadowing(extras, {name.split(".")[0] for name in sys.modules})
-    return f"the launcher's PYTHONPATH holds {shadow}, a module the server imported from elsewhere" if shadow else None
+    if shadow:
+        return f"the launcher's PYTHONPATH holds {shadow}, a module the server imported from elsewhere", []
+    return None, extras
 
 
 def extra_paths(asked: str, own: str, cwd: str) -> list[str] | None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from convcheck import api
 from convcheck.atomic import write_json_atomic
-from convcheck.engine.nodes import Nodes
+from convcheck.engine.nodes import Nodes, reports
 from convcheck.errors import RUN_ENDING, BadInput, ConvcheckError
 from convcheck.gate.case import Case
 from convcheck.gate.check import Difference, compare, not_golden, not_run
@@ -38,7 +38,7 @@ class Options:
     @property
     def writes(self) -> bool:
         """This node writes the manifests and index (`record`): one node, or node 0 of several."""
-        return self.nodes is None or self.nodes.reports
+        return reports(self.nodes)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
