@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def launch(script: str, world: int, args: list[str]) -> None:
     """Run `script` with `args` on `world` torchrun ranks (one thread each, this checkout first on the path) and
     write the last JSON line rank 0 printed; on failure, the tails of both streams on stderr and the exit code."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))  # a device's wheels stay
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", script, *args]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]

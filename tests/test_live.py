@@ -208,6 +208,33 @@ def test_names_folder_gives_names_never_bytes() -> None:
         TensorReader(names).get("model.norm.weight")
 
 
+def test_names_are_read_once_per_folder_content(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trainer checking every K steps: the folder is checked and parsed once while its bytes stay the same; an
+    edited config or header (same names, other shape), a truncated shard or another folder is read again."""
+    import shutil
+
+    from convcheck.live import context
+
+    folder = tmp_path / "ckpt"
+    shutil.copytree(resolve_model("tiny:qwen3"), folder)
+    opened: list[Path] = []
+    real_open = context.open_checkpoint
+    monkeypatch.setattr(context, "open_checkpoint", lambda f: opened.append(f) or real_open(f))
+    first = context.names_only(folder)
+    first.config["edited_by_the_caller"] = 1  # what a caller does to its copy stays with it
+    again = context.names_only(folder)
+    assert len(opened) == 1 and again.tensors == first.tensors and "edited_by_the_caller" not in again.config
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-5}))
+    assert context.names_only(folder).config["rms_norm_eps"] == 1e-5 and len(opened) == 2
+    shard = next(folder.glob("*.safetensors"))
+    with open(shard, "r+b") as fh:
+        fh.truncate(shard.stat().st_size - 2)
+    with pytest.raises(BadInput, match=r"^truncated safetensors file .*: tensor '.*' ends at data byte \d+, past"):
+        context.names_only(folder)
+    assert len(opened) == 3
+
+
 def test_agreed_line_names_the_ranks_that_failed() -> None:
     """What every rank reports after the agreement: unchanged when all failed alike, else rank-qualified."""
     from convcheck.sync.agree import agreed

@@ -5,6 +5,8 @@ bridge's checkpoint header declares."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,11 +51,42 @@ def names_folder(bridge: Any, names_from: str | Path | None) -> Path | None:
     return Path(path) if path and Path(path).is_dir() else None
 
 
+_NAMES: dict[str, Checkpoint] = {}
+"""names_only's checked results in this process, keyed by names_key (a trainer checks every K steps: the folder's
+checks and parsing run once while its config, index and headers stay the same bytes)."""
+
+
 def names_only(folder: Path) -> Checkpoint:
     """The folder's config and header (names, shapes, dtypes) with every entry pointing at NO_BYTES."""
-    found = open_checkpoint(folder)
-    tensors = {name: dataclasses.replace(entry, file=NO_BYTES) for name, entry in found.tensors.items()}
-    return Checkpoint(path=found.path, config=found.config, tensors=tensors)
+    key = names_key(folder)
+    held = _NAMES.get(key) if key is not None else None
+    if held is None:
+        found = open_checkpoint(folder)
+        tensors = {name: dataclasses.replace(entry, file=NO_BYTES) for name, entry in found.tensors.items()}
+        held = Checkpoint(path=found.path, config=found.config, tensors=tensors)
+        if key is not None:
+            _NAMES.clear()  # one folder per job: the last one kept
+            _NAMES[key] = held
+    return Checkpoint(path=held.path, config=json.loads(json.dumps(held.config)), tensors=dict(held.tensors))
+
+
+def names_key(folder: Path) -> str | None:
+    """sha256 of what open_checkpoint reads from `folder` for names: the path, config.json, the index and each
+    safetensors file's name, size and header bytes (None when any cannot be read: open_checkpoint says why)."""
+    digest = hashlib.sha256(str(folder.resolve()).encode())
+    try:
+        for name in ("config.json", "model.safetensors.index.json"):
+            part = folder / name
+            digest.update(name.encode() + (part.read_bytes() if part.is_file() else b"<absent>"))
+        for shard in sorted(folder.rglob("*.safetensors")):
+            size = shard.stat().st_size
+            with open(shard, "rb") as fh:
+                head = fh.read(8)
+                header = fh.read(min(int.from_bytes(head, "little"), size)) if len(head) == 8 else b""
+            digest.update(f"{shard.relative_to(folder)}:{size}:".encode() + head + header)
+    except OSError:
+        return None
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
