@@ -4,15 +4,15 @@ bridge's checkpoint header declares."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from convcheck.errors import BadInput
-from convcheck.hf.checkpoint import Checkpoint, open_checkpoint
+from convcheck.hf.checkpoint import INDEX_NAME, Checkpoint, open_checkpoint
 from convcheck.layout import ParallelLayout
 from convcheck.live.groups import job_groups
 from convcheck.rank.context import RankContext
@@ -67,7 +67,7 @@ def names_only(folder: Path) -> Checkpoint:
         if key is not None:
             _NAMES.clear()  # one folder per job: the last one kept
             _NAMES[key] = held
-    return Checkpoint(path=held.path, config=json.loads(json.dumps(held.config)), tensors=dict(held.tensors))
+    return Checkpoint(path=held.path, config=copy.deepcopy(held.config), tensors=dict(held.tensors))
 
 
 def names_key(folder: Path) -> str | None:
@@ -75,7 +75,7 @@ def names_key(folder: Path) -> str | None:
     safetensors file's name, size and header bytes (None when any cannot be read: open_checkpoint says why)."""
     digest = hashlib.sha256(str(folder.resolve()).encode())
     try:
-        for name in ("config.json", "model.safetensors.index.json"):
+        for name in ("config.json", INDEX_NAME):
             part = folder / name
             digest.update(name.encode() + (part.read_bytes() if part.is_file() else b"<absent>"))
         for shard in sorted(folder.rglob("*.safetensors")):
