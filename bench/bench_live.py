@@ -37,6 +37,7 @@ def _measure(args: argparse.Namespace, ctx: Any, layout: Any, live: Any) -> None
     """Best of --repeat: one bare export drain, live.check, live.digest; rank 0 prints the JSON line."""
     model, bridge = ctx.model, ctx.bridge
     export_s, live_s, digest_s, per_oracle, in_drain = [], [], [], {}, {}
+    shared = None
     report = None
     for _ in range(args.repeat):
         t0 = time.perf_counter()
@@ -52,6 +53,8 @@ def _measure(args: argparse.Namespace, ctx: Any, layout: Any, live: Any) -> None
                 per_oracle[o.name] = min(per_oracle.get(o.name, 1e9), o.seconds)
                 if "in_export_s" in o.metrics:  # its work inside coverage's drain, part of coverage's seconds
                     in_drain[o.name] = min(in_drain.get(o.name, 1e9), o.metrics["in_export_s"])
+                if "probes_shared" in o.metrics:
+                    shared = o.metrics["probes_shared"]
         t0 = time.perf_counter()
         live.digest(model, bridge)
         digest_s.append(time.perf_counter() - t0)
@@ -74,6 +77,7 @@ def _measure(args: argparse.Namespace, ctx: Any, layout: Any, live: Any) -> None
             "per_oracle_s": {k: round(v, 4) for k, v in per_oracle.items()},
             "in_coverage_drain_s": {k: round(v, 4) for k, v in in_drain.items()},
             "outside_oracles_s": round(min(live_s) - sum(per_oracle.values()), 4),
+            "differential_probes_shared": shared,
         }
         sys.stdout.write(json.dumps(out) + "\n")
 

@@ -174,3 +174,26 @@ def test_a_skipped_ep_gather_is_missing_in_real_inside_roundtrips_drain(tmp_path
     assert d["kind"] == "missing-in-real" and d["detail"] == {"rank": 1, "first_index": [0, 0]}
     metrics = next(o for o in r.report["oracles"] if o["name"] == "differential")["metrics"]
     assert metrics["real"] == "shared (roundtrip export)"
+
+
+SHARED_HOOK = f"{Path(__file__).parent / 'support' / 'hooks_shared_probe.py'}:flip_expert3_up_on_rank0"
+
+
+@pytest.mark.ranks
+def test_a_bug_in_one_expert_that_takes_its_layers_shared_probe_is_named(tmp_path: Path) -> None:
+    """Routed experts share their layer's probe run (convcheck.probe.shared): rank 0's local expert 3 (neither of the
+    two probed) exported with one element's bits flipped is still named, element and rank, against its own shard."""
+    target = "model.layers.1.mlp.experts.3.up_proj.weight"
+    r = run_cli("verify", "--model", "tiny:qwen3-moe", "--ep", "2", "--oracle", "roundtrip,differential",
+                "--hook", SHARED_HOOK, tmp_path=tmp_path)  # fmt: skip
+    assert r.code == 1 and r.verdicts() == {"roundtrip": "fail", "differential": "fail"}
+    found = {(f["tensor"], f["kind"]) for f in r.findings("differential")}
+    assert found == {(target, "differs"), (target, "ranks-disagree")}, found
+    d = _find(r, "differential", target)
+    assert d["kind"] == "differs" and d["detail"] == {"rank": 0, "first_index": [1, 2], "count": 1}
+    assert d["message"].startswith(
+        "rank 0: 1 of its elements are not where the probe puts them; first at HF index [1, 2]"
+    )
+    assert _find(r, "differential", target) and [f["tensor"] for f in r.findings("roundtrip")] == [target]
+    metrics = next(o for o in r.report["oracles"] if o["name"] == "differential")["metrics"]
+    assert metrics["real"] == "shared (roundtrip export)" and metrics["probes_shared"] == 8  # 2 layers x fc1, fc2 x 2

@@ -85,10 +85,14 @@ def unravel_index(flat_index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def raw_bytes(tensor: Any) -> memoryview:
     """The raw bytes of `tensor` as a flat CPU buffer (copied off the device when needed)."""
-    flat = tensor.detach().contiguous().reshape(-1)
+    import torch
+
+    flat = tensor.detach().reshape(-1)
     if flat.device.type != "cpu":
         flat = flat.cpu()
-    return memoryview(int_view(flat).numpy()).cast("B")
+    if not flat.is_contiguous():
+        flat = flat.contiguous()
+    return memoryview(flat.view(torch.uint8).numpy())
 
 
 def tensor_sha256(tensor: Any) -> str:

@@ -9,6 +9,7 @@ from convcheck.compare.fold import quick_digest
 from convcheck.probe.hook import ExportHook, export_hook, hook_name
 from convcheck.probe.run import CodeCache, own_view_slots, probe_task, range_labels, to_ranges
 from convcheck.probe.runs import diff_positions, hf_ranges, mismatched_runs
+from convcheck.probe.shared import SharedProbes
 from convcheck.probe.values import ValueMap, value_map
 from convcheck.verdict import Finding
 
@@ -35,7 +36,7 @@ def collect(ctx: Any, *, with_real: bool) -> list[dict[str, Any]]:
     if usable:
         return cached[1]
     records: list[dict[str, Any]] = []
-    codes = CodeCache()
+    codes, shared = CodeCache(), SharedProbes()
     tasks = tasks_of(ctx)
     hook = export_hook(ctx, tasks)
     for index, task in enumerate(tasks):
@@ -47,16 +48,24 @@ def collect(ctx: Any, *, with_real: bool) -> list[dict[str, Any]]:
             except Exception as exc:  # noqa: BLE001 - a crashing export is a finding
                 real = exc
         unwritten = version == weight_version(task)
-        records.extend(task_records(ctx, index, task, real, codes, with_real=with_real, unwritten=unwritten, hook=hook))
-    keep(ctx, records, with_real=with_real)
+        records.extend(
+            task_records(
+                ctx, index, task, real, codes, with_real=with_real, unwritten=unwritten, hook=hook, shared=shared
+            )
+        )
+    keep(ctx, records, with_real=with_real, shared=shared.shared)
     return records
 
 
-def keep(ctx: Any, records: list[dict[str, Any]], *, with_real: bool, origin: dict[str, Any] | None = None) -> None:
+def keep(
+    ctx: Any, records: list[dict[str, Any]], *, with_real: bool, origin: dict[str, Any] | None = None, shared: int = 0
+) -> None:
     """Hold this run's records in the run's memo for the later oracles that ask for them (differential, elements);
-    `origin` says which export drain made them and the seconds their probe work took there."""
+    `origin` says which export drain made them and the seconds their probe work took there, `shared` how many tasks
+    took shared probe slots."""
     ctx.memo.probe_records = (with_real, records)
     ctx.memo.probe_origin = origin
+    ctx.memo.probes_shared = shared
 
 
 def origin(ctx: Any) -> dict[str, Any] | None:
@@ -80,11 +89,13 @@ def task_records(
     with_real: bool,
     unwritten: bool = False,
     hook: ExportHook | None = None,
+    shared: SharedProbes | None = None,
 ) -> list[dict[str, Any]]:
     """One task's records: its probe slots, each checked against `real` (the task's real megatron_to_hf output,
     or what it raised) when `with_real`. When no gather is due, the real outputs are all views of the weight and the
     conversion wrote nothing into it (`unwritten`), their strides are the slots and the probe does not run. With the
-    bridge's export `hook` (convcheck.probe.hook), both the probe's and the real outputs are followed through it."""
+    bridge's export `hook` (convcheck.probe.hook), both the probe's and the real outputs are followed through it.
+    Routed experts share probe runs through `shared` (convcheck.probe.shared) when no hook follows them."""
     param = str(getattr(task, "global_param_name", "") or task.param_name)
     base = {"task": index, "param": param}
     records: list[dict[str, Any]] = []
@@ -103,7 +114,8 @@ def task_records(
     cross_rank = with_real and ctx.world > 1  # several ranks export each tensor: digests for the assembler
     try:
         fast = unwritten and no_gather_due(ctx, task)
-        slots = (own_view_slots(real, task.param_weight) if fast else None) or probe_task(task, ctx.rank, codes, hook)
+        own = own_view_slots(real, task.param_weight) if fast else None
+        slots = own or _probe(task, ctx.rank, codes, hook, shared)
     except Exception as exc:  # noqa: BLE001 - an unsupported pattern fails loud as a finding
         return [*records, {**base, "error": f"probe failed: {_first_line(exc)}"}]
     values = value_map(task.mapping)
@@ -114,11 +126,18 @@ def task_records(
             rec.update(shape=list(slot.shape), writer=[list(w) for w in slot.writer], ranges=hf_ranges(slot.runs))
             rec["owned"] = slot.owned
         if with_real:
-            rec.update(_against_real(real.get(name), slot, task.param_weight, values))
+            rec.update(_against_real(real.get(name), slot, task.param_weight, values, read_off=own is not None))
             if cross_rank and rec["real"] is not None and _may_differ(ctx, slot, real[name]):
                 rec["real"]["digest"] = quick_digest(real[name])  # on the tensor's device: no host copy of a GPU tensor
         records.append(rec)
     return records
+
+
+def _probe(task: Any, rank: int, codes: CodeCache, hook: ExportHook | None, shared: SharedProbes | None) -> Any:
+    """The task's probe slots: its own probe run, or a routed expert's shared one when no export hook follows it."""
+    if shared is None or hook is not None:
+        return probe_task(task, rank, codes, hook)
+    return shared.slots(task, rank, lambda: probe_task(task, rank, codes, None))
 
 
 def no_gather_due(ctx: Any, task: Any) -> bool:
@@ -140,10 +159,13 @@ def _may_differ(ctx: Any, slot: Any, tensor: Any) -> bool:
     return slot.owned != tensor.numel()
 
 
-def _against_real(tensor: Any, slot: Any, weight: Any, values: ValueMap | None = None) -> dict[str, Any]:
+def _against_real(
+    tensor: Any, slot: Any, weight: Any, values: ValueMap | None = None, *, read_off: bool = False
+) -> dict[str, Any]:
     """Compare this rank's probe slot with the real output bitwise, run by run on the weight's device (its digest,
     for the cross-rank check, is filled in by `collect`); the shard through `values` when its mapping declares an
-    elementwise value map (convcheck.probe.values)."""
+    elementwise value map (convcheck.probe.values). Slots `read_off` the real output's own strides over the weight
+    (own_view_slots) name the very memory each real element is, so there is nothing to compare."""
     if tensor is None:
         return {"real": None}
     tensor = tensor.detach()
@@ -158,6 +180,8 @@ def _against_real(tensor: Any, slot: Any, weight: Any, values: ValueMap | None =
         return out
     if tuple(tensor.shape) != tuple(slot.shape) or tensor.element_size() != weight.element_size():
         return out  # the assembler reports the shape / dtype difference
+    if read_off and values is None:
+        return out
     weight = weight.detach() if values is None else values.apply(weight)
     if values is not None:
         out["value_map"] = values.label

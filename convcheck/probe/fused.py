@@ -18,6 +18,7 @@ from typing import Any, Iterable, Iterator
 from convcheck.probe.collect import keep, task_records, tasks_of, weight_version
 from convcheck.probe.hook import export_hook
 from convcheck.probe.run import CodeCache
+from convcheck.probe.shared import SharedProbes
 
 
 def usable(bridge: Any) -> bool:
@@ -36,6 +37,7 @@ class ProbeInExport:
         self.ctx = ctx
         self.records: list[dict[str, Any]] = []
         self.codes = CodeCache()
+        self.shared = SharedProbes()
         self.next = 0
         self.seconds = 0.0
         self.intact = True
@@ -69,7 +71,17 @@ class ProbeInExport:
         started = time.perf_counter()
         real = dict(out or {})
         self.records.extend(
-            task_records(self.ctx, index, task, real, self.codes, with_real=True, unwritten=unwritten, hook=self.hook)
+            task_records(
+                self.ctx,
+                index,
+                task,
+                real,
+                self.codes,
+                with_real=True,
+                unwritten=unwritten,
+                hook=self.hook,
+                shared=self.shared,
+            )
         )
         self.seconds += time.perf_counter() - started
 
@@ -82,4 +94,5 @@ class ProbeInExport:
                 self.records,
                 with_real=True,
                 origin={"in": self.ctx.phase.removeprefix("oracle "), "seconds": round(self.seconds, 3)},
+                shared=self.shared.shared,
             )

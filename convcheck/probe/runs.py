@@ -214,16 +214,24 @@ def _batches(runs: Any) -> list[Any]:
 
 
 def _sliced(real_bits: Any, mine_bits: Any, runs: Any) -> list[int]:
-    """Indices of the runs whose slices differ, one slice pair compared per run."""
+    """Indices of the runs whose slices differ, one slice pair compared per run (both flat integer views of one
+    width on one device, as `mismatched_runs` takes them: torch.equal on them is a bitwise compare)."""
+    import torch
+
     return [
         i
         for i, (h, loc, n) in enumerate(runs.tolist())
-        if not bytes_equal(real_bits[h : h + n], mine_bits[loc : loc + n])
+        if not torch.equal(real_bits[h : h + n], mine_bits[loc : loc + n])
     ]
 
 
 def mismatched_runs(real_bits: Any, mine_bits: Any, runs: Any) -> list[int]:
-    """Indices of the runs whose real elements differ bitwise from the shard's (flat integer views, same device)."""
+    """Indices of the runs whose real elements differ bitwise from the shard's (flat integer views of one width, one
+    device: `int_view` of both)."""
+    if real_bits.dtype != mine_bits.dtype or real_bits.device != mine_bits.device:
+        raise ValueError(
+            f"mismatched_runs: {real_bits.dtype}/{real_bits.device} vs {mine_bits.dtype}/{mine_bits.device}"
+        )
     if len(runs) <= MAX_SLICED_RUNS:
         return _sliced(real_bits, mine_bits, runs)
     bad: list[int] = []

@@ -32,6 +32,8 @@ class RunMemo:
     """(made with the real outputs, records) of the probe (convcheck.probe.collect), for differential and elements."""
     probe_origin: dict[str, Any] | None = None
     """Which export drain made `probe_records` and the seconds their probe work took there (None: collect did)."""
+    probes_shared: int = 0
+    """Routed-expert tasks of `probe_records` that took their layer's shared probe slots (convcheck.probe.shared)."""
     export_taps: list[Any] = field(default_factory=list)
     """Taps every export stream feeds: `start()`, `offer(name, tensor)` per item, `finish(export_error)` when the
     stream ran to its end (e.g. the gate manifest's digests, convcheck.engine.recorder)."""

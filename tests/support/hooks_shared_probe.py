@@ -1,0 +1,33 @@
+"""`--hook` for tests/test_differential.py: a bug in one routed expert only, one whose probe slots are its layer's
+shared ones (convcheck.probe.shared): the EP gather of tiny:qwen3-moe's layer 1 up/gate projections hands rank 0
+back its own expert 3 (local expert 3, the fourth of its layer: probed neither first nor second) with the bits of
+element [1, 2] of its up projection flipped."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from convcheck.mutants import wrap
+
+TARGET = "model.layers.1.mlp.experts.3.up_proj.weight"
+
+
+def flip_expert3_up_on_rank0() -> None:
+    """Rank 0's export of layer 1's expert 3 up projection has element [1, 2] with every bit flipped."""
+    from megatron.bridge.models.conversion.param_mapping import MegatronParamMapping
+
+    from convcheck.compare.bits import int_view
+
+    def make(original: Any) -> Any:
+        def gather_from_ep_ranks(self: Any, weights: Any, module: Any, hf_param_name: Any) -> Any:
+            out = original(self, weights, module, hf_param_name)
+            if self.ep_rank != 0 or TARGET not in out:
+                return out
+            flipped = out[TARGET].clone()
+            bits = int_view(flipped).view(flipped.shape)
+            bits[1, 2] = ~bits[1, 2]
+            return {**out, TARGET: flipped}
+
+        return gather_from_ep_ranks
+
+    wrap(MegatronParamMapping, "gather_from_ep_ranks", make)
