@@ -1,0 +1,91 @@
+"""convcheck.probe.shared: which routed-expert tasks share a probe run, and the renamed slots they take (real
+Megatron-Bridge mappings and conversion tasks; the probe run itself is exercised by tests/test_differential.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from convcheck.probe.run import ProbeSlot
+from convcheck.probe.shared import SharedProbes, expert_key, renamed_slots, same_slots
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Any:
+    from convcheck import compat
+
+    compat.install_import_shims()
+    from megatron.bridge.models.conversion import model_bridge, param_mapping
+
+    return model_bridge, param_mapping
+
+
+def _task(upstream: Any, layer: int, expert: int, rows: int = 8) -> Any:
+    import torch
+
+    model_bridge, param_mapping = upstream
+    mapping = param_mapping.GatedMLPMapping(
+        megatron_param=f"decoder.layers.{layer}.mlp.experts.local_experts.{expert}.linear_fc1.weight",
+        gate=f"model.layers.{layer}.mlp.experts.{expert}.gate_proj.weight",
+        up=f"model.layers.{layer}.mlp.experts.{expert}.up_proj.weight",
+    )
+    name = mapping.megatron_param
+    weight = torch.zeros(rows, 4, dtype=torch.bfloat16)
+    return model_bridge.WeightConversionTask(
+        param_name=name, global_param_name=name, mapping=mapping, pp_rank=0, megatron_module=None, param_weight=weight
+    )
+
+
+def _slots(expert: int, start: int = 0) -> dict[str, ProbeSlot]:
+    import torch
+
+    runs = torch.tensor([[0, start, 16]], dtype=torch.int64)
+    names = [f"model.layers.1.mlp.experts.{e}.{p}_proj.weight" for e in (expert, expert + 4) for p in ("gate", "up")]
+    return {n: ProbeSlot(hf_name=n, shape=(4, 4), runs=runs, writer=(("ep", 0),)) for n in names}
+
+
+def test_only_the_expert_number_is_hidden(upstream: Any) -> None:
+    three, five = expert_key(_task(upstream, 1, 3), 0), expert_key(_task(upstream, 1, 5), 0)
+    assert three is not None and three == five
+    assert expert_key(_task(upstream, 1, 3), 1) != three  # another rank
+    assert expert_key(_task(upstream, 2, 3), 0) != three  # another layer
+    assert expert_key(_task(upstream, 1, 3, rows=16), 0) != three  # another shard geometry
+    model_bridge, param_mapping = upstream
+    dense = model_bridge.WeightConversionTask(
+        param_name="decoder.layers.1.mlp.linear_fc1.weight",
+        global_param_name="decoder.layers.1.mlp.linear_fc1.weight",
+        mapping=param_mapping.GatedMLPMapping(
+            megatron_param="decoder.layers.1.mlp.linear_fc1.weight",
+            gate="model.layers.1.mlp.gate_proj.weight",
+            up="model.layers.1.mlp.up_proj.weight",
+        ),
+        pp_rank=0,
+        param_weight=_task(upstream, 1, 3).param_weight,
+    )
+    assert expert_key(dense, 0) is None
+
+
+def test_the_first_two_are_probed_and_must_agree_then_the_rest_are_renamed(upstream: Any) -> None:
+    shared, probed = SharedProbes(), []
+
+    def probe(expert: int, start: int = 0) -> Any:
+        return lambda: probed.append(expert) or _slots(expert, start)
+
+    for expert in range(4):
+        got = shared.slots(_task(upstream, 1, expert), 0, probe(expert))
+        assert sorted(got) == sorted(_slots(expert))
+        assert all(s.hf_name == n for n, s in got.items())
+    assert probed == [0, 1] and shared.shared == 2
+
+    off, probed = SharedProbes(), []
+    off.slots(_task(upstream, 1, 0), 0, probe(0))
+    off.slots(_task(upstream, 1, 1), 0, probe(1, start=16))  # the second expert's probe places its elements elsewhere
+    off.slots(_task(upstream, 1, 2), 0, probe(2))
+    assert probed == [0, 1, 2] and off.shared == 0  # so every later expert of that key is probed
+
+
+def test_renamed_slots_move_every_expert_id() -> None:
+    moved = renamed_slots(_slots(0), 3)
+    assert sorted(moved) == sorted(_slots(3)) and same_slots(moved, _slots(3))
+    assert not same_slots(moved, _slots(2)) and not same_slots(_slots(3), _slots(3, start=16))
