@@ -9,6 +9,8 @@ import pytest
 from tests.support.helpers import CliResult, mutant, run_cli
 
 ORACLES = "differential,elements,roundtrip"
+SHARED_HOOK = f"{Path(__file__).parent / 'support' / 'hooks_shared_probe.py'}:flip_expert3_down_on_rank0"
+"""A bug in one routed expert that takes its layer's shared probe slots (convcheck.probe.shared)."""
 
 
 def _find(result: CliResult, oracle: str, tensor: str) -> dict:
@@ -82,7 +84,8 @@ def test_other_tensors_pass(qwen3_tp2_plants: CliResult) -> None:
 )
 def test_ep_local_expert_ids_and_a_stale_gather_off_rank0(tmp_path: Path, oracles: str, real: str) -> None:
     """The same findings whether the differential converts itself or reads the conversions roundtrip's export made
-    (convcheck.probe.fused)."""
+    (convcheck.probe.fused); with them, a bug in one expert that takes its layer's shared probe slots (rank 0's local
+    expert 3, neither of the two probed) is named, element and rank, against its own shard."""
     r = run_cli(
         "verify",
         "--model",
@@ -95,6 +98,8 @@ def test_ep_local_expert_ids_and_a_stale_gather_off_rank0(tmp_path: Path, oracle
         mutant("collectives", "ep_local_ids"),
         "--hook",
         mutant("collectives", "ep_gather_stale_off_rank0"),
+        "--hook",
+        SHARED_HOOK,
         tmp_path=tmp_path,
     )
     assert r.code == 1
@@ -107,13 +112,20 @@ def test_ep_local_expert_ids_and_a_stale_gather_off_rank0(tmp_path: Path, oracle
     # rank 1 hands back its own expert under every global id: rank 0's export (what roundtrip reads) is right, and
     # only the cross-rank digest sees rank 1's experts 0-3 (rank 0's part of its output)
     stale = {f"model.layers.0.mlp.experts.{e}.{p}_proj.weight" for e in range(4) for p in ("gate", "up")}
+    flipped = "model.layers.0.mlp.experts.3.down_proj.weight"
     layer0 = {(f["tensor"], f["kind"]) for f in r.findings("differential") if ".layers.0." in f["tensor"]}
-    assert layer0 == {(t, "ranks-disagree") for t in stale}, layer0
+    assert layer0 == {(t, "ranks-disagree") for t in stale | {flipped}} | {(flipped, "differs")}, layer0
     assert _find(r, "differential", sorted(stale)[0])["detail"]["rank_groups"] == [[0], [1]]
-    assert not [f for f in r.findings("roundtrip") if ".layers.0." in f["tensor"]]
+    d = next(f for f in r.findings("differential") if f["tensor"] == flipped and f["kind"] == "differs")
+    assert d["detail"] == {"rank": 0, "first_index": [1, 2], "count": 1}
+    assert d["message"].startswith(
+        "rank 0: 1 of its elements are not where the probe puts them; first at HF index [1, 2]"
+    )
+    assert [f["tensor"] for f in r.findings("roundtrip") if ".layers.0." in f["tensor"]] == [flipped]
     assert r.verdicts() == {"roundtrip": "fail", "differential": "fail", "elements": "pass"}  # the probe is right
     metrics = next(o for o in r.report["oracles"] if o["name"] == "differential")["metrics"]
     assert metrics["real"] == real and (real == "own conversions") == ("in_export_s" not in metrics)
+    assert metrics["probes_shared"] == 8  # rank 0: 2 layers x (fc1, fc2) x local experts 2 and 3
 
 
 @pytest.mark.ranks
@@ -174,26 +186,3 @@ def test_a_skipped_ep_gather_is_missing_in_real_inside_roundtrips_drain(tmp_path
     assert d["kind"] == "missing-in-real" and d["detail"] == {"rank": 1, "first_index": [0, 0]}
     metrics = next(o for o in r.report["oracles"] if o["name"] == "differential")["metrics"]
     assert metrics["real"] == "shared (roundtrip export)"
-
-
-SHARED_HOOK = f"{Path(__file__).parent / 'support' / 'hooks_shared_probe.py'}:flip_expert3_up_on_rank0"
-
-
-@pytest.mark.ranks
-def test_a_bug_in_one_expert_that_takes_its_layers_shared_probe_is_named(tmp_path: Path) -> None:
-    """Routed experts share their layer's probe run (convcheck.probe.shared): rank 0's local expert 3 (neither of the
-    two probed) exported with one element's bits flipped is still named, element and rank, against its own shard."""
-    target = "model.layers.1.mlp.experts.3.up_proj.weight"
-    r = run_cli("verify", "--model", "tiny:qwen3-moe", "--ep", "2", "--oracle", "roundtrip,differential",
-                "--hook", SHARED_HOOK, tmp_path=tmp_path)  # fmt: skip
-    assert r.code == 1 and r.verdicts() == {"roundtrip": "fail", "differential": "fail"}
-    found = {(f["tensor"], f["kind"]) for f in r.findings("differential")}
-    assert found == {(target, "differs"), (target, "ranks-disagree")}, found
-    d = _find(r, "differential", target)
-    assert d["kind"] == "differs" and d["detail"] == {"rank": 0, "first_index": [1, 2], "count": 1}
-    assert d["message"].startswith(
-        "rank 0: 1 of its elements are not where the probe puts them; first at HF index [1, 2]"
-    )
-    assert _find(r, "differential", target) and [f["tensor"] for f in r.findings("roundtrip")] == [target]
-    metrics = next(o for o in r.report["oracles"] if o["name"] == "differential")["metrics"]
-    assert metrics["real"] == "shared (roundtrip export)" and metrics["probes_shared"] == 8  # 2 layers x fc1, fc2 x 2

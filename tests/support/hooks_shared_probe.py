@@ -1,7 +1,7 @@
 """`--hook` for tests/test_differential.py: a bug in one routed expert only, one whose probe slots are its layer's
-shared ones (convcheck.probe.shared): the EP gather of tiny:qwen3-moe's layer 1 up/gate projections hands rank 0
-back its own expert 3 (local expert 3, the fourth of its layer: probed neither first nor second) with the bits of
-element [1, 2] of its up projection flipped."""
+shared ones (convcheck.probe.shared): the EP gather of tiny:qwen3-moe's layer 0 down projections hands rank 0 back
+its own expert 3 (local expert 3, the fourth of its layer: probed neither first nor second) with every bit of element
+[1, 2] flipped."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from typing import Any
 
 from convcheck.mutants import wrap
 
-TARGET = "model.layers.1.mlp.experts.3.up_proj.weight"
+TARGET = "model.layers.0.mlp.experts.3.down_proj.weight"
 
 
-def flip_expert3_up_on_rank0() -> None:
-    """Rank 0's export of layer 1's expert 3 up projection has element [1, 2] with every bit flipped."""
+def flip_expert3_down_on_rank0() -> None:
+    """Rank 0's export of layer 0's expert 3 down projection has element [1, 2] with every bit flipped."""
     from megatron.bridge.models.conversion.param_mapping import MegatronParamMapping
 
     from convcheck.compare.bits import int_view
