@@ -8,6 +8,8 @@
 The ranks are brought up by convcheck's own rank code (standing for the trainer's); the live check then sees only
 the model chunks, the bridge and megatron-core's parallel_state, as inside a user's job. Best of --repeat
 (first_live_check_s: the first call, which also checks and parses the names folder; later calls find it by content).
+cpu_ratio: rank 0's own CPU seconds (time.process_time) of the check over the export's, which a loaded or shared
+machine does not inflate (waits in collectives are not counted either).
 CONVCHECK_BENCH_PROFILE=FILE writes a cProfile of rank 0's live.check to FILE.rank0 (bench/_launch.py).
 """
 
@@ -37,17 +39,20 @@ def _measure(args: argparse.Namespace, ctx: Any, layout: Any, live: Any) -> None
     """Best of --repeat: one bare export drain, live.check, live.digest; rank 0 prints the JSON line."""
     model, bridge = ctx.model, ctx.bridge
     export_s, live_s, digest_s, per_oracle, in_drain = [], [], [], {}, {}
+    export_cpu, live_cpu = [], []  # rank 0's own CPU seconds: what a shared or stolen core does not inflate
     shared = None
     report = None
     for _ in range(args.repeat):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         cpu = ctx.device != "cuda"  # as the oracles drain it
         count = sum(1 for _ in bridge.export_hf_weights(model, cpu=cpu, show_progress=False))
         export_s.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
+        export_cpu.append(time.process_time() - c0)
+        t0, c0 = time.perf_counter(), time.process_time()
         with profiled(ctx.rank):
             report = live.check(model, bridge, oracles=args.oracles)
         live_s.append(time.perf_counter() - t0)
+        live_cpu.append(time.process_time() - c0)
         if report is not None:
             for o in report.oracles:
                 per_oracle[o.name] = min(per_oracle.get(o.name, 1e9), o.seconds)
@@ -72,6 +77,9 @@ def _measure(args: argparse.Namespace, ctx: Any, layout: Any, live: Any) -> None
             "first_live_check_s": round(live_s[0], 4),
             "ratio": round(min(live_s) / min(export_s), 3),
             "goal": "<= 1.5",
+            "export_cpu_s": round(min(export_cpu), 4),
+            "live_check_cpu_s": round(min(live_cpu), 4),
+            "cpu_ratio": round(min(live_cpu) / min(export_cpu), 3),
             "live_digest_s": round(min(digest_s), 4),
             "digest_ratio": round(min(digest_s) / min(export_s), 3),
             "per_oracle_s": {k: round(v, 4) for k, v in per_oracle.items()},
