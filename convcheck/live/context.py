@@ -149,6 +149,7 @@ def live_context(
         model=chunks,
         sync=sync,
         groups=groups.groups if pg_collection is not None else None,
+        names_drain_on_device=True,
     )
 
 

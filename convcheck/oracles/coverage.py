@@ -192,7 +192,8 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     names, findings = megatron_side(ctx)
     if (failure := ctx.import_failure()) is not None:
         findings.append(failure)
-    counts: Counter[str] = Counter(name for name, _ in ctx.export())
+    on_host = ctx.device == "cpu" or not ctx.names_drain_on_device
+    counts: Counter[str] = Counter(name for name, _ in ctx.export(cpu=on_host))
     if (failure := ctx.export_failure()) is not None:
         findings.append(failure)
     gathered = ctx.gather((sorted(names), [f.to_dict() for f in findings], claims(ctx)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -39,6 +40,25 @@ class RunMemo:
     stream ran to its end (e.g. the gate manifest's digests, convcheck.engine.recorder)."""
     held_exports: list[Any] = field(default_factory=list)
     """The bridge exports a custom sender is iterating (convcheck.sync.stream.Held): drained if the sender raises."""
+
+
+_CHUNK_NAMES: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], Any, dict[tuple[str, int], str]]] = (
+    weakref.WeakKeyDictionary()
+)
+"""First model chunk -> (weak references to all the chunks, the rank's coordinates, their global names so far)."""
+
+
+def chunk_names(chunks: list[Any], coord: RankCoord) -> dict[tuple[str, int], str]:
+    """The process's global names of these very chunks at these coordinates ((local name, virtual stage) -> name),
+    kept while the chunks live: a trainer's later checks do not compute them again."""
+    held = _CHUNK_NAMES.get(chunks[0]) if chunks else None
+    if held is not None and held[1] == coord and len(held[0]) == len(chunks):
+        if all(ref() is chunk for ref, chunk in zip(held[0], chunks)):
+            return held[2]
+    names: dict[tuple[str, int], str] = {}
+    if chunks:
+        _CHUNK_NAMES[chunks[0]] = (tuple(weakref.ref(c) for c in chunks), coord, names)
+    return names
 
 
 @dataclass(kw_only=True)
@@ -83,6 +103,9 @@ class RankContext:
     """Reshard oracle: the target TP, EP and expert-TP sizes."""
     groups: dict[str, Any] | None = None
     """Axis -> process group when the job gave its own (convcheck.live's pg_collection); None: parallel_state's."""
+    names_drain_on_device: bool = False
+    """Coverage's drain (which reads only names) keeps the export on the weights' device: a live check's taps compare
+    there; verify keeps the host copies its taps and digests were measured with."""
     save_dtype: str | None = None
     """Save oracle: the bridge's weight_dtype cast to write with ("bf16", "fp16", "fp32"; None: no cast)."""
     _global_names: tuple[tuple[Any, ...], dict[tuple[str, int], str]] = field(
@@ -191,7 +214,7 @@ class RankContext:
 
         held = self._global_names[0]
         if len(held) != len(self.model) or any(a is not b for a, b in zip(held, self.model)):
-            self._global_names = (tuple(self.model), {})
+            self._global_names = (tuple(self.model), chunk_names(self.model, self.coord))
         names = self._global_names[1]
         found = names.get((local_name, vp_stage))
         if found is None:
