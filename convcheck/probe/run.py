@@ -130,7 +130,9 @@ def own_view_slots(real: dict[str, Any], weight: Any) -> dict[str, ProbeSlot] | 
         runs = view_runs(tensor, weight)  # None for another dtype or memory
         if runs is None:
             return None
-        slots[str(name)] = ProbeSlot(hf_name=str(name), shape=tuple(tensor.shape), runs=runs, writer=())
+        slots[str(name)] = ProbeSlot(
+            hf_name=str(name), shape=tuple(tensor.shape), runs=runs, writer=(), owned=tensor.numel()
+        )  # every element of a view of the weight is this rank's
     return slots
 
 
