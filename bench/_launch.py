@@ -7,6 +7,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -17,9 +18,10 @@ def launch(script: str, world: int, args: list[str]) -> None:
     """Run `script` with `args` on `world` torchrun ranks (one thread each, this checkout first on the path) and
     write the last JSON line rank 0 printed; on failure, the tails of both streams on stderr and the exit code."""
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))  # a device's wheels stay
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", script, *args]
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
+    with tempfile.TemporaryDirectory(prefix="convcheck-bench-") as tmp:  # torchrun's torchelastic_* folders go with it
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, "TMPDIR": tmp}
+        proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])

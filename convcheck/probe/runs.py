@@ -228,9 +228,11 @@ def _sliced(real_bits: Any, mine_bits: Any, runs: Any) -> list[int]:
 def mismatched_runs(real_bits: Any, mine_bits: Any, runs: Any) -> list[int]:
     """Indices of the runs whose real elements differ bitwise from the shard's (flat integer views of one width, one
     device: `int_view` of both)."""
-    if real_bits.dtype != mine_bits.dtype or real_bits.device != mine_bits.device:
+    floating = real_bits.dtype.is_floating_point or real_bits.dtype.is_complex
+    if floating or real_bits.dtype != mine_bits.dtype or real_bits.device != mine_bits.device:
         raise ValueError(
-            f"mismatched_runs: {real_bits.dtype}/{real_bits.device} vs {mine_bits.dtype}/{mine_bits.device}"
+            f"mismatched_runs takes integer views of one width on one device: {real_bits.dtype}/{real_bits.device} "
+            f"vs {mine_bits.dtype}/{mine_bits.device}"
         )
     if len(runs) <= MAX_SLICED_RUNS:
         return _sliced(real_bits, mine_bits, runs)
