@@ -126,6 +126,8 @@ def test_ep_local_expert_ids_and_a_stale_gather_off_rank0(tmp_path: Path, oracle
     metrics = next(o for o in r.report["oracles"] if o["name"] == "differential")["metrics"]
     assert metrics["real"] == real and (real == "own conversions") == ("in_export_s" not in metrics)
     assert metrics["probes_shared"] == 8  # rank 0: 2 layers x (fc1, fc2) x local experts 2 and 3
+    elements = next(o for o in r.report["oracles"] if o["name"] == "elements")["metrics"]
+    assert elements["probes_shared"] == 8  # it reads the differential's records, whose real outputs were checked
 
 
 @pytest.mark.ranks

@@ -65,6 +65,8 @@ def test_run_compare_names_every_wrong_element(monkeypatch: pytest.MonkeyPatch) 
         assert bad == [1, 2]
         hf, local = diff_positions(int_view(real), mine_bits, runs[bad])
         assert hf.tolist() == [20, 63] and local.tolist() == [4, 63]
+    with pytest.raises(ValueError, match="integer views of one width"):
+        mismatched_runs(real, weight, runs)  # float tensors: torch.equal would not be bitwise (NaN, -0.0)
 
 
 def test_ranges_and_counts() -> None:

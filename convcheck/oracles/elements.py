@@ -43,7 +43,8 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         )
         for name, shape in sorted(source.items())
     )
-    return make_verdict(NAME, checked=proven, findings=findings, unit="elements", rows=rows)
+    metrics = {"probes_shared": ctx.memo.probes_shared}  # slots the differential's records share (its real checks)
+    return make_verdict(NAME, checked=proven, findings=findings, unit="elements", rows=rows, metrics=metrics)
 
 
 def assemble(gathered: list[list[dict[str, Any]]], source: dict[str, tuple[int, ...]]) -> tuple[list[Finding], int]:

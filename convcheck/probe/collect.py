@@ -95,7 +95,8 @@ def task_records(
     or what it raised) when `with_real`. When no gather is due, the real outputs are all views of the weight and the
     conversion wrote nothing into it (`unwritten`), their strides are the slots and the probe does not run. With the
     bridge's export `hook` (convcheck.probe.hook), both the probe's and the real outputs are followed through it.
-    Routed experts share probe runs through `shared` (convcheck.probe.shared) when no hook follows them."""
+    Routed experts share probe runs through `shared` (convcheck.probe.shared) when no hook follows them and their real
+    outputs are at hand to be checked against the shared slots (never for the elements oracle's probe alone)."""
     param = str(getattr(task, "global_param_name", "") or task.param_name)
     base = {"task": index, "param": param}
     records: list[dict[str, Any]] = []
@@ -115,7 +116,7 @@ def task_records(
     try:
         fast = unwritten and no_gather_due(ctx, task)
         own = own_view_slots(real, task.param_weight) if fast else None
-        slots = own or _probe(task, ctx.rank, codes, hook, shared)
+        slots = own or _probe(task, ctx.rank, codes, hook, shared if with_real else None)
     except Exception as exc:  # noqa: BLE001 - an unsupported pattern fails loud as a finding
         return [*records, {**base, "error": f"probe failed: {_first_line(exc)}"}]
     values = value_map(task.mapping)

@@ -1,7 +1,8 @@
 """Probe slots shared by the routed experts of one layer: tasks whose mappings differ only in their expert number run
 the same code on shards of one geometry, so the first is probed, the second is probed and must equal the first's slots
 with the expert ids of its HF names moved by the difference of their expert numbers, and the rest take those renamed
-slots. Every task's real output is still compared bitwise against its own weight, so only the probe run is shared.
+slots. Every task's real output is still compared bitwise against its own weight, so only the probe run is shared;
+without real outputs to check (the elements oracle's probe alone) every task is probed (convcheck.probe.collect).
 """
 
 from __future__ import annotations
