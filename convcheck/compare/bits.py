@@ -1,4 +1,4 @@
-"""Bitwise tensor comparison over integer views (never allclose, never torch.equal)."""
+"""Bitwise tensor comparison over integer views (never allclose, never torch.equal on floating values)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,15 @@ def bytes_equal(expected: Any, actual: Any) -> bool:
             a, b = a.view(torch.int64), b.view(torch.int64)
         except RuntimeError:  # storage offset not 8-byte aligned: stay with bytes
             pass
-    return bool(torch.equal(a, b))  # exact on integer views: no float semantics involved
+    return int_views_equal(a, b)
+
+
+def int_views_equal(a: Any, b: Any) -> bool:
+    """True when two integer views of one width on one device hold the same values: exact, no float semantics (the
+    one place convcheck calls torch.equal, and only on integers)."""
+    import torch
+
+    return bool(torch.equal(a, b))
 
 
 def same_tensor(expected: Any, actual: Any) -> bool:

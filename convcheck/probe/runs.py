@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from convcheck.compare.bits import bytes_equal
+from convcheck.compare.bits import bytes_equal, int_views_equal
 from convcheck.probe.stubs import ProbeCommError
 
 MAX_SLICED_RUNS = 4096
@@ -215,13 +215,11 @@ def _batches(runs: Any) -> list[Any]:
 
 def _sliced(real_bits: Any, mine_bits: Any, runs: Any) -> list[int]:
     """Indices of the runs whose slices differ, one slice pair compared per run (both flat integer views of one
-    width on one device, as `mismatched_runs` takes them: torch.equal on them is a bitwise compare)."""
-    import torch
-
+    width on one device, as `mismatched_runs` takes them)."""
     return [
         i
         for i, (h, loc, n) in enumerate(runs.tolist())
-        if not torch.equal(real_bits[h : h + n], mine_bits[loc : loc + n])
+        if not int_views_equal(real_bits[h : h + n], mine_bits[loc : loc + n])
     ]
 
 

@@ -12,12 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from convcheck.compare.bits import int_views_equal
 from convcheck.probe.run import ProbeSlot
+from convcheck.probe.stubs import EXPERT_ID as HF_EXPERT
 
 MEGATRON_EXPERT = re.compile(r"local_experts\.(\d+)\.|\.(?:weight|bias)(\d+)$")
 """The expert number in a Megatron expert parameter name (SequentialMLP's local_experts.N, TEGroupedMLP's weightN)."""
-HF_EXPERT = re.compile(r"(experts\.)(\d+)")
-"""An expert id in an HF name (and in a mapping's name strings, where the key hides it)."""
 
 
 @dataclass
@@ -109,14 +109,12 @@ def renamed_slots(slots: dict[str, ProbeSlot], shift: int) -> dict[str, ProbeSlo
 
 def same_slots(a: dict[str, ProbeSlot], b: dict[str, ProbeSlot]) -> bool:
     """True when both hold the same names, shapes, writers and runs."""
-    import torch
-
     if set(a) != set(b):
         return False
     for name, x in a.items():
         y = b[name]
         if (x.hf_name, x.shape, x.writer, x.owned) != (y.hf_name, y.shape, y.writer, y.owned):
             return False
-        if x.runs.shape != y.runs.shape or not torch.equal(x.runs, y.runs):
+        if x.runs.shape != y.runs.shape or not int_views_equal(x.runs, y.runs):
             return False
     return True

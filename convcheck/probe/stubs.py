@@ -24,6 +24,10 @@ _DIST_CALLS = (
 )  # fmt: skip
 
 
+EXPERT_ID = re.compile(r"(experts\.)(\d+)")
+"""An expert id in an HF name: the EP gather's contract rewrites every one (and convcheck.probe.shared moves them)."""
+
+
 class ProbeCommError(RuntimeError):
     """A mapping communicated in a way the probe does not synthesise."""
 
@@ -122,7 +126,7 @@ def _gather_from_ep_ranks(self: Any, megatron_weights: Any, megatron_module: Any
         raise ProbeCommError("probe: EP gather on a rank without the expert (needs a PP broadcast of the config)")
     per_rank = self._get_config(megatron_module).num_moe_experts // size
     local = extract_expert_number_from_param(self.megatron_param) % per_rank
-    names = [re.sub(r"experts\.(\d+)", f"experts.{int(local) + per_rank * i}", str(hf_param_name)) for i in range(size)]
+    names = [EXPERT_ID.sub(rf"\g<1>{int(local) + per_rank * i}", str(hf_param_name)) for i in range(size)]
     if str(hf_param_name) not in names:
         raise ProbeCommError(f"probe: EP gather name {hf_param_name} is not among the global names {names}")
     state: ProbeState = self._convcheck_probe
