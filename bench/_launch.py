@@ -45,12 +45,26 @@ def rank_up(path: str, layout: Any, device: str = "cpu") -> Iterator[Any]:
 
 
 @contextlib.contextmanager
-def profiled(rank: int) -> Iterator[None]:
+def profiled(rank: int, part: str = "") -> Iterator[None]:
     """cProfile around the block on this rank when CONVCHECK_BENCH_PROFILE=FILE (ranks: CONVCHECK_BENCH_PROFILE_RANKS,
-    default 0); the stats go to FILE.rankN (read them with pstats; time spent waiting in collectives shows there)."""
+    default 0); the stats go to FILE[.part].rankN (read them with pstats; time spent waiting in collectives shows
+    there). With FILE ending in .txt and pyinstrument installed, a sampling profile's text goes there instead: its
+    low overhead keeps the proportions of many small calls and it follows generators into the export."""
     target = os.environ.get("CONVCHECK_BENCH_PROFILE")
     if not target or str(rank) not in os.environ.get("CONVCHECK_BENCH_PROFILE_RANKS", "0").split(","):
         yield
+        return
+    out = f"{target.removesuffix('.txt')}{'.' + part if part else ''}.rank{rank}"
+    if target.endswith(".txt"):
+        from pyinstrument import Profiler
+
+        sampler = Profiler(interval=0.0005)
+        sampler.start()
+        try:
+            yield
+        finally:
+            sampler.stop()
+            Path(out + ".txt").write_text(sampler.output_text(unicode=False, show_all=False))
         return
     import cProfile
 
@@ -60,4 +74,4 @@ def profiled(rank: int) -> Iterator[None]:
         yield
     finally:
         prof.disable()
-        prof.dump_stats(f"{target}.rank{rank}")
+        prof.dump_stats(out)

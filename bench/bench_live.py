@@ -10,7 +10,8 @@ the model chunks, the bridge and megatron-core's parallel_state, as inside a use
 (first_live_check_s: the first call, which also checks and parses the names folder; later calls find it by content).
 cpu_ratio: rank 0's own CPU seconds (time.process_time) of the check over the export's, which a loaded or shared
 machine does not inflate (waits in collectives are not counted either).
-CONVCHECK_BENCH_PROFILE=FILE writes a cProfile of rank 0's live.check to FILE.rank0 (bench/_launch.py).
+CONVCHECK_BENCH_PROFILE=FILE writes a cProfile of rank 0's live.check to FILE.rank0 and of the bare export to
+FILE.export.rank0 (bench/_launch.py).
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def _measure(args: argparse.Namespace, ctx: Any, layout: Any, live: Any) -> None
     for _ in range(args.repeat):
         t0, c0 = time.perf_counter(), time.process_time()
         cpu = ctx.device != "cuda"  # as the oracles drain it
-        count = sum(1 for _ in bridge.export_hf_weights(model, cpu=cpu, show_progress=False))
+        with profiled(ctx.rank, "export"):
+            count = sum(1 for _ in bridge.export_hf_weights(model, cpu=cpu, show_progress=False))
         export_s.append(time.perf_counter() - t0)
         export_cpu.append(time.process_time() - c0)
         t0, c0 = time.perf_counter(), time.process_time()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import platform
 from importlib import metadata
 
@@ -10,6 +11,12 @@ COMPONENTS = ("convcheck", "torch", "megatron-core", "megatron-bridge", "transfo
 
 def versions() -> dict[str, str]:
     """Installed version of each component (or "missing"), plus the Python version."""
+    return dict(_read())
+
+
+@functools.cache
+def _read() -> dict[str, str]:
+    """The versions as this process first reads them (the code it imported then is the code it runs)."""
     out = {}
     for name in COMPONENTS:
         try:

@@ -57,3 +57,14 @@ def test_count_and_first_true_match_sum_and_nonzero() -> None:
     wide = torch.zeros(3, 5, dtype=torch.bool)[:, 1:4]  # a strided view
     wide[2, 1] = True
     assert count_true(wide) == 1 and first_true(wide) == 7
+
+
+def test_a_view_compared_with_itself_is_equal_without_reading_and_other_views_are_read() -> None:
+    from convcheck.compare.bits import bytes_equal, same_view
+
+    buf = torch.arange(12, dtype=torch.int32).reshape(3, 4)
+    assert same_view(buf[1:], buf[1:]) and bytes_equal(buf[1:], buf[1:])
+    assert not same_view(buf[:, :2], buf[:2, :2]) and not bytes_equal(buf[:, :2].reshape(-1)[:4], buf[1:, :2])
+    assert not same_view(buf.t(), buf.t().contiguous()) and bytes_equal(buf.t(), buf.t().contiguous())
+    assert not same_view(buf[0], buf[1]) and not bytes_equal(buf[0], buf[1])
+    assert not same_view(buf.view(torch.float32), buf)  # same memory, another dtype

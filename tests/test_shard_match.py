@@ -140,3 +140,16 @@ def test_a_mapping_that_raises_is_left_to_the_oracle_and_the_drain_goes_on() -> 
     assert not tap.is_proven("norm", local["norm"])
     assert tap.is_proven("fc1", local["fc1"]) and tap.is_proven("proj", local["proj"])
     assert tap.held == {} and tap.held_bytes == 0
+
+
+def test_export_views_of_the_shard_itself_are_proven_only_where_they_sit_where_the_mapping_says() -> None:
+    """TP1, no copy made: the export's gate / up are views of the very shard (compared without reading, as the same
+    memory); the same views swapped are read and fail (same storage, other offsets)."""
+    from convcheck.mappings.check import shard_matches
+
+    source = _source()
+    fc1 = torch.cat([source["gate.weight"], source["up.weight"]])
+    gated = Gated(megatron="fc1", gate="gate.weight", up="up.weight")
+    layout, coord = ParallelLayout(), RankCoord()
+    assert shard_matches(gated, {"gate.weight": fc1[:8], "up.weight": fc1[8:]}, layout, coord, fc1)
+    assert not shard_matches(gated, {"gate.weight": fc1[8:], "up.weight": fc1[:8]}, layout, coord, fc1)

@@ -9,7 +9,6 @@ from typing import Any
 from convcheck.layout import ParallelLayout, RankCoord
 from convcheck.oracles.base import OracleInfo
 from convcheck.rank.context import RankContext
-from convcheck.rank.model import named_tensors
 from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
 
 NAME = "coverage"
@@ -47,8 +46,7 @@ def claims(ctx: RankContext) -> dict[str, Any]:
     counts: Counter[str] = Counter()
     expert: set[str] = set()
     layers: dict[int, set[int]] = {chunk: set() for chunk in range(len(ctx.model))}
-    for vp_stage, local, tensor in named_tensors(ctx.model):
-        name = ctx.global_name(local, vp_stage)
+    for vp_stage, _, name, tensor in ctx.local_tensors():
         counts[name] += 1
         if is_expert(name, tensor):
             expert.add(name)
@@ -136,8 +134,7 @@ def megatron_side(ctx: RankContext) -> tuple[set[str], list[Finding]]:
     hf_names = set(ctx.checkpoint.tensors)
     names: set[str] = set()
     findings: list[Finding] = []
-    for vp_stage, local, _ in named_tensors(ctx.model):
-        name = ctx.global_name(local, vp_stage)
+    for _, _, name, _ in ctx.local_tensors():
         names.add(name)
         if name in ctx.not_loaded:
             findings.append(

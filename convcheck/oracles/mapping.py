@@ -22,7 +22,6 @@ from convcheck.mappings import MappingError, MappingRegistry, RankCoord
 from convcheck.mappings.check import rows_match
 from convcheck.oracles.base import OracleInfo
 from convcheck.rank.context import RankContext
-from convcheck.rank.model import named_tensors
 from convcheck.rank.shard_match import names_and_registry
 from convcheck.rank.source_match import source_match
 from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
@@ -91,7 +90,7 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     from the gathered shards elsewhere, re-streaming the export only to localise mismatches."""
     tap = ctx.memo.shard_tap  # set on every rank or on none (convcheck.rank.shard_match.start is collective)
     if tap is not None:
-        local = {ctx.global_name(n, vp): t for vp, n, t in named_tensors(ctx.model)}
+        local = dict(ctx.named_parameters())
         all_names, registry = tap.all_names, tap.registry
     else:
         try:

@@ -7,7 +7,7 @@ from typing import Any
 from convcheck.compare.bits import describe_element, int_view, unravel_index
 from convcheck.compare.fold import quick_digest
 from convcheck.probe.hook import ExportHook, export_hook, hook_name
-from convcheck.probe.run import CodeCache, own_view_slots, probe_task, range_labels, to_ranges
+from convcheck.probe.run import CodeCache, own_view_slots, own_views, probe_task, range_labels, to_ranges
 from convcheck.probe.runs import diff_positions, hf_ranges, mismatched_runs
 from convcheck.probe.shared import SharedProbes
 from convcheck.probe.values import ValueMap, value_map
@@ -113,13 +113,15 @@ def task_records(
                 {**base, "error": f"{hook_name(task)} raised {_first_line(exc)}"},
             ]
     cross_rank = with_real and ctx.world > 1  # several ranks export each tensor: digests for the assembler
+    values = value_map(task.mapping)
     try:
         fast = unwritten and no_gather_due(ctx, task)
+        if fast and with_real and values is None and own_views(real, task.param_weight):
+            return records + _own_view_records(base, real)
         own = own_view_slots(real, task.param_weight) if fast else None
         slots = own or _probe(task, ctx.rank, codes, hook, shared if with_real else None)
     except Exception as exc:  # noqa: BLE001 - an unsupported pattern fails loud as a finding
         return [*records, {**base, "error": f"probe failed: {_first_line(exc)}"}]
-    values = value_map(task.mapping)
     for name in sorted(set(slots) | set(real)):
         slot = slots.get(name)
         rec: dict[str, Any] = {**base, "hf": name}
@@ -132,6 +134,25 @@ def task_records(
                 rec["real"]["digest"] = quick_digest(real[name])  # on the tensor's device: no host copy of a GPU tensor
         records.append(rec)
     return records
+
+
+def _own_view_records(base: dict[str, Any], real: dict[str, Any]) -> list[dict[str, Any]]:
+    """The records of a task whose real outputs are all views inside its own unwritten weight: each element is the
+    weight element its strides name (nothing to compare, no other rank's part, no digest), every HF element written
+    once, by this rank alone."""
+    out = []
+    for name in sorted(real):
+        tensor = real[name]
+        numel = tensor.numel()
+        shape = list(tensor.shape)
+        out.append({**base, "hf": name, "shape": shape, "writer": [], "ranges": [(0, numel)], "owned": numel,
+                    "real": _described(tensor)})  # fmt: skip
+    return out
+
+
+def _described(tensor: Any) -> dict[str, Any]:
+    """The real output as a record holds it: shape, dtype, and the digest (filled in for the cross-rank check)."""
+    return {"shape": list(tensor.shape), "dtype": str(tensor.dtype).removeprefix("torch."), "digest": None}
 
 
 def _probe(task: Any, rank: int, codes: CodeCache, hook: ExportHook | None, shared: SharedProbes | None) -> Any:
@@ -170,13 +191,7 @@ def _against_real(
     if tensor is None:
         return {"real": None}
     tensor = tensor.detach()
-    out: dict[str, Any] = {
-        "real": {
-            "shape": list(tensor.shape),
-            "dtype": str(tensor.dtype).removeprefix("torch."),
-            "digest": None,
-        }
-    }
+    out: dict[str, Any] = {"real": _described(tensor)}
     if slot is None or slot.owned == 0:
         return out
     if tuple(tensor.shape) != tuple(slot.shape) or tensor.element_size() != weight.element_size():

@@ -10,7 +10,6 @@ differential collects them itself.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import inspect
 import time
 from typing import Any, Iterable, Iterator
@@ -61,7 +60,9 @@ class ProbeInExport:
             return out
 
         shell.megatron_to_hf = megatron_to_hf
-        return dataclasses.replace(task, mapping=shell)
+        tapped = copy.copy(task)  # the task's fields as they are, only the mapping swapped
+        object.__setattr__(tapped, "mapping", shell)  # WeightConversionTask is a frozen dataclass
+        return tapped
 
     def _record(self, index: int, task: Any, out: Any, *, own_args: bool, unwritten: bool) -> None:
         if not self.intact or index != self.next or not own_args:

@@ -52,26 +52,31 @@ def view_runs(out: Any, codes: Any) -> Any | None:
     it is not such a view."""
     import torch
 
-    if out.dtype != codes.dtype or out.numel() == 0 or out.dim() == 0:
+    if not within(out, codes):
         return None
-    if out.untyped_storage().data_ptr() != codes.untyped_storage().data_ptr() or not codes.is_contiguous():
-        return None
+    offset = out.storage_offset() - codes.storage_offset()
     if out.is_contiguous():  # one block: element i is the code stored `offset + i` past the codes' first
-        offset = out.storage_offset() - codes.storage_offset()
-        if offset < 0 or offset > codes.numel() - out.numel():
-            return None
         return torch.tensor([[0, offset, out.numel()]], dtype=torch.int64)
     shape, stride = list(out.shape), list(out.stride())
-    if stride[-1] != 1 and shape[-1] != 1:
-        return None
-    cols = shape[-1]
     starts = torch.zeros(1, dtype=torch.int64)
     for size, step in zip(shape[:-1], stride[:-1]):  # row starts, row-major over the leading dims
         starts = (starts.unsqueeze(1) + torch.arange(size, dtype=torch.int64) * step).reshape(-1)
-    starts += out.storage_offset() - codes.storage_offset()
-    if bool(starts.lt(0).any()) or bool(starts.gt(codes.numel() - cols).any()):
-        return None
-    return _merged_rows(torch.arange(starts.numel(), dtype=torch.int64), starts, cols)
+    return _merged_rows(torch.arange(starts.numel(), dtype=torch.int64), starts + offset, shape[-1])
+
+
+def within(out: Any, base: Any) -> bool:
+    """True when `out` is a non-empty view of contiguous `base`'s memory, of its dtype, whose last dim is contiguous
+    and whose every element lies inside `base` (so each element of `out` is one element of `base`)."""
+    if out.dtype != base.dtype or out.numel() == 0 or out.dim() == 0:
+        return False
+    if out.untyped_storage().data_ptr() != base.untyped_storage().data_ptr() or not base.is_contiguous():
+        return False
+    shape, stride = out.shape, out.stride()
+    if stride[-1] != 1 and shape[-1] != 1:
+        return False
+    first = out.storage_offset() - base.storage_offset()
+    last = first + sum((size - 1) * step for size, step in zip(shape, stride))  # strides are never negative
+    return first >= 0 and last < base.numel()
 
 
 def _merged_rows(index: Any, starts: Any, cols: int) -> Any:

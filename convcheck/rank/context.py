@@ -40,6 +40,8 @@ class RunMemo:
     stream ran to its end (e.g. the gate manifest's digests, convcheck.engine.recorder)."""
     held_exports: list[Any] = field(default_factory=list)
     """The bridge exports a custom sender is iterating (convcheck.sync.stream.Held): drained if the sender raises."""
+    local_tensors: tuple[tuple[Any, ...], list[tuple[int, str, str, Any]]] | None = None
+    """(the chunks, RankContext.local_tensors' answer for them): one walk of the modules per run, not one per oracle."""
 
 
 _CHUNK_NAMES: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], Any, dict[tuple[str, int], str]]] = (
@@ -198,7 +200,17 @@ class RankContext:
 
     def named_parameters(self) -> list[tuple[str, Any]]:
         """(global Megatron name, this rank's shard) for every parameter and persistent buffer of this rank."""
-        return [(self.global_name(local, vp), tensor) for vp, local, tensor in named_tensors(self.model)]
+        return [(name, tensor) for _, _, name, tensor in self.local_tensors()]
+
+    def local_tensors(self) -> list[tuple[int, str, str, Any]]:
+        """(virtual stage, local name, global name, tensor) for every parameter and persistent buffer of this rank,
+        walked once per run while the chunks stay the same objects (coverage, the shard tap and the mapping oracle
+        all ask)."""
+        held = self.memo.local_tensors
+        if held is None or len(held[0]) != len(self.model) or any(a is not b for a, b in zip(held[0], self.model)):
+            found = [(vp, local, self.global_name(local, vp), t) for vp, local, t in named_tensors(self.model)]
+            held = self.memo.local_tensors = (tuple(self.model), found)
+        return held[1]
 
     def mapping_registry(self) -> Any:
         """The registry the bridge converts with: AutoBridge makes a new model bridge per access, and bridges that

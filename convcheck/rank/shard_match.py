@@ -18,7 +18,6 @@ from convcheck.hf.checkpoint import TensorReader
 from convcheck.mappings import Geometry, MappingError
 from convcheck.mappings.check import shard_matches
 from convcheck.models import build_registry
-from convcheck.rank.model import named_tensors
 
 HOLD_BYTES = 2 << 30
 """Source bytes one rank holds for parameters still waiting on a tensor; a parameter that would pass it is left to
@@ -111,7 +110,7 @@ class ShardTap:
 def names_and_registry(ctx: Any) -> tuple[dict[str, Any], set[str], Any]:
     """Collective: this rank's tensors by global name, every rank's names, and the explicit registry for them
     (raises MappingError, the same on every rank)."""
-    local = {ctx.global_name(n, vp): t for vp, n, t in named_tensors(ctx.model)}
+    local = dict(ctx.named_parameters())
     all_names = {n for names in ctx.gather(sorted(local)) for n in names}
     return local, all_names, registry_for(ctx, all_names)
 
