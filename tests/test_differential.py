@@ -176,6 +176,21 @@ def test_outputs_no_collective_made_are_not_compared_but_a_mixed_build_is_named(
     assert [f.kind for f in findings] == ["ranks-disagree"]
 
 
+def test_one_writer_of_part_of_a_tensor_leaves_the_rest_uncovered_and_one_of_all_of_it_is_counted() -> None:
+    """One rank's slot over the whole tensor: nothing to find, its elements counted; over part of it: the rest is
+    named uncovered; a slot that mismatched is still named."""
+    from convcheck.oracles.differential import assemble
+
+    findings, counts = assemble([[_rec(None)]])
+    assert findings == [] and counts == {"p": 6}
+    findings, counts = assemble([[_rec(None, owned=4)]])
+    assert [(f.tensor, f.kind, f.detail["first_index"]) for f in findings] == [("w", "uncovered", [1, 1])]
+    assert counts == {"p": 4}
+    wrong = {**_rec(None), "mismatch": {"count": 1, "first": [1, 2], "real": "1", "probe": "2"}}
+    findings, _ = assemble([[wrong]])
+    assert [(f.tensor, f.kind, f.detail["first_index"]) for f in findings] == [("w", "differs", [1, 2])]
+
+
 @pytest.mark.ranks
 def test_a_skipped_ep_gather_is_missing_in_real_inside_roundtrips_drain(tmp_path: Path) -> None:
     """ep_not_gathered: each rank exports only its own experts, as views of its weights. Inside roundtrip's drain
