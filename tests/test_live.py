@@ -25,10 +25,16 @@ CASES = {
     "qwen3-tp2": ("tiny:qwen3", 2, 1, 1, "coverage,differential,mapping,receiver,idempotence", "bucketed"),
     "qwen3-moe-tp2ep2": ("tiny:qwen3-moe", 2, 2, 1, "coverage,differential,elements,mapping", ""),
     "qwen3-pp2": ("tiny:qwen3", 1, 1, 2, "coverage,differential,elements,mapping", ""),
+    "qwen3-dp2": ("tiny:qwen3", 1, 1, 1, "coverage,differential,elements,mapping", ""),
 }
 """fixture, TP, EP, PP, the clean check's oracles, its sender (the planted check: coverage, differential, mapping). The
 chunks are DDP-wrapped in every case; the PP2 case (each stage holds its own layer) passes the job's
 ProcessGroupCollection to every call."""
+DP = {"qwen3-dp2": 2}
+"""Data-parallel replicas of the whole model per case (default 1): the DP2 case runs two ranks at TP1, each holding
+the whole model, as a data-parallel trainer does."""
+QKV_RANKS = {"qwen3-dp2": [0, 1]}
+"""The ranks whose QKV shard holds head 0 (default rank 0 alone: TP rank 0 of the first stage); every replica's."""
 QK_BUG = ("model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.q_proj.weight")
 """What convcheck.mutants.bridge:swap_qk_head0 changes in the export."""
 QKV = "decoder.layers.0.self_attention.linear_qkv.weight"
@@ -45,7 +51,7 @@ def launch(shared_root: Path, case: str) -> tuple[dict[str, Any], Path]:
         fcntl.flock(lock, fcntl.LOCK_EX)
         result = folder / "result.json"
         if not result.exists():
-            ranks = f"--nproc-per-node={math.lcm(tp, ep) * pp}"
+            ranks = f"--nproc-per-node={math.lcm(tp, ep) * pp * DP.get(case, 1)}"
             trainer = str(ROOT / "tests" / "live_trainer.py")
             args = [
                 resolve_model(fixture),
@@ -82,12 +88,14 @@ def test_live_check_passes_and_names_a_planted_bug(shared_root: Path, case: str)
     assert sorted(failed) == ["mapping"]  # the bug is in the export's math: the probe makes it too
     findings = {f["tensor"]: f for f in failed["mapping"]}
     assert sorted(findings) == sorted([*QK_BUG, QKV])
+    shard_ranks = [f["detail"]["rank"] for f in failed["mapping"] if f["tensor"] == QKV]
+    assert shard_ranks == QKV_RANKS.get(case, [0])  # every replica that holds head 0 is named
     q = findings["model.layers.0.self_attn.q_proj.weight"]
     assert q["kind"] == "export-bytes-differ"
     assert f"explicit mapping of {QKV} (rebuilt from the shards)" in q["message"]
     assert "256/1024 elements differ; first at index [0, 0]" in q["message"]
     assert q["detail"]["megatron"] == QKV and q["detail"]["first_index"] == [0, 0]
-    shard = findings[QKV]  # head 0 lives on TP rank 0 only
+    shard = next(f for f in failed["mapping"] if f["tensor"] == QKV)  # head 0 lives on TP rank 0 (of each replica)
     assert shard["kind"] == "shard-bytes-differ" and shard["detail"]["rank"] == 0
     assert (
         f"to_shard of the export: {QKV_SHARD[CASES[case][1]]} elements differ; first at index [0, 0]"
@@ -98,7 +106,8 @@ def test_live_check_passes_and_names_a_planted_bug(shared_root: Path, case: str)
     assert result["wrapped_as"] == ["DistributedDataParallel(Float16Module(GPTModel))"]  # as the trainer holds them
     assert (
         clean["layout"]["pp"] == CASES[case][3]
-        and clean["layout"]["world_size"] == math.lcm(*CASES[case][1:3]) * CASES[case][3]
+        and clean["layout"]["world_size"] == math.lcm(*CASES[case][1:3]) * CASES[case][3] * DP.get(case, 1)
+        and clean["layout"].get("dp", 1) == DP.get(case, 1)
     )
 
 
@@ -258,3 +267,17 @@ def test_sender_and_receiver_objects_are_accepted_and_named() -> None:
         check_adapters(None, dict, 64.0)
     with pytest.raises(BadInput, match=r"^sender 'builtins:int' is not callable$"):
         check_adapters(3, None, 64.0)
+
+
+def test_a_job_with_replicas_reports_its_data_parallel_size() -> None:
+    from types import SimpleNamespace
+
+    from convcheck.cli.render import _layout_label
+    from convcheck.layout import ParallelLayout
+    from convcheck.live.check import job_layout
+
+    tp2 = ParallelLayout(tp=2)
+    assert job_layout(SimpleNamespace(layout=tp2, world=2)) == {"tp": 2, "pp": 1, "ep": 1, "etp": 1, "world_size": 2}
+    replicas = job_layout(SimpleNamespace(layout=tp2, world=8))
+    assert replicas["dp"] == 4 and replicas["world_size"] == 8 and _layout_label(replicas) == "TP2xDP4"
+    assert ParallelLayout.from_dict(replicas) == tp2

@@ -167,9 +167,11 @@ def _grid(title: str, names: list[str], rows: dict[str, dict[str, Any]], order: 
 
 
 def _layout_label(layout: dict[str, int]) -> str:
+    """The layout's label, with the data-parallel size a live check's job has (`TP2xDP2`)."""
     from convcheck.layout import ParallelLayout
 
-    return ParallelLayout.from_dict(layout).label
+    label = ParallelLayout.from_dict(layout).label
+    return f"{label}xDP{layout['dp']}" if layout.get("dp", 1) > 1 else label
 
 
 def report_json(report: Report) -> str:

@@ -68,13 +68,22 @@ def _check(
         return None
     return Report(
         model=f"live:{ctx.checkpoint.architecture}",
-        layout=ctx.layout.to_dict(),
+        layout=job_layout(ctx),
         device=ctx.device,
         versions=versions(),
         oracles=complete(names, tuple(verdicts)),
         seconds=time.perf_counter() - started,
         device_reason="live: the device of the job's weights",
     )
+
+
+def job_layout(ctx: RankContext) -> dict[str, int]:
+    """The report's layout: the model-parallel layout, and where the job has more ranks than it needs (replicas of the
+    model), the data-parallel size `dp` and the job's world size."""
+    layout = ctx.layout.to_dict()
+    if ctx.world == ctx.layout.world_size or ctx.world % ctx.layout.world_size:
+        return layout
+    return {**layout, "dp": ctx.world // ctx.layout.world_size, "world_size": ctx.world}
 
 
 def digest(
