@@ -2,6 +2,7 @@
 training step would, then convcheck.live inside the job. tests/test_live.py launches it and reads OUT/result.json.
 
 usage: torchrun --standalone --nproc-per-node N tests/live_trainer.py CHECKPOINT TP EP PP ORACLES OUT [SENDER]
+(LIVE_VPP=V: V virtual pipeline chunks per stage)
 
 The chunks are DistributedDataParallel(Float16Module(GPTModel)) as megatron training wraps them; with PP > 1 every
 call also passes the job's ProcessGroupCollection.
@@ -23,6 +24,8 @@ import torch.distributed as dist
 
 DEVICE = os.environ.get("LIVE_DEVICE", "cpu")
 """Where the trainer holds its model: cpu (gloo, the suite) or cuda (NCCL, one GPU per rank: docs/gpu.md)."""
+VPP = int(os.environ.get("LIVE_VPP", "1"))
+"""Model chunks per pipeline stage (a virtual pipeline when > 1: megatron-core interleaves the layers over them)."""
 
 
 def setup(checkpoint: str, tp: int, ep: int, pp: int) -> tuple[list, object]:
@@ -46,6 +49,7 @@ def setup(checkpoint: str, tp: int, ep: int, pp: int) -> tuple[list, object]:
         pipeline_model_parallel_size=pp,
         expert_model_parallel_size=ep,
         expert_tensor_parallel_size=1,
+        virtual_pipeline_model_parallel_size=VPP if VPP > 1 else None,
     )
     if device == "cuda":
         from megatron.core import tensor_parallel
@@ -55,6 +59,7 @@ def setup(checkpoint: str, tp: int, ep: int, pp: int) -> tuple[list, object]:
     provider = bridge.to_megatron_provider(load_weights=False)
     provider.tensor_model_parallel_size, provider.expert_model_parallel_size = tp, ep
     provider.pipeline_model_parallel_size, provider.expert_tensor_parallel_size = pp, 1
+    provider.virtual_pipeline_model_parallel_size = VPP if VPP > 1 else None
     provider.sequence_parallel = False
     compat.configure_provider(provider, device)
     provider.finalize()
@@ -226,6 +231,12 @@ def main() -> int:
     swap_qk_head0()  # a mapping bug in the sync path (the bridge's export of layer 0's q/k), planted now
     planted = convcheck.live.check(model, bridge, oracles="coverage,differential,mapping", **groups)
     after_planted = weights_digest(model)
+    misnumbered = None
+    if VPP > 1:  # the bridge numbering every chunk's layers from chunk 0's offset, planted after the checks above
+        from convcheck.mutants.vpp import chunk_offset_from_chunk0
+
+        chunk_offset_from_chunk0()
+        misnumbered = convcheck.live.check(model, bridge, oracles="coverage", **groups)
     sameness = [before == after_clean, before == after_planted]
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, (sameness, unpatched, wrappers(model[0])))
@@ -233,6 +244,7 @@ def main() -> int:
         result = {
             "clean": clean.to_dict(),
             "planted": planted.to_dict(),
+            "misnumbered": misnumbered.to_dict() if misnumbered is not None else None,
             "sync_planted": sync_planted.to_dict() if sync_planted is not None else None,
             "one_rank": failures,
             "weights_unchanged": [all(s[i] for s, _, _ in gathered) for i in range(2)],

@@ -26,10 +26,14 @@ CASES = {
     "qwen3-moe-tp2ep2": ("tiny:qwen3-moe", 2, 2, 1, "coverage,differential,elements,mapping", ""),
     "qwen3-pp2": ("tiny:qwen3", 1, 1, 2, "coverage,differential,elements,mapping", ""),
     "qwen3-dp2": ("tiny:qwen3", 1, 1, 1, "coverage,differential,elements,mapping", ""),
+    "qwen3-moe-pp2vpp2": ("tiny:qwen3-moe-4l", 1, 1, 2, "coverage,differential,elements,mapping", ""),
 }
 """fixture, TP, EP, PP, the clean check's oracles, its sender (the planted check: coverage, differential, mapping). The
 chunks are DDP-wrapped in every case; the PP2 case (each stage holds its own layer) passes the job's
 ProcessGroupCollection to every call."""
+VPP = {"qwen3-moe-pp2vpp2": 2}
+"""Virtual pipeline chunks per stage per case (default 1): PP2 x VPP2 over 4 layers puts layers 0 and 2 on stage 0's
+two chunks, 1 and 3 on stage 1's."""
 DP = {"qwen3-dp2": 2}
 """Data-parallel replicas of the whole model per case (default 1): the DP2 case runs two ranks at TP1, each holding
 the whole model, as a data-parallel trainer does."""
@@ -63,7 +67,7 @@ def launch(shared_root: Path, case: str) -> tuple[dict[str, Any], Path]:
                 *([sender] if sender else []),
             ]
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", ranks, trainer, *args]
-            env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+            env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "LIVE_VPP": str(VPP.get(case, 1))}
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, cwd=ROOT)
             assert result.exists(), f"trainer exit {proc.returncode}: {proc.stderr[-3000:]}"
         return json.loads(result.read_text()), folder
@@ -109,6 +113,29 @@ def test_live_check_passes_and_names_a_planted_bug(shared_root: Path, case: str)
         and clean["layout"]["world_size"] == math.lcm(*CASES[case][1:3]) * CASES[case][3] * DP.get(case, 1)
         and clean["layout"].get("dp", 1) == DP.get(case, 1)
     )
+
+
+@pytest.mark.ranks
+def test_a_virtual_pipeline_numbered_from_chunk_0_is_named_live(shared_root: Path) -> None:
+    """PP2 x VPP2: the bridge planted to number every chunk's layers from chunk 0's offset (after the clean and planted
+    checks of the same job, whose global names are kept per process): each stage's second chunk is named holding
+    another chunk's layers, its names claimed twice, and layers 2 and 3 never exported."""
+    result, _ = launch(shared_root, "qwen3-moe-pp2vpp2")
+    assert result["clean"]["verdict"] == "pass" and result["clean"]["layout"]["vpp"] == 2
+    report = result["misnumbered"]
+    assert report["verdict"] == "fail" and [o["name"] for o in report["oracles"]] == ["coverage"]
+    findings = report["oracles"][0]["findings"]
+    placed = [f["message"] for f in findings if f["kind"] == "misplaced-layers"]
+    assert placed == [
+        "PP stage 0 chunk 1 (rank 0) holds decoder layers [0]; PP2xVPP2 puts layers [2] there",
+        "PP stage 1 chunk 1 (rank 1) holds decoder layers [1]; PP2xVPP2 puts layers [3] there",
+    ]
+    twice = {(f["tensor"], f["detail"]["rank"]) for f in findings if f["kind"] == "claimed-twice"}
+    assert ("decoder.layers.0.self_attention.linear_qkv.weight", 0) in twice
+    assert ("decoder.layers.1.mlp.experts.local_experts.7.linear_fc2.weight", 1) in twice
+    missing = {f["tensor"] for f in findings if f["kind"] == "not-exported"}
+    assert {"model.layers.2.self_attn.q_proj.weight", "model.layers.3.mlp.experts.7.down_proj.weight"} <= missing
+    assert not any(n.startswith(("model.layers.0.", "model.layers.1.")) for n in missing)
 
 
 REFUSED = (

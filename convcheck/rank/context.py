@@ -40,26 +40,29 @@ class RunMemo:
     stream ran to its end (e.g. the gate manifest's digests, convcheck.engine.recorder)."""
     held_exports: list[Any] = field(default_factory=list)
     """The bridge exports a custom sender is iterating (convcheck.sync.stream.Held): drained if the sender raises."""
-    local_tensors: tuple[tuple[Any, ...], list[tuple[int, str, str, Any]]] | None = None
-    """(the chunks, RankContext.local_tensors' answer for them): one walk of the modules per run, not one per oracle."""
+    local_tensors: tuple[tuple[Any, ...], Any, list[tuple[int, str, str, Any]]] | None = None
+    """(the chunks, the bridge's naming function, RankContext.local_tensors' answer for them): one walk of the modules
+    per run, not one per oracle."""
 
 
-_CHUNK_NAMES: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], Any, dict[tuple[str, int], str]]] = (
+_CHUNK_NAMES: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], Any, Any, dict[tuple[str, int], str]]] = (
     weakref.WeakKeyDictionary()
 )
-"""First model chunk -> (weak references to all the chunks, the rank's coordinates, their global names so far)."""
+"""First model chunk -> (weak references to all the chunks, the rank's coordinates, the naming function, their global
+names so far)."""
 
 
-def chunk_names(chunks: list[Any], coord: RankCoord) -> dict[tuple[str, int], str]:
-    """The process's global names of these very chunks at these coordinates ((local name, virtual stage) -> name),
-    kept while the chunks live: a trainer's later checks do not compute them again."""
+def chunk_names(chunks: list[Any], coord: RankCoord, namer: Any) -> dict[tuple[str, int], str]:
+    """The process's global names of these very chunks at these coordinates ((local name, virtual stage) -> name) as
+    `namer` (the bridge's local-to-global function) gives them, kept while the chunks live: a trainer's later checks
+    do not compute them again; another function (the bridge's patched or reloaded) starts afresh."""
     held = _CHUNK_NAMES.get(chunks[0]) if chunks else None
-    if held is not None and held[1] == coord and len(held[0]) == len(chunks):
+    if held is not None and held[1] == coord and held[2] is namer and len(held[0]) == len(chunks):
         if all(ref() is chunk for ref, chunk in zip(held[0], chunks)):
-            return held[2]
+            return held[3]
     names: dict[tuple[str, int], str] = {}
     if chunks:
-        _CHUNK_NAMES[chunks[0]] = (tuple(weakref.ref(c) for c in chunks), coord, names)
+        _CHUNK_NAMES[chunks[0]] = (tuple(weakref.ref(c) for c in chunks), coord, namer, names)
     return names
 
 
@@ -110,10 +113,11 @@ class RankContext:
     there; verify keeps the host copies its taps and digests were measured with."""
     save_dtype: str | None = None
     """Save oracle: the bridge's weight_dtype cast to write with ("bf16", "fp16", "fp32"; None: no cast)."""
-    _global_names: tuple[tuple[Any, ...], dict[tuple[str, int], str]] = field(
-        default_factory=lambda: ((), {}), repr=False
+    _global_names: tuple[tuple[Any, ...], Any, dict[tuple[str, int], str]] = field(
+        default_factory=lambda: ((), None, {}), repr=False
     )
-    """(the chunks, (local name, virtual stage) -> global name): `global_name`'s answers for these very chunks."""
+    """(the chunks, the bridge's naming function, (local name, virtual stage) -> global name): `global_name`'s answers
+    for these very chunks as that function gives them."""
 
     @property
     def is_reporter(self) -> bool:
@@ -206,11 +210,14 @@ class RankContext:
         """(virtual stage, local name, global name, tensor) for every parameter and persistent buffer of this rank,
         walked once per run while the chunks stay the same objects (coverage, the shard tap and the mapping oracle
         all ask)."""
+        from megatron.bridge.models.conversion.model_bridge import _megatron_local_name_to_global as namer
+
         held = self.memo.local_tensors
-        if held is None or len(held[0]) != len(self.model) or any(a is not b for a, b in zip(held[0], self.model)):
+        same = held is not None and len(held[0]) == len(self.model) and all(a is b for a, b in zip(held[0], self.model))
+        if held is None or not same or held[1] is not namer:
             found = [(vp, local, self.global_name(local, vp), t) for vp, local, t in named_tensors(self.model)]
-            held = self.memo.local_tensors = (tuple(self.model), found)
-        return held[1]
+            held = self.memo.local_tensors = (tuple(self.model), namer, found)
+        return held[2]
 
     def mapping_registry(self) -> Any:
         """The registry the bridge converts with: AutoBridge makes a new model bridge per access, and bridges that
@@ -224,10 +231,11 @@ class RankContext:
         the model chunks stay the same objects (coverage, the shard tap and the registry all ask)."""
         from megatron.bridge.models.conversion.model_bridge import _megatron_local_name_to_global
 
-        held = self._global_names[0]
-        if len(held) != len(self.model) or any(a is not b for a, b in zip(held, self.model)):
-            self._global_names = (tuple(self.model), chunk_names(self.model, self.coord))
-        names = self._global_names[1]
+        held, namer = self._global_names[0], _megatron_local_name_to_global
+        same = len(held) == len(self.model) and all(a is b for a, b in zip(held, self.model))
+        if not same or self._global_names[1] is not namer:
+            self._global_names = (tuple(self.model), namer, chunk_names(self.model, self.coord, namer))
+        names = self._global_names[2]
         found = names.get((local_name, vp_stage))
         if found is None:
             found = _megatron_local_name_to_global(self.model, self.model[0].config, local_name, vp_stage)
