@@ -25,7 +25,7 @@ CASES = {
     "qwen3-tp2": ("tiny:qwen3", 2, 1, 1, "coverage,differential,mapping,receiver,idempotence", "bucketed"),
     "qwen3-moe-tp2ep2": ("tiny:qwen3-moe", 2, 2, 1, "coverage,differential,elements,mapping", ""),
     "qwen3-pp2": ("tiny:qwen3", 1, 1, 2, "coverage,differential,elements,mapping", ""),
-    "qwen3-dp2": ("tiny:qwen3", 1, 1, 1, "coverage,differential,elements,mapping", ""),
+    "qwen2-tied-dp2": ("tiny:qwen2-tied", 1, 1, 1, "coverage,differential,elements,mapping", ""),
     "qwen3-moe-pp2vpp2": ("tiny:qwen3-moe-4l", 1, 1, 2, "coverage,differential,elements,mapping", ""),
 }
 """fixture, TP, EP, PP, the clean check's oracles, its sender (the planted check: coverage, differential, mapping). The
@@ -34,10 +34,10 @@ ProcessGroupCollection to every call."""
 VPP = {"qwen3-moe-pp2vpp2": 2}
 """Virtual pipeline chunks per stage per case (default 1): PP2 x VPP2 over 4 layers puts layers 0 and 2 on stage 0's
 two chunks, 1 and 3 on stage 1's."""
-DP = {"qwen3-dp2": 2}
+DP = {"qwen2-tied-dp2": 2}
 """Data-parallel replicas of the whole model per case (default 1): the DP2 case runs two ranks at TP1, each holding
-the whole model, as a data-parallel trainer does."""
-QKV_RANKS = {"qwen3-dp2": [0, 1]}
+the whole model, as a data-parallel trainer does (a model with tied embeddings and q/k/v biases)."""
+QKV_RANKS = {"qwen2-tied-dp2": [0, 1]}
 """The ranks whose QKV shard holds head 0 (default rank 0 alone: TP rank 0 of the first stage); every replica's."""
 QK_BUG = ("model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.q_proj.weight")
 """What convcheck.mutants.bridge:swap_qk_head0 changes in the export."""
