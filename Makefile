@@ -17,7 +17,7 @@ test: setup
 	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -q --durations=15 tests
 
 # The quick loop: every test that launches no ranks and starts no fresh Python importing megatron (unit tests, bad
-# inputs, the structure check), under two minutes.
+# inputs, the structure check), about two minutes on 2 cores.
 test-fast: setup
 	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) -q -m "not ranks and not fresh_process" tests
 
