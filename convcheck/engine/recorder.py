@@ -12,7 +12,6 @@ from convcheck.gate.manifest import jsonable, tensor_entry
 from convcheck.hf.checkpoint import TensorReader
 from convcheck.oracles.config import flatten
 from convcheck.rank.context import RankContext
-from convcheck.rank.model import named_tensors
 from convcheck.versions import versions
 
 
@@ -75,8 +74,7 @@ def local_tasks(ctx: RankContext) -> dict[str, dict[str, Any]]:
             chunk = chunk.module
         chunks.append(chunk)
     out = {}
-    for vp_stage, local, _ in named_tensors(ctx.model):
-        name = ctx.global_name(local, vp_stage)
+    for vp_stage, local, name, _ in ctx.local_tensors():
         try:
             module = chunks[vp_stage].get_submodule(local.rpartition(".")[0])
         except AttributeError:

@@ -57,13 +57,17 @@ def chunk_names(chunks: list[Any], coord: RankCoord, namer: Any) -> dict[tuple[s
     `namer` (the bridge's local-to-global function) gives them, kept while the chunks live: a trainer's later checks
     do not compute them again; another function (the bridge's patched or reloaded) starts afresh."""
     held = _CHUNK_NAMES.get(chunks[0]) if chunks else None
-    if held is not None and held[1] == coord and held[2] is namer and len(held[0]) == len(chunks):
-        if all(ref() is chunk for ref, chunk in zip(held[0], chunks)):
-            return held[3]
+    if held is not None and held[1] == coord and held[2] is namer and same_objects([r() for r in held[0]], chunks):
+        return held[3]
     names: dict[tuple[str, int], str] = {}
     if chunks:
         _CHUNK_NAMES[chunks[0]] = (tuple(weakref.ref(c) for c in chunks), coord, namer, names)
     return names
+
+
+def same_objects(held: Any, chunks: list[Any]) -> bool:
+    """True when `held` are these very chunks, in order (what a kept answer about them is keyed by)."""
+    return len(held) == len(chunks) and all(a is b for a, b in zip(held, chunks))
 
 
 @dataclass(kw_only=True)
@@ -213,8 +217,7 @@ class RankContext:
         from megatron.bridge.models.conversion.model_bridge import _megatron_local_name_to_global as namer
 
         held = self.memo.local_tensors
-        same = held is not None and len(held[0]) == len(self.model) and all(a is b for a, b in zip(held[0], self.model))
-        if held is None or not same or held[1] is not namer:
+        if held is None or not same_objects(held[0], self.model) or held[1] is not namer:
             found = [(vp, local, self.global_name(local, vp), t) for vp, local, t in named_tensors(self.model)]
             held = self.memo.local_tensors = (tuple(self.model), namer, found)
         return held[2]
@@ -231,9 +234,8 @@ class RankContext:
         the model chunks stay the same objects (coverage, the shard tap and the registry all ask)."""
         from megatron.bridge.models.conversion.model_bridge import _megatron_local_name_to_global
 
-        held, namer = self._global_names[0], _megatron_local_name_to_global
-        same = len(held) == len(self.model) and all(a is b for a, b in zip(held, self.model))
-        if not same or self._global_names[1] is not namer:
+        namer = _megatron_local_name_to_global
+        if not same_objects(self._global_names[0], self.model) or self._global_names[1] is not namer:
             self._global_names = (tuple(self.model), namer, chunk_names(self.model, self.coord, namer))
         names = self._global_names[2]
         found = names.get((local_name, vp_stage))
