@@ -30,7 +30,7 @@ def probe(devices: list[str], gpu_host: bool, plant_old_rule: bool) -> None:
     out = []
     for device in devices:
         compat.install(device)
-        out.append({"device": device, "installed": _installed(), "probes": _where()})
+        out.append({"device": device, "installed": _installed(), "probes": _where(), "eager": _compiled_run_eagerly()})
     print(json.dumps(out))
 
 
@@ -58,6 +58,29 @@ def _installed() -> list[str]:
         "MambaMixer.__init__": MambaMixer.__init__,
     }
     return sorted(k for k, f in attributes.items() if any(".no_cuda." in s for s in shims_on(f)))
+
+
+_PROBED: list[str] = []
+
+
+def _compiled_run_eagerly() -> bool:
+    """Whether a torch.compile'd function runs without compiling: its backend never called, dynamo never entered (on
+    the simulated GPU host dynamo reaches for the missing CUDA driver and raises)."""
+    import torch
+
+    graphs = []
+
+    def backend(gm: Any, _inputs: Any) -> Any:
+        graphs.append(gm)
+        return gm.forward
+
+    source = f"lambda x: x * 2 + {len(_PROBED)}"  # a code object of its own: dynamo remembers one that failed
+    _PROBED.append(source)
+    try:
+        torch.compile(eval(compile(source, f"<probe {len(_PROBED)}>", "eval")), backend=backend)(torch.ones(2))
+    except Exception:  # noqa: BLE001 - dynamo ran (and failed on the simulated host): not eager
+        return False
+    return not graphs
 
 
 def _where() -> dict[str, str]:
@@ -125,6 +148,7 @@ def test_cpu_run_on_a_gpu_host_routes_every_no_cuda_shim_to_the_cpu() -> None:
     (cpu,) = _run(["cpu"])
     assert cpu["installed"] == ALL_NO_CUDA
     assert cpu["probes"] == dict.fromkeys(NO_CUDA_PROBES, "cpu")
+    assert cpu["eager"]  # upstream's torch.compile'd functions run eagerly on a CPU run (convcheck.compat.eager)
 
 
 @pytest.mark.fresh_process
@@ -147,5 +171,6 @@ def test_planted_is_available_rule_is_named() -> None:
 def test_cuda_run_installs_no_cpu_shim_and_deactivates_earlier_ones() -> None:
     cuda, cpu, cuda_again = _run(["cuda", "cpu", "cuda"])
     assert cuda["installed"] == [] and cpu["installed"] == ALL_NO_CUDA == cuda_again["installed"]
+    assert [cuda["eager"], cpu["eager"], cuda_again["eager"]] == [False, True, False]  # compile follows the device
     assert cpu["probes"] == dict.fromkeys(NO_CUDA_PROBES, "cpu")
     assert all(where != "cpu" for where in cuda_again["probes"].values()), cuda_again["probes"]

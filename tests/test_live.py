@@ -1,7 +1,7 @@
 """convcheck.live inside a job that is not convcheck's: tests/live_trainer.py stands for a user's trainer (its own
 torch.distributed and parallel_state init, its own AutoBridge model, weights perturbed as a training step would) and
-calls convcheck.live.check clean, then with a planted mapping bug, and convcheck.live.digest. One torchrun launch per
-case answers every test of the case."""
+calls convcheck.live.check clean, then with a planted mapping bug, and convcheck.live.digest. One launch per case
+(ranks forked by the session's warm server, else torchrun) answers every test of the case."""
 
 from __future__ import annotations
 
@@ -10,8 +10,6 @@ import json
 import math
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +17,7 @@ import pytest
 
 from convcheck.api import resolve_model
 from convcheck.errors import BadInput
-from tests.support.helpers import ROOT, run_cli
+from tests.support.helpers import ROOT, run_cli, run_rank_script
 
 CASES = {
     "qwen3-tp2": ("tiny:qwen3", 2, 1, 1, "coverage,differential,mapping,receiver,idempotence", "bucketed"),
@@ -55,8 +53,7 @@ def launch(shared_root: Path, case: str) -> tuple[dict[str, Any], Path]:
         fcntl.flock(lock, fcntl.LOCK_EX)
         result = folder / "result.json"
         if not result.exists():
-            ranks = f"--nproc-per-node={math.lcm(tp, ep) * pp * DP.get(case, 1)}"
-            trainer = str(ROOT / "tests" / "live_trainer.py")
+            nproc = math.lcm(tp, ep) * pp * DP.get(case, 1)
             args = [
                 resolve_model(fixture),
                 str(tp),
@@ -66,10 +63,9 @@ def launch(shared_root: Path, case: str) -> tuple[dict[str, Any], Path]:
                 str(folder),
                 *([sender] if sender else []),
             ]
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", ranks, trainer, *args]
             env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "LIVE_VPP": str(VPP.get(case, 1))}
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, cwd=ROOT)
-            assert result.exists(), f"trainer exit {proc.returncode}: {proc.stderr[-3000:]}"
+            log = run_rank_script(ROOT / "tests" / "live_trainer.py", args, nproc, env, folder, timeout=400)
+            assert result.exists(), f"the trainer wrote no result: {log[-3000:]}"
         return json.loads(result.read_text()), folder
 
 

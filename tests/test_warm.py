@@ -13,7 +13,7 @@ import pytest
 
 from convcheck.engine import warm
 from convcheck.engine.warm_client import PIDS_FILE, SOCKET_ENV, import_env, source_key
-from tests.support.helpers import mutant, run_cli, wait_for_warm_server
+from tests.support.helpers import ROOT, mutant, run_cli, wait_for_warm_server
 
 
 def _comparable(report: dict) -> dict:
@@ -98,6 +98,14 @@ def test_pythonpath_extras_are_served_only_when_they_shadow_nothing(tmp_path: Pa
             f"the launcher's PYTHONPATH holds {held}, a module the server imported from elsewhere",
             [],
         )
+    # this checkout on the path (a trainer script's PYTHONPATH) holds the very convcheck the server imported: served;
+    # another copy of it is not
+    assert warm._admission({**ok, "import_env": {**env, "PYTHONPATH": joined(ROOT)}}, key, env) == (None, [str(ROOT)])
+    copy = tmp_path / "copy" / "convcheck"
+    copy.mkdir(parents=True)
+    assert warm._admission({**ok, "import_env": {**env, "PYTHONPATH": joined(copy.parent)}}, key, env)[0] == (
+        f"the launcher's PYTHONPATH holds {copy}, a module the server imported from elsewhere"
+    )
     assert (
         "does not end with the server's"
         in warm._admission(

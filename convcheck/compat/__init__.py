@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from convcheck.compat import no_cuda, no_fla, no_mamba_ssm, no_te, no_te_gdn, no_te_olmoe
 from convcheck.compat._patch import upstream
 from convcheck.compat.detect import skipped
+from convcheck.compat.eager import run_compiled_eagerly
 from convcheck.compat.no_cuda import (
     CPU_CHECKPOINT_SITES,
     CPU_CONSTRUCTOR_SITES,
@@ -132,7 +133,8 @@ SHIMS = (
 def install(device: str = "cpu") -> None:
     """Install every shim needed for a run on `device` ("cpu" or "cuda"); safe to call more than once.
 
-    The no-CUDA shims are installed and active exactly when `device` is "cpu", whatever the host has.
+    The no-CUDA shims are installed and active exactly when `device` is "cpu", whatever the host has; so is the
+    eager call of torch.compile'd upstream functions (convcheck.compat.eager).
     """
     if device not in DEVICES:
         raise BadInput(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
@@ -145,6 +147,7 @@ def install(device: str = "cpu") -> None:
         no_cuda.install()
     else:
         no_cuda.set_active(False)
+    run_compiled_eagerly(device == "cpu")
 
 
 def install_hybrid_shims() -> None:

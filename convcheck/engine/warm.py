@@ -3,12 +3,13 @@ each job from that state instead of starting torchrun and importing them again i
 cores, ~90% of a tiny fixture's run).
 
 Opt-in: `python -m convcheck.engine.warm SOCKET` starts a server; a launcher with `CONVCHECK_WARM_SOCKET=SOCKET` in
-its environment sends it its CPU jobs. Each job gets a fresh fork of the server (the server itself never runs one), so
-no job sees another's state; the server answers only launchers whose convcheck source and import-time environment
-equal its own (`source_key`, `IMPORT_ENV`), others fall back to torchrun. Per job an agent process (its own session,
-like torchrun) forks one process per rank with torchrun's environment (RANK, WORLD_SIZE, MASTER_PORT...), stops the
-others when a rank fails, and reports every rank's exit code to the launcher over the socket. The launcher side of the
-protocol is `convcheck.engine.warm_client`.
+its environment sends it its CPU jobs (a job file for the worker, or a script its ranks run as `__main__` as torchrun
+runs a trainer: `warm_client.run_script`). Each job gets a fresh fork of the server (the server itself never runs
+one), so no job sees another's state; the server answers only launchers whose convcheck source and import-time
+environment equal its own (`source_key`, `IMPORT_ENV`), others fall back to torchrun. Per job an agent process (its
+own session, like torchrun) forks one process per rank with torchrun's environment (RANK, WORLD_SIZE, MASTER_PORT...),
+stops the others when a rank fails, and reports every rank's exit code to the launcher over the socket. The launcher
+side of the protocol is `convcheck.engine.warm_client`.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def _admission(request: dict[str, Any] | None, key: str, env: dict[str, str]) ->
     extras = extra_paths(asked.get("PYTHONPATH", ""), env["PYTHONPATH"], request.get("cwd", "."))
     if extras is None:
         return "the launcher's PYTHONPATH does not end with the server's", []
-    shadow = shadowing(extras, {name.split(".")[0] for name in sys.modules})
+    shadow = shadowing(extras, imported_from())
     if shadow:
         return f"the launcher's PYTHONPATH holds {shadow}, a module the server imported from elsewhere", []
     return None, extras
@@ -122,10 +123,26 @@ def extra_paths(asked: str, own: str, cwd: str) -> list[str] | None:
     return [os.path.abspath(os.path.join(cwd, e)) for e in entries[: len(entries) - len(tail)]]
 
 
-def shadowing(paths: list[str], imported: set[str]) -> str | None:
+def imported_from() -> dict[str, set[Path]]:
+    """Top-level module name -> where this process imported it from (a package's folders, a module's file; empty for
+    a built-in or frozen one)."""
+    out: dict[str, set[Path]] = {}
+    for name, module in list(sys.modules.items()):
+        if "." in name:
+            continue
+        paths = list(getattr(module, "__path__", None) or [])
+        file = getattr(module, "__file__", None)
+        if not paths and file:
+            paths = [file]
+        out[name] = {Path(p).resolve() for p in paths}
+    return out
+
+
+def shadowing(paths: list[str], imported: dict[str, set[Path]]) -> str | None:
     """The first file or folder under `paths` a fresh interpreter would import in place of a top-level module the
-    server already has (or run at start-up: sitecustomize, usercustomize; a zip on the path counts as one); None:
-    the forked ranks resolve every import as fresh ones would, with `paths` put before the server's."""
+    server already has from elsewhere (or run at start-up: sitecustomize, usercustomize; a zip on the path counts as
+    one); None: the forked ranks resolve every import as fresh ones would, with `paths` put before the server's. The
+    very package or file the server imported (a checkout's own folder on the path) shadows nothing."""
     for entry in map(Path, paths):
         if not entry.is_dir():
             if entry.exists():
@@ -133,7 +150,9 @@ def shadowing(paths: list[str], imported: set[str]) -> str | None:
             continue
         for child in entry.iterdir():
             name = child.name if child.is_dir() else child.name.split(".")[0]
-            if name in imported or name in ("sitecustomize", "usercustomize"):
+            if name in ("sitecustomize", "usercustomize"):
+                return str(child)
+            if name in imported and child.resolve() not in imported[name]:
                 return str(child)
     return None
 
@@ -261,9 +280,11 @@ def _rank(rank: int, nproc: int, port: int, log: int, request: dict[str, Any]) -
         import tempfile
 
         tempfile.tempdir = None  # the server may have cached its own TMPDIR; the rank's is the job's
-        sys.argv = ["convcheck.engine.worker", request["job_file"]]
-
-        code = main([request["job_file"]])
+        if "script" in request:
+            code = _run_script(request["script"], request.get("argv", []))
+        else:
+            sys.argv = ["convcheck.engine.worker", request["job_file"]]
+            code = main([request["job_file"]])
         sys.stdout.flush()
         sys.stderr.flush()
         reap_children()
@@ -274,6 +295,23 @@ def _rank(rank: int, nproc: int, port: int, log: int, request: dict[str, Any]) -
         sys.stderr.flush()
     finally:
         os._exit(code)
+
+
+def _run_script(script: str, argv: list[str]) -> int:
+    """Run `script` as `python script ARGV...` would in this rank (its folder first on the path, as `__main__`); its
+    exit code (SystemExit's, 0 when it returns)."""
+    import runpy
+
+    sys.argv = [script, *argv]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as stop:
+        if stop.code is None or isinstance(stop.code, int):
+            return stop.code or 0
+        print(stop.code, file=sys.stderr)
+        return 1
+    return 0
 
 
 def _free_port() -> int:

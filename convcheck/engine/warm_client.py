@@ -105,6 +105,25 @@ def run_warm(
         conn.close()
 
 
+def run_script(
+    path: str,
+    script: str,
+    argv: list[str],
+    *,
+    nproc: int,
+    env: Mapping[str, str],
+    log_file: str,
+    timeout_s: float,
+    cwd: str = ".",
+) -> list[tuple[int, int]] | None:
+    """Fork `nproc` ranks on the warm server at `path` that each run `script ARGV...` as `__main__` (as torchrun runs
+    a trainer, with its RANK, WORLD_SIZE, MASTER_ADDR...), output to `log_file`; (rank, exit code) in exit order, or
+    None when the server cannot take it (the caller then uses torchrun). WarmTimeout after `timeout_s`."""
+    request = {"script": script, "argv": list(argv), "nproc": nproc, "env": dict(env), "log_file": log_file,
+               "cwd": cwd}  # fmt: skip
+    return run_warm(path, request, timeout_s, lambda: None)
+
+
 def _stop(agent: int, lines: "_Lines") -> None:
     """SIGTERM the agent's session (agent and ranks), SIGKILL what is left once the grace is over."""
     for sig, grace in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 5.0)):

@@ -104,3 +104,26 @@ def wait_for_warm_server(timeout: float = 120.0) -> None:
     while not Path(os.environ.get(SOCKET_ENV, "/nonexistent")).exists():
         assert time.monotonic() < deadline, "the session's warm server did not come up"
         time.sleep(0.5)
+
+
+def run_rank_script(
+    script: Path, args: list[str], nproc: int, env: dict[str, str], folder: Path, timeout: float
+) -> str:
+    """Run `script ARGS...` on `nproc` CPU ranks as `torchrun --standalone` would (a stand-in for a user's trainer):
+    forked by this session's warm server when it takes the job (megatron imported once), else under torchrun; the
+    ranks' output (folder/ranks.log), for a failure message."""
+    from convcheck.engine.warm_client import SOCKET_ENV, run_script
+
+    log = folder / "ranks.log"
+    socket_path = os.environ.get(SOCKET_ENV, "")
+    if socket_path:
+        wait_for_warm_server()
+        warm_env = {**env, "CUDA_VISIBLE_DEVICES": ""}
+        exits = run_script(socket_path, str(script), args, nproc=nproc, env=warm_env, log_file=str(log),
+                           timeout_s=timeout, cwd=str(ROOT))  # fmt: skip
+        if exits is not None:
+            return log.read_text() if log.exists() else ""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", str(script)]
+    proc = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    log.write_text(proc.stdout + proc.stderr)
+    return log.read_text()

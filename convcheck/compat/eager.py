@@ -1,0 +1,20 @@
+"""CPU runs call upstream's torch.compile'd functions eagerly (megatron-core's `jit_fuser`: activations, norms, the
+MoE router, GatedDeltaNet's gating): inductor's CPU code generation compiles C++ for every graph, 12-20 s of a tiny
+hybrid model's forward per launch even with its cache warm (NemotronH's logits 20 s compiled, 0.3 s eager), for the
+same math on a few tokens. CUDA runs compile as upstream does."""
+
+from __future__ import annotations
+
+_saved: dict[str, bool] = {}
+
+
+def run_compiled_eagerly(on: bool) -> None:
+    """On: every torch.compile'd function runs as plain Python (torch._dynamo disabled at call time, so functions
+    decorated at import time follow too). Off: dynamo as it was before the first `on`."""
+    import torch._dynamo
+
+    if on:
+        _saved.setdefault("disable", bool(torch._dynamo.config.disable))
+        torch._dynamo.config.disable = True
+    elif "disable" in _saved:
+        torch._dynamo.config.disable = _saved.pop("disable")
