@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from convcheck.engine.warm_client import SOCKET_ENV, serving
 from tests.support.helpers import ROOT, run_cli
 
 BUG = """
@@ -28,7 +29,9 @@ MegatronModelBridge.stream_weights_megatron_to_hf = _convcheck_scaled_norm
 
 
 @pytest.mark.ranks
-def test_an_edited_bridge_never_reuses_a_stale_reference(tmp_path: Path) -> None:
+def test_an_edited_bridge_never_reuses_a_stale_reference(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each branch's runs fork their ranks from a warm server started on that branch's code (the session's server
+    imported the installed bridge; a server's forks never see an edit made after it started)."""
     overlay = tmp_path / "overlay"
     bridge = Path(importlib.util.find_spec("megatron.bridge").origin).parent  # type: ignore[union-attr, arg-type]
     shutil.copytree(bridge, overlay / "megatron" / "bridge")
@@ -38,9 +41,13 @@ def test_an_edited_bridge_never_reuses_a_stale_reference(tmp_path: Path) -> None
     args = ("verify", "--model", "tiny:qwen3", "--tp", "2", "--oracle", "roundtrip,layout")
     manifests = tmp_path / "cache" / "layout"
 
+    monkeypatch.delenv(SOCKET_ENV, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     for factor in (2, 3):  # two bridge branches with an export bug, same version string
         module.write_text(healthy + BUG.replace("FACTOR", str(factor)))
-        buggy = run_cli(*args, tmp_path=tmp_path, env=env)
+        with serving(wait_s=240):
+            buggy = run_cli(*args, tmp_path=tmp_path, env=env)
         assert buggy.code == 1, buggy.err
         assert {f["tensor"] for f in buggy.findings("roundtrip")} == {"model.norm.weight"}
         # the bug is the same at TP1 and TP2: the TP1 job (run because TP2 differs from the source) exports the same
