@@ -2,7 +2,8 @@
 training step would, then convcheck.live inside the job. tests/test_live.py launches it and reads OUT/result.json.
 
 usage: torchrun --standalone --nproc-per-node N tests/live_trainer.py CHECKPOINT TP EP PP ORACLES OUT [SENDER]
-(LIVE_VPP=V: V virtual pipeline chunks per stage)
+(LIVE_VPP=V: V virtual pipeline chunks per stage; LIVE_PP_SPLIT=F,L: F and L decoder layers on the first and last
+stage)
 
 The chunks are DistributedDataParallel(Float16Module(GPTModel)) as megatron training wraps them; with PP > 1 every
 call also passes the job's ProcessGroupCollection.
@@ -26,6 +27,8 @@ DEVICE = os.environ.get("LIVE_DEVICE", "cpu")
 """Where the trainer holds its model: cpu (gloo, the suite) or cuda (NCCL, one GPU per rank: docs/gpu.md)."""
 VPP = int(os.environ.get("LIVE_VPP", "1"))
 """Model chunks per pipeline stage (a virtual pipeline when > 1: megatron-core interleaves the layers over them)."""
+SPLIT = tuple(int(n) for n in os.environ.get("LIVE_PP_SPLIT", "").split(",") if n)
+"""Decoder layers of the first and last pipeline stage (LIVE_PP_SPLIT=1,3: an uneven split; empty: even)."""
 
 
 def setup(checkpoint: str, tp: int, ep: int, pp: int) -> tuple[list, object]:
@@ -60,6 +63,8 @@ def setup(checkpoint: str, tp: int, ep: int, pp: int) -> tuple[list, object]:
     provider.tensor_model_parallel_size, provider.expert_model_parallel_size = tp, ep
     provider.pipeline_model_parallel_size, provider.expert_tensor_parallel_size = pp, 1
     provider.virtual_pipeline_model_parallel_size = VPP if VPP > 1 else None
+    if SPLIT:
+        provider.num_layers_in_first_pipeline_stage, provider.num_layers_in_last_pipeline_stage = SPLIT
     provider.sequence_parallel = False
     compat.configure_provider(provider, device)
     provider.finalize()
@@ -75,7 +80,8 @@ def setup(checkpoint: str, tp: int, ep: int, pp: int) -> tuple[list, object]:
 
 def perturb(model: list, seed: int = 7) -> None:
     """A seeded add like an optimizer step: replicated parameters change identically on every rank that holds them,
-    tensor-parallel shards and experts each by their own draw."""
+    tensor-parallel shards and experts each by their own draw; the word embeddings and the last stage's tied output
+    layer (`shared_embedding`, PP > 1) alike, as the embedding group's all-reduced gradient keeps them."""
     from megatron.core import parallel_state as ps
 
     with torch.no_grad():
@@ -85,6 +91,8 @@ def perturb(model: list, seed: int = 7) -> None:
                 shard = ps.get_expert_tensor_parallel_rank() if expert else ps.get_tensor_model_parallel_rank()
                 own = (ps.get_expert_model_parallel_rank() if expert else 0, ps.get_pipeline_model_parallel_rank())
                 key = f"{name}|{shard if getattr(param, 'tensor_model_parallel', False) else -1}|{own}"
+                if getattr(param, "shared_embedding", False):  # one draw for both copies of a tied embedding
+                    key = f"shared-embedding|{shard}"
                 gen = torch.Generator().manual_seed(seed + int(hashlib.sha256(key.encode()).hexdigest()[:8], 16))
                 step = torch.randn(param.shape, generator=gen, dtype=torch.float32) * 1e-2
                 param.add_(step.to(device=param.device, dtype=param.dtype))
@@ -232,10 +240,11 @@ def main() -> int:
     planted = convcheck.live.check(model, bridge, oracles="coverage,differential,mapping", **groups)
     after_planted = weights_digest(model)
     misnumbered = None
-    if VPP > 1:  # the bridge numbering every chunk's layers from chunk 0's offset, planted after the checks above
-        from convcheck.mutants.vpp import chunk_offset_from_chunk0
+    if VPP > 1 or SPLIT:  # the bridge numbering layers as if chunk 0's offset held for every chunk (VPP) or as if
+        # the stages were even (an uneven split), planted after the checks above
+        from convcheck.mutants.vpp import chunk_offset_from_chunk0, uneven_offset_as_even
 
-        chunk_offset_from_chunk0()
+        (uneven_offset_as_even if SPLIT else chunk_offset_from_chunk0)()
         misnumbered = convcheck.live.check(model, bridge, oracles="coverage", **groups)
     sameness = [before == after_clean, before == after_planted]
     gathered: list = [None] * dist.get_world_size()

@@ -24,6 +24,7 @@ CASES = {
     "qwen3-moe-tp2ep2": ("tiny:qwen3-moe", 2, 2, 1, "coverage,differential,elements,mapping", ""),
     "qwen3-pp2": ("tiny:qwen3", 1, 1, 2, "coverage,differential,elements,mapping", ""),
     "qwen2-tied-dp2": ("tiny:qwen2-tied", 1, 1, 1, "coverage,differential,elements,mapping", ""),
+    "qwen2-tied-4l-pp2first1last3": ("tiny:qwen2-tied-4l", 1, 1, 2, "coverage,differential,elements,mapping", ""),
     "qwen3-moe-pp2vpp2": ("tiny:qwen3-moe-4l", 1, 1, 2, "coverage,differential,elements,mapping", ""),
 }
 """fixture, TP, EP, PP, the clean check's oracles, its sender (the planted check: coverage, differential, mapping). The
@@ -32,6 +33,8 @@ ProcessGroupCollection to every call."""
 VPP = {"qwen3-moe-pp2vpp2": 2}
 """Virtual pipeline chunks per stage per case (default 1): PP2 x VPP2 over 4 layers puts layers 0 and 2 on stage 0's
 two chunks, 1 and 3 on stage 1's."""
+SPLIT = {"qwen2-tied-4l-pp2first1last3": "1,3"}
+"""Decoder layers of the first and last stage per case (default even): 1 and 3 of the 4 layers."""
 DP = {"qwen2-tied-dp2": 2}
 """Data-parallel replicas of the whole model per case (default 1): the DP2 case runs two ranks at TP1, each holding
 the whole model, as a data-parallel trainer does (a model with tied embeddings and q/k/v biases)."""
@@ -63,7 +66,13 @@ def launch(shared_root: Path, case: str) -> tuple[dict[str, Any], Path]:
                 str(folder),
                 *([sender] if sender else []),
             ]
-            env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "LIVE_VPP": str(VPP.get(case, 1))}
+            env = {
+                **os.environ,
+                "PYTHONPATH": str(ROOT),
+                "OMP_NUM_THREADS": "1",
+                "LIVE_VPP": str(VPP.get(case, 1)),
+                "LIVE_PP_SPLIT": SPLIT.get(case, ""),
+            }
             log = run_rank_script(ROOT / "tests" / "live_trainer.py", args, nproc, env, folder, timeout=400)
             assert result.exists(), f"the trainer wrote no result: {log[-3000:]}"
         return json.loads(result.read_text()), folder
@@ -132,6 +141,29 @@ def test_a_virtual_pipeline_numbered_from_chunk_0_is_named_live(shared_root: Pat
     missing = {f["tensor"] for f in findings if f["kind"] == "not-exported"}
     assert {"model.layers.2.self_attn.q_proj.weight", "model.layers.3.mlp.experts.7.down_proj.weight"} <= missing
     assert not any(n.startswith(("model.layers.0.", "model.layers.1.")) for n in missing)
+
+
+@pytest.mark.ranks
+def test_an_uneven_pipeline_numbered_as_even_is_named_live(shared_root: Path) -> None:
+    """PP2 with 1 and 3 decoder layers (a tied-embedding Qwen2 whose last stage holds its own copy of the embedding):
+    clean passes; with the bridge planted to number stage 1's layers as if the split were even (offset 2 instead of
+    1), coverage names stage 1 holding layers [2, 3, 4], layer 4 mapped to names the model does not have, every
+    tensor of layer 1 never exported, and the export that then raises."""
+    result, _ = launch(shared_root, "qwen2-tied-4l-pp2first1last3")
+    assert result["clean"]["verdict"] == "pass"
+    assert (result["clean"]["layout"]["pp_first"], result["clean"]["layout"]["pp_last"]) == (1, 3)
+    report = result["misnumbered"]
+    assert report["verdict"] == "fail" and [o["name"] for o in report["oracles"]] == ["coverage"]
+    findings = report["oracles"][0]["findings"]
+    assert [f["message"] for f in findings if f["kind"] == "misplaced-layers"] == [
+        "PP stage 1 chunk 0 (rank 1) holds decoder layers [2, 3, 4]; PP2xFIRST1xLAST3 puts layers [1, 2, 3] there"
+    ]
+    kinds = {f["kind"] for f in findings}
+    assert kinds == {"misplaced-layers", "hf-missing", "not-exported", "export-failed"}, kinds
+    missing = {f["tensor"] for f in findings if f["kind"] == "not-exported"}
+    assert len(missing) == 12 and all(n.startswith("model.layers.1.") for n in missing)
+    unmapped = {f["tensor"] for f in findings if f["kind"] == "hf-missing"}
+    assert len(unmapped) == 7 and all(n.startswith("decoder.layers.4.") for n in unmapped)
 
 
 REFUSED = (

@@ -67,16 +67,20 @@ def view_runs(out: Any, codes: Any) -> Any | None:
 def within(out: Any, base: Any) -> bool:
     """True when `out` is a non-empty view of contiguous `base`'s memory, of its dtype, whose last dim is contiguous
     and whose every element lies inside `base` (so each element of `out` is one element of `base`)."""
-    if out.dtype != base.dtype or out.numel() == 0 or out.dim() == 0:
+    if out.dtype != base.dtype or out.numel() == 0 or out.dim() == 0 or out.device != base.device:
         return False
-    if out.untyped_storage().data_ptr() != base.untyped_storage().data_ptr() or not base.is_contiguous():
+    if not base.is_contiguous():
         return False
     shape, stride = out.shape, out.stride()
     if stride[-1] != 1 and shape[-1] != 1:
         return False
-    first = out.storage_offset() - base.storage_offset()
-    last = first + sum((size - 1) * step for size, step in zip(shape, stride))  # strides are never negative
-    return first >= 0 and last < base.numel()
+    # by address: two live tensors' memory overlaps only where they share an allocation, so an `out` that starts on
+    # an element of `base` and ends inside it is a view of it
+    offset, width = out.data_ptr() - base.data_ptr(), out.element_size()
+    if offset < 0 or offset % width:
+        return False
+    last = offset // width + sum((size - 1) * step for size, step in zip(shape, stride))  # strides are never negative
+    return last < base.numel()
 
 
 def _merged_rows(index: Any, starts: Any, cols: int) -> Any:
