@@ -143,12 +143,21 @@ ALL_NO_CUDA = sorted(
 )
 
 
+@pytest.fixture(scope="module")
+def switched() -> list[dict]:
+    """One fresh process on a simulated GPU host installing for cuda, cpu, cuda, cpu in turn (what the two tests below
+    read; one import of megatron for both)."""
+    return _run(["cuda", "cpu", "cuda", "cpu"])
+
+
 @pytest.mark.fresh_process
-def test_cpu_run_on_a_gpu_host_routes_every_no_cuda_shim_to_the_cpu() -> None:
-    (cpu,) = _run(["cpu"])
-    assert cpu["installed"] == ALL_NO_CUDA
-    assert cpu["probes"] == dict.fromkeys(NO_CUDA_PROBES, "cpu")
-    assert cpu["eager"]  # upstream's torch.compile'd functions run eagerly on a CPU run (convcheck.compat.eager)
+@pytest.mark.xdist_group("compat-device-switched")  # one worker, so the module fixture runs once
+def test_cpu_run_on_a_gpu_host_routes_every_no_cuda_shim_to_the_cpu(switched: list[dict]) -> None:
+    """The first CPU install, and again after a CUDA install deactivated the shims."""
+    for cpu in (switched[1], switched[3]):
+        assert cpu["installed"] == ALL_NO_CUDA
+        assert cpu["probes"] == dict.fromkeys(NO_CUDA_PROBES, "cpu")
+        assert cpu["eager"]  # upstream's torch.compile'd functions run eagerly on a CPU run (convcheck.compat.eager)
 
 
 @pytest.mark.fresh_process
@@ -168,8 +177,9 @@ def test_planted_is_available_rule_is_named() -> None:
 
 
 @pytest.mark.fresh_process
-def test_cuda_run_installs_no_cpu_shim_and_deactivates_earlier_ones() -> None:
-    cuda, cpu, cuda_again = _run(["cuda", "cpu", "cuda"])
+@pytest.mark.xdist_group("compat-device-switched")
+def test_cuda_run_installs_no_cpu_shim_and_deactivates_earlier_ones(switched: list[dict]) -> None:
+    cuda, cpu, cuda_again, _ = switched
     assert cuda["installed"] == [] and cpu["installed"] == ALL_NO_CUDA == cuda_again["installed"]
     assert [cuda["eager"], cpu["eager"], cuda_again["eager"]] == [False, True, False]  # compile follows the device
     assert cpu["probes"] == dict.fromkeys(NO_CUDA_PROBES, "cpu")

@@ -53,6 +53,37 @@ STOPS = "exit-2"
 """A smoke entry `{exit-2 = "..."}`: the release cannot build the fixture; verify stops with exit 2 saying that."""
 
 
+INSTALLED_SHIMS = """
+import importlib.util, json, pathlib
+import torch
+from convcheck import compat
+from convcheck.compat.no_te import TE_IMPORTERS, imports_te_unconditionally, te_stand_in_modules
+compat.install("cpu")
+from megatron.bridge import AutoBridge
+from megatron.core.transformer.moe import moe_utils
+want = [m for m in TE_IMPORTERS if importlib.util.find_spec(m)
+        and imports_te_unconditionally(pathlib.Path(importlib.util.find_spec(m).origin).read_text())]
+x, w = torch.randn(3, 4, dtype=torch.bfloat16), torch.randn(5, 4, dtype=torch.bfloat16)
+out = moe_utils.router_gating_linear(x, w, None, torch.float32)
+exact = torch.mm(x.float(), w.float().t())
+print(json.dumps({"stand_ins": sorted(te_stand_in_modules()), "te_importers": sorted(want),
+                  "skipped": sorted(compat.skipped()),
+                  "gating": out.dtype == torch.float32
+                            and torch.equal(out.view(torch.int32), exact.view(torch.int32))}))
+"""
+"""One fresh interpreter that installs the CPU shims and imports the bridge, for the tests that read what it then
+holds (the TE stand-ins, the skipped shims, the router gating): one import of megatron instead of one per test."""
+
+
+@pytest.fixture(scope="module")
+def installed() -> dict:
+    res = _run(INSTALLED_SHIMS)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    import json
+
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
 def _run(code: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300, check=False
@@ -131,23 +162,11 @@ def test_te_import_detection_reads_module_level_imports_only() -> None:
 
 
 @pytest.mark.fresh_process
-def test_shim1_wraps_exactly_the_modules_that_import_te() -> None:
-    res = _run(
-        """
-        import importlib.util, pathlib
-        from convcheck import compat
-        from convcheck.compat.no_te import TE_IMPORTERS, imports_te_unconditionally, te_stand_in_modules
-        compat.install_import_shims()
-        from megatron.bridge import AutoBridge
-        want = [m for m in TE_IMPORTERS if importlib.util.find_spec(m)
-                and imports_te_unconditionally(pathlib.Path(importlib.util.find_spec(m).origin).read_text())]
-        print(sorted(te_stand_in_modules()) == sorted(want) and bool(want), want)
-        """
-    )
-    last = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
-    assert res.returncode == 0 and last.startswith("True"), res.stdout[-2000:] + res.stderr[-2000:]
+@pytest.mark.xdist_group("releases-installed")  # one worker: the module fixture runs once
+def test_shim1_wraps_exactly_the_modules_that_import_te(installed: dict) -> None:
+    assert installed["stand_ins"] == installed["te_importers"] and installed["te_importers"], installed
     if INSTALLED.startswith(("0.3.", "0.4.", "0.5.")):
-        assert "'megatron.bridge.peft.lora'" in last, last
+        assert "megatron.bridge.peft.lora" in installed["stand_ins"], installed
 
 
 def test_optional_module_tells_absent_from_broken(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -191,21 +210,13 @@ def test_legacy_grouped_mlp_only_where_the_local_spec_builds_it() -> None:
 
 
 @pytest.mark.fresh_process
-def test_shims_skipped_in_this_release_are_those_whose_target_is_absent() -> None:
-    res = _run(
-        """
-        from convcheck import compat
-        compat.install("cpu")
-        from megatron.bridge import AutoBridge
-        print(sorted(compat.skipped()))
-        """
-    )
-    assert res.returncode == 0, res.stderr[-2000:]
+@pytest.mark.xdist_group("releases-installed")  # one worker: the module fixture runs once
+def test_shims_skipped_in_this_release_are_those_whose_target_is_absent(installed: dict) -> None:
     core = ".".join(metadata.version("megatron-core").split(".")[:2])
     # 9: one GDN constructor site is in ssm/gated_delta_net/common.py (0.19); 14: moe_utils binds its TE names (0.17+);
     # 17: no mla_qk_norm_config before 0.19
     expected = {"0.16": "[9, 17]", "0.17": "[9, 14, 17]", "0.18": "[9, 14, 17]"}.get(core, "[14]")
-    assert res.stdout.strip().splitlines()[-1] == expected, release_label()
+    assert str(installed["skipped"]) == expected, release_label()
 
 
 @pytest.mark.fresh_process
@@ -220,20 +231,9 @@ def test_shim14_still_needed_moe_utils_leaves_te_names_unbound() -> None:
 
 
 @pytest.mark.fresh_process
-def test_shim14_lets_the_router_gating_run_upstream_torch_path() -> None:
-    res = _run(
-        """
-        import torch
-        from convcheck import compat
-        compat.install("cpu")
-        from megatron.core.transformer.moe import moe_utils
-        x, w = torch.randn(3, 4, dtype=torch.bfloat16), torch.randn(5, 4, dtype=torch.bfloat16)
-        out = moe_utils.router_gating_linear(x, w, None, torch.float32)
-        want = torch.mm(x.float(), w.float().t())
-        print(out.dtype == torch.float32 and torch.equal(out.view(torch.int32), want.view(torch.int32)))
-        """
-    )
-    assert res.returncode == 0 and res.stdout.strip().endswith("True"), res.stdout + res.stderr[-2000:]
+@pytest.mark.xdist_group("releases-installed")  # one worker: the module fixture runs once
+def test_shim14_lets_the_router_gating_run_upstream_torch_path(installed: dict) -> None:
+    assert installed["gating"] is True, installed
 
 
 # ---- fixtures: the same bytes in every environment -----------------------------------------------------------------
