@@ -7,11 +7,13 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import ROOT
+from tests.support.helpers import shared_value
 
 NO_CUDA_PROBES = ("2 replicated-mapping", "4 rope", "4 memory-buffer", "5 causal-mask", "6 rng-fork")
 
@@ -143,15 +145,14 @@ ALL_NO_CUDA = sorted(
 )
 
 
-@pytest.fixture(scope="module")
-def switched() -> list[dict]:
-    """One fresh process on a simulated GPU host installing for cuda, cpu, cuda, cpu in turn (what the two tests below
-    read; one import of megatron for both)."""
-    return _run(["cuda", "cpu", "cuda", "cpu"])
+@pytest.fixture
+def switched(shared_root: Path) -> list[dict]:
+    """One fresh process on a simulated GPU host installing for cuda, cpu, cuda, cpu in turn, once per session (what
+    the two tests below read; one import of megatron for both)."""
+    return shared_value(shared_root, "compat-device-switched", lambda: _run(["cuda", "cpu", "cuda", "cpu"]))
 
 
 @pytest.mark.fresh_process
-@pytest.mark.xdist_group("compat-device-switched")  # one worker, so the module fixture runs once
 def test_cpu_run_on_a_gpu_host_routes_every_no_cuda_shim_to_the_cpu(switched: list[dict]) -> None:
     """The first CPU install, and again after a CUDA install deactivated the shims."""
     for cpu in (switched[1], switched[3]):
@@ -177,7 +178,6 @@ def test_planted_is_available_rule_is_named() -> None:
 
 
 @pytest.mark.fresh_process
-@pytest.mark.xdist_group("compat-device-switched")
 def test_cuda_run_installs_no_cpu_shim_and_deactivates_earlier_ones(switched: list[dict]) -> None:
     cuda, cpu, cuda_again, _ = switched
     assert cuda["installed"] == [] and cpu["installed"] == ALL_NO_CUDA == cuda_again["installed"]

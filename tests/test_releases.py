@@ -9,6 +9,7 @@ TP1, every oracle, against the release's recorded findings (`smoke` in the table
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -33,7 +34,7 @@ from convcheck.fixtures.reference import (
 )
 from convcheck.gate.release_table import current_release, get_release, load_releases
 from convcheck.layout import ParallelLayout
-from tests.support.helpers import ROOT, run_cli
+from tests.support.helpers import ROOT, run_cli, shared_value
 from tests.support.release_targets import on_current_pins, release_label
 
 RELEASES = load_releases()
@@ -75,12 +76,14 @@ print(json.dumps({"stand_ins": sorted(te_stand_in_modules()), "te_importers": so
 holds (the TE stand-ins, the skipped shims, the router gating): one import of megatron instead of one per test."""
 
 
-@pytest.fixture(scope="module")
-def installed() -> dict:
+@pytest.fixture
+def installed(shared_root: Path) -> dict:
+    return shared_value(shared_root, "releases-installed", _installed)
+
+
+def _installed() -> dict:
     res = _run(INSTALLED_SHIMS)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    import json
-
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
@@ -162,7 +165,6 @@ def test_te_import_detection_reads_module_level_imports_only() -> None:
 
 
 @pytest.mark.fresh_process
-@pytest.mark.xdist_group("releases-installed")  # one worker: the module fixture runs once
 def test_shim1_wraps_exactly_the_modules_that_import_te(installed: dict) -> None:
     assert installed["stand_ins"] == installed["te_importers"] and installed["te_importers"], installed
     if INSTALLED.startswith(("0.3.", "0.4.", "0.5.")):
@@ -210,7 +212,6 @@ def test_legacy_grouped_mlp_only_where_the_local_spec_builds_it() -> None:
 
 
 @pytest.mark.fresh_process
-@pytest.mark.xdist_group("releases-installed")  # one worker: the module fixture runs once
 def test_shims_skipped_in_this_release_are_those_whose_target_is_absent(installed: dict) -> None:
     core = ".".join(metadata.version("megatron-core").split(".")[:2])
     # 9: one GDN constructor site is in ssm/gated_delta_net/common.py (0.19); 14: moe_utils binds its TE names (0.17+);
@@ -231,7 +232,6 @@ def test_shim14_still_needed_moe_utils_leaves_te_names_unbound() -> None:
 
 
 @pytest.mark.fresh_process
-@pytest.mark.xdist_group("releases-installed")  # one worker: the module fixture runs once
 def test_shim14_lets_the_router_gating_run_upstream_torch_path(installed: dict) -> None:
     assert installed["gating"] is True, installed
 

@@ -11,7 +11,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,6 +67,19 @@ def shared_run(root: Path, *args: str, timeout: float = 300, key: str | None = N
         res = run_cli(*(a.replace("{dir}", str(folder)) for a in args), tmp_path=folder, timeout=timeout)
         saved.write_text(json.dumps(asdict(res)))
         return res, folder
+
+
+def shared_value(root: Path, key: str, make: Callable[[], Any]) -> Any:
+    """`make()` (a JSON value) once per test session, by whichever xdist worker asks first; the others wait and read
+    it (what one fresh interpreter answers for several tests)."""
+    folder = root / "shared-values" / key
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        saved = folder / "value.json"
+        if not saved.exists():
+            saved.write_text(json.dumps(make()))
+        return json.loads(saved.read_text())
 
 
 def matrix_run(root: Path, name: str, layout: tuple[str, ...]) -> tuple[CliResult, Path]:
