@@ -245,6 +245,8 @@ class RankCoord:
     """Pipeline rank (which layers the rank owns; no tensor mapping slices by it)."""
 
     def __post_init__(self) -> None:
+        if all(type(v) is int and v >= 0 for v in (self.tp_rank, self.ep_rank, self.etp_rank, self.pp_rank)):
+            return  # the common case, without naming each axis
         for name in ("tp_rank", "ep_rank", "etp_rank", "pp_rank"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -252,6 +254,9 @@ class RankCoord:
 
     def check_in(self, layout: ParallelLayout) -> None:
         """Raise MappingError when a coordinate is outside `layout`."""
+        inside = self.tp_rank < layout.tp and self.ep_rank < layout.ep and self.etp_rank < layout.etp
+        if inside and self.pp_rank < layout.pp:
+            return  # every check of a shard asks: the common answer without building the pairs
         for axis, size in (("tp", layout.tp), ("ep", layout.ep), ("etp", layout.etp), ("pp", layout.pp)):
             if getattr(self, f"{axis}_rank") >= size:
                 raise MappingError(f"{self} is outside layout {layout.label}: {axis}_rank must be < {size}")

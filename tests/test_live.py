@@ -5,7 +5,6 @@ calls convcheck.live.check clean, then with a planted mapping bug, and convcheck
 
 from __future__ import annotations
 
-import fcntl
 import json
 import math
 import os
@@ -17,7 +16,7 @@ import pytest
 
 from convcheck.api import resolve_model
 from convcheck.errors import BadInput
-from tests.support.helpers import ROOT, run_cli, run_rank_script
+from tests.support.helpers import ROOT, locked, run_cli, run_rank_script
 
 CASES = {
     "qwen3-tp2": ("tiny:qwen3", 2, 1, 1, "coverage,differential,mapping,receiver,idempotence", "bucketed"),
@@ -51,9 +50,7 @@ def launch(shared_root: Path, case: str) -> tuple[dict[str, Any], Path]:
     """The trainer's result for `case`, launched once per session (the first test to ask runs it)."""
     fixture, tp, ep, pp, oracles, sender = CASES[case]
     folder = shared_root / "live-runs" / case
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locked(folder):
         result = folder / "result.json"
         if not result.exists():
             nproc = math.lcm(tp, ep) * pp * DP.get(case, 1)

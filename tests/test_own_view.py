@@ -84,3 +84,4 @@ def test_within_is_exactly_where_view_runs_reads_strides() -> None:
     assert not within(buf[25:], base) and not within(base[:0], base) and not within(base.clone(), base)
     assert not within(base.view(torch.float32), base)
     assert not within(buf[:4], buf[4:]) and not within(buf[2:6], buf[4:])  # memory before the base's first element
+    assert not within(codes.t()[:1], codes.t())  # a base that is not contiguous

@@ -62,5 +62,7 @@ def chunk(tensor: Any, parts: int, index: int, dim: int) -> Any:
     size = tensor.shape[dim]
     if size % parts:
         raise MappingError(f"dimension {dim} of size {size} does not split into {parts} equal parts")
+    if parts == 1 and index == 0:
+        return tensor  # the whole tensor: no view to make
     step = size // parts
     return tensor.narrow(dim, index * step, step)

@@ -61,9 +61,11 @@ def rows_match(mapping: Any, hf: Mapping[str, Any], layout: ParallelLayout, coor
     blocks, row = pieces(hf, layout, coord), 0
     if blocks is None or shard.dim() == 0 or sum(b.shape[0] for b in blocks) != shard.shape[0]:
         return False
+    whole = shard.detach()
     for block in blocks:
-        part = shard.detach().narrow(0, row, block.shape[0])
+        rows = block.shape[0]
+        part = whole if rows == whole.shape[0] else whole.narrow(0, row, rows)
         if block.dtype != part.dtype or block.shape != part.shape or not bytes_equal(block, part):
             return False
-        row += block.shape[0]
+        row += rows
     return True

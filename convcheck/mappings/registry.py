@@ -56,7 +56,7 @@ def registry_from_rules(
     missing = geometry.missing_for_mappings()
     if missing:
         raise MappingError(f"HF config lacks {', '.join(missing)}")
-    compiled = [(re.compile(rule.pattern), rule.build, rule.when) for rule in rules]
+    compiled = [(re.compile(rule.pattern), rule.build, rule.when, literal_tail(rule.pattern)) for rule in rules]
     wanted = frozenset(hf_names)
     problems: list[str] = []
     mappings: dict[str, TensorMapping] = {}
@@ -64,8 +64,8 @@ def registry_from_rules(
     for name in sorted(set(megatron_names)):
         hits = [
             (p, make)
-            for p, make, when in compiled
-            if (m := p.fullmatch(name)) is not None and (when is None or when(m, wanted))
+            for p, make, when, tail in compiled
+            if name.endswith(tail) and (m := p.fullmatch(name)) is not None and (when is None or when(m, wanted))
         ]
         if not hits:
             problems.append(f"{name}: Megatron parameter has no mapping")
@@ -94,6 +94,25 @@ def registry_from_rules(
     return MappingRegistry(
         architecture=architecture, mappings=mappings, problems=tuple(sorted(problems)), copies=frozenset(copies)
     )
+
+
+def literal_tail(pattern: str) -> str:
+    """The characters every full match of `pattern` ends with (its trailing literals; "" when it ends otherwise or
+    sets flags): a name that does not end with them cannot match, so the rule's expression need not run."""
+    try:
+        from re import _parser  # type: ignore[attr-defined]
+
+        parsed = _parser.parse(pattern)
+    except (ImportError, AttributeError):  # another Python's private parser: every rule's expression runs
+        return ""
+    if parsed.state.flags & ~(re.UNICODE | re.DEBUG):
+        return ""
+    chars = []
+    for op, value in reversed(list(parsed)):
+        if op is not _parser.LITERAL:
+            break
+        chars.append(chr(value))
+    return "".join(reversed(chars))
 
 
 def _fused_parts(mappings: dict[str, TensorMapping], produced: Counter[str]) -> list[str]:

@@ -9,6 +9,11 @@ from typing import Any
 from convcheck.layout import ParallelLayout
 from convcheck.mappings.base import MappingError, RankCoord, Shards, chunk, need, shard_of
 
+_RANK_OF = {"tp": "tp_rank", "ep": "ep_rank", "etp": "etp_rank", "pp": "pp_rank"}
+"""A mapping's axis -> the RankCoord field of the rank along it."""
+_CANONICAL: dict[tuple[str, int, int], RankCoord] = {}
+"""(axis, rank along it, EP rank) -> the canonical coordinate (RankCoord is frozen: one object serves every mapping)."""
+
 _AXES = ("tp", "etp")
 
 
@@ -34,7 +39,11 @@ class _Owned:
 
     def canonical(self, coord: RankCoord) -> RankCoord:
         ep_rank = coord.ep_rank if self.expert is not None else 0
-        return RankCoord(ep_rank=ep_rank, **{f"{self.axis}_rank": getattr(coord, f"{self.axis}_rank")})
+        key = (self.axis, getattr(coord, _RANK_OF[self.axis]), ep_rank)
+        found = _CANONICAL.get(key)
+        if found is None:
+            found = _CANONICAL[key] = RankCoord(ep_rank=ep_rank, **{_RANK_OF[self.axis]: key[1]})
+        return found
 
     def coords(self, layout: ParallelLayout) -> list[RankCoord]:
         ep_rank = self.owner(layout) if self.expert is not None else 0

@@ -127,9 +127,26 @@ def exactly_once(gathered: list[dict[str, Any]]) -> list[Finding]:
     return findings
 
 
-def megatron_side(ctx: RankContext) -> tuple[set[str], list[Finding]]:
-    """This rank's global parameter names and the findings about them (unmapped, missing HF, not loaded)."""
-    registry = ctx.mapping_registry()
+def task_mappings(ctx: RankContext) -> dict[str, Any]:
+    """Global name -> bridge mapping, for this rank's parameters the last probed export drain had tasks for: the
+    registry's own lookup of that very name (tasks made under another name, a LoRA wrapper's, are left out)."""
+    tasks = ctx.memo.export_tasks or ()
+    unwrapped = getattr(ctx.bridge._model_bridge, "_get_lora_unwrapped_name", None) if tasks else None
+    found = {}
+    for task in tasks:
+        name = getattr(task, "global_param_name", None)
+        if task.param_weight is None or name is None or task.mapping is None:
+            continue
+        if unwrapped is None or unwrapped(name) == name:
+            found[name] = task.mapping
+    return found
+
+
+def megatron_side(ctx: RankContext, known: dict[str, Any] | None = None) -> tuple[set[str], list[Finding]]:
+    """This rank's global parameter names and the findings about them (unmapped, missing HF, not loaded); `known`:
+    mappings the bridge's registry already gave for some names (task_mappings), the rest are looked up."""
+    known = known or {}
+    registry = None
     tied = bool(getattr(ctx.model[0].config, "share_embeddings_and_output_weights", False))
     hf_names = set(ctx.checkpoint.tensors)
     names: set[str] = set()
@@ -148,7 +165,10 @@ def megatron_side(ctx: RankContext) -> tuple[set[str], list[Finding]]:
             )
         if tied and name.endswith("output_layer.weight"):
             continue  # tied to the word embeddings: exported under the embedding's mapping
-        mapping = registry.megatron_to_hf_lookup(name)
+        mapping = known.get(name)
+        if mapping is None:
+            registry = registry or ctx.mapping_registry()
+            mapping = registry.megatron_to_hf_lookup(name)
         if mapping is None:
             findings.append(Finding(tensor=name, kind="unmapped", message="Megatron parameter has no bridge mapping"))
             continue
@@ -186,13 +206,14 @@ def export_side(counts: Counter[str], source: set[str]) -> list[Finding]:
 
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank checks its parameters; rank 0 also counts the export's names."""
-    names, findings = megatron_side(ctx)
-    if (failure := ctx.import_failure()) is not None:
-        findings.append(failure)
     on_host = ctx.device == "cpu" or not ctx.names_drain_on_device
     counts: Counter[str] = Counter(name for name, _ in ctx.export(cpu=on_host))
-    if (failure := ctx.export_failure()) is not None:
+    export_failed = ctx.export_failure()
+    names, findings = megatron_side(ctx, task_mappings(ctx))  # after the drain: its tasks answer most lookups
+    if (failure := ctx.import_failure()) is not None:
         findings.append(failure)
+    if export_failed is not None:
+        findings.append(export_failed)
     gathered = ctx.gather((sorted(names), [f.to_dict() for f in findings], claims(ctx)))
     if not ctx.is_reporter:
         return None

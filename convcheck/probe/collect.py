@@ -141,18 +141,26 @@ def _own_view_records(base: dict[str, Any], real: dict[str, Any]) -> list[dict[s
     weight element its strides name (nothing to compare, no other rank's part, no digest), every HF element written
     once, by this rank alone."""
     out = []
+    task, param = base["task"], base["param"]
     for name in sorted(real):
         tensor = real[name]
         numel = tensor.numel()
-        shape = list(tensor.shape)
-        out.append({**base, "hf": name, "shape": shape, "writer": [], "ranges": [(0, numel)], "owned": numel,
-                    "real": _described(tensor)})  # fmt: skip
+        out.append({"task": task, "param": param, "hf": name, "shape": list(tensor.shape), "writer": [],
+                    "ranges": [(0, numel)], "owned": numel, "real": _described(tensor)})  # fmt: skip
     return out
 
 
 def _described(tensor: Any) -> dict[str, Any]:
     """The real output as a record holds it: shape, dtype, and the digest (filled in for the cross-rank check)."""
-    return {"shape": list(tensor.shape), "dtype": str(tensor.dtype).removeprefix("torch."), "digest": None}
+    dtype = tensor.dtype
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return {"shape": list(tensor.shape), "dtype": name, "digest": None}
+
+
+_DTYPE_NAMES: dict[Any, str] = {}
+"""torch dtype -> its name without `torch.` (str() of a dtype is slow enough to show at 3,000 tensors a check)."""
 
 
 def _probe(task: Any, rank: int, codes: CodeCache, hook: ExportHook | None, shared: SharedProbes | None) -> Any:

@@ -29,6 +29,32 @@ def usable(bridge: Any) -> bool:
     return "conversion_tasks" in params and getattr(bridge, "export_weight_dtype", None) != "fp8"
 
 
+def shallow_copy(obj: Any) -> Any:
+    """copy.copy(obj), without its generic pickling protocol for a plain instance (its class keeps Python's own
+    copying, state and slots hooks, and it has a __dict__): a new instance sharing the same attribute values."""
+    cls = type(obj)
+    plain = _PLAIN.get(cls)
+    if plain is None:
+        plain = _PLAIN[cls] = (
+            not hasattr(cls, "__copy__")
+            and cls.__reduce_ex__ is object.__reduce_ex__
+            and cls.__reduce__ is object.__reduce__
+            and getattr(cls, "__getstate__", object.__getstate__) is object.__getstate__
+            and not hasattr(cls, "__setstate__")
+            and not any(vars(k).get("__slots__") for k in cls.__mro__[:-1])
+            and hasattr(obj, "__dict__")
+        )
+    if not plain:
+        return copy.copy(obj)
+    new = cls.__new__(cls)
+    new.__dict__.update(obj.__dict__)
+    return new
+
+
+_PLAIN: dict[type, bool] = {}
+"""Class -> whether shallow_copy may copy its instances by their __dict__ (decided once per class object)."""
+
+
 class ProbeInExport:
     """Tasks for one export drain whose real conversions also produce the differential's records."""
 
@@ -40,13 +66,13 @@ class ProbeInExport:
         self.next = 0
         self.seconds = 0.0
         self.intact = True
-        tasks = tasks_of(ctx)
+        tasks = self.bridge_tasks = tasks_of(ctx)
         self.hook = export_hook(ctx, tasks)
         self.tasks = [self._tapped(i, task) for i, task in enumerate(tasks)]
 
     def _tapped(self, index: int, task: Any) -> Any:
         """A copy of `task` whose mapping shell calls the real mapping, then records the task."""
-        shell = copy.copy(task.mapping)
+        shell = shallow_copy(task.mapping)
 
         def megatron_to_hf(weights: Any, module: Any) -> Any:
             version = weight_version(task)
@@ -60,7 +86,7 @@ class ProbeInExport:
             return out
 
         shell.megatron_to_hf = megatron_to_hf
-        tapped = copy.copy(task)  # the task's fields as they are, only the mapping swapped
+        tapped = shallow_copy(task)  # the task's fields as they are, only the mapping swapped
         object.__setattr__(tapped, "mapping", shell)  # WeightConversionTask is a frozen dataclass
         return tapped
 

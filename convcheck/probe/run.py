@@ -7,7 +7,7 @@ from typing import Any
 
 from convcheck.compare.bits import unravel_index
 from convcheck.probe.hook import ExportHook, hook_made, hook_name
-from convcheck.probe.runs import code_dtype, decode_runs, owned, shard_codes, view_runs, within
+from convcheck.probe.runs import code_dtype, decode_runs, owned, shard_codes, view_runs, views_inside
 from convcheck.probe.stubs import ProbeCommError, ProbeState, no_communication, probe_copy, warm
 
 
@@ -122,7 +122,10 @@ def probe_task(
 def own_views(real: dict[str, Any], weight: Any) -> bool:
     """True when every output of a real conversion is a view inside this rank's own weight (runs.within): no gather
     of another rank can have made it (a gather returns new memory), and every one of its elements is the weight's."""
-    return weight is not None and bool(real) and all(within(t, weight) for t in real.values())
+    if weight is None or not real:
+        return False
+    inside = views_inside(weight)
+    return all(inside(t) for t in real.values())
 
 
 def own_view_slots(real: dict[str, Any], weight: Any) -> dict[str, ProbeSlot] | None:

@@ -67,20 +67,33 @@ def view_runs(out: Any, codes: Any) -> Any | None:
 def within(out: Any, base: Any) -> bool:
     """True when `out` is a non-empty view of contiguous `base`'s memory, of its dtype, whose last dim is contiguous
     and whose every element lies inside `base` (so each element of `out` is one element of `base`)."""
-    if out.dtype != base.dtype or out.numel() == 0 or out.dim() == 0 or out.device != base.device:
-        return False
+    return views_inside(base)(out)
+
+
+def views_inside(base: Any) -> Any:
+    """`within(out, base)` as a function of `out` alone, with `base`'s own facts read once (a task's outputs are all
+    asked about one weight)."""
     if not base.is_contiguous():
-        return False
-    shape, stride = out.shape, out.stride()
-    if stride[-1] != 1 and shape[-1] != 1:
-        return False
-    # by address: two live tensors' memory overlaps only where they share an allocation, so an `out` that starts on
-    # an element of `base` and ends inside it is a view of it
-    offset, width = out.data_ptr() - base.data_ptr(), out.element_size()
-    if offset < 0 or offset % width:
-        return False
-    last = offset // width + sum((size - 1) * step for size, step in zip(shape, stride))  # strides are never negative
-    return last < base.numel()
+        return lambda out: False
+    dtype, device, start, numel = base.dtype, base.device, base.data_ptr(), base.numel()
+
+    def inside(out: Any) -> bool:
+        if out.dtype != dtype or out.device != device or out.dim() == 0 or out.numel() == 0:
+            return False
+        stride = out.stride()
+        if stride[-1] != 1 and out.shape[-1] != 1:
+            return False
+        offset, width = out.data_ptr() - start, out.element_size()
+        if offset < 0 or offset % width:
+            return False
+        # by address: two live tensors' memory overlaps only where they share an allocation, so an `out` that starts
+        # on an element of `base` and ends inside it is a view of it
+        if out.is_contiguous():  # the common case: its last element is numel - 1 past its first
+            return offset // width + out.numel() <= numel
+        last = offset // width + sum((size - 1) * step for size, step in zip(out.shape, stride))  # never negative
+        return last < numel
+
+    return inside
 
 
 def _merged_rows(index: Any, starts: Any, cols: int) -> Any:

@@ -39,8 +39,11 @@ zero-centered gamma Megatron stores (param_mapping.py:2838) is the HF gated norm
 
 def _declared_class(mapping: Any) -> type | None:
     """The declared value-map class `mapping` is an instance of, None when it only moves elements."""
-    from megatron.bridge.models.conversion import param_mapping
+    import sys
 
+    param_mapping = sys.modules.get("megatron.bridge.models.conversion.param_mapping")
+    if param_mapping is None:  # not imported: nothing can be an instance of its classes
+        return None
     for name in _DECLARED:
         cls = getattr(param_mapping, name, None)
         if cls is not None and isinstance(mapping, cls):

@@ -40,6 +40,9 @@ class RunMemo:
     stream ran to its end (e.g. the gate manifest's digests, convcheck.engine.recorder)."""
     held_exports: list[Any] = field(default_factory=list)
     """The bridge exports a custom sender is iterating (convcheck.sync.stream.Held): drained if the sender raises."""
+    export_tasks: list[Any] | None = None
+    """The bridge's conversion tasks the last probed export drain was handed (convcheck.probe.fused): their mappings
+    are the registry's answers for this rank's parameters, which coverage then need not look up again."""
     local_tensors: tuple[tuple[Any, ...], Any, list[tuple[int, str, str, Any]]] | None = None
     """(the chunks, the bridge's naming function, RankContext.local_tensors' answer for them): one walk of the modules
     per run, not one per oracle."""
@@ -163,6 +166,7 @@ class RankContext:
             return hold(self, self.bridge.export_hf_weights(self.model, cpu=cpu, show_progress=False))
         self.memo.probe_in_export = False  # one drain carries the probe
         tap = fused.ProbeInExport(self)
+        self.memo.export_tasks = tap.bridge_tasks
         return hold(
             self,
             tap.drain(

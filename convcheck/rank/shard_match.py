@@ -66,7 +66,8 @@ class ShardTap:
             for param in list(waiting):
                 self._drop(param)
             return
-        self.held[name] = source.to(self.local[next(iter(waiting))].device)
+        device = self.local[next(iter(waiting))].device
+        self.held[name] = source if source.device == device else source.to(device)
         self.held_bytes += size
         for param in list(waiting):
             self.needs[param].discard(name)
@@ -91,7 +92,7 @@ class ShardTap:
         self._drop(param)
 
     def _drop(self, param: str) -> None:
-        for name in self.needs.pop(param, set()) | set(self.registry.get(param).hf_names):
+        for name in self.needs.pop(param, set()).union(self.registry.get(param).hf_names):
             users = self.users.get(name)
             if users is None:
                 continue

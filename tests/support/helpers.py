@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -11,7 +12,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,15 +53,23 @@ def mutant(module: str, name: str) -> str:
     return f"convcheck.mutants.{module}:{name}"
 
 
+@contextlib.contextmanager
+def locked(folder: Path) -> Iterator[Path]:
+    """`folder` (made when missing) held under its lock file for the block: the xdist workers that ask for one
+    session-wide result wait there while the first one makes it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield folder
+
+
 def shared_run(root: Path, *args: str, timeout: float = 300, key: str | None = None) -> tuple[CliResult, Path]:
     """`run_cli(*args)` once per test session, by whichever xdist worker asks first; the others wait and read it.
 
     `{dir}` in an argument is replaced by the run's own folder (returned too), e.g. `--manifest {dir}/m.json`.
     """
     folder = root / "shared-runs" / hashlib.sha256((key or "\0".join(args)).encode()).hexdigest()[:16]
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locked(folder):
         saved = folder / "result.json"
         if saved.exists():
             return CliResult(**json.loads(saved.read_text())), folder
@@ -73,9 +82,7 @@ def shared_value(root: Path, key: str, make: Callable[[], Any]) -> Any:
     """`make()` (a JSON value) once per test session, by whichever xdist worker asks first; the others wait and read
     it (what one fresh interpreter answers for several tests)."""
     folder = root / "shared-values" / key
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locked(folder):
         saved = folder / "value.json"
         if not saved.exists():
             saved.write_text(json.dumps(make()))
