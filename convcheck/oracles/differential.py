@@ -12,6 +12,7 @@ compared bitwise against the declared map. The routed experts of a layer share o
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Any
 
@@ -85,6 +86,9 @@ def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[
                 by_hf[rec["hf"]].append((rank, rec))
     found: list[Finding] = []
     for hf, entries in sorted(by_hf.items()):
+        if len(entries) == 1 and _whole_and_alone(entries[0][1]):
+            counts[entries[0][1]["param"]] += entries[0][1]["owned"]  # what the phases below find nothing in
+            continue
         probes = [(r, e) for r, e in entries if "ranges" in e]
         reals = [(r, e) for r, e in entries if e.get("real")]
         for task in sorted({e["task"] for _, e in reals}):  # a fused HF tensor is made by many tasks, each a part
@@ -106,6 +110,15 @@ def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[
         if n == 0 and param not in named and param not in owned
     ]
     return findings, counts
+
+
+def _whole_and_alone(e: dict[str, Any]) -> bool:
+    """True for the one record of an HF tensor (one rank, one task) whose probe writes every element once, in a real
+    export of its shape, with no mismatch: no other rank to disagree with, nothing uncovered or written twice."""
+    real = e.get("real")
+    if not real or "mismatch" in e or "ranges" not in e or real["shape"] != e["shape"] or len(e["ranges"]) != 1:
+        return False
+    return tuple(e["ranges"][0]) == (0, math.prod(e["shape"]))
 
 
 def _first_of_each(found: list[Finding]) -> list[Finding]:

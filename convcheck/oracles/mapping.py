@@ -193,7 +193,7 @@ def _verdict(
     rows = tuple(
         TensorRow(tensor=n, shape=(), dtype="?", verdict=_row_verdict(n, registry, bad)) for n in sorted(all_names)
     )
-    covered_count = sum(1 for n in all_names if registry.get(n) is not None)
+    covered_count = sum(1 for n in all_names if n in registry.mappings)
     unit = f"names ({covered_count} Megatron parameters + {len(checked_exports)} HF tensors)"
     metrics = {
         "gathers": shards.shipping.gathers,
@@ -440,7 +440,7 @@ def _nbytes(d: Digest) -> int:
 
 
 def _row_verdict(name: str, registry: MappingRegistry, bad: set[str]) -> str:
-    if registry.get(name) is None:
+    if name not in registry.mappings:
         return "uncovered"
     return "fail" if name in bad else "pass"
 

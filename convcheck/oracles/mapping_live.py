@@ -46,14 +46,12 @@ class LiveShardTap(ShardTap):
         super().finish()
         self.fed = True
 
-    def _check(self, param: str) -> None:
-        mapping, tensor = self.registry.get(param), self.local[param]
-        hf = {n: self.held[n] for n in mapping.hf_names if n in self.held}
+    def _verify(self, param: str, hf: dict[str, Any]) -> None:
+        mapping, tensor = self.registry.mappings[param], self.local[param]
         if shard_matches(mapping, hf, self.ctx.layout, self.ctx.coord, tensor):
             self.proven[param] = (tensor, tensor._version)
         else:
             self._name(param, mapping, hf, tensor)
-        self._drop(param)
 
     def _name(self, param: str, mapping: Any, hf: dict[str, Any], tensor: Any) -> None:
         """The finding of a shard that is not the mapping's to_shard of the export, with its first wrong element."""
@@ -78,14 +76,16 @@ def start(ctx: RankContext) -> LiveShardTap | None:
         return None
     tap = LiveShardTap(ctx=ctx, registry=registry, all_names=all_names, local={})
     tap.findings, tap.exported = [], {}
+    maps = registry.mappings
     for name, tensor in local.items():
-        mapping = registry.get(name)
+        mapping = maps.get(name)
         if mapping is None:
             continue
         tap.local[name] = tensor
         tap.needs[name] = set(mapping.hf_names)
         for hf in mapping.hf_names:
             tap.users.setdefault(hf, set()).add(name)
+    tap.settle()
     return tap
 
 
@@ -104,15 +104,16 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         tap, came_from = _own_drain(ctx), "own drain"
     failure = ctx.export_failure()
     registry, covered = tap.registry, sorted(tap.local)
-    held = {n: registry.get(n).canonical(ctx.coord) for n in covered}
+    maps = registry.mappings
+    held = {n: maps[n].canonical(ctx.coord) for n in covered}
     nbytes = {n: tap.local[n].numel() * tap.local[n].element_size() for n in covered}
     unproven = [n for n in covered if n not in tap.proven]
     gathered = ctx.gather(([f.to_dict() for f in tap.findings], held, nbytes, unproven))
     findings = [Finding.from_dict(f) for part in gathered for f in part[0]]
     suspect = {n for part in gathered for n in part[3]} - set(registry.copies)
     mine, sizes = base._senders([part[:3] for part in gathered], ctx.rank)
-    params = sorted(n for n in tap.all_names if registry.get(n) is not None and n not in registry.copies)
-    owner = {hf: n for n in params for hf in registry.get(n).hf_names}  # type: ignore[union-attr]
+    params = sorted(n for n in tap.all_names if n in maps and n not in registry.copies)
+    owner = {hf: n for n in params for hf in maps[n].hf_names}
     shipping = base._Shipping(local=tap.local, held=held, mine=mine, sizes=sizes)
     mismatched = {hf: n for hf, n in owner.items() if n in suspect and hf in tap.exported}
     plan = ctx.gather(base._plan(mismatched, tap.exported) if ctx.is_reporter else None)[0]
