@@ -95,7 +95,7 @@ def coverage_raises_on_rank1() -> None:
         return
 
     def make(original: Any) -> Any:
-        def megatron_side(ctx: Any) -> Any:
+        def megatron_side(ctx: Any, *args: Any) -> Any:
             raise ValueError("planted fault in the coverage oracle on rank 1")
 
         return megatron_side
