@@ -9,7 +9,6 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from convcheck.hf.geometry import Geometry
 from convcheck.mappings.base import CoverageError, MappingError, TensorMapping
@@ -55,79 +54,16 @@ def registry_from_rules(
     """Map every Megatron name once by `rules` (one architecture's, see convcheck.models.build_registry); strict:
     CoverageError names every unmapped or doubly mapped parameter and every HF tensor produced zero or two+ times.
 
-    Kept per process by content (a trainer's live checks ask again with the same model): the names, the geometry and
-    the rules' code, each rule function's closure and the module globals its code names (a class or helper rebound
-    since is another key); the mappings are frozen, so one registry serves every caller."""
+    Built afresh on every call: what a registry holds depends on its mapping classes' behaviour at build time (their
+    `hf_names`), which a planted bug can change without rebinding anything a key could see."""
     missing = geometry.missing_for_mappings()
     if missing:
         raise MappingError(f"HF config lacks {', '.join(missing)}")
-    rules = tuple(rules)
-    megatron_names, hf_names = frozenset(megatron_names), frozenset(hf_names)
-    alive: list[Any] = []
-    key = (architecture, geometry, megatron_names, hf_names, tied, strict, rules_key(rules, alive))
-    try:
-        held = _BUILT.get(key)
-    except TypeError:  # a geometry field that cannot be hashed: built afresh
-        key, held = None, None
-    if held is None:
-        held = _build(architecture, rules, geometry, megatron_names, hf_names, tied=tied, strict=strict)
-        if key is not None:
-            if len(_BUILT) >= 4:
-                oldest = next(iter(_BUILT))
-                del _BUILT[oldest]
-                _ALIVE.pop(oldest, None)
-            _BUILT[key] = held
-            _ALIVE[key] = alive
+    held = _build(architecture, tuple(rules), geometry, frozenset(megatron_names), frozenset(hf_names), tied=tied)
     if held.problems and strict:
         head = f"mappings for {architecture} do not cover the model exactly once: "
         raise CoverageError(head + "; ".join(held.problems))
     return held
-
-
-_BUILT: dict[tuple[Any, ...], MappingRegistry] = {}
-"""registry_from_rules' registries by content (the last four)."""
-_ALIVE: dict[tuple[Any, ...], list[Any]] = {}
-"""The unhashable objects a key names by id, held while the key is (so no other object takes the id)."""
-
-
-def rules_key(rules: tuple[MappingRule, ...], alive: list[Any]) -> tuple[Any, ...]:
-    """What decides the rules' mappings besides their inputs: each pattern, and each function's code, closure values,
-    defaults and the module globals its code names, followed into the functions among them (an unhashable value by
-    its id, appended to `alive`)."""
-    seen: set[int] = set()
-    return tuple(
-        (rule.pattern, _code_key(rule.build, seen, alive), _code_key(rule.when, seen, alive)) for rule in rules
-    )
-
-
-def _code_key(value: Any, seen: set[int], alive: list[Any]) -> Any:
-    code = getattr(value, "__code__", None)
-    if code is None or not hasattr(value, "__globals__"):
-        try:
-            hash(value)
-            return value
-        except TypeError:
-            alive.append(value)
-            return ("by-id", id(value))
-    if id(value) in seen:
-        return ("again", code)
-    seen.add(id(value))
-    cells = []
-    for cell in value.__closure__ or ():
-        try:
-            cells.append(_code_key(cell.cell_contents, seen, alive))
-        except ValueError:  # an empty cell
-            cells.append(("empty",))
-    names = value.__globals__
-    globs = tuple(
-        (n, _code_key(names[n], seen, alive)) for n in code.co_names if n in names and not _is_module(names[n])
-    )
-    defaults = tuple(_code_key(d, seen, alive) for d in value.__defaults__ or ())
-    return (code, tuple(cells), globs, defaults)
-
-
-def _is_module(value: Any) -> bool:
-    return type(value).__name__ == "module"
 
 
 def _build(
@@ -138,7 +74,6 @@ def _build(
     wanted: frozenset[str],
     *,
     tied: bool,
-    strict: bool,
 ) -> MappingRegistry:
     """registry_from_rules' work: every name matched and mapped; the problems listed, sorted."""
     compiled = [(re.compile(rule.pattern), rule.build, rule.when, literal_tail(rule.pattern)) for rule in rules]
