@@ -199,6 +199,25 @@ def one_rank_failures(model: list, bridge: object, groups: dict) -> dict:
     }
 
 
+def cyclic_leftovers(model: list, bridge: object, groups: dict) -> int:
+    """Objects of convcheck's or of the bridge's conversion code that a clean check leaves only Python's cyclic
+    collector could free (each one a cycle the check's end would otherwise pay to walk)."""
+    import gc
+
+    import convcheck.live
+
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        convcheck.live.check(model, bridge, **groups)
+        gc.collect()
+        ours = ("convcheck", "megatron.bridge.models.conversion")
+        return sum(1 for o in gc.garbage if type(o).__module__.startswith(ours))
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+
+
 def wrappers(chunk: torch.nn.Module) -> str:
     """The chunk's classes from the outside in, down to the Megatron model (`A(B(C))`)."""
     names = [type(chunk).__name__]
@@ -236,6 +255,7 @@ def main() -> int:
     if importlib.util.find_spec("modelopt") is not None:  # save_hf_weights imports it (absent on the GPU image)
         bridge.save_hf_weights(model, str(out / "export"))  # the receiver side's folder, for `convcheck sweep`
     failures = one_rank_failures(model, bridge, groups)
+    leftovers = cyclic_leftovers(model, bridge, groups)
     swap_qk_head0()  # a mapping bug in the sync path (the bridge's export of layer 0's q/k), planted now
     planted = convcheck.live.check(model, bridge, oracles="coverage,differential,mapping", **groups)
     after_planted = weights_digest(model)
@@ -248,7 +268,7 @@ def main() -> int:
         misnumbered = convcheck.live.check(model, bridge, oracles="coverage", **groups)
     sameness = [before == after_clean, before == after_planted]
     gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (sameness, unpatched, wrappers(model[0])))
+    dist.all_gather_object(gathered, (sameness, unpatched, wrappers(model[0]), leftovers))
     if rank == 0:
         result = {
             "clean": clean.to_dict(),
@@ -256,9 +276,10 @@ def main() -> int:
             "misnumbered": misnumbered.to_dict() if misnumbered is not None else None,
             "sync_planted": sync_planted.to_dict() if sync_planted is not None else None,
             "one_rank": failures,
-            "weights_unchanged": [all(s[i] for s, _, _ in gathered) for i in range(2)],
-            "nothing_left_patched": all(u for _, u, _ in gathered),
-            "wrapped_as": sorted({w for _, _, w in gathered}),
+            "weights_unchanged": [all(s[i] for s, _, _, _ in gathered) for i in range(2)],
+            "nothing_left_patched": all(u for _, u, _, _ in gathered),
+            "wrapped_as": sorted({w for _, _, w, _ in gathered}),
+            "cyclic_leftovers": [g[3] for g in gathered],
             "digest_tensors": len(manifest.tensors),
         }
         (out / "result.json").write_text(json.dumps(result, indent=1))

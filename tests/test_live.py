@@ -109,6 +109,7 @@ def test_live_check_passes_and_names_a_planted_bug(shared_root: Path, case: str)
     )
     assert result["weights_unchanged"] == [True, True]  # digest of every rank's weights before and after each check
     assert result["nothing_left_patched"]
+    assert set(result["cyclic_leftovers"]) == {0}  # no cycle of convcheck's or the bridge's objects on any rank
     assert result["wrapped_as"] == ["DistributedDataParallel(Float16Module(GPTModel))"]  # as the trainer holds them
     assert (
         clean["layout"]["pp"] == CASES[case][3]

@@ -201,6 +201,27 @@ def test_gated_row_blocks_match_only_the_true_shard(tp: int) -> None:
     assert embed.to_shard(hf, ParallelLayout(), RankCoord()).data_ptr() == hf["gate"].data_ptr()  # no padding copy
 
 
+def test_row_blocks_in_place_are_equal_unread_and_misplaced_ones_are_read() -> None:
+    """An export that is the shard's own rows (a view, as at TP1) matches without reading; views of the shard at the
+    wrong rows (gate and up swapped in place), another dtype over the same bytes, or a transposed view do not, and
+    a copy with one changed element is still read and refused."""
+    from convcheck.mappings.check import rows_match
+
+    layout, coord = ParallelLayout(), RankCoord()
+    fc1 = Gated(megatron="decoder.layers.0.mlp.linear_fc1.weight", gate="gate", up="up")
+    shard = unique(16, 4)
+    assert rows_match(fc1, {"gate": shard[:8], "up": shard[8:]}, layout, coord, shard)
+    assert not rows_match(fc1, {"gate": shard[8:], "up": shard[:8]}, layout, coord, shard)
+    assert not rows_match(fc1, {"gate": shard[:8].view(torch.int32), "up": shard[8:].view(torch.int32)}, layout,
+                          coord, shard)  # fmt: skip
+    square = unique(8, 8)
+    assert not rows_match(fc1, {"gate": square.t()[:4], "up": square.t()[4:]}, layout, coord, square)
+    copy = shard.clone()
+    assert rows_match(fc1, {"gate": copy[:8], "up": copy[8:]}, layout, coord, shard)
+    copy[12, 3] += 1
+    assert not rows_match(fc1, {"gate": copy[:8], "up": copy[8:]}, layout, coord, shard)
+
+
 @pytest.mark.parametrize("ep,etp", [(1, 1), (2, 2), (4, 1)])
 def test_sequential_expert_mappings_use_global_ids(ep: int, etp: int) -> None:
     hf = experts_hf()
@@ -389,6 +410,30 @@ def test_a_rule_is_tried_only_on_names_ending_in_its_literal_tail() -> None:
     assert literal_tail(r"decoder\.layers\.(\d+)\.mlp\.linear_fc1\.weight") == ".mlp.linear_fc1.weight"
     assert literal_tail(r"a\.(?:weight)") == "a.weight"
     assert literal_tail(r"a\.(weight|bias)") == "" and literal_tail(r"x\.w$") == "" and literal_tail("(?i)abc") == ""
+
+
+def test_a_rule_is_tried_only_on_names_holding_its_literal_runs() -> None:
+    from convcheck.mappings.registry import literal_runs
+    from convcheck.models.shared_mappings import LAYER_PREFIX, expert_weight
+
+    assert literal_runs(LAYER_PREFIX + expert_weight(1)) == ("decoder.layers.", ".mlp.experts.")
+    assert literal_runs(r"a\.(x|y)\.b\d+c") == ("a.", ".b", "c")
+    assert literal_runs(r"(a|b)") == () and literal_runs("(?i)abc") == ()
+
+
+def test_rules_by_tail_match_names_shorter_than_the_longest_tail() -> None:
+    """Names shorter than the longest literal tail, names sharing their ends, and a rule without a tail are each
+    matched by exactly the rules a full match finds (the registry groups names by their last characters)."""
+    from convcheck.mappings.registry import MappingRule, registry_from_rules
+
+    def rule(pattern: str) -> MappingRule:
+        return MappingRule(pattern, lambda m, g: Replicated(megatron=m[0], hf=f"hf.{m[0]}"))
+
+    rules = [rule(r"w"), rule(r"b\.w"), rule(r"layers\.\d+\.long_tail_name\.weight"), rule(r"(x|y)")]
+    names = ["w", "b.w", "x", "y", "layers.1.long_tail_name.weight", "layers.22.long_tail_name.weight", "z.w"]
+    reg = registry_from_rules("T", rules, GEOM, names, [f"hf.{n}" for n in names], strict=False)
+    assert sorted(reg.mappings) == sorted(n for n in names if n != "z.w")
+    assert reg.problems == ("hf.z.w: HF tensor would be produced 0 times", "z.w: Megatron parameter has no mapping")
 
 
 def test_registry_names_every_offender() -> None:

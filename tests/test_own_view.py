@@ -56,7 +56,7 @@ def test_own_view_records_are_the_slot_records(upstream: Any, monkeypatch: pytes
         assert all(t.untyped_storage().data_ptr() == weight.untyped_storage().data_ptr() for t in real.values())
         lean = _records(task, real)
         with monkeypatch.context() as m:
-            m.setattr(collect, "own_views", lambda *_: False)  # the slots read off the same views
+            m.setattr(collect, "_own_view_records", lambda *_: None)  # the slots read off the same views
             slotted = _records(task, real)
         assert lean == slotted and len(lean) == len(real)
         assert all(r["ranges"] == [(0, r["owned"])] and r["writer"] == [] for r in lean)

@@ -9,6 +9,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from convcheck.hf.geometry import Geometry
 from convcheck.mappings.base import CoverageError, MappingError, TensorMapping
@@ -76,15 +77,26 @@ def _build(
     tied: bool,
 ) -> MappingRegistry:
     """registry_from_rules' work: every name matched and mapped; the problems listed, sorted."""
-    compiled = [(re.compile(rule.pattern), rule.build, rule.when, literal_tail(rule.pattern)) for rule in rules]
+    compiled = [
+        (re.compile(rule.pattern), rule.build, rule.when, literal_tail(rule.pattern), literal_runs(rule.pattern))
+        for rule in rules
+    ]
+    longest = max((len(rule[3]) for rule in compiled), default=0)
+    by_end: dict[str, list[Any]] = {}  # a name's last `longest` characters -> the rules whose tail it ends with
     problems: list[str] = []
     mappings: dict[str, TensorMapping] = {}
     copies: set[str] = set()
     for name in sorted(megatron_names):
+        end = name[max(0, len(name) - longest) :]
+        candidates = by_end.get(end)
+        if candidates is None:
+            candidates = by_end[end] = [rule for rule in compiled if end.endswith(rule[3])]
         hits = [
             (p, m, make)
-            for p, make, when, tail in compiled
-            if name.endswith(tail) and (m := p.fullmatch(name)) is not None and (when is None or when(m, wanted))
+            for p, make, when, _, runs in candidates
+            if all(run in name for run in runs)
+            and (m := p.fullmatch(name)) is not None
+            and (when is None or when(m, wanted))
         ]
         if not hits:
             problems.append(f"{name}: Megatron parameter has no mapping")
@@ -129,6 +141,27 @@ def literal_tail(pattern: str) -> str:
             break
         chars.append(chr(value))
     return "".join(reversed(chars))
+
+
+def literal_runs(pattern: str) -> tuple[str, ...]:
+    """The literal stretches of `pattern` outside any group, repeat or class (every full match contains each one;
+    none when it sets flags or Python's private parser is another): a name lacking one cannot match."""
+    try:
+        from re import _parser  # type: ignore[attr-defined]
+
+        parsed = _parser.parse(pattern)
+    except (ImportError, AttributeError):
+        return ()
+    if parsed.state.flags & ~(re.UNICODE | re.DEBUG):
+        return ()
+    runs, chars = [], []
+    for op, value in [*list(parsed), (None, None)]:
+        if op is _parser.LITERAL:
+            chars.append(chr(value))
+        elif chars:
+            runs.append("".join(chars))
+            chars = []
+    return tuple(runs)
 
 
 def _fused_parts(mappings: dict[str, TensorMapping], produced: Counter[str]) -> list[str]:

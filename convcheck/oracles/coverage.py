@@ -36,9 +36,9 @@ def _hf_names(mapping: Any) -> list[str]:
 
 def is_expert(name: str, tensor: Any = None) -> bool:
     """A routed-expert parameter: Megatron marks it `allreduce=False`; the bridge's names hold `.experts.`."""
-    if tensor is not None and getattr(tensor, "allreduce", True) is False:
+    if ".experts.local_experts." in name or ".experts.linear_fc" in name:
         return True
-    return ".experts.local_experts." in name or ".experts.linear_fc" in name
+    return tensor is not None and getattr(tensor, "allreduce", True) is False
 
 
 def claims(ctx: RankContext) -> dict[str, Any]:
@@ -110,6 +110,8 @@ def exactly_once(gathered: list[dict[str, Any]]) -> list[Finding]:
                     Finding(tensor=name, kind="claimed-twice", message=message, detail={"rank": part["rank"]})
                 )
     for name, held in sorted(holders.items()):
+        if len(held) < 2:
+            continue  # one holder is one owner
         axes = ("ep_rank", "pp_rank") if name in expert else ("pp_rank",)
         owners = sorted({tuple(getattr(c, a) for a in axes) for _, c in held})
         if len(owners) < 2:

@@ -7,8 +7,8 @@ from typing import Any
 from convcheck.compare.bits import describe_element, int_view, unravel_index
 from convcheck.compare.fold import quick_digest
 from convcheck.probe.hook import ExportHook, export_hook, hook_name
-from convcheck.probe.run import CodeCache, own_view_slots, own_views, probe_task, range_labels, to_ranges
-from convcheck.probe.runs import diff_positions, hf_ranges, mismatched_runs
+from convcheck.probe.run import CodeCache, own_view_slots, probe_task, range_labels, to_ranges
+from convcheck.probe.runs import diff_positions, hf_ranges, mismatched_runs, views_inside
 from convcheck.probe.shared import SharedProbes
 from convcheck.probe.values import ValueMap, value_map
 from convcheck.verdict import Finding
@@ -116,8 +116,9 @@ def task_records(
     values = value_map(task.mapping)
     try:
         fast = unwritten and no_gather_due(ctx, task)
-        if fast and with_real and values is None and own_views(real, task.param_weight):
-            return records + _own_view_records(base, real)
+        lean = _own_view_records(base, real, task.param_weight) if fast and with_real and values is None else None
+        if lean is not None:
+            return records + lean
         own = own_view_slots(real, task.param_weight) if fast else None
         slots = own or _probe(task, ctx.rank, codes, hook, shared if with_real else None)
     except Exception as exc:  # noqa: BLE001 - an unsupported pattern fails loud as a finding
@@ -136,14 +137,20 @@ def task_records(
     return records
 
 
-def _own_view_records(base: dict[str, Any], real: dict[str, Any]) -> list[dict[str, Any]]:
-    """The records of a task whose real outputs are all views inside its own unwritten weight: each element is the
-    weight element its strides name (nothing to compare, no other rank's part, no digest), every HF element written
-    once, by this rank alone."""
+def _own_view_records(base: dict[str, Any], real: dict[str, Any], weight: Any) -> list[dict[str, Any]] | None:
+    """The records of a task whose real outputs are all views inside its own unwritten weight (runs.views_inside; None
+    when one is not, or there is none): each element is the weight element its strides name (nothing to compare, no
+    other rank's part, no digest), every HF element written once, by this rank alone. No gather of another rank can
+    have made such an output (a gather returns new memory)."""
+    if weight is None or not real:
+        return None
+    inside = views_inside(weight)
     out = []
     task, param = base["task"], base["param"]
     for name in sorted(real):
         tensor = real[name]
+        if not inside(tensor):
+            return None
         numel = tensor.numel()
         out.append({"task": task, "param": param, "hf": name, "shape": list(tensor.shape), "writer": [],
                     "ranges": [(0, numel)], "owned": numel, "real": _described(tensor)})  # fmt: skip

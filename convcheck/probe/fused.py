@@ -29,13 +29,14 @@ def usable(bridge: Any) -> bool:
     return "conversion_tasks" in params and getattr(bridge, "export_weight_dtype", None) != "fp8"
 
 
-def shallow_copy(obj: Any) -> Any:
+def shallow_copy(obj: Any, plain: dict[type, bool]) -> Any:
     """copy.copy(obj), without its generic pickling protocol for a plain instance (its class keeps Python's own
-    copying, state and slots hooks, and it has a __dict__): a new instance sharing the same attribute values."""
+    copying, state and slots hooks, and it has a __dict__): a new instance sharing the same attribute values.
+    `plain` holds the answer per class for one drain (a class patched between drains is looked at afresh)."""
     cls = type(obj)
-    plain = _PLAIN.get(cls)
-    if plain is None:
-        plain = _PLAIN[cls] = (
+    found = plain.get(cls)
+    if found is None:
+        found = plain[cls] = (
             not hasattr(cls, "__copy__")
             and cls.__reduce_ex__ is object.__reduce_ex__
             and cls.__reduce__ is object.__reduce__
@@ -44,15 +45,11 @@ def shallow_copy(obj: Any) -> Any:
             and not any(vars(k).get("__slots__") for k in cls.__mro__[:-1])
             and hasattr(obj, "__dict__")
         )
-    if not plain:
+    if not found:
         return copy.copy(obj)
     new = cls.__new__(cls)
     new.__dict__.update(obj.__dict__)
     return new
-
-
-_PLAIN: dict[type, bool] = {}
-"""Class -> whether shallow_copy may copy its instances by their __dict__ (decided once per class object)."""
 
 
 class ProbeInExport:
@@ -68,11 +65,12 @@ class ProbeInExport:
         self.intact = True
         tasks = self.bridge_tasks = tasks_of(ctx)
         self.hook = export_hook(ctx, tasks)
-        self.tasks = [self._tapped(i, task) for i, task in enumerate(tasks)]
+        plain: dict[type, bool] = {}
+        self.tasks = [self._tapped(i, task, plain) for i, task in enumerate(tasks)]
 
-    def _tapped(self, index: int, task: Any) -> Any:
+    def _tapped(self, index: int, task: Any, plain: dict[type, bool]) -> Any:
         """A copy of `task` whose mapping shell calls the real mapping, then records the task."""
-        shell = shallow_copy(task.mapping)
+        shell = shallow_copy(task.mapping, plain)
 
         def megatron_to_hf(weights: Any, module: Any) -> Any:
             version = weight_version(task)
@@ -86,7 +84,7 @@ class ProbeInExport:
             return out
 
         shell.megatron_to_hf = megatron_to_hf
-        tapped = shallow_copy(task)  # the task's fields as they are, only the mapping swapped
+        tapped = shallow_copy(task, plain)  # the task's fields as they are, only the mapping swapped
         object.__setattr__(tapped, "mapping", shell)  # WeightConversionTask is a frozen dataclass
         return tapped
 
@@ -113,13 +111,18 @@ class ProbeInExport:
         self.seconds += time.perf_counter() - started
 
     def drain(self, stream: Iterable[Any]) -> Iterator[Any]:
-        """Yield the export; once it ends with every task recorded, keep the records on the context."""
-        yield from stream
-        if self.intact and self.next == len(self.tasks):
-            keep(
-                self.ctx,
-                self.records,
-                with_real=True,
-                origin={"in": self.ctx.phase.removeprefix("oracle "), "seconds": round(self.seconds, 3)},
-                shared=self.shared.shared,
-            )
+        """Yield the export; once it ends with every task recorded, keep the records on the context. The tapped
+        tasks are let go at the end: each one's shell calls back into this object, a cycle that would otherwise leave
+        every task, mapping and record of the drain to Python's cyclic collector (tens of thousands of objects)."""
+        try:
+            yield from stream
+            if self.intact and self.next == len(self.tasks):
+                keep(
+                    self.ctx,
+                    self.records,
+                    with_real=True,
+                    origin={"in": self.ctx.phase.removeprefix("oracle "), "seconds": round(self.seconds, 3)},
+                    shared=self.shared.shared,
+                )
+        finally:
+            self.tasks = []

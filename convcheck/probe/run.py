@@ -7,8 +7,8 @@ from typing import Any
 
 from convcheck.compare.bits import unravel_index
 from convcheck.probe.hook import ExportHook, hook_made, hook_name
-from convcheck.probe.runs import code_dtype, decode_runs, owned, shard_codes, view_runs, views_inside
-from convcheck.probe.stubs import ProbeCommError, ProbeState, no_communication, probe_copy, warm
+from convcheck.probe.runs import code_dtype, decode_runs, owned, shard_codes, view_runs
+from convcheck.probe.stubs import ProbeCommError, ProbeState, no_communication, probe_copy, release, warm
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -119,15 +119,6 @@ def probe_task(
     return _slots(out, runs, state)
 
 
-def own_views(real: dict[str, Any], weight: Any) -> bool:
-    """True when every output of a real conversion is a view inside this rank's own weight (runs.within): no gather
-    of another rank can have made it (a gather returns new memory), and every one of its elements is the weight's."""
-    if weight is None or not real:
-        return False
-    inside = views_inside(weight)
-    return all(inside(t) for t in real.values())
-
-
 def own_view_slots(real: dict[str, Any], weight: Any) -> dict[str, ProbeSlot] | None:
     """Slots read off a real conversion whose every output is a view of this rank's own (unwritten) weight: its
     strides say where each element lands, no gather of another rank can have made it (a gather returns new memory),
@@ -181,11 +172,14 @@ def _run(
     mapping = probe_copy(task.mapping, state)
     version = None if codes is None else codes._version
     hooked: set[str] = set()
-    with no_communication():  # the hook too: it must not gather either
-        out = dict(mapping.megatron_to_hf(codes, task.megatron_module) or {})
-        if hook is not None:
-            followed = hook(task, out)
-            out, hooked = followed, hook_made(out, followed)
+    try:
+        with no_communication():  # the hook too: it must not gather either
+            out = dict(mapping.megatron_to_hf(codes, task.megatron_module) or {})
+            if hook is not None:
+                followed = hook(task, out)
+                out, hooked = followed, hook_made(out, followed)
+    finally:
+        release(mapping)
     pristine = codes is not None and codes._version == version  # nothing wrote into the codes
     state.check_pool()
     return out, state, pristine, hooked

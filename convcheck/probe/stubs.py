@@ -221,6 +221,29 @@ def probe_copy(mapping: Any, state: ProbeState) -> Any:
     return new
 
 
+def release(probe: Any) -> None:
+    """Unbind the stub methods (and a value map's redirect) probe_copy bound onto `probe` and the copies inside it:
+    each bound method refers back to its copy, a cycle only Python's cyclic collector would otherwise free."""
+    seen: set[int] = set()
+    todo = [probe]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or not hasattr(obj, "__dict__"):
+            continue
+        seen.add(id(obj))
+        attrs = vars(obj)
+        for name in (*_STUBS, "megatron_to_hf"):
+            if isinstance(attrs.get(name), types.MethodType):
+                del attrs[name]
+        for value in list(attrs.values()):
+            if _is_mapping(value):
+                todo.append(value)
+            elif isinstance(value, (list, tuple)):
+                todo.extend(v for v in value if _is_mapping(v))
+            elif isinstance(value, dict):
+                todo.extend(v for v in value.values() if _is_mapping(v))
+
+
 def _refuser(name: str) -> Any:
     def call(*args: Any, **kwargs: Any) -> Any:
         raise ProbeCommError(f"probe: the mapping called torch.distributed.{name} directly")

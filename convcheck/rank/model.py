@@ -59,18 +59,80 @@ def build_model(provider: Any, device: str, experts: str = "sequential") -> list
 
 
 def named_tensors(model: list[Any]) -> list[tuple[int, str, Any]]:
-    """(vp_stage, local name, tensor) for every parameter and persistent buffer, wrappers stripped."""
-    from megatron.bridge.models.conversion.utils import persistent_buffers
-
+    """(vp_stage, local name, tensor) for every parameter and persistent buffer (the chunk's `named_parameters()`,
+    then the bridge's `persistent_buffers`), wrappers stripped."""
     out = []
     for vp_stage, chunk in enumerate(model):
-        for name, tensor in list(chunk.named_parameters()) + list(persistent_buffers(chunk)):
+        for name, tensor in parameters_and_buffers(chunk):
             if "_extra_state" in name:
                 continue
             while name.startswith("module."):
                 name = name[len("module.") :]
             out.append((vp_stage, name, tensor))
     return out
+
+
+def parameters_and_buffers(chunk: Any) -> list[tuple[str, Any]]:
+    """`list(chunk.named_parameters()) + list(persistent_buffers(chunk))`, in one pass over the modules where every
+    module walks the way torch.nn.Module does (the two walks are the same pre-order; a real model has thousands of
+    modules); else those two calls."""
+    params: list[tuple[str, Any]] = []
+    buffers: list[tuple[str, Any]] = []
+    if _walk(chunk, "", set(), set(), params, buffers, {}):
+        return params + buffers
+    from megatron.bridge.models.conversion.utils import persistent_buffers
+
+    return list(chunk.named_parameters()) + list(persistent_buffers(chunk))
+
+
+def _walk(
+    module: Any,
+    prefix: str,
+    modules: set[Any],
+    seen: set[Any],
+    params: list[Any],
+    buffers: list[Any],
+    own: dict[type, bool],
+) -> bool:
+    """Module.named_modules' pre-order from `module`: its parameters not met before (named_parameters' one memo for
+    the whole walk) and its persistent buffers (persistent_buffers: each module's own, repeats within it dropped);
+    False as soon as a module's class walks its own way (`own`: that answer per class, for this walk)."""
+    if not _torch_walk(type(module), own):
+        return False
+    modules.add(module)
+    dot = prefix + "." if prefix else ""
+    for key, value in module._parameters.items():
+        if value is not None and value not in seen:
+            seen.add(value)
+            params.append((dot + key, value))
+    if module._buffers:
+        skip = getattr(module, "_non_persistent_buffers_set", ())
+        met: set[Any] = set()
+        for key, value in module._buffers.items():
+            if value is None or value in met:
+                continue
+            met.add(value)
+            if key not in skip:
+                buffers.append((dot + key, value))
+    for key, child in module._modules.items():
+        if child is not None and child not in modules:
+            if not _walk(child, dot + key, modules, seen, params, buffers, own):
+                return False
+    return True
+
+
+_WALKS = ("named_modules", "named_parameters", "named_buffers", "_named_members")
+
+
+def _torch_walk(cls: type, known: dict[type, bool]) -> bool:
+    """True when `cls` keeps torch.nn.Module's own walking methods (answered once per class per walk in `known`)."""
+    found = known.get(cls)
+    if found is None:
+        import torch
+
+        base = torch.nn.Module
+        found = known[cls] = all(getattr(cls, n, None) is getattr(base, n) for n in _WALKS)
+    return found
 
 
 SENTINEL_BITS = {"bfloat16": 0x7FA5, "float16": 0x7CA5, "float32": 0x7FA5A5A5, "float64": 0x7FF4A5A5A5A5A5A5}

@@ -39,6 +39,10 @@ class ShardTap:
     """Source name -> waiting parameters that need it."""
     alone: dict[str, str] = field(default_factory=dict)
     """Source name -> the one parameter that needs it and nothing else (settle): checked as it comes, never held."""
+    private: dict[str, str] = field(default_factory=dict)
+    """Source name -> the one parameter that needs it, among others no other parameter needs (settle)."""
+    parts: dict[str, tuple[frozenset[str], dict[str, Any]]] = field(default_factory=dict)
+    """Parameter of `private` names -> (those names, the ones held so far): checked once all have come."""
     held: dict[str, Any] = field(default_factory=dict)
     held_bytes: int = 0
     proven: dict[str, tuple[Any, int]] = field(default_factory=dict)
@@ -58,6 +62,15 @@ class ShardTap:
                 self._verify(param, {name: source if source.device == device else source.to(device)})
             except Exception:  # noqa: BLE001,S110 - left unproven: the oracle checks it itself
                 pass
+            self.seconds += time.perf_counter() - started
+            return
+        param = self.private.pop(name, None)
+        if param is not None:
+            started = time.perf_counter()
+            try:
+                self._add_part(param, name, source)
+            except Exception:  # noqa: BLE001 - left unproven: the oracle checks it itself
+                self._abandon(param)
             self.seconds += time.perf_counter() - started
             return
         waiting = self.users.get(name)
@@ -87,10 +100,34 @@ class ShardTap:
             if not self.needs[param]:
                 self._check(param)
 
+    def _add_part(self, param: str, name: str, source: Any) -> None:
+        """Hold one of `param`'s private tensors; with the last of them, check the parameter and let them go."""
+        source = self._read(name) if source is None else source
+        size = source.numel() * source.element_size()
+        if self.held_bytes + size > HOLD_BYTES:
+            self._abandon(param)
+            return
+        device = self.local[param].device
+        names, got = self.parts[param]
+        got[name] = source if source.device == device else source.to(device)
+        self.held_bytes += size
+        if len(got) == len(names):
+            self._abandon(param)
+            self._verify(param, got)
+
+    def _abandon(self, param: str) -> None:
+        """Let go of `param`'s private tensors held so far and of the names still to come for it."""
+        names, got = self.parts.pop(param, (frozenset(), {}))
+        for name in names:
+            self.private.pop(name, None)
+        self.held_bytes -= sum(t.numel() * t.element_size() for t in got.values())
+
     def finish(self) -> None:
         """Drop what is still held: parameters whose tensors the export never yielded are left to the oracle."""
         for param in list(self.needs):
             self._drop(param)
+        for param in list(self.parts):
+            self._abandon(param)
 
     def is_proven(self, name: str, tensor: Any) -> bool:
         """True when `tensor` is the one proven equal to its mapping's shard and nothing wrote into it since."""
@@ -98,13 +135,19 @@ class ShardTap:
         return entry is not None and entry[0] is tensor and entry[1] == tensor._version
 
     def settle(self) -> None:
-        """Move each parameter whose one source tensor no other parameter needs from the waiting sets to `alone`."""
-        for name, users in list(self.users.items()):
-            if len(users) == 1:
-                param = next(iter(users))
-                if self.needs[param] == {name}:
-                    self.alone[name] = param
-                    del self.users[name], self.needs[param]
+        """Move each parameter whose source tensors no other parameter needs from the waiting sets: one tensor to
+        `alone`, several to `private` (held in `parts` only until the last comes)."""
+        for param, names in list(self.needs.items()):
+            if not names or any(self.users.get(n) != {param} for n in names):
+                continue
+            if len(names) == 1:
+                self.alone[next(iter(names))] = param
+            else:
+                self.parts[param] = (frozenset(names), {})
+                self.private.update(dict.fromkeys(names, param))
+            for name in names:
+                del self.users[name]
+            del self.needs[param]
 
     def _check(self, param: str) -> None:
         mapping = self.registry.mappings[param]
