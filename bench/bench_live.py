@@ -108,19 +108,24 @@ def _checkpoint(args: argparse.Namespace) -> tuple[str, str]:
     return str(Path(resolve_model(args.model)).resolve()), args.model
 
 
-def main() -> None:
-    """Parse, build the model, launch the ranks (or be one)."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def model_options(p: argparse.ArgumentParser) -> None:
+    """The model, layout and device options the live benches share (and the ones a rank is relaunched with)."""
     p.add_argument("--model", default="tiny:qwen3")
     for dim in ("tp", "pp", "ep"):
         p.add_argument(f"--{dim}", type=int, default=1)
-    p.add_argument("--oracles", default="coverage,differential,mapping")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--realsize-layers", type=int, default=0)
     p.add_argument("--tiny-dims", action="store_true")
     p.add_argument("--path", help=argparse.SUPPRESS)
     p.add_argument("--label", help=argparse.SUPPRESS)
+
+
+def main() -> None:
+    """Parse, build the model, launch the ranks (or be one)."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    model_options(p)
+    p.add_argument("--oracles", default="coverage,differential,mapping")
+    p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args()
     if args.path:
         _worker(args)

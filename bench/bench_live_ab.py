@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _launch import ROOT, rank_up  # type: ignore[import-not-found]
-from bench_live import _checkpoint  # type: ignore[import-not-found]
+from _launch import ROOT, launch, rank_up  # type: ignore[import-not-found]
+from bench_live import _checkpoint, model_options  # type: ignore[import-not-found]
 
 BASE_PACKAGE = "convcheck_base"
 
@@ -89,36 +89,25 @@ def _rounds(args: argparse.Namespace, ctx: Any, layout: Any, checks: dict[str, A
 
 
 def main() -> None:
+    """Parse; as a rank, measure; else build the model, write the base package and launch the ranks."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--base", default="HEAD", help="the commit to compare with (default HEAD: the uncommitted work), "
                    "or a folder holding another convcheck/")  # fmt: skip
-    p.add_argument("--model", default="tiny:qwen3")
-    for dim in ("tp", "pp", "ep"):
-        p.add_argument(f"--{dim}", type=int, default=1)
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--rounds", type=int, default=15)
-    p.add_argument("--realsize-layers", type=int, default=0)
-    p.add_argument("--tiny-dims", action="store_true")
-    p.add_argument("--path", help=argparse.SUPPRESS)
-    p.add_argument("--label", help=argparse.SUPPRESS)
+    model_options(p)
     args = p.parse_args()
-    if args.path:
+    if not args.path:
+        _launch_ranks(args)
+    else:
         _worker(args)
-        return
+
+
+def _launch_ranks(args: argparse.Namespace) -> None:
     path, label = _checkpoint(args)
-    world = args.tp * args.pp * args.ep
-    with tempfile.TemporaryDirectory(prefix="convcheck-ab-") as tmp:
-        here = base_package(args.base, Path(tmp))
-        path_list = os.pathsep.join(filter(None, [str(ROOT), str(here), os.environ.get("PYTHONPATH", "")]))
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": tmp, "PYTHONPATH": path_list}
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", __file__,
-               *sys.argv[1:], "--path", path, "--label", label]  # fmt: skip
-        proc = subprocess.run(cmd, check=False, env=env, cwd=ROOT, capture_output=True, text=True)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
-        sys.exit(proc.returncode or 1)
-    sys.stdout.write(lines[-1] + "\n")
+    with tempfile.TemporaryDirectory(prefix="convcheck-ab-") as tmp:  # the base package goes with it
+        here = str(base_package(args.base, Path(tmp)))
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH", "")]))
+        launch(__file__, args.tp * args.pp * args.ep, [*sys.argv[1:], "--path", path, "--label", label])
 
 
 if __name__ == "__main__":

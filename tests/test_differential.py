@@ -203,3 +203,28 @@ def test_a_skipped_ep_gather_is_missing_in_real_inside_roundtrips_drain(tmp_path
     assert d["kind"] == "missing-in-real" and d["detail"] == {"rank": 1, "first_index": [0, 0]}
     metrics = next(o for o in r.report["oracles"] if o["name"] == "differential")["metrics"]
     assert metrics["real"] == "shared (roundtrip export)"
+
+
+PROBES_SHARED_4L_TP2 = 4 * 2 * 6 + 2 * 7
+"""Rank 0's tasks on shared slots at TP2, four layers: per layer, fc1 and fc2 of experts 2-7 (experts 0 and 1 probed);
+and layers 2 and 3's seven non-expert tasks (qkv, its norm, q and k norms, o_proj, pre-MLP norm, router)."""
+LAYER_HOOK = f"{Path(__file__).parent / 'support' / 'hooks_layer_probe.py'}:flip_layer3_o_proj_on_rank0"
+"""A bug in one layer's task that takes the shared probe slots of the same task of earlier layers."""
+
+
+@pytest.mark.ranks
+def test_a_bug_in_a_layer_that_takes_shared_slots_is_named(tmp_path: Path) -> None:
+    """TP2, four layers: each non-expert task of layers 2 and 3 takes the probe slots of layer 0's, renamed (layers 0
+    and 1 probed and found equal); layer 3's o_proj gathered wrong on rank 0 only is named by its first element."""
+    r = run_cli(
+        "verify", "--model", "tiny:qwen3-moe-4l", "--tp", "2", "--oracle", "differential", "--hook", LAYER_HOOK,
+        tmp_path=tmp_path,
+    )  # fmt: skip
+    assert r.code == 1 and r.verdicts() == {"differential": "fail"}
+    target = "model.layers.3.self_attn.o_proj.weight"
+    found = {(f["tensor"], f["kind"]) for f in r.findings("differential")}
+    assert found == {(target, "differs"), (target, "ranks-disagree")}, found
+    d = next(f for f in r.findings("differential") if f["kind"] == "differs")
+    assert d["detail"] == {"rank": 0, "first_index": [1, 2], "count": 1}
+    metrics = next(o for o in r.report["oracles"] if o["name"] == "differential")["metrics"]
+    assert metrics["probes_shared"] == PROBES_SHARED_4L_TP2

@@ -89,3 +89,55 @@ def test_renamed_slots_move_every_expert_id() -> None:
     moved = renamed_slots(_slots(0), 3)
     assert sorted(moved) == sorted(_slots(3)) and same_slots(moved, _slots(3))
     assert not same_slots(moved, _slots(2)) and not same_slots(_slots(3), _slots(3, start=16))
+
+
+def _dense(upstream: Any, layer: int, rows: int = 8, module: Any = None) -> Any:
+    import torch
+
+    model_bridge, param_mapping = upstream
+    name = f"decoder.layers.{layer}.mlp.linear_fc1.weight"
+    mapping = param_mapping.GatedMLPMapping(
+        megatron_param=name, gate=f"model.layers.{layer}.mlp.gate_proj.weight",
+        up=f"model.layers.{layer}.mlp.up_proj.weight",
+    )  # fmt: skip
+    weight = torch.zeros(rows, 4, dtype=torch.bfloat16)
+    return model_bridge.WeightConversionTask(
+        param_name=name, global_param_name=name, mapping=mapping, pp_rank=0, megatron_module=module,
+        param_weight=weight,
+    )  # fmt: skip
+
+
+def _layer_slots(layer: int, start: int = 0) -> dict[str, ProbeSlot]:
+    import torch
+
+    runs = torch.tensor([[0, start, 16]], dtype=torch.int64)
+    names = [f"model.layers.{layer}.mlp.{p}_proj.weight" for p in ("gate", "up")]
+    return {n: ProbeSlot(hf_name=n, shape=(4, 4), runs=runs, writer=(("tp", 0),)) for n in names}
+
+
+def test_a_layers_task_shares_with_the_same_task_of_other_layers(upstream: Any) -> None:
+    """Non-expert tasks of successive layers: only the layer number is hidden; the first two are probed and must
+    agree (renamed by the layer difference), the rest take the renamed slots; a second probe that disagrees turns
+    sharing off for that kind."""
+    from convcheck.probe.shared import LAYER, layer_key
+
+    assert layer_key(_dense(upstream, 0), 0) == layer_key(_dense(upstream, 7), 0) is not None
+    assert layer_key(_dense(upstream, 0), 1) != layer_key(_dense(upstream, 0), 0)  # another rank
+    assert layer_key(_dense(upstream, 0, rows=16), 0) != layer_key(_dense(upstream, 0), 0)  # another geometry
+    assert layer_key(_dense(upstream, 0, module=object()), 0) != layer_key(_dense(upstream, 0), 0)  # another module
+    assert layer_key(_task(upstream, 1, 3), 0) is None  # a routed expert shares by expert number instead
+    shared, probed = SharedProbes(), []
+
+    def probe(layer: int, start: int = 0) -> Any:
+        return lambda: probed.append(layer) or _layer_slots(layer, start)
+
+    for layer in range(4):
+        got = shared.slots(_dense(upstream, layer), 0, probe(layer))
+        assert sorted(got) == sorted(_layer_slots(layer)) and all(s.hf_name == n for n, s in got.items())
+    assert probed == [0, 1] and shared.shared == 2
+    off, probed = SharedProbes(), []
+    for layer, start in ((0, 0), (1, 16), (2, 0)):
+        off.slots(_dense(upstream, layer), 0, probe(layer, start))
+    assert probed == [0, 1, 2] and off.shared == 0
+    moved = renamed_slots(_layer_slots(1), 2, LAYER)
+    assert sorted(moved) == sorted(_layer_slots(3)) and same_slots(moved, _layer_slots(3))
