@@ -53,67 +53,67 @@ class ShardTap:
     def offer(self, name: str, source: Any = None) -> None:
         """One exported name, with its source tensor when the caller read it (else read here if a parameter needs
         it)."""
-        param = self.alone.pop(name, None)
-        if param is not None:
-            started = time.perf_counter()
-            try:
-                source = self._read(name) if source is None else source
-                device = self.local[param].device
-                self._verify(param, {name: source if source.device == device else source.to(device)})
-            except Exception:  # noqa: BLE001,S110 - left unproven: the oracle checks it itself
-                pass
-            self.seconds += time.perf_counter() - started
-            return
-        param = self.private.pop(name, None)
-        if param is not None:
-            started = time.perf_counter()
-            try:
-                self._add_part(param, name, source)
-            except Exception:  # noqa: BLE001 - left unproven: the oracle checks it itself
-                self._abandon(param)
-            self.seconds += time.perf_counter() - started
-            return
-        waiting = self.users.get(name)
-        if not waiting or name in self.held:
-            return
         started = time.perf_counter()
-        try:
+        if (param := self.alone.pop(name, None)) is not None:
+            self._alone(param, name, source)
+        elif (param := self.private.pop(name, None)) is not None:
+            self._add_part(param, name, source)
+        elif (waiting := self.users.get(name)) and name not in self.held:
             self._take(name, waiting, source)
+        else:
+            return
+        self.seconds += time.perf_counter() - started
+
+    def _alone(self, param: str, name: str, source: Any) -> None:
+        """Check `param` against its one tensor as it comes (nothing held)."""
+        try:
+            source = self._read(name) if source is None else source
+            self._verify(param, {name: _on(source, self.local[param].device)})
+        except Exception:  # noqa: BLE001,S110 - left unproven: the oracle checks it itself
+            pass
+
+    def _take(self, name: str, waiting: set[str], source: Any) -> None:
+        """Hold a tensor several parameters wait for; check each of them that has all of its tensors now."""
+        try:
+            kept = self._admit(name, source, self.local[next(iter(waiting))].device)
+            if kept is None:
+                for param in list(waiting):
+                    self._drop(param)
+                return
+            self.held[name] = kept
+            for param in list(waiting):
+                self.needs[param].discard(name)
+                if not self.needs[param]:
+                    self._check(param)
         except Exception:  # noqa: BLE001 - never roundtrip's failure: the oracle checks these parameters itself
             for param in list(self.users.get(name, ())):
                 self._drop(param)
-        self.seconds += time.perf_counter() - started
-
-    def _take(self, name: str, waiting: set[str], source: Any) -> None:
-        if source is None:
-            source = self._read(name)
-        size = source.numel() * source.element_size()
-        if self.held_bytes + size > HOLD_BYTES:
-            for param in list(waiting):
-                self._drop(param)
-            return
-        device = self.local[next(iter(waiting))].device
-        self.held[name] = source if source.device == device else source.to(device)
-        self.held_bytes += size
-        for param in list(waiting):
-            self.needs[param].discard(name)
-            if not self.needs[param]:
-                self._check(param)
 
     def _add_part(self, param: str, name: str, source: Any) -> None:
         """Hold one of `param`'s private tensors; with the last of them, check the parameter and let them go."""
+        try:
+            kept = self._admit(name, source, self.local[param].device)
+            if kept is None:
+                self._abandon(param)
+                return
+            names, got = self.parts[param]
+            got[name] = kept
+            if len(got) == len(names):
+                self._abandon(param)
+                self._verify(param, got)
+        except Exception:  # noqa: BLE001 - left unproven: the oracle checks it itself
+            self._abandon(param)
+
+    def _admit(self, name: str, source: Any, device: Any) -> Any | None:
+        """`name`'s tensor (read here when not given) on `device`, counted in `held_bytes`; None, nothing counted, when
+        it would pass the hold budget."""
         source = self._read(name) if source is None else source
         size = source.numel() * source.element_size()
         if self.held_bytes + size > HOLD_BYTES:
-            self._abandon(param)
-            return
-        device = self.local[param].device
-        names, got = self.parts[param]
-        got[name] = source if source.device == device else source.to(device)
+            return None
+        kept = _on(source, device)
         self.held_bytes += size
-        if len(got) == len(names):
-            self._abandon(param)
-            self._verify(param, got)
+        return kept
 
     def _abandon(self, param: str) -> None:
         """Let go of `param`'s private tensors held so far and of the names still to come for it."""
@@ -175,6 +175,11 @@ class ShardTap:
     def _read(self, name: str) -> Any:
         self.reader = self.reader or TensorReader(self.ctx.checkpoint)
         return self.reader.get(name)
+
+
+def _on(tensor: Any, device: Any) -> Any:
+    """`tensor` on `device` (itself when it is there)."""
+    return tensor if tensor.device == device else tensor.to(device)
 
 
 def names_and_registry(ctx: Any) -> tuple[dict[str, Any], set[str], Any]:
