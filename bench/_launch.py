@@ -75,3 +75,28 @@ def profiled(rank: int, part: str = "") -> Iterator[None]:
     finally:
         prof.disable()
         prof.dump_stats(out)
+
+
+def timed(ctx: Any, work: Any) -> tuple[float, float, Any]:
+    """(wall seconds, this rank's CPU seconds, result) of `work()` for the whole job: the clock starts after a barrier
+    every rank leaves together and stops after a barrier every rank reaches once done (on a GPU, once its queued
+    kernels are done too), so a rank that reaches the work late, or ends it late, counts as the job waits on it."""
+    import time
+
+    t0, c0 = _settled(ctx), time.process_time()
+    result = work()
+    c1 = time.process_time()
+    return _settled(ctx) - t0, c1 - c0, result
+
+
+def _settled(ctx: Any) -> float:
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    if ctx.device == "cuda":
+        torch.cuda.synchronize()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+    return time.perf_counter()

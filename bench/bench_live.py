@@ -6,7 +6,8 @@
     python bench/bench_live.py --realsize-layers 48 --tiny-dims --ep 2   # bench_realsize's Qwen3-30B-A3B cut
 
 The ranks are brought up by convcheck's own rank code (standing for the trainer's); the live check then sees only
-the model chunks, the bridge and megatron-core's parallel_state, as inside a user's job. Best of --repeat
+the model chunks, the bridge and megatron-core's parallel_state, as inside a user's job. Each is timed for the whole
+job, from a barrier the ranks leave together to one they reach once done (bench/_launch.timed). Best of --repeat
 (first_live_check_s: the first call, which also checks and parses the names folder; later calls find it by content).
 cpu_ratio: rank 0's own CPU seconds (time.process_time) of the check over the export's, which a loaded or shared
 machine does not inflate (waits in collectives are not counted either).
@@ -20,11 +21,10 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from _launch import ROOT, launch, profiled, rank_up  # type: ignore[import-not-found]
+from _launch import ROOT, launch, profiled, rank_up, timed  # type: ignore[import-not-found]
 
 
 def _worker(args: argparse.Namespace) -> None:
@@ -43,18 +43,23 @@ def _measure(args: argparse.Namespace, ctx: Any, layout: Any, live: Any) -> None
     export_cpu, live_cpu = [], []  # rank 0's own CPU seconds: what a shared or stolen core does not inflate
     shared = None
     report = None
-    for _ in range(args.repeat):
-        t0, c0 = time.perf_counter(), time.process_time()
-        cpu = ctx.device != "cuda"  # as the oracles drain it
+    cpu = ctx.device != "cuda"  # as the oracles drain it
+
+    def export() -> int:
         with profiled(ctx.rank, "export"):
-            count = sum(1 for _ in bridge.export_hf_weights(model, cpu=cpu, show_progress=False))
-        export_s.append(time.perf_counter() - t0)
-        export_cpu.append(time.process_time() - c0)
-        t0, c0 = time.perf_counter(), time.process_time()
+            return sum(1 for _ in bridge.export_hf_weights(model, cpu=cpu, show_progress=False))
+
+    def check() -> Any:
         with profiled(ctx.rank):
-            report = live.check(model, bridge, oracles=args.oracles)
-        live_s.append(time.perf_counter() - t0)
-        live_cpu.append(time.process_time() - c0)
+            return live.check(model, bridge, oracles=args.oracles)
+
+    for _ in range(args.repeat):
+        wall, used, count = timed(ctx, export)
+        export_s.append(wall)
+        export_cpu.append(used)
+        wall, used, report = timed(ctx, check)
+        live_s.append(wall)
+        live_cpu.append(used)
         if report is not None:
             for o in report.oracles:
                 per_oracle[o.name] = min(per_oracle.get(o.name, 1e9), o.seconds)
@@ -62,9 +67,7 @@ def _measure(args: argparse.Namespace, ctx: Any, layout: Any, live: Any) -> None
                     in_drain[o.name] = min(in_drain.get(o.name, 1e9), o.metrics["in_export_s"])
                 if "probes_shared" in o.metrics:
                     shared = o.metrics["probes_shared"]
-        t0 = time.perf_counter()
-        live.digest(model, bridge)
-        digest_s.append(time.perf_counter() - t0)
+        digest_s.append(timed(ctx, lambda: live.digest(model, bridge))[0])
     if ctx.rank == 0 and report is not None:
         out = {
             "model": args.label,

@@ -1,6 +1,7 @@
 """Benchmark: convcheck.live.check of this checkout against another commit's, in one process on one job, interleaved
 (base and new take turns after each bare export), so a shared or throttled machine slows both alike. Prints one JSON
-object: each side's best and median seconds, as ratios to the bare export of the same rounds, and new / base.
+object: each side's best and median seconds, as ratios to the bare export of the same rounds, and new / base. Each is
+timed for the whole job, barrier to barrier (bench/_launch.timed).
 
     python bench/bench_live_ab.py --base HEAD~3 --realsize-layers 8 --tiny-dims --rounds 15
     python bench/bench_live_ab.py --base v0.1 --model tiny:qwen3-moe --tp 2 --ep 2
@@ -12,6 +13,7 @@ temporary folder, removed afterwards; the ranks, model and bridge are this check
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import os
@@ -21,11 +23,10 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from _launch import ROOT, launch, rank_up  # type: ignore[import-not-found]
+from _launch import ROOT, launch, rank_up, timed  # type: ignore[import-not-found]
 from bench_live import _checkpoint, model_options  # type: ignore[import-not-found]
 
 BASE_PACKAGE = "convcheck_base"
@@ -67,13 +68,7 @@ def _rounds(args: argparse.Namespace, ctx: Any, layout: Any, checks: dict[str, A
     seconds: dict[str, list[float]] = {"export": [], "base": [], "new": []}
     for i in range(args.rounds):
         for side in ("export", *(("base", "new") if i % 2 == 0 else ("new", "base"))):
-            started = time.perf_counter()
-            if side == "export":
-                for _ in bridge.export_hf_weights(model, cpu=ctx.device != "cuda", show_progress=False):
-                    pass
-            else:
-                checks[side](model, bridge)
-            seconds[side].append(time.perf_counter() - started)
+            seconds[side].append(timed(ctx, functools.partial(_one, side, ctx, checks))[0])
     if ctx.rank != 0:
         return
     best = {k: min(v) for k, v in seconds.items()}
@@ -86,6 +81,13 @@ def _rounds(args: argparse.Namespace, ctx: Any, layout: Any, checks: dict[str, A
         "ratio_median": {k: round(median[k] / median["export"], 3) for k in ("base", "new")},
         "new_over_base_median": round(median["new"] / median["base"], 3), "goal": "<= 1.5",
     }))  # fmt: skip
+
+
+def _one(side: str, ctx: Any, checks: dict[str, Any]) -> Any:
+    """One bare export drain (side "export") or one side's live check."""
+    if side == "export":
+        return sum(1 for _ in ctx.bridge.export_hf_weights(ctx.model, cpu=ctx.device != "cuda", show_progress=False))
+    return checks[side](ctx.model, ctx.bridge)
 
 
 def main() -> None:

@@ -125,9 +125,9 @@ def test_ep_local_expert_ids_and_a_stale_gather_off_rank0(tmp_path: Path, oracle
     assert r.verdicts() == {"roundtrip": "fail", "differential": "fail", "elements": "pass"}  # the probe is right
     metrics = next(o for o in r.report["oracles"] if o["name"] == "differential")["metrics"]
     assert metrics["real"] == real and (real == "own conversions") == ("in_export_s" not in metrics)
-    assert metrics["probes_shared"] == 8  # rank 0: 2 layers x (fc1, fc2) x local experts 2 and 3
+    assert metrics["probes_shared"] == 10  # rank 0, fc1 and fc2: 2 layers x 4 local experts but 3 probed
     elements = next(o for o in r.report["oracles"] if o["name"] == "elements")["metrics"]
-    assert elements["probes_shared"] == 8  # it reads the differential's records, whose real outputs were checked
+    assert elements["probes_shared"] == 10  # it reads the differential's records, whose real outputs were checked
 
 
 @pytest.mark.ranks
@@ -205,26 +205,35 @@ def test_a_skipped_ep_gather_is_missing_in_real_inside_roundtrips_drain(tmp_path
     assert metrics["real"] == "shared (roundtrip export)"
 
 
-PROBES_SHARED_4L_TP2 = 4 * 2 * 6 + 2 * 7
-"""Rank 0's tasks on shared slots at TP2, four layers: per layer, fc1 and fc2 of experts 2-7 (experts 0 and 1 probed);
-and layers 2 and 3's seven non-expert tasks (qkv, its norm, q and k norms, o_proj, pre-MLP norm, router)."""
-LAYER_HOOK = f"{Path(__file__).parent / 'support' / 'hooks_layer_probe.py'}:flip_layer3_o_proj_on_rank0"
-"""A bug in one layer's task that takes the shared probe slots of the same task of earlier layers."""
+PROBES_SHARED_4L_TP2 = 2 * (4 * 8 - 3) + 2 * 7
+"""Rank 0's tasks on shared slots at TP2, four layers: of fc1 and of fc2, every layer's eight experts but layer 0's
+experts 0 and 1 and layer 1's expert 0 (probed: the first, the one that confirms the expert number, the one that
+confirms the layer number); and layers 2 and 3's seven non-expert tasks (qkv, its norm, q and k norms, o_proj, pre-MLP
+norm, router)."""
+LAYER_HOOKS = [
+    f"{Path(__file__).parent / 'support' / 'hooks_layer_probe.py'}:{name}"
+    for name in ("flip_layer3_o_proj_on_rank0", "flip_layer3_expert5_down_on_rank0")
+]
+"""Bugs in one layer's task that takes the shared probe slots of the same task of earlier layers: a non-expert one,
+and an expert whose slots are another layer's other expert's, renamed."""
 
 
 @pytest.mark.ranks
 def test_a_bug_in_a_layer_that_takes_shared_slots_is_named(tmp_path: Path) -> None:
     """TP2, four layers: each non-expert task of layers 2 and 3 takes the probe slots of layer 0's, renamed (layers 0
-    and 1 probed and found equal); layer 3's o_proj gathered wrong on rank 0 only is named by its first element."""
+    and 1 probed and found equal), and layer 3's expert 5 those of layer 0's expert 0, renamed in both numbers; layer
+    3's o_proj gathered wrong and its expert 5 down_proj converted wrong, on rank 0 only, are each named by their first
+    element (the expert, whole on both ranks and built by no collective, is not compared across ranks)."""
+    hooks = [a for h in LAYER_HOOKS for a in ("--hook", h)]
     r = run_cli(
-        "verify", "--model", "tiny:qwen3-moe-4l", "--tp", "2", "--oracle", "differential", "--hook", LAYER_HOOK,
-        tmp_path=tmp_path,
+        "verify", "--model", "tiny:qwen3-moe-4l", "--tp", "2", "--oracle", "differential", *hooks, tmp_path=tmp_path,
     )  # fmt: skip
     assert r.code == 1 and r.verdicts() == {"differential": "fail"}
-    target = "model.layers.3.self_attn.o_proj.weight"
+    targets = ("model.layers.3.self_attn.o_proj.weight", "model.layers.3.mlp.experts.5.down_proj.weight")
     found = {(f["tensor"], f["kind"]) for f in r.findings("differential")}
-    assert found == {(target, "differs"), (target, "ranks-disagree")}, found
-    d = next(f for f in r.findings("differential") if f["kind"] == "differs")
-    assert d["detail"] == {"rank": 0, "first_index": [1, 2], "count": 1}
+    assert found == {(targets[0], "ranks-disagree"), *((t, "differs") for t in targets)}, found
+    for target in targets:
+        d = next(f for f in r.findings("differential") if f["kind"] == "differs" and f["tensor"] == target)
+        assert d["detail"] == {"rank": 0, "first_index": [1, 2], "count": 1}
     metrics = next(o for o in r.report["oracles"] if o["name"] == "differential")["metrics"]
     assert metrics["probes_shared"] == PROBES_SHARED_4L_TP2

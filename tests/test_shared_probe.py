@@ -45,11 +45,10 @@ def _slots(expert: int, start: int = 0) -> dict[str, ProbeSlot]:
     return {n: ProbeSlot(hf_name=n, shape=(4, 4), runs=runs, writer=(("ep", 0),)) for n in names}
 
 
-def test_only_the_expert_number_is_hidden(upstream: Any) -> None:
+def test_only_the_expert_and_layer_numbers_are_hidden(upstream: Any) -> None:
     three, five = expert_key(_task(upstream, 1, 3), 0), expert_key(_task(upstream, 1, 5), 0)
-    assert three is not None and three == five
+    assert three is not None and three == five == expert_key(_task(upstream, 2, 3), 0)  # another expert, layer
     assert expert_key(_task(upstream, 1, 3), 1) != three  # another rank
-    assert expert_key(_task(upstream, 2, 3), 0) != three  # another layer
     assert expert_key(_task(upstream, 1, 3, rows=16), 0) != three  # another shard geometry
     model_bridge, param_mapping = upstream
     dense = model_bridge.WeightConversionTask(
@@ -83,6 +82,45 @@ def test_the_first_two_are_probed_and_must_agree_then_the_rest_are_renamed(upstr
     off.slots(_task(upstream, 1, 1), 0, probe(1, start=16))  # the second expert's probe places its elements elsewhere
     off.slots(_task(upstream, 1, 2), 0, probe(2))
     assert probed == [0, 1, 2] and off.shared == 0  # so every later expert of that key is probed
+
+
+def _grid_slots(layer: int, expert: int, start: int = 0) -> dict[str, ProbeSlot]:
+    import torch
+
+    runs = torch.tensor([[0, start, 16]], dtype=torch.int64)
+    experts = (expert, expert + 4)
+    names = [f"model.layers.{layer}.mlp.experts.{e}.{p}_proj.weight" for e in experts for p in ("gate", "up")]
+    return {n: ProbeSlot(hf_name=n, shape=(4, 4), runs=runs, writer=(("ep", 0),)) for n in names}
+
+
+def test_experts_of_every_layer_share_once_both_numbers_are_confirmed(upstream: Any) -> None:
+    """Layers 2-4 x experts 0-3: the first expert, the second of the first layer (confirms the expert number) and the
+    first of the second layer (confirms the layer number) are probed, the other nine take renamed slots named for
+    their own layer and experts."""
+    shared, probed = SharedProbes(), []
+
+    def probe(layer: int, expert: int, start: int = 0) -> Any:
+        return lambda: probed.append((layer, expert)) or _grid_slots(layer, expert, start)
+
+    for layer in (2, 3, 4):
+        for expert in range(4):
+            got = shared.slots(_task(upstream, layer, expert), 0, probe(layer, expert))
+            assert sorted(got) == sorted(_grid_slots(layer, expert)) and same_slots(got, _grid_slots(layer, expert))
+    assert probed == [(2, 0), (2, 1), (3, 0)] and shared.shared == 9
+
+    # the first expert of the second layer places its elements elsewhere: the layer number is not confirmed, so
+    # every expert of a later layer is probed; the first layer's later experts still share
+    off, probed = SharedProbes(), []
+    for layer in (2, 3, 4):
+        for expert in range(3):
+            off.slots(_task(upstream, layer, expert), 0, probe(layer, expert, 16 if (layer, expert) == (3, 0) else 0))
+    assert probed == [(2, 0), (2, 1), (3, 0), (3, 1), (3, 2), (4, 0), (4, 1), (4, 2)] and off.shared == 1
+
+    # the same task twice (no number moved) is probed both times
+    again, probed = SharedProbes(), []
+    for _ in range(2):
+        again.slots(_task(upstream, 2, 0), 0, probe(2, 0))
+    assert probed == [(2, 0), (2, 0)] and again.shared == 0
 
 
 def test_renamed_slots_move_every_expert_id() -> None:
@@ -141,3 +179,37 @@ def test_a_layers_task_shares_with_the_same_task_of_other_layers(upstream: Any) 
     assert probed == [0, 1, 2] and off.shared == 0
     moved = renamed_slots(_layer_slots(1), 2, LAYER)
     assert sorted(moved) == sorted(_layer_slots(3)) and same_slots(moved, _layer_slots(3))
+
+
+def test_layers_holding_equal_copies_of_one_config_share_and_other_configs_do_not(upstream: Any) -> None:
+    """An MoE layer's experts hold their own deep copy of the model config (equal fields, but init_method partials of
+    their own): the key reads the config's content, so the copies share; a config with another field does not."""
+    import copy
+    import dataclasses
+    import functools
+
+    import torch
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from convcheck.probe.shared import config_token, layer_key
+
+    config = TransformerConfig(num_layers=2, hidden_size=16, num_attention_heads=2, init_method=functools.partial(
+        torch.nn.init.normal_, mean=0.0, std=0.02))  # fmt: skip
+    twin = copy.deepcopy(config)
+    assert twin.init_method is not config.init_method and config_token(twin) == config_token(config)
+    wider = dataclasses.replace(copy.deepcopy(config), ffn_hidden_size=config.ffn_hidden_size * 2)
+    other_std = copy.deepcopy(config)
+    other_std.init_method = functools.partial(torch.nn.init.normal_, mean=0.0, std=0.5)
+
+    class Linear:
+        def __init__(self, cfg: Any) -> None:
+            self.config = cfg
+
+    def module(cfg: Any) -> Any:
+        return Linear(cfg)
+
+    first = layer_key(_dense(upstream, 0, module=module(config)), 0)
+    assert layer_key(_dense(upstream, 3, module=module(twin)), 0) == first
+    assert layer_key(_dense(upstream, 3, module=module(wider)), 0) != first
+    assert layer_key(_dense(upstream, 3, module=module(other_std)), 0) != first
+    assert config_token(object()) != config_token(object())  # not a dataclass: by identity

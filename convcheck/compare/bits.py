@@ -107,21 +107,27 @@ def unravel_index(flat_index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def raw_bytes(tensor: Any) -> memoryview:
     """The raw bytes of `tensor` as a flat CPU buffer (copied off the device when needed)."""
+    return memoryview(_host_bytes(tensor).reshape(-1))
+
+
+def _host_bytes(tensor: Any) -> Any:
+    """`tensor`'s bytes as a C-contiguous uint8 numpy array on the host (its shape, the last dim widened)."""
     import torch
 
-    flat = tensor.detach().reshape(-1)
-    if flat.device.type != "cpu":
-        flat = flat.cpu()
-    if not flat.is_contiguous():
-        flat = flat.contiguous()
-    return memoryview(flat.view(torch.uint8).numpy())
+    if tensor.requires_grad:
+        tensor = tensor.detach()
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
+    if tensor.dim() == 0 or not tensor.is_contiguous():
+        tensor = tensor.reshape(-1).contiguous()
+    return tensor.view(torch.uint8).numpy()
 
 
 def tensor_sha256(tensor: Any) -> str:
     """sha256 of a tensor's raw bytes (contiguous, on the CPU): equal digests mean equal bytes."""
     import hashlib
 
-    return hashlib.sha256(raw_bytes(tensor)).hexdigest()
+    return hashlib.sha256(_host_bytes(tensor)).hexdigest()
 
 
 def describe_element(tensor: Any, flat_index: int) -> str:

@@ -7,7 +7,8 @@ probe slots cover every element. The real conversions are those of an earlier ex
 (convcheck.probe.fused).
 Mappings that compute values rather than move them are reported (the probe follows codes, not arithmetic),
 except the elementwise value maps convcheck.probe.values declares: their moves are probed and their values
-compared bitwise against the declared map. The routed experts of a layer share one probe run (convcheck.probe.shared).
+compared bitwise against the declared map. Routed experts and the same task of successive layers share one probe run
+(convcheck.probe.shared).
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ INFO = OracleInfo(
     name=NAME,
     proves="per conversion task, the real megatron_to_hf (true collectives) equals, bitwise, the union over "
     "ranks of a comm-stub probe run of the same mapping: every element covered, ranks agree, no probe "
-    "slot missing from the real output (routed experts of one layer, rank and shard geometry whose mappings differ "
-    "only in the expert number share one probe run, its slots renamed, after the first two agree; every task's real "
-    "output is still compared bitwise with its own shard)",
+    "slot missing from the real output (tasks of one rank and shard geometry whose mappings differ only in their layer "
+    "and expert numbers share one probe run, its slots renamed, once a probed task moved in each number agrees; every "
+    "task's real output is still compared bitwise with its own shard)",
     does_not_prove="that the mapping's local math is right (a bug outside the collectives is in both sides; see "
     "roundtrip); mappings that compute values instead of moving them are reported, not proven (except the "
     "elementwise value maps convcheck.probe.values declares, checked bitwise against the declared map); that replicas "

@@ -1,20 +1,53 @@
-"""`--hook` for tests/test_differential.py: a bug in one layer only, one whose probe slots are shared with the same
-parameter of earlier layers (convcheck.probe.shared.layer_key): under TP2, the TP gather of tiny:qwen3-moe-4l's layer 3
+"""`--hook`s for tests/test_differential.py: a bug in one layer only, one whose probe slots are shared with the same
+parameter of earlier layers (convcheck.probe.shared), under TP2 in tiny:qwen3-moe-4l: the TP gather of layer 3's
 attention output projection (probed neither first nor second of the four layers) hands rank 0 back its own half with
-every bit of element [1, 2] flipped. The probe's copies gather through stubs, so only the real export carries it."""
+every bit of element [1, 2] flipped; or rank 0's conversion of layer 3's expert 5 down projection (whole on every
+rank: its slots those of layer 0's expert 0, renamed in both numbers) flips every bit of that element. The probe's
+copies gather through stubs and are integer codes, so only the real export carries either."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from convcheck.mutants import wrap
 
 MEGATRON = "decoder.layers.3.self_attention.linear_proj.weight"
 TARGET = "model.layers.3.self_attn.o_proj.weight"
+EXPERT = re.compile(r"^decoder\.layers\.3\.mlp\.experts\.(local_experts\.5\.linear_fc2\.weight|linear_fc2\.weight5)$")
+"""Layer 3's expert 5 down projection, as SequentialMLP or TEGroupedMLP names it."""
+EXPERT_TARGET = "model.layers.3.mlp.experts.5.down_proj.weight"
 
 
 def flip_layer3_o_proj_on_rank0() -> None:
     """Rank 0's gathered halves of layer 3's o_proj: its own half's element [1, 2] with every bit flipped."""
+    _flip_rank0_half(lambda name: name == MEGATRON)
+
+
+def flip_layer3_expert5_down_on_rank0() -> None:
+    """Rank 0's export of layer 3's expert 5 down_proj has element [1, 2] with every bit flipped."""
+    import torch.distributed as dist
+    from megatron.bridge.models.conversion.param_mapping import AutoMapping
+
+    from convcheck.compare.bits import int_view
+
+    def make(original: Any) -> Any:
+        def megatron_to_hf(self: Any, weights: Any, module: Any) -> Any:
+            out = original(self, weights, module)
+            real = weights is not None and weights.dtype.is_floating_point  # the probe converts integer codes
+            if not real or dist.get_rank() != 0 or not EXPERT.match(str(self.megatron_param)) or not out:
+                return out
+            flipped = out[EXPERT_TARGET].clone()
+            bits = int_view(flipped).view(flipped.shape)
+            bits[1, 2] = ~bits[1, 2]
+            return {**out, EXPERT_TARGET: flipped}
+
+        return megatron_to_hf
+
+    wrap(AutoMapping, "megatron_to_hf", make)
+
+
+def _flip_rank0_half(chosen: Any) -> None:
     from megatron.bridge.models.conversion.param_mapping import MegatronParamMapping
 
     from convcheck.compare.bits import int_view
@@ -22,7 +55,7 @@ def flip_layer3_o_proj_on_rank0() -> None:
     def make(original: Any) -> Any:
         def gather_from_tp_ranks(self: Any, tensor: Any) -> Any:
             parts = original(self, tensor)
-            if self.tp_rank != 0 or self.megatron_param != MEGATRON:
+            if self.tp_rank != 0 or not chosen(str(self.megatron_param)):
                 return parts
             mine = parts[0].clone()
             bits = int_view(mine).view(mine.shape)
