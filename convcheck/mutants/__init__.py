@@ -13,6 +13,16 @@ def wrap(owner: Any, attr: str, make: Callable[[Any], Any]) -> None:
     setattr(owner, attr, make(getattr(owner, attr)))
 
 
+def flipped(tensor: Any, index: tuple[int, ...]) -> Any:
+    """A copy of `tensor` with every bit of the element at `index` flipped (through its integer view)."""
+    from convcheck.compare.bits import int_view
+
+    out = tensor.clone()
+    bits = int_view(out).view(out.shape)
+    bits[index] = ~bits[index]
+    return out
+
+
 def provider_bridges(only: type | None = None) -> list[type]:
     """Every registered model bridge class that defines its own `provider_bridge` (or just `only`)."""
     if only is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from convcheck.mutants import wrap
+from convcheck.mutants import flipped, wrap
 
 MEGATRON = "decoder.layers.3.self_attention.linear_proj.weight"
 TARGET = "model.layers.3.self_attn.o_proj.weight"
@@ -21,7 +21,18 @@ EXPERT_TARGET = "model.layers.3.mlp.experts.5.down_proj.weight"
 
 def flip_layer3_o_proj_on_rank0() -> None:
     """Rank 0's gathered halves of layer 3's o_proj: its own half's element [1, 2] with every bit flipped."""
-    _flip_rank0_half(lambda name: name == MEGATRON)
+    from megatron.bridge.models.conversion.param_mapping import MegatronParamMapping
+
+    def make(original: Any) -> Any:
+        def gather_from_tp_ranks(self: Any, tensor: Any) -> Any:
+            parts = original(self, tensor)
+            if self.tp_rank != 0 or self.megatron_param != MEGATRON:
+                return parts
+            return [flipped(parts[0], (1, 2)), *parts[1:]]
+
+        return gather_from_tp_ranks
+
+    wrap(MegatronParamMapping, "gather_from_tp_ranks", make)
 
 
 def flip_layer3_expert5_down_on_rank0() -> None:
@@ -29,39 +40,14 @@ def flip_layer3_expert5_down_on_rank0() -> None:
     import torch.distributed as dist
     from megatron.bridge.models.conversion.param_mapping import AutoMapping
 
-    from convcheck.compare.bits import int_view
-
     def make(original: Any) -> Any:
         def megatron_to_hf(self: Any, weights: Any, module: Any) -> Any:
             out = original(self, weights, module)
             real = weights is not None and weights.dtype.is_floating_point  # the probe converts integer codes
             if not real or dist.get_rank() != 0 or not EXPERT.match(str(self.megatron_param)) or not out:
                 return out
-            flipped = out[EXPERT_TARGET].clone()
-            bits = int_view(flipped).view(flipped.shape)
-            bits[1, 2] = ~bits[1, 2]
-            return {**out, EXPERT_TARGET: flipped}
+            return {**out, EXPERT_TARGET: flipped(out[EXPERT_TARGET], (1, 2))}
 
         return megatron_to_hf
 
     wrap(AutoMapping, "megatron_to_hf", make)
-
-
-def _flip_rank0_half(chosen: Any) -> None:
-    from megatron.bridge.models.conversion.param_mapping import MegatronParamMapping
-
-    from convcheck.compare.bits import int_view
-
-    def make(original: Any) -> Any:
-        def gather_from_tp_ranks(self: Any, tensor: Any) -> Any:
-            parts = original(self, tensor)
-            if self.tp_rank != 0 or not chosen(str(self.megatron_param)):
-                return parts
-            mine = parts[0].clone()
-            bits = int_view(mine).view(mine.shape)
-            bits[1, 2] = ~bits[1, 2]
-            return [mine, *parts[1:]]
-
-        return gather_from_tp_ranks
-
-    wrap(MegatronParamMapping, "gather_from_tp_ranks", make)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from convcheck.mutants import wrap
+from convcheck.mutants import flipped, wrap
 
 TARGET = "model.layers.0.mlp.experts.3.down_proj.weight"
 
@@ -16,17 +16,12 @@ def flip_expert3_down_on_rank0() -> None:
     """Rank 0's export of layer 0's expert 3 down projection has element [1, 2] with every bit flipped."""
     from megatron.bridge.models.conversion.param_mapping import MegatronParamMapping
 
-    from convcheck.compare.bits import int_view
-
     def make(original: Any) -> Any:
         def gather_from_ep_ranks(self: Any, weights: Any, module: Any, hf_param_name: Any) -> Any:
             out = original(self, weights, module, hf_param_name)
             if self.ep_rank != 0 or TARGET not in out:
                 return out
-            flipped = out[TARGET].clone()
-            bits = int_view(flipped).view(flipped.shape)
-            bits[1, 2] = ~bits[1, 2]
-            return {**out, TARGET: flipped}
+            return {**out, TARGET: flipped(out[TARGET], (1, 2))}
 
         return gather_from_ep_ranks
 
