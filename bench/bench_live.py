@@ -41,7 +41,7 @@ def _measure(args: argparse.Namespace, ctx: Any, layout: Any, live: Any) -> None
     model, bridge = ctx.model, ctx.bridge
     export_s, live_s, digest_s, per_oracle, in_drain = [], [], [], {}, {}
     export_cpu, live_cpu = [], []  # rank 0's own CPU seconds: what a shared or stolen core does not inflate
-    shared = None
+    shared = proven = None
     report = None
     cpu = ctx.device != "cuda"  # as the oracles drain it
 
@@ -67,6 +67,8 @@ def _measure(args: argparse.Namespace, ctx: Any, layout: Any, live: Any) -> None
                     in_drain[o.name] = min(in_drain.get(o.name, 1e9), o.metrics["in_export_s"])
                 if "probes_shared" in o.metrics:
                     shared = o.metrics["probes_shared"]
+                if "compares_proven_by_differential" in o.metrics:
+                    proven = o.metrics["compares_proven_by_differential"]
         digest_s.append(timed(ctx, lambda: live.digest(model, bridge))[0])
     if ctx.rank == 0 and report is not None:
         out = {
@@ -91,6 +93,7 @@ def _measure(args: argparse.Namespace, ctx: Any, layout: Any, live: Any) -> None
             "in_coverage_drain_s": {k: round(v, 4) for k, v in in_drain.items()},
             "outside_oracles_s": round(min(live_s) - sum(per_oracle.values()), 4),
             "differential_probes_shared": shared,
+            "mapping_compares_proven_by_differential": proven,
         }
         sys.stdout.write(json.dumps(out) + "\n")
 

@@ -218,6 +218,30 @@ def cyclic_leftovers(model: list, bridge: object, groups: dict) -> int:
         gc.garbage.clear()
 
 
+def swap_experts_gate_up() -> None:
+    """Layer 1's experts' export names their gate rows up_proj and their up rows gate_proj, after the EP gather (the
+    probe makes the same swap, so only the explicit mapping sees it: the byte ranges the differential proved equal
+    must not stand in for the mapping tap's compare of other ranges)."""
+    from megatron.bridge.models.conversion.param_mapping import GatedMLPMapping
+
+    from convcheck.mutants import wrap
+
+    def make(original):  # type: ignore[no-untyped-def]
+        def megatron_to_hf(self, weights, module):  # type: ignore[no-untyped-def]
+            out = original(self, weights, module)
+            if not self.is_expert or ".layers.1." not in self.megatron_param:
+                return out
+            swapped = dict(out)
+            for gate in (n for n in out if ".gate_proj." in n):
+                up = gate.replace(".gate_proj.", ".up_proj.")
+                swapped[gate], swapped[up] = out[up], out[gate]
+            return swapped
+
+        return megatron_to_hf
+
+    wrap(GatedMLPMapping, "megatron_to_hf", make)
+
+
 def wrappers(chunk: torch.nn.Module) -> str:
     """The chunk's classes from the outside in, down to the Megatron model (`A(B(C))`)."""
     names = [type(chunk).__name__]
@@ -259,6 +283,10 @@ def main() -> int:
     swap_qk_head0()  # a mapping bug in the sync path (the bridge's export of layer 0's q/k), planted now
     planted = convcheck.live.check(model, bridge, oracles="coverage,differential,mapping", **groups)
     after_planted = weights_digest(model)
+    experts_planted = None
+    if ep > 1:  # and a bug in an EP-gathered expert's export, on top
+        swap_experts_gate_up()
+        experts_planted = convcheck.live.check(model, bridge, oracles="coverage,differential,mapping", **groups)
     misnumbered = None
     if VPP > 1 or SPLIT:  # the bridge numbering layers as if chunk 0's offset held for every chunk (VPP) or as if
         # the stages were even (an uneven split), planted after the checks above
@@ -273,6 +301,7 @@ def main() -> int:
         result = {
             "clean": clean.to_dict(),
             "planted": planted.to_dict(),
+            "experts_planted": experts_planted.to_dict() if experts_planted is not None else None,
             "misnumbered": misnumbered.to_dict() if misnumbered is not None else None,
             "sync_planted": sync_planted.to_dict() if sync_planted is not None else None,
             "one_rank": failures,

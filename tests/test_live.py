@@ -334,3 +334,39 @@ def test_a_job_with_replicas_reports_its_data_parallel_size() -> None:
     replicas = job_layout(SimpleNamespace(layout=tp2, world=8))
     assert replicas["dp"] == 4 and replicas["world_size"] == 8 and _layout_label(replicas) == "TP2xDP4"
     assert ParallelLayout.from_dict(replicas) == tp2
+
+
+@pytest.mark.ranks
+def test_live_mapping_reads_again_what_the_differential_did_not_prove(shared_root: Path) -> None:
+    """Layer 1's experts exported with gate and up swapped after the EP gather (tests/live_trainer.py, on top of the
+    q/k plant): the probe makes the same swap, so the differential passes and notes the swapped byte ranges as proved;
+    the mapping tap's compares of the ranges the explicit mapping wants are not among them and still name every
+    expert, on the rank that holds it."""
+    result, _ = launch(shared_root, "qwen3-moe-tp2ep2")
+    clean = next(o for o in result["clean"]["oracles"] if o["name"] == "mapping")
+    planted = result["experts_planted"]
+    assert planted["verdict"] == "fail"
+    failed = {o["name"]: o for o in planted["oracles"] if o["verdict"] != "pass"}
+    assert sorted(failed) == ["mapping"]
+    mapping = failed["mapping"]
+    found = {
+        (f["tensor"], f["kind"], f["detail"].get("rank"), tuple(f["detail"]["first_index"]))
+        for f in mapping["findings"]
+    }
+    experts = {
+        part
+        for e in range(8)
+        for part in (
+            (f"decoder.layers.1.mlp.experts.local_experts.{e}.linear_fc1.weight", "shard-bytes-differ", e // 4, (0, 0)),
+            (f"model.layers.1.mlp.experts.{e}.gate_proj.weight", "export-bytes-differ", None, (0, 0)),
+            (f"model.layers.1.mlp.experts.{e}.up_proj.weight", "export-bytes-differ", None, (0, 0)),
+        )
+    }
+    qk = {(QKV, "shard-bytes-differ", 0, (0, 0))} | {(n, "export-bytes-differ", None, (0, 0)) for n in QK_BUG}
+    assert found == experts | qk
+    # rank 0's compares the differential had proved: every one the clean check had, but its four layer-1 experts'
+    # gate and up rows (proved at the swapped places, looked up at the right ones)
+    assert clean["metrics"]["compares_proven_by_differential"] > 8
+    assert (
+        mapping["metrics"]["compares_proven_by_differential"] == clean["metrics"]["compares_proven_by_differential"] - 8
+    )

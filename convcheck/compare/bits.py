@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from convcheck.compare.proven import ProvenBytes
 from convcheck.verdict import Finding
 
 _INT_FOR_SIZE = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
@@ -48,12 +49,15 @@ def first_true(mask: Any) -> int:
     return int(mask.reshape(-1).view(torch.uint8).argmax())
 
 
-def bytes_equal(expected: Any, actual: Any) -> bool:
-    """True when both tensors hold the same raw bytes (compared as the widest integer view that fits)."""
+def bytes_equal(expected: Any, actual: Any, proven: ProvenBytes | None = None) -> bool:
+    """True when both tensors hold the same raw bytes (compared as the widest integer view that fits; not read again
+    where `proven`, a convcheck.compare.proven.ProvenBytes, holds the pair as proved equal)."""
     import torch
 
     if same_view(expected, actual):
         return True  # the same bytes in memory (a view compared with itself)
+    if proven is not None and proven.known(expected, actual):
+        return True
     expected, actual = together(expected, actual)
     a = expected.detach().contiguous().reshape(-1).view(torch.uint8)
     b = actual.detach().contiguous().reshape(-1).view(torch.uint8)
@@ -89,11 +93,12 @@ def int_views_equal(a: Any, b: Any) -> bool:
     return bool(torch.equal(a, b))
 
 
-def same_tensor(expected: Any, actual: Any) -> bool:
-    """True when `actual` has the dtype, shape and raw bytes of `expected` (compared on their `compare_device`)."""
+def same_tensor(expected: Any, actual: Any, proven: ProvenBytes | None = None) -> bool:
+    """True when `actual` has the dtype, shape and raw bytes of `expected` (compared on their `compare_device`;
+    `proven` as bytes_equal takes it)."""
     if expected.dtype != actual.dtype or tuple(expected.shape) != tuple(actual.shape):
         return False
-    return bytes_equal(expected, actual)
+    return bytes_equal(expected, actual, proven)
 
 
 def unravel_index(flat_index: int, shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from convcheck.compare.bits import bytes_equal, compare_bits, same_tensor
+from convcheck.compare.proven import ProvenBytes
 from convcheck.errors import MappingError
 from convcheck.layout import ParallelLayout, RankCoord
 from convcheck.mappings.base import TensorMapping
@@ -40,19 +41,32 @@ def roundtrip_findings(mapping: TensorMapping, hf: Mapping[str, Any], layout: Pa
 
 
 def shard_matches(
-    mapping: TensorMapping, hf: Mapping[str, Any], layout: ParallelLayout, coord: RankCoord, shard: Any
+    mapping: TensorMapping,
+    hf: Mapping[str, Any],
+    layout: ParallelLayout,
+    coord: RankCoord,
+    shard: Any,
+    proven: ProvenBytes | None = None,
 ) -> bool:
     """True when the shard is what the mapping derives from `hf`: its row blocks, or else its whole `to_shard`,
-    equal the shard bitwise (a MappingError is False): exactly when the mapping oracle's import check finds nothing."""
+    equal the shard bitwise (a MappingError is False): exactly when the mapping oracle's import check finds nothing.
+    Byte ranges `proven` (convcheck.compare.proven.ProvenBytes) holds as equal are not read again."""
     try:
-        return rows_match(mapping, hf, layout, coord, shard) or same_tensor(
-            mapping.to_shard(hf, layout, coord), shard.detach()
+        return rows_match(mapping, hf, layout, coord, shard, proven) or same_tensor(
+            mapping.to_shard(hf, layout, coord), shard.detach(), proven
         )
     except MappingError:
         return False
 
 
-def rows_match(mapping: Any, hf: Mapping[str, Any], layout: ParallelLayout, coord: RankCoord, shard: Any) -> bool:
+def rows_match(
+    mapping: Any,
+    hf: Mapping[str, Any],
+    layout: ParallelLayout,
+    coord: RankCoord,
+    shard: Any,
+    proven: ProvenBytes | None = None,
+) -> bool:
     """True when the mapping gives the shard as row blocks (`row_pieces`) and each equals the shard's rows bitwise;
     False sends the shard to the whole-tensor compare, which names the first wrong element."""
     pieces = getattr(mapping, "row_pieces", None)
@@ -71,7 +85,7 @@ def rows_match(mapping: Any, hf: Mapping[str, Any], layout: ParallelLayout, coor
         in_place = block.data_ptr() == start + row * step and block.stride() == stride and block.device == whole.device
         if not in_place:  # else the very rows `whole.narrow(0, row, rows)` names: equal without reading them
             part = whole if rows == whole.shape[0] else whole.narrow(0, row, rows)
-            if not bytes_equal(block, part):
+            if not bytes_equal(block, part, proven):
                 return False
         row += rows
     return True

@@ -5,6 +5,7 @@ Which rules apply is looked up by HF architecture class in convcheck.models (one
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -87,17 +88,19 @@ def _build(
     mappings: dict[str, TensorMapping] = {}
     copies: set[str] = set()
     for name in sorted(megatron_names):
-        end = name[max(0, len(name) - longest) :]
+        end = name[-longest:] if longest else ""
         candidates = by_end.get(end)
         if candidates is None:
             candidates = by_end[end] = [rule for rule in compiled if end.endswith(rule[3])]
-        hits = [
-            (p, m, make)
-            for p, make, when, _, runs in candidates
-            if all(run in name for run in runs)
-            and (m := p.fullmatch(name)) is not None
-            and (when is None or when(m, wanted))
-        ]
+        hits = []
+        for p, make, when, _, runs in candidates:
+            for run in runs:
+                if run not in name:
+                    break
+            else:
+                m = p.fullmatch(name)
+                if m is not None and (when is None or when(m, wanted)):
+                    hits.append((p, m, make))
         if not hits:
             problems.append(f"{name}: Megatron parameter has no mapping")
             continue
@@ -124,6 +127,7 @@ def _build(
     )
 
 
+@functools.lru_cache(maxsize=1024)
 def literal_tail(pattern: str) -> str:
     """The characters every full match of `pattern` ends with (its trailing literals; "" when it ends otherwise or
     sets flags): a name that does not end with them cannot match, so the rule's expression need not run."""
@@ -143,6 +147,7 @@ def literal_tail(pattern: str) -> str:
     return "".join(reversed(chars))
 
 
+@functools.lru_cache(maxsize=1024)
 def literal_runs(pattern: str) -> tuple[str, ...]:
     """The literal stretches of `pattern` outside any group, repeat or class (every full match contains each one;
     none when it sets flags or Python's private parser is another): a name lacking one cannot match."""

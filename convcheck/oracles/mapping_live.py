@@ -48,7 +48,7 @@ class LiveShardTap(ShardTap):
 
     def _verify(self, param: str, hf: dict[str, Any]) -> None:
         mapping, tensor = self.registry.mappings[param], self.local[param]
-        if shard_matches(mapping, hf, self.ctx.layout, self.ctx.coord, tensor):
+        if shard_matches(mapping, hf, self.ctx.layout, self.ctx.coord, tensor, self.ctx.memo.proven_bytes):
             self.proven[param] = (tensor, tensor._version)
         else:
             self._name(param, mapping, hf, tensor)
@@ -128,7 +128,10 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     metrics = {k: v for k, v in verdict.metrics.items() if k in keep}
     return make_verdict(
         base.NAME, checked=verdict.checked, findings=list(verdict.findings), rows=verdict.rows, unit=verdict.unit,
-        metrics={**metrics, "live": True, "in_export_s": round(tap.seconds, 3)},
+        metrics={
+            **metrics, "live": True, "in_export_s": round(tap.seconds, 3),
+            "compares_proven_by_differential": ctx.memo.proven_bytes.hits,
+        },
     )  # fmt: skip
 
 

@@ -6,12 +6,17 @@ from typing import Any
 
 from convcheck.compare.bits import describe_element, int_view, unravel_index
 from convcheck.compare.fold import quick_digest
+from convcheck.compare.proven import ProvenBytes
 from convcheck.probe.hook import ExportHook, export_hook, hook_name
 from convcheck.probe.run import CodeCache, own_view_slots, probe_task, range_labels, to_ranges
 from convcheck.probe.runs import diff_positions, hf_ranges, mismatched_runs, views_inside
 from convcheck.probe.shared import SharedProbes
 from convcheck.probe.values import ValueMap, value_map
 from convcheck.verdict import Finding
+
+PROVEN_RUNS = 4
+"""At most this many runs of one compare are noted as proved (convcheck.compare.proven): row blocks of a shard, which
+the mapping tap compares again; a scattered layout's many runs it would not look up whole."""
 
 
 def _first_line(exc: BaseException) -> str:
@@ -90,13 +95,15 @@ def task_records(
     unwritten: bool = False,
     hook: ExportHook | None = None,
     shared: SharedProbes | None = None,
+    proven: ProvenBytes | None = None,
 ) -> list[dict[str, Any]]:
     """One task's records: its probe slots, each checked against `real` (the task's real megatron_to_hf output,
     or what it raised) when `with_real`. When no gather is due, the real outputs are all views of the weight and the
     conversion wrote nothing into it (`unwritten`), their strides are the slots and the probe does not run. With the
     bridge's export `hook` (convcheck.probe.hook), both the probe's and the real outputs are followed through it.
     Routed experts share probe runs through `shared` (convcheck.probe.shared) when no hook follows them and their real
-    outputs are at hand to be checked against the shared slots (never for the elements oracle's probe alone)."""
+    outputs are at hand to be checked against the shared slots (never for the elements oracle's probe alone).
+    What each compare proves equal goes into `proven` for the export's later checks of the same bytes."""
     param = str(getattr(task, "global_param_name", "") or task.param_name)
     base = {"task": index, "param": param}
     records: list[dict[str, Any]] = []
@@ -130,7 +137,9 @@ def task_records(
             rec.update(shape=list(slot.shape), writer=[list(w) for w in slot.writer], ranges=hf_ranges(slot.runs))
             rec["owned"] = slot.owned
         if with_real:
-            rec.update(_against_real(real.get(name), slot, task.param_weight, values, read_off=own is not None))
+            rec.update(
+                _against_real(real.get(name), slot, task.param_weight, values, read_off=own is not None, proven=proven)
+            )
             if cross_rank and rec["real"] is not None and _may_differ(ctx, slot, real[name]):
                 rec["real"]["digest"] = quick_digest(real[name])  # on the tensor's device: no host copy of a GPU tensor
         records.append(rec)
@@ -197,12 +206,19 @@ def _may_differ(ctx: Any, slot: Any, tensor: Any) -> bool:
 
 
 def _against_real(
-    tensor: Any, slot: Any, weight: Any, values: ValueMap | None = None, *, read_off: bool = False
+    tensor: Any,
+    slot: Any,
+    weight: Any,
+    values: ValueMap | None = None,
+    *,
+    read_off: bool = False,
+    proven: ProvenBytes | None = None,
 ) -> dict[str, Any]:
     """Compare this rank's probe slot with the real output bitwise, run by run on the weight's device (its digest,
     for the cross-rank check, is filled in by `collect`); the shard through `values` when its mapping declares an
     elementwise value map (convcheck.probe.values). Slots `read_off` the real output's own strides over the weight
-    (own_view_slots) name the very memory each real element is, so there is nothing to compare."""
+    (own_view_slots) name the very memory each real element is, so there is nothing to compare. Runs proved equal
+    are noted in `proven` (up to PROVEN_RUNS of them: a shard's row blocks, not a scatter)."""
     if tensor is None:
         return {"real": None}
     tensor = tensor.detach()
@@ -216,10 +232,14 @@ def _against_real(
     weight = weight.detach() if values is None else values.apply(weight)
     if values is not None:
         out["value_map"] = values.label
-    if tensor.device != weight.device:
+    moved = tensor.device != weight.device
+    if moved:
         tensor = tensor.to(weight.device)
     real_bits, mine_bits = int_view(tensor), int_view(weight)
     bad_runs = mismatched_runs(real_bits, mine_bits, slot.runs)
+    if not bad_runs and proven is not None and not moved and values is None and len(slot.runs) <= PROVEN_RUNS:
+        for h, loc, n in slot.runs.tolist():  # what this compare proved, in the real output's and the shard's memory
+            proven.note(tensor, h, weight, loc, n)
     if bad_runs:
         bad, src = diff_positions(real_bits, mine_bits, slot.runs[bad_runs])
         first = int(bad[0])

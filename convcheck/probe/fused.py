@@ -95,6 +95,8 @@ class ProbeInExport:
         self.next += 1
         started = time.perf_counter()
         real = dict(out or {})
+        proven = self.ctx.memo.proven_bytes
+        proven.clear()  # the last task's facts: its outputs have streamed by
         self.records.extend(
             task_records(
                 self.ctx,
@@ -106,6 +108,7 @@ class ProbeInExport:
                 unwritten=unwritten,
                 hook=self.hook,
                 shared=self.shared,
+                proven=proven,
             )
         )
         self.seconds += time.perf_counter() - started
@@ -126,3 +129,4 @@ class ProbeInExport:
                 )
         finally:
             self.tasks = []
+            self.ctx.memo.proven_bytes.clear()

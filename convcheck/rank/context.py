@@ -6,6 +6,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from convcheck.compare.proven import ProvenBytes
 from convcheck.errors import one_line, raised_at
 from convcheck.hf.checkpoint import Checkpoint
 from convcheck.layout import ParallelLayout, RankCoord
@@ -46,6 +47,9 @@ class RunMemo:
     local_tensors: tuple[tuple[Any, ...], Any, list[tuple[int, str, str, Any]]] | None = None
     """(the chunks, the bridge's naming function, RankContext.local_tensors' answer for them): one walk of the modules
     per run, not one per oracle."""
+    proven_bytes: ProvenBytes = field(default_factory=ProvenBytes)
+    """Byte ranges the differential's compare inside an export drain proved equal for the task being exported, which
+    the live mapping tap then need not read again (convcheck.compare.proven)."""
 
 
 _CHUNK_NAMES: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], Any, Any, dict[tuple[str, int], str]]] = (
