@@ -191,6 +191,28 @@ def test_one_writer_of_part_of_a_tensor_leaves_the_rest_uncovered_and_one_of_all
     assert [(f.tensor, f.kind, f.detail["first_index"]) for f in findings] == [("w", "differs", [1, 2])]
 
 
+def test_an_expert_written_by_its_rank_and_received_by_the_others_is_counted_once_and_checked() -> None:
+    """Under EP every rank exports every expert: its own rank's slot writes all of it, the others' none. That is
+    counted as one writer of every element; two writers of the same task and writer coordinates (replicas) that place
+    elements differently, or a second whole writer, still go through the phases that name them."""
+    from convcheck.oracles.differential import assemble
+
+    def expert(rank: int, owns: bool, param: str = "p") -> dict:
+        owned = 6 if owns else 0
+        return {**_rec("d", owned=owned, writer=[["ep", rank]]), "param": param, "ranges": [(0, 6)] if owns else []}
+
+    findings, counts = assemble([[expert(0, True)], [expert(1, False, "q")], [expert(2, False, "r")]])
+    assert findings == [] and counts == {"p": 6, "q": 0, "r": 0}
+    replica = {**expert(0, False), "param": "p"}  # rank 1 claims rank 0's writer coordinates but writes nothing
+    findings, _ = assemble([[expert(0, True)], [replica]])
+    assert [f.kind for f in findings] == ["replica-layout"]
+    findings, counts = assemble([[expert(0, True)], [expert(1, True, "q")]])  # two whole writers of equal bytes
+    assert findings == [] and counts == {"p": 6, "q": 6}
+    wrong = {**expert(1, True, "q"), "mismatch": {"count": 1, "first": [0, 1], "real": "1", "probe": "2"}}
+    findings, _ = assemble([[expert(0, True)], [wrong]])
+    assert [(f.kind, f.detail.get("first_index")) for f in findings] == [("differs", [0, 1]), ("conflict", [0, 0])]
+
+
 @pytest.mark.ranks
 def test_a_skipped_ep_gather_is_missing_in_real_inside_roundtrips_drain(tmp_path: Path) -> None:
     """ep_not_gathered: each rank exports only its own experts, as views of its weights. Inside roundtrip's drain

@@ -213,3 +213,51 @@ def test_layers_holding_equal_copies_of_one_config_share_and_other_configs_do_no
     assert layer_key(_dense(upstream, 3, module=module(wider)), 0) != first
     assert layer_key(_dense(upstream, 3, module=module(other_std)), 0) != first
     assert config_token(object()) != config_token(object())  # not a dataclass: by identity
+
+
+NAMES = [
+    "decoder.layers.3.mlp.experts.local_experts.12.linear_fc1.weight",
+    "decoder.layers.3.mlp.experts.linear_fc1.weight12",
+    "decoder.layers.3.mlp.experts.linear_fc2.bias7",
+    "decoder.layers.3.mlp.shared_experts.linear_fc1.weight",
+    "decoder.layers.11.self_attention.linear_qkv.weight",
+    "decoder.layers.0.mlp.router.expert_bias",
+    "mtp.layers.0.transformer_layer.mlp.experts.local_experts.2.linear_fc2.weight",
+    "language_model.decoder.layers.7.self_attention.in_proj.weight",
+    "backbone.layers.4.mixer.in_proj.weight",
+    "model.layers.3.mlp.experts.12.gate_proj.weight",
+    "model.layers.30.mlp.experts.5.down_proj.weight_scale_inv",
+    "model.language_model.layers.10.mlp.experts.3.up_proj.weight",
+    "model.layers.3.mlp.experts.gate_up_proj",
+    "model.layers.3.mlp.shared_expert.down_proj.weight",
+    "model.mtp.layers.0.mlp.experts.1.gate_proj.weight",
+    "model.embed_tokens.weight",
+    "lm_head.weight",
+]
+"""Megatron and HF spellings of layer and expert numbers across the families convcheck builds (sequential and TE
+grouped experts, shared experts, MTP, VLM and hybrid prefixes, fused expert tensors, FP8 scales)."""
+
+
+def _by_regex(name: str, experts: bool) -> str:
+    """The numbers LAYER (and, with `experts`, HF_EXPERT and MEGATRON_EXPERT) find, each replaced by `*`."""
+    from convcheck.probe.shared import HF_EXPERT, LAYER, MEGATRON_EXPERT
+
+    spans = [m.span(2) for m in LAYER.finditer(name)]
+    if experts:
+        spans += [m.span(2) for m in HF_EXPERT.finditer(name)]
+        spans += [m.span(g) for m in MEGATRON_EXPERT.finditer(name) for g in (1, 2) if m.group(g) is not None]
+    out = name
+    for start, end in sorted(set(spans), reverse=True):
+        out = out[:start] + "*" + out[end:]
+    return out
+
+
+@pytest.mark.parametrize("experts", [False, True])
+def test_hidden_names_the_numbers_the_regexes_find(experts: bool) -> None:
+    """probe.shared._hidden splits at the dots for speed; it must hide exactly what its regexes would."""
+    from convcheck.probe.shared import _hidden
+
+    assert [_hidden(n, experts) for n in NAMES] == [_by_regex(n, experts) for n in NAMES]
+    assert _hidden("decoder.layers.3.mlp.experts.local_experts.12.linear_fc1.weight", True) == (
+        "decoder.layers.*.mlp.experts.local_experts.*.linear_fc1.weight"
+    )

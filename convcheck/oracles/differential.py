@@ -206,6 +206,27 @@ def _mapped(e: dict[str, Any]) -> str:
     return f" after {label}" if label else ""
 
 
+def _sole_writer(probes: list[tuple[int, dict[str, Any]]], numel: int) -> dict[str, Any] | None:
+    """The one probe record that writes every element of the tensor when every other one writes none (an expert
+    gathered over EP: its rank writes it, the others only receive it), none mismatched and no two of them replicas
+    (one task and writer); else None."""
+    whole = None
+    keys = set()
+    for _, e in probes:
+        ranges = e["ranges"]
+        if "mismatch" in e:
+            return None
+        if ranges:
+            if whole is not None or len(ranges) != 1 or tuple(ranges[0]) != (0, numel):
+                return None
+            whole = e
+        key = (e["task"], tuple(tuple(w) for w in e["writer"]))
+        if key in keys:
+            return None
+        keys.add(key)
+    return whole
+
+
 def _written_once(
     hf: str, probes: list[tuple[int, dict[str, Any]]], reals: list[tuple[int, dict[str, Any]]], counts: dict[str, int]
 ) -> list[Finding]:
@@ -215,8 +236,9 @@ def _written_once(
     numel = 1
     for d in shape:
         numel *= d
-    if len(probes) == 1 and [tuple(r) for r in probes[0][1]["ranges"]] == [(0, numel)]:
-        counts[probes[0][1]["param"]] += probes[0][1]["owned"]  # one writer of every element: nothing to find
+    whole = _sole_writer(probes, numel)
+    if whole is not None:
+        counts[whole["param"]] += whole["owned"]  # one writer of every element: nothing to find
         return []
     writers, disagree = replica_writers(probes)
     out = [
