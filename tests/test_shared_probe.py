@@ -8,7 +8,24 @@ from typing import Any
 import pytest
 
 from convcheck.probe.run import ProbeSlot
-from convcheck.probe.shared import SharedProbes, expert_key, renamed_slots, same_slots
+from convcheck.probe.shared import HF_EXPERT, SharedProbes, _Entry, numbers, probe_key, same_slots
+
+
+def expert_key(task: Any, rank: int) -> tuple[Any, ...] | None:
+    """probe_key of a routed-expert task; None for any other task."""
+    found = numbers(task)
+    return probe_key(task, rank) if found is not None and "expert" in found else None
+
+
+def layer_key(task: Any, rank: int) -> tuple[Any, ...] | None:
+    """probe_key of a layer's non-expert task; None for a routed expert or a task of no layer."""
+    found = numbers(task)
+    return probe_key(task, rank) if found is not None and "expert" not in found else None
+
+
+def renamed_slots(slots: dict[str, ProbeSlot], shift: int, ids: Any = HF_EXPERT) -> dict[str, ProbeSlot]:
+    """`slots` with every expert id (with `ids` LAYER: every layer number) of their HF names moved by `shift`."""
+    return _Entry(at={}, slots=slots).renamed({"expert" if ids is HF_EXPERT else "layer": shift})
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +174,7 @@ def test_a_layers_task_shares_with_the_same_task_of_other_layers(upstream: Any) 
     """Non-expert tasks of successive layers: only the layer number is hidden; the first two are probed and must
     agree (renamed by the layer difference), the rest take the renamed slots; a second probe that disagrees turns
     sharing off for that kind."""
-    from convcheck.probe.shared import LAYER, layer_key
+    from convcheck.probe.shared import LAYER
 
     assert layer_key(_dense(upstream, 0), 0) == layer_key(_dense(upstream, 7), 0) is not None
     assert layer_key(_dense(upstream, 0), 1) != layer_key(_dense(upstream, 0), 0)  # another rank
@@ -191,7 +208,7 @@ def test_layers_holding_equal_copies_of_one_config_share_and_other_configs_do_no
     import torch
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from convcheck.probe.shared import config_token, layer_key
+    from convcheck.probe.shared import config_token
 
     config = TransformerConfig(num_layers=2, hidden_size=16, num_attention_heads=2, init_method=functools.partial(
         torch.nn.init.normal_, mean=0.0, std=0.02))  # fmt: skip

@@ -141,18 +141,6 @@ def probe_key(task: Any, rank: int, config: Callable[[Any], Any] | None = None) 
     return ("layer", *_reads(task, rank, functools.partial(_hidden, experts=False), token))
 
 
-def expert_key(task: Any, rank: int) -> tuple[Any, ...] | None:
-    """probe_key of a routed-expert task; None for any other task."""
-    found = numbers(task)
-    return probe_key(task, rank) if found is not None and "expert" in found else None
-
-
-def layer_key(task: Any, rank: int) -> tuple[Any, ...] | None:
-    """probe_key of a layer's non-expert task; None for a routed expert or a task of no layer."""
-    found = numbers(task)
-    return probe_key(task, rank) if found is not None and "expert" not in found else None
-
-
 def config_token(config: Any) -> Any:
     """A hashable stand-in for a module config's content: a dataclass config field by field (plain values as they
     are, functools.partial by function and arguments, any other object by identity); any other config by identity.
@@ -226,13 +214,6 @@ def _template(name: str) -> tuple[str, tuple[tuple[str, int], ...]]:
         at = end
     form.append(name[at:].replace("{", "{{").replace("}", "}}"))
     return "".join(form), tuple(fields)
-
-
-def renamed_slots(slots: dict[str, ProbeSlot], shift: int, ids: re.Pattern[str] = HF_EXPERT) -> dict[str, ProbeSlot]:
-    """`slots` with every expert id (or every number `ids` finds: group 1 its prefix, group 2 the number) of their HF
-    names moved by `shift`."""
-    kind = next(k for k, pattern in _HF_NUMBERS.items() if pattern is ids)
-    return _Entry(at={}, slots=slots).renamed({kind: shift})
 
 
 def same_slots(a: dict[str, ProbeSlot], b: dict[str, ProbeSlot]) -> bool:
