@@ -30,14 +30,14 @@ def launch(script: str, world: int, args: list[str]) -> None:
 
 
 @contextlib.contextmanager
-def rank_up(path: str, layout: Any, device: str = "cpu") -> Iterator[Any]:
+def rank_up(path: str, layout: Any, device: str = "cpu", load: bool = True) -> Iterator[Any]:
     """This rank's RankContext with the checkpoint at `path` loaded at `layout` (convcheck's own rank code, standing
-    for a trainer's); the process group is shut down after the block."""
+    for a trainer's; `load` False keeps megatron's random init); the process group is shut down after the block."""
     from convcheck.rank import RankSpec, bring_up, quiet
     from convcheck.rank.dist import shutdown_distributed
 
     quiet()
-    ctx = bring_up(RankSpec(model_path=path, layout=layout, device=device))
+    ctx = bring_up(RankSpec(model_path=path, layout=layout, device=device), load=load)
     try:
         yield ctx
     finally:

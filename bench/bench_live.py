@@ -4,9 +4,13 @@
     python bench/bench_live.py --model tiny:qwen3 --tp 2
     python bench/bench_live.py --model tiny:qwen3-moe --tp 2 --ep 2
     python bench/bench_live.py --realsize-layers 48 --tiny-dims --ep 2   # bench_realsize's Qwen3-30B-A3B cut
+    python bench/bench_live.py --realsize-layers 48 --names-only --device cuda   # real dims and counts, one GPU
 
-The ranks are brought up by convcheck's own rank code (standing for the trainer's); the live check then sees only
-the model chunks, the bridge and megatron-core's parallel_state, as inside a user's job. Each is timed for the whole
+--names-only writes the cut's safetensors headers over sparse data regions (no bytes on disk) and keeps megatron's
+random init instead of loading it: real dimensions at any layer count a disk and a GPU hold (48 layers: ~61 GB of
+weights).
+The ranks are brought up by convcheck's own rank code (standing for the trainer's); the live check then sees only the
+model chunks, the bridge and megatron-core's parallel_state, as inside a user's job. Each is timed for the whole
 job, from a barrier the ranks leave together to one they reach once done (bench/_launch.timed). Best of --repeat
 (first_live_check_s: the first call, which also checks and parses the names folder; later calls find it by content).
 cpu_ratio: rank 0's own CPU seconds (time.process_time) of the check over the export's, which a loaded or shared
@@ -32,7 +36,7 @@ def _worker(args: argparse.Namespace) -> None:
     from convcheck.layout import ParallelLayout
 
     layout = ParallelLayout(tp=args.tp, pp=args.pp, ep=args.ep)
-    with rank_up(args.path, layout, args.device) as ctx:
+    with rank_up(args.path, layout, args.device, load=not args.names_only) as ctx:
         _measure(args, ctx, layout, convcheck.live)
 
 
@@ -100,6 +104,14 @@ def _measure(args: argparse.Namespace, ctx: Any, layout: Any, live: Any) -> None
 
 def _checkpoint(args: argparse.Namespace) -> tuple[str, str]:
     """(folder, label) of the model to bench: a fixture or path, or bench_realsize's cut."""
+    if args.realsize_layers and args.names_only:
+        sys.path.insert(0, str(ROOT / "bench"))
+        from bench_realsize import build_names_only  # type: ignore[import-not-found]
+
+        work = Path(os.environ.get("CONVCHECK_CACHE_DIR", "/tmp")) / "realsize"
+        folder = work / f"qwen3-30b-a3b-names-{args.realsize_layers}l-128e"
+        build_names_only(folder, args.realsize_layers)
+        return str(folder), f"qwen3-30b-a3b cut: {args.realsize_layers} layers, real dims, names only (random init)"
     if args.realsize_layers:
         sys.path.insert(0, str(ROOT / "bench"))
         from bench_realsize import build  # type: ignore[import-not-found]
@@ -122,6 +134,11 @@ def model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--realsize-layers", type=int, default=0)
     p.add_argument("--tiny-dims", action="store_true")
+    p.add_argument(
+        "--names-only",
+        action="store_true",
+        help="with --realsize-layers: real dims, the checkpoint's headers only (sparse files), the model's own init",
+    )
     p.add_argument("--path", help=argparse.SUPPRESS)
     p.add_argument("--label", help=argparse.SUPPRESS)
 
@@ -133,6 +150,8 @@ def main() -> None:
     p.add_argument("--oracles", default="coverage,differential,mapping")
     p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args()
+    if args.names_only and (args.tiny_dims or not args.realsize_layers):
+        p.error("--names-only takes --realsize-layers N and real dims (no --tiny-dims)")
     if args.path:
         _worker(args)
         return

@@ -58,7 +58,7 @@ def _worker(args: argparse.Namespace) -> None:
     new = importlib.import_module("convcheck.live")
     base = importlib.import_module(f"{BASE_PACKAGE}.live")
     layout = ParallelLayout(tp=args.tp, pp=args.pp, ep=args.ep)
-    with rank_up(args.path, layout, args.device) as ctx:
+    with rank_up(args.path, layout, args.device, load=not args.names_only) as ctx:
         _rounds(args, ctx, layout, {"base": base.check, "new": new.check})
 
 

@@ -108,6 +108,51 @@ def build(folder: Path, layers: int, tiny_dims: bool, experts: int, seed: int = 
     return folder
 
 
+def build_names_only(folder: Path, layers: int, experts: int = 128) -> Path:
+    """The real-dims cut as config.json, index, tokenizer and bf16 safetensors shards of <= 2 GB whose headers are
+    true and whose data regions are holes (sparse files: no bytes on disk, zeros if read): for a bench whose model
+    is not loaded from it (a live check reads names, shapes and dtypes only), at any layer count a disk can hold."""
+    import transformers
+
+    from convcheck.fixtures.build import write_tokenizer
+
+    if (folder / ".complete").exists():
+        return folder
+    fields = {**QWEN3_30B_A3B, "num_hidden_layers": layers, "num_experts": experts}
+    fields["num_experts_per_tok"] = min(fields["num_experts_per_tok"], experts)
+    config = transformers.Qwen3MoeConfig(**fields, architectures=["Qwen3MoeForCausalLM"], dtype="bfloat16")
+    folder.mkdir(parents=True, exist_ok=True)
+    shards: list[dict[str, tuple[int, ...]]] = [{}]
+    size = 0
+    for name, shape in checkpoint_shapes(fields).items():
+        if size >= 2 << 30:
+            shards.append({})
+            size = 0
+        shards[-1][name] = shape
+        size += 2 * _numel(shape)
+    weight_map = {}
+    for i, shard in enumerate(shards, 1):
+        file = f"model-{i:05d}.safetensors"
+        header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+        offset = 0
+        for name, shape in shard.items():
+            header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + 2 * _numel(shape)]}
+            offset += 2 * _numel(shape)
+            weight_map[name] = file
+        text = json.dumps(header, separators=(",", ":")).encode()
+        text += b" " * (-len(text) % 8)
+        with open(folder / file, "wb") as out:
+            out.write(len(text).to_bytes(8, "little") + text)
+            out.truncate(8 + len(text) + offset)  # the data region: a hole
+    config.save_pretrained(folder)
+    write_tokenizer(folder, int(fields["vocab_size"]))
+    total = sum(2 * _numel(s) for s in checkpoint_shapes(fields).values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=1, sort_keys=True))
+    (folder / ".complete").write_text("ok\n")
+    return folder
+
+
 def checkpoint_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """Tensor names and shapes of a Qwen3-MoE checkpoint as published (one tensor per expert projection)."""
     h, v, hd, inter = cfg["hidden_size"], cfg["vocab_size"], cfg["head_dim"], cfg["moe_intermediate_size"]
