@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from convcheck.compare.bits import compare_bits
+from convcheck.compare.proven import ProvenBytes
 from convcheck.errors import NotCovered
 from convcheck.mappings import MappingError
 from convcheck.mappings.check import shard_matches
@@ -76,6 +77,7 @@ def start(ctx: RankContext) -> LiveShardTap | None:
         return None
     tap = LiveShardTap(ctx=ctx, registry=registry, all_names=all_names, local={})
     tap.findings, tap.exported = [], {}
+    ctx.memo.proven_bytes = ProvenBytes()  # the differential's proved ranges, for this tap to look up
     maps = registry.mappings
     for name, tensor in local.items():
         mapping = maps.get(name)
@@ -130,7 +132,7 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         base.NAME, checked=verdict.checked, findings=list(verdict.findings), rows=verdict.rows, unit=verdict.unit,
         metrics={
             **metrics, "live": True, "in_export_s": round(tap.seconds, 3),
-            "compares_proven_by_differential": ctx.memo.proven_bytes.hits,
+            "compares_proven_by_differential": ctx.memo.proven_bytes.hits if ctx.memo.proven_bytes is not None else 0,
         },
     )  # fmt: skip
 

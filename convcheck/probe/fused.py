@@ -96,7 +96,8 @@ class ProbeInExport:
         started = time.perf_counter()
         real = dict(out or {})
         proven = self.ctx.memo.proven_bytes
-        proven.clear()  # the last task's facts: its outputs have streamed by
+        if proven is not None:
+            proven.clear()  # the last task's facts: its outputs have streamed by
         self.records.extend(
             task_records(
                 self.ctx,
@@ -129,4 +130,5 @@ class ProbeInExport:
                 )
         finally:
             self.tasks = []
-            self.ctx.memo.proven_bytes.clear()
+            if self.ctx.memo.proven_bytes is not None:
+                self.ctx.memo.proven_bytes.clear()

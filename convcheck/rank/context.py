@@ -47,9 +47,10 @@ class RunMemo:
     local_tensors: tuple[tuple[Any, ...], Any, list[tuple[int, str, str, Any]]] | None = None
     """(the chunks, the bridge's naming function, RankContext.local_tensors' answer for them): one walk of the modules
     per run, not one per oracle."""
-    proven_bytes: ProvenBytes = field(default_factory=ProvenBytes)
-    """Byte ranges the differential's compare inside an export drain proved equal for the task being exported, which
-    the live mapping tap then need not read again (convcheck.compare.proven)."""
+    proven_bytes: ProvenBytes | None = None
+    """Set by the live mapping tap (convcheck.oracles.mapping_live.start): byte ranges the differential's compare inside
+    an export drain proved equal for the task being exported, which the tap then need not read again
+    (convcheck.compare.proven). None: nobody would look them up, so the differential notes none."""
 
 
 _CHUNK_NAMES: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], Any, Any, dict[tuple[str, int], str]]] = (
