@@ -1,1 +1,2 @@
-"""Bitwise comparison of tensors on any device: integer views, diagnosis of rearrangements, keyed digests."""
+"""Bitwise comparison of tensors on any device: integer views, memcmp of host memory, diagnosis of rearrangements,
+keyed digests."""

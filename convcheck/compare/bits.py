@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from convcheck.compare.memory import plain, same_bytes
 from convcheck.compare.proven import ProvenBytes
 from convcheck.verdict import Finding
 
@@ -50,8 +51,9 @@ def first_true(mask: Any) -> int:
 
 
 def bytes_equal(expected: Any, actual: Any, proven: ProvenBytes | None = None) -> bool:
-    """True when both tensors hold the same raw bytes (compared as the widest integer view that fits; not read again
-    where `proven`, a convcheck.compare.proven.ProvenBytes, holds the pair as proved equal)."""
+    """True when both tensors hold the same raw bytes (plain CPU tensors by memcmp where they lie, others as the
+    widest integer view that fits; not read again where `proven`, a convcheck.compare.proven.ProvenBytes, holds the
+    pair as proved equal)."""
     import torch
 
     if same_view(expected, actual):
@@ -59,6 +61,8 @@ def bytes_equal(expected: Any, actual: Any, proven: ProvenBytes | None = None) -
     if proven is not None and proven.known(expected, actual):
         return True
     expected, actual = together(expected, actual)
+    if plain(expected) and plain(actual):
+        return same_bytes(expected, actual)  # read in place: no views, no copies
     a = expected.detach().contiguous().reshape(-1).view(torch.uint8)
     b = actual.detach().contiguous().reshape(-1).view(torch.uint8)
     if a.numel() != b.numel():

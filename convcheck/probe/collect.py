@@ -9,7 +9,7 @@ from convcheck.compare.fold import quick_digest
 from convcheck.compare.proven import ProvenBytes
 from convcheck.probe.hook import ExportHook, export_hook, hook_name
 from convcheck.probe.run import CodeCache, own_view_slots, probe_task, range_labels, to_ranges
-from convcheck.probe.runs import diff_positions, hf_ranges, mismatched_runs, views_inside
+from convcheck.probe.runs import diff_positions, hf_ranges, mismatched_runs, mismatched_runs_in_place, views_inside
 from convcheck.probe.shared import SharedProbes
 from convcheck.probe.values import ValueMap, value_map
 from convcheck.verdict import Finding
@@ -235,13 +235,14 @@ def _against_real(
     moved = tensor.device != weight.device
     if moved:
         tensor = tensor.to(weight.device)
-    real_bits, mine_bits = int_view(tensor), int_view(weight)
-    bad_runs = mismatched_runs(real_bits, mine_bits, slot.runs)
+    bad_runs = mismatched_runs_in_place(tensor, weight, slot.runs)
+    if bad_runs is None:
+        bad_runs = mismatched_runs(int_view(tensor), int_view(weight), slot.runs)
     if not bad_runs and proven is not None and not moved and values is None and len(slot.runs) <= PROVEN_RUNS:
         for h, loc, n in slot.runs.tolist():  # what this compare proved, in the real output's and the shard's memory
             proven.note(tensor, h, weight, loc, n)
     if bad_runs:
-        bad, src = diff_positions(real_bits, mine_bits, slot.runs[bad_runs])
+        bad, src = diff_positions(int_view(tensor), int_view(weight), slot.runs[bad_runs])
         first = int(bad[0])
         out["mismatch"] = {
             "count": int(bad.numel()),

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from convcheck.compare.bits import bytes_equal, int_views_equal
+from convcheck.compare.memory import equal_at, plain
 from convcheck.probe.stubs import ProbeCommError
 
 MAX_SLICED_RUNS = 4096
@@ -243,6 +244,17 @@ def _sliced(real_bits: Any, mine_bits: Any, runs: Any) -> list[int]:
         for i, (h, loc, n) in enumerate(runs.tolist())
         if not int_views_equal(real_bits[h : h + n], mine_bits[loc : loc + n])
     ]
+
+
+def mismatched_runs_in_place(real: Any, mine: Any, runs: Any) -> list[int] | None:
+    """`mismatched_runs` of two tensors read where they lie (compare.memory's memcmp, no views built): when both are
+    plain CPU tensors of one element width and the runs are few; None otherwise (the caller takes integer views)."""
+    if len(runs) > MAX_SLICED_RUNS or real.element_size() != mine.element_size() or not (plain(real) and plain(mine)):
+        return None
+    try:
+        return [i for i, (h, loc, n) in enumerate(runs.tolist()) if not equal_at(real, h, mine, loc, n)]
+    except ValueError:  # a run outside a tensor: the sliced compare reports it as a mismatch
+        return None
 
 
 def mismatched_runs(real_bits: Any, mine_bits: Any, runs: Any) -> list[int]:
