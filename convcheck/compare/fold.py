@@ -25,6 +25,8 @@ STEP_ROWS = {"cpu": 1 << 11, "cuda": 1 << 13}
 HOST_BYTES = 1 << 20
 """Chunk sums larger than this are folded again on their device before the host hashes them (a GPU would
 otherwise wait on a 1/64-size copy and its sha256)."""
+SMALL_BYTES = 1 << 20
+"""A device tensor of at most this many bytes gets a quick digest by sha256 of a host copy, a larger one the fold."""
 _TAG = b"convcheck-fold-v3"
 _keys: dict[str, Any] = {}
 
@@ -47,24 +49,41 @@ def _lanes(device: Any) -> Any:
 
 def digest(tensor: Any) -> str:
     """Hex digest of `tensor`'s raw bytes (dtype and shape are not part of it: record them next to it)."""
+    head, sums = folded(tensor)
+    return finish(head, sums.cpu())
+
+
+def folded(tensor: Any) -> tuple[bytes, Any]:
+    """`digest`'s device part, queued without waiting: its header bytes (tag, byte count, each level's size, known
+    on the host) and its last level of sums, int32 on the tensor's device, at most HOST_BYTES."""
     import torch
 
     data = int_view(tensor).view(torch.int8)
-    h = hashlib.sha256(_TAG + data.numel().to_bytes(8, "little"))
+    head = [_TAG + data.numel().to_bytes(8, "little")]
     sums = chunk_sums(data)
     while sums.numel() * 4 > HOST_BYTES:  # fold the sums again on the device: 64x fewer bytes per level
-        h.update(sums.numel().to_bytes(8, "little"))
+        head.append(sums.numel().to_bytes(8, "little"))
         sums = chunk_sums(sums.reshape(-1).view(torch.int8))
-    h.update(sums.cpu().numpy().astype("<i4").tobytes())
+    return b"".join(head), sums
+
+
+def finish(head: bytes, sums: Any) -> str:
+    """`digest` from `folded`'s header and its sums once on the host (int32 CPU tensor)."""
+    h = hashlib.sha256(head)
+    h.update(sums.numpy().astype("<i4").tobytes())
     return h.hexdigest()
 
 
 def quick_digest(tensor: Any) -> str:
-    """A digest for equality of bytes across the ranks of one run: sha256 of the raw bytes of a CPU tensor (prefixed
-    `sha256:`; hashlib's sha256 reads ~1.5 GB/s on one core where the fold's int8 products on the CPU read ~0.1), else
-    `digest` on the tensor's own device (no host copy); the two kinds never equal each other."""
+    """A digest for equality of bytes across the ranks of one run: `sha256:` and sha256 of the raw bytes for a CPU
+    tensor and for a device tensor of at most SMALL_BYTES (copied to the host: less than the fold's kernels and
+    their wait), else `digest` on the tensor's own device (hashlib's sha256 reads ~1.5 GB/s on one core where the
+    fold's int8 products on the CPU read ~0.1); the two kinds never equal each other. convcheck.compare.digest_queue
+    gives the same strings without a wait per device tensor."""
     if not tensor.is_cpu:
-        return digest(tensor)
+        if tensor.nbytes > SMALL_BYTES:
+            return digest(tensor)
+        tensor = tensor.cpu()
     if plain(tensor):
         return "sha256:" + hashlib.sha256(borrowed_bytes(tensor)).hexdigest()
     return "sha256:" + tensor_sha256(tensor)

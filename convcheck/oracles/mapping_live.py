@@ -38,7 +38,7 @@ class LiveShardTap(ShardTap):
     def offer(self, name: str, source: Any = None) -> None:  # type: ignore[override]
         if self.fed:
             return
-        self.exported[name] = source.numel() * source.element_size()
+        self.exported[name] = source.nbytes
         super().offer(name, source)
 
     def finish(self, export_error: str | None = None) -> None:  # type: ignore[override]

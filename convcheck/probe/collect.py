@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from convcheck.compare.bits import describe_element, int_view, unravel_index
+from convcheck.compare.digest_queue import DigestQueue
 from convcheck.compare.fold import quick_digest
 from convcheck.compare.proven import ProvenBytes
 from convcheck.probe.hook import ExportHook, export_hook, hook_name
@@ -41,7 +42,7 @@ def collect(ctx: Any, *, with_real: bool) -> list[dict[str, Any]]:
     if usable:
         return cached[1]
     records: list[dict[str, Any]] = []
-    codes, shared = CodeCache(), SharedProbes()
+    codes, shared, digests = CodeCache(), SharedProbes(), DigestQueue()
     tasks = tasks_of(ctx)
     hook = export_hook(ctx, tasks)
     for index, task in enumerate(tasks):
@@ -55,9 +56,11 @@ def collect(ctx: Any, *, with_real: bool) -> list[dict[str, Any]]:
         unwritten = version == weight_version(task)
         records.extend(
             task_records(
-                ctx, index, task, real, codes, with_real=with_real, unwritten=unwritten, hook=hook, shared=shared
+                ctx, index, task, real, codes, with_real=with_real, unwritten=unwritten, hook=hook, shared=shared,
+                digests=digests,
             )
-        )
+        )  # fmt: skip
+    digests.flush()
     keep(ctx, records, with_real=with_real, shared=shared.shared)
     return records
 
@@ -96,6 +99,7 @@ def task_records(
     hook: ExportHook | None = None,
     shared: SharedProbes | None = None,
     proven: ProvenBytes | None = None,
+    digests: DigestQueue | None = None,
 ) -> list[dict[str, Any]]:
     """One task's records: its probe slots, each checked against `real` (the task's real megatron_to_hf output,
     or what it raised) when `with_real`. When no gather is due, the real outputs are all views of the weight and the
@@ -103,7 +107,8 @@ def task_records(
     bridge's export `hook` (convcheck.probe.hook), both the probe's and the real outputs are followed through it.
     Routed experts share probe runs through `shared` (convcheck.probe.shared) when no hook follows them and their real
     outputs are at hand to be checked against the shared slots (never for the elements oracle's probe alone).
-    What each compare proves equal goes into `proven` for the export's later checks of the same bytes."""
+    What each compare proves equal goes into `proven` for the export's later checks of the same bytes. With
+    `digests`, the cross-rank digests are filled in at its flush (the caller's, before the records are read)."""
     param = str(getattr(task, "global_param_name", "") or task.param_name)
     base = {"task": index, "param": param}
     records: list[dict[str, Any]] = []
@@ -130,20 +135,34 @@ def task_records(
         slots = own or _probe(task, ctx.rank, codes, hook, shared if with_real else None)
     except Exception as exc:  # noqa: BLE001 - an unsupported pattern fails loud as a finding
         return [*records, {**base, "error": f"probe failed: {_first_line(exc)}"}]
+    facts = shared.facts if shared is not None else None
     for name in sorted(set(slots) | set(real)):
         slot = slots.get(name)
-        rec: dict[str, Any] = {**base, "hf": name}
-        if slot is not None:
-            rec.update(shape=list(slot.shape), writer=[list(w) for w in slot.writer], ranges=hf_ranges(slot.runs))
-            rec["owned"] = slot.owned
+        rec: dict[str, Any] = {**base, "hf": name} if slot is None else {**base, "hf": name, **_slot_facts(slot, facts)}
         if with_real:
             rec.update(
                 _against_real(real.get(name), slot, task.param_weight, values, read_off=own is not None, proven=proven)
             )
             if cross_rank and rec["real"] is not None and _may_differ(ctx, slot, real[name]):
-                rec["real"]["digest"] = quick_digest(real[name])  # on the tensor's device: no host copy of a GPU tensor
+                if digests is None:
+                    rec["real"]["digest"] = quick_digest(real[name])
+                else:  # a GPU tensor's digest lands at the queue's flush, without a wait per tensor
+                    digests.put(rec["real"], "digest", real[name])
         records.append(rec)
     return records
+
+
+def _slot_facts(slot: Any, facts: dict[int, tuple[Any, Any, dict[str, Any]]] | None) -> dict[str, Any]:
+    """A slot's record fields (shape, writer, HF ranges, owned); with `facts`, made once per runs tensor and shared by
+    the slots renamed from one probe run (convcheck.probe.shared), whose records only read them."""
+    held = None if facts is None else facts.get(id(slot.runs))
+    if held is not None and held[0] is slot.runs and held[1] == (slot.shape, slot.writer, slot.owned):
+        return held[2]
+    made = {"shape": list(slot.shape), "writer": [list(w) for w in slot.writer], "ranges": hf_ranges(slot.runs),
+            "owned": slot.owned}  # fmt: skip
+    if facts is not None:
+        facts[id(slot.runs)] = (slot.runs, (slot.shape, slot.writer, slot.owned), made)
+    return made
 
 
 def _own_view_records(base: dict[str, Any], real: dict[str, Any], weight: Any) -> list[dict[str, Any]] | None:
@@ -221,11 +240,11 @@ def _against_real(
     are noted in `proven` (up to PROVEN_RUNS of them: a shard's row blocks, not a scatter)."""
     if tensor is None:
         return {"real": None}
-    tensor = tensor.detach()
     out: dict[str, Any] = {"real": _described(tensor)}
     if slot is None or slot.owned == 0:
         return out
-    if tuple(tensor.shape) != tuple(slot.shape) or tensor.element_size() != weight.element_size():
+    tensor = tensor.detach()
+    if tensor.shape != tuple(slot.shape) or tensor.element_size() != weight.element_size():
         return out  # the assembler reports the shape / dtype difference
     if read_off and values is None:
         return out

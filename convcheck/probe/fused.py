@@ -14,6 +14,7 @@ import inspect
 import time
 from typing import Any, Iterable, Iterator
 
+from convcheck.compare.digest_queue import DigestQueue
 from convcheck.probe.collect import keep, task_records, tasks_of, weight_version
 from convcheck.probe.hook import export_hook
 from convcheck.probe.run import CodeCache
@@ -60,6 +61,7 @@ class ProbeInExport:
         self.records: list[dict[str, Any]] = []
         self.codes = CodeCache()
         self.shared = SharedProbes()
+        self.digests = DigestQueue()
         self.next = 0
         self.seconds = 0.0
         self.intact = True
@@ -110,6 +112,7 @@ class ProbeInExport:
                 hook=self.hook,
                 shared=self.shared,
                 proven=proven,
+                digests=self.digests,
             )
         )
         self.seconds += time.perf_counter() - started
@@ -121,6 +124,9 @@ class ProbeInExport:
         try:
             yield from stream
             if self.intact and self.next == len(self.tasks):
+                started = time.perf_counter()
+                self.digests.flush()  # the GPU outputs' cross-rank digests, one wait for the lot
+                self.seconds += time.perf_counter() - started
                 keep(
                     self.ctx,
                     self.records,
@@ -130,5 +136,6 @@ class ProbeInExport:
                 )
         finally:
             self.tasks = []
+            self.digests.drop()
             if self.ctx.memo.proven_bytes is not None:
                 self.ctx.memo.proven_bytes.clear()

@@ -63,6 +63,9 @@ class SharedProbes:
         self._tokens: dict[Any, int] = {}
         self.shared = 0
         """Tasks that took renamed slots instead of a probe run."""
+        self.facts: dict[int, tuple[Any, Any, dict[str, Any]]] = {}
+        """id(runs) -> (runs, the slot's shape, writer and owned, its record fields): renamed slots share their runs,
+        so their records share these (convcheck.probe.collect)."""
 
     def slots(self, task: Any, rank: int, probe: Callable[[], dict[str, ProbeSlot]]) -> dict[str, ProbeSlot]:
         """The task's probe slots: `probe()` for the first task of a key and for one moved in a number not yet
