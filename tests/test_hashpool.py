@@ -45,3 +45,22 @@ def test_a_hashing_error_is_raised_by_results() -> None:
     pool.submit("x", torch.ones(4))
     with pytest.raises(RuntimeError, match="cannot keep x"):
         pool.results()
+
+
+def test_small_tensors_are_hashed_at_submit_with_the_same_digests_and_errors() -> None:
+    from convcheck.compare import hashpool
+
+    small = torch.arange(100, dtype=torch.int16)
+    strided = torch.arange(64, dtype=torch.float32).reshape(8, 8).t()
+    big = torch.arange(hashpool.INLINE_BYTES, dtype=torch.int16)  # twice the inline bytes: a thread hashes it
+    kept: dict[str, torch.Tensor] = {}
+    pool = HashPool(on_done=lambda name, sha, cpu: kept.__setitem__(name, cpu), threads=1)
+    for name, t in (("small", small), ("strided", strided), ("big", big)):
+        pool.submit(name, t)
+    assert pool._futures["small"].done() and pool._futures["strided"].done()
+    small.add_(1)  # the producer reuses its buffer: the kept copy was taken at submit
+    assert pool.results() == {"small": _sha(small - 1), "strided": _sha(strided), "big": _sha(big)}
+    assert torch.equal(kept["small"], small - 1) and kept["small"].data_ptr() != small.data_ptr()
+    plain_pool = HashPool(threads=1)
+    plain_pool.submit("s", small)
+    assert plain_pool.results() == {"s": _sha(small)}
