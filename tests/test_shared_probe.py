@@ -278,3 +278,18 @@ def test_hidden_names_the_numbers_the_regexes_find(experts: bool) -> None:
     assert _hidden("decoder.layers.3.mlp.experts.local_experts.12.linear_fc1.weight", True) == (
         "decoder.layers.*.mlp.experts.local_experts.*.linear_fc1.weight"
     )
+
+
+@pytest.mark.parametrize("experts", [False, True])
+def test_one_pass_parse_finds_the_numbers_and_hides_what_the_regexes_do(experts: bool) -> None:
+    """probe.shared._parse reads a name once for numbers() and the probe key: LAYER's first number, MEGATRON_EXPERT's
+    expert number and _hidden's name, on every spelling of NAMES (and a few that end or start oddly)."""
+    from convcheck.probe.shared import LAYER, MEGATRON_EXPERT, _hidden, _parse
+
+    odd = ["layers.3.x", "a.layers.3", "x.local_experts.4", "weight5", "a.bias12", "a.weight.7", "a.experts.9"]
+    for name in NAMES + odd:
+        layer = LAYER.search(name)
+        expert = MEGATRON_EXPERT.search(name)
+        want_expert = -1 if expert is None else int(expert.group(1) or expert.group(2))
+        want_layer = -1 if layer is None else int(layer.group(2))
+        assert _parse(name, experts) == (want_layer, want_expert, _hidden(name, experts))

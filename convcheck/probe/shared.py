@@ -71,10 +71,11 @@ class SharedProbes:
         """The task's probe slots: `probe()` for the first task of a key and for one moved in a number not yet
         confirmed (checked against the first's renamed slots), renamed slots for the rest; `probe()` for a task of
         no layer that is not a routed expert."""
-        found = numbers(task)
-        if found is None:
+        parsed = _parsed(task)
+        if parsed is None:
             return probe()
-        key = probe_key(task, rank, self._config)
+        found, hidden = parsed
+        key = _key(task, rank, hidden, self._config)
         entry = self._entries.get(key)
         if entry is None:
             slots = probe()
@@ -108,40 +109,70 @@ def _name(task: Any) -> str:
     return str(getattr(task.mapping, "megatron_param", "") or task.param_name)
 
 
-def expert_number(task: Any) -> int:
-    """The expert number in the task's Megatron parameter name (-1 when it has none)."""
-    found = MEGATRON_EXPERT.search(_name(task))
-    if found is None:
-        return -1
-    return int(found.group(1) if found.group(1) is not None else found.group(2))
-
-
-def layer_number(task: Any) -> int:
-    """The first layer number in the task's Megatron parameter name (-1 when it has none)."""
-    found = LAYER.search(_name(task))
-    return -1 if found is None else int(found.group(2))
-
-
 def numbers(task: Any) -> dict[str, int] | None:
     """The numbers a shared probe moves for this task: {'layer', 'expert'} for a routed expert (layer -1 where its
     name has none), {'layer'} for another task of a layer; None for a task of neither, or without a weight."""
-    if task.param_weight is None:
-        return None
-    layer = layer_number(task)
-    if getattr(task.mapping, "is_expert", False):
-        expert = expert_number(task)
-        return None if expert < 0 else {"layer": layer, "expert": expert}
-    return None if layer < 0 else {"layer": layer}
+    parsed = _parsed(task)
+    return None if parsed is None else parsed[0]
 
 
 def probe_key(task: Any, rank: int, config: Callable[[Any], Any] | None = None) -> tuple[Any, ...]:
     """What the probe run of a routed-expert or layer task reads, its layer and expert numbers hidden: the mapping's
     class (and its delegate's), its name strings, the weight's geometry and TP attributes, the module's class and
     config content (through `config`, default config_token), and the rank."""
-    token = config or config_token
-    if getattr(task.mapping, "is_expert", False):
-        return ("expert", *_reads(task, rank, functools.partial(_hidden, experts=True), token))
-    return ("layer", *_reads(task, rank, functools.partial(_hidden, experts=False), token))
+    experts = bool(getattr(task.mapping, "is_expert", False))
+    return _key(task, rank, _parse(_name(task), experts)[2], config or config_token)
+
+
+def _parsed(task: Any) -> tuple[dict[str, int], str] | None:
+    """(`numbers(task)`, the task's Megatron name with its numbers hidden) from one pass over the name; None where
+    `numbers` is None."""
+    if task.param_weight is None:
+        return None
+    experts = bool(getattr(task.mapping, "is_expert", False))
+    layer, expert, hidden = _parse(_name(task), experts)
+    if experts:
+        return None if expert < 0 else ({"layer": layer, "expert": expert}, hidden)
+    return None if layer < 0 else ({"layer": layer}, hidden)
+
+
+def _parse(name: str, experts: bool) -> tuple[int, int, str]:
+    """(the first layer number LAYER finds or -1, the expert number MEGATRON_EXPERT finds or -1, `_hidden(name,
+    experts)`) in one split of `name` at the dots (the regular expressions cost several times as much)."""
+    parts = name.split(".")
+    last = len(parts) - 1
+    layer = expert = -1
+    for i in range(1, last):  # a number followed by a dot: `layers.N.`, `local_experts.N.`, `experts.N.`
+        part = parts[i]
+        if not part.isdigit():
+            continue
+        before = parts[i - 1]
+        if before == "layers":
+            if layer < 0 and part.isdecimal():
+                layer = int(part)
+            parts[i] = "*"
+        elif before.endswith("experts"):
+            if expert < 0 and before.endswith("local_experts") and part.isdecimal():
+                expert = int(part)
+            if experts:
+                parts[i] = "*"
+    tail = parts[last]
+    if last and tail.isdigit() and parts[last - 1].endswith("experts") and experts:
+        parts[last] = "*"  # `...experts.N` ending the name
+    for stem in ("weight", "bias"):
+        digits = tail[len(stem) :]
+        if last and tail.startswith(stem) and digits.isdigit():
+            if expert < 0 and digits.isdecimal():
+                expert = int(digits)
+            if experts:
+                parts[last] = stem + "*"
+    return layer, expert, ".".join(parts)
+
+
+def _key(task: Any, rank: int, hidden: str, config: Callable[[Any], Any]) -> tuple[Any, ...]:
+    """probe_key with the task's Megatron name already hidden (`hidden`, of `_name(task)`)."""
+    experts = bool(getattr(task.mapping, "is_expert", False))
+    return ("expert" if experts else "layer", *_reads(task, rank, hidden, experts, config))
 
 
 def config_token(config: Any) -> Any:
@@ -168,15 +199,18 @@ def _content(value: Any) -> Any:
     return ("id", id(value))
 
 
-def _reads(task: Any, rank: int, hide: Callable[[Any], Any], config: Callable[[Any], Any]) -> tuple[Any, ...]:
-    """The rank, the mapping's and its delegate's classes, its names through `hide`, the weight's geometry and TP
-    attributes, the module's class and its config through `config`."""
+def _reads(task: Any, rank: int, hidden: str, experts: bool, config: Callable[[Any], Any]) -> tuple[Any, ...]:
+    """The rank, the mapping's and its delegate's classes, its names with their numbers hidden (the Megatron one
+    given as `hidden` when it is `_name(task)`), the weight's geometry and TP attributes, the module's class and its
+    config through `config`."""
     mapping, weight, module = task.mapping, task.param_weight, task.megatron_module
     attrs = tuple(getattr(weight, a, None) for a in ("tensor_model_parallel", "partition_dim", "partition_stride"))
     delegate = getattr(mapping, "_mapping", None)
+    megatron = getattr(mapping, "megatron_param", None)
+    if not (isinstance(megatron, str) and megatron and megatron == _name(task)):
+        hidden = _hidden(megatron, experts)
     return (
-        rank, type(mapping), type(delegate), hide(getattr(mapping, "megatron_param", None)),
-        hide(getattr(mapping, "hf_param", None)),
+        rank, type(mapping), type(delegate), hidden, _hidden(getattr(mapping, "hf_param", None), experts),
         tuple(weight.shape), weight.dtype, tuple(weight.stride()), weight.device, attrs,
         type(module), config(getattr(module, "config", None)),
     )  # fmt: skip
