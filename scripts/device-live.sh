@@ -24,3 +24,7 @@ for tag in clean planted; do
   "${base[@]}" "${extra[@]}" --json "$OUT/entry-$tag.json" > "$OUT/entry-$tag.txt" 2>&1
   echo "== torchrun entry $tag: exit $? in $(( $(date +%s) - start )) s: $(grep -E '^(PASS|FAIL)' "$OUT/entry-$tag.txt" | tail -1)"
 done
+# The cross-rank digests on the GPU (compare.digest_queue's pinned staging, compare.fold): their GPU tests run here.
+start=$(date +%s)
+python3 -m pytest -q -p no:cacheprovider tests/test_digest_queue.py tests/test_fold.py > "$OUT/digest-tests.txt" 2>&1
+echo "== digest GPU tests: exit $? in $(( $(date +%s) - start )) s: $(tail -1 "$OUT/digest-tests.txt")"
