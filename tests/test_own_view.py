@@ -85,3 +85,34 @@ def test_within_is_exactly_where_view_runs_reads_strides() -> None:
     assert not within(base.view(torch.float32), base)
     assert not within(buf[:4], buf[4:]) and not within(buf[2:6], buf[4:])  # memory before the base's first element
     assert not within(codes.t()[:1], codes.t())  # a base that is not contiguous
+
+
+@pytest.mark.parametrize("where", ["_own_view_records", "_slot_facts", "_against_real"])
+def test_convcheck_raising_while_recording_is_the_tasks_error_record(
+    upstream: Any, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """An error of convcheck's own while it records a real output (planted in each place the records are made: the
+    own-view path, the slots' facts, the compare) is the task's error record on this rank, a probe-failed finding for
+    the assembler, and never a raise out of the bridge's export: its peers would wait in the next collective."""
+    from convcheck.oracles.differential import assemble
+
+    mapping, weight = _cases(upstream)[0]
+    real = dict(mapping.megatron_to_hf(weight, None))
+    if where != "_own_view_records":
+        real = {k: v.clone() for k, v in real.items()}  # copies: the slots and the compare run
+
+    def planted(*_: Any, **__: Any) -> Any:
+        raise RuntimeError("planted in convcheck")
+
+    monkeypatch.setattr(collect, where, planted)
+    records = _records(_task(upstream, mapping, weight), real)
+    message = (
+        "probe failed: RuntimeError: planted in convcheck"  # the own-view records stand where the probe would run
+        if where == "_own_view_records"
+        else "convcheck raised RuntimeError: planted in convcheck recording the real output"
+    )
+    param = mapping.megatron_param
+    assert records == [{"task": 3, "param": param, "error": message}]
+    findings, counts = assemble([records])
+    assert [(f.tensor, f.kind, f.message) for f in findings] == [(param, "probe-failed", f"rank 0: {message}")]
+    assert counts == {param: 0}

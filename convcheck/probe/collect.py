@@ -108,7 +108,9 @@ def task_records(
     Routed experts share probe runs through `shared` (convcheck.probe.shared) when no hook follows them and their real
     outputs are at hand to be checked against the shared slots (never for the elements oracle's probe alone).
     What each compare proves equal goes into `proven` for the export's later checks of the same bytes. With
-    `digests`, the cross-rank digests are filled in at its flush (the caller's, before the records are read)."""
+    `digests`, the cross-rank digests are filled in at its flush (the caller's, before the records are read).
+    Whatever convcheck raises while recording is this rank's error record for the task (a probe-failed finding),
+    never a raise out of the export."""
     param = str(getattr(task, "global_param_name", "") or task.param_name)
     base = {"task": index, "param": param}
     records: list[dict[str, Any]] = []
@@ -124,17 +126,43 @@ def task_records(
                 *records,
                 {**base, "error": f"{hook_name(task)} raised {_first_line(exc)}"},
             ]
+    try:
+        return records + _checked(
+            ctx, base, task, real, codes, with_real=with_real, unwritten=unwritten, hook=hook, shared=shared,
+            proven=proven, digests=digests,
+        )  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - convcheck's own error: a finding on this rank, never a raise out of
+        # the export (its peers would wait for it in the next collective until the job's timeout)
+        return [*records, {**base, "error": f"convcheck raised {_first_line(exc)} recording the real output"}]
+
+
+def _checked(
+    ctx: Any,
+    base: dict[str, Any],
+    task: Any,
+    real: dict[str, Any],
+    codes: CodeCache,
+    *,
+    with_real: bool,
+    unwritten: bool,
+    hook: ExportHook | None,
+    shared: SharedProbes | None,
+    proven: ProvenBytes | None,
+    digests: DigestQueue | None,
+) -> list[dict[str, Any]]:
+    """task_records' records of the task's probe slots and real outputs (`base` in each)."""
     cross_rank = with_real and ctx.world > 1  # several ranks export each tensor: digests for the assembler
     values = value_map(task.mapping)
     try:
         fast = unwritten and no_gather_due(ctx, task)
         lean = _own_view_records(base, real, task.param_weight) if fast and with_real and values is None else None
         if lean is not None:
-            return records + lean
+            return lean
         own = own_view_slots(real, task.param_weight) if fast else None
         slots = own or _probe(task, ctx.rank, codes, hook, shared if with_real else None)
     except Exception as exc:  # noqa: BLE001 - an unsupported pattern fails loud as a finding
-        return [*records, {**base, "error": f"probe failed: {_first_line(exc)}"}]
+        return [{**base, "error": f"probe failed: {_first_line(exc)}"}]
+    records = []
     facts = shared.facts if shared is not None else None
     for name in sorted(set(slots) | set(real)):
         slot = slots.get(name)
