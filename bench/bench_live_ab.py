@@ -1,7 +1,8 @@
 """Benchmark: convcheck.live.check of this checkout against another commit's, in one process on one job, interleaved
 (base and new take turns after each bare export), so a shared or throttled machine slows both alike. Prints one JSON
 object: each side's best and median seconds, as ratios to the bare export of the same rounds, and new / base. Each is
-timed for the whole job, barrier to barrier (bench/_launch.timed).
+timed for the whole job, barrier to barrier (bench/_launch.timed). user_ratio_median: rank 0's user CPU seconds over
+the export's (the kernel's share of a gloo export's waits, large on a small machine, left out).
 
     python bench/bench_live_ab.py --base HEAD~3 --realsize-layers 8 --tiny-dims --rounds 15
     python bench/bench_live_ab.py --base v0.1 --model tiny:qwen3-moe --tp 2 --ep 2
@@ -66,13 +67,17 @@ def _rounds(args: argparse.Namespace, ctx: Any, layout: Any, checks: dict[str, A
     model, bridge = ctx.model, ctx.bridge
     verdicts = {side: getattr(check(model, bridge), "verdict", None) for side, check in checks.items()}  # warm both
     seconds: dict[str, list[float]] = {"export": [], "base": [], "new": []}
+    user: dict[str, list[float]] = {"export": [], "base": [], "new": []}  # rank 0's user CPU seconds
     for i in range(args.rounds):
         for side in ("export", *(("base", "new") if i % 2 == 0 else ("new", "base"))):
+            started = os.times().user
             seconds[side].append(timed(ctx, functools.partial(_one, side, ctx, checks))[0])
+            user[side].append(os.times().user - started)
     if ctx.rank != 0:
         return
     best = {k: min(v) for k, v in seconds.items()}
     median = {k: sorted(v)[len(v) // 2] for k, v in seconds.items()}
+    user_median = {k: sorted(v)[len(v) // 2] for k, v in user.items()}
     print(json.dumps({
         "model": args.label, "layout": layout.label, "device": ctx.device, "base": args.base, "rounds": args.rounds,
         "verdicts": verdicts, "best_s": {k: round(v, 4) for k, v in best.items()},
@@ -80,6 +85,7 @@ def _rounds(args: argparse.Namespace, ctx: Any, layout: Any, checks: dict[str, A
         "ratio_best": {k: round(best[k] / best["export"], 3) for k in ("base", "new")},
         "ratio_median": {k: round(median[k] / median["export"], 3) for k in ("base", "new")},
         "new_over_base_median": round(median["new"] / median["base"], 3), "goal": "<= 1.5",
+        "user_ratio_median": {k: round(user_median[k] / user_median["export"], 3) for k in ("base", "new")},
     }))  # fmt: skip
 
 
