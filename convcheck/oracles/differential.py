@@ -4,8 +4,7 @@ Each rank runs every task's real megatron_to_hf, then the probe (convcheck.probe
 probe says where each of this rank's elements must land. A rank checks its own elements bitwise against its
 real output; rank 0 checks the real outputs a collective made agree across ranks (compare.fold.quick_digest: sha256
 on the CPU and of small GPU tensors, a keyed fold of larger ones, queued by compare.digest_queue) and the probe slots
-cover every element. The real conversions are those of an
-earlier export drain when one ran (convcheck.probe.fused).
+cover every element. The real conversions are those of an earlier export drain when one ran (convcheck.probe.fused).
 Mappings that compute values rather than move them are reported (the probe follows codes, not arithmetic),
 except the elementwise value maps convcheck.probe.values declares: their moves are probed and their values
 compared bitwise against the declared map. Routed experts and the same task of successive layers share one probe run

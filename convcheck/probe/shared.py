@@ -207,7 +207,7 @@ def _reads(task: Any, rank: int, hidden: str, experts: bool, config: Callable[[A
     attrs = tuple(getattr(weight, a, None) for a in ("tensor_model_parallel", "partition_dim", "partition_stride"))
     delegate = getattr(mapping, "_mapping", None)
     megatron = getattr(mapping, "megatron_param", None)
-    if not (isinstance(megatron, str) and megatron and megatron == _name(task)):
+    if not (isinstance(megatron, str) and megatron):  # else `_name(task)` is another string than the mapping's
         hidden = _hidden(megatron, experts)
     return (
         rank, type(mapping), type(delegate), hidden, _hidden(getattr(mapping, "hf_param", None), experts),
