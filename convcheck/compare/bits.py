@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from convcheck.compare.memory import plain, same_bytes
+from convcheck.compare.memory import borrowed_bytes, plain, same_bytes
 from convcheck.compare.proven import ProvenBytes
 from convcheck.verdict import Finding
 
@@ -133,10 +133,11 @@ def _host_bytes(tensor: Any) -> Any:
 
 
 def tensor_sha256(tensor: Any) -> str:
-    """sha256 of a tensor's raw bytes (contiguous, on the CPU): equal digests mean equal bytes."""
+    """sha256 of a tensor's raw bytes (contiguous, on the CPU): equal digests mean equal bytes. A plain CPU tensor's
+    memory is read where it lies (compare.memory), any other is copied to a contiguous host array first."""
     import hashlib
 
-    return hashlib.sha256(_host_bytes(tensor)).hexdigest()
+    return hashlib.sha256(borrowed_bytes(tensor) if plain(tensor) else _host_bytes(tensor)).hexdigest()
 
 
 def describe_element(tensor: Any, flat_index: int) -> str:

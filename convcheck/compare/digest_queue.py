@@ -8,12 +8,10 @@ the host hashes them when the buffer fills and at `flush`, after one synchronize
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
-from convcheck.compare.bits import int_view
+from convcheck.compare.bits import int_view, tensor_sha256
 from convcheck.compare.fold import SMALL_BYTES, finish, folded, quick_digest
-from convcheck.compare.memory import borrowed_bytes
 
 ALIGN = 8
 """Each staged piece starts at a multiple of this many bytes of the buffer."""
@@ -66,7 +64,7 @@ class DigestQueue:
         for into, key, head, start, size in self._pending:
             piece = self._buffer[start : start + size]
             if head is None:
-                into[key] = "sha256:" + hashlib.sha256(borrowed_bytes(piece)).hexdigest()
+                into[key] = "sha256:" + tensor_sha256(piece)
             else:
                 into[key] = finish(head, piece.view(torch.int32))
         self._pending.clear()

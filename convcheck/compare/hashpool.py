@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from convcheck.compare.bits import raw_bytes
-from convcheck.compare.memory import borrowed_bytes, plain
+from convcheck.compare.bits import tensor_sha256
 
 DEFAULT_BUDGET = 256 << 20
 """Bytes of CPU copies that may wait for a hashing thread (a tensor larger than this waits alone)."""
@@ -64,15 +62,15 @@ class HashPool:
         self._futures[name] = self._pool.submit(self._hash, name, cpu, size)
 
     def _inline(self, name: Hashable, tensor: Any) -> Future[str]:
-        """A done future of a small tensor's sha256, or of what hashing it raised (re-raised by `results`); read in
-        place when it is a plain CPU tensor and nothing keeps the copy."""
+        """A done future of a small tensor's sha256, or of what hashing it raised (re-raised by `results`); no copy
+        taken when nothing keeps it."""
         done: Future[str] = Future()
         try:
-            if self._on_done is None and plain(tensor):
-                done.set_result(hashlib.sha256(borrowed_bytes(tensor)).hexdigest())
+            if self._on_done is None:
+                done.set_result(tensor_sha256(tensor))
             else:
                 cpu = tensor.detach().to("cpu", copy=True).contiguous()
-                value = hashlib.sha256(raw_bytes(cpu)).hexdigest()
+                value = tensor_sha256(cpu)
                 if self._on_done is not None:
                     self._on_done(name, value, cpu)
                 done.set_result(value)
@@ -82,7 +80,7 @@ class HashPool:
 
     def _hash(self, name: Hashable, cpu: Any, size: int) -> str:
         try:
-            value = hashlib.sha256(raw_bytes(cpu)).hexdigest()
+            value = tensor_sha256(cpu)
             if self._on_done is not None:
                 self._on_done(name, value, cpu)
             return value

@@ -10,7 +10,7 @@ from convcheck.compare.fold import quick_digest
 from convcheck.compare.proven import ProvenBytes
 from convcheck.probe.hook import ExportHook, export_hook, hook_name
 from convcheck.probe.run import CodeCache, own_view_slots, probe_task, range_labels, to_ranges
-from convcheck.probe.runs import diff_positions, hf_ranges, mismatched_runs, mismatched_runs_in_place, views_inside
+from convcheck.probe.runs import diff_positions, differing_runs, hf_ranges, views_inside
 from convcheck.probe.shared import SharedProbes
 from convcheck.probe.values import ValueMap, value_map
 from convcheck.verdict import Finding
@@ -282,9 +282,7 @@ def _against_real(
     moved = tensor.device != weight.device
     if moved:
         tensor = tensor.to(weight.device)
-    bad_runs = mismatched_runs_in_place(tensor, weight, slot.runs)
-    if bad_runs is None:
-        bad_runs = mismatched_runs(int_view(tensor), int_view(weight), slot.runs)
+    bad_runs = differing_runs(tensor, weight, slot.runs)
     if not bad_runs and proven is not None and not moved and values is None and len(slot.runs) <= PROVEN_RUNS:
         for h, loc, n in slot.runs.tolist():  # what this compare proved, in the real output's and the shard's memory
             proven.note(tensor, h, weight, loc, n)

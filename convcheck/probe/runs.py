@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from convcheck.compare.bits import bytes_equal, int_views_equal
+from convcheck.compare.bits import bytes_equal, int_view, int_views_equal
 from convcheck.compare.memory import equal_at, plain
 from convcheck.probe.stubs import ProbeCommError
 
@@ -255,6 +255,13 @@ def mismatched_runs_in_place(real: Any, mine: Any, runs: Any) -> list[int] | Non
         return [i for i, (h, loc, n) in enumerate(runs.tolist()) if not equal_at(real, h, mine, loc, n)]
     except ValueError:  # a run outside a tensor: the sliced compare reports it as a mismatch
         return None
+
+
+def differing_runs(real: Any, mine: Any, runs: Any) -> list[int]:
+    """Indices of the runs whose elements of `real` differ bitwise from `mine`'s (one element width, one device): read
+    in place where both are plain CPU tensors, else compared as integer views."""
+    found = mismatched_runs_in_place(real, mine, runs)
+    return found if found is not None else mismatched_runs(int_view(real), int_view(mine), runs)
 
 
 def mismatched_runs(real_bits: Any, mine_bits: Any, runs: Any) -> list[int]:
