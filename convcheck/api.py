@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from convcheck.hf.geometry import Geometry
 from convcheck.hooks import parse_hook
 from convcheck.layout import ParallelLayout
 from convcheck.models import tag_upstream_bugs
-from convcheck.oracles import parse_oracle_names
+from convcheck.oracles import collect_options, parse_oracle_names
 from convcheck.progress import ProgressSink
 from convcheck.rank.options import ReshardTargets, SyncOptions
 from convcheck.sync.adapters import check_adapters, normalize_sender
@@ -84,7 +84,7 @@ def prepare(
     target_ep: int | Sequence[int] | None = None,
     target_etp: int | Sequence[int] | None = None,
     layers: int | None = None,
-    save_dtype: str | None = None,
+    options: Mapping[str, Any] | None = None,
     nodes: Nodes | None = None,
 ) -> Any:
     """Validate everything a run needs before any rank starts; return the Job (BadInput names the first problem).
@@ -94,7 +94,7 @@ def prepare(
     `resume_layout`: the layout(s) the distckpt oracle resumes its checkpoint at (TP1 when not given);
     `target_tp` / `target_ep` / `target_etp`: the reshard oracle's target TP, EP and expert-TP sizes (each one or
     several; every combination is checked in one launch); `layers`: the layer count of a `config:FILE` model;
-    `save_dtype` ("bf16", "fp16", "fp32"): the save oracle writes with the bridge's weight_dtype cast;
+    `options`: the oracle-owned options by key (each oracle's OracleInfo.options, e.g. {"save_dtype": "bf16"});
     `nodes`: the run spans hosts, this launcher being one node (convcheck.engine.nodes.make_nodes; docs/scale.md).
     """
     if experts not in EXPERT_LAYOUTS:
@@ -102,7 +102,7 @@ def prepare(
     names = as_oracles(oracles, experts)
     grid = as_layout(layout)
     check_pad_vocab(pad_vocab)
-    check_save_dtype(names, save_dtype)
+    owned = collect_options(names, options)
     check_across_nodes(nodes, grid.world_size, names)
     if manifest_out is not None:
         manifest_out = check_manifest_path(manifest_out)
@@ -141,7 +141,7 @@ def prepare(
         manifest_out=manifest_out,
         resume_layouts=resumes,
         targets=targets,
-        save_dtype=save_dtype,
+        options=owned,
         nodes=nodes,
     )
 
@@ -194,18 +194,6 @@ def reshard_targets(
                 f"({num_experts})"
             )
     return ReshardTargets(tps=tps or (1,), eps=eps or (1,), etps=etps or (1,))
-
-
-def check_save_dtype(names: Sequence[str], save_dtype: str | None) -> None:
-    """BadInput unless `save_dtype` is None, or a cast the save oracle knows and the save oracle runs."""
-    from convcheck.ckpt.written import CAST_DTYPES
-
-    if save_dtype is None:
-        return
-    if save_dtype not in CAST_DTYPES:
-        raise BadInput(f"--save-dtype must be one of {', '.join(CAST_DTYPES)}, got {save_dtype!r}")
-    if "save" not in names:
-        raise BadInput("--save-dtype is an option of the save oracle; add --oracle save")
 
 
 def check_pad_vocab(pad_vocab: int | None) -> None:
@@ -338,7 +326,7 @@ def verify(
     target_ep: int | Sequence[int] | None = None,
     target_etp: int | Sequence[int] | None = None,
     layers: int | None = None,
-    save_dtype: str | None = None,
+    options: Mapping[str, Any] | None = None,
     nodes: Nodes | None = None,
 ) -> Report:
     """Build `model` sharded at `layout` through the real bridge and run the oracles; ConvcheckError on bad input."""
@@ -361,7 +349,7 @@ def verify(
         target_ep=target_ep,
         target_etp=target_etp,
         layers=layers,
-        save_dtype=save_dtype,
+        options=options,
         nodes=nodes,
     )
     return run(job, log_dir=log_dir, progress=progress)

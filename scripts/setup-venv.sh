@@ -20,6 +20,11 @@ find_python312() {
   return 1
 }
 
+if [ "${1:-}" = "--find-python" ]; then
+  find_python312
+  exit
+fi
+
 want=$(cat requirements/pins.txt requirements/no-deps.txt pyproject.toml scripts/setup-venv.sh | sha256sum | cut -c1-16)
 if [ -x "$VENV/bin/convcheck" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   echo "setup: .venv is up to date"

@@ -30,6 +30,7 @@ def _parse(line: str):  # -> the Job `convcheck verify ARGS` of the replay line 
         {"layout": "tp2", "oracles": "distckpt,reshard", "resume_layout": ("tp1", "ep2"), "target_tp": (1, 2),
          "target_ep": (1, 2), "pad_vocab": 128},
         {"layout": ParallelLayout(ep=2), "oracles": "coverage,roundtrip", "experts": "te-grouped"},
+        {"layout": "tp2", "oracles": "roundtrip,save", "options": {"save_dtype": "fp16"}},
     ],
 )  # fmt: skip
 def test_the_replay_line_parses_back_to_the_same_job(kwargs: dict) -> None:

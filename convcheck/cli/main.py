@@ -27,7 +27,7 @@ from convcheck.errors import BadInput, ConvcheckError, one_line
 from convcheck.fixtures import FIXTURES, build_fixture
 from convcheck.fixtures.from_config import build_from_config
 from convcheck.layout import ParallelLayout
-from convcheck.oracles import ORACLES, oracles_markdown
+from convcheck.oracles import OPTIONS, ORACLES, oracles_markdown
 from convcheck.sync.adapters import RECEIVERS, SENDERS
 from convcheck.verdict import FAIL, NOT_COVERED, PASS
 
@@ -42,7 +42,7 @@ def _fail_line(exc: BaseException) -> None:
 PREPARE_OPTIONS = ("model", "layers", "tp", "pp", "vpp", "pp_first", "pp_last", "pp_embed", "pp_loss", "ep", "etp",
                    "oracles", "device", "hooks", "experts", "timeout", "sender", "receiver", "chunk_mb", "pad_vocab",
                    "manifest_path", "resume_layouts", "target_tps", "target_eps", "target_etps",
-                   "save_dtype", *NODE_OPTIONS)  # fmt: skip
+                   *NODE_OPTIONS, *OPTIONS)  # fmt: skip
 """The verify options that make its Job (the others say where output goes)."""
 
 
@@ -74,7 +74,7 @@ def job_from_options(params: dict[str, Any], progress: Any = None) -> Any:
         target_ep=p["target_eps"] or None,
         target_etp=p["target_etps"] or None,
         layers=p["layers"],
-        save_dtype=p["save_dtype"],
+        options={key: p[key] for key in OPTIONS},
         nodes=nodes_of(p),
     )
 
@@ -82,6 +82,15 @@ def job_from_options(params: dict[str, Any], progress: Any = None) -> Any:
 def replay_line(job: Any, oracles: Sequence[str]) -> str:
     """One shell line that reruns exactly `oracles` of this run (built from its Job)."""
     return shlex.join(["convcheck", "verify", *job.replay_args(oracles)])
+
+
+def oracle_options(command: Any) -> Any:
+    """Add every oracle-owned option (convcheck.oracles.OPTIONS, each oracle's OracleInfo.options) to `command`."""
+    for key, (oracle, option) in reversed(OPTIONS.items()):
+        kind = click.Choice(option.choices) if option.choices else option.kind
+        command = click.option(option.flag, key, type=kind, multiple=option.multiple, default=None,
+                               metavar=option.metavar, help=f"{oracle} oracle: {option.help}")(command)  # fmt: skip
+    return command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -173,9 +182,7 @@ Examples:
 @click.option("--target-etp", "target_etps", type=click.IntRange(min=1), multiple=True,
               help="reshard oracle: the target expert-TP size, each expert split over it (repeatable; "
               "default 1: experts whole).")  # fmt: skip
-@click.option("--save-dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default=None,
-              help="save oracle: write with the bridge's weight_dtype cast to this dtype and prove every float "
-              "tensor is exactly the source's cast (default: no cast, bytes as the source).")  # fmt: skip
+@oracle_options
 @node_options
 def verify(
     model: str,
@@ -208,11 +215,11 @@ def verify(
     target_tps: tuple[int, ...],
     target_eps: tuple[int, ...],
     target_etps: tuple[int, ...],
-    save_dtype: str | None,
     nnodes: int,
     node_rank: int | None,
     master_addr: str | None,
     master_port: int | None,
+    **oracle_values: Any,
 ) -> None:
     """Build the sharded Megatron model from MODEL through the real bridge and run the oracles (under torchrun:
     in torchrun's processes, no second launch)."""

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from convcheck.engine.nodes import Nodes
 from convcheck.layout import ParallelLayout
+from convcheck.oracles import option_args, stored_options
 from convcheck.rank.bringup import RankSpec
 from convcheck.rank.options import ReshardTargets, SyncOptions
 
@@ -59,8 +60,9 @@ class Job:
     """Reshard oracle: the target sizes, every combination checked in this one launch."""
     resuming: bool = False
     """Set only in a resume job: the model is built but not loaded from the HF checkpoint (`checkpoint_dir` is)."""
-    save_dtype: str | None = None
-    """Save oracle: the bridge's weight_dtype cast to write with ("bf16", "fp16", "fp32"; None: no cast)."""
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The oracle-owned options given ({oracle: {key: value}}, convcheck.oracles.collect_options): each oracle reads its
+    own (RankContext.oracle_options), the replay line repeats them (OracleOption.replay)."""
     nodes: Nodes | None = None
     """The run spans hosts: this launcher's node and where the nodes meet (None: one host, torchrun --standalone)."""
 
@@ -102,8 +104,7 @@ class Job:
                                 ("--target-etp", self.targets.etps)):  # fmt: skip
                 if tuple(sizes) != (1,):
                     args += [a for size in sizes for a in (flag, str(size))]
-        if "save" in oracles and self.save_dtype is not None:
-            args += ["--save-dtype", self.save_dtype]
+        args += option_args(self.options, oracles)
         if self.sync.sender is not None:
             args += ["--sender", self.sync.sender]
         if self.sync.receiver is not None:
@@ -127,7 +128,7 @@ class Job:
             checkpoint_dir=self.checkpoint_dir,
             resuming=self.resuming,
             targets=self.targets,
-            save_dtype=self.save_dtype,
+            options=self.options,
         )
 
     @property
@@ -161,5 +162,6 @@ class Job:
         data["resume_layouts"] = tuple(ParallelLayout.from_dict(d) for d in data.get("resume_layouts", ()))
         data["sync"] = SyncOptions(**data["sync"])
         data["targets"] = ReshardTargets.from_dict(data["targets"])
+        data["options"] = stored_options(data.get("options", {}))
         data["nodes"] = Nodes(**data["nodes"]) if data.get("nodes") else None
         return cls(**data)

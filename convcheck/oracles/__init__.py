@@ -7,7 +7,7 @@ this registry stays light enough for the CLI to list and validate names.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any, Callable
 
@@ -31,7 +31,7 @@ from convcheck.oracles import (
     roundtrip,
     save,
 )
-from convcheck.oracles.base import OracleInfo
+from convcheck.oracles.base import OracleInfo, OracleOption
 
 _MODULES: tuple[ModuleType, ...] = (
     coverage,
@@ -56,6 +56,48 @@ ORACLES: dict[str, OracleInfo] = {m.INFO.name: m.INFO for m in _MODULES}
 _RUN: dict[str, Callable[[Any], Any]] = {m.INFO.name: m.run for m in _MODULES}
 DEFAULT_ORACLES: tuple[str, ...] = tuple(name for name, info in ORACLES.items() if info.default)
 """What a plain `verify` runs."""
+
+
+OPTIONS: dict[str, tuple[str, OracleOption]] = {
+    option.key: (info.name, option) for info in ORACLES.values() for option in info.options
+}
+"""Option key -> (the oracle that owns it, its declaration): every oracle-owned `verify` option."""
+assert len(OPTIONS) == sum(len(i.options) for i in ORACLES.values()), "two oracles declare one option key"
+
+
+def collect_options(names: Sequence[str], given: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """The oracle options of a run ({oracle: {key: value}}, only those given), each validated by its declaration;
+    BadInput for an unknown key, or an option whose oracle is not among `names`."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in (given or {}).items():
+        if key not in OPTIONS:
+            raise BadInput(f"unknown oracle option {key!r}; known: {', '.join(OPTIONS)}")
+        oracle, option = OPTIONS[key]
+        if not option.given(value):
+            continue
+        if oracle not in names:
+            raise BadInput(f"{option.flag} is an option of the {oracle} oracle; add --oracle {oracle}")
+        out.setdefault(oracle, {})[key] = option.normalized(value)
+    return out
+
+
+def stored_options(data: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """A Job's oracle options read back from JSON (repeatable values as tuples again)."""
+    return {
+        oracle: {k: tuple(v) if OPTIONS[k][1].multiple else v for k, v in values.items()}
+        for oracle, values in data.items()
+    }
+
+
+def option_args(options: Mapping[str, Mapping[str, Any]], oracles: Sequence[str]) -> list[str]:
+    """The `verify` words that set again the options of `oracles` (in declaration order)."""
+    return [
+        word
+        for name in oracles
+        for option in ORACLES[name].options
+        if option.key in options.get(name, {})
+        for word in option.replay(options[name][option.key])
+    ]
 
 
 def riders(names: Sequence[str]) -> frozenset[str]:
@@ -127,6 +169,11 @@ def live_markdown() -> str:
 
 
 __all__ = [
+    "OPTIONS",
+    "OracleOption",
+    "collect_options",
+    "option_args",
+    "stored_options",
     "LIVE_DEFAULT",
     "LIVE_ORACLES",
     "live_markdown",

@@ -12,9 +12,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from convcheck.ckpt.written import prove_written
+from convcheck.ckpt.written import CAST_DTYPES, prove_written
 from convcheck.hf.checkpoint import Checkpoint
-from convcheck.oracles.base import OracleInfo
+from convcheck.oracles.base import OracleInfo, OracleOption, option_values
 from convcheck.oracles.logits import hf_device
 from convcheck.oracles.save_files import config_findings, logits_check, tokenizer_findings
 from convcheck.oracles.save_write import Variant, Written, offered, plan, write
@@ -32,6 +32,14 @@ INFO = OracleInfo(
     "storage shared by several machines; opt-in: it exports twice and loads the model in transformers twice, "
     "0.86x the bare roundtrip on one H200 at real size (bench/bench_realsize.py --runs save)",
     default=False,
+    options=(
+        OracleOption(
+            flag="--save-dtype",
+            choices=tuple(CAST_DTYPES),
+            help="write with the bridge's weight_dtype cast to this dtype and prove every float tensor is exactly "
+            "the source's cast (default: no cast, bytes as the source).",
+        ),
+    ),
 )
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
@@ -54,7 +62,7 @@ def not_built(ctx: RankContext) -> frozenset[str]:
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank runs each writer call into a folder rank 0 made; rank 0 proves the folders."""
     started = time.perf_counter()
-    variants = plan(ctx.world, ctx.save_dtype, offered(ctx.bridge))
+    variants = plan(ctx.world, option_values(INFO, ctx.oracle_options(NAME))["save_dtype"], offered(ctx.bridge))
     root = Path(ctx.gather(tempfile.mkdtemp(prefix="convcheck-save-") if ctx.is_reporter else None)[0])
     skip = not_built(ctx)
     findings: list[Finding] = []

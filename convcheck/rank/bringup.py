@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from convcheck.errors import BadInput, BuildFailed, SetupError, needs_cuda, one_line, raised_at
@@ -45,8 +45,8 @@ class RankSpec:
     resuming: bool = False
     """A resume job: the model is built but not loaded from the HF checkpoint."""
     targets: ReshardTargets = ReshardTargets()
-    save_dtype: str | None = None
-    """Save oracle: the bridge's weight_dtype cast to write with (None: no cast)."""
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The run's oracle-owned options ({oracle: {key: value}})."""
 
 
 def _build(bridge: Any, spec: RankSpec) -> tuple[Any, list[Any]]:
@@ -123,7 +123,7 @@ def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bo
         checkpoint_dir=spec.checkpoint_dir,
         resuming=spec.resuming,
         targets=spec.targets,
-        save_dtype=spec.save_dtype,
+        options=spec.options,
     )
     if load:
         progress.emit("loading the checkpoint through the bridge")

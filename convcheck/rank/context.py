@@ -123,13 +123,17 @@ class RankContext:
     names_drain_on_device: bool = False
     """Coverage's drain (which reads only names) keeps the export on the weights' device: a live check's taps compare
     there; verify keeps the host copies its taps and digests were measured with."""
-    save_dtype: str | None = None
-    """Save oracle: the bridge's weight_dtype cast to write with ("bf16", "fp16", "fp32"; None: no cast)."""
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The run's oracle-owned options ({oracle: {key: value}}, only those given): read through `oracle_options`."""
     _global_names: tuple[tuple[Any, ...], Any, dict[tuple[str, int], str]] = field(
         default_factory=lambda: ((), None, {}), repr=False
     )
     """(the chunks, the bridge's naming function, (local name, virtual stage) -> global name): `global_name`'s answers
     for these very chunks as that function gives them."""
+
+    def oracle_options(self, oracle: str) -> dict[str, Any]:
+        """The options given to `oracle` ({key: value}; convcheck.oracles.base.option_values adds the defaults)."""
+        return self.options.get(oracle, {})
 
     @property
     def is_reporter(self) -> bool:
