@@ -60,3 +60,45 @@ def test_every_docs_page_is_linked_from_the_readme() -> None:
     pages = sorted((ROOT / "docs").glob("*.md"))
     assert pages, "docs/ has no pages"
     assert [p.name for p in pages if p.resolve() not in linked] == []
+
+
+ORDINALS = (
+    "first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|thirteenth|fourteenth|"
+    "fifteenth|sixteenth|seventeenth|eighteenth|nineteenth|twentieth"
+)
+RELATIVE = "this|that|last|next|previous|prior|earlier|later|past|same|one|two|three|four|five|several"
+WORK_PERIOD = re.compile(rf"({ORDINALS}|{RELATIVE}|\d+(st|nd|rd|th))\s+(sessions?|work\s+periods?)", re.IGNORECASE)
+ISO_DATE = re.compile(r"(?<![\w-])\d{4}-\d{2}-\d{2}(?!\d)")
+RESULTS_LINK = re.compile(r"\[[^\]\n]*\]\((?:\.\./)*bench/results/[^()\s]*\)")
+LINK_TARGET = re.compile(r"(?<=\])\([^()\s]+\)")
+
+
+def blank(match: re.Match[str]) -> str:
+    """The matched text with every character but newlines turned to a space, so offsets and line numbers hold."""
+    return re.sub(r"[^\n]", " ", match.group(0))
+
+
+def prose(text: str) -> str:
+    """The text with code fences, code spans, whole links to bench/results/ files and every link target blanked."""
+    for pattern in (FENCE, CODE_SPAN, RESULTS_LINK, LINK_TARGET):
+        text = pattern.sub(blank, text)
+    return text
+
+
+def present_tense_pages() -> list[Path]:
+    """README.md and docs/: what is true now. bench/results/README.md alone holds the dated history."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_docs_speak_in_the_present_tense() -> None:
+    """No narration of work periods ("the sixteenth session", "last session") anywhere in the pages, and no ISO date
+    in their prose (a date may stand only in a link to a results file whose name holds it). The before-stop hook's
+    regex (`(first|...|twentieth|last|this|next|previous|earlier|later|two|three) sessions?`) is a subset of this."""
+    found = []
+    for path in present_tense_pages():
+        text = path.read_text()
+        for pattern, what, where in ((WORK_PERIOD, "work period", text), (ISO_DATE, "date in prose", prose(text))):
+            for m in pattern.finditer(where):
+                line = where.count("\n", 0, m.start()) + 1
+                found.append(f"{path.relative_to(ROOT)}:{line}: {what}: {' '.join(m.group(0).split())!r}")
+    assert found == [], "history belongs in bench/results/README.md, dated:\n" + "\n".join(found)
