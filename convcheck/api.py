@@ -284,6 +284,7 @@ def report_of(
         architecture_of(job.model_path),
         result["versions"].get("megatron-bridge", ""),
         complete(job.oracles, attributed),
+        result["versions"],
     )
     return Report(
         model=job.model_label,

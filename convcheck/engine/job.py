@@ -129,6 +129,7 @@ class Job:
             resuming=self.resuming,
             targets=self.targets,
             options=self.options,
+            workdir=self.workdir,
         )
 
     @property

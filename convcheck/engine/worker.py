@@ -59,7 +59,7 @@ def run_job(job: Job) -> dict[str, Any] | None:
     return {
         **({"manifest": manifest} if manifest is not None else {}),
         "status": "ok",
-        "versions": versions(),
+        "versions": {**versions(), **ctx.versions},
         "oracles": verdicts,
         "seconds": round(time.perf_counter() - started, 3),
         "rank0_peak_MB": memory,

@@ -4,7 +4,7 @@ A new architecture is a module here (its HF class names and model_type, explicit
 tiny fixtures, as an `Architecture`) plus one entry in SUPPORTED.
 """
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from convcheck.errors import NotCovered
@@ -14,6 +14,7 @@ from convcheck.models import deepseek, dense, glm, glm45, gpt_oss, mistral, nemo
 from convcheck.models.architecture import Architecture, unique_index
 from convcheck.models.bridge_wide import BRIDGE_WIDE
 from convcheck.models.config_rules import FieldRule
+from convcheck.models.engine_bugs import ENGINE_BUGS
 from convcheck.models.fixture_spec import FixtureSpec
 from convcheck.models.upstream_bug import UpstreamBug
 from convcheck.verdict import OracleVerdict
@@ -74,18 +75,27 @@ UPSTREAM_BUG = "upstream_bug"
 
 
 def tag_upstream_bugs(
-    architecture: str, bridge_version: str, verdicts: Sequence[OracleVerdict]
+    architecture: str,
+    bridge_version: str,
+    verdicts: Sequence[OracleVerdict],
+    versions: Mapping[str, str] | None = None,
 ) -> tuple[tuple[OracleVerdict, ...], list[str]]:
-    """Tag each finding a known bug of `architecture`'s family or of the bridge's conversion core explains (seen in
-    `bridge_version`); one line per bug that explains any. Verdicts keep every finding: a known bug still fails."""
+    """Tag each finding a known bug of `architecture`'s family, of the bridge's conversion core (seen in
+    `bridge_version`) or of a rollout engine (seen in its version among `versions`) explains; one line per bug that
+    explains any. Verdicts keep every finding: a known bug still fails."""
     family = BY_HF_CLASS.get(architecture)
-    bugs: tuple[UpstreamBug, ...] = (*(family.upstream_bugs if family else ()), *BRIDGE_WIDE)
+    bugs: tuple[UpstreamBug, ...] = (*(family.upstream_bugs if family else ()), *BRIDGE_WIDE, *ENGINE_BUGS)
+    others = dict(versions or {})
     counts: dict[str, int] = {}
     out = []
     for verdict in verdicts:
         findings = []
         for f in verdict.findings:
-            bug = next((b for b in bugs if b.explains(bridge_version, verdict.name, f.tensor, f.kind)), None)
+            bug = next(
+                (b for b in bugs if b.explains(bridge_version if b.project == "megatron-bridge" else
+                                               others.get(b.project, ""), verdict.name, f.tensor, f.kind)),
+                None,
+            )  # fmt: skip
             if bug is not None:
                 counts[bug.name] = counts.get(bug.name, 0) + 1
                 f = replace(f, detail={**f.detail, UPSTREAM_BUG: bug.name})

@@ -24,7 +24,7 @@ from convcheck.models.config_rules import (
     same,
     unsupported,
 )
-from convcheck.models.fixture_spec import tiny_spec
+from convcheck.models.fixture_spec import ENGINE_DIMS, tiny_spec
 from convcheck.models.shared_mappings import (
     LAYER_PREFIX,
     fused_qkv_rule,
@@ -282,7 +282,15 @@ QWEN3 = Architecture(
     model_type="qwen3",
     mapping_rules=decoder_rules,
     config_rules=QWEN3_TABLE,
-    fixtures=(tiny_spec("qwen3", "Qwen3Config", "Qwen3, GQA 4q/2kv heads, qk-norm"),),
+    fixtures=(
+        tiny_spec("qwen3", "Qwen3Config", "Qwen3, GQA 4q/2kv heads, qk-norm"),
+        tiny_spec(
+            "qwen3-vllm",
+            "Qwen3Config",
+            "tiny:qwen3 with head_dim 32, which CPU vLLM's attention accepts",
+            **ENGINE_DIMS,
+        ),
+    ),
 )
 LLAMA = Architecture(
     hf_classes=("LlamaForCausalLM",),
@@ -291,6 +299,12 @@ LLAMA = Architecture(
     config_rules=LLAMA_TABLE,
     fixtures=(
         tiny_spec("llama", "LlamaConfig", "Llama, GQA 4q/2kv heads, no biases"),
+        tiny_spec(
+            "llama-vllm",
+            "LlamaConfig",
+            "tiny:llama with head_dim 32, which CPU vLLM's attention accepts",
+            **ENGINE_DIMS,
+        ),
         tiny_spec(
             "llama-tied-4l",
             "LlamaConfig",

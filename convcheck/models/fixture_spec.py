@@ -22,6 +22,11 @@ TINY_SHAPES: dict[str, Any] = {
 TP2 x EP2 x PP2 are all legal layouts."""
 
 
+ENGINE_DIMS: dict[str, Any] = {"head_dim": 32}
+"""What the `-vllm` fixtures change: CPU vLLM's attention takes head_dim 32, 64, 80, ... (not 8); q_proj [128, 32]
+stays within the distinct-value pool."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FixtureSpec:
     """One tiny model: transformers config class + overrides, fixed seed."""

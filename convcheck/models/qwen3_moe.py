@@ -7,7 +7,7 @@ from typing import Any
 from convcheck.models.architecture import Architecture
 from convcheck.models.config_rules import FieldRule, HfView, MegatronGet, first, implied, same
 from convcheck.models.dense import NORM_ROPE_ACT, SHAPES, decoder_rules
-from convcheck.models.fixture_spec import tiny_spec
+from convcheck.models.fixture_spec import ENGINE_DIMS, tiny_spec
 
 NUM_EXPERTS = ("num_local_experts", "num_experts")
 """transformers 5 calls the expert count num_local_experts; 4.57 (bridge 0.3.x) and published configs: num_experts."""
@@ -81,6 +81,13 @@ QWEN3_MOE = Architecture(
             "Qwen3MoeConfig",
             "Qwen3-MoE, 8 experts top-2, qk-norm",
             **TINY_MOE,
+            norm_topk_prob=True,
+        ),
+        tiny_spec(
+            "qwen3-moe-vllm",
+            "Qwen3MoeConfig",
+            "tiny:qwen3-moe with head_dim 32 and expert width 32, which CPU vLLM's kernels accept",
+            **{**TINY_MOE, **ENGINE_DIMS, "moe_intermediate_size": 32},
             norm_topk_prob=True,
         ),
         tiny_spec(

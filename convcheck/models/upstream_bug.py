@@ -27,6 +27,8 @@ class UpstreamBug:
     """megatron-bridge releases convcheck ran it on and saw it (a finding on another release is not explained)."""
     fixed_in: str = ""
     """The upstream release or commit that fixes it, when there is one."""
+    project: str = "megatron-bridge"
+    """Whose bug it is: "megatron-bridge", or a rollout engine ("vllm"); `seen_in` lists that project's versions."""
 
     def explains(self, bridge_version: str, oracle: str, tensor: str, kind: str) -> bool:
         return bridge_version in self.seen_in and any(
@@ -35,4 +37,4 @@ class UpstreamBug:
 
     def line(self, count: int) -> str:
         fixed = f"; fixed in {self.fixed_in}" if self.fixed_in else "; not fixed upstream yet"
-        return f"{count} finding(s) are the known megatron-bridge bug {self.name}: {self.summary} ({self.where}{fixed})"
+        return f"{count} finding(s) are the known {self.project} bug {self.name}: {self.summary} ({self.where}{fixed})"

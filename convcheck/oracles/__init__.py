@@ -20,6 +20,7 @@ from convcheck.oracles import (
     differential,
     distckpt,
     elements,
+    engine,
     idempotence,
     layout_invariance,
     logits,
@@ -49,6 +50,7 @@ _MODULES: tuple[ModuleType, ...] = (
     distckpt,
     reshard,
     save,
+    engine,
 )
 """In the order a run executes them; the opt-in ones (INFO.default False) run only when named."""
 
@@ -78,6 +80,9 @@ def collect_options(names: Sequence[str], given: Mapping[str, Any] | None) -> di
         if oracle not in names:
             raise BadInput(f"{option.flag} is an option of the {oracle} oracle; add --oracle {oracle}")
         out.setdefault(oracle, {})[key] = option.normalized(value)
+    for name in names:
+        if ORACLES[name].ready is not None:
+            ORACLES[name].ready(out.get(name, {}))
     return out
 
 

@@ -30,6 +30,9 @@ class OracleInfo:
     (convcheck.live); "" when it needs such a source (asking for it live is bad input)."""
     options: tuple[OracleOption, ...] = ()
     """The `verify` options it owns (OracleOption): declared here and nowhere else."""
+    ready: Callable[[Mapping[str, Any]], Any] | None = None
+    """Launcher-side check, before any rank starts, that the oracle can run with the options given (its key ->
+    value; BadInput naming what is missing otherwise), e.g. that the engine's environment exists."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -47,6 +47,8 @@ class RankSpec:
     targets: ReshardTargets = ReshardTargets()
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
     """The run's oracle-owned options ({oracle: {key: value}})."""
+    workdir: str | None = None
+    """The job folder."""
 
 
 def _build(bridge: Any, spec: RankSpec) -> tuple[Any, list[Any]]:
@@ -124,6 +126,7 @@ def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bo
         resuming=spec.resuming,
         targets=spec.targets,
         options=spec.options,
+        workdir=spec.workdir,
     )
     if load:
         progress.emit("loading the checkpoint through the bridge")

@@ -123,6 +123,11 @@ class RankContext:
     names_drain_on_device: bool = False
     """Coverage's drain (which reads only names) keeps the export on the weights' device: a live check's taps compare
     there; verify keeps the host copies its taps and digests were measured with."""
+    workdir: str | None = None
+    """The job folder (rank logs, result), where an oracle's own process logs go (None: a live check's)."""
+    versions: dict[str, str] = field(default_factory=dict)
+    """Versions of what the run's verdicts were made with beyond the rank's own stack (e.g. the engine's vLLM): rank 0
+    adds them to the report's versions."""
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
     """The run's oracle-owned options ({oracle: {key: value}}, only those given): read through `oracle_options`."""
     _global_names: tuple[tuple[Any, ...], Any, dict[tuple[str, int], str]] = field(

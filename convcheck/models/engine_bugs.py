@@ -1,0 +1,20 @@
+"""Known bugs of rollout engines that the engine oracle meets, as data (no torch): tagged like megatron-bridge's."""
+
+from __future__ import annotations
+
+from convcheck.models.upstream_bug import UpstreamBug
+
+VLLM_CPU_MOE_RELOAD_PREPACK = UpstreamBug(
+    name="vllm-cpu-moe-reload-prepack",
+    project="vllm",
+    summary="on a weight update (the worker's reload_weights, what RL frameworks call after each step) "
+    "UnquantizedFusedMoEMethod._setup_kernel copies the reloaded experts into w13_weight / w2_weight but skips the "
+    "CPU backend's prepack (moe_kernel.fused_experts.process_weights_after_loading runs only on the first load), so "
+    "the CPU MoE kernel reads checkpoint-layout experts as prepacked ones: a correct sync computes other logprobs "
+    "than a fresh load; running the skipped prepack restores them bitwise",
+    where="vllm/model_executor/layers/fused_moe/unquantized_fused_moe_method.py:187-205 (vllm-cpu 0.32.0)",
+    findings=(("engine", "*.experts*.w*_weight", "moe-not-repacked"),),
+    seen_in=("0.32.0",),
+)
+
+ENGINE_BUGS: tuple[UpstreamBug, ...] = (VLLM_CPU_MOE_RELOAD_PREPACK,)

@@ -1,0 +1,182 @@
+"""Rank 0's side of the engine: start the engine host in the engine's environment, send it requests, stream a sync
+into it through shared-memory buckets, and stop it (and everything it left) whatever happens."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from convcheck.errors import BadInput
+from convcheck.rollout import protocol
+from convcheck.rollout.buckets import BucketWriter, segment_folder
+from convcheck.rollout.environment import engine_env, repo_root
+
+START_TIMEOUT_S = 300.0
+"""Seconds the engine may take to import and load the checkpoint."""
+REQUEST_TIMEOUT_S = 300.0
+"""Seconds any other request may take (a generate, a reload)."""
+
+
+class EngineFailed(BadInput):
+    """The engine could not start on this model, crashed or hung: convcheck cannot run the engine oracle (exit 2,
+    naming the engine's own reason), never a finding."""
+
+
+class EngineHost:
+    """The engine process (`python -m convcheck.rollout.host` under the engine's interpreter) and its buckets."""
+
+    def __init__(self, python: str, log: Path, chunk_mb: float) -> None:
+        self.python = python
+        self.log = log
+        self.folder = segment_folder()
+        self.writer = BucketWriter(self.folder, int(chunk_mb * (1 << 20)))
+        self.process: subprocess.Popen[bytes] | None = None
+        self._log_handle: Any = None
+
+    def __enter__(self) -> EngineHost:
+        self._log_handle = open(self.log, "ab")
+        try:
+            self.process = subprocess.Popen(
+                [self.python, "-m", "convcheck.rollout.host"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._log_handle,
+                env=engine_env(),
+                cwd=str(repo_root()),
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        except OSError as exc:
+            self.close()
+            raise EngineFailed(f"cannot start the engine's interpreter {self.python}: {exc}") from None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def request(self, op: str, timeout_s: float = REQUEST_TIMEOUT_S, **fields: Any) -> dict[str, Any]:
+        """Send one request and return its reply; EngineFailed when the engine raises, dies or hangs."""
+        assert self.process is not None and self.process.stdin is not None and self.process.stdout is not None
+        try:
+            protocol.send(self.process.stdin, {"op": op, **fields})
+            reply = protocol.receive(self.process.stdout, timeout_s)
+        except (BrokenPipeError, protocol.HostGone):
+            raise EngineFailed(
+                f"the engine process died during {op!r} ({self._exit_status()}); {self.log_tail()}"
+            ) from None
+        except protocol.HostTimeout:
+            raise EngineFailed(
+                f"the engine process did not answer {op!r} within {timeout_s:g} s (hung); stopped it"
+            ) from None
+        if not reply.get("ok"):
+            where = f" at {reply['where']}" if reply.get("where") else ""
+            raise EngineFailed(f"the engine raised {reply.get('error')}{where} during {op!r}")
+        return reply
+
+    def sync(self, receiver: str, items: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Any]:
+        """Stream `items` to the engine in buckets (waiting for each bucket's ack before reusing the file), then the
+        engine's receiver reply."""
+        assert self.process is not None and self.process.stdin is not None and self.process.stdout is not None
+        pipe_in, pipe_out = self.process.stdin, self.process.stdout
+        try:
+            protocol.send(pipe_in, {"op": "sync", "receiver": receiver})
+            for name, tensor in items:
+                if not self.writer.fits(tensor):
+                    self._ship(pipe_in, pipe_out)
+                self.writer.add(name, tensor)
+            if self.writer.items:
+                self._ship(pipe_in, pipe_out)
+            protocol.send(pipe_in, {"op": "end"})
+            reply = protocol.receive(pipe_out, REQUEST_TIMEOUT_S)
+        except (BrokenPipeError, protocol.HostGone):
+            raise EngineFailed(
+                f"the engine process died during the sync ({self._exit_status()}); {self.log_tail()}"
+            ) from None
+        except protocol.HostTimeout:
+            raise EngineFailed(
+                f"the engine process hung during the sync (no answer within {REQUEST_TIMEOUT_S:g} s)"
+            ) from None
+        if not reply.get("ok"):
+            raise EngineFailed(f"the engine raised {reply.get('error')} during the sync")
+        return reply
+
+    def _ship(self, pipe_in: Any, pipe_out: Any) -> None:
+        protocol.send(pipe_in, self.writer.message())
+        ack = protocol.receive(pipe_out, REQUEST_TIMEOUT_S)
+        if not ack.get("ack"):
+            raise EngineFailed(f"the engine answered a bucket with {ack}")
+
+    def log_tail(self, lines: int = 3) -> str:
+        """The last error-looking lines of the engine's log (its own reason)."""
+        try:
+            text = self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return "no engine log"
+        picked = [t.strip() for t in text if "Error" in t or "error" in t] or [t.strip() for t in text]
+        return "engine log: " + " | ".join(picked[-lines:])[-600:]
+
+    def _exit_status(self) -> str:
+        if self.process is None:
+            return "not started"
+        code = self.process.poll()
+        if code is None:
+            return "still running"
+        return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+
+    def close(self) -> None:
+        """Stop the engine (quit, then SIGTERM, then SIGKILL to its whole session) and remove the buckets."""
+        process, self.process = self.process, None
+        if process is not None:
+            try:
+                if process.poll() is None and process.stdin is not None:
+                    protocol.send(process.stdin, {"op": "quit"})
+                process.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired, ValueError):
+                pass
+            _stop_session(process)
+            for pipe in (process.stdin, process.stdout):
+                if pipe is not None:
+                    protocol.forget(pipe)
+                    pipe.close()
+        self.writer.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+        if self._log_handle is not None:
+            self._log_handle.close()
+            self._log_handle = None
+
+
+def _stop_session(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 5 s, to the engine's session (whatever it started)."""
+    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _die_with_parent() -> None:
+    """In the engine's process before exec: SIGKILL when rank 0 dies (Linux prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def log_path(folder: str | None) -> Path:
+    """Where the engine's own output goes: the job folder when there is one."""
+    return Path(folder or tempfile.gettempdir()) / "engine.log"

