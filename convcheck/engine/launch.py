@@ -28,6 +28,7 @@ from convcheck.engine.rollcall import decide, meeting
 from convcheck.engine.warm_client import WarmTimeout, run_warm, warm_socket
 from convcheck.errors import BadInput, SetupError
 from convcheck.progress import ProgressReader, ProgressSink
+from convcheck.rollout.segments import sweep_stale
 
 LAUNCHED = "CONVCHECK_LAUNCHED"
 """Set in the environment of the ranks convcheck starts (convcheck.engine.inplace tells them from torchrun's own)."""
@@ -198,6 +199,7 @@ def _launch(job: Job, workdir: Path, progress: ProgressSink | None) -> dict[str,
     finally:
         if tmpdir.parent != workdir:
             shutil.rmtree(tmpdir, ignore_errors=True)
+        sweep_stale()  # shared-memory buckets of ranks that were killed (convcheck.rollout.segments)
 
 
 TMPDIR_MAX = 64

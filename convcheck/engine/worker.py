@@ -15,7 +15,7 @@ from convcheck.engine.launch import die_with_parent
 from convcheck.engine.recorder import ManifestRecorder
 from convcheck.errors import BadInput, BuildFailed, one_line
 from convcheck.hooks import load_hook
-from convcheck.oracles import load_oracle, riders
+from convcheck.oracles import close_early, load_oracle, riders, start_early
 from convcheck.rank import shard_match
 from convcheck.rank.bringup import bring_up, quiet
 from convcheck.rank.dist import shutdown_distributed
@@ -26,6 +26,15 @@ from convcheck.versions import versions
 
 def run_job(job: Job) -> dict[str, Any] | None:
     """Run every selected oracle (or the job's rank function) on this rank; the result dict on rank 0, else None."""
+    first = int(os.environ.get("RANK", "0")) == 0
+    early = start_early(job.oracles, job.options, job.rank_spec()) if first and not job.rank_function else {}
+    try:
+        return _run_job(job, early)
+    finally:
+        close_early(early)
+
+
+def _run_job(job: Job, early: dict[str, Any]) -> dict[str, Any] | None:
     started = time.perf_counter()
     anon = AnonPeak()
     oracles = [load_oracle(name) for name in job.oracles]
@@ -35,6 +44,7 @@ def run_job(job: Job) -> dict[str, Any] | None:
         ctx = bring_up(job.rank_spec(), hooks, load=not job.resuming)
     except BuildFailed as exc:
         return build_failed(job, exc, started) if int(os.environ.get("RANK", "0")) == 0 else None
+    ctx.early = early
     if function is not None:
         return _run_function(job, ctx, function, started)
     recorder = None

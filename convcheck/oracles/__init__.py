@@ -105,6 +105,25 @@ def option_args(options: Mapping[str, Mapping[str, Any]], oracles: Sequence[str]
     ]
 
 
+def start_early(names: Sequence[str], options: Mapping[str, Mapping[str, Any]], spec: Any) -> dict[str, Any]:
+    """Rank 0: each selected oracle's early work (OracleInfo.early), started before the model is built."""
+    out: dict[str, Any] = {}
+    try:
+        for name in names:
+            if ORACLES[name].early is not None:
+                out[name] = ORACLES[name].early(options.get(name, {}), spec)
+    except BaseException:
+        close_early(out)
+        raise
+    return out
+
+
+def close_early(handles: Mapping[str, Any]) -> None:
+    """End what `start_early` started (each handle's close)."""
+    for handle in handles.values():
+        handle.close()
+
+
 def riders(names: Sequence[str]) -> frozenset[str]:
     """The oracles of a run (in run order) that do their work inside an earlier oracle's: each declares what it rides
     on (OracleInfo.rides_on), and an oracle before it that provides that (drains_export, reads_source) runs."""
@@ -176,7 +195,9 @@ def live_markdown() -> str:
 __all__ = [
     "OPTIONS",
     "OracleOption",
+    "close_early",
     "collect_options",
+    "start_early",
     "option_args",
     "stored_options",
     "LIVE_DEFAULT",

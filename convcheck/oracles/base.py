@@ -30,6 +30,10 @@ class OracleInfo:
     (convcheck.live); "" when it needs such a source (asking for it live is bad input)."""
     options: tuple[OracleOption, ...] = ()
     """The `verify` options it owns (OracleOption): declared here and nowhere else."""
+    early: Callable[[Mapping[str, Any], Any], Any] | None = None
+    """Work rank 0 starts before the model is built, to overlap with it (e.g. the engine process loading the
+    checkpoint): called as early(its options, the RankSpec); what it returns (closed with `.close()` when the job
+    ends) reaches `run` as `ctx.early[name]`."""
     ready: Callable[[Mapping[str, Any]], Any] | None = None
     """Launcher-side check, before any rank starts, that the oracle can run with the options given (its key ->
     value; BadInput naming what is missing otherwise), e.g. that the engine's environment exists."""

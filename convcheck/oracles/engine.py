@@ -68,7 +68,24 @@ INFO = OracleInfo(
         ),
     ),  # fmt: skip
     ready=lambda options: check_python(options.get("engine_python")),
+    early=lambda options, spec: _launch(options, spec.model_path, spec.workdir, spec.sync.chunk_mb),
 )
+
+
+def _launch(given: Any, model: str, workdir: str | None, chunk_mb: float) -> Any:
+    """Rank 0: the engine process started and asked to load `model` (its reply read later: it loads while the
+    Megatron model is built)."""
+    from convcheck.rollout.client import EngineHost, log_path  # torch: rank side only
+
+    options = option_values(INFO, given)
+    host = EngineHost(options["engine_python"] or check_python(None), log_path(workdir), chunk_mb)
+    host.start()
+    try:
+        host.begin("start", model=model)
+    except BaseException:
+        host.close()
+        raise
+    return host
 
 
 def run(ctx: RankContext) -> OracleVerdict | None:
@@ -81,15 +98,12 @@ def run(ctx: RankContext) -> OracleVerdict | None:
             for _ in ctx.export():
                 pass
         return None
-    from convcheck.rollout.client import EngineHost, log_path  # torch: rank side only
-
-    python = options["engine_python"] or check_python(None)
-    host = EngineHost(python, log_path(ctx.workdir), ctx.sync.chunk_mb)
+    source = str(ctx.checkpoint.path)
+    host = ctx.early.get(NAME) or _launch(ctx.oracle_options(NAME), source, ctx.workdir, ctx.sync.chunk_mb)
     agreed = False
     try:
         with host:
-            source = str(ctx.checkpoint.path)
-            reference = host.request("start", timeout_s=600, model=source)
+            reference = host.finish("start", timeout_s=600)
             ctx.versions.update(reference["versions"])
             poisoned = host.request("poison", model=source)
             ctx.gather("ready")

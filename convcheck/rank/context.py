@@ -125,6 +125,8 @@ class RankContext:
     there; verify keeps the host copies its taps and digests were measured with."""
     workdir: str | None = None
     """The job folder (rank logs, result), where an oracle's own process logs go (None: a live check's)."""
+    early: dict[str, Any] = field(default_factory=dict)
+    """Oracle name -> what its early work started on rank 0 before the model was built (OracleInfo.early)."""
     versions: dict[str, str] = field(default_factory=dict)
     """Versions of what the run's verdicts were made with beyond the rank's own stack (e.g. the engine's vLLM): rank 0
     adds them to the report's versions."""

@@ -9,53 +9,17 @@ reuses the one file for the next bucket.
 from __future__ import annotations
 
 import mmap
-import os
-import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 ALIGN = 16
-SHM_ROOT = Path("/dev/shm")
-PREFIX = "convcheck-rollout-"
-_FOLDER = re.compile(rf"^{PREFIX}(\d+)-")
 
 
 def dtype_name(dtype: torch.dtype) -> str:
     """`torch.bfloat16` -> "bfloat16"."""
     return str(dtype).removeprefix("torch.")
-
-
-def sweep_stale(root: Path = SHM_ROOT) -> list[Path]:
-    """Remove segment folders whose owner (the pid in the name) is gone: what a run killed outright left."""
-    removed = []
-    for folder in root.glob(f"{PREFIX}*") if root.is_dir() else ():
-        match = _FOLDER.match(folder.name)
-        if match is None or _alive(int(match.group(1))):
-            continue
-        shutil.rmtree(folder, ignore_errors=True)
-        removed.append(folder)
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def segment_folder() -> Path:
-    """A fresh folder for this process's buckets: in /dev/shm where it exists, else the temporary folder."""
-    root = SHM_ROOT if SHM_ROOT.is_dir() and os.access(SHM_ROOT, os.W_OK) else Path(tempfile.gettempdir())
-    sweep_stale(root)
-    return Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=root))
 
 
 class BucketWriter:

@@ -16,8 +16,9 @@ import torch
 
 from convcheck.errors import BadInput
 from convcheck.rollout import protocol
-from convcheck.rollout.buckets import BucketWriter, segment_folder
+from convcheck.rollout.buckets import BucketWriter
 from convcheck.rollout.environment import engine_env, repo_root
+from convcheck.rollout.segments import segment_folder
 
 START_TIMEOUT_S = 300.0
 """Seconds the engine may take to import and load the checkpoint."""
@@ -42,6 +43,12 @@ class EngineHost:
         self._log_handle: Any = None
 
     def __enter__(self) -> EngineHost:
+        if self.process is None:
+            self.start()
+        return self
+
+    def start(self) -> None:
+        """Start the engine's process (it then waits for requests)."""
         self._log_handle = open(self.log, "ab")
         try:
             self.process = subprocess.Popen(
@@ -57,16 +64,29 @@ class EngineHost:
         except OSError as exc:
             self.close()
             raise EngineFailed(f"cannot start the engine's interpreter {self.python}: {exc}") from None
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     def request(self, op: str, timeout_s: float = REQUEST_TIMEOUT_S, **fields: Any) -> dict[str, Any]:
         """Send one request and return its reply; EngineFailed when the engine raises, dies or hangs."""
-        assert self.process is not None and self.process.stdin is not None and self.process.stdout is not None
+        self.begin(op, **fields)
+        return self.finish(op, timeout_s)
+
+    def begin(self, op: str, **fields: Any) -> None:
+        """Send a request without waiting (its reply is read by `finish`)."""
+        assert self.process is not None and self.process.stdin is not None
         try:
             protocol.send(self.process.stdin, {"op": op, **fields})
+        except BrokenPipeError:
+            raise EngineFailed(
+                f"the engine process died before {op!r} ({self._exit_status()}); {self.log_tail()}"
+            ) from None
+
+    def finish(self, op: str, timeout_s: float = REQUEST_TIMEOUT_S) -> dict[str, Any]:
+        """The reply to the request `op` sent last; EngineFailed when the engine raised, died or hung."""
+        assert self.process is not None and self.process.stdout is not None
+        try:
             reply = protocol.receive(self.process.stdout, timeout_s)
         except (BrokenPipeError, protocol.HostGone):
             raise EngineFailed(

@@ -39,10 +39,19 @@ def check_python(python: str | None) -> str:
     return str(Path(chosen).absolute())
 
 
+_NOT_PASSED = frozenset({"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                         "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE",
+                         "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT"})  # fmt: skip
+"""What the engine process must not inherit: convcheck's interpreter paths, and the ranks' torchrun rendezvous
+(vLLM would join the ranks' TCP store as a peer of their world)."""
+
+
 def engine_env() -> dict[str, str]:
     """The engine process's environment: the repository on PYTHONPATH (nothing else of convcheck's venv), vLLM in
-    one process (the sync hands it an iterator), a small KV cache, no thread binding, one OpenMP thread unless set."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    one process (the sync hands it an iterator), none of the ranks' torchrun variables, a small KV cache, no thread binding, one OpenMP thread unless set."""
+    env = {
+        k: v for k, v in os.environ.items() if k not in _NOT_PASSED and not k.startswith(("TORCHELASTIC_", "TORCH_"))
+    }
     env.update(
         PYTHONPATH=str(repo_root()),
         VLLM_ENABLE_V1_MULTIPROCESSING="0",
