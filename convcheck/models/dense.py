@@ -306,6 +306,13 @@ LLAMA = Architecture(
             **ENGINE_DIMS,
         ),
         tiny_spec(
+            "llama-tied-vllm",
+            "LlamaConfig",
+            "tiny:llama-vllm with tied embeddings (no lm_head.weight on disk)",
+            tie_word_embeddings=True,
+            **ENGINE_DIMS,
+        ),
+        tiny_spec(
             "llama-tied-4l",
             "LlamaConfig",
             "Llama-3.2-style tied embeddings, 4 layers: virtual pipeline (PP2 x VPP2) and uneven stages (1 + 3)",

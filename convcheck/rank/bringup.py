@@ -127,6 +127,7 @@ def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bo
         targets=spec.targets,
         options=spec.options,
         workdir=spec.workdir,
+        timeout_s=spec.timeout_s,
     )
     if load:
         progress.emit("loading the checkpoint through the bridge")

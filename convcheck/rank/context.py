@@ -123,6 +123,8 @@ class RankContext:
     names_drain_on_device: bool = False
     """Coverage's drain (which reads only names) keeps the export on the weights' device: a live check's taps compare
     there; verify keeps the host copies its taps and digests were measured with."""
+    timeout_s: float = 600.0
+    """The run's --timeout (an oracle's own process is named as hung well before it)."""
     workdir: str | None = None
     """The job folder (rank logs, result), where an oracle's own process logs go (None: a live check's)."""
     early: dict[str, Any] = field(default_factory=dict)

@@ -20,10 +20,14 @@ from convcheck.rollout.buckets import BucketWriter
 from convcheck.rollout.environment import engine_env, repo_root
 from convcheck.rollout.segments import segment_folder
 
-START_TIMEOUT_S = 300.0
-"""Seconds the engine may take to import and load the checkpoint."""
-REQUEST_TIMEOUT_S = 300.0
-"""Seconds any other request may take (a generate, a reload)."""
+REQUEST_TIMEOUT_S = 450.0
+"""Seconds a request may go unanswered (loading included) when the run gives no bound."""
+
+
+def engine_timeout(job_timeout_s: float) -> float:
+    """Three quarters of the run's --timeout: a hung engine is named before the launcher's own timeout stops the
+    ranks without knowing why."""
+    return max(5.0, 0.75 * job_timeout_s)
 
 
 class EngineFailed(BadInput):
@@ -34,8 +38,10 @@ class EngineFailed(BadInput):
 class EngineHost:
     """The engine process (`python -m convcheck.rollout.host` under the engine's interpreter) and its buckets."""
 
-    def __init__(self, python: str, log: Path, chunk_mb: float) -> None:
+    def __init__(self, python: str, log: Path, chunk_mb: float, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
         self.python = python
+        self.timeout_s = timeout_s
+        """How long any request may go unanswered before the engine counts as hung."""
         self.log = log
         self.folder = segment_folder()
         self.writer = BucketWriter(self.folder, int(chunk_mb * (1 << 20)))
@@ -68,10 +74,10 @@ class EngineHost:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def request(self, op: str, timeout_s: float = REQUEST_TIMEOUT_S, **fields: Any) -> dict[str, Any]:
+    def request(self, op: str, **fields: Any) -> dict[str, Any]:
         """Send one request and return its reply; EngineFailed when the engine raises, dies or hangs."""
         self.begin(op, **fields)
-        return self.finish(op, timeout_s)
+        return self.finish(op)
 
     def begin(self, op: str, **fields: Any) -> None:
         """Send a request without waiting (its reply is read by `finish`)."""
@@ -83,9 +89,10 @@ class EngineHost:
                 f"the engine process died before {op!r} ({self._exit_status()}); {self.log_tail()}"
             ) from None
 
-    def finish(self, op: str, timeout_s: float = REQUEST_TIMEOUT_S) -> dict[str, Any]:
+    def finish(self, op: str) -> dict[str, Any]:
         """The reply to the request `op` sent last; EngineFailed when the engine raised, died or hung."""
         assert self.process is not None and self.process.stdout is not None
+        timeout_s = self.timeout_s
         try:
             reply = protocol.receive(self.process.stdout, timeout_s)
         except (BrokenPipeError, protocol.HostGone):
@@ -115,14 +122,14 @@ class EngineHost:
             if self.writer.items:
                 self._ship(pipe_in, pipe_out)
             protocol.send(pipe_in, {"op": "end"})
-            reply = protocol.receive(pipe_out, REQUEST_TIMEOUT_S)
+            reply = protocol.receive(pipe_out, self.timeout_s)
         except (BrokenPipeError, protocol.HostGone):
             raise EngineFailed(
                 f"the engine process died during the sync ({self._exit_status()}); {self.log_tail()}"
             ) from None
         except protocol.HostTimeout:
             raise EngineFailed(
-                f"the engine process hung during the sync (no answer within {REQUEST_TIMEOUT_S:g} s)"
+                f"the engine process hung during the sync (no answer within {self.timeout_s:g} s); stopped it"
             ) from None
         if not reply.get("ok"):
             raise EngineFailed(f"the engine raised {reply.get('error')} during the sync")
@@ -130,7 +137,7 @@ class EngineHost:
 
     def _ship(self, pipe_in: Any, pipe_out: Any) -> None:
         protocol.send(pipe_in, self.writer.message())
-        ack = protocol.receive(pipe_out, REQUEST_TIMEOUT_S)
+        ack = protocol.receive(pipe_out, self.timeout_s)
         if not ack.get("ack"):
             raise EngineFailed(f"the engine answered a bucket with {ack}")
 

