@@ -187,8 +187,8 @@ def test_an_engine_that_cannot_run_these_dims_is_exit_2_quoting_its_reason(tmp_p
 def test_an_engine_crashing_or_hanging_mid_sync_is_exit_2_leaving_nothing(
     tmp_path: Path, receiver: str, what: str
 ) -> None:
-    res = run_cli("verify", "--model", "tiny:qwen3-vllm", "--oracle", "engine", "--engine-receiver", RECEIVERS + receiver,
-                  "--timeout", "60", "--log-dir", str(tmp_path / "log"), timeout=300)  # fmt: skip
+    res = run_cli("verify", "--model", "tiny:qwen3-vllm", "--oracle", "engine", "--engine-receiver",
+                  RECEIVERS + receiver, "--timeout", "60", "--log-dir", str(tmp_path / "log"), timeout=300)  # fmt: skip
     assert res.code == 2 and res.report is None, res.err
     assert f"the engine process {what}" in res.err and res.err.count("\n") == 1
     _no_leftovers(tmp_path)
