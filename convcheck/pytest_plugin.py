@@ -159,6 +159,30 @@ def convcheck_verify(
 
 
 @pytest.fixture
+def convcheck_engine_sync(convcheck_verify: Callable[..., Report]) -> Callable[..., Report]:
+    """`convcheck_engine_sync(model=None, layout=None, *, sender=None, engine_receiver=None, engine_python=None,
+    **kw) -> Report`: the engine oracle alone ("after my update, the engine computes exactly what it computes from
+    this checkpoint"): your sender (rank side, FUNC(ctx)) streams the export into a real vLLM whose update your
+    engine_receiver (engine side, FUNC(llm, weights), a module-level function or `FILE.py:FUNC`; default vLLM's
+    reload_weights) performs; other keywords as convcheck_verify's (tp, ep, ..., chunk_mb, timeout_s)."""
+
+    def sync(
+        model: str | os.PathLike[str] | None = None,
+        layout: ParallelLayout | str | None = None,
+        *,
+        engine_receiver: str | Callable[..., Any] | None = None,
+        engine_python: str | None = None,
+        **kw: Any,
+    ) -> Report:
+        options = {"engine_python": engine_python}
+        if engine_receiver is not None:
+            options["engine_receiver"] = callable_spec(engine_receiver, what="engine receiver")
+        return convcheck_verify(model, layout, oracles="engine", options=options, **kw)
+
+    return sync
+
+
+@pytest.fixture
 def convcheck_ranks(
     request: pytest.FixtureRequest, convcheck_layout: ParallelLayout, tmp_path_factory: pytest.TempPathFactory
 ) -> Callable[..., Any]:

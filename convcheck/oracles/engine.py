@@ -125,8 +125,9 @@ def _syncs(
     geometry = Geometry.from_hf_config(ctx.checkpoint.config)
     findings: list[Finding] = found.poison_findings(reference, poisoned)
     metrics: dict[str, Any] = {"engine_load_s": reference["seconds"], "poison_s": poisoned["seconds"]}
+    first = len(findings)
     for number, when in enumerate(SYNCS):
-        if findings:  # the second sync proves idempotence of a sync that was right; the export is still collective
+        if len(findings) > first:  # the second sync proves a right sync idempotent; the export is still collective
             for _ in ctx.export():
                 pass
             continue

@@ -25,9 +25,9 @@ REQUEST_TIMEOUT_S = 450.0
 
 
 def engine_timeout(job_timeout_s: float) -> float:
-    """Three quarters of the run's --timeout: a hung engine is named before the launcher's own timeout stops the
-    ranks without knowing why."""
-    return max(5.0, 0.75 * job_timeout_s)
+    """Half the run's --timeout for any one request: a hung engine is named before the launcher's own timeout (which
+    counts the whole run) stops the ranks without knowing why."""
+    return max(5.0, 0.5 * job_timeout_s)
 
 
 class EngineFailed(BadInput):

@@ -25,14 +25,14 @@ def sweep_stale(root: Path | None = None) -> list[Path]:
     root = shm_root() if root is None else root
     for folder in root.glob(f"{PREFIX}*") if root.is_dir() else ():
         match = _FOLDER.match(folder.name)
-        if match is None or _alive(int(match.group(1))):
+        if match is None or alive(int(match.group(1))):
             continue
         shutil.rmtree(folder, ignore_errors=True)
         removed.append(folder)
     return removed
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
