@@ -147,13 +147,16 @@ class EngineHost:
             text = self.log.read_text(errors="replace").splitlines()
         except OSError:
             return "no engine log"
-        picked = [t.strip() for t in text if "Error" in t or "error" in t] or [t.strip() for t in text]
-        return "engine log: " + " | ".join(picked[-lines:])[-600:]
+        picked = [t.strip() for t in text if ("Error" in t or "error" in t) and "WARNING" not in t]
+        return "engine log: " + " | ".join(picked[-lines:])[-600:] if picked else "no error in the engine log"
 
     def _exit_status(self) -> str:
         if self.process is None:
             return "not started"
-        code = self.process.poll()
+        try:
+            code = self.process.wait(timeout=5)  # its pipe closed: it is exiting
+        except subprocess.TimeoutExpired:
+            code = None
         if code is None:
             return "still running"
         return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
