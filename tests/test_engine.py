@@ -40,15 +40,19 @@ def _no_leftovers(tmp_path: Path) -> None:
 
 
 @pytest.mark.ranks
-def test_a_clean_sync_leaves_the_engine_computing_exactly_its_fresh_load(tmp_path: Path) -> None:
-    res = _engine(tmp_path, "tiny:qwen3-vllm", "--tp", "2")
+@pytest.mark.parametrize("model,tensors,nbytes,checked", [("tiny:qwen3-vllm", 25, 93760, 21),
+                                                          ("tiny:mistral-vllm", 21, 93504, 17)])  # fmt: skip
+def test_a_clean_tp2_sync_leaves_the_engine_computing_exactly_its_fresh_load(
+    tmp_path: Path, model: str, tensors: int, nbytes: int, checked: int
+) -> None:
+    res = _engine(tmp_path, model, "--tp", "2")
     assert res.code == 0, res.err
     (engine,) = res.report["oracles"]
     assert engine["verdict"] == "pass" and engine["findings"] == []
     metrics = engine["metrics"]
     assert metrics["vllm"] == "0.32.0" and res.report["versions"]["vllm"] == "0.32.0"
-    assert metrics["tensors"] == 25 and metrics["bytes"] == 93760
-    assert engine["checked"] == metrics["engine_tensors"] == 21
+    assert metrics["tensors"] == tensors and metrics["bytes"] == nbytes
+    assert engine["checked"] == metrics["engine_tensors"] == checked
 
 
 @pytest.mark.ranks

@@ -12,7 +12,7 @@ from typing import Any
 from convcheck.models.architecture import Architecture
 from convcheck.models.config_rules import FieldRule, HfView, MegatronGet, implied
 from convcheck.models.dense import NO_EXPERTS, NORM_ROPE_ACT, SHAPES, decoder_rules
-from convcheck.models.fixture_spec import tiny_spec
+from convcheck.models.fixture_spec import ENGINE_DIMS, tiny_spec
 from convcheck.models.upstream_bug import UpstreamBug
 
 MISTRAL_MODELING = "transformers/models/mistral/modeling_mistral.py"
@@ -89,6 +89,14 @@ MISTRAL = Architecture(
             "Mistral, GQA 4q/2kv heads, sliding window 4 on every layer (Mistral-7B-v0.1's structure)",
             sliding_window=4,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+        tiny_spec(
+            "mistral-vllm",
+            "MistralConfig",
+            "tiny:mistral with head_dim 32, which CPU vLLM's attention accepts",
+            sliding_window=4,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            **ENGINE_DIMS,
         ),
         tiny_spec(
             "mistral-nowindow",
