@@ -103,9 +103,9 @@ QWEN3_MOE = Architecture(
             tiny_spec(
                 "qwen3-moe-fp8",
                 "Qwen3MoeConfig",
-                "tiny:qwen3-moe with every quantized width a multiple of 128 (hidden, head_dim, moe_intermediate) and "
-                "an amax of its own in every 128x128 block: FP8 blocks at TP2, EP2, TP2xEP2 (the quant oracle)",
-                **{**TINY_MOE, "moe_intermediate_size": 128},
+                "Qwen3-MoE, 16 experts top-2, every quantized width a multiple of 128 (hidden, head_dim, "
+                "moe_intermediate) and an amax of its own in every 128x128 block: the quant oracle's FP8 blocks",
+                **{**TINY_MOE, "moe_intermediate_size": 128, "num_experts": 16},
                 norm_topk_prob=True,
                 hidden_size=128,
                 head_dim=128,
