@@ -60,9 +60,33 @@ WRITER_STRICT_ONLY_WARNS = UpstreamBug(
 """Seen on tiny:deepseek-v3 (its MTP shard, which the export leaves incomplete: deepseek-mtp-aliases-dropped) with
 the save oracle on bridge 0.5.1; the code is the same in 0.4.x and 0.5.0, whose deepseek export fails earlier."""
 
+QUANT_EXPERT_SCALE_SQUEEZED = UpstreamBug(
+    name="quant-expert-scale-squeezed",
+    summary="the quantized export reshapes every expert's block scale with .squeeze().unsqueeze(-1) after the EP "
+    "gather, even at EP1: a [1, 1] scale grid leaves as [1], [1, C] as [C, 1] and [R, C] as [R, C, 1], so a rollout "
+    "reads weight_scale_inv on the wrong grid (the values themselves are the reference's)",
+    where="megatron/bridge/models/conversion/param_mapping.py:880 (gather_from_ep_ranks_scale, called at :1092, "
+    ":1256, :2801, :2808)",
+    findings=(("quant", "*.mlp.experts.*.weight_scale_inv", "scale-shape"),),
+    seen_in=("0.6.2",),
+)
+"""Seen on tiny:qwen3-moe-fp8 (every expert weight one 128x128 block) at TP1, EP2 and TP2xEP2 with bridge 0.6.2."""
+
+QUANT_QKV_SCALE_3D = UpstreamBug(
+    name="quant-qkv-scale-3d",
+    summary="the quantized export splits the fused QKV scale into q, k and v scales shaped [rows, cols, 1] instead "
+    "of the [rows, cols] block grid of each weight",
+    where="megatron/bridge/models/conversion/param_mapping.py:3441-3443 (split_qkv_weights_scale)",
+    findings=(("quant", "*.self_attn.[qkv]_proj.weight_scale_inv", "scale-shape"),),
+    seen_in=("0.6.2",),
+)
+"""Seen on tiny:qwen3-moe-fp8 at TP1, TP2 and EP2 with bridge 0.6.2."""
+
 BRIDGE_WIDE: tuple[UpstreamBug, ...] = (
     ROW_PARALLEL_SCATTER_NON_CONTIGUOUS,
     SEQUENTIAL_EXPERT_EXPORT_FAILS,
     WRITER_STRICT_ONLY_WARNS,
+    QUANT_EXPERT_SCALE_SQUEEZED,
+    QUANT_QKV_SCALE_3D,
 )
 """Every bridge-wide known bug."""

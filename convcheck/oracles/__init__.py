@@ -25,6 +25,7 @@ from convcheck.oracles import (
     logits,
     mapping,
     mapping_live,
+    quant,
     receiver,
     receiver_live,
     reshard,
@@ -49,6 +50,7 @@ _MODULES: tuple[ModuleType, ...] = (
     distckpt,
     reshard,
     save,
+    quant,
 )
 """In the order a run executes them; the opt-in ones (INFO.default False) run only when named."""
 

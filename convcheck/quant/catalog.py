@@ -91,8 +91,8 @@ FORMATS: dict[str, QuantFormat] = {
             function="mxfp8",
             arithmetic="blocks of 32 along the last dim (zero padding to a multiple of 32); amax per block; d = "
             "float32(amax) / 448.0; e = ceil(log2(d)) where d > 0, else -127; e clamped to [-127, 127]; scale = "
-            "e + 127 as uint8 (E8M0, a biased power-of-two exponent); q = clamp(x * 2^(127 - scale), -448, 448) in float32 "
-            f"(torch.exp2); {_FP8_CAST}; scale uint8 [M, ceil(N/32)]",
+            "e + 127 as uint8 (E8M0, a biased power-of-two exponent); q = clamp(x * 2^(127 - scale), -448, 448) in "
+            f"float32 (torch.exp2); {_FP8_CAST}; scale uint8 [M, ceil(N/32)]",
         ),
         QuantFormat(
             name="nvfp4",
