@@ -174,6 +174,11 @@ class QuantCheck:
                     finding, weight=False, scale_grid=tuple(ref_scale.shape), reference=ref_scale, sent=got
                 )
                 self.findings.append(located)
+                if located.kind == "scale-shape" and got.numel() == ref_scale.numel() and got.dtype == ref_scale.dtype:
+                    # the values too, in the reference's grid: a wrong shape must not hide a wrong value
+                    values = compare_bits(scale_name, ref_scale, got.reshape(ref_scale.shape))
+                    if values is not None:
+                        self.findings.append(self._located(values, weight=False))
 
     def _unquantized(self, name: str, parts: dict[str, torch.Tensor], expected: Expected | None) -> None:
         """A tensor the target keeps unquantized: sent as the bf16 export, with no scale."""
