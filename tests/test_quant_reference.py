@@ -145,6 +145,8 @@ def test_dequantized_within_the_format_bound(name: str, record_property: pytest.
     out = quantizer.quantize(x)
     err = (quantizer.dequantize(out[0], out[1:]) - x.float()).abs()
     ratio = float((err / quantizer.bound(x, out[1:])).max())
+    blockwise, max_error = quantizer.error(x, out)  # what the oracle computes, on the block view
+    assert abs(blockwise - ratio) < 1e-5 and max_error == float(err.max())
     record_property(f"{name}_worst_error_over_bound", ratio)
     print(f"{name}: max |error| {float(err.max()):.3g}, worst error / bound {ratio:.3f}")
     assert ratio <= 1.0

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from convcheck.errors import BadInput, one_line, raised_at
 from convcheck.oracles.base import OracleInfo, OracleOption, option_values
-from convcheck.quant.catalog import FORMATS, parse_block, parse_quantizer
+from convcheck.quant.catalog import FORMATS, is_custom, parse_block, parse_quantizer
 from convcheck.quant.names import QuantTarget, expected_quantized, target_from_config
 from convcheck.rank.context import RankContext
 from convcheck.verdict import Finding, OracleVerdict, make_verdict
@@ -60,6 +61,14 @@ INFO = OracleInfo(
             check=parse_block,
         ),
         OracleOption(
+            flag="--quant-bound",
+            help="where dequantize(quantize(x)) is measured against the format's bound: every quantized tensor, or "
+            "(sample, the default for the built-in quantizers, whose bound tests/test_quant_reference.py holds) the "
+            "first tensor of each shape on each rank; a FILE.py:FUNC quantizer is measured on every tensor.",
+            choices=("sample", "every"),
+            default="sample",
+        ),
+        OracleOption(
             flag="--quant-config",
             help="the target's quantization_config (a JSON file, or a config.json holding one; default the "
             "checkpoint's own, else every 2-D weight but the embedding, LM head and routers).",
@@ -90,8 +99,11 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         return make_verdict(NAME, checked=0, findings=[], not_covered=reason) if ctx.is_reporter else None
     _check_blocks(ctx, quantizer.block, target)
     why_not = expected_quantized({n: e.shape for n, e in ctx.checkpoint.tensors.items()}, target)
+    every_bound = options["quant_bound"] == "every" or is_custom(options["quantizer"])
+    storages = frozenset(t.untyped_storage().data_ptr() for _, t in ctx.named_parameters())
     check = QuantCheck(quantizer=quantizer, target=target, why_not=why_not, rank=ctx.rank, world=ctx.world,
-                       suffix=(SCALE_SUFFIX,))  # fmt: skip
+                       suffix=(SCALE_SUFFIX,), checkpoint=ctx.checkpoint, model_storages=storages,
+                       bound_every=every_bound)  # fmt: skip
     seconds: dict[str, float] = {}
     bf16 = _reference(ctx, check)
     seconds["bf16_and_reference"] = time.perf_counter() - started
@@ -99,8 +111,8 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     error = _quantized(ctx, check, quantizer, why_not)
     seconds["quantized_export"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    mine = check.finish(ctx.checkpoint.tensors)
-    every = ctx.gather((mine, check.checked, check.worst, check.max_error, error))
+    mine = check.finish()
+    every = ctx.gather((mine, check.checked, check.worst, check.max_error, error, check.cpu, check.bounded))
     if not ctx.is_reporter:
         return None
     findings = [f for part in every for f in part[0]]
@@ -117,8 +129,11 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         "quantized_weights": quantized,
         "bf16_from": check.bf16_from,
         "worst_error_over_bound": round(max(p[2] for p in every), 4),
+        "bound_measured_on": f"{sum(p[6] for p in every)} of {quantized} quantized tensors"
+        + ("" if every_bound else " (the first of each shape and dtype on each rank)"),
         "max_abs_error": max(p[3] for p in every),
         "seconds": {k: round(v, 3) for k, v in seconds.items()},
+        "cpu_seconds_per_rank": {k: [round(p[5][k], 3) for p in every] for k in check.cpu},
     }
     return make_verdict(NAME, checked=sum(p[1] for p in every), findings=findings, metrics=metrics,
                         seconds=time.perf_counter() - started)  # fmt: skip
@@ -161,17 +176,13 @@ def _check_blocks(ctx: RankContext, block: tuple[int, int], target: QuantTarget)
 def _reference(ctx: RankContext, check: Any) -> Finding | None:
     """Feed `check` the bf16 tensors: from the source where an earlier drain proved the export equals it on every
     rank, else from a drain of the bridge's bf16 export (its failure, if any, on rank 0)."""
-    from convcheck.hf.checkpoint import TensorReader
-
     proven = ctx.memo.source_match
     total = len(ctx.checkpoint.tensors)
     ctx.phase = f"{NAME}: bf16 reference"
     if proven is not None and proven.clean:
         check.bf16_from = f"the source (the export proven equal to it by {proven.by})"
-        reader = TensorReader(ctx.checkpoint)
         for done, name in enumerate(sorted(ctx.checkpoint.tensors), 1):
-            if check.mine(name):
-                check.offer_bf16(name, reader.get(name))
+            check.offer_source(name)
             ctx.progress.emit(ctx.phase, done=done, total=total, unit="tensors")
         return None
     check.bf16_from = "a drain of the bridge's bf16 export"
@@ -180,8 +191,9 @@ def _reference(ctx: RankContext, check: Any) -> Finding | None:
     return ctx.export_failure() if ctx.is_reporter else None
 
 
-def _quantized(ctx: RankContext, check: Any, quantizer: Any, why_not: dict[str, str]) -> str:
-    """Drain export_hf_weights_quant into `check`; one line when it raised ("" when it ran to its end)."""
+def quantized_stream(ctx: RankContext, quantizer: Any, why_not: dict[str, str]) -> Iterator[tuple[str, Any]]:
+    """Collective: the bridge's export_hf_weights_quant with `quantizer` as quant_fn and a quantization_checker that
+    picks the Megatron parameters whose HF tensors the target all quantizes (`why_not` "" for each)."""
     bridge = ctx.bridge._model_bridge
     tasks = bridge.build_conversion_tasks(ctx.bridge.hf_pretrained, ctx.model)
     chosen = set()
@@ -192,13 +204,17 @@ def _quantized(ctx: RankContext, check: Any, quantizer: Any, why_not: dict[str, 
         names = list(hf.values()) if isinstance(hf, dict) else [hf]
         if all(why_not.get(str(n)) == "" for n in names):
             chosen.add(str(task.mapping.megatron_param))
+    yield from ctx.bridge.export_hf_weights_quant(ctx.model, chosen.__contains__, quantizer.bridge_fn,
+                                                  quant_block_size=quantizer.block, cpu=ctx.device != "cuda",
+                                                  show_progress=False, conversion_tasks=tasks)  # fmt: skip
+
+
+def _quantized(ctx: RankContext, check: Any, quantizer: Any, why_not: dict[str, str]) -> str:
+    """Drain export_hf_weights_quant into `check`; one line when it raised ("" when it ran to its end)."""
     ctx.phase = f"{NAME}: quantized export"
     total = len(ctx.checkpoint.tensors)
     try:
-        stream = ctx.bridge.export_hf_weights_quant(ctx.model, chosen.__contains__, quantizer.bridge_fn,
-                                                    quant_block_size=quantizer.block, cpu=ctx.device != "cuda",
-                                                    show_progress=False, conversion_tasks=tasks)  # fmt: skip
-        for done, (name, tensor) in enumerate(stream, 1):
+        for done, (name, tensor) in enumerate(quantized_stream(ctx, quantizer, why_not), 1):
             check.offer_quantized(name, tensor)
             ctx.progress.emit(ctx.phase, done=done, total=total, unit="tensors")
     except Exception as exc:  # noqa: BLE001 - a raising export is a finding, not a crash of convcheck

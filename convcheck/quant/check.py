@@ -4,21 +4,23 @@ quantized as the target says; and the dequantization error within the format's b
 
 from __future__ import annotations
 
+import time
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
-from convcheck.compare.bits import compare_bits, tensor_sha256
+from convcheck.compare.bits import compare_bits, same_tensor, tensor_sha256
+from convcheck.hf.checkpoint import TensorReader
 from convcheck.quant.names import QuantTarget, loose_reading, module_of
 from convcheck.quant.quantizer import Quantizer
 from convcheck.verdict import Finding
 
 KEEP_BYTES = 16 << 20
-"""An unquantized tensor up to this size is kept for a bitwise compare; a larger one (embeddings, LM head) by its
-sha256, shape and dtype."""
+"""An unquantized tensor up to this size is kept for a bitwise compare; a larger one (embeddings, LM head) is compared
+with the source tensor (memcmp, where the bf16 export equals it), else by its sha256, shape and dtype."""
 
 
 def owner(name: str, world: int) -> int:
@@ -32,8 +34,10 @@ class Expected:
 
     bf16: torch.Tensor | None = None
     """The unquantized tensor where it is not quantized (sent as it is; up to KEEP_BYTES, else its digest)."""
+    from_source: bool = False
+    """An unquantized tensor over KEEP_BYTES that equals the source tensor of its name: compared with it again."""
     digest: tuple[str, tuple[int, ...], torch.dtype] | None = None
-    """(sha256, shape, dtype) of an unquantized tensor over KEEP_BYTES."""
+    """(sha256, shape, dtype) of an unquantized tensor over KEEP_BYTES that does not equal its source tensor."""
     quantized: tuple[torch.Tensor, ...] = ()
     """(q, *scales) of the reference applied to the whole bf16 tensor."""
 
@@ -54,35 +58,80 @@ class QuantCheck:
     seen: dict[str, int] = field(default_factory=dict)
     got: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     """Weight name -> {"": weight as sent, suffix: scale} of this rank's share, until the weight is complete."""
+    checkpoint: Any = None
+    """The source checkpoint (convcheck.hf.checkpoint.Checkpoint)."""
+    model_storages: frozenset[int] = frozenset()
+    """Data pointers of this rank's parameter storages: an exported tensor in one of them costs nothing to keep."""
+    reader: Any = None
     bf16_from: str = ""
     """Where the bf16 tensors came from (the oracle's metrics say it)."""
+    bound_every: bool = True
+    """Measure the dequantization bound on every quantized tensor (else on the first of each shape and dtype)."""
+    bound_kinds: set[tuple[tuple[int, ...], torch.dtype]] = field(default_factory=set)
+    bounded: int = 0
+    """Tensors whose dequantization error was measured on this rank."""
     done: set[str] = field(default_factory=set)
+    cpu: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("reference", "bound", "compare"), 0.0))
+    """CPU seconds of this rank's own work: the references, the dequantization bound, the compares."""
     findings: list[Finding] = field(default_factory=list)
     checked: int = 0
     worst: float = 0.0
     """The largest (|dequantize(q) - x| / the format's bound) over this rank's quantized tensors."""
     max_error: float = 0.0
 
+    def _read(self, name: str) -> torch.Tensor:
+        """The source tensor `name` (this rank's reader of the checkpoint)."""
+        if self.reader is None:
+            self.reader = TensorReader(self.checkpoint)
+        return self.reader.get(name)
+
+    @property
+    def source(self) -> Mapping[str, Any]:
+        return self.checkpoint.tensors
+
     def mine(self, name: str) -> bool:
         return owner(name, self.world) == self.rank
 
+    def offer_source(self, name: str) -> None:
+        """One source tensor standing for the bf16 export (an earlier drain proved the two equal on every rank): read
+        only where it is quantized or small (a large unquantized one is compared with the source when it is sent)."""
+        if not self.mine(name):
+            return
+        entry = self.source[name]
+        if self.why_not.get(name) and entry.nbytes > KEEP_BYTES:
+            self.expected[name] = Expected(from_source=True)
+            return
+        self.offer_bf16(name, self._read(name))
+
     def offer_bf16(self, name: str, tensor: torch.Tensor) -> None:
-        """One tensor of the bf16 export (or of the source, when an earlier drain proved them equal)."""
+        """One tensor of the bf16 export."""
         if not self.mine(name):
             return
         if self.why_not.get(name, "not a source tensor"):
             if tensor.numel() * tensor.element_size() <= KEEP_BYTES:
                 self.expected[name] = Expected(bf16=tensor.detach().clone())
+            elif tensor.untyped_storage().data_ptr() in self.model_storages:
+                self.expected[name] = Expected(bf16=tensor.detach())  # the model's own memory: kept, not copied
+            elif name in self.source and same_tensor(self._read(name), tensor):
+                self.expected[name] = Expected(from_source=True)
             else:
                 self.expected[name] = Expected(digest=(tensor_sha256(tensor), tuple(tensor.shape), tensor.dtype))
             return
         if name in self.expected:
             self.findings.append(Finding(tensor=name, kind="duplicate", message="the bf16 export sent it twice"))
+        t0 = time.process_time()
         out = self.quantizer.quantize(tensor)
         self.expected[name] = Expected(quantized=tuple(out))
-        err = (self.quantizer.dequantize(out[0], tuple(out[1:])) - tensor.to(torch.float32)).abs()
-        ratio = float((err / self.quantizer.bound(tensor, tuple(out[1:]))).max()) if err.numel() else 0.0
-        self.worst, self.max_error = max(self.worst, ratio), max(self.max_error, float(err.max()))
+        t1 = time.process_time()
+        self.cpu["reference"] += t1 - t0
+        kind = (tuple(tensor.shape), tensor.dtype)
+        if not self.bound_every and kind in self.bound_kinds:
+            return
+        self.bound_kinds.add(kind)
+        self.bounded += 1
+        ratio, max_error = self.quantizer.error(tensor, tuple(out))
+        self.cpu["bound"] += time.process_time() - t1
+        self.worst, self.max_error = max(self.worst, ratio), max(self.max_error, max_error)
         if ratio > 1.0:
             self.findings.append(
                 Finding(
@@ -90,7 +139,7 @@ class QuantCheck:
                     kind="dequant-bound",
                     message=(
                         f"dequantize(quantize(x)) is {ratio:.3g}x the {self.quantizer.label} rounding bound away "
-                        f"from x (max |error| {float(err.max()):.3g})"
+                        f"from x (max |error| {max_error:.3g})"
                     ),
                     detail={"ratio": ratio},
                 )
@@ -110,7 +159,9 @@ class QuantCheck:
         expected = self.expected.get(weight)
         complete = expected is not None and (not expected.quantized or len(parts) == 1 + len(self.suffix))
         if complete and "" in parts:  # check now and let both go
+            t0 = time.process_time()
             self._tensor(weight, self.got.pop(weight))
+            self.cpu["compare"] += time.process_time() - t0
             self.expected.pop(weight, None)
 
     def _split(self, name: str) -> tuple[str, str]:
@@ -120,9 +171,9 @@ class QuantCheck:
                 return name[: -len(suffix)] + "weight", suffix
         return name, ""
 
-    def finish(self, source: Mapping[str, Any]) -> list[Finding]:
+    def finish(self) -> list[Finding]:
         """This rank's findings once both exports ran to their end."""
-        for name in sorted(n for n in source if self.mine(n) and n not in self.done):
+        for name in sorted(n for n in self.source if self.mine(n) and n not in self.done):
             self._tensor(name, self.got.pop(name, {}))
         for weight, parts in sorted(self.got.items()):
             for suffix in parts:
@@ -194,6 +245,10 @@ class QuantCheck:
                 )
             )
         sent = parts[""]
+        if expected is not None and expected.from_source:
+            finding = compare_bits(name, self._read(name), sent)
+            if finding is not None:
+                self.findings.append(replace(finding, message=f"{finding.message} (against the bf16 export; {why})"))
         if expected is not None and expected.digest is not None:
             digest, shape, dtype = expected.digest
             if (tensor_sha256(sent), tuple(sent.shape), sent.dtype) != (digest, shape, dtype):

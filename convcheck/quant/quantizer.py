@@ -55,6 +55,17 @@ class Quantizer:
             return ref.dequant_mxfp8(q, scales[0], self.block)
         return ref.dequant_fp8(q, scales[0], self.block)
 
+    def error(self, x: torch.Tensor, out: tuple[torch.Tensor, ...]) -> tuple[float, float]:
+        """(worst |dequantize(q) - x| / bound, max |dequantize(q) - x|) of `out` = quantize(x)."""
+        q, scales = out[0], tuple(out[1:])
+        if self.element == torch.uint8:
+            err = (self.dequantize(q, scales) - x.to(torch.float32)).abs()
+            return float((err / self.bound(x, scales)).max()), float(err.max())
+        multiplier = scales[0].to(torch.float32)
+        if self.scales[0][1] == "uint8":
+            multiplier = torch.exp2(multiplier - 127)
+        return ref.fp8_error(x, q, multiplier, self.block)
+
     def bound(self, x: torch.Tensor, scales: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """The largest |dequantize(quantize(x)) - x| the format's rounding allows, element by element."""
         shape = tuple(x.shape)

@@ -4,6 +4,10 @@ Each quantizer takes one whole 2-D weight `x` [M, N] (the bf16 export of an HF t
 returns (q, *scales) exactly as the arithmetic in `convcheck.quant.catalog.FORMATS` says; each dequantizer returns
 float32 [M, N]. `dequant_bound` gives, element by element, the largest |dequantize(quantize(x)) - x| the format's
 rounding allows.
+
+The FP8 and MXFP8 references upcast x to float32 first: bf16 and fp16 widen exactly, a block's amax is the same value
+in either dtype, and a bf16 operand meeting a float32 one is widened anyway, so the bits are those of the formulas as
+written on bf16 operands (tests/test_quant_reference.py), at a third of the time.
 """
 
 from __future__ import annotations
@@ -29,9 +33,11 @@ def grid(shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int, int]:
 
 
 def _blocks(x: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
-    """`x` [M, N] padded with zeros (its dtype) to whole blocks, viewed as [R, b0, C, b1]."""
+    """`x` [M, N] padded with zeros (its dtype) to whole blocks, viewed as [R, b0, C, b1] (no copy where the block
+    divides it)."""
     b0, b1 = block
-    padded = F.pad(x, (0, -x.shape[1] % b1, 0, -x.shape[0] % b0), mode="constant", value=0.0)
+    rows, cols = -x.shape[0] % b0, -x.shape[1] % b1
+    padded = F.pad(x, (0, cols, 0, rows), mode="constant", value=0.0) if rows or cols else x
     return padded.reshape(padded.shape[0] // b0, b0, padded.shape[1] // b1, b1)
 
 
@@ -50,9 +56,9 @@ def fp8_block(x: torch.Tensor, block: tuple[int, int] = (128, 128)) -> tuple[tor
 
     scale = float32(amax) / 448; q = fp8(clamp(x / scale, -448, 448)); zero padding at the edge blocks."""
     _check_2d(x, "fp8-block")
-    v = _blocks(x, block)
-    scale = v.abs().amax(dim=(1, 3), keepdim=True).to(torch.float32) / FP8_MAX
-    q = (v / scale).clamp(min=-FP8_MAX, max=FP8_MAX).to(torch.float8_e4m3fn)
+    v = _blocks(x.to(torch.float32), block)
+    scale = v.abs().amax(dim=(1, 3), keepdim=True) / FP8_MAX
+    q = (v / scale).clamp_(min=-FP8_MAX, max=FP8_MAX).to(torch.float8_e4m3fn)
     return _unblock(q, tuple(x.shape)), scale.reshape(v.shape[0], v.shape[2])
 
 
@@ -66,7 +72,7 @@ def fp8_nemo_rl(x: torch.Tensor, block: tuple[int, int] = (128, 128)) -> tuple[t
     v = _blocks(x.to(torch.float32), block)
     amax = v.abs().amax(dim=(1, 3), keepdim=True)
     s = torch.where((amax == 0) | (amax == torch.inf), torch.ones_like(amax), FP8_MAX / amax)
-    q = (v * s).clamp(min=-FP8_MAX, max=FP8_MAX).to(torch.float8_e4m3fn)
+    q = (v * s).clamp_(min=-FP8_MAX, max=FP8_MAX).to(torch.float8_e4m3fn)
     return _unblock(q, tuple(x.shape)), torch.reciprocal(s).reshape(v.shape[0], v.shape[2])
 
 
@@ -75,8 +81,8 @@ def fp8_ue8m0(x: torch.Tensor, block: tuple[int, int] = (128, 128)) -> tuple[tor
 
     s = 2^ceil(log2(max(amax, 1e-4) / 448)); q = fp8(x * (1 / s)), no clamp; zero padding at the edge blocks."""
     _check_2d(x, "fp8-ue8m0")
-    v = _blocks(x, block)
-    amax = v.abs().to(torch.float32).amax(dim=(1, 3), keepdim=True).clamp(min=1e-4)
+    v = _blocks(x.to(torch.float32), block)
+    amax = v.abs().amax(dim=(1, 3), keepdim=True).clamp(min=1e-4)
     s = torch.pow(2.0, torch.ceil(torch.log2(amax / FP8_MAX)))
     q = (v * (1.0 / s)).to(torch.float8_e4m3fn)
     return _unblock(q, tuple(x.shape)), s.reshape(v.shape[0], v.shape[2])
@@ -88,8 +94,8 @@ def mxfp8(x: torch.Tensor, block: tuple[int, int] = (1, 32)) -> tuple[torch.Tens
     e = clamp(ceil(log2(amax / 448)), -127, 127) (-127 for an all-zero block); scale = e + 127;
     q = fp8(clamp(x * 2^-e, -448, 448))."""
     _check_2d(x, "mxfp8")
-    v = _blocks(x, block)
-    descale = v.abs().amax(dim=(1, 3), keepdim=True).to(torch.float32) / FP8_MAX
+    v = _blocks(x.to(torch.float32), block)
+    descale = v.abs().amax(dim=(1, 3), keepdim=True) / FP8_MAX
     safe = torch.where(descale > 0, descale, torch.ones_like(descale))
     e = torch.where(descale > 0, torch.ceil(torch.log2(safe)), torch.full_like(descale, -127.0)).clamp(-127, 127)
     scale = (e + 127).to(torch.uint8)
@@ -159,6 +165,19 @@ def fp8_bound(x: torch.Tensor, multiplier: torch.Tensor) -> torch.Tensor:
     at most 2^-4 |x| for normal values and 2^-10 s below 2^-6 s, plus 2^-20 |x| of float32 rounding."""
     magnitude = x.to(torch.float32).abs()
     return magnitude * 2.0**-4 + multiplier * 2.0**-10 + magnitude * 2.0**-20
+
+
+def fp8_error(
+    x: torch.Tensor, q: torch.Tensor, multiplier: torch.Tensor, block: tuple[int, int]
+) -> tuple[float, float]:
+    """(worst |dequant - x| / fp8_bound, max |dequant - x|) of an E4M3 weight with one float32 multiplier per block
+    ([R, C]), computed on the block view (dequant = float32(q) * multiplier, as dequant_fp8)."""
+    xv = _blocks(x.to(torch.float32), block)
+    s = multiplier.to(torch.float32).reshape(xv.shape[0], 1, xv.shape[2], 1)
+    err = _blocks(q.to(torch.float32), block).mul_(s).sub_(xv).abs_()
+    bound = xv.abs_().mul_(2.0**-4 + 2.0**-20).add_(s * 2.0**-10)
+    worst_error = float(err.max()) if err.numel() else 0.0
+    return (float(err.div_(bound).max()) if err.numel() else 0.0), worst_error
 
 
 def nvfp4_bound(x: torch.Tensor, multiplier: torch.Tensor) -> torch.Tensor:
