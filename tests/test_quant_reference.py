@@ -237,7 +237,7 @@ def test_parse_quantizer(tmp_path: Path) -> None:
     assert parse_quantizer("fp8-block") == "fp8-block"
     with pytest.raises(BadInput, match="unknown quantizer 'fp9'; known: fp8-block, fp8-nemo-rl"):
         parse_quantizer("fp9")
-    with pytest.raises(BadInput, match="does not exist"):
+    with pytest.raises(BadInput, match="quantizer file not found"):
         parse_quantizer(str(tmp_path / "nope.py") + ":q")
     (tmp_path / "bad.py").write_text("def q(:\n")
     with pytest.raises(BadInput, match="does not parse"):

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from convcheck.errors import BadInput
+from convcheck.hooks import parse_hook
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -119,19 +120,18 @@ def parse_quantizer(spec: str) -> str:
     FUNC at its top level, read with ast: nothing is imported here); BadInput naming the problem otherwise."""
     if spec in FORMATS:
         return spec
-    file, sep, func = spec.rpartition(":")
-    if not sep or not file.endswith(".py"):
+    if not spec.rpartition(":")[0].endswith(".py"):
         raise BadInput(f"unknown quantizer {spec!r}; known: {', '.join(FORMATS)}, or FILE.py:FUNC")
+    hook = parse_hook(spec, what="quantizer")  # the form, and that the file exists
+    file, func = hook.target, hook.function
     path = Path(file).expanduser().resolve()
-    if not path.is_file():
-        raise BadInput(f"quantizer file {file} does not exist")
     try:
         tree = ast.parse(path.read_text(), filename=str(path))
     except (SyntaxError, UnicodeDecodeError, ValueError) as exc:
         raise BadInput(f"quantizer file {file} does not parse: {exc}") from None
     defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     defined |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
-    if not func.isidentifier() or func not in defined:
+    if func not in defined:
         raise BadInput(f"quantizer file {file} defines no top-level {func!r}")
     return f"{path}:{func}"
 

@@ -3,7 +3,6 @@ with its block, its dequantizer and its error bound; `load_quantizer` probes a u
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import torch
 
 from convcheck.errors import BadInput, one_line
+from convcheck.hooks import load_hook
 from convcheck.quant import reference as ref
 from convcheck.quant.catalog import FORMATS, QuantFormat, is_custom
 
@@ -95,18 +95,15 @@ def load_quantizer(spec: str, block: int | None) -> Quantizer:
 
 
 def _user_function(spec: str) -> Callable[..., tuple[torch.Tensor, ...]]:
-    file, _, name = spec.rpartition(":")
-    module_spec = importlib.util.spec_from_file_location(f"convcheck_user_quantizer_{abs(hash(file))}", file)
-    if module_spec is None or module_spec.loader is None:
-        raise BadInput(f"quantizer {spec}: cannot load {file}")
-    module = importlib.util.module_from_spec(module_spec)
+    """The user's FILE.py:FUNC (convcheck.hooks.load_hook); BadInput in one line when importing it raises."""
     try:
-        module_spec.loader.exec_module(module)
+        function = load_hook(spec, what="quantizer")
+    except BadInput:
+        raise
     except Exception as exc:  # noqa: BLE001 - the user's file: any failure is bad input, said in one line
-        raise BadInput(f"quantizer {spec}: importing {file} raised {one_line(exc)}") from None
-    function = getattr(module, name, None)
+        raise BadInput(f"quantizer {spec}: importing it raised {one_line(exc)}") from None
     if not callable(function):
-        raise BadInput(f"quantizer {spec}: {name} is not callable")
+        raise BadInput(f"quantizer {spec} is not callable")
     return function
 
 
