@@ -227,7 +227,13 @@ def test_expected_quantized_from_a_config() -> None:
     assert out["model.layers.1.self_attn.q_proj.weight"] == "its module is named by the pattern 'model.layers.1'"
     assert out["model.layers.0.mlp.gate.weight"] == "its module is named by the pattern 'mlp.gate'"
     assert out["model.layers.0.input_layernorm.weight"] == "not a 2-D weight"
-    assert QuantTarget(block=None, ignore=(), source="x").patterns[:2] == ("model.embed_tokens", "lm_head")
+    assert QuantTarget(block=None, ignore=(), source="x").patterns[:3] == (
+        "embed_tokens",
+        "lm_head",
+        "shared_head.head",
+    )
+    mtp = {"model.layers.4.embed_tokens.weight": (152, 32), "model.layers.4.shared_head.head.weight": (152, 32)}
+    assert all(expected_quantized(mtp, target).values())  # an MTP layer's copies of the embedding and LM head
 
 
 # ---- the --quantizer spelling and a user's function -----------------------------------------------------------------

@@ -82,11 +82,28 @@ QUANT_QKV_SCALE_3D = UpstreamBug(
 )
 """Seen on tiny:qwen3-moe-fp8 at TP1, TP2 and EP2 with bridge 0.6.2."""
 
+QUANT_GROUPED_EXPORT_NOT_MERGED = UpstreamBug(
+    name="quant-grouped-export-not-merged",
+    summary="the quantized export has no grouped-export path: for a mapping whose experts share one stacked HF tensor "
+    "(is_grouped_export, e.g. GPT-OSS's mlp.experts.gate_up_proj) each expert's slice leaves alone under the stacked "
+    "name, once per expert, where the bf16 export merges them into one [experts, ...] tensor",
+    where="megatron/bridge/models/conversion/quant_bridge.py:64-95 (no counterpart of model_bridge.py:1361-1374, "
+    "_accumulate_grouped_export at :936)",
+    findings=tuple(
+        ("quant", f"*.mlp.experts.{name}", kind)
+        for name in ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
+        for kind in ("duplicate", "shape")
+    ),
+    seen_in=("0.6.2",),
+)
+"""Seen on tiny:gpt-oss at TP1 and EP2 with bridge 0.6.2 (--quant-block 4)."""
+
 BRIDGE_WIDE: tuple[UpstreamBug, ...] = (
     ROW_PARALLEL_SCATTER_NON_CONTIGUOUS,
     SEQUENTIAL_EXPERT_EXPORT_FAILS,
     WRITER_STRICT_ONLY_WARNS,
     QUANT_EXPERT_SCALE_SQUEEZED,
     QUANT_QKV_SCALE_3D,
+    QUANT_GROUPED_EXPORT_NOT_MERGED,
 )
 """Every bridge-wide known bug."""

@@ -33,7 +33,8 @@ class Expected:
     """What one rank expects for one HF tensor of its share."""
 
     bf16: torch.Tensor | None = None
-    """The unquantized tensor where it is not quantized (sent as it is; up to KEEP_BYTES, else its digest)."""
+    """An unquantized tensor (sent as it is): a copy up to KEEP_BYTES, the tensor itself where it is the model's own
+    memory."""
     from_source: bool = False
     """An unquantized tensor over KEEP_BYTES that equals the source tensor of its name: compared with it again."""
     digest: tuple[str, tuple[int, ...], torch.dtype] | None = None
@@ -152,8 +153,7 @@ class QuantCheck:
         if not self.mine(weight):
             return
         if self.seen[name] > 1:
-            self.findings.append(Finding(tensor=name, kind="duplicate", message=f"sent {self.seen[name]} times"))
-            return
+            return  # one finding per name, at the end (finish)
         parts = self.got.setdefault(weight, {})
         parts[scale] = tensor
         expected = self.expected.get(weight)
@@ -173,6 +173,10 @@ class QuantCheck:
 
     def finish(self) -> list[Finding]:
         """This rank's findings once both exports ran to their end."""
+        for name, count in sorted(self.seen.items()):
+            if count > 1 and self.mine(self._split(name)[0]):
+                message = f"sent {count} times (the first is checked)"
+                self.findings.append(Finding(tensor=name, kind="duplicate", message=message))
         for name in sorted(n for n in self.source if self.mine(n) and n not in self.done):
             self._tensor(name, self.got.pop(name, {}))
         for weight, parts in sorted(self.got.items()):
@@ -248,7 +252,7 @@ class QuantCheck:
         if expected is not None and expected.from_source:
             finding = compare_bits(name, self._read(name), sent)
             if finding is not None:
-                self.findings.append(replace(finding, message=f"{finding.message} (against the bf16 export; {why})"))
+                self.findings.append(replace(finding, message=f"{finding.message} (unquantized: {why})"))
         if expected is not None and expected.digest is not None:
             digest, shape, dtype = expected.digest
             if (tensor_sha256(sent), tuple(sent.shape), sent.dtype) != (digest, shape, dtype):
@@ -267,7 +271,9 @@ class QuantCheck:
             if finding is not None:
                 kind = "quantized-ignored" if sent.dtype != expected.bf16.dtype else finding.kind
                 self.findings.append(
-                    Finding(tensor=name, kind=kind, message=f"{finding.message} ({why})", detail=finding.detail)
+                    Finding(
+                        tensor=name, kind=kind, message=f"{finding.message} (unquantized: {why})", detail=finding.detail
+                    )
                 )
 
     def _not_quantized(self, name: str, sent: torch.Tensor) -> Finding:
