@@ -223,3 +223,46 @@ def test_scale_on_the_wrong_block_grid_is_named() -> None:
     assert expected and kinds(verdict) == KNOWN | expected
     message = _finding(verdict, "model.layers.0.mlp.experts.0.gate_proj.weight", "bytes-differ")
     assert "first in block [0, 0] at index [0, 0]: got 20.0 (0x5a), expected 22.0 (0x5b)" in message
+
+
+# ---- every family with experts ------------------------------------------------------------------------------------
+
+FAMILIES = {  # fixture -> (--experts, the named upstream bugs its quantized export shows at EP2, 4x4 blocks)
+    "qwen3-moe": ("sequential", {"quant-expert-scale-squeezed", "quant-qkv-scale-3d"}),
+    "deepseek-v3": ("sequential", {"quant-expert-scale-squeezed", "deepseek-mtp-aliases-dropped"}),
+    "moonlight": ("sequential", {"quant-expert-scale-squeezed"}),
+    "glm4.7-flash": ("sequential", {"quant-expert-scale-squeezed"}),
+    "glm4.5": ("te-grouped", {"quant-expert-scale-squeezed", "quant-qkv-scale-3d", "glm45-mtp-aliases-dropped"}),
+    "gpt-oss": ("sequential", {"quant-qkv-scale-3d", "quant-grouped-export-not-merged"}),
+    "olmoe": ("te-grouped", {"quant-expert-scale-squeezed", "quant-qkv-scale-3d"}),
+    "qwen3-next": (
+        "sequential",
+        {"quant-expert-scale-squeezed", "quant-qkv-scale-3d", "quant-mapping-not-implemented"},
+    ),
+    "qwen3.5-moe": (
+        "te-grouped",
+        {"quant-expert-scale-squeezed", "quant-qkv-scale-3d", "quant-mapping-not-implemented"},
+    ),
+    "qwen3.6-moe": (
+        "te-grouped",
+        {"quant-qkv-scale-3d", "quant-grouped-export-not-merged", "quant-mapping-not-implemented"},
+    ),
+    "nemotron-h": ("sequential", {"quant-mapping-not-implemented"}),
+}
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize("fixture", sorted(FAMILIES))
+def test_every_family_with_experts_names_each_disagreement(fixture: str) -> None:
+    """The bridge's quantized export of each MoE family (tiny widths, so 4x4 blocks) at EP2: every finding is a named
+    upstream bug, but the tensors a stopped export never reached (`missing`, after its `export-failed`); every byte
+    and scale value that was sent is the reference's."""
+    experts, bugs = FAMILIES[fixture]
+    report = api.verify(f"tiny:{fixture}", "ep2", oracles=("quant",), experts=experts, options={"quant_block": 4})
+    (verdict,) = report.oracles
+    named = {f.detail.get(UPSTREAM_BUG) for f in verdict.findings} - {None}
+    assert verdict.verdict == "fail" and named == bugs
+    untagged = {f.kind for f in verdict.findings if UPSTREAM_BUG not in f.detail}
+    stopped = "quant-mapping-not-implemented" in bugs
+    assert untagged == ({"missing"} if stopped else set())
+    assert not {"bytes-differ", "scale-differs"} & {f.kind for f in verdict.findings}

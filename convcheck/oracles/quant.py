@@ -119,7 +119,7 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     if bf16 is not None:
         findings.append(bf16)
     errors = sorted({part[4] for part in every if part[4]})
-    findings += [Finding(tensor="<export>", kind="export-failed",
+    findings += [Finding(tensor="<quantized export>", kind="export-failed",
                          message=f"bridge.export_hf_weights_quant raised {e}") for e in errors]  # fmt: skip
     seconds["compare"] = time.perf_counter() - t0
     quantized = sum(1 for why in why_not.values() if not why)

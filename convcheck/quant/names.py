@@ -18,11 +18,11 @@ from dataclasses import dataclass
 IGNORE_KEYS = ("ignore", "ignored_layers", "modules_to_not_convert")
 """The quantization_config keys that list modules left unquantized (compressed-tensors, vLLM fp8, transformers)."""
 
-ALWAYS_UNQUANTIZED = ("embed_tokens", "lm_head", "shared_head.head", "mlp.gate", "mlp.shared_expert_gate")
+ALWAYS_UNQUANTIZED = ("embed_tokens", "lm_head", "shared_head.head", "mlp.gate", "mlp.router", "mlp.shared_expert_gate")
 """Modules a rollout engine keeps in bf16 whatever the config lists: vLLM builds the vocabulary embeddings and LM heads
 (the model's and an MTP layer's copies, `model.layers.N.embed_tokens`, `shared_head.head`) without the fp8 method and
-the MoE routers (`mlp.gate`, Qwen2-MoE's `shared_expert_gate`) with quant_config=None; only 2-D `.weight` tensors are
-quantized at all (norms and biases never)."""
+the MoE routers (`mlp.gate`, GPT-OSS's `mlp.router`, Qwen2-MoE's `shared_expert_gate`) with quant_config=None; only
+2-D `.weight` tensors are quantized at all (norms and biases never)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
