@@ -39,6 +39,7 @@ def bf16(rows: list[list[float]]) -> torch.Tensor:
 #   3 -> 448 = 1.75 * 2^8 = 0x7E. Block 2 has twice the scale: 0.25 -> 0x59, 2 -> 0x71, -6 -> -448 = 0xFE, 0 -> 0x00.
 X = bf16([[1.0, -0.5, 0.25, 2.0], [0.125, 3.0, -6.0, 0.0]])
 FP8_BLOCK_BYTES = [0x71, 0xE9, 0x59, 0x71, 0x59, 0x7E, 0xFE, 0x00]
+BLOCK128 = (128, 128)
 
 
 def test_fp8_block_divides_amax_by_448() -> None:
@@ -126,6 +127,47 @@ def test_nvfp4_hand_blocks() -> None:
     assert bits(packed) == [codes[2 * i + 1] << 4 | codes[2 * i] for i in range(16)]
     back = ref.dequant_nvfp4(packed, weight_scale, weight_scale_2, (1, 16))
     assert back[0, :3].tolist() == [2.625, -1.3125, 0.4375] and back[0, 16:21].mul(128).tolist() == [6, 1, -1.5, 2, 2]
+
+
+def _slime(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """slime / verl's per-block quantization as published, bf16 operands and all (pad, max over dims 1 and 3)."""
+    import torch.nn.functional as F
+
+    (b0, b1), (m, n) = block, w.shape
+    rows, cols = -(-m // b0), -(-n // b1)
+    v = F.pad(w, (0, cols * b1 - n, 0, rows * b0 - m), mode="constant", value=0.0).reshape(rows, b0, cols, b1)
+    block_max = torch.max(torch.max(torch.abs(v), dim=1, keepdim=True)[0], dim=3, keepdim=True)[0]
+    scale = block_max.to(torch.float32) / torch.finfo(torch.float8_e4m3fn).max
+    q = (v / scale).clamp(min=-448.0, max=448.0).reshape(rows * b0, cols * b1).to(torch.float8_e4m3fn)
+    return q[:m, :n].contiguous(), scale.reshape(rows, cols)
+
+
+def _deepgemm_ue8m0(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepGEMM's per_block_cast_to_fp8(use_ue8m0=True) as published (zeros, amax of float, clamp 1e-4, ceil pow2)."""
+    m, n = w.shape
+    b0, b1 = block
+    padded = torch.zeros((-(-m // b0) * b0, -(-n // b1) * b1), dtype=w.dtype)
+    padded[:m, :n] = w
+    v = padded.view(-1, b0, padded.size(1) // b1, b1)
+    sf = v.abs().float().amax(dim=(1, 3), keepdim=True).clamp(1e-4) / 448.0
+    sf = torch.pow(2.0, torch.ceil(torch.log2(sf.abs())))
+    q = (v * (1.0 / sf)).to(torch.float8_e4m3fn)
+    return q.view_as(padded)[:m, :n].contiguous(), sf.view(v.size(0), v.size(2))
+
+
+@pytest.mark.parametrize("shape", [(256, 384), (200, 300)])
+def test_references_equal_the_published_formulas_on_random_weights(shape: tuple[int, int]) -> None:
+    """The float32, in-place references give the bits of the formulas as published on bf16 operands (edge blocks
+    padded in the second shape; one block all zero, one holding -0.0)."""
+    gen = torch.Generator().manual_seed(11)
+    x = (torch.rand(shape, generator=gen) * 2 - 1) * torch.exp2(-torch.randint(0, 16, shape, generator=gen))
+    x = x.to(torch.bfloat16)
+    x[:128, :128] = 0.0
+    x[128:, 128:256] = -0.0
+    for mine, theirs in ((ref.fp8_block, _slime), (ref.fp8_ue8m0, _deepgemm_ue8m0)):
+        q, scale = mine(x, BLOCK128)
+        q2, scale2 = theirs(x, BLOCK128)
+        assert bits(q) == bits(q2) and bits(scale) == bits(scale2), mine.__name__
 
 
 def test_every_format_has_a_reference_and_the_bridge_flag_matches_its_scales() -> None:

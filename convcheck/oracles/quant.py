@@ -64,7 +64,8 @@ INFO = OracleInfo(
             flag="--quant-bound",
             help="where dequantize(quantize(x)) is measured against the format's bound: every quantized tensor, or "
             "(sample, the default for the built-in quantizers, whose bound tests/test_quant_reference.py holds) the "
-            "first tensor of each shape on each rank; a FILE.py:FUNC quantizer is measured on every tensor.",
+            "first 128 rows of the first tensor of each shape on each rank; a FILE.py:FUNC quantizer is measured on "
+            "every tensor.",
             choices=("sample", "every"),
             default="sample",
         ),
@@ -130,7 +131,7 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         "bf16_from": check.bf16_from,
         "worst_error_over_bound": round(max(p[2] for p in every), 4),
         "bound_measured_on": f"{sum(p[6] for p in every)} of {quantized} quantized tensors"
-        + ("" if every_bound else " (the first of each shape and dtype on each rank)"),
+        + ("" if every_bound else " (the first 128 rows of the first of each shape and dtype on each rank)"),
         "max_abs_error": max(p[3] for p in every),
         "seconds": {k: round(v, 3) for k, v in seconds.items()},
         "cpu_seconds_per_rank": {k: [round(p[5][k], 3) for p in every] for k in check.cpu},

@@ -23,6 +23,10 @@ KEEP_BYTES = 16 << 20
 with the source tensor (memcmp, where the bf16 export equals it), else by its sha256, shape and dtype."""
 
 
+SAMPLE_ROWS = 128
+"""Rows of a tensor the sampled dequantization bound measures (whole blocks: rounded up to the block's rows)."""
+
+
 def owner(name: str, world: int) -> int:
     """The rank that checks HF tensor `name` (every rank receives every exported tensor; each checks its share)."""
     return zlib.crc32(name.encode()) % world
@@ -67,7 +71,8 @@ class QuantCheck:
     bf16_from: str = ""
     """Where the bf16 tensors came from (the oracle's metrics say it)."""
     bound_every: bool = True
-    """Measure the dequantization bound on every quantized tensor (else on the first of each shape and dtype)."""
+    """Measure the dequantization bound on every quantized tensor (else on the first SAMPLE_ROWS rows of the first
+    tensor of each shape and dtype)."""
     bound_kinds: set[tuple[tuple[int, ...], torch.dtype]] = field(default_factory=set)
     bounded: int = 0
     """Tensors whose dequantization error was measured on this rank."""
@@ -130,6 +135,10 @@ class QuantCheck:
             return
         self.bound_kinds.add(kind)
         self.bounded += 1
+        if not self.bound_every:  # the sample: the first SAMPLE_ROWS rows (whole blocks) of the tensor
+            b0 = self.quantizer.block[0]
+            rows = min(tensor.shape[0], -(-SAMPLE_ROWS // b0) * b0)
+            tensor, out = tensor[:rows], (out[0][:rows], out[1][: -(-rows // b0)], *out[2:])
         ratio, max_error = self.quantizer.error(tensor, tuple(out))
         self.cpu["bound"] += time.process_time() - t1
         self.worst, self.max_error = max(self.worst, ratio), max(self.max_error, max_error)

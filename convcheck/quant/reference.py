@@ -41,6 +41,18 @@ def _blocks(x: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     return padded.reshape(padded.shape[0] // b0, b0, padded.shape[1] // b1, b1)
 
 
+def _owned_blocks(x: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """A float32 copy of `x`, zero-padded to whole blocks, viewed as [R, b0, C, b1]: the caller may write into it."""
+    return _blocks(x.to(torch.float32, copy=True), block)
+
+
+def _block_amax(v: torch.Tensor) -> torch.Tensor:
+    """max |x| over each block of `v` [R, b0, C, b1] as [R, 1, C, 1]: max(|max x|, |min x|), the same value as
+    v.abs().amax() without a full-size temporary (NaN where the block holds one)."""
+    top, bottom = v.amax(dim=(1, 3), keepdim=True), v.amin(dim=(1, 3), keepdim=True)
+    return torch.maximum(top.abs_(), bottom.abs_())
+
+
 def _unblock(v: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     """[R, b0, C, b1] back to [M, N] with the padding cut off (contiguous)."""
     return v.reshape(v.shape[0] * v.shape[1], v.shape[2] * v.shape[3])[: shape[0], : shape[1]].contiguous()
@@ -56,9 +68,9 @@ def fp8_block(x: torch.Tensor, block: tuple[int, int] = (128, 128)) -> tuple[tor
 
     scale = float32(amax) / 448; q = fp8(clamp(x / scale, -448, 448)); zero padding at the edge blocks."""
     _check_2d(x, "fp8-block")
-    v = _blocks(x.to(torch.float32), block)
-    scale = v.abs().amax(dim=(1, 3), keepdim=True) / FP8_MAX
-    q = (v / scale).clamp_(min=-FP8_MAX, max=FP8_MAX).to(torch.float8_e4m3fn)
+    v = _owned_blocks(x, block)
+    scale = _block_amax(v) / FP8_MAX
+    q = v.div_(scale).clamp_(min=-FP8_MAX, max=FP8_MAX).to(torch.float8_e4m3fn)
     return _unblock(q, tuple(x.shape)), scale.reshape(v.shape[0], v.shape[2])
 
 
@@ -69,10 +81,10 @@ def fp8_nemo_rl(x: torch.Tensor, block: tuple[int, int] = (128, 128)) -> tuple[t
     _check_2d(x, "fp8-nemo-rl")
     if x.shape[0] % block[0] or x.shape[1] % block[1]:
         raise BadInput(f"fp8-nemo-rl needs a weight the block {list(block)} divides, got {list(x.shape)}")
-    v = _blocks(x.to(torch.float32), block)
-    amax = v.abs().amax(dim=(1, 3), keepdim=True)
+    v = _owned_blocks(x, block)
+    amax = _block_amax(v)
     s = torch.where((amax == 0) | (amax == torch.inf), torch.ones_like(amax), FP8_MAX / amax)
-    q = (v * s).clamp_(min=-FP8_MAX, max=FP8_MAX).to(torch.float8_e4m3fn)
+    q = v.mul_(s).clamp_(min=-FP8_MAX, max=FP8_MAX).to(torch.float8_e4m3fn)
     return _unblock(q, tuple(x.shape)), torch.reciprocal(s).reshape(v.shape[0], v.shape[2])
 
 
@@ -81,10 +93,10 @@ def fp8_ue8m0(x: torch.Tensor, block: tuple[int, int] = (128, 128)) -> tuple[tor
 
     s = 2^ceil(log2(max(amax, 1e-4) / 448)); q = fp8(x * (1 / s)), no clamp; zero padding at the edge blocks."""
     _check_2d(x, "fp8-ue8m0")
-    v = _blocks(x.to(torch.float32), block)
-    amax = v.abs().amax(dim=(1, 3), keepdim=True).clamp(min=1e-4)
+    v = _owned_blocks(x, block)
+    amax = _block_amax(v).clamp(min=1e-4)
     s = torch.pow(2.0, torch.ceil(torch.log2(amax / FP8_MAX)))
-    q = (v * (1.0 / s)).to(torch.float8_e4m3fn)
+    q = v.mul_(1.0 / s).to(torch.float8_e4m3fn)
     return _unblock(q, tuple(x.shape)), s.reshape(v.shape[0], v.shape[2])
 
 
@@ -94,12 +106,12 @@ def mxfp8(x: torch.Tensor, block: tuple[int, int] = (1, 32)) -> tuple[torch.Tens
     e = clamp(ceil(log2(amax / 448)), -127, 127) (-127 for an all-zero block); scale = e + 127;
     q = fp8(clamp(x * 2^-e, -448, 448))."""
     _check_2d(x, "mxfp8")
-    v = _blocks(x.to(torch.float32), block)
-    descale = v.abs().amax(dim=(1, 3), keepdim=True) / FP8_MAX
+    v = _owned_blocks(x, block)
+    descale = _block_amax(v) / FP8_MAX
     safe = torch.where(descale > 0, descale, torch.ones_like(descale))
     e = torch.where(descale > 0, torch.ceil(torch.log2(safe)), torch.full_like(descale, -127.0)).clamp(-127, 127)
     scale = (e + 127).to(torch.uint8)
-    q = (v * torch.exp2(127 - scale.to(torch.float32))).clamp(min=-FP8_MAX, max=FP8_MAX).to(torch.float8_e4m3fn)
+    q = v.mul_(torch.exp2(127 - scale.to(torch.float32))).clamp_(min=-FP8_MAX, max=FP8_MAX).to(torch.float8_e4m3fn)
     return _unblock(q, tuple(x.shape)), scale.reshape(v.shape[0], v.shape[2])
 
 
