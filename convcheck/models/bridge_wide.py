@@ -93,9 +93,9 @@ QUANT_MAPPING_NOT_IMPLEMENTED = UpstreamBug(
     findings=(("quant", "<quantized export>", "export-failed"),),
     seen_in=("0.6.2",),
 )
-"""Seen on tiny:qwen3-next, tiny:qwen3.5-moe, tiny:qwen3.6-moe (gated-DeltaNet layers) and tiny:nemotron-h (Mamba
-layers) at TP1 and EP2 with bridge 0.6.2; the tensors the export never reached are `missing` findings that follow from
-it. Listed by the families it stops (convcheck.models.qwen_next, nemotron_h)."""
+"""Seen on tiny:qwen3-next, tiny:qwen3.5, tiny:qwen3.5-moe, tiny:qwen3.6-moe (gated-DeltaNet layers) and
+tiny:nemotron-h (Mamba layers) at TP1 and EP2 with bridge 0.6.2; the tensors the export never reached are `missing`
+findings that follow from it. Listed by the families it stops (convcheck.models.qwen_next, nemotron_h)."""
 
 QUANT_GROUPED_EXPORT_NOT_MERGED = UpstreamBug(
     name="quant-grouped-export-not-merged",
