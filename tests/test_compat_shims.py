@@ -18,6 +18,7 @@ MODULE_FOR = {
     "cuda": ("convcheck.compat.no_cuda",),
     "mamba_ssm": ("convcheck.compat.no_mamba_ssm",),
     "fla": ("convcheck.compat.no_fla",),
+    "nccl": ("convcheck.compat.no_nccl",),
 }
 """Missing dependency -> the compat modules its shims may live in."""
 

@@ -17,7 +17,7 @@ from convcheck.atomic import write_all_atomic as write_together
 from convcheck.cli.nodes import end_on_other_node, node_options, nodes_of
 from convcheck.cli.types import HookSpecType, ReportPath
 from convcheck.errors import BadInput, ConvcheckError
-from convcheck.fixtures import FIXTURES, RELEASE_VARIANTS, get_spec
+from convcheck.fixtures import FIXTURES, QUANT_FIXTURES, RELEASE_VARIANTS, get_spec
 from convcheck.gate import GOLDEN_DIR
 from convcheck.gate.allow import load_allow, triage
 from convcheck.gate.case import Case, default_matrix, fixture_layouts, normalise_model, select
@@ -130,7 +130,7 @@ def _record_cases(
         return select(default_matrix(), ids=case_ids) if case_ids else default_matrix()
     cases = []
     for model in [normalise_model(m) for m in models] or [
-        f"tiny:{n}" for n in sorted(FIXTURES) if n not in RELEASE_VARIANTS
+        f"tiny:{n}" for n in sorted(FIXTURES) if n not in (*RELEASE_VARIANTS, *QUANT_FIXTURES)
     ]:
         tiny = model.startswith("tiny:")
         config = get_spec(model).config if tiny else open_checkpoint(model).config

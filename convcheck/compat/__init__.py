@@ -1,12 +1,12 @@
-"""Every workaround needed to run the real Megatron-Bridge without CUDA, Transformer Engine or mamba_ssm: one module
-per missing dependency (no_te, no_cuda, no_mamba_ssm) plus provider settings; SHIMS lists them. Each shim finds its
-upstream target by feature detection (compat.detect): a release without that target skips it (`skipped()`)."""
+"""Every workaround needed to run the real Megatron-Bridge without CUDA, Transformer Engine, mamba_ssm or NCCL: one
+module per missing dependency (no_te, no_cuda, no_mamba_ssm, no_nccl) plus provider settings; SHIMS lists them. Each
+shim finds its upstream target by feature detection (compat.detect): a release without that target skips it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from convcheck.compat import no_cuda, no_fla, no_mamba_ssm, no_te, no_te_gdn, no_te_olmoe
+from convcheck.compat import no_cuda, no_fla, no_mamba_ssm, no_nccl, no_te, no_te_gdn, no_te_olmoe
 from convcheck.compat._patch import upstream
 from convcheck.compat.detect import skipped
 from convcheck.compat.eager import run_compiled_eagerly
@@ -48,6 +48,7 @@ class Shim:
 _TE, _CUDA, _MAMBA = "convcheck.compat.no_te", "convcheck.compat.no_cuda", "convcheck.compat.no_mamba_ssm"
 _FLA, _TE_GDN = "convcheck.compat.no_fla", "convcheck.compat.no_te_gdn"
 _TE_OLMOE = "convcheck.compat.no_te_olmoe"
+_NCCL = "convcheck.compat.no_nccl"
 _CORE = "megatron/core/"
 _BRIDGES, _CORES = "megatron-bridge 0.3.0-0.6.2", "megatron-core 0.16.0-0.19.2"
 SHIMS = (
@@ -127,6 +128,13 @@ SHIMS = (
          "tests/test_olmoe.py::test_shim24_still_needed_olmoe_layer_spec_asks_for_te",
          "megatron-bridge 0.3.0-0.6.2 (tiny:olmoe built with the bridge's attention on 0.3.0, 0.3.1, 0.4.2, 0.5.1, "
          "0.6.0, 0.6.2)"),
+    Shim(25, "float8-collectives-over-gloo", "nccl", _NCCL,
+         ("megatron/bridge/models/conversion/param_mapping.py:632",
+          "megatron/bridge/models/conversion/param_mapping.py:806",
+          "megatron/bridge/models/conversion/param_mapping.py:868",
+          "megatron/bridge/models/conversion/param_mapping.py:431"),
+         "tests/test_compat_gloo.py::test_shim25_still_needed_gloo_refuses_float8",
+         "megatron-bridge 0.6.2 with torch 2.14.1's gloo (export_hf_weights_quant; older releases not yet checked)"),
 )  # fmt: skip
 
 
@@ -143,6 +151,7 @@ def install(device: str = "cpu") -> None:
     no_te_olmoe.install()
     no_mamba_ssm.install()
     no_fla.install()
+    no_nccl.install()
     if device == "cpu":
         no_cuda.install()
     else:

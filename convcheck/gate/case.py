@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from convcheck.errors import BadInput
-from convcheck.fixtures import FIXTURES, PARTLY_COVERED, RELEASE_VARIANTS, get_spec
+from convcheck.fixtures import FIXTURES, PARTLY_COVERED, QUANT_FIXTURES, RELEASE_VARIANTS, get_spec
 from convcheck.layout import ParallelLayout
 
 STANDARD_LAYOUTS = ("tp1", "tp2", "pp2", "ep2", "tp2ep2")
@@ -120,12 +120,12 @@ def fixture_layouts(model: str) -> tuple[str, ...]:
 
 
 def default_matrix() -> list[Case]:
-    """Every fixture but the release variants and the partly covered families at its layouts, then the extra cases
-    (what `gate record` records with no selection)."""
+    """Every fixture but the release variants, the quant fixtures and the partly covered families at its layouts,
+    then the extra cases (what `gate record` records with no selection)."""
     cases = [
         Case(model=f"tiny:{name}", layout=ParallelLayout.parse(layout))
         for name in sorted(FIXTURES)
-        if name not in (*RELEASE_VARIANTS, *PARTLY_COVERED)
+        if name not in (*RELEASE_VARIANTS, *PARTLY_COVERED, *QUANT_FIXTURES)
         for layout in fixture_layouts(name)
     ]
     cases += [

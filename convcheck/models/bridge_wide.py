@@ -60,9 +60,65 @@ WRITER_STRICT_ONLY_WARNS = UpstreamBug(
 """Seen on tiny:deepseek-v3 (its MTP shard, which the export leaves incomplete: deepseek-mtp-aliases-dropped) with
 the save oracle on bridge 0.5.1; the code is the same in 0.4.x and 0.5.0, whose deepseek export fails earlier."""
 
+QUANT_EXPERT_SCALE_SQUEEZED = UpstreamBug(
+    name="quant-expert-scale-squeezed",
+    summary="the quantized export reshapes every expert's block scale with .squeeze().unsqueeze(-1) after the EP "
+    "gather, even at EP1: a [1, 1] scale grid leaves as [1], [1, C] as [C, 1] and [R, C] as [R, C, 1], so a rollout "
+    "reads weight_scale_inv on the wrong grid (the values themselves are the reference's)",
+    where="megatron/bridge/models/conversion/param_mapping.py:880 (gather_from_ep_ranks_scale, called at :1092, "
+    ":1256, :2801, :2808)",
+    findings=(("quant", "*.mlp.experts.*.weight_scale_inv", "scale-shape"),),
+    seen_in=("0.6.2",),
+)
+"""Seen on tiny:qwen3-moe-fp8 (every expert weight one 128x128 block) at TP1, EP2 and TP2xEP2 with bridge 0.6.2."""
+
+QUANT_QKV_SCALE_3D = UpstreamBug(
+    name="quant-qkv-scale-3d",
+    summary="the quantized export splits the fused QKV scale into q, k and v scales shaped [rows, cols, 1] instead "
+    "of the [rows, cols] block grid of each weight",
+    where="megatron/bridge/models/conversion/param_mapping.py:3441-3443 (split_qkv_weights_scale)",
+    findings=(("quant", "*.self_attn.[qkv]_proj.weight_scale_inv", "scale-shape"),),
+    seen_in=("0.6.2",),
+)
+"""Seen on tiny:qwen3-moe-fp8 at TP1, TP2 and EP2 with bridge 0.6.2."""
+
+QUANT_MAPPING_NOT_IMPLEMENTED = UpstreamBug(
+    name="quant-mapping-not-implemented",
+    summary="MegatronParamMapping.megatron_to_hf_quant raises NotImplementedError for every mapping class that does "
+    "not override it (GDNLinearMapping, GDNConv1dMapping, the Mamba, KV, QKVG, concatenated-QKV and direct "
+    "mappings), before asking the quantization checker: the quantized export of a model with such a parameter stops "
+    "at its first one, even where nothing there is to be quantized",
+    where="megatron/bridge/models/conversion/param_mapping.py:335-344 (the base method), called at "
+    "conversion/quant_bridge.py:69",
+    findings=(("quant", "<quantized export>", "export-failed"),),
+    seen_in=("0.6.2",),
+)
+"""Seen on tiny:qwen3-next, tiny:qwen3.5, tiny:qwen3.5-moe, tiny:qwen3.6-moe (gated-DeltaNet layers) and
+tiny:nemotron-h (Mamba layers) at TP1 and EP2 with bridge 0.6.2; the tensors the export never reached are `missing`
+findings that follow from it. Listed by the families it stops (convcheck.models.qwen_next, nemotron_h)."""
+
+QUANT_GROUPED_EXPORT_NOT_MERGED = UpstreamBug(
+    name="quant-grouped-export-not-merged",
+    summary="the quantized export has no grouped-export path: for a mapping whose experts share one stacked HF tensor "
+    "(is_grouped_export, e.g. GPT-OSS's mlp.experts.gate_up_proj) each expert's slice leaves alone under the stacked "
+    "name, once per expert, where the bf16 export merges them into one [experts, ...] tensor",
+    where="megatron/bridge/models/conversion/quant_bridge.py:64-95 (no counterpart of model_bridge.py:1361-1374, "
+    "_accumulate_grouped_export at :936)",
+    findings=tuple(
+        ("quant", f"*.mlp.experts.{name}", kind)
+        for name in ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
+        for kind in ("duplicate", "shape")
+    ),
+    seen_in=("0.6.2",),
+)
+"""Seen on tiny:gpt-oss at TP1 and EP2 with bridge 0.6.2 (--quant-block 4)."""
+
 BRIDGE_WIDE: tuple[UpstreamBug, ...] = (
     ROW_PARALLEL_SCATTER_NON_CONTIGUOUS,
     SEQUENTIAL_EXPERT_EXPORT_FAILS,
     WRITER_STRICT_ONLY_WARNS,
+    QUANT_EXPERT_SCALE_SQUEEZED,
+    QUANT_QKV_SCALE_3D,
+    QUANT_GROUPED_EXPORT_NOT_MERGED,
 )
 """Every bridge-wide known bug."""

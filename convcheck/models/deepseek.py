@@ -292,6 +292,7 @@ MTP_ALIASES_DROPPED = UpstreamBug(
             ("receiver", "not-delivered"),
             ("receiver", "missing"),
             ("save", "missing"),
+            ("quant", "missing"),
         )
     ),  # fmt: skip
     seen_in=RELEASES_0_4_TO_0_6,

@@ -55,6 +55,10 @@ class FixtureSpec:
     packed_experts: bool = False
     """Save MoE experts fused as transformers 5 holds them (`experts.gate_up_proj` / `experts.down_proj`), not split
     per expert as save_pretrained writes them: the layout of checkpoints published in that format (Qwen3.6)."""
+    block_amax: int = 0
+    """Draw each 2-D tensor block by block ([n, n] blocks, n = block_amax; 0: off): each block holds a permutation of
+    the pool values at or below its own cap (a pool value in [0.5, 1), times 2^-k, k in 0..3), so every block has its
+    own amax and a block-scaled quantizer gives every block its own scale (convcheck.fixtures.values.capped_blocks)."""
     mtp_style: str = "layers"
     """How the checkpoint names its MTP layers: "layers" (DeepSeek-V3, GLM: `model.layers.{L + k}.*`, see
     mtp_layers) or "qwen" (Qwen3-Next, Qwen3.5: `mtp.fc`, `mtp.pre_fc_norm_embedding` / `_hidden`, `mtp.norm` and

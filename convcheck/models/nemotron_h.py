@@ -13,6 +13,7 @@ from convcheck.hf.geometry import Geometry
 from convcheck.mappings import Replicated, Split, mamba_conv1d, mamba_in_proj
 from convcheck.mappings.registry import MappingRule
 from convcheck.models.architecture import Architecture
+from convcheck.models.bridge_wide import QUANT_MAPPING_NOT_IMPLEMENTED
 from convcheck.models.config_rules import (
     HEADS_AND_VOCAB,
     FieldRule,
@@ -419,4 +420,5 @@ NEMOTRON_H = Architecture(
     mapping_rules=hybrid_rules,
     config_rules=NEMOTRON_H_TABLE,
     fixtures=(TINY_NEMOTRON_H, TINY_NEMOTRON_H_MOE, TINY_NEMOTRON_H_6L),
+    upstream_bugs=(QUANT_MAPPING_NOT_IMPLEMENTED,),
 )

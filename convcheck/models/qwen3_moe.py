@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from convcheck.models.architecture import Architecture
@@ -104,6 +105,20 @@ QWEN3_MOE = Architecture(
             **TINY_MOE,
             norm_topk_prob=True,
             num_hidden_layers=4,
+        ),
+        replace(
+            tiny_spec(
+                "qwen3-moe-fp8",
+                "Qwen3MoeConfig",
+                "Qwen3-MoE, 16 experts top-2, every quantized width a multiple of 128 (hidden, head_dim, "
+                "moe_intermediate) and an amax of its own in every 128x128 block: the quant oracle's FP8 blocks",
+                **{**TINY_MOE, "moe_intermediate_size": 128, "num_experts": 16},
+                norm_topk_prob=True,
+                hidden_size=128,
+                head_dim=128,
+                intermediate_size=128,
+            ),
+            block_amax=128,
         ),
     ),
 )

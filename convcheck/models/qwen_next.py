@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from convcheck.models.architecture import Architecture
+from convcheck.models.bridge_wide import QUANT_MAPPING_NOT_IMPLEMENTED
 from convcheck.models.fixture_spec import FixtureSpec
 from convcheck.models.qwen_next_config import (
     GDN_CONFIG_EXPORT_LOSES_SCHEDULE,
@@ -162,6 +163,7 @@ QWEN35_MOE = Architecture(
         GDN_CONFIG_EXPORT_LOSES_SCHEDULE,
         SCHEDULE_COLLAPSED,
         SEQUENTIAL_EXPERTS_UNMAPPED,
+        QUANT_MAPPING_NOT_IMPLEMENTED,
     ),
 )
 
@@ -176,6 +178,7 @@ QWEN3_NEXT = Architecture(
         SCHEDULE_COLLAPSED,
         SEQUENTIAL_EXPERTS_UNMAPPED,
         READS_FULL_ATTENTION_INTERVAL,
+        QUANT_MAPPING_NOT_IMPLEMENTED,
     ),
 )
 
@@ -185,5 +188,5 @@ QWEN35 = Architecture(
     mapping_rules=qwen35_rules,
     config_rules=QWEN35_TABLE,
     fixtures=(TINY_QWEN35,),
-    upstream_bugs=(GDN_CONFIG_EXPORT_LOSES_SCHEDULE, SCHEDULE_COLLAPSED),
+    upstream_bugs=(GDN_CONFIG_EXPORT_LOSES_SCHEDULE, SCHEDULE_COLLAPSED, QUANT_MAPPING_NOT_IMPLEMENTED),
 )

@@ -26,6 +26,7 @@ from convcheck.oracles import (
     logits,
     mapping,
     mapping_live,
+    quant,
     receiver,
     receiver_live,
     reshard,
@@ -50,6 +51,7 @@ _MODULES: tuple[ModuleType, ...] = (
     distckpt,
     reshard,
     save,
+    quant,
     engine,
 )
 """In the order a run executes them; the opt-in ones (INFO.default False) run only when named."""

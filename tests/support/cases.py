@@ -3,7 +3,7 @@ asks first (`tests.support.helpers.matrix_run`, keyed by the case's gate id) and
 
 from __future__ import annotations
 
-from convcheck.fixtures import FIXTURES, KNOWN_BUGS, PARTLY_COVERED, RELEASE_VARIANTS
+from convcheck.fixtures import FIXTURES, KNOWN_BUGS, PARTLY_COVERED, QUANT_FIXTURES, RELEASE_VARIANTS
 from convcheck.gate.case import Case
 from convcheck.layout import ParallelLayout
 
@@ -44,7 +44,11 @@ FIXED = {  # families checked at a fixed list of layouts (convcheck.gate.case LA
     "glm4.5-air": [("--tp", "2", "--ep", "2", *TE)],
     **VPP,
 }
-DENSE = [name for name in sorted(FIXTURES) if name not in ("nemotron-h", *FIXED, *PARTLY_COVERED, *RELEASE_VARIANTS)]
+DENSE = [
+    name
+    for name in sorted(FIXTURES)
+    if name not in ("nemotron-h", *FIXED, *PARTLY_COVERED, *RELEASE_VARIANTS, *QUANT_FIXTURES)
+]
 CASES = (
     [(name, layout) for name in DENSE for layout in DENSE_LAYOUTS]
     + [(name, layout) for name in MOE for layout in MOE_LAYOUTS]

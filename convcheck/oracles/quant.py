@@ -1,0 +1,223 @@
+"""Quant oracle: the bridge's quantized export (export_hf_weights_quant) is, byte for byte, the named quantizer applied
+to the bridge's bf16 export of each whole HF tensor, with every scale it needs, on the names the target quantizes."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from convcheck.errors import BadInput, one_line, raised_at
+from convcheck.oracles.base import OracleInfo, OracleOption, option_values
+from convcheck.quant.catalog import FORMATS, is_custom, parse_block, parse_quantizer
+from convcheck.quant.names import QuantTarget, expected_quantized, target_from_config
+from convcheck.rank.context import RankContext
+from convcheck.verdict import Finding, OracleVerdict, make_verdict
+
+NAME = "quant"
+
+
+def _config_file(value: str) -> str:
+    """--quant-config: a JSON file holding a quantization_config (or a config.json that has one), made absolute."""
+    path = Path(value).expanduser().resolve()
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise BadInput(f"--quant-config {value}: {one_line(exc)}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("quantization_config", data), dict):
+        raise BadInput(f"--quant-config {value}: not a JSON object (a quantization_config or a config.json)")
+    return str(path)
+
+
+INFO = OracleInfo(
+    name=NAME,
+    proves="the bridge's quantized export (export_hf_weights_quant with the named quantizer as quant_fn, at this "
+    "layout) sends, for every HF tensor the target's quantization_config quantizes (2-D weights, none its ignore "
+    "patterns name, never the embedding, LM head or routers), exactly the bytes and scales the quantizer gives the "
+    "bridge's bf16 export of the whole tensor, bitwise; every scale present, on the block grid, finite and positive; "
+    "every other tensor unquantized and bitwise the bf16 export; no name twice or extra; dequantize(quantize(x)) "
+    "within the format's rounding bound of x (measured)",
+    does_not_prove="that a rollout engine loads or computes with these bytes correctly, the ModelOpt NVFP4 export "
+    "(export_hf_weights_modelopt: not-covered), importing FP8 checkpoints, nor quantizers convcheck does not name; "
+    "opt-in: a bf16 drain (spared where an earlier oracle proved the export equals the source) and a quantized one",
+    default=False,
+    options=(
+        OracleOption(
+            flag="--quantizer",
+            help=f"the quantizer the export is proved against: {', '.join(FORMATS)}, or FILE.py:FUNC called as the "
+            "bridge calls quant_fn(weight, block) -> (float8_e4m3fn weight, float32 scale per block) "
+            "(default fp8-block; docs/quant.md).",
+            metavar="NAME|FILE.py:FUNC",
+            check=parse_quantizer,
+            default="fp8-block",
+        ),
+        OracleOption(
+            flag="--quant-block",
+            help="the block width (rows and columns of 2-D blocks, columns of 1-row ones; default the format's own).",
+            kind=int,
+            metavar="N",
+            check=parse_block,
+        ),
+        OracleOption(
+            flag="--quant-bound",
+            help="where dequantize(quantize(x)) is measured against the format's bound: every quantized tensor, or "
+            "(sample, the default for the built-in quantizers, whose bound tests/test_quant_reference.py holds) the "
+            "first 128 rows of the first tensor of each shape on each rank; a FILE.py:FUNC quantizer is measured on "
+            "every tensor.",
+            choices=("sample", "every"),
+            default="sample",
+        ),
+        OracleOption(
+            flag="--quant-config",
+            help="the target's quantization_config (a JSON file, or a config.json holding one; default the "
+            "checkpoint's own, else every 2-D weight but the embedding, LM head and routers).",
+            metavar="FILE",
+            check=_config_file,
+        ),
+    ),
+)
+SCALE_SUFFIX = "weight_scale_inv"
+"""What export_hf_weights_quant names every scale (`<hf name>_scale_inv`, param_mapping.py:1096 and its siblings)."""
+
+
+def run(ctx: RankContext) -> OracleVerdict | None:
+    """Collective: every rank drains the bf16 export (unless an earlier drain proved it equals the source) and the
+    quantized export; each rank checks its share of the names (every rank receives every tensor); rank 0 reports."""
+    from convcheck.quant.check import QuantCheck
+    from convcheck.quant.quantizer import load_quantizer
+
+    started = time.perf_counter()
+    options = option_values(INFO, ctx.oracle_options(NAME))
+    quantizer = load_quantizer(options["quantizer"], options["quant_block"])
+    target = _target(ctx, options["quant_config"])
+    if not quantizer.bridge:
+        reason = (f"{quantizer.label} sends {len(quantizer.scales)} scales per weight ("
+                  f"{', '.join(s for s, _ in quantizer.scales)}); export_hf_weights_quant's quant_fn returns one, and "
+                  "the bridge's NVFP4 path (export_hf_weights_modelopt) needs a ModelOpt-quantized model, which "
+                  "convcheck does not build yet")  # fmt: skip
+        return make_verdict(NAME, checked=0, findings=[], not_covered=reason) if ctx.is_reporter else None
+    _check_blocks(ctx, quantizer.block, target)
+    why_not = expected_quantized({n: e.shape for n, e in ctx.checkpoint.tensors.items()}, target)
+    every_bound = options["quant_bound"] == "every" or is_custom(options["quantizer"])
+    storages = frozenset(t.untyped_storage().data_ptr() for _, t in ctx.named_parameters())
+    check = QuantCheck(quantizer=quantizer, target=target, why_not=why_not, rank=ctx.rank, world=ctx.world,
+                       suffix=(SCALE_SUFFIX,), checkpoint=ctx.checkpoint, model_storages=storages,
+                       bound_every=every_bound)  # fmt: skip
+    seconds: dict[str, float] = {}
+    bf16 = _reference(ctx, check)
+    seconds["bf16_and_reference"] = time.perf_counter() - started
+    t0 = time.perf_counter()
+    error = _quantized(ctx, check, quantizer, why_not)
+    seconds["quantized_export"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    mine = check.finish()
+    every = ctx.gather((mine, check.checked, check.worst, check.max_error, error, check.cpu, check.bounded))
+    if not ctx.is_reporter:
+        return None
+    findings = [f for part in every for f in part[0]]
+    if bf16 is not None:
+        findings.append(bf16)
+    errors = sorted({part[4] for part in every if part[4]})
+    findings += [Finding(tensor="<quantized export>", kind="export-failed",
+                         message=f"bridge.export_hf_weights_quant raised {e}") for e in errors]  # fmt: skip
+    seconds["compare"] = time.perf_counter() - t0
+    quantized = sum(1 for why in why_not.values() if not why)
+    metrics: dict[str, Any] = {
+        "quantizer": quantizer.label,
+        "target": target.source,
+        "quantized_weights": quantized,
+        "bf16_from": check.bf16_from,
+        "worst_error_over_bound": round(max(p[2] for p in every), 4),
+        "bound_measured_on": f"{sum(p[6] for p in every)} of {quantized} quantized tensors"
+        + ("" if every_bound else " (the first 128 rows of the first of each shape and dtype on each rank)"),
+        "max_abs_error": max(p[3] for p in every),
+        "seconds": {k: round(v, 3) for k, v in seconds.items()},
+        "cpu_seconds_per_rank": {k: [round(p[5][k], 3) for p in every] for k in check.cpu},
+    }
+    return make_verdict(NAME, checked=sum(p[1] for p in every), findings=findings, metrics=metrics,
+                        seconds=time.perf_counter() - started)  # fmt: skip
+
+
+def _target(ctx: RankContext, config_file: str | None) -> QuantTarget:
+    """The rollout's quantization_config: --quant-config, else the checkpoint's own, else the default."""
+    if config_file:
+        data = json.loads(Path(config_file).read_text())
+        return target_from_config(data.get("quantization_config", data), config_file)
+    own = ctx.checkpoint.config.get("quantization_config")
+    if own:
+        return target_from_config(own, f"{ctx.checkpoint.path}/config.json")
+    return target_from_config(None, "default: every 2-D weight but the embedding, LM head and routers")
+
+
+def _check_blocks(ctx: RankContext, block: tuple[int, int], target: QuantTarget) -> None:
+    """BadInput (exit 2) where the block is not the target's or the bridge's quantized export refuses it: whole blocks
+    in each head (param_mapping.py:1809), across the hidden size (:1812) and in each gate/up shard (:2752)."""
+    if target.block is not None and target.block != block:
+        raise BadInput(f"the target's weight_block_size {list(target.block)} ({target.source}) is not the quantizer's "
+                       f"block {list(block)}: give --quant-block {target.block[-1]}")  # fmt: skip
+    config, names = ctx.checkpoint.config, ctx.checkpoint.tensors
+    hidden = int(config.get("hidden_size", 0))
+    heads = int(config.get("num_attention_heads", 1) or 1)
+    widths = {"hidden_size": (hidden, 1)}
+    if any(".self_attn.q_proj." in n for n in names):
+        widths["head_dim"] = (int(config.get("head_dim") or hidden // heads), 0)
+    if any(".mlp.gate_proj." in n and ".experts." not in n for n in names):
+        widths[f"intermediate_size / TP{ctx.layout.tp}"] = (int(config.get("intermediate_size", 0)) // ctx.layout.tp, 0)
+    if any(".experts." in n and n.endswith("gate_proj.weight") for n in names):
+        size = int(config.get("moe_intermediate_size", 0)) // ctx.layout.etp
+        widths[f"moe_intermediate_size / ETP{ctx.layout.etp}"] = (size, 0)
+    for label, (width, axis) in widths.items():
+        if width % block[axis]:
+            raise BadInput(f"the quantization block {list(block)} does not divide the checkpoint's {label} = {width}: "
+                           "the bridge's quantized export needs whole blocks in every shard")  # fmt: skip
+
+
+def _reference(ctx: RankContext, check: Any) -> Finding | None:
+    """Feed `check` the bf16 tensors: from the source where an earlier drain proved the export equals it on every
+    rank, else from a drain of the bridge's bf16 export (its failure, if any, on rank 0)."""
+    proven = ctx.memo.source_match
+    total = len(ctx.checkpoint.tensors)
+    ctx.phase = f"{NAME}: bf16 reference"
+    if proven is not None and proven.clean:
+        check.bf16_from = f"the source (the export proven equal to it by {proven.by})"
+        for done, name in enumerate(sorted(ctx.checkpoint.tensors), 1):
+            check.offer_source(name)
+            ctx.progress.emit(ctx.phase, done=done, total=total, unit="tensors")
+        return None
+    check.bf16_from = "a drain of the bridge's bf16 export"
+    for name, tensor in ctx.export(cpu=ctx.device != "cuda"):
+        check.offer_bf16(name, tensor)
+    return ctx.export_failure() if ctx.is_reporter else None
+
+
+def quantized_stream(ctx: RankContext, quantizer: Any, why_not: dict[str, str]) -> Iterator[tuple[str, Any]]:
+    """Collective: the bridge's export_hf_weights_quant with `quantizer` as quant_fn and a quantization_checker that
+    picks the Megatron parameters whose HF tensors the target all quantizes (`why_not` "" for each)."""
+    bridge = ctx.bridge._model_bridge
+    tasks = bridge.build_conversion_tasks(ctx.bridge.hf_pretrained, ctx.model)
+    chosen = set()
+    for task in tasks:
+        if task is None:
+            continue
+        hf = task.mapping.hf_param
+        names = list(hf.values()) if isinstance(hf, dict) else [hf]
+        if all(why_not.get(str(n)) == "" for n in names):
+            chosen.add(str(task.mapping.megatron_param))
+    yield from ctx.bridge.export_hf_weights_quant(ctx.model, chosen.__contains__, quantizer.bridge_fn,
+                                                  quant_block_size=quantizer.block, cpu=ctx.device != "cuda",
+                                                  show_progress=False, conversion_tasks=tasks)  # fmt: skip
+
+
+def _quantized(ctx: RankContext, check: Any, quantizer: Any, why_not: dict[str, str]) -> str:
+    """Drain export_hf_weights_quant into `check`; one line when it raised ("" when it ran to its end)."""
+    ctx.phase = f"{NAME}: quantized export"
+    total = len(ctx.checkpoint.tensors)
+    try:
+        for done, (name, tensor) in enumerate(quantized_stream(ctx, quantizer, why_not), 1):
+            check.offer_quantized(name, tensor)
+            ctx.progress.emit(ctx.phase, done=done, total=total, unit="tensors")
+    except Exception as exc:  # noqa: BLE001 - a raising export is a finding, not a crash of convcheck
+        return f"{one_line(exc)} at {raised_at(exc)}"
+    return ""
