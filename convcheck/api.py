@@ -32,6 +32,9 @@ from convcheck.sync.adapters import check_adapters, normalize_sender
 from convcheck.verdict import OracleVerdict, Report, complete
 
 EXPERT_LAYOUTS = ("sequential", "te-grouped")
+LAYER_SPECS = ("local", "te")
+"""`--spec`: megatron-core's local layer spec (default) or the Transformer Engine specs production trains with, built
+on convcheck's TE stand-in where TE is missing (convcheck.compat.te_standin)."""
 
 
 def resolve_model(model: str, layers: int | None = None) -> str:
@@ -72,6 +75,7 @@ def prepare(
     device: str = "auto",
     hooks: Sequence[str] = (),
     experts: str = "sequential",
+    spec: str = "local",
     timeout_s: float = 600.0,
     progress: ProgressSink | None = None,
     sender: str | None = None,
@@ -99,6 +103,8 @@ def prepare(
     """
     if experts not in EXPERT_LAYOUTS:
         raise BadInput(f"unknown expert layout {experts!r}; known: {', '.join(EXPERT_LAYOUTS)}")
+    if spec not in LAYER_SPECS:
+        raise BadInput(f"unknown layer spec {spec!r}; known: {', '.join(LAYER_SPECS)}")
     names = as_oracles(oracles, experts)
     grid = as_layout(layout)
     check_pad_vocab(pad_vocab)
@@ -134,6 +140,7 @@ def prepare(
         hooks=tuple(hooks),
         timeout_s=timeout_s,
         experts=experts,
+        spec=spec,
         device_reason=reason,
         device_requested=requested,
         sync=SyncOptions(sender=sender, receiver=receiver, chunk_mb=float(chunk_mb)),
@@ -313,6 +320,7 @@ def verify(
     device: str = "auto",
     hooks: Sequence[str] = (),
     experts: str = "sequential",
+    spec: str = "local",
     timeout_s: float = 600.0,
     log_dir: str | None = None,
     progress: ProgressSink | None = None,
@@ -337,6 +345,7 @@ def verify(
         device=device,
         hooks=hooks,
         experts=experts,
+        spec=spec,
         timeout_s=timeout_s,
         progress=progress,
         sender=sender,
@@ -364,6 +373,7 @@ def run_in_ranks(
     device: str = "auto",
     hooks: Sequence[str] = (),
     experts: str = "sequential",
+    spec: str = "local",
     timeout_s: float = 600.0,
     log_dir: str | None = None,
     load_hf: bool = True,
@@ -377,7 +387,9 @@ def run_in_ranks(
     from dataclasses import replace
 
     parse_hook(function, what="rank function")
-    job = prepare(model, layout, oracles=(), device=device, hooks=hooks, experts=experts, timeout_s=timeout_s)
+    job = prepare(
+        model, layout, oracles=(), device=device, hooks=hooks, experts=experts, spec=spec, timeout_s=timeout_s
+    )
     with tempfile.TemporaryDirectory(prefix="convcheck-fn-") as scratch:
         workdir = log_dir or scratch
         kwargs_file = None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from convcheck.compat import no_cuda, no_fla, no_mamba_ssm, no_te, no_te_gdn, no_te_olmoe
+from convcheck.compat import no_cuda, no_fla, no_mamba_ssm, no_te, no_te_gdn, no_te_olmoe, te_standin
 from convcheck.compat._patch import upstream
 from convcheck.compat.detect import skipped
 from convcheck.compat.eager import run_compiled_eagerly
@@ -25,6 +25,7 @@ from convcheck.compat.provider import (
     configure_provider,
     is_hybrid_provider,
 )
+from convcheck.compat.te_standin import SPECS, install_te_standin, te_standin_installed
 from convcheck.errors import BadInput
 from convcheck.kernels.mamba import torch_causal_conv1d, torch_chunk_scan, torch_split_conv1d_scan
 
@@ -130,17 +131,26 @@ SHIMS = (
 )  # fmt: skip
 
 
-def install(device: str = "cpu") -> None:
-    """Install every shim needed for a run on `device` ("cpu" or "cuda"); safe to call more than once.
+def install(device: str = "cpu", spec: str = "local") -> None:
+    """Install every shim needed for a run on `device` ("cpu" or "cuda") with the layer specs `spec` ("local" or
+    "te"); safe to call more than once (a process installs for one spec).
 
     The no-CUDA shims are installed and active exactly when `device` is "cpu", whatever the host has; so is the
-    eager call of torch.compile'd upstream functions (convcheck.compat.eager).
+    eager call of torch.compile'd upstream functions (convcheck.compat.eager). `spec="te"` binds the Transformer
+    Engine stand-in (shim 25) instead of the shims that build TE-free specs.
     """
     if device not in DEVICES:
         raise BadInput(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
-    no_te.install()
-    no_te_gdn.install()
-    no_te_olmoe.install()
+    if spec not in SPECS:
+        raise BadInput(f"spec must be one of {', '.join(SPECS)}, got {spec!r}")
+    if spec == "te":
+        no_te.install_import_shims()
+        no_te.install_moe_utils_te_names()
+        te_standin.install_te_standin()
+    else:
+        no_te.install()
+        no_te_gdn.install()
+        no_te_olmoe.install()
     no_mamba_ssm.install()
     no_fla.install()
     if device == "cpu":
@@ -174,6 +184,7 @@ __all__ = [
     "DEVICES",
     "SHIMS",
     "TARGET_VERSIONS",
+    "SPECS",
     "Shim",
     "configure_hybrid_provider",
     "configure_provider",
@@ -182,8 +193,10 @@ __all__ = [
     "install_hybrid_forward_shims",
     "install_hybrid_shims",
     "install_import_shims",
+    "install_te_standin",
     "is_hybrid_provider",
     "skipped",
+    "te_standin_installed",
     "torch_causal_conv1d",
     "torch_chunk_scan",
     "torch_split_conv1d_scan",

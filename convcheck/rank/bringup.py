@@ -34,6 +34,8 @@ class RankSpec:
     device: str = "cpu"
     timeout_s: float = 600.0
     experts: str = "sequential"
+    spec: str = "local"
+    """Layer specs: "local" or "te" (the bridge's Transformer Engine specs on convcheck's stand-in)."""
     write_manifest: str | None = None
     progress_file: str | None = None
     """Rank 0 appends progress events here (None: silent)."""
@@ -56,7 +58,7 @@ def _build(bridge: Any, spec: RankSpec) -> tuple[Any, list[Any]]:
 
     error, limit = None, None
     try:
-        provider = make_provider(bridge, spec.layout, spec.device, pad_vocab=spec.pad_vocab)
+        provider = make_provider(bridge, spec.layout, spec.device, pad_vocab=spec.pad_vocab, spec=spec.spec)
         model = build_model(provider, spec.device, experts=spec.experts)
     except (BadInput, SetupError):
         raise
@@ -98,7 +100,7 @@ def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bo
     progress.emit("importing megatron-core and megatron-bridge")
     from convcheck import compat  # lazy: imports torch (launcher side), after the progress line above
 
-    compat.install(spec.device)
+    compat.install(spec.device, spec.spec)
 
     checkpoint = open_checkpoint(spec.model_path)
     rank, world = init_distributed(spec.layout, spec.device, spec.timeout_s)

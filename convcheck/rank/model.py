@@ -22,8 +22,10 @@ def load_bridge(model_path: str) -> Any:
         raise BadInput(f"the bridge cannot load {model_path} ({stack}): {first_line(exc)}") from None
 
 
-def make_provider(bridge: Any, layout: ParallelLayout, device: str, pad_vocab: int | None = None) -> Any:
-    """The bridge's provider for this checkpoint, set to `layout` (TE-free where TE is missing, CPU-safe on CPU).
+def make_provider(bridge: Any, layout: ParallelLayout, device: str, pad_vocab: int | None = None,
+                  spec: str = "local") -> Any:  # fmt: skip
+    """The bridge's provider for this checkpoint, set to `layout` (TE-free where TE is missing, or with `spec="te"`
+    the bridge's TE specs on convcheck's stand-in; CPU-safe on CPU).
 
     `pad_vocab=N` builds the padded vocabulary training uses: rows rounded up to a multiple of N x TP."""
     from convcheck import compat  # lazy: imports torch (launcher side)
@@ -42,7 +44,7 @@ def make_provider(bridge: Any, layout: ParallelLayout, device: str, pad_vocab: i
     provider.expert_model_parallel_size = layout.ep
     provider.expert_tensor_parallel_size = layout.etp
     provider.sequence_parallel = False
-    compat.configure_provider(provider, device)
+    compat.configure_provider(provider, device, spec)
     provider.finalize()
     return provider
 
