@@ -49,6 +49,7 @@ class Shim:
 _TE, _CUDA, _MAMBA = "convcheck.compat.no_te", "convcheck.compat.no_cuda", "convcheck.compat.no_mamba_ssm"
 _FLA, _TE_GDN = "convcheck.compat.no_fla", "convcheck.compat.no_te_gdn"
 _TE_OLMOE = "convcheck.compat.no_te_olmoe"
+_TE_STANDIN = "convcheck.compat.te_standin"
 _CORE = "megatron/core/"
 _BRIDGES, _CORES = "megatron-bridge 0.3.0-0.6.2", "megatron-core 0.16.0-0.19.2"
 SHIMS = (
@@ -128,6 +129,13 @@ SHIMS = (
          "tests/test_olmoe.py::test_shim24_still_needed_olmoe_layer_spec_asks_for_te",
          "megatron-bridge 0.3.0-0.6.2 (tiny:olmoe built with the bridge's attention on 0.3.0, 0.3.1, 0.4.2, 0.5.1, "
          "0.6.0, 0.6.2)"),
+    Shim(25, "te-standin-binding", "transformer_engine", _TE_STANDIN,
+         (_CORE + "models/gpt/gpt_layer_specs.py:54", _CORE + "models/gpt/gpt_layer_specs.py:233",
+          _CORE + "extensions/transformer_engine_spec_provider.py:8", _CORE + "transformer/transformer_block.py:64",
+          _CORE + "models/gpt/experimental_attention_variant_module_specs.py:43",
+          _CORE + "extensions/transformer_engine.py:2715"),
+         "tests/test_te_standin.py::test_shim25_still_needed_te_layer_spec_has_no_backend_without_te",
+         "megatron-core 0.19.2 (older releases not yet checked)"),
 )  # fmt: skip
 
 

@@ -92,7 +92,8 @@ def configure_provider(provider: Any, device: str, spec: str = "local") -> None:
     if hybrid:
         configure_hybrid_provider(provider, device, spec)
     if spec == "te" and not transformer_engine_available():
-        provider.transformer_layer_spec = te_block_spec(provider.transformer_layer_spec)
+        if hasattr(provider, "transformer_layer_spec"):  # a hybrid provider has a stack spec instead
+            provider.transformer_layer_spec = te_block_spec(provider.transformer_layer_spec)
         provider.transformer_impl = "transformer_engine"
         for name in CPU_FUSION_FIELDS:  # TE's and megatron-core's fused CUDA kernels; the stand-in computes unfused
             if hasattr(provider, name):

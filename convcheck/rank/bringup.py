@@ -63,7 +63,7 @@ def _build(bridge: Any, spec: RankSpec) -> tuple[Any, list[Any]]:
     except (BadInput, SetupError):
         raise
     except Exception as exc:  # noqa: BLE001 - a bridge that cannot build a valid model is a finding
-        error, limit = f"{one_line(exc)} at {raised_at(exc)}", _environment_limit(exc, spec.device)
+        error, limit = f"{one_line(exc)} at {raised_at(exc)}", _environment_limit(exc, spec.device, spec.spec)
     errors: list[tuple[str, str | None] | None] = [None] * dist.get_world_size()
     dist.all_gather_object(errors, (error, limit) if error is not None else None)
     failed = [(rank, e) for rank, e in enumerate(errors) if e is not None]
@@ -76,12 +76,16 @@ def _build(bridge: Any, spec: RankSpec) -> tuple[Any, list[Any]]:
     raise BuildFailed(f"rank {rank}: {first}{more}")
 
 
-def _environment_limit(exc: BaseException, device: str) -> str | None:
+def _environment_limit(exc: BaseException, device: str, layer_spec: str = "local") -> str | None:
     """Why the build failed because of this environment, not the bridge (None: a bridge failure): a Transformer Engine
     class megatron-core left None because TE is missing (`isinstance(x, TEClass)` with TEClass None), a TE version
     check without TE (megatron-core's get_te_version() is None, compared with a Version: the 0.3.0 GPT-OSS provider),
-    or, on a CPU run, upstream code that calls CUDA where convcheck has no CPU shim."""
+    or, on a CPU run, upstream code that calls CUDA where convcheck has no CPU shim; with `--spec te`, what
+    convcheck's Transformer Engine stand-in does not build (it raised, or upstream refused one of its classes)."""
     from convcheck.compat import transformer_engine_available
+
+    if layer_spec == "te" and standin_limit(exc):
+        return "on convcheck's Transformer Engine stand-in (--spec te)"
 
     te_missing = "isinstance() arg 2 must be a type" in str(
         exc
@@ -91,6 +95,26 @@ def _environment_limit(exc: BaseException, device: str) -> str | None:
     if device == "cpu" and needs_cuda(exc):
         return "on the CPU (it calls CUDA where convcheck has no CPU shim; run with --device cuda)"
     return None
+
+
+STANDIN_PACKAGE = "convcheck/kernels/te/"
+"""Where the Transformer Engine stand-in lives (a build error raised there is convcheck's, not the bridge's)."""
+
+
+def standin_limit(exc: BaseException) -> bool:
+    """True when a build error is a limit of convcheck's TE stand-in, not the bridge's: a setting it does not compute
+    (NotImplementedError raised in its code), an upstream check that refuses one of its classes (the message names
+    convcheck.kernels.te), or an argument its signature lacks (TypeError naming a stand-in's __init__)."""
+    import traceback
+
+    from convcheck.kernels.te import STAND_INS
+
+    message = str(exc)
+    if isinstance(exc, NotImplementedError):
+        return any(STANDIN_PACKAGE in f.filename for f in traceback.extract_tb(exc.__traceback__))
+    if isinstance(exc, TypeError) and any(f"{name}.__init__()" in message for name in STAND_INS):
+        return True
+    return "convcheck.kernels.te" in message
 
 
 def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bool = True) -> RankContext:
