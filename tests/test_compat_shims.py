@@ -14,8 +14,12 @@ from tests.conftest import ROOT
 from tests.support.release_targets import on_current_pins, release_label
 
 MODULE_FOR = {
-    "transformer_engine": ("convcheck.compat.no_te", "convcheck.compat.no_te_gdn", "convcheck.compat.no_te_olmoe",
-                           "convcheck.compat.te_standin"),
+    "transformer_engine": (
+        "convcheck.compat.no_te",
+        "convcheck.compat.no_te_gdn",
+        "convcheck.compat.no_te_olmoe",
+        "convcheck.compat.te_standin",
+    ),
     "cuda": ("convcheck.compat.no_cuda",),
     "mamba_ssm": ("convcheck.compat.no_mamba_ssm",),
     "fla": ("convcheck.compat.no_fla",),

@@ -7,6 +7,7 @@ from typing import Any
 from convcheck.compat.no_te import cpu_hybrid_stack_spec, cpu_mla_decoder_block_spec, transformer_engine_available
 from convcheck.compat.no_te_gdn import cpu_experimental_block_spec
 from convcheck.compat.no_te_olmoe import is_olmoe_layer_spec
+from convcheck.compat.te_standin import te_hybrid_stack_spec
 
 # megatron-bridge 0.6.2:
 # - model_provider.py ~254 / ~315: without an initialised process group the provider starts NCCL and calls
@@ -129,7 +130,10 @@ def configure_provider(provider: Any, device: str, spec: str = "local") -> None:
 def configure_hybrid_provider(provider: Any, device: str, spec: str = "local") -> None:
     """TE-free hybrid stack spec where TE is missing (the bridge's own with `spec="te"`); on CPU no shared-expert
     overlap stream."""
-    if spec != "te" and not transformer_engine_available():
-        setattr(provider, hybrid_spec_field(provider) or HYBRID_SPEC_FIELDS[0], cpu_hybrid_stack_spec)
+    field = hybrid_spec_field(provider) or HYBRID_SPEC_FIELDS[0]
+    if spec == "te" and not transformer_engine_available():
+        setattr(provider, field, te_hybrid_stack_spec())
+    elif not transformer_engine_available():
+        setattr(provider, field, cpu_hybrid_stack_spec)
     if device == "cpu":
         provider.moe_shared_expert_overlap = False

@@ -25,6 +25,7 @@ asks for `--spec te`, only while TE is missing.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from typing import Any
 
@@ -124,6 +125,33 @@ def install_te_standin() -> dict[str, list[str]]:
         bind(block, "LayerNormImpl", TENorm)
     _INSTALLED["bound"] = bound
     return bound
+
+
+HYBRID_TE_SPECS = (
+    ("megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_stack_spec"),  # megatron-core >= 0.18
+    ("megatron.core.ssm.mamba_layer_specs", "mamba_stack_spec"),  # megatron-core <= 0.17
+)
+"""Where a release builds its hybrid TE stack spec as a module-level value (module, name), newest first."""
+
+
+def te_hybrid_stack_spec() -> Any:
+    """megatron-core's hybrid TE stack spec (hybrid_layer_specs.py:90), built again from its own source once shim 25
+    bound the stand-ins: the module builds it when imported, before anything can be bound, so the imported copy holds
+    the placeholders (and SequentialMLP experts, TESpecProvider then seeing no grouped linear). The fresh copy of the
+    module is not registered in sys.modules."""
+    if "hybrid" not in _INSTALLED:
+        install_te_standin()
+        for name, attr in HYBRID_TE_SPECS:
+            found = importlib.util.find_spec(name) if optional_module(name) is not None else None
+            if found is None or found.loader is None:
+                continue
+            fresh = importlib.util.module_from_spec(found)
+            found.loader.exec_module(fresh)
+            _INSTALLED["hybrid"] = getattr(fresh, attr)
+            break
+        else:
+            raise RuntimeError("this megatron-core has no hybrid TE stack spec")
+    return _INSTALLED["hybrid"]
 
 
 def te_standin_installed() -> bool:

@@ -49,14 +49,19 @@ def make_provider(bridge: Any, layout: ParallelLayout, device: str, pad_vocab: i
     return provider
 
 
-def build_model(provider: Any, device: str, experts: str = "sequential") -> list[Any]:
+def build_model(provider: Any, device: str, experts: str = "sequential", spec: str = "local") -> list[Any]:
     """Instantiate the model chunks for this rank (no DDP wrapper, no weight init work wasted).
 
-    `experts="te-grouped"` lays MoE experts out as TEGroupedMLP (convcheck.rank.te_grouped).
+    `experts="te-grouped"` lays MoE experts out as TEGroupedMLP: with the local spec the layout stand-in
+    (convcheck.rank.te_grouped); with `spec="te"` megatron-core's own TEGroupedMLP on the TE stand-in
+    (moe_grouped_gemm on, as the bridges that ask for grouped experts set it).
     """
     provider.perform_initialization = False
+    if spec == "te" and experts == "te-grouped":
+        provider.moe_grouped_gemm = True
     model = provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=(device == "cpu"))
-    apply_experts_option(model, experts)
+    if spec != "te":
+        apply_experts_option(model, experts)
     return model
 
 
