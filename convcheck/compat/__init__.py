@@ -151,14 +151,12 @@ def install(device: str = "cpu", spec: str = "local") -> None:
         raise BadInput(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
     if spec not in SPECS:
         raise BadInput(f"spec must be one of {', '.join(SPECS)}, got {spec!r}")
+    no_te.install()
+    no_te_gdn.install()
+    no_te_olmoe.install()
+    no_te.set_te_free(spec == "local")  # a warm server installs for "local" before it forks a rank of either spec
     if spec == "te":
-        no_te.install_import_shims()
-        no_te.install_moe_utils_te_names()
         te_standin.install_te_standin()
-    else:
-        no_te.install()
-        no_te_gdn.install()
-        no_te_olmoe.install()
     no_mamba_ssm.install()
     no_fla.install()
     if device == "cpu":

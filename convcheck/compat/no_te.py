@@ -27,6 +27,20 @@ def transformer_engine_available() -> bool:
     return importlib.util.find_spec("transformer_engine") is not None
 
 
+_state = {"te_free": True}
+
+
+def te_free() -> bool:
+    """True while the shims that build TE-free specs act: TE is missing and the run asked for the local specs (not
+    `--spec te`, whose TE stand-in takes their place: convcheck.compat.te_standin)."""
+    return _state["te_free"] and not transformer_engine_available()
+
+
+def set_te_free(on: bool) -> None:
+    """Let the installed TE-free spec shims (7, 16, 24) act (True) or run upstream unchanged (False)."""
+    _state["te_free"] = bool(on)
+
+
 # --- Shim 1 -----------------------------------------------------------------------------------------
 # megatron-bridge 0.6.2, megatron/bridge/peft/lora_layers.py:20 does `import transformer_engine.pytorch as te`
 # unconditionally (reached from auto_bridge.py:40 -> model_bridge.py:56 -> conversion/peft_bridge.py:41 ->
@@ -236,6 +250,8 @@ def install_hybrid_final_norm() -> None:
 
     def torch_final_norm(original: Any) -> Any:
         def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if not te_free():
+                return original(self, *args, **kwargs)
             saved = block.TENorm
             block.TENorm = WrappedTorchNorm
             try:
@@ -411,7 +427,14 @@ def install_cpu_mtp_block_spec() -> None:
     if module is None or not hasattr(module, "mtp_block_spec"):
         skip(16, "megatron.bridge.models.gpt_provider.mtp_block_spec is absent in this release")
         return
-    _patch(module, "mtp_block_spec", lambda _original: cpu_mtp_block_spec)
+
+    def te_free_mtp_block_spec(original: Any) -> Any:
+        def mtp_block_spec(config: Any, vp_stage: int | None = None) -> Any:
+            return cpu_mtp_block_spec(config, vp_stage) if te_free() else original(config, vp_stage)
+
+        return mtp_block_spec
+
+    _patch(module, "mtp_block_spec", te_free_mtp_block_spec)
 
 
 # --- Shim 17 ----------------------------------------------------------------------------------------
