@@ -94,11 +94,14 @@ class TEDotProductAttention(torch.nn.Module):
         mask_type = attn_mask_type.name if attn_mask_type is not None else self.attn_mask_type
         sq, batch, heads, _ = query.shape
         sk, groups = key.shape[0], key.shape[2]
-        q = query.permute(1, 2, 0, 3)  # [b, heads, sq, dk]
-        k = key.permute(1, 2, 0, 3).repeat_interleave(heads // groups, dim=1)
-        v = value.permute(1, 2, 0, 3).repeat_interleave(heads // groups, dim=1)
-        scores = torch.matmul(q, k.transpose(-1, -2)) * self.softmax_scale  # [b, heads, sq, sk]
-        if attention_bias is not None:
+        if groups != heads:  # GQA: each KV head serves heads / groups query heads (backends.py:623-631)
+            key = key.repeat_interleave(heads // groups, dim=2)
+            value = value.repeat_interleave(heads // groups, dim=2)
+        q = query.reshape(sq, batch * heads, -1).transpose(0, 1)  # [b * h, sq, dk]
+        k = key.reshape(sk, batch * heads, -1).transpose(0, 1).transpose(1, 2)  # [b * h, dk, sk]
+        scores = torch.baddbmm(q.new_empty(batch * heads, sq, sk), q, k, beta=0.0, alpha=self.softmax_scale)
+        scores = scores.view(batch, heads, sq, sk)
+        if attention_bias is not None:  # post_scale_bias
             scores = scores + attention_bias
         hidden = window_mask(sq, sk, self.window_size, mask_type).to(scores.device).view(1, 1, sq, sk)
         if ("padding" in mask_type or mask_type == "arbitrary") and attention_mask is not None:
@@ -111,5 +114,6 @@ class TEDotProductAttention(torch.nn.Module):
             probs = torch.softmax(scores, dim=-1)
         if self.training and self.attention_dropout > 0:
             probs = torch.nn.functional.dropout(probs, p=self.attention_dropout)
-        context = torch.matmul(probs.to(v.dtype), v)  # [b, heads, sq, dv]
-        return context.permute(2, 0, 1, 3).reshape(sq, batch, heads * v.shape[-1])
+        v = value.reshape(sk, batch * heads, -1).transpose(0, 1)  # [b * h, sk, dv]
+        context = torch.bmm(probs.to(v.dtype).reshape(batch * heads, sq, sk), v)  # [b * h, sq, dv]
+        return context.view(batch, heads, sq, -1).permute(2, 0, 1, 3).reshape(sq, batch, -1)
