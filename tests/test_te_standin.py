@@ -260,3 +260,22 @@ def test_settings_the_stand_in_does_not_compute_are_refused() -> None:
 def test_spec_is_validated_at_the_edge() -> None:
     with pytest.raises(BadInput, match="spec must be one of local, te"):
         compat.install("cpu", spec="transformer_engine")
+
+
+def test_what_the_stand_in_cannot_build_is_a_limit_of_convcheck_not_a_finding() -> None:
+    """A setting the stand-in refuses, an upstream check refusing one of its classes, or a TE placeholder it is not
+    bound to: exit 2 naming the stand-in (bringup._environment_limit), never a bridge finding."""
+    from convcheck.rank.bringup import _environment_limit
+
+    config = _config()
+    config.tp_comm_overlap = True
+    with pytest.raises(NotImplementedError) as refused:
+        TELinear(HIDDEN, 8, parallel_mode="column", config=config, init_method=None, bias=False,
+                 skip_bias_add=False, skip_weight_param_allocation=False)  # fmt: skip
+    limit = "on convcheck's Transformer Engine stand-in (--spec te)"
+    assert _environment_limit(refused.value, "cpu", "te") == limit
+    upstream = ValueError("Unsupported linear_q_down_proj: <class 'convcheck.kernels.te.linear.TELinear'>")
+    assert _environment_limit(upstream, "cpu", "te") == limit
+    assert _environment_limit(AttributeError("Mock object has no attribute 'module'"), "cpu", "te") == limit
+    assert _environment_limit(TypeError("TENorm.__init__() got an unexpected keyword argument 'x'"), "cpu", "te")
+    assert _environment_limit(ValueError("Expert bias for aux-loss-free routing"), "cpu", "te") is None

@@ -322,6 +322,7 @@ Q_PROJ_NORM_UNMAPPED = UpstreamBug(
     "conversion/model_bridge.py:1100 (load) and :1340 (export) in 0.6.2",
     findings=(
         ("coverage", "decoder.layers.*.self_attention.linear_q_proj.layer_norm_weight", "unmapped"),
+        ("mapping", "decoder.layers.*.self_attention.linear_q_proj.layer_norm_weight", "uncovered"),
         ("*", "<import>", "import-failed"),
         ("*", "<export>", "export-failed"),
     ),

@@ -86,6 +86,14 @@ class TEDotProductAttention(torch.nn.Module):
         else:
             self.softmax_offset = None
 
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: Any = None) -> Any:
+        """The learnable softmax offset split along dim 0 over TP (nothing otherwise)."""
+        from convcheck.kernels.te.checkpoint import tp_sharded
+
+        if self.softmax_type != "learnable":
+            return {}
+        return tp_sharded(self, {"softmax_offset": 0}, prefix, sharded_offsets, metadata)
+
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
                 attn_mask_type: Any, attention_bias: torch.Tensor | None = None, packed_seq_params: Any = None,
                 num_splits: int | None = None) -> torch.Tensor:  # fmt: skip

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from convcheck.kernels.te.checkpoint import grouped_sharded
 from convcheck.kernels.te.linear import _refuse_unsupported, _tp
 from convcheck.kernels.te.norm import te_device
 from convcheck.kernels.te.rules import ParamRule, TeSource
@@ -126,6 +127,10 @@ class TEColumnParallelGroupedLinear(TEGroupedLinear):
                          init_method=init_method, bias=bias, skip_bias_add=skip_bias_add, is_expert=is_expert,
                          tp_comm_buffer_name=tp_comm_buffer_name, pg_collection=pg_collection, name=name)  # fmt: skip
 
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: Any = None) -> Any:
+        """Per expert: split along dim 0 over expert TP, bias too."""
+        return grouped_sharded(self, {"weight": 0, "bias": 0}, prefix, sharded_offsets, metadata)
+
 
 class TERowParallelGroupedLinear(TEGroupedLinear):
     """fc2 of TEGroupedMLP: `weight{i}` [output_size, input_size / expert-TP], `bias{i}` [output_size] whole."""
@@ -136,3 +141,7 @@ class TERowParallelGroupedLinear(TEGroupedLinear):
         super().__init__(num_gemms, input_size, output_size, parallel_mode="row", config=config,
                          init_method=init_method, bias=bias, skip_bias_add=skip_bias_add, is_expert=is_expert,
                          tp_comm_buffer_name=tp_comm_buffer_name, pg_collection=pg_collection, name=name)  # fmt: skip
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: Any = None) -> Any:
+        """Per expert: split along dim 1 over expert TP, bias whole."""
+        return grouped_sharded(self, {"weight": 1}, prefix, sharded_offsets, metadata)

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from convcheck.kernels.te.checkpoint import tp_sharded
 from convcheck.kernels.te.norm import layer_norm, rms_norm, te_device
 from convcheck.kernels.te.rules import ParamRule, TeSource
 
@@ -154,6 +155,11 @@ class TELinear(torch.nn.Module):
     def backward_dw(self) -> None:
         """Nothing deferred (delay_wgrad_compute is refused)."""
 
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: Any = None) -> Any:
+        """Replicated over TP and DP (megatron-core uses TELinear directly only in duplicated mode)."""
+        assert self.parallel_mode is None, "TELinear sharded_state_dict can only be used with duplicated parallel mode"
+        return tp_sharded(self, {}, prefix, sharded_offsets, metadata)
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.use_bias}, " \
                f"TP={self.tp_size}"  # fmt: skip
@@ -181,6 +187,10 @@ class TEColumnParallelLinear(TELinear):
         if bias:
             self.bias.partition_stride = stride
 
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: Any = None) -> Any:
+        """Split along dim 0, bias too."""
+        return tp_sharded(self, {"weight": 0, "bias": 0}, prefix, sharded_offsets, metadata)
+
 
 class TERowParallelLinear(TELinear):
     """megatron-core's TERowParallelLinear: `weight` [output_size, input_size / tp], `bias` [output_size] whole."""
@@ -200,6 +210,10 @@ class TERowParallelLinear(TELinear):
                          symmetric_ar_type=config.symmetric_ar_type, tp_group=tp_group, name=name)  # fmt: skip
         if bias and not is_expert:
             self.bias.sequence_parallel = config.sequence_parallel
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: Any = None) -> Any:
+        """Split along dim 1, bias whole."""
+        return tp_sharded(self, {"weight": 1}, prefix, sharded_offsets, metadata)
 
 
 class TELayerNormColumnParallelLinear(TELinear):
@@ -260,3 +274,7 @@ class TELayerNormColumnParallelLinear(TELinear):
         else:
             normed = layer_norm(x, self.layer_norm_weight, self.layer_norm_bias, self.eps, self.zero_centered_gamma)
         return self.linear(normed.to(x.dtype))
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: Any = None) -> Any:
+        """Split along dim 0, bias too; the norm's weights replicated."""
+        return tp_sharded(self, {"weight": 0, "bias": 0}, prefix, sharded_offsets, metadata)
