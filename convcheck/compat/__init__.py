@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from convcheck.compat import no_cuda, no_fla, no_mamba_ssm, no_te, no_te_gdn, no_te_olmoe, te_standin
 from convcheck.compat._patch import upstream
-from convcheck.compat.detect import skipped
+from convcheck.compat.detect import set_te_free, skipped
 from convcheck.compat.eager import run_compiled_eagerly
 from convcheck.compat.no_cuda import (
     CPU_CHECKPOINT_SITES,
@@ -154,7 +154,7 @@ def install(device: str = "cpu", spec: str = "local") -> None:
     no_te.install()
     no_te_gdn.install()
     no_te_olmoe.install()
-    no_te.set_te_free(spec == "local")  # a warm server installs for "local" before it forks a rank of either spec
+    set_te_free(spec == "local")  # a warm server installs for "local" before it forks a rank of either spec
     if spec == "te":
         te_standin.install_te_standin()
     no_mamba_ssm.install()

@@ -19,27 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from convcheck.compat._patch import _patch
-from convcheck.compat.detect import has_attr, hybrid_stack, optional_module, skip
-
-
-def transformer_engine_available() -> bool:
-    """True when the real Transformer Engine can be imported (then nothing here is installed)."""
-    return importlib.util.find_spec("transformer_engine") is not None
-
-
-_state = {"te_free": True}
-
-
-def te_free() -> bool:
-    """True while the shims that build TE-free specs act: TE is missing and the run asked for the local specs (not
-    `--spec te`, whose TE stand-in takes their place: convcheck.compat.te_standin)."""
-    return _state["te_free"] and not transformer_engine_available()
-
-
-def set_te_free(on: bool) -> None:
-    """Let the installed TE-free spec shims (7, 16, 24) act (True) or run upstream unchanged (False)."""
-    _state["te_free"] = bool(on)
-
+from convcheck.compat.detect import (
+    has_attr,
+    hybrid_stack,
+    optional_module,
+    skip,
+    te_free,
+    transformer_engine_available,
+)
 
 # --- Shim 1 -----------------------------------------------------------------------------------------
 # megatron-bridge 0.6.2, megatron/bridge/peft/lora_layers.py:20 does `import transformer_engine.pytorch as te`

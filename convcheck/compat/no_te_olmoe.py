@@ -8,8 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from convcheck.compat._patch import _patch
-from convcheck.compat.detect import optional_module, skip
-from convcheck.compat.no_te import te_free
+from convcheck.compat.detect import optional_module, skip, te_free
 
 OLMOE_PROVIDER = "megatron.bridge.models.olmoe.olmoe_provider"
 SHIM_24 = "olmoe-layer-spec-te"
