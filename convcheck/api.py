@@ -122,8 +122,8 @@ def prepare(
     for hook in hooks:
         parse_hook(hook)
     sender = check_sync(names, grid, sender, receiver, chunk_mb)
-    resumes = resume_layouts(names, resume_layout, checkpoint.config, experts)
-    targets = reshard_targets(names, target_tp, target_ep, target_etp, checkpoint.config, experts)
+    resumes = resume_layouts(names, resume_layout, checkpoint.config, experts, spec)
+    targets = reshard_targets(names, target_tp, target_ep, target_etp, checkpoint.config, experts, spec)
     requested = device
     gpus = visible_gpu_count() if device != "cpu" else 0
     here = grid.world_size if nodes is None else nodes.per_node(grid.world_size)  # ranks this host starts
@@ -169,6 +169,7 @@ def reshard_targets(
     target_etp: int | Sequence[int] | None,
     config: dict[str, Any],
     experts: str = "sequential",
+    spec: str = "local",
 ) -> ReshardTargets:
     """The reshard oracle's target TP, EP and expert-TP sizes, checked against the model ((1,) each when not given)."""
     tps, eps, etps = (_sizes(v, f) for v, f in ((target_tp, "--target-tp"), (target_ep, "--target-ep"),
@@ -179,8 +180,9 @@ def reshard_targets(
                 "--target-tp / --target-ep / --target-etp are used only by the reshard oracle; add --oracle reshard"
             )
         return ReshardTargets()
-    if experts == "te-grouped":
-        raise BadInput("the reshard oracle plans sequential experts only (no --experts te-grouped)")
+    if experts == "te-grouped" and spec == "local":
+        raise BadInput("the reshard oracle plans sequential experts only (no --experts te-grouped; with --spec te "
+                       "megatron-core's TEGroupedMLP is planned too)")  # fmt: skip
     geometry = Geometry.from_hf_config(config)
     heads, kv, num_experts = geometry.num_heads, geometry.num_query_groups, geometry.num_experts
     ffn = [f for f in (geometry.ffn, geometry.moe_ffn) if f]
@@ -216,6 +218,7 @@ def resume_layouts(
     requested: ParallelLayout | str | Sequence[ParallelLayout | str] | None,
     config: dict[str, Any],
     experts: str = "sequential",
+    spec: str = "local",
 ) -> tuple[ParallelLayout, ...]:
     """The distckpt oracle's resume layouts, each checked against the model (TP1 when none is requested)."""
     wanted = [] if requested is None else [requested] if isinstance(requested, (str, ParallelLayout)) else requested
@@ -224,8 +227,9 @@ def resume_layouts(
         if layouts:
             raise BadInput("--resume-layout is used only by the distckpt oracle; add --oracle distckpt")
         return ()
-    if experts == "te-grouped":
-        raise BadInput("--experts te-grouped has no sharded state dict: the distckpt oracle cannot run on it")
+    if experts == "te-grouped" and spec == "local":
+        raise BadInput("--experts te-grouped has no sharded state dict: the distckpt oracle cannot run on it (with "
+                       "--spec te, megatron-core's TEGroupedMLP has one)")  # fmt: skip
     layouts = layouts or (ParallelLayout(),)
     for layout in layouts:
         layout.validate_for(config)

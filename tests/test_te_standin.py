@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from convcheck import compat
+from convcheck.compare.bits import bytes_equal
 from convcheck.errors import BadInput
 from tests.support.release_targets import skip_unless, upstream_object
 
@@ -104,7 +105,7 @@ def test_row_linear_returns_its_whole_bias_unapplied_with_skip_bias_add() -> Non
     _fill(row)
     x = _x(3, 2, 24)
     out, bias = row(x)
-    assert torch.allclose(out, x @ row.weight.T, atol=1e-6) and torch.equal(bias, row.bias)
+    assert torch.allclose(out, x @ row.weight.T, atol=1e-6) and bytes_equal(row.bias, bias)
 
 
 def test_linear_without_bias_holds_te_empty_bias_and_duplicated_is_not_tp() -> None:
@@ -124,7 +125,7 @@ def test_layernorm_linear_norms_its_input_then_projects(normalization: str, zero
     names = [n for n, _, _ in _names(qkv)]
     assert names == ["layer_norm_weight", *(["layer_norm_bias"] if normalization == "LayerNorm" else []), "weight"]
     init = 0.0 if zero_centered else 1.0
-    assert torch.equal(qkv.layer_norm_weight, torch.full((HIDDEN,), init))
+    assert bytes_equal(torch.full((HIDDEN,), init), qkv.layer_norm_weight)
     assert not hasattr(qkv.layer_norm_weight, "tensor_model_parallel") and qkv.weight.partition_dim == 0
     _fill(qkv)
     x = _x(5, 2, HIDDEN)
@@ -142,7 +143,7 @@ def test_te_norm_picks_te_classes_by_normalization() -> None:
     assert type(rms).__name__ == "RMSNorm" and _names(rms) == [("weight", (HIDDEN,), torch.bfloat16)]
     ln = TENorm(_config(normalization="LayerNorm", layernorm_zero_centered_gamma=True), HIDDEN)
     assert type(ln).__name__ == "LayerNorm" and [n for n, *_ in _names(ln)] == ["weight", "bias"]
-    assert torch.equal(ln.weight, torch.zeros(HIDDEN))  # zero-centered gamma starts at 0 (scale 1)
+    assert bytes_equal(torch.zeros(HIDDEN), ln.weight)  # zero-centered gamma starts at 0 (scale 1)
     _fill(ln)
     x = _x(4, HIDDEN)
     assert torch.allclose(ln(x), F.layer_norm(x, (HIDDEN,), ln.weight + 1, ln.bias, eps=1e-5), atol=1e-5)
