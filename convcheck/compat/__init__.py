@@ -145,7 +145,7 @@ def install(device: str = "cpu", spec: str = "local") -> None:
 
     The no-CUDA shims are installed and active exactly when `device` is "cpu", whatever the host has; so is the
     eager call of torch.compile'd upstream functions (convcheck.compat.eager). `spec="te"` binds the Transformer
-    Engine stand-in (shim 25) instead of the shims that build TE-free specs.
+    Engine stand-in (shim 25) and keeps the shims that build TE-free specs (7, 16, 24) from acting.
     """
     if device not in DEVICES:
         raise BadInput(f"device must be one of {', '.join(DEVICES)}, got {device!r}")

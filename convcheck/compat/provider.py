@@ -92,15 +92,11 @@ def configure_provider(provider: Any, device: str, spec: str = "local") -> None:
     hybrid = is_hybrid_provider(provider)
     if hybrid:
         configure_hybrid_provider(provider, device, spec)
-    if spec == "te" and not transformer_engine_available():
-        if hasattr(provider, "transformer_layer_spec"):  # a hybrid provider has a stack spec instead
-            provider.transformer_layer_spec = te_block_spec(provider.transformer_layer_spec)
-        provider.transformer_impl = "transformer_engine"
-        for name in CPU_FUSION_FIELDS:  # TE's and megatron-core's fused CUDA kernels; the stand-in computes unfused
-            if hasattr(provider, name):
-                setattr(provider, name, False)
-    elif not transformer_engine_available():
-        if getattr(provider, "experimental_attention_variant", None):
+    if not transformer_engine_available():
+        if spec == "te":
+            if hasattr(provider, "transformer_layer_spec"):  # a hybrid provider has a stack spec instead
+                provider.transformer_layer_spec = te_block_spec(provider.transformer_layer_spec)
+        elif getattr(provider, "experimental_attention_variant", None):
             provider.transformer_layer_spec = cpu_experimental_block_spec
         elif getattr(provider, "multi_latent_attention", False):
             provider.transformer_layer_spec = cpu_mla_decoder_block_spec
@@ -109,8 +105,8 @@ def configure_provider(provider: Any, device: str, spec: str = "local") -> None:
             or keeps_te_free_block_spec(provider.transformer_layer_spec)
         ):
             provider.transformer_layer_spec = local_layer_spec
-        provider.transformer_impl = "local"
-        for name in CPU_FUSION_FIELDS:
+        provider.transformer_impl = "transformer_engine" if spec == "te" else "local"
+        for name in CPU_FUSION_FIELDS:  # CUDA kernels (TE's among them); the local modules and the stand-in run unfused
             if hasattr(provider, name):
                 setattr(provider, name, False)
     if device == "cpu":
