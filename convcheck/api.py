@@ -99,7 +99,9 @@ def prepare(
     `target_tp` / `target_ep` / `target_etp`: the reshard oracle's target TP, EP and expert-TP sizes (each one or
     several; every combination is checked in one launch); `layers`: the layer count of a `config:FILE` model;
     `options`: the oracle-owned options by key (each oracle's OracleInfo.options, e.g. {"save_dtype": "bf16"});
-    `nodes`: the run spans hosts, this launcher being one node (convcheck.engine.nodes.make_nodes; docs/scale.md).
+    `nodes`: the run spans hosts, this launcher being one node (convcheck.engine.nodes.make_nodes; docs/scale.md);
+    `spec`: the layer specs, "local" or "te" (the bridge's Transformer Engine specs on convcheck's TE stand-in where TE
+    is missing; docs/compat.md).
     """
     if experts not in EXPERT_LAYOUTS:
         raise BadInput(f"unknown expert layout {experts!r}; known: {', '.join(EXPERT_LAYOUTS)}")
