@@ -5,7 +5,7 @@ export CONVCHECK_CACHE_DIR ?= $(CURDIR)/.cache
 export OMP_NUM_THREADS ?= 1
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup env-vllm demo test test-fast lint bench bench-realsize clean env test-release
+.PHONY: setup env-vllm demo test test-fast lint bench bench-realsize clean env test-release te-wheel
 
 setup:
 	@scripts/setup-venv.sh
@@ -18,7 +18,7 @@ env-vllm:
 demo: setup
 	$(VENV)/bin/convcheck verify --model tiny:qwen3-moe --tp 2 --ep 2
 
-test: setup env-vllm
+test: setup env-vllm te-wheel
 	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -q --durations=15 tests
 
 # The quick loop: every test that launches no ranks and starts no fresh Python importing megatron (unit tests, bad
@@ -57,6 +57,14 @@ env:
 
 test-release: env
 	CONVCHECK_RELEASE_SMOKE=1 .venv-bridge-$(BRIDGE)/bin/python -m pytest -q -rs -p no:cacheprovider $(RELEASE_TESTS)
+
+# Transformer Engine's wheel (277 MB, needs CUDA to import: only read), for tests/test_te_standin_wheel.py, which compares
+# convcheck's TE stand-in (`verify --spec te`) with the parameters TE's own source registers.
+TE_WHEEL_VERSION := 2.20.2
+te-wheel: setup
+	@ls $(CONVCHECK_CACHE_DIR)/te-wheel/transformer_engine_cu13-$(TE_WHEEL_VERSION)-*.whl >/dev/null 2>&1 || \
+		$(VENV)/bin/python -m pip download --no-deps transformer-engine-cu13==$(TE_WHEEL_VERSION) \
+		-d $(CONVCHECK_CACHE_DIR)/te-wheel
 
 clean:
 	rm -rf $(VENV) .cache .venv-bridge-* .venv-stack-* .venv-vllm

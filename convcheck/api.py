@@ -32,6 +32,9 @@ from convcheck.sync.adapters import check_adapters, normalize_sender
 from convcheck.verdict import OracleVerdict, Report, complete
 
 EXPERT_LAYOUTS = ("sequential", "te-grouped")
+LAYER_SPECS = ("local", "te")
+"""`--spec`: megatron-core's local layer spec (default) or the Transformer Engine specs production trains with, built
+on convcheck's TE stand-in where TE is missing (convcheck.compat.te_standin)."""
 
 
 def resolve_model(model: str, layers: int | None = None) -> str:
@@ -72,6 +75,7 @@ def prepare(
     device: str = "auto",
     hooks: Sequence[str] = (),
     experts: str = "sequential",
+    spec: str = "local",
     timeout_s: float = 600.0,
     progress: ProgressSink | None = None,
     sender: str | None = None,
@@ -95,10 +99,14 @@ def prepare(
     `target_tp` / `target_ep` / `target_etp`: the reshard oracle's target TP, EP and expert-TP sizes (each one or
     several; every combination is checked in one launch); `layers`: the layer count of a `config:FILE` model;
     `options`: the oracle-owned options by key (each oracle's OracleInfo.options, e.g. {"save_dtype": "bf16"});
-    `nodes`: the run spans hosts, this launcher being one node (convcheck.engine.nodes.make_nodes; docs/scale.md).
+    `nodes`: the run spans hosts, this launcher being one node (convcheck.engine.nodes.make_nodes; docs/scale.md);
+    `spec`: the layer specs, "local" or "te" (the bridge's Transformer Engine specs on convcheck's TE stand-in where TE
+    is missing; docs/compat.md).
     """
     if experts not in EXPERT_LAYOUTS:
         raise BadInput(f"unknown expert layout {experts!r}; known: {', '.join(EXPERT_LAYOUTS)}")
+    if spec not in LAYER_SPECS:
+        raise BadInput(f"unknown layer spec {spec!r}; known: {', '.join(LAYER_SPECS)}")
     names = as_oracles(oracles, experts)
     grid = as_layout(layout)
     check_pad_vocab(pad_vocab)
@@ -116,8 +124,8 @@ def prepare(
     for hook in hooks:
         parse_hook(hook)
     sender = check_sync(names, grid, sender, receiver, chunk_mb)
-    resumes = resume_layouts(names, resume_layout, checkpoint.config, experts)
-    targets = reshard_targets(names, target_tp, target_ep, target_etp, checkpoint.config, experts)
+    resumes = resume_layouts(names, resume_layout, checkpoint.config, experts, spec)
+    targets = reshard_targets(names, target_tp, target_ep, target_etp, checkpoint.config, experts, spec)
     requested = device
     gpus = visible_gpu_count() if device != "cpu" else 0
     here = grid.world_size if nodes is None else nodes.per_node(grid.world_size)  # ranks this host starts
@@ -134,6 +142,7 @@ def prepare(
         hooks=tuple(hooks),
         timeout_s=timeout_s,
         experts=experts,
+        spec=spec,
         device_reason=reason,
         device_requested=requested,
         sync=SyncOptions(sender=sender, receiver=receiver, chunk_mb=float(chunk_mb)),
@@ -162,6 +171,7 @@ def reshard_targets(
     target_etp: int | Sequence[int] | None,
     config: dict[str, Any],
     experts: str = "sequential",
+    spec: str = "local",
 ) -> ReshardTargets:
     """The reshard oracle's target TP, EP and expert-TP sizes, checked against the model ((1,) each when not given)."""
     tps, eps, etps = (_sizes(v, f) for v, f in ((target_tp, "--target-tp"), (target_ep, "--target-ep"),
@@ -172,8 +182,9 @@ def reshard_targets(
                 "--target-tp / --target-ep / --target-etp are used only by the reshard oracle; add --oracle reshard"
             )
         return ReshardTargets()
-    if experts == "te-grouped":
-        raise BadInput("the reshard oracle plans sequential experts only (no --experts te-grouped)")
+    if experts == "te-grouped" and spec == "local":
+        raise BadInput("the reshard oracle plans sequential experts only (no --experts te-grouped; with --spec te "
+                       "megatron-core's TEGroupedMLP is planned too)")  # fmt: skip
     geometry = Geometry.from_hf_config(config)
     heads, kv, num_experts = geometry.num_heads, geometry.num_query_groups, geometry.num_experts
     ffn = [f for f in (geometry.ffn, geometry.moe_ffn) if f]
@@ -209,6 +220,7 @@ def resume_layouts(
     requested: ParallelLayout | str | Sequence[ParallelLayout | str] | None,
     config: dict[str, Any],
     experts: str = "sequential",
+    spec: str = "local",
 ) -> tuple[ParallelLayout, ...]:
     """The distckpt oracle's resume layouts, each checked against the model (TP1 when none is requested)."""
     wanted = [] if requested is None else [requested] if isinstance(requested, (str, ParallelLayout)) else requested
@@ -217,8 +229,9 @@ def resume_layouts(
         if layouts:
             raise BadInput("--resume-layout is used only by the distckpt oracle; add --oracle distckpt")
         return ()
-    if experts == "te-grouped":
-        raise BadInput("--experts te-grouped has no sharded state dict: the distckpt oracle cannot run on it")
+    if experts == "te-grouped" and spec == "local":
+        raise BadInput("--experts te-grouped has no sharded state dict: the distckpt oracle cannot run on it (with "
+                       "--spec te, megatron-core's TEGroupedMLP has one)")  # fmt: skip
     layouts = layouts or (ParallelLayout(),)
     for layout in layouts:
         layout.validate_for(config)
@@ -314,6 +327,7 @@ def verify(
     device: str = "auto",
     hooks: Sequence[str] = (),
     experts: str = "sequential",
+    spec: str = "local",
     timeout_s: float = 600.0,
     log_dir: str | None = None,
     progress: ProgressSink | None = None,
@@ -338,6 +352,7 @@ def verify(
         device=device,
         hooks=hooks,
         experts=experts,
+        spec=spec,
         timeout_s=timeout_s,
         progress=progress,
         sender=sender,
@@ -365,6 +380,7 @@ def run_in_ranks(
     device: str = "auto",
     hooks: Sequence[str] = (),
     experts: str = "sequential",
+    spec: str = "local",
     timeout_s: float = 600.0,
     log_dir: str | None = None,
     load_hf: bool = True,
@@ -378,7 +394,9 @@ def run_in_ranks(
     from dataclasses import replace
 
     parse_hook(function, what="rank function")
-    job = prepare(model, layout, oracles=(), device=device, hooks=hooks, experts=experts, timeout_s=timeout_s)
+    job = prepare(
+        model, layout, oracles=(), device=device, hooks=hooks, experts=experts, spec=spec, timeout_s=timeout_s
+    )
     with tempfile.TemporaryDirectory(prefix="convcheck-fn-") as scratch:
         workdir = log_dir or scratch
         kwargs_file = None

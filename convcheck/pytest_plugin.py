@@ -120,7 +120,7 @@ def convcheck_verify(
     pp_embed=False, pp_loss=False, oracles=None, hooks=(), sender=None,
     receiver=None, target_tp=None, target_ep=None, target_etp=None, **kw) -> Report`: one real verify run (target_*:
     the reshard oracle's target sizes, one or a list each; kw: any other keyword of convcheck.api.verify, e.g. device,
-    experts, timeout_s, log_dir, chunk_mb, pad_vocab, manifest_out, resume_layout)."""
+    experts, spec, timeout_s, log_dir, chunk_mb, pad_vocab, manifest_out, resume_layout)."""
     default_model = _test_model(request)
     test_layout = convcheck_layout if _layout_parametrized(request) else None
 

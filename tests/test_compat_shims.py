@@ -14,7 +14,12 @@ from tests.conftest import ROOT
 from tests.support.release_targets import on_current_pins, release_label
 
 MODULE_FOR = {
-    "transformer_engine": ("convcheck.compat.no_te", "convcheck.compat.no_te_gdn", "convcheck.compat.no_te_olmoe"),
+    "transformer_engine": (
+        "convcheck.compat.no_te",
+        "convcheck.compat.no_te_gdn",
+        "convcheck.compat.no_te_olmoe",
+        "convcheck.compat.te_standin",
+    ),
     "cuda": ("convcheck.compat.no_cuda",),
     "mamba_ssm": ("convcheck.compat.no_mamba_ssm",),
     "fla": ("convcheck.compat.no_fla",),
@@ -73,7 +78,7 @@ def test_planted_table_defects_are_named() -> None:
     assert table_problems(tuple(bad)) == [
         "shim 5: test tests/test_compat_forward.py::test_gone does not exist",
         "shim 7: missing 'transformer_engine' belongs in convcheck.compat.no_te or convcheck.compat.no_te_gdn or "
-        "convcheck.compat.no_te_olmoe, not convcheck.compat.no_cuda",
+        "convcheck.compat.no_te_olmoe or convcheck.compat.te_standin, not convcheck.compat.no_cuda",
         "shim 7: no '# --- Shim 7' upstream comment in convcheck.compat.no_cuda",
         "shim 10: upstream target megatron/core/ssm/mamba_mixer.py:99999 does not exist",
     ]

@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from convcheck import api
-from convcheck.api import EXPERT_LAYOUTS
+from convcheck.api import EXPERT_LAYOUTS, LAYER_SPECS
 from convcheck.atomic import write_all_atomic as write_together
 from convcheck.cache import cache_root, clear_cache
 from convcheck.cli.nodes import NODE_OPTIONS, end_on_other_node, node_options, nodes_of
@@ -40,8 +40,8 @@ def _fail_line(exc: BaseException) -> None:
 
 
 PREPARE_OPTIONS = ("model", "layers", "tp", "pp", "vpp", "pp_first", "pp_last", "pp_embed", "pp_loss", "ep", "etp",
-                   "oracles", "device", "hooks", "experts", "timeout", "sender", "receiver", "chunk_mb", "pad_vocab",
-                   "manifest_path", "resume_layouts", "target_tps", "target_eps", "target_etps",
+                   "oracles", "device", "hooks", "experts", "spec", "timeout", "sender", "receiver", "chunk_mb",
+                   "pad_vocab", "manifest_path", "resume_layouts", "target_tps", "target_eps", "target_etps",
                    *NODE_OPTIONS, *OPTIONS)  # fmt: skip
 """The verify options that make its Job (the others say where output goes)."""
 
@@ -62,6 +62,7 @@ def job_from_options(params: dict[str, Any], progress: Any = None) -> Any:
         device=p["device"],
         hooks=p["hooks"],
         experts=p["experts"],
+        spec=p["spec"],
         timeout_s=p["timeout"],
         progress=progress,
         sender=p["sender"],
@@ -159,6 +160,10 @@ Examples:
 @click.option("--experts", type=click.Choice(EXPERT_LAYOUTS), default="sequential", show_default=True,
               help="MoE expert layout: SequentialMLP, or TEGroupedMLP's linear_fcN.weightE "
               "(its forward is SequentialMLP's on those weights).")  # fmt: skip
+@click.option("--spec", type=click.Choice(LAYER_SPECS), default="local", show_default=True,
+              help="Layer specs: megatron-core's local spec, or the Transformer Engine specs production trains "
+              "with (TE's parameter names, TEGroupedMLP experts), on convcheck's TE stand-in "
+              "where TE is missing.")  # fmt: skip
 @click.option("--sender", type=HookSpecType("sender", builtins=("bridge", *SENDERS)), default=None,
               help="Weight-sync sender every export consumer reads: bridge (default), bucketed, broadcast, or "
                    "MODULE:FUNC / FILE.py:FUNC called as FUNC(ctx).")  # fmt: skip
@@ -206,6 +211,7 @@ def verify(
     log_dir: str | None,
     hooks: tuple[str, ...],
     experts: str,
+    spec: str,
     sender: str | None,
     receiver: str | None,
     chunk_mb: float,

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from convcheck.compat import no_cuda, no_fla, no_mamba_ssm, no_nccl, no_te, no_te_gdn, no_te_olmoe
+from convcheck.compat import no_cuda, no_fla, no_mamba_ssm, no_nccl, no_te, no_te_gdn, no_te_olmoe, te_standin
 from convcheck.compat._patch import upstream
-from convcheck.compat.detect import skipped
+from convcheck.compat.detect import set_te_free, skipped
 from convcheck.compat.eager import run_compiled_eagerly
 from convcheck.compat.no_cuda import (
     CPU_CHECKPOINT_SITES,
@@ -25,6 +25,7 @@ from convcheck.compat.provider import (
     configure_provider,
     is_hybrid_provider,
 )
+from convcheck.compat.te_standin import SPECS, install_te_standin, te_standin_installed
 from convcheck.errors import BadInput
 from convcheck.kernels.mamba import torch_causal_conv1d, torch_chunk_scan, torch_split_conv1d_scan
 
@@ -49,6 +50,7 @@ _TE, _CUDA, _MAMBA = "convcheck.compat.no_te", "convcheck.compat.no_cuda", "conv
 _FLA, _TE_GDN = "convcheck.compat.no_fla", "convcheck.compat.no_te_gdn"
 _TE_OLMOE = "convcheck.compat.no_te_olmoe"
 _NCCL = "convcheck.compat.no_nccl"
+_TE_STANDIN = "convcheck.compat.te_standin"
 _CORE = "megatron/core/"
 _BRIDGES, _CORES = "megatron-bridge 0.3.0-0.6.2", "megatron-core 0.16.0-0.19.2"
 SHIMS = (
@@ -135,20 +137,34 @@ SHIMS = (
           "megatron/bridge/models/conversion/param_mapping.py:431"),
          "tests/test_compat_gloo.py::test_shim25_still_needed_gloo_refuses_float8",
          "megatron-bridge 0.6.2 with torch 2.14.1's gloo (export_hf_weights_quant; older releases not yet checked)"),
+    Shim(26, "te-standin-binding", "transformer_engine", _TE_STANDIN,
+         (_CORE + "models/gpt/gpt_layer_specs.py:54", _CORE + "models/gpt/gpt_layer_specs.py:233",
+          _CORE + "extensions/transformer_engine_spec_provider.py:8", _CORE + "transformer/transformer_block.py:64",
+          _CORE + "models/gpt/experimental_attention_variant_module_specs.py:43",
+          _CORE + "extensions/transformer_engine.py:2715"),
+         "tests/test_te_standin.py::test_shim26_still_needed_te_layer_spec_has_no_backend_without_te",
+         "megatron-core 0.19.2 (older releases not yet checked)"),
 )  # fmt: skip
 
 
-def install(device: str = "cpu") -> None:
-    """Install every shim needed for a run on `device` ("cpu" or "cuda"); safe to call more than once.
+def install(device: str = "cpu", spec: str = "local") -> None:
+    """Install every shim needed for a run on `device` ("cpu" or "cuda") with the layer specs `spec` ("local" or
+    "te"); safe to call more than once (a process installs for one spec).
 
     The no-CUDA shims are installed and active exactly when `device` is "cpu", whatever the host has; so is the
-    eager call of torch.compile'd upstream functions (convcheck.compat.eager).
+    eager call of torch.compile'd upstream functions (convcheck.compat.eager). `spec="te"` binds the Transformer
+    Engine stand-in (shim 25) and keeps the shims that build TE-free specs (7, 16, 24) from acting.
     """
     if device not in DEVICES:
         raise BadInput(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if spec not in SPECS:
+        raise BadInput(f"spec must be one of {', '.join(SPECS)}, got {spec!r}")
     no_te.install()
     no_te_gdn.install()
     no_te_olmoe.install()
+    set_te_free(spec == "local")  # a warm server installs for "local" before it forks a rank of either spec
+    if spec == "te":
+        te_standin.install_te_standin()
     no_mamba_ssm.install()
     no_fla.install()
     no_nccl.install()
@@ -183,6 +199,7 @@ __all__ = [
     "DEVICES",
     "SHIMS",
     "TARGET_VERSIONS",
+    "SPECS",
     "Shim",
     "configure_hybrid_provider",
     "configure_provider",
@@ -191,8 +208,10 @@ __all__ = [
     "install_hybrid_forward_shims",
     "install_hybrid_shims",
     "install_import_shims",
+    "install_te_standin",
     "is_hybrid_provider",
     "skipped",
+    "te_standin_installed",
     "torch_causal_conv1d",
     "torch_chunk_scan",
     "torch_split_conv1d_scan",

@@ -4,6 +4,7 @@ because their target is absent (a skipped shim is not an error: that release doe
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from types import ModuleType
 from typing import Any
 
@@ -19,6 +20,25 @@ def skip(number: int, reason: str) -> None:
 def skipped() -> dict[int, str]:
     """Shim number -> why it was not installed in this process (its target absent in this release)."""
     return dict(_SKIPPED)
+
+
+def transformer_engine_available() -> bool:
+    """True when the real Transformer Engine can be imported (then no TE shim is installed)."""
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+_TE_FREE = {"on": True}
+
+
+def te_free() -> bool:
+    """True while the shims that build TE-free specs act: TE is missing and the run asked for the local specs (not
+    `--spec te`, whose TE stand-in takes their place: convcheck.compat.te_standin)."""
+    return _TE_FREE["on"] and not transformer_engine_available()
+
+
+def set_te_free(on: bool) -> None:
+    """Let the installed TE-free spec shims (7, 16, 24) act (True) or run upstream unchanged (False)."""
+    _TE_FREE["on"] = bool(on)
 
 
 def optional_module(name: str) -> ModuleType | None:

@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from convcheck.compat._patch import _patch
-from convcheck.compat.detect import has_attr, hybrid_stack, optional_module, skip
-
-
-def transformer_engine_available() -> bool:
-    """True when the real Transformer Engine can be imported (then nothing here is installed)."""
-    return importlib.util.find_spec("transformer_engine") is not None
-
+from convcheck.compat.detect import (
+    has_attr,
+    hybrid_stack,
+    optional_module,
+    skip,
+    te_free,
+    transformer_engine_available,
+)
 
 # --- Shim 1 -----------------------------------------------------------------------------------------
 # megatron-bridge 0.6.2, megatron/bridge/peft/lora_layers.py:20 does `import transformer_engine.pytorch as te`
@@ -236,6 +237,8 @@ def install_hybrid_final_norm() -> None:
 
     def torch_final_norm(original: Any) -> Any:
         def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if not te_free():
+                return original(self, *args, **kwargs)
             saved = block.TENorm
             block.TENorm = WrappedTorchNorm
             try:
@@ -411,7 +414,14 @@ def install_cpu_mtp_block_spec() -> None:
     if module is None or not hasattr(module, "mtp_block_spec"):
         skip(16, "megatron.bridge.models.gpt_provider.mtp_block_spec is absent in this release")
         return
-    _patch(module, "mtp_block_spec", lambda _original: cpu_mtp_block_spec)
+
+    def te_free_mtp_block_spec(original: Any) -> Any:
+        def mtp_block_spec(config: Any, vp_stage: int | None = None) -> Any:
+            return cpu_mtp_block_spec(config, vp_stage) if te_free() else original(config, vp_stage)
+
+        return mtp_block_spec
+
+    _patch(module, "mtp_block_spec", te_free_mtp_block_spec)
 
 
 # --- Shim 17 ----------------------------------------------------------------------------------------

@@ -8,8 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from convcheck.compat._patch import _patch
-from convcheck.compat.detect import optional_module, skip
-from convcheck.compat.no_te import transformer_engine_available
+from convcheck.compat.detect import optional_module, skip, te_free
 
 OLMOE_PROVIDER = "megatron.bridge.models.olmoe.olmoe_provider"
 SHIM_24 = "olmoe-layer-spec-te"
@@ -25,7 +24,7 @@ SHIM_24 = "olmoe-layer-spec-te"
 
 def _local_base(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
     def default_layer_spec(config: Any) -> Any:
-        if transformer_engine_available():
+        if not te_free():
             return original(config)
         from megatron.bridge.models.gpt_provider import local_layer_spec
 

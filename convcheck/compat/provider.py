@@ -7,6 +7,7 @@ from typing import Any
 from convcheck.compat.no_te import cpu_hybrid_stack_spec, cpu_mla_decoder_block_spec, transformer_engine_available
 from convcheck.compat.no_te_gdn import cpu_experimental_block_spec
 from convcheck.compat.no_te_olmoe import is_olmoe_layer_spec
+from convcheck.compat.te_standin import te_hybrid_stack_spec
 
 # megatron-bridge 0.6.2:
 # - model_provider.py ~254 / ~315: without an initialised process group the provider starts NCCL and calls
@@ -73,15 +74,29 @@ def keeps_te_free_block_spec(spec: Any) -> bool:
     )
 
 
-def configure_provider(provider: Any, device: str) -> None:
-    """TE-free spec when Transformer Engine is missing; on CPU also CPU init, fusions off, allgather dispatcher."""
+def te_block_spec(spec: Any) -> Any:
+    """A bridge's block spec bound to its module's HAVE_TE (False without TE: glm45_bridge.py:63,
+    deepseek_v3_bridge.py:57, ...), bound to the TE specs instead; any other spec unchanged."""
+    import functools
+
+    if keeps_te_free_block_spec(spec):
+        return functools.partial(spec.func, *spec.args, **{**spec.keywords, "use_transformer_engine": True})
+    return spec
+
+
+def configure_provider(provider: Any, device: str, spec: str = "local") -> None:
+    """TE-free spec when Transformer Engine is missing (`spec="local"`), or the bridge's own TE specs on convcheck's
+    stand-in (`spec="te"`, convcheck.compat.te_standin); on CPU also CPU init, fusions off, allgather dispatcher."""
     from megatron.bridge.models.gpt_provider import local_layer_spec
 
     hybrid = is_hybrid_provider(provider)
     if hybrid:
-        configure_hybrid_provider(provider, device)
+        configure_hybrid_provider(provider, device, spec)
     if not transformer_engine_available():
-        if getattr(provider, "experimental_attention_variant", None):
+        if spec == "te":
+            if hasattr(provider, "transformer_layer_spec"):  # a hybrid provider has a stack spec instead
+                provider.transformer_layer_spec = te_block_spec(provider.transformer_layer_spec)
+        elif getattr(provider, "experimental_attention_variant", None):
             provider.transformer_layer_spec = cpu_experimental_block_spec
         elif getattr(provider, "multi_latent_attention", False):
             provider.transformer_layer_spec = cpu_mla_decoder_block_spec
@@ -90,8 +105,8 @@ def configure_provider(provider: Any, device: str) -> None:
             or keeps_te_free_block_spec(provider.transformer_layer_spec)
         ):
             provider.transformer_layer_spec = local_layer_spec
-        provider.transformer_impl = "local"
-        for name in CPU_FUSION_FIELDS:
+        provider.transformer_impl = "transformer_engine" if spec == "te" else "local"
+        for name in CPU_FUSION_FIELDS:  # CUDA kernels (TE's among them); the local modules and the stand-in run unfused
             if hasattr(provider, name):
                 setattr(provider, name, False)
     if device == "cpu":
@@ -108,9 +123,13 @@ def configure_provider(provider: Any, device: str) -> None:
 # - hybrid/hybrid_provider.py:91-104 get_default_hybrid_stack_spec picks the TE spec (or the modelopt spec whose
 #   Norm raises without TE) -> cpu_hybrid_stack_spec while TE is missing; bridge 0.3.0-0.5.1 build NemotronH through
 #   mamba/mamba_provider.py MambaModelProvider, whose `mamba_stack_spec` field plays that part.
-def configure_hybrid_provider(provider: Any, device: str) -> None:
-    """TE-free hybrid stack spec where TE is missing; on CPU no shared-expert overlap stream."""
-    if not transformer_engine_available():
-        setattr(provider, hybrid_spec_field(provider) or HYBRID_SPEC_FIELDS[0], cpu_hybrid_stack_spec)
+def configure_hybrid_provider(provider: Any, device: str, spec: str = "local") -> None:
+    """TE-free hybrid stack spec where TE is missing (the bridge's own with `spec="te"`); on CPU no shared-expert
+    overlap stream."""
+    field = hybrid_spec_field(provider) or HYBRID_SPEC_FIELDS[0]
+    if spec == "te" and not transformer_engine_available():
+        setattr(provider, field, te_hybrid_stack_spec())
+    elif not transformer_engine_available():
+        setattr(provider, field, cpu_hybrid_stack_spec)
     if device == "cpu":
         provider.moe_shared_expert_overlap = False

@@ -40,6 +40,8 @@ class Job:
     timeout_s: float = 600.0
     experts: str = "sequential"
     """MoE expert layout: "sequential" (SequentialMLP) or "te-grouped" (TEGroupedMLP's parameters)."""
+    spec: str = "local"
+    """Layer specs: "local" (megatron-core's local spec) or "te" (the bridge's TE specs on convcheck's TE stand-in)."""
     write_manifest: str | None = None
     """Set only in the reference job: where the layout oracle writes its export digests."""
     rank_function: str | None = None
@@ -93,6 +95,8 @@ class Job:
             args += ["--device", self.device_requested]
         if self.experts != "sequential":
             args += ["--experts", self.experts]
+        if self.spec != "local":
+            args += ["--spec", self.spec]
         if self.pad_vocab is not None:
             args += ["--pad-vocab", str(self.pad_vocab)]
         args += ["--oracle", ",".join(oracles)]
@@ -121,6 +125,7 @@ class Job:
             device=self.device,
             timeout_s=self.timeout_s,
             experts=self.experts,
+            spec=self.spec,
             write_manifest=self.write_manifest,
             progress_file=str(self.progress_file),
             sync=self.sync,

@@ -30,6 +30,8 @@ def reference_key(job: Job) -> str:
     bridge whose version string did not change."""
     key = hashlib.sha256()
     fields = {"model": job.model_path, "hooks": list(job.hooks), "device": job.device, "experts": job.experts}
+    if job.spec != "local":
+        fields["spec"] = job.spec
     if job.sync.sender is not None:  # the TP1 export runs through the same sender
         fields["sender"] = job.sync.sender
     if job.pad_vocab is not None:

@@ -52,6 +52,10 @@ class Geometry:
     """Width of the GDN causal depthwise conv1d over the [q, k, v] channels."""
     attention_output_gate: bool = False
     """q_proj holds a sigmoid output gate per head, `[heads * 2 * head_dim, hidden]` (Qwen3-Next, Qwen3.5)."""
+    te_spec: bool = False
+    """Megatron side, not HF: the model was built from the Transformer Engine layer specs (transformer_impl
+    "transformer_engine"), where MLA's q / kv down projections are TELinear duplicated on every TP rank
+    (megatron-core 0.19.2 multi_latent_attention.py:525, :573) instead of column-parallel."""
 
     @property
     def has_mamba_layers(self) -> bool:

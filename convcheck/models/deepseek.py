@@ -311,11 +311,31 @@ SEQ_LENGTH_4096 = UpstreamBug(
     fixed_in="0.6.0",
 )
 
+Q_PROJ_NORM_UNMAPPED = UpstreamBug(
+    name="mla-q-proj-norm-unmapped",
+    summary="without q LoRA (DeepSeek-V2-Lite, Moonlight) megatron-core's MLA qk-norm resolver builds linear_q_proj as "
+    "the backend's fused norm + linear (Transformer Engine's LayerNormColumnParallelLinear: a q norm HF's q_proj does "
+    "not have), whose layer_norm_weight the DeepSeek bridge does not map; the unmapped parameter leaves an empty "
+    "conversion task on which load_hf_weights and export_hf_weights crash (seen with `--spec te`: the local spec "
+    "builds a plain linear, compat shim 17)",
+    where="megatron-core transformer/mla_qk_norm_config.py:148 (fused linear_q_proj); "
+    "megatron/bridge/models/deepseek/common.py:61 (linear_q_proj.weight only); the crash at "
+    "conversion/model_bridge.py:1100 (load) and :1340 (export) in 0.6.2",
+    findings=(
+        ("coverage", "decoder.layers.*.self_attention.linear_q_proj.layer_norm_weight", "unmapped"),
+        ("mapping", "decoder.layers.*.self_attention.linear_q_proj.layer_norm_weight", "uncovered"),
+        ("*", "<import>", "import-failed"),
+        ("*", "<export>", "export-failed"),
+    ),
+    seen_in=("0.6.2",),
+)
+"""Every other finding of such a run follows from the two crashes (what the import and export never reach)."""
+
 DEEPSEEK_V3 = Architecture(
     hf_classes=("DeepseekV3ForCausalLM",),
     model_type="deepseek_v3",
     mapping_rules=deepseek_rules,
     config_rules=DEEPSEEK_V3_TABLE,
     fixtures=(TINY_DEEPSEEK_V3, TINY_MOONLIGHT),
-    upstream_bugs=(YARN_DROPPED, MTP_ALIASES_DROPPED, SEQ_LENGTH_4096),
+    upstream_bugs=(YARN_DROPPED, MTP_ALIASES_DROPPED, SEQ_LENGTH_4096, Q_PROJ_NORM_UNMAPPED),
 )

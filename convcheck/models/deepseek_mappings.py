@@ -59,13 +59,17 @@ NORMS = (
     ),
 )
 MLA = (
-    MappingRule(
+    MappingRule(  # local spec: column-parallel; TE spec: TELinear duplicated on every TP rank
         TRANSFORMER_LAYER + r"self_attention\.linear_q_down_proj\.weight",
-        lambda match, geometry: q_down(
-            megatron=match[0],
-            hf=hf_layer(match, geometry, "self_attn.q_a_proj.weight"),
-            q_lora_rank=geometry.q_lora_rank,
-            hidden=geometry.hidden,
+        lambda match, geometry: (
+            Replicated(megatron=match[0], hf=hf_layer(match, geometry, "self_attn.q_a_proj.weight"))
+            if geometry.te_spec
+            else q_down(
+                megatron=match[0],
+                hf=hf_layer(match, geometry, "self_attn.q_a_proj.weight"),
+                q_lora_rank=geometry.q_lora_rank,
+                hidden=geometry.hidden,
+            )
         ),
     ),
     MappingRule(
@@ -92,12 +96,16 @@ MLA = (
     ),
     MappingRule(
         TRANSFORMER_LAYER + r"self_attention\.linear_kv_down_proj\.weight",
-        lambda match, geometry: kv_down(
-            megatron=match[0],
-            hf=hf_layer(match, geometry, "self_attn.kv_a_proj_with_mqa.weight"),
-            kv_lora_rank=geometry.kv_lora_rank,
-            rope_dim=geometry.qk_rope_head_dim,
-            hidden=geometry.hidden,
+        lambda match, geometry: (
+            Replicated(megatron=match[0], hf=hf_layer(match, geometry, "self_attn.kv_a_proj_with_mqa.weight"))
+            if geometry.te_spec
+            else kv_down(
+                megatron=match[0],
+                hf=hf_layer(match, geometry, "self_attn.kv_a_proj_with_mqa.weight"),
+                kv_lora_rank=geometry.kv_lora_rank,
+                rope_dim=geometry.qk_rope_head_dim,
+                hidden=geometry.hidden,
+            )
         ),
     ),
     MappingRule(

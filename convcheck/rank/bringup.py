@@ -34,6 +34,8 @@ class RankSpec:
     device: str = "cpu"
     timeout_s: float = 600.0
     experts: str = "sequential"
+    spec: str = "local"
+    """Layer specs: "local" or "te" (the bridge's Transformer Engine specs on convcheck's stand-in)."""
     write_manifest: str | None = None
     progress_file: str | None = None
     """Rank 0 appends progress events here (None: silent)."""
@@ -58,12 +60,12 @@ def _build(bridge: Any, spec: RankSpec) -> tuple[Any, list[Any]]:
 
     error, limit = None, None
     try:
-        provider = make_provider(bridge, spec.layout, spec.device, pad_vocab=spec.pad_vocab)
-        model = build_model(provider, spec.device, experts=spec.experts)
+        provider = make_provider(bridge, spec.layout, spec.device, pad_vocab=spec.pad_vocab, spec=spec.spec)
+        model = build_model(provider, spec.device, experts=spec.experts, spec=spec.spec)
     except (BadInput, SetupError):
         raise
     except Exception as exc:  # noqa: BLE001 - a bridge that cannot build a valid model is a finding
-        error, limit = f"{one_line(exc)} at {raised_at(exc)}", _environment_limit(exc, spec.device)
+        error, limit = f"{one_line(exc)} at {raised_at(exc)}", _environment_limit(exc, spec.device, spec.spec)
     errors: list[tuple[str, str | None] | None] = [None] * dist.get_world_size()
     dist.all_gather_object(errors, (error, limit) if error is not None else None)
     failed = [(rank, e) for rank, e in enumerate(errors) if e is not None]
@@ -76,12 +78,16 @@ def _build(bridge: Any, spec: RankSpec) -> tuple[Any, list[Any]]:
     raise BuildFailed(f"rank {rank}: {first}{more}")
 
 
-def _environment_limit(exc: BaseException, device: str) -> str | None:
+def _environment_limit(exc: BaseException, device: str, layer_spec: str = "local") -> str | None:
     """Why the build failed because of this environment, not the bridge (None: a bridge failure): a Transformer Engine
     class megatron-core left None because TE is missing (`isinstance(x, TEClass)` with TEClass None), a TE version
     check without TE (megatron-core's get_te_version() is None, compared with a Version: the 0.3.0 GPT-OSS provider),
-    or, on a CPU run, upstream code that calls CUDA where convcheck has no CPU shim."""
+    or, on a CPU run, upstream code that calls CUDA where convcheck has no CPU shim; with `--spec te`, what
+    convcheck's Transformer Engine stand-in does not build (it raised, or upstream refused one of its classes)."""
     from convcheck.compat import transformer_engine_available
+
+    if layer_spec == "te" and standin_limit(exc):
+        return "on convcheck's Transformer Engine stand-in (--spec te)"
 
     te_missing = "isinstance() arg 2 must be a type" in str(
         exc
@@ -93,6 +99,30 @@ def _environment_limit(exc: BaseException, device: str) -> str | None:
     return None
 
 
+STANDIN_PACKAGE = "convcheck/kernels/te/"
+"""Where the Transformer Engine stand-in lives (a build error raised there is convcheck's, not the bridge's)."""
+
+
+def standin_limit(exc: BaseException) -> bool:
+    """True when a build error is a limit of convcheck's TE stand-in, not the bridge's: a setting it does not compute
+    (NotImplementedError raised in its code), an upstream check that refuses one of its classes (the message names
+    convcheck.kernels.te), an argument its signature lacks (TypeError naming a stand-in's __init__), or a TE name the
+    stand-in is not bound to (megatron-core's MagicMock placeholder for TE was reached)."""
+    import traceback
+
+    from convcheck.kernels.te import STAND_INS
+
+    message = str(exc)
+    frames = traceback.extract_tb(exc.__traceback__)
+    if isinstance(exc, NotImplementedError):
+        return any(STANDIN_PACKAGE in f.filename for f in frames)
+    if "Mock object" in message or any(f.filename.endswith("unittest/mock.py") for f in frames):
+        return True
+    if isinstance(exc, TypeError) and any(f"{name}.__init__()" in message for name in STAND_INS):
+        return True
+    return "convcheck.kernels.te" in message
+
+
 def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bool = True) -> RankContext:
     """Initialise the groups, run `hooks`, build the model through the bridge and (by default) load the weights."""
     rank = int(os.environ.get("RANK", "0"))
@@ -100,7 +130,7 @@ def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bo
     progress.emit("importing megatron-core and megatron-bridge")
     from convcheck import compat  # lazy: imports torch (launcher side), after the progress line above
 
-    compat.install(spec.device)
+    compat.install(spec.device, spec.spec)
 
     checkpoint = open_checkpoint(spec.model_path)
     rank, world = init_distributed(spec.layout, spec.device, spec.timeout_s)

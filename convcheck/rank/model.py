@@ -22,8 +22,10 @@ def load_bridge(model_path: str) -> Any:
         raise BadInput(f"the bridge cannot load {model_path} ({stack}): {first_line(exc)}") from None
 
 
-def make_provider(bridge: Any, layout: ParallelLayout, device: str, pad_vocab: int | None = None) -> Any:
-    """The bridge's provider for this checkpoint, set to `layout` (TE-free where TE is missing, CPU-safe on CPU).
+def make_provider(bridge: Any, layout: ParallelLayout, device: str, pad_vocab: int | None = None,
+                  spec: str = "local") -> Any:  # fmt: skip
+    """The bridge's provider for this checkpoint, set to `layout` (TE-free where TE is missing, or with `spec="te"`
+    the bridge's TE specs on convcheck's stand-in; CPU-safe on CPU).
 
     `pad_vocab=N` builds the padded vocabulary training uses: rows rounded up to a multiple of N x TP."""
     from convcheck import compat  # lazy: imports torch (launcher side)
@@ -42,19 +44,24 @@ def make_provider(bridge: Any, layout: ParallelLayout, device: str, pad_vocab: i
     provider.expert_model_parallel_size = layout.ep
     provider.expert_tensor_parallel_size = layout.etp
     provider.sequence_parallel = False
-    compat.configure_provider(provider, device)
+    compat.configure_provider(provider, device, spec)
     provider.finalize()
     return provider
 
 
-def build_model(provider: Any, device: str, experts: str = "sequential") -> list[Any]:
+def build_model(provider: Any, device: str, experts: str = "sequential", spec: str = "local") -> list[Any]:
     """Instantiate the model chunks for this rank (no DDP wrapper, no weight init work wasted).
 
-    `experts="te-grouped"` lays MoE experts out as TEGroupedMLP (convcheck.rank.te_grouped).
+    `experts="te-grouped"` lays MoE experts out as TEGroupedMLP: with the local spec the layout stand-in
+    (convcheck.rank.te_grouped); with `spec="te"` megatron-core's own TEGroupedMLP on the TE stand-in
+    (moe_grouped_gemm on, as the bridges that ask for grouped experts set it).
     """
     provider.perform_initialization = False
+    if spec == "te" and experts == "te-grouped":
+        provider.moe_grouped_gemm = True
     model = provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=(device == "cpu"))
-    apply_experts_option(model, experts)
+    if spec != "te":
+        apply_experts_option(model, experts)
     return model
 
 

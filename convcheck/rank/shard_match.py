@@ -11,7 +11,7 @@ The run's explicit registry is built here once (`names_and_registry`), for the t
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from convcheck.hf.checkpoint import TensorReader
@@ -204,7 +204,9 @@ def registry_for(ctx: Any, all_names: set[str]) -> Any:
     config = ctx.checkpoint.config
     vocab = int((config.get("text_config") or config)["vocab_size"])
     geometry = Geometry.from_hf_config(config, padded_vocab=padded_vocab(ctx.provider, vocab, ctx.layout.tp))
-    tied = bool(getattr(ctx.model[0].config, "share_embeddings_and_output_weights", False))
+    megatron = ctx.model[0].config
+    geometry = replace(geometry, te_spec=getattr(megatron, "transformer_impl", "local") == "transformer_engine")
+    tied = bool(getattr(megatron, "share_embeddings_and_output_weights", False))
     return build_registry(
         ctx.checkpoint.architecture, geometry, all_names, ctx.checkpoint.tensors, tied=tied, strict=False
     )

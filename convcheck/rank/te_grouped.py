@@ -1,4 +1,5 @@
-"""`--experts te-grouped`: give each MoE layer the parameter layout of Megatron-Core's TEGroupedMLP, on CPU.
+"""`--experts te-grouped`: give each MoE layer the parameter layout of Megatron-Core's TEGroupedMLP, on CPU (with the
+local specs; `--spec te` builds megatron-core's own TEGroupedMLP on convcheck's TE stand-in instead).
 
 Transformer Engine cannot be built here, so the SequentialMLP the local spec builds is replaced, after the
 provider builds the model and before the import, by a layout-faithful stand-in of TEGroupedMLP (megatron-core

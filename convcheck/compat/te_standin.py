@@ -1,0 +1,159 @@
+"""`verify --spec te`: the layer specs production trains with, built on a host without Transformer Engine (shim 26).
+
+Without TE, megatron-core's TE extension still defines its TE class names, bound to placeholders (MagicMock
+subclasses, a TENorm that raises, None for the grouped linears: megatron/core/extensions/transformer_engine.py:69-79,
+:796, :2715-2717), and the spec modules leave the TE backend None or unbound (models/gpt/gpt_layer_specs.py:54, so
+:233 `TESpecProvider()` raises 'NoneType' object is not callable; experimental_attention_variant_module_specs.py:43).
+Shim 26 binds convcheck.kernels.te's stand-ins where those names are looked up, and nowhere else:
+
+- the extension module's own names (what a later `from ... import TENorm` or the bridge's `safe_import_from` gets);
+- every already-imported megatron module holding one of the extension's placeholder objects under that name
+  (identity, so only copies of the placeholders: transformer_engine_spec_provider.py:8-18, hybrid_block.py:19,
+  hybrid_layer_specs.py:4, the bridge's te_layers.py:22-23, gemma3_provider.py:47-51, ...), and every megatron-core
+  module that binds the name to None without TE (the grouped names in transformer_engine_spec_provider.py:8-18 and
+  backends.py:9-12; multi_latent_attention.py:61-78, whose MLA spec check compares against them at :525);
+- `TESpecProvider` where the spec modules left it None or unbound (gpt_layer_specs.py:54,
+  experimental_attention_variant_module_specs.py:43) and `TENorm` in gpt_layer_specs.py:54;
+- the TE version the spec provider checks (transformer_engine_spec_provider.py:63, :87: TE 2.20.2, the release the
+  stand-in follows) and the final norm of a block built from a layer spec (transformer/transformer_block.py:64,
+  `LayerNormImpl`: TENorm where TE is installed).
+
+`HAVE_TE` stays False everywhere and nothing enters sys.modules: megatron-core takes no other TE-only path (fp8,
+te_checkpoint, the op fuser, TE's fused kernels), which the stand-in does not compute. Installed only in a run that
+asks for `--spec te`, only while TE is missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from typing import Any
+
+from convcheck.compat.detect import optional_module, skip
+from convcheck.compat.no_te import transformer_engine_available
+
+SPECS = ("local", "te")
+"""Values of `verify --spec`: megatron-core's local layer spec (default) or the TE specs on the stand-in."""
+
+TE_EXTENSION = "megatron.core.extensions.transformer_engine"
+SPEC_PROVIDER = "megatron.core.extensions.transformer_engine_spec_provider"
+NONE_BOUND = "megatron.core."
+"""Where a TE class name bound to None means "TE is missing" (megatron-core's `if HAVE_TE: from ... else: None`)."""
+TE_SPEC_MODULES = (
+    "megatron.core.models.gpt.gpt_layer_specs",
+    "megatron.core.models.gpt.experimental_attention_variant_module_specs",
+)
+"""Spec modules that bind TESpecProvider (and TENorm) only when TE imports."""
+BLOCK = "megatron.core.transformer.transformer_block"
+
+_INSTALLED: dict[str, Any] = {}
+
+
+# --- Shim 26 ----------------------------------------------------------------------------------------
+# megatron-core 0.19.2: models/gpt/gpt_layer_specs.py:54 binds TESpecProvider and TENorm to None without TE (:233
+# then raises 'NoneType' object is not callable); extensions/transformer_engine_spec_provider.py:8-18 copies the
+# extension's placeholders; transformer/transformer_block.py:64 builds a layer spec's final norm with WrappedTorchNorm;
+# experimental_attention_variant_module_specs.py:43 leaves TESpecProvider unbound. While TE is missing and the run asks
+# for `--spec te`, the names are bound to convcheck.kernels.te's stand-ins as the module docstring lists. Feature
+# detection: skipped (shim 26 in compat.skipped()) where the extension or its TESpecProvider is absent.
+
+
+def te_min_version(version: str, check_equality: bool = True) -> bool:
+    """megatron-core's is_te_min_version, answered for the TE release the stand-in follows."""
+    from packaging.version import Version
+
+    from convcheck.kernels.te import TE_VERSION
+
+    return Version(TE_VERSION) >= Version(version) if check_equality else Version(TE_VERSION) > Version(version)
+
+
+def te_version() -> Any:
+    """megatron-core's get_te_version for the stand-in."""
+    from packaging.version import Version
+
+    from convcheck.kernels.te import TE_VERSION
+
+    return Version(TE_VERSION)
+
+
+def install_te_standin() -> dict[str, list[str]]:
+    """Install shim 26 (idempotent) while TE is missing; returns {module: [names bound there]}."""
+    if "bound" in _INSTALLED:
+        return _INSTALLED["bound"]
+    if transformer_engine_available():
+        return {}
+    extension = optional_module(TE_EXTENSION)
+    provider = optional_module(SPEC_PROVIDER)
+    if extension is None or provider is None or not hasattr(provider, "TESpecProvider"):
+        skip(25, "this megatron-core has no TE extension with a TESpecProvider")
+        return {}
+    from convcheck.kernels.te import STAND_INS, TENorm
+
+    for name in TE_SPEC_MODULES + (BLOCK, "megatron.core.models.backends"):
+        optional_module(name)
+    placeholders = {name: extension.__dict__.get(name) for name in STAND_INS}
+    bound: dict[str, list[str]] = {}
+
+    def bind(module: Any, name: str, value: Any) -> None:
+        setattr(module, name, value)
+        bound.setdefault(module.__name__, []).append(name)
+
+    for name, cls in STAND_INS.items():
+        bind(extension, name, cls)
+    for module_name, module in list(sys.modules.items()):
+        if module is None or module is extension or not module_name.startswith("megatron."):
+            continue
+        names = getattr(module, "__dict__", {})
+        for name, cls in STAND_INS.items():
+            if name not in names:
+                continue
+            held = names[name]
+            if (held is not None and held is placeholders[name]) or (
+                held is None and module_name.startswith(NONE_BOUND)
+            ):
+                bind(module, name, cls)
+    for module_name in TE_SPEC_MODULES:
+        module = sys.modules.get(module_name)
+        if module is not None and getattr(module, "TESpecProvider", None) is None:
+            bind(module, "TESpecProvider", provider.TESpecProvider)
+        if module is not None and "TENorm" in module.__dict__ and module.TENorm is None:
+            bind(module, "TENorm", TENorm)
+    bind(provider, "is_te_min_version", te_min_version)
+    bind(provider, "get_te_version", te_version)
+    block = sys.modules.get(BLOCK)
+    if block is not None and getattr(block, "LayerNormImpl", None) is not placeholders["TENorm"]:
+        bind(block, "LayerNormImpl", TENorm)
+    _INSTALLED["bound"] = bound
+    return bound
+
+
+HYBRID_TE_SPECS = (
+    ("megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_stack_spec"),  # megatron-core >= 0.18
+    ("megatron.core.ssm.mamba_layer_specs", "mamba_stack_spec"),  # megatron-core <= 0.17
+)
+"""Where a release builds its hybrid TE stack spec as a module-level value (module, name), newest first."""
+
+
+def te_hybrid_stack_spec() -> Any:
+    """megatron-core's hybrid TE stack spec (hybrid_layer_specs.py:90), built again from its own source once shim 26
+    bound the stand-ins: the module builds it when imported, before anything can be bound, so the imported copy holds
+    the placeholders (and SequentialMLP experts, TESpecProvider then seeing no grouped linear). The fresh copy of the
+    module is not registered in sys.modules."""
+    if "hybrid" not in _INSTALLED:
+        install_te_standin()
+        for name, attr in HYBRID_TE_SPECS:
+            found = importlib.util.find_spec(name) if optional_module(name) is not None else None
+            if found is None or found.loader is None:
+                continue
+            fresh = importlib.util.module_from_spec(found)
+            found.loader.exec_module(fresh)
+            _INSTALLED["hybrid"] = getattr(fresh, attr)
+            break
+        else:
+            raise RuntimeError("this megatron-core has no hybrid TE stack spec")
+    return _INSTALLED["hybrid"]
+
+
+def te_standin_installed() -> bool:
+    """True once shim 26 bound the stand-ins in this process."""
+    return bool(_INSTALLED.get("bound"))
