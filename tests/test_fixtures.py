@@ -20,10 +20,18 @@ def test_fixture_is_sharded_bf16_with_distinct_values(name: str) -> None:
     assert len(set(index["weight_map"].values())) >= 2
     ckpt = open_checkpoint(folder)
     fp32 = get_spec(name).fp32_tensors
+    block = get_spec(name).block_amax
     for tname, entry in ckpt.tensors.items():
         with safe_open(str(folder / entry.file), "pt") as fh:
             t = fh.get_tensor(tname)
         assert t.dtype == (torch.float32 if fp32 and tname.endswith(fp32) else torch.bfloat16), tname
+        if block and t.ndim == 2 and t.numel() > POOL_SIZE:  # drawn block by block (values.capped_blocks)
+            for r in range(0, t.shape[0], block):
+                for c in range(0, t.shape[1], block):
+                    piece = t[r : r + block, c : c + block]
+                    distinct = int_view(piece.contiguous()).unique().numel()
+                    assert distinct >= min(piece.numel(), POOL_SIZE // 2), f"{tname} block [{r}, {c}] repeats values"
+            continue
         assert t.numel() <= POOL_SIZE, f"{tname} is too large for distinct values"
         assert int_view(t).unique().numel() == t.numel(), f"{tname} has repeated values"
 
