@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from convcheck.errors import BadInput
 from convcheck.hf.geometry import Geometry
+from convcheck.hooks import parse_hook
 from convcheck.oracles.base import OracleInfo, OracleOption, option_values
 from convcheck.rank.context import RankContext
 from convcheck.rollout import findings as found
@@ -25,17 +25,11 @@ SYNCS = ("after the sync", "after a second, identical sync")
 
 
 def _receiver_spec(spec: str) -> str:
-    """`reload` or MODULE:FUNC / FILE.py:FUNC (resolved inside the engine process, whose imports differ)."""
+    """`reload` or MODULE:FUNC / FILE.py:FUNC (a file made absolute: the engine process imports it, from the repo)."""
     if spec == "reload":
         return spec
-    target, _, attr = spec.rpartition(":")
-    if not target or not attr.isidentifier():
-        raise BadInput(f"--engine-receiver must be reload, MODULE:FUNC or FILE.py:FUNC, got {spec!r}")
-    if target.endswith(".py"):
-        if not Path(target).is_file():
-            raise BadInput(f"--engine-receiver: no such file {target}")
-        return f"{Path(target).resolve()}:{attr}"
-    return spec
+    parsed = parse_hook(spec, what="--engine-receiver")
+    return f"{Path(parsed.target).resolve()}:{parsed.function}" if parsed.is_file else spec
 
 
 INFO = OracleInfo(

@@ -8,7 +8,8 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -82,38 +83,21 @@ class EngineHost:
     def begin(self, op: str, **fields: Any) -> None:
         """Send a request without waiting (its reply is read by `finish`)."""
         assert self.process is not None and self.process.stdin is not None
-        try:
+        with self._watching(f"{op!r}"):
             protocol.send(self.process.stdin, {"op": op, **fields})
-        except BrokenPipeError:
-            raise EngineFailed(
-                f"the engine process died before {op!r} ({self._exit_status()}); {self.log_tail()}"
-            ) from None
 
     def finish(self, op: str) -> dict[str, Any]:
         """The reply to the request `op` sent last; EngineFailed when the engine raised, died or hung."""
         assert self.process is not None and self.process.stdout is not None
-        timeout_s = self.timeout_s
-        try:
-            reply = protocol.receive(self.process.stdout, timeout_s)
-        except (BrokenPipeError, protocol.HostGone):
-            raise EngineFailed(
-                f"the engine process died during {op!r} ({self._exit_status()}); {self.log_tail()}"
-            ) from None
-        except protocol.HostTimeout:
-            raise EngineFailed(
-                f"the engine process did not answer {op!r} within {timeout_s:g} s (hung); stopped it"
-            ) from None
-        if not reply.get("ok"):
-            where = f" at {reply['where']}" if reply.get("where") else ""
-            raise EngineFailed(f"the engine raised {reply.get('error')}{where} during {op!r}")
-        return reply
+        with self._watching(f"{op!r}"):
+            return _answered(protocol.receive(self.process.stdout, self.timeout_s), f"{op!r}")
 
     def sync(self, receiver: str, items: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Any]:
         """Stream `items` to the engine in buckets (waiting for each bucket's ack before reusing the file), then the
         engine's receiver reply."""
         assert self.process is not None and self.process.stdin is not None and self.process.stdout is not None
         pipe_in, pipe_out = self.process.stdin, self.process.stdout
-        try:
+        with self._watching("the sync"):
             protocol.send(pipe_in, {"op": "sync", "receiver": receiver})
             for name, tensor in items:
                 if not self.writer.fits(tensor):
@@ -122,18 +106,21 @@ class EngineHost:
             if self.writer.items:
                 self._ship(pipe_in, pipe_out)
             protocol.send(pipe_in, {"op": "end"})
-            reply = protocol.receive(pipe_out, self.timeout_s)
+            return _answered(protocol.receive(pipe_out, self.timeout_s), "the sync")
+
+    @contextmanager
+    def _watching(self, what: str) -> Iterator[None]:
+        """EngineFailed naming `what` when the engine's pipe closes (it died) or it does not answer in time (hung)."""
+        try:
+            yield
         except (BrokenPipeError, protocol.HostGone):
             raise EngineFailed(
-                f"the engine process died during the sync ({self._exit_status()}); {self.log_tail()}"
+                f"the engine process died during {what} ({self._exit_status()}); {self.log_tail()}"
             ) from None
         except protocol.HostTimeout:
             raise EngineFailed(
-                f"the engine process hung during the sync (no answer within {self.timeout_s:g} s); stopped it"
+                f"the engine process hung during {what} (no answer within {self.timeout_s:g} s); stopped it"
             ) from None
-        if not reply.get("ok"):
-            raise EngineFailed(f"the engine raised {reply.get('error')} during the sync")
-        return reply
 
     def _ship(self, pipe_in: Any, pipe_out: Any) -> None:
         protocol.send(pipe_in, self.writer.message())
@@ -181,6 +168,14 @@ class EngineHost:
         if self._log_handle is not None:
             self._log_handle.close()
             self._log_handle = None
+
+
+def _answered(reply: dict[str, Any], what: str) -> dict[str, Any]:
+    """The engine's reply, or EngineFailed quoting what the engine raised and where."""
+    if not reply.get("ok"):
+        where = f" at {reply['where']}" if reply.get("where") else ""
+        raise EngineFailed(f"the engine raised {reply.get('error')}{where} during {what}")
+    return reply
 
 
 def _stop_session(process: subprocess.Popen[bytes]) -> None:

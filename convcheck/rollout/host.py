@@ -15,8 +15,6 @@ engine computes with afterwards. "What the engine computes with" is:
 from __future__ import annotations
 
 import hashlib
-import importlib
-import importlib.util
 import os
 import sys
 import time
@@ -27,6 +25,7 @@ from typing import Any
 
 import torch
 
+from convcheck.hooks import load_hook
 from convcheck.rollout import protocol
 from convcheck.rollout.buckets import read_bucket
 
@@ -161,7 +160,7 @@ class Host:
             if receiver == "reload":
                 self.reload(counted())
             else:
-                load_function(receiver)(self.llm, counted())
+                load_hook(receiver, what="engine receiver")(self.llm, counted())
         except Exception as exc:  # noqa: BLE001 - a raising receiver is the client's finding
             error = raised(exc)
         for _ in stream:
@@ -282,20 +281,6 @@ def flip_sign(weights: WeightIter) -> WeightIter:
             bit = torch.tensor(-(1 << (8 * tensor.element_size() - 1)), dtype=ints)
             tensor = (tensor.contiguous().view(ints) ^ bit).view(tensor.dtype)
         yield name, tensor
-
-
-def load_function(spec: str) -> Callable[..., Any]:
-    """`MODULE:FUNC` or `FILE.py:FUNC`, imported inside the engine process."""
-    target, _, attr = spec.rpartition(":")
-    if target.endswith(".py"):
-        loaded = importlib.util.spec_from_file_location(f"convcheck_engine_receiver_{abs(hash(target))}", target)
-        if loaded is None or loaded.loader is None:
-            raise ImportError(f"cannot load {target}")
-        module = importlib.util.module_from_spec(loaded)
-        loaded.loader.exec_module(module)
-    else:
-        module = importlib.import_module(target)
-    return getattr(module, attr)
 
 
 def raised(exc: BaseException) -> dict[str, str]:
