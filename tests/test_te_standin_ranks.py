@@ -91,3 +91,34 @@ def test_swapped_norms_under_te_names_are_caught_by_name(tmp_path: Path) -> None
     assert ("decoder.layers.0.self_attention.linear_qkv.layer_norm_weight", "import-bytes-differ") in named
     assert ("decoder.layers.0.mlp.linear_fc1.layer_norm_weight", "import-bytes-differ") in named
     assert "--spec te" in res.out  # the replay line keeps the layer specs
+
+
+def _bugs(res) -> set[str]:  # type: ignore[no-untyped-def]
+    """The known upstream bugs tagged on the run's findings (one None for a finding none explains)."""
+    return {f.get("detail", {}).get("upstream_bug") for f in res.findings()}
+
+
+@pytest.mark.ranks
+def test_deepseek_v3_te_layout_fails_only_on_its_known_bugs(tmp_path: Path) -> None:
+    """MLA on the TE spec: the q / kv down projections are TELinear duplicated on every TP rank, which the explicit
+    mappings follow (Geometry.te_spec); what fails is the bridge's two known DeepSeek bugs."""
+    res = run_cli("verify", "--model", "tiny:deepseek-v3", "--tp", "2", "--ep", "2", "--spec", "te",
+                  "--oracle", "coverage,config,logits,mapping", tmp_path=tmp_path)  # fmt: skip
+    assert res.code == 1, res.out + res.err
+    assert res.verdicts() == {"coverage": "fail", "config": "fail", "logits": "pass", "mapping": "fail"}
+    assert _bugs(res) == {"deepseek-mtp-aliases-dropped", "deepseek-yarn-dropped"}
+    assert "decoder.layers.0.self_attention.linear_kv_down_proj.weight" in _rows(res, "mapping")
+
+
+@pytest.mark.ranks
+def test_moonlight_te_layout_names_the_q_norm_the_bridge_does_not_map(tmp_path: Path) -> None:
+    """Without q LoRA megatron-core's TE layout has a fused q norm HF lacks; the bridge leaves it unmapped and its
+    import crashes: a real finding of the production layout, named as the known bug it is."""
+    res = run_cli("verify", "--model", "tiny:moonlight", "--spec", "te", "--oracle", "coverage", tmp_path=tmp_path)
+    assert res.code == 1, res.out + res.err
+    unmapped = {(f["tensor"], f["detail"].get("upstream_bug")) for f in res.findings() if f["kind"] == "unmapped"}
+    assert unmapped == {
+        (f"decoder.layers.{n}.self_attention.linear_q_proj.layer_norm_weight", "mla-q-proj-norm-unmapped")
+        for n in range(4)
+    }
+    assert "known megatron-bridge bug mla-q-proj-norm-unmapped" in res.out

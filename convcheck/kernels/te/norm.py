@@ -38,15 +38,13 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
     return (y * gamma + bias.float()).to(weight.dtype)
 
 
-class RMSNorm(torch.nn.Module):
-    """transformer_engine.pytorch.RMSNorm: `weight` [hidden]; the bridge maps it as replicated by its class name."""
+class _Norm(torch.nn.Module):
+    """What TE's RMSNorm and LayerNorm share: `weight` [hidden] (ones, zeros with zero-centered gamma) and, with
+    `bias`, `bias` [hidden] (zeros), in `dtype` (torch's default when None), each with the legacy sequence_parallel
+    attribute when given."""
 
-    TE_SOURCE = TeSource("transformer_engine/pytorch/ops/basic/rmsnorm.py", "RMSNorm")
-    TE_PARAMETERS = (ParamRule("weight", ("normalized_shape",), NORM_DTYPE_RULE),)
-
-    def __init__(self, normalized_shape: int, eps: float = 1e-5, sequence_parallel: bool | None = None,
-                 zero_centered_gamma: bool = False, dtype: torch.dtype | None = None,
-                 device: torch.device | str | None = None) -> None:  # fmt: skip
+    def __init__(self, normalized_shape: int, eps: float, sequence_parallel: bool | None, zero_centered_gamma: bool,
+                 dtype: torch.dtype | None, device: torch.device | str | None, bias: bool) -> None:  # fmt: skip
         super().__init__()
         self.eps = eps
         self.zero_centered_gamma = zero_centered_gamma
@@ -55,14 +53,28 @@ class RMSNorm(torch.nn.Module):
         dtype = dtype or torch.get_default_dtype()
         init = torch.zeros if zero_centered_gamma else torch.ones
         self.weight = torch.nn.Parameter(init(self.normalized_shape, dtype=dtype, device=device))
-        if sequence_parallel is not None:
-            self.weight.sequence_parallel = sequence_parallel
+        if bias:
+            self.bias = torch.nn.Parameter(torch.zeros(self.normalized_shape, dtype=dtype, device=device))
+        for param in self.parameters() if sequence_parallel is not None else ():
+            param.sequence_parallel = sequence_parallel
+
+
+class RMSNorm(_Norm):
+    """transformer_engine.pytorch.RMSNorm: `weight` [hidden]; the bridge maps it as replicated by its class name."""
+
+    TE_SOURCE = TeSource("transformer_engine/pytorch/ops/basic/rmsnorm.py", "RMSNorm")
+    TE_PARAMETERS = (ParamRule("weight", ("normalized_shape",), NORM_DTYPE_RULE),)
+
+    def __init__(self, normalized_shape: int, eps: float = 1e-5, sequence_parallel: bool | None = None,
+                 zero_centered_gamma: bool = False, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> None:  # fmt: skip
+        super().__init__(normalized_shape, eps, sequence_parallel, zero_centered_gamma, dtype, device, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps, self.zero_centered_gamma)
 
 
-class LayerNorm(torch.nn.Module):
+class LayerNorm(_Norm):
     """transformer_engine.pytorch.LayerNorm: `weight`, `bias` [hidden]."""
 
     TE_SOURCE = TeSource("transformer_engine/pytorch/ops/basic/layer_norm.py", "LayerNorm")
@@ -74,17 +86,7 @@ class LayerNorm(torch.nn.Module):
     def __init__(self, normalized_shape: int, eps: float = 1e-5, sequence_parallel: bool | None = None,
                  zero_centered_gamma: bool = False, dtype: torch.dtype | None = None,
                  device: torch.device | str | None = None) -> None:  # fmt: skip
-        super().__init__()
-        self.eps = eps
-        self.zero_centered_gamma = zero_centered_gamma
-        self.sequence_parallel = sequence_parallel
-        self.normalized_shape = (int(normalized_shape),)
-        dtype = dtype or torch.get_default_dtype()
-        init = torch.zeros if zero_centered_gamma else torch.ones
-        self.weight = torch.nn.Parameter(init(self.normalized_shape, dtype=dtype, device=device))
-        self.bias = torch.nn.Parameter(torch.zeros(self.normalized_shape, dtype=dtype, device=device))
-        if sequence_parallel is not None:
-            self.weight.sequence_parallel = self.bias.sequence_parallel = sequence_parallel
+        super().__init__(normalized_shape, eps, sequence_parallel, zero_centered_gamma, dtype, device, bias=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return layer_norm(x, self.weight, self.bias, self.eps, self.zero_centered_gamma)
