@@ -113,12 +113,17 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     seconds["quantized_export"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     mine = check.finish()
-    every = ctx.gather((mine, check.checked, check.worst, check.max_error, error, check.cpu, check.bounded))
+    every = ctx.gather(
+        (mine, check.checked, check.worst, check.max_error, error, check.cpu, check.bounded, quantizer.calls)
+    )
     if not ctx.is_reporter:
         return None
     findings = [f for part in every for f in part[0]]
     if bf16 is not None:
         findings.append(bf16)
+    calls = {key: sum(part[7][key] for part in every) for key in ("total", "autograd")}
+    if calls["autograd"]:
+        findings.append(_autograd_finding(calls))
     errors = sorted({part[4] for part in every if part[4]})
     findings += [Finding(tensor="<quantized export>", kind="export-failed",
                          message=f"bridge.export_hf_weights_quant raised {e}") for e in errors]  # fmt: skip
@@ -138,6 +143,18 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     }
     return make_verdict(NAME, checked=sum(p[1] for p in every), findings=findings, metrics=metrics,
                         seconds=time.perf_counter() - started)  # fmt: skip
+
+
+def _autograd_finding(calls: dict[str, int]) -> Finding:
+    """The finding for a bridge that called quant_fn with autograd on and a parameter that requires grad."""
+    return Finding(
+        tensor="<quantized export>",
+        kind="quant-fn-autograd",
+        message=f"the bridge called quant_fn {calls['autograd']} of {calls['total']} times (all ranks) with autograd "
+        "on and a weight that requires grad: a quant_fn of plain torch ops returns tensors whose graphs hold its "
+        "float32 steps (this oracle's quant_fn runs under no_grad)",
+        detail=dict(calls),
+    )
 
 
 def _target(ctx: RankContext, config_file: str | None) -> QuantTarget:
