@@ -101,9 +101,9 @@ QUANT_EXPORT_AUTOGRAD = UpstreamBug(
     name="quant-export-autograd",
     summary="the quantized export runs with autograd on (no @torch.no_grad(), unlike the bf16 export's "
     "stream_weights_megatron_to_hf): quant_fn gets the Megatron parameter itself, which requires grad, so a quant_fn "
-    "of plain torch ops builds a graph holding its float32 steps, and the tensors it returns leave the export with "
-    "requires_grad=True where no gather copies them (slime's formula at EP2: the 16 attention weights and scales); "
-    "a quant_fn that writes in place leaked ~430 MB per export on a 1-layer, 8-expert real-width model",
+    "of plain torch ops builds a graph holding its float32 steps while its tensors live; one that writes in place "
+    "(convcheck's reference before it ran under no_grad) kept ~430 MB per export alive on a 1-layer, 8-expert "
+    "real-width model, slime's formula none",
     where="megatron/bridge/models/conversion/quant_bridge.py:33 (model_bridge.py:1241 has the decorator); the call at "
     "param_mapping.py:1072, :1235, :2758",
     findings=(("quant", "<quantized export>", "quant-fn-autograd"),),
