@@ -7,7 +7,7 @@ rounding allows.
 
 The FP8 and MXFP8 references upcast x to float32 first: bf16 and fp16 widen exactly, a block's amax is the same value
 in either dtype, and a bf16 operand meeting a float32 one is widened anyway, so the bits are those of the formulas as
-written on bf16 operands (tests/test_quant_reference.py), at a third of the time.
+written on bf16 operands (tests/test_quant_reference.py), in under half the time.
 """
 
 from __future__ import annotations
