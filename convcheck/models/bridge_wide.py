@@ -97,6 +97,21 @@ QUANT_MAPPING_NOT_IMPLEMENTED = UpstreamBug(
 tiny:nemotron-h (Mamba layers) at TP1 and EP2 with bridge 0.6.2; the tensors the export never reached are `missing`
 findings that follow from it. Listed by the families it stops (convcheck.models.qwen_next, nemotron_h)."""
 
+QUANT_EXPORT_AUTOGRAD = UpstreamBug(
+    name="quant-export-autograd",
+    summary="the quantized export runs with autograd on (no @torch.no_grad(), unlike the bf16 export's "
+    "stream_weights_megatron_to_hf): quant_fn gets the Megatron parameter itself, which requires grad, so a quant_fn "
+    "of plain torch ops builds a graph holding its float32 steps while its tensors live; one that writes in place "
+    "(convcheck's reference before it ran under no_grad) kept ~430 MB per export alive on a 1-layer, 8-expert "
+    "real-width model, slime's formula none",
+    where="megatron/bridge/models/conversion/quant_bridge.py:33 (model_bridge.py:1241 has the decorator); the call at "
+    "param_mapping.py:1072, :1235, :2758",
+    findings=(("quant", "<quantized export>", "quant-fn-autograd"),),
+    seen_in=("0.6.2",),
+)
+"""Seen on every fixture the quant oracle ran on with bridge 0.6.2 (the oracle's own quant_fn counts the calls and runs
+under no_grad)."""
+
 QUANT_GROUPED_EXPORT_NOT_MERGED = UpstreamBug(
     name="quant-grouped-export-not-merged",
     summary="the quantized export has no grouped-export path: for a mapping whose experts share one stacked HF tensor "
@@ -120,5 +135,6 @@ BRIDGE_WIDE: tuple[UpstreamBug, ...] = (
     QUANT_EXPERT_SCALE_SQUEEZED,
     QUANT_QKV_SCALE_3D,
     QUANT_GROUPED_EXPORT_NOT_MERGED,
+    QUANT_EXPORT_AUTOGRAD,
 )
 """Every bridge-wide known bug."""

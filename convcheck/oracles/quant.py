@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -112,14 +113,18 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     error = _quantized(ctx, check, quantizer, why_not)
     seconds["quantized_export"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    mine = check.finish()
-    every = ctx.gather((mine, check.checked, check.worst, check.max_error, error, check.cpu, check.bounded))
+    every: list[Share] = ctx.gather(Share(findings=check.finish(), checked=check.checked, worst=check.worst,
+                                          max_error=check.max_error, error=error, cpu=check.cpu,
+                                          bounded=check.bounded, calls=quantizer.calls))  # fmt: skip
     if not ctx.is_reporter:
         return None
-    findings = [f for part in every for f in part[0]]
+    findings = [f for share in every for f in share.findings]
     if bf16 is not None:
         findings.append(bf16)
-    errors = sorted({part[4] for part in every if part[4]})
+    calls = {key: sum(share.calls[key] for share in every) for key in ("total", "autograd")}
+    if calls["autograd"]:
+        findings.append(_autograd_finding(calls))
+    errors = sorted({share.error for share in every if share.error})
     findings += [Finding(tensor="<quantized export>", kind="export-failed",
                          message=f"bridge.export_hf_weights_quant raised {e}") for e in errors]  # fmt: skip
     seconds["compare"] = time.perf_counter() - t0
@@ -129,15 +134,44 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         "target": target.source,
         "quantized_weights": quantized,
         "bf16_from": check.bf16_from,
-        "worst_error_over_bound": round(max(p[2] for p in every), 4),
-        "bound_measured_on": f"{sum(p[6] for p in every)} of {quantized} quantized tensors"
+        "worst_error_over_bound": round(max(share.worst for share in every), 4),
+        "bound_measured_on": f"{sum(share.bounded for share in every)} of {quantized} quantized tensors"
         + ("" if every_bound else " (the first 128 rows of the first of each shape and dtype on each rank)"),
-        "max_abs_error": max(p[3] for p in every),
+        "max_abs_error": max(share.max_error for share in every),
         "seconds": {k: round(v, 3) for k, v in seconds.items()},
-        "cpu_seconds_per_rank": {k: [round(p[5][k], 3) for p in every] for k in check.cpu},
+        "cpu_seconds_per_rank": {k: [round(share.cpu[k], 3) for share in every] for k in check.cpu},
     }
-    return make_verdict(NAME, checked=sum(p[1] for p in every), findings=findings, metrics=metrics,
+    return make_verdict(NAME, checked=sum(share.checked for share in every), findings=findings, metrics=metrics,
                         seconds=time.perf_counter() - started)  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class Share:
+    """What one rank found over its share of the names, gathered to rank 0."""
+
+    findings: list[Finding]
+    checked: int
+    worst: float
+    """The largest |dequantize(q) - x| / bound it measured."""
+    max_error: float
+    error: str
+    """One line when the quantized export raised on this rank, else ""."""
+    cpu: dict[str, float]
+    bounded: int
+    calls: dict[str, int]
+    """The bridge's quant_fn calls: all, and those with autograd on (convcheck.quant.quantizer.Quantizer.calls)."""
+
+
+def _autograd_finding(calls: dict[str, int]) -> Finding:
+    """The finding for a bridge that called quant_fn with autograd on and a parameter that requires grad."""
+    return Finding(
+        tensor="<quantized export>",
+        kind="quant-fn-autograd",
+        message=f"the bridge called quant_fn {calls['autograd']} of {calls['total']} times (all ranks) with autograd "
+        "on and a weight that requires grad: a quant_fn of plain torch ops returns tensors whose graphs hold its "
+        "float32 steps (this oracle's quant_fn runs under no_grad)",
+        detail=dict(calls),
+    )
 
 
 def _target(ctx: RankContext, config_file: str | None) -> QuantTarget:

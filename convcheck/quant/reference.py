@@ -2,12 +2,12 @@
 
 Each quantizer takes one whole 2-D weight `x` [M, N] (the bf16 export of an HF tensor) and a block [b0, b1] and
 returns (q, *scales) exactly as the arithmetic in `convcheck.quant.catalog.FORMATS` says; each dequantizer returns
-float32 [M, N]. `dequant_bound` gives, element by element, the largest |dequantize(quantize(x)) - x| the format's
-rounding allows.
+float32 [M, N]. `fp8_bound` and `nvfp4_bound` give, element by element, the largest |dequantize(quantize(x)) - x|
+the format's rounding allows (`fp8_error` measures it on the block view).
 
 The FP8 and MXFP8 references upcast x to float32 first: bf16 and fp16 widen exactly, a block's amax is the same value
 in either dtype, and a bf16 operand meeting a float32 one is widened anyway, so the bits are those of the formulas as
-written on bf16 operands (tests/test_quant_reference.py), at a third of the time.
+written on bf16 operands (tests/test_quant_reference.py), in under half the time.
 """
 
 from __future__ import annotations
