@@ -23,6 +23,32 @@ def test_a_provider_that_raises_is_a_finding_of_every_oracle(tmp_path: Path) -> 
     message = findings[0]["message"]
     assert message.startswith("the bridge's provider or model build raised rank 0: AttributeError: ")
     assert "full_attention_interval" in message and "hooks_build.py:" in message and "(and 1 more rank(s))" in message
+    printed = [line for line in res.out.splitlines() if "[build-failed]" in line]  # once, naming what it stopped
+    assert len(printed) == 1 and printed[0].startswith("FAIL <build>: [build-failed] the bridge's provider"), res.out
+    assert printed[0].endswith("(stopped: coverage, roundtrip)"), printed
+
+
+def test_a_failure_every_oracle_shares_prints_once_and_the_rest_per_oracle() -> None:
+    import io
+
+    from convcheck.cli.render import print_report, shared_findings
+    from convcheck.verdict import Finding, OracleVerdict, Report
+
+    imported = Finding(tensor="<import>", kind="import-failed", message="bridge.load_hf_weights raised X at a.py:1")
+    wrong = Finding(tensor="model.norm.weight", kind="bits-differ", message="element 0")
+    oracles = [OracleVerdict(name="coverage", checked=1, findings=(imported,)),
+               OracleVerdict(name="roundtrip", checked=1, findings=(imported, wrong)),
+               OracleVerdict(name="config", checked=1, findings=())]  # fmt: skip
+    assert shared_findings(oracles) == {("<import>", "import-failed", imported.message): ["coverage", "roundtrip"]}
+    out = io.StringIO()
+    print_report(
+        Report(model="tiny:qwen3", layout={"tp": 1}, device="cpu", versions={}, oracles=tuple(oracles)), out=out
+    )
+    lines = out.getvalue().splitlines()
+    assert lines[:2] == [
+        f"FAIL <import>: [import-failed] {imported.message} (in: coverage, roundtrip)",
+        "FAIL roundtrip: model.norm.weight: [bits-differ] element 0",
+    ], lines
 
 
 def test_a_cuda_call_or_a_missing_te_class_is_a_limit_of_the_environment_not_a_bridge_bug() -> None:

@@ -148,3 +148,38 @@ def test_a_rank_that_died_silently_is_blamed(tmp_path: Path) -> None:
     job, log = _job(tmp_path, {0: GLOO_ERROR}, _summary((1, 9), (0, 4)))
     with pytest.raises(SetupError, match=r"^rank 1 died without reporting an error"):
         read_result(job, 1, log, time.monotonic())
+
+
+@pytest.mark.ranks
+def test_an_export_raising_on_one_rank_stops_the_run_naming_that_rank(qwen3: str, tmp_path: Path) -> None:
+    """Rank 1's export raises while rank 0 waits in the export's next collective: rank 1 ends the run within the
+    grace (not the run's timeout), and every oracle it stopped fails on the one finding naming rank 1 and where."""
+    res = run_cli("verify", "--model", qwen3, "--tp", "2", "--oracle", "coverage,roundtrip", "--hook",
+                  mutant("faults", "export_raises_on_last_rank"), "--timeout", "240", tmp_path=tmp_path)  # fmt: skip
+    assert res.code == 1, res.out + res.err
+    assert res.verdicts() == {"coverage": "fail", "roundtrip": "fail"}
+    findings = res.findings()
+    assert [(f["tensor"], f["kind"]) for f in findings] == [("<export>", "export-failed")] * 2
+    message = findings[0]["message"]
+    assert message.startswith("bridge.export_hf_weights raised on rank 1 only: RuntimeError: planted fault: the export")
+    assert "faults.py:" in message and message.endswith("rank 0 still waited in its collectives 20 s later, and the "
+                                                        "run stopped there")  # fmt: skip
+    printed = [line for line in res.out.splitlines() if "[export-failed]" in line]
+    assert len(printed) == 1 and printed[0].endswith("(stopped: coverage, roundtrip)"), res.out
+
+
+def test_a_run_stopped_by_one_rank_keeps_the_verdicts_made_before(tmp_path: Path) -> None:
+    """Rank 0 finished coverage; rank 1's export then raised alone in roundtrip: coverage keeps its verdict,
+    roundtrip and layout fail on the finding naming rank 1."""
+    job = Job(model_path=str(tmp_path), model_label="m", layout=ParallelLayout(tp=2), workdir=str(tmp_path),
+              oracles=("coverage", "roundtrip", "layout"))  # fmt: skip
+    done = {"name": "coverage", "checked": 5, "findings": []}
+    job.partial_file.write_text(json.dumps({"versions": {"megatron-bridge": "0.6.2"}, "oracles": [done]}))
+    error = "bridge.export_hf_weights raised on rank 1 only: RuntimeError: x at a.py:1; rank 0 still waited ..."
+    job.error_file(1).write_text(json.dumps({"status": "lone", "rank": 1, "error": error, "stage": "export",
+                                             "oracle": "roundtrip"}))  # fmt: skip
+    result = read_result(job, 1, tmp_path / "ranks.log", time.monotonic())
+    stop = {"tensor": "<export>", "kind": "export-failed", "message": error, "detail": {"rank": 1, "stopped_run": True}}
+    assert result["versions"] == {"megatron-bridge": "0.6.2"}
+    assert result["oracles"] == [done, {"name": "roundtrip", "checked": 0, "findings": [stop]},
+                                 {"name": "layout", "checked": 0, "findings": [stop]}]  # fmt: skip

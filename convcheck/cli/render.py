@@ -29,8 +29,18 @@ def print_report(report: Report, table: str = "none", out: Any = None, max_findi
                 _write_lines(out, _grid(heading, names, rows, [o.name for o in report.oracles]))
     for cause in report.causes:
         _write_lines(out, [f"{_word('CAUSE', 'yellow', styled)} {cause}"])
+    shared = shared_findings(report.oracles)
+    stopping = {
+        (f.tensor, f.kind, f.message) for o in report.oracles for f in o.findings if f.detail.get("stopped_run")
+    }
+    for (tensor, kind, message), names in shared.items():
+        where = "stopped" if tensor == "<build>" or (tensor, kind, message) in stopping else "in"
+        _write_lines(
+            out, [f"{_word('FAIL', 'red', styled)} {tensor}: [{kind}] {message} ({where}: {', '.join(names)})"]
+        )
     for oracle in report.oracles:
-        lines = [f"{_word('FAIL', 'red', styled)} {oracle.name}: {text}" for text in group_findings(oracle.findings)]
+        own = [f for f in oracle.findings if (f.tensor, f.kind, f.message) not in shared]
+        lines = [f"{_word('FAIL', 'red', styled)} {oracle.name}: {text}" for text in group_findings(own)]
         _write_lines(out, lines[:max_findings])
         if len(lines) > max_findings:
             _write_lines(out, [f"  ... {len(lines) - max_findings} more {oracle.name} line(s) in the JSON report"])
@@ -55,6 +65,24 @@ def print_report(report: Report, table: str = "none", out: Any = None, max_findi
             + (f"; device: {report.device_reason}" if report.device_reason else "")
         ],
     )
+
+
+def shared_findings(oracles: Iterable[OracleVerdict]) -> dict[tuple[str, str, str], list[str]]:
+    """(tensor, kind, message) of each finding that several oracles report alike (a build or import failure stops or
+    taints every oracle) -> those oracles' names, in run order: printed once, not once per oracle."""
+    seen: dict[tuple[str, str, str], list[str]] = {}
+    stopping = set()
+    for oracle in oracles:
+        for f in oracle.findings:
+            if f.detail.get("stopped_run"):
+                stopping.add((f.tensor, f.kind, f.message))
+        for key in dict.fromkeys((f.tensor, f.kind, f.message) for f in oracle.findings):
+            seen.setdefault(key, []).append(oracle.name)
+    return {k: names for k, names in seen.items() if len(names) > 1 and (k[0] in _STAGES or k in stopping)}
+
+
+_STAGES = ("<build>", "<import>")
+"""The pseudo-tensors of a stage every oracle shares: the model's build and the bridge's import."""
 
 
 def oracle_summary(oracle: OracleVerdict) -> str:

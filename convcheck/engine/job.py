@@ -142,6 +142,11 @@ class Job:
         return Path(self.workdir) / "result.json"
 
     @property
+    def partial_file(self) -> Path:
+        """Rank 0's verdicts so far, rewritten after each oracle (what a run stopped midway still reports)."""
+        return Path(self.workdir) / "partial.json"
+
+    @property
     def progress_file(self) -> Path:
         """Where rank 0 appends progress events (convcheck.progress)."""
         return Path(self.workdir) / "progress.jsonl"

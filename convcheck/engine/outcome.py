@@ -11,6 +11,7 @@ from typing import Any
 
 from convcheck.engine.job import Job
 from convcheck.errors import BadInput, SetupError
+from convcheck.versions import versions
 
 
 def read_result(
@@ -28,6 +29,9 @@ def read_result(
     local = range(job.layout.world_size) if local is None else local
     failed = exit_codes(log_file) if exits is None else {rank: c for rank, c in exits if c != 0}
     errors = _rank_errors(job, local)
+    lone = next((e for e in errors if e["status"] == "lone"), None)
+    if lone is not None:
+        return stopped_result(job, lone, time.monotonic() - started)
     if code != 0 and not any(e["status"] == "bad_input" for e in errors):
         stopped = {rank for rank, exit_code in failed.items() if exit_code == -signal.SIGTERM}
         silent = sorted(set(local) - {e["rank"] for e in errors} - stopped)
@@ -88,3 +92,19 @@ def _rank_errors(job: Job, ranks: range) -> list[dict[str, Any]]:
                 error = {"status": "error", "rank": rank, "error": "unreadable error file"}
             out.append((error["status"] != "bad_input", path.stat().st_mtime_ns, rank, error))
     return [error for *_, error in sorted(out, key=lambda item: item[:3])]
+
+
+def stopped_result(job: Job, lone: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """Rank 0's result for a run a bridge stage raising on some ranks only stopped (convcheck.rank.lone): the
+    verdicts rank 0 finished before it, then every oracle it stopped failing on the one finding that names it."""
+    try:
+        partial = json.loads(job.partial_file.read_text())
+    except (OSError, json.JSONDecodeError):
+        partial = {"versions": versions(), "oracles": []}
+    done = [v for v in partial["oracles"] if v["name"] != lone["oracle"]]
+    stage = lone["stage"]
+    finding = {"tensor": f"<{stage}>", "kind": f"{stage}-failed", "message": lone["error"],
+               "detail": {"rank": lone["rank"], "stopped_run": True}}  # fmt: skip
+    finished = {v["name"] for v in done}
+    stopped = [{"name": n, "checked": 0, "findings": [finding]} for n in job.oracles if n not in finished]
+    return {"status": "ok", "versions": partial["versions"], "oracles": done + stopped, "seconds": round(seconds, 3)}

@@ -19,6 +19,7 @@ from convcheck.oracles import close_early, load_oracle, riders, start_early
 from convcheck.rank import shard_match
 from convcheck.rank.bringup import bring_up, quiet
 from convcheck.rank.dist import shutdown_distributed
+from convcheck.rank.lone import LoneFailure
 from convcheck.rank.memory import AnonPeak, memory_mb, reset_peak, trim
 from convcheck.verdict import Finding, OracleVerdict
 from convcheck.versions import versions
@@ -59,9 +60,14 @@ def _run_job(job: Job, early: dict[str, Any]) -> dict[str, Any] | None:
         ctx.phase = f"oracle {name}"
         ctx.progress.emit(ctx.phase)
         t0 = time.perf_counter()
-        verdict = oracle(ctx)
+        try:
+            verdict = oracle(ctx)
+        except LoneFailure as exc:
+            exc.oracle = name
+            raise
         if verdict is not None:
             verdicts.append({**verdict.to_dict(), "seconds": round(time.perf_counter() - t0, 3)})
+            write_json_atomic(job.partial_file, {"versions": {**versions(), **ctx.versions}, "oracles": verdicts})
         memory[name], anon_peaks[name] = peak_mb(), anon.take()
     manifest = recorder.finish(job) if recorder is not None else None
     if ctx.rank != 0:
@@ -121,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet()
     job = Job.load(argv[0])
     rank = int(os.environ.get("RANK", "0"))
+    lone = False
     try:
         result = run_job(job)
         if result is not None:
@@ -128,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     except BadInput as exc:
         write_json_atomic(job.error_file(rank), {"status": "bad_input", "rank": rank, "error": str(exc)})
         return 3
+    except LoneFailure as exc:  # the peers wait in a collective of the bridge's: the launcher ends the run now
+        write_json_atomic(job.error_file(rank), {"status": "lone", "rank": rank, "error": str(exc),
+                                                 "stage": exc.stage, "oracle": exc.oracle})  # fmt: skip
+        lone = True  # no teardown: a group whose peers sit in a collective is not to be waited for
+        return 4
     except BaseException as exc:  # noqa: BLE001 - every failure becomes one line for the launcher
         write_json_atomic(
             job.error_file(rank),
@@ -137,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         return 4
     finally:
         try:
-            shutdown_distributed()
+            if not lone:
+                shutdown_distributed()
         except Exception:  # noqa: BLE001 - teardown after a failure must not mask it
             pass
     return 0

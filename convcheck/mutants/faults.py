@@ -77,6 +77,24 @@ def _is_last_rank() -> bool:
     return os.environ.get("RANK", "0") == str(int(os.environ.get("WORLD_SIZE", "1")) - 1)
 
 
+def export_raises_on_last_rank() -> None:
+    """The bridge's export stream raises on the last rank only, after a few tensors: its peers wait in the export's
+    next collective for good (a bridge bug of one rank's share, e.g. a mapping only that rank's stage holds)."""
+    if _is_last_rank():
+
+        def fault() -> None:
+            raise RuntimeError(f"planted fault: the export raised on the last rank only after {TENSORS_BEFORE_FAULT}")
+
+        _fault_in_export(fault)
+
+
+def import_raises_on_last_rank() -> None:
+    """The bridge's HF -> Megatron import raises on the last rank only (its peers go on and wait in the next
+    collective the last rank never joins)."""
+    if _is_last_rank():
+        import_raises()
+
+
 def kill_last_rank_mid_export() -> None:
     """The last rank dies abruptly in the middle of the export stream (its peers, if any, wait in a gather)."""
     if _is_last_rank():

@@ -14,6 +14,7 @@ from convcheck.layout import ParallelLayout
 from convcheck.progress import ProgressWriter
 from convcheck.rank.context import RankContext
 from convcheck.rank.dist import init_distributed, rank_coord
+from convcheck.rank.lone import GRACE_S
 from convcheck.rank.model import build_model, load_bridge, load_weights, make_provider, unloaded_counts
 from convcheck.rank.options import ReshardTargets, SyncOptions
 
@@ -161,6 +162,9 @@ def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bo
     )
     if load:
         progress.emit("loading the checkpoint through the bridge")
-        ctx.load_error = load_weights(bridge, model)
+        failed = load_weights(bridge, model)
+        ctx.load_error = failed[0] if failed else None
+        grace = min(GRACE_S, spec.timeout_s / 4)
+        ctx.stages.ended("import", f"{failed[0]} at {failed[1]}" if failed else None, grace_s=grace)
         ctx.not_loaded = unloaded_counts(ctx.global_name, model)
     return ctx

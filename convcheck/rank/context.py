@@ -13,6 +13,7 @@ from convcheck.layout import ParallelLayout, RankCoord
 from convcheck.probe import fused
 from convcheck.progress import ProgressWriter
 from convcheck.rank.dist import parallel_state_group
+from convcheck.rank.lone import GRACE_S, StageLedger
 from convcheck.rank.model import named_tensors
 from convcheck.rank.options import ReshardTargets, SyncOptions
 from convcheck.sync.stream import hold, sender_failure, sender_stream
@@ -134,6 +135,9 @@ class RankContext:
     adds them to the report's versions."""
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
     """The run's oracle-owned options ({oracle: {key: value}}, only those given): read through `oracle_options`."""
+    stages: StageLedger = field(default_factory=lambda: StageLedger(counts={}))
+    """How many bridge stages (import, export streams) this rank has ended: a stage that raised here while a peer
+    waits in its collectives ends the run at once (convcheck.rank.lone)."""
     _global_names: tuple[tuple[Any, ...], Any, dict[tuple[str, int], str]] = field(
         default_factory=lambda: ((), None, {}), repr=False
     )
@@ -177,6 +181,7 @@ class RankContext:
             yield from self.bridge_export(cpu)
         except Exception as exc:  # noqa: BLE001 - a crashing export is a finding, not a crash of convcheck
             self.export_error = f"{one_line(exc)} at {raised_at(exc)}"
+        self.stages.ended("export", self.export_error, grace_s=min(GRACE_S, self.timeout_s / 4))
 
     def bridge_export(self, cpu: bool = True) -> Iterator[tuple[str, Any]]:
         """The bridge's own `export_hf_weights` stream (what senders build on); raises what the bridge raises."""

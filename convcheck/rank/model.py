@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from convcheck.compare.bits import count_true, int_view
-from convcheck.errors import BadInput, first_line, one_line
+from convcheck.errors import BadInput, first_line, one_line, raised_at
 from convcheck.layout import ParallelLayout
 from convcheck.rank.te_grouped import apply_experts_option
 from convcheck.versions import versions
@@ -192,11 +192,12 @@ def unloaded_counts(global_name: Callable[[str, int], str], model: list[Any]) ->
     return out
 
 
-def load_weights(bridge: Any, model: list[Any]) -> str | None:
-    """Fill the model with the sentinel, then run the bridge's import; one line when it raised, else None."""
+def load_weights(bridge: Any, model: list[Any]) -> tuple[str, str] | None:
+    """Fill the model with the sentinel, then run the bridge's import; (one line, where it was raised) when it
+    raised, else None."""
     fill_sentinel(model)
     try:
         bridge.load_hf_weights(model)
     except Exception as exc:  # noqa: BLE001 - reported by the oracles as a finding
-        return one_line(exc)
+        return one_line(exc), raised_at(exc)
     return None
