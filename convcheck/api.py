@@ -31,10 +31,12 @@ from convcheck.rank.options import ReshardTargets, SyncOptions
 from convcheck.sync.adapters import check_adapters, normalize_sender
 from convcheck.verdict import OracleVerdict, Report, complete
 
-EXPERT_LAYOUTS = ("sequential", "te-grouped")
-LAYER_SPECS = ("local", "te")
-"""`--spec`: megatron-core's local layer spec (default) or the Transformer Engine specs production trains with, built
-on convcheck's TE stand-in where TE is missing (convcheck.compat.te_standin)."""
+EXPERT_LAYOUTS = ("auto", "sequential", "te-grouped")
+"""`--experts`: what the bridge's provider asks for (auto: TEGroupedMLP where it sets moe_grouped_gemm, with the TE
+specs), or SequentialMLP, or TEGroupedMLP's parameters, whatever the provider says."""
+LAYER_SPECS = ("te", "local")
+"""`--spec`: the Transformer Engine specs production trains with (default; built on convcheck's TE stand-in where TE
+is missing, convcheck.compat.te_standin), or megatron-core's local layer spec."""
 
 
 def resolve_model(model: str, layers: int | None = None) -> str:
@@ -61,7 +63,7 @@ def as_layout(layout: ParallelLayout | str | None) -> ParallelLayout:
     return layout if isinstance(layout, ParallelLayout) else ParallelLayout.parse(layout)
 
 
-def as_oracles(oracles: Sequence[str] | str | None, experts: str = "sequential") -> tuple[str, ...]:
+def as_oracles(oracles: Sequence[str] | str | None, experts: str = "auto") -> tuple[str, ...]:
     """Validated oracle names (all by default); every expert layout runs every oracle."""
     spec = oracles if oracles is None or isinstance(oracles, str) else ",".join(oracles)
     return parse_oracle_names(spec)
@@ -74,8 +76,8 @@ def prepare(
     oracles: Sequence[str] | str | None = None,
     device: str = "auto",
     hooks: Sequence[str] = (),
-    experts: str = "sequential",
-    spec: str = "local",
+    experts: str = "auto",
+    spec: str = "te",
     timeout_s: float = 600.0,
     progress: ProgressSink | None = None,
     sender: str | None = None,
@@ -100,8 +102,8 @@ def prepare(
     several; every combination is checked in one launch); `layers`: the layer count of a `config:FILE` model;
     `options`: the oracle-owned options by key (each oracle's OracleInfo.options, e.g. {"save_dtype": "bf16"});
     `nodes`: the run spans hosts, this launcher being one node (convcheck.engine.nodes.make_nodes; docs/scale.md);
-    `spec`: the layer specs, "local" or "te" (the bridge's Transformer Engine specs on convcheck's TE stand-in where TE
-    is missing; docs/compat.md).
+    `spec`: the layer specs, "te" (the bridge's Transformer Engine specs, on convcheck's TE stand-in where TE is
+    missing; docs/compat.md) or "local"; `experts`: "auto" (what the provider asks for), "sequential" or "te-grouped".
     """
     if experts not in EXPERT_LAYOUTS:
         raise BadInput(f"unknown expert layout {experts!r}; known: {', '.join(EXPERT_LAYOUTS)}")
@@ -170,8 +172,8 @@ def reshard_targets(
     target_ep: int | Sequence[int] | None,
     target_etp: int | Sequence[int] | None,
     config: dict[str, Any],
-    experts: str = "sequential",
-    spec: str = "local",
+    experts: str = "auto",
+    spec: str = "te",
 ) -> ReshardTargets:
     """The reshard oracle's target TP, EP and expert-TP sizes, checked against the model ((1,) each when not given)."""
     tps, eps, etps = (_sizes(v, f) for v, f in ((target_tp, "--target-tp"), (target_ep, "--target-ep"),
@@ -219,8 +221,8 @@ def resume_layouts(
     oracles: tuple[str, ...],
     requested: ParallelLayout | str | Sequence[ParallelLayout | str] | None,
     config: dict[str, Any],
-    experts: str = "sequential",
-    spec: str = "local",
+    experts: str = "auto",
+    spec: str = "te",
 ) -> tuple[ParallelLayout, ...]:
     """The distckpt oracle's resume layouts, each checked against the model (TP1 when none is requested)."""
     wanted = [] if requested is None else [requested] if isinstance(requested, (str, ParallelLayout)) else requested
@@ -326,8 +328,8 @@ def verify(
     oracles: Sequence[str] | str | None = None,
     device: str = "auto",
     hooks: Sequence[str] = (),
-    experts: str = "sequential",
-    spec: str = "local",
+    experts: str = "auto",
+    spec: str = "te",
     timeout_s: float = 600.0,
     log_dir: str | None = None,
     progress: ProgressSink | None = None,
@@ -379,8 +381,8 @@ def run_in_ranks(
     kwargs: dict[str, Any] | None = None,
     device: str = "auto",
     hooks: Sequence[str] = (),
-    experts: str = "sequential",
-    spec: str = "local",
+    experts: str = "auto",
+    spec: str = "te",
     timeout_s: float = 600.0,
     log_dir: str | None = None,
     load_hf: bool = True,

@@ -25,7 +25,8 @@ CLEAN = clean_launches(LAUNCHES)
 def _id(launch: Launch) -> str:
     """e.g. `qwen3-tp2` or `qwen3-moe-ep2-te-grouped`, then the mutant count and the first mutant."""
     experts = "" if launch.experts == "sequential" else f"-{launch.experts}"
-    where = f"{launch.fixture.removeprefix('tiny:')}-{launch.layout}{experts}"
+    spec = "" if launch.spec == "local" else f"-{launch.spec}"
+    where = f"{launch.fixture.removeprefix('tiny:')}-{launch.layout}{experts}{spec}"
     return f"{where}-{len(launch.mutants)}m-{launch.mutants[0].name}" if launch.mutants else where
 
 
@@ -35,20 +36,20 @@ def _matrix_args(launch: Launch) -> tuple[str, ...] | None:
         (
             lay
             for name, lay in CASES
-            if f"tiny:{name}" == launch.fixture and _spec(lay) == (launch.layout, launch.experts)
+            if f"tiny:{name}" == launch.fixture and _spec(lay) == (launch.layout, launch.experts, launch.spec)
         ),
         None,
     )
 
 
-def _spec(layout: tuple[str, ...]) -> tuple[str, str]:
-    """(grid spec, expert layout) of a verify-matrix layout, e.g. ("ep2", "te-grouped")."""
+def _spec(layout: tuple[str, ...]) -> tuple[str, str, str]:
+    """(grid spec, expert layout, layer specs) of a verify-matrix layout, e.g. ("ep2", "te-grouped", "local")."""
     from tests.support.cases import gate_case
 
     if "--pad-vocab" in layout:
-        return ("", "")  # the padded vocabulary is a case of its own, never a catalog launch's clean run
+        return ("", "", "")  # the padded vocabulary is a case of its own, never a catalog launch's clean run
     case = gate_case("x", layout)
-    return case.layout.spec, case.experts
+    return case.layout.spec, case.experts, case.spec
 
 
 def test_no_catalog_entry_is_left_out_of_the_plan() -> None:

@@ -80,7 +80,11 @@ def test_distckpt_is_opt_in() -> None:
         ("tiny:qwen3", {"resume_layout": "tp2"}, "--resume-layout is used only by the distckpt oracle"),
         ("tiny:qwen3", {"oracles": "distckpt", "resume_layout": "tp3"}, "impossible layout TP3"),
         ("tiny:qwen3", {"oracles": "distckpt", "resume_layout": ["tp1", "ep2"]}, "the model has no experts"),
-        ("tiny:qwen3-moe", {"oracles": "distckpt", "experts": "te-grouped"}, "te-grouped has no sharded state dict"),
+        (
+            "tiny:qwen3-moe",
+            {"oracles": "distckpt", "experts": "te-grouped", "spec": "local"},
+            "te-grouped has no sharded state dict",
+        ),
     ],
 )
 def test_bad_resume_layout_is_bad_input(model: str, kwargs: dict, message: str) -> None:

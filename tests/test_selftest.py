@@ -190,7 +190,7 @@ class FakeVerify:
         self.effects, self.fail_hooks, self.calls = effects, fail_hooks, []
 
     def __call__(self, model: str, layout: str, *, oracles: tuple[str, ...], hooks: tuple[str, ...], experts: str,
-                 timeout_s: float, device: str = "auto") -> Report:  # fmt: skip
+                 timeout_s: float, device: str = "auto", spec: str = "local") -> Report:  # fmt: skip
         self.calls.append((model, layout, tuple(hooks), tuple(oracles)))
         if any(h in self.fail_hooks for h in hooks):
             raise SetupError("rank 1 died with exit code 9")

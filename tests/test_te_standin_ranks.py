@@ -84,7 +84,7 @@ def test_swapped_norms_under_te_names_are_caught_by_name(tmp_path: Path) -> None
     """Import and export swapped alike: the export equals the source (roundtrip passes); the mapping oracle names
     both parameters and the logits differ."""
     res = run_cli("verify", "--model", "tiny:qwen3", "--spec", "te", "--oracle", "roundtrip,mapping,logits",
-                  "--hook", f"{HOOKS}:swap_layer_norm_weights", tmp_path=tmp_path)  # fmt: skip
+                  "--hook", "convcheck.mutants.te:swap_layer_norm_weights", tmp_path=tmp_path)  # fmt: skip
     assert res.code == 1, res.out + res.err
     assert res.verdicts() == {"roundtrip": "pass", "mapping": "fail", "logits": "fail"}
     named = {(f["tensor"], f["kind"]) for f in res.findings("mapping")}

@@ -157,13 +157,13 @@ Examples:
 @click.option("--log-dir", type=click.Path(file_okay=False), help="Keep the job file and rank logs here.")
 @click.option("--hook", "hooks", type=HookSpecType(), multiple=True,
               help="Callable run in every rank before the model is built (extensions, planted-bug tests).")  # fmt: skip
-@click.option("--experts", type=click.Choice(EXPERT_LAYOUTS), default="sequential", show_default=True,
-              help="MoE expert layout: SequentialMLP, or TEGroupedMLP's linear_fcN.weightE "
-              "(its forward is SequentialMLP's on those weights).")  # fmt: skip
-@click.option("--spec", type=click.Choice(LAYER_SPECS), default="local", show_default=True,
-              help="Layer specs: megatron-core's local spec, or the Transformer Engine specs production trains "
-              "with (TE's parameter names, TEGroupedMLP experts), on convcheck's TE stand-in "
-              "where TE is missing.")  # fmt: skip
+@click.option("--experts", type=click.Choice(EXPERT_LAYOUTS), default="auto", show_default=True,
+              help="MoE expert layout: what the bridge's provider asks for (auto: TEGroupedMLP where it sets "
+              "moe_grouped_gemm, with --spec te), SequentialMLP, or TEGroupedMLP's linear_fcN.weightE.")  # fmt: skip
+@click.option("--spec", type=click.Choice(LAYER_SPECS), default="te", show_default=True,
+              help="Layer specs: the Transformer Engine specs production trains with (TE's parameter names, "
+              "the bridge's own specs), on convcheck's TE stand-in where TE is missing; or megatron-core's "
+              "local spec.")  # fmt: skip
 @click.option("--sender", type=HookSpecType("sender", builtins=("bridge", *SENDERS)), default=None,
               help="Weight-sync sender every export consumer reads: bridge (default), bucketed, broadcast, or "
                    "MODULE:FUNC / FILE.py:FUNC called as FUNC(ctx).")  # fmt: skip

@@ -117,7 +117,9 @@ def print_matrix(result: Any, console: Any = None) -> None:
     for oracle in result.oracles:
         grid.add_column(oracle)
     for row in result.rows:
-        where = f"{row.mutant.fixture} {row.layout}" + ("" if row.mutant.experts == "sequential" else " te-grouped")
+        m = row.mutant
+        where = (f"{m.fixture} {row.layout}" + ("" if m.experts == "sequential" else f" {m.experts}")
+                 + ("" if m.spec == "local" else f" {m.spec}"))  # fmt: skip
         cells = [
             _MARK.get(c, c) + ("*" if o in row.mutant.catches and c != "caught" else "") for o, c in row.cells.items()
         ]

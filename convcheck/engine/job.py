@@ -38,10 +38,12 @@ class Job:
     workdir: str = "."
     """Folder for the job file, per-rank error files and the result."""
     timeout_s: float = 600.0
-    experts: str = "sequential"
-    """MoE expert layout: "sequential" (SequentialMLP) or "te-grouped" (TEGroupedMLP's parameters)."""
-    spec: str = "local"
-    """Layer specs: "local" (megatron-core's local spec) or "te" (the bridge's TE specs on convcheck's TE stand-in)."""
+    experts: str = "auto"
+    """MoE expert layout: "auto" (what the provider asks for), "sequential" (SequentialMLP) or "te-grouped"
+    (TEGroupedMLP's parameters)."""
+    spec: str = "te"
+    """Layer specs: "te" (the bridge's TE specs, on convcheck's TE stand-in without TE) or "local" (megatron-core's
+    local spec)."""
     write_manifest: str | None = None
     """Set only in the reference job: where the layout oracle writes its export digests."""
     rank_function: str | None = None
@@ -93,9 +95,9 @@ class Job:
         args += self.layout.cli_args()
         if self.device_requested != "auto":
             args += ["--device", self.device_requested]
-        if self.experts != "sequential":
+        if self.experts != "auto":
             args += ["--experts", self.experts]
-        if self.spec != "local":
+        if self.spec != "te":
             args += ["--spec", self.spec]
         if self.pad_vocab is not None:
             args += ["--pad-vocab", str(self.pad_vocab)]

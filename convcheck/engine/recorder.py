@@ -124,7 +124,9 @@ class ManifestRecorder:
         for part in gathered:
             for name, entry in part.items():
                 tasks.setdefault(name, entry)
-        case = Case(model=job.model_label, layout=job.layout, pad_vocab=job.pad_vocab, experts=job.experts)
+        case = Case(
+            model=job.model_label, layout=job.layout, pad_vocab=job.pad_vocab, experts=job.experts, spec=job.spec
+        )
         run = {"versions": versions(), "device": job.device, "hooks": list(job.hooks)}
         how = "a second export drain" if self.tap.drained_again else "the oracles' export stream"
         return {

@@ -29,9 +29,8 @@ def reference_key(job: Job) -> str:
     The code that made a manifest is checked separately, by content (`usable`): a key alone cannot see an edited
     bridge whose version string did not change."""
     key = hashlib.sha256()
-    fields = {"model": job.model_path, "hooks": list(job.hooks), "device": job.device, "experts": job.experts}
-    if job.spec != "local":
-        fields["spec"] = job.spec
+    fields = {"model": job.model_path, "hooks": list(job.hooks), "device": job.device, "experts": job.experts,
+              "spec": job.spec}  # fmt: skip
     if job.sync.sender is not None:  # the TP1 export runs through the same sender
         fields["sender"] = job.sync.sender
     if job.pad_vocab is not None:

@@ -57,6 +57,12 @@ experts: tests/test_glm45.py runs that named crash) with TEGroupedMLP experts; t
 and loss counted as stages (two chunks hold no decoder layer), and NemotronH's hybrid pattern split 2 + 3 over PP2."""
 
 
+TE_CASES = (("tiny:qwen3", "tp2"), ("tiny:qwen3-moe", "tp2ep2"), ("tiny:llama", "pp2"))
+"""The Transformer Engine layout `verify` builds by default (the bridge's TE specs, TE-fused norms, experts as the
+provider asks: TEGroupedMLP for Qwen3-MoE), at a tensor-, an expert- and a pipeline-parallel layout; every other case
+pins megatron-core's local spec its golden manifest was made with."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Case:
     """One verify launch of the gate: a model (tiny:NAME or a folder) at one layout."""
@@ -65,13 +71,17 @@ class Case:
     layout: ParallelLayout
     pad_vocab: int | None = None
     experts: str = "sequential"
+    spec: str = "local"
+    """Layer specs the case builds ("local": megatron-core's local spec; "te": the bridge's TE specs)."""
 
     @property
     def id(self) -> str:
         """`qwen3/tp2`, `qwen3/tp2+pad128`, `qwen3-moe/ep2+te-grouped`: stable across releases."""
         name = self.model.removeprefix("tiny:") if self.model.startswith("tiny:") else _folder_label(self.model)
-        extra = (f"+pad{self.pad_vocab}" if self.pad_vocab else "") + (
-            f"+{self.experts}" if self.experts != "sequential" else ""
+        extra = (
+            (f"+pad{self.pad_vocab}" if self.pad_vocab else "")
+            + (f"+{self.experts}" if self.experts not in ("sequential", "auto") else "")
+            + (f"+{self.spec}" if self.spec != "local" else "")
         )
         return f"{name}/{self.layout.spec}{extra}"
 
@@ -87,6 +97,7 @@ class Case:
             "layout": self.layout.spec,
             "pad_vocab": self.pad_vocab,
             "experts": self.experts,
+            **({"spec": self.spec} if self.spec != "local" else {}),
         }
 
     @classmethod
@@ -96,6 +107,7 @@ class Case:
             layout=ParallelLayout.parse(str(data["layout"])),
             pad_vocab=data.get("pad_vocab"),
             experts=str(data.get("experts", "sequential")),
+            spec=str(data.get("spec", "local")),
         )
 
 
@@ -133,6 +145,7 @@ def default_matrix() -> list[Case]:
         for m, lay, pad, experts in EXTRA_CASES
         if m.removeprefix("tiny:") not in PARTLY_COVERED
     ]
+    cases += [Case(model=m, layout=ParallelLayout.parse(lay), experts="auto", spec="te") for m, lay in TE_CASES]
     return cases
 
 

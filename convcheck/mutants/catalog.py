@@ -5,7 +5,8 @@ to LAYOUT_MUTANTS or MODEL_MUTANTS. `catches` lists the oracles that must catch 
 for every finding name it can cause (HF tensors, Megatron parameters, config labels; `logits` for a bug that changes
 the forward), so that mutants sharing a launch get their own findings.
 
-Entries live in catalog_layout (layout and naming bugs) and catalog_model (experts, config, Mamba); `Mutant` in
+Entries live in catalog_layout (layout and naming bugs), catalog_model (experts, config, Mamba) and catalog_te (the
+Transformer Engine layout verify builds by default); `Mutant` in
 convcheck.mutants.mutant.
 """
 
@@ -14,10 +15,11 @@ from __future__ import annotations
 from convcheck.mutants.catalog_layout import LAYOUT_MUTANTS
 from convcheck.mutants.catalog_model import MODEL_MUTANTS
 from convcheck.mutants.catalog_olmoe import OLMOE_MUTANTS
+from convcheck.mutants.catalog_te import TE_MUTANTS
 from convcheck.mutants.catalog_vpp import VPP_MUTANTS
 from convcheck.mutants.mutant import FORWARD, Mutant
 
-MUTANTS: tuple[Mutant, ...] = (*LAYOUT_MUTANTS, *MODEL_MUTANTS, *OLMOE_MUTANTS, *VPP_MUTANTS)
+MUTANTS: tuple[Mutant, ...] = (*LAYOUT_MUTANTS, *MODEL_MUTANTS, *OLMOE_MUTANTS, *VPP_MUTANTS, *TE_MUTANTS)
 """Every shipped mutant, in the order the kill matrix lists them."""
 
 __all__ = ["FORWARD", "MUTANTS", "Mutant"]

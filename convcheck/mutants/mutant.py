@@ -31,6 +31,8 @@ class Mutant:
     """Further layouts a full (not --quick) selftest also runs it at."""
     experts: str = "sequential"
     """MoE expert layout (`--experts`)."""
+    spec: str = "local"
+    """Layer specs (`--spec`): "local", or "te" for a bug of the Transformer Engine layout's own mappings."""
 
     @property
     def layouts(self) -> tuple[str, ...]:

@@ -34,9 +34,10 @@ class RankSpec:
     layout: ParallelLayout
     device: str = "cpu"
     timeout_s: float = 600.0
-    experts: str = "sequential"
-    spec: str = "local"
-    """Layer specs: "local" or "te" (the bridge's Transformer Engine specs on convcheck's stand-in)."""
+    experts: str = "auto"
+    """MoE expert layout: "auto" (what the provider asks for), "sequential" or "te-grouped"."""
+    spec: str = "te"
+    """Layer specs: "te" (the bridge's Transformer Engine specs, on convcheck's stand-in without TE) or "local"."""
     write_manifest: str | None = None
     progress_file: str | None = None
     """Rank 0 appends progress events here (None: silent)."""

@@ -49,19 +49,20 @@ def make_provider(bridge: Any, layout: ParallelLayout, device: str, pad_vocab: i
     return provider
 
 
-def build_model(provider: Any, device: str, experts: str = "sequential", spec: str = "local") -> list[Any]:
+def build_model(provider: Any, device: str, experts: str = "auto", spec: str = "te") -> list[Any]:
     """Instantiate the model chunks for this rank (no DDP wrapper, no weight init work wasted).
 
-    `experts="te-grouped"` lays MoE experts out as TEGroupedMLP: with the local spec the layout stand-in
-    (convcheck.rank.te_grouped); with `spec="te"` megatron-core's own TEGroupedMLP on the TE stand-in
-    (moe_grouped_gemm on, as the bridges that ask for grouped experts set it).
+    With `spec="te"` the experts are megatron-core's own modules on the TE stand-in: `experts="auto"` builds what the
+    provider asks for (TEGroupedMLP where the bridge sets moe_grouped_gemm), "te-grouped" / "sequential" turn
+    moe_grouped_gemm on / off. With the local spec, "te-grouped" lays the SequentialMLP experts out as TEGroupedMLP's
+    parameters (the layout stand-in, convcheck.rank.te_grouped) and "auto" is "sequential".
     """
     provider.perform_initialization = False
-    if spec == "te" and experts == "te-grouped":
-        provider.moe_grouped_gemm = True
+    if spec == "te" and experts != "auto":
+        provider.moe_grouped_gemm = experts == "te-grouped"
     model = provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=(device == "cpu"))
     if spec != "te":
-        apply_experts_option(model, experts)
+        apply_experts_option(model, "sequential" if experts == "auto" else experts)
     return model
 
 

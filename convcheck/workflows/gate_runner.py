@@ -70,6 +70,7 @@ def prepare_case(case: Case, manifest_path: Path, options: Options) -> Prepared:
             device=options.device,
             hooks=options.hooks,
             experts=case.experts,
+            spec=case.spec,
             timeout_s=options.timeout_s,
             pad_vocab=case.pad_vocab,
             manifest_out=str(manifest_path),

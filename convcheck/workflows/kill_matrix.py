@@ -39,12 +39,14 @@ class Launch:
     layout: str
     """Canonical spelling (ParallelLayout.spec), e.g. "tp2ep2"."""
     experts: str = "sequential"
+    spec: str = "local"
+    """Layer specs (`--spec`): the gate's and selftest's runs name theirs (local unless a mutant's is te)."""
     mutants: tuple[Mutant, ...] = ()
     oracles: tuple[str, ...] = ()
 
     @property
-    def key(self) -> tuple[str, str, str]:
-        return (self.fixture, self.layout, self.experts)
+    def key(self) -> tuple[str, str, str, str]:
+        return (self.fixture, self.layout, self.experts, self.spec)
 
     @property
     def hooks(self) -> tuple[str, ...]:
@@ -54,7 +56,8 @@ class Launch:
     def label(self) -> str:
         grid = ParallelLayout.parse(self.layout).label
         experts = "" if self.experts == "sequential" else f" --experts {self.experts}"
-        return f"{self.fixture} {grid}{experts}"
+        spec = "" if self.spec == "local" else f" --spec {self.spec}"
+        return f"{self.fixture} {grid}{experts}{spec}"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -102,6 +105,7 @@ class MutantRow:
             "fixture": m.fixture,
             "layout": self.layout,
             "experts": m.experts,
+            **({"spec": m.spec} if m.spec != "local" else {}),
             "catches": list(m.catches),
             "cells": dict(self.cells),
             "status": self.status,
@@ -138,6 +142,7 @@ class CleanRow:
             "fixture": self.launch.fixture,
             "layout": self.launch.layout,
             "experts": self.launch.experts,
+            **({"spec": self.launch.spec} if self.launch.spec != "local" else {}),
             "oracles": list(self.launch.oracles),
             "verdict": SKIPPED if self.skipped else PASS if self.passed else "fail",
             "device": self.device,

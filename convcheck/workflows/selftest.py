@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from convcheck import api
-from convcheck.api import EXPERT_LAYOUTS
+from convcheck.api import EXPERT_LAYOUTS, LAYER_SPECS
 from convcheck.device import CHOICES, visible_gpu_count
 from convcheck.engine.nodes import Nodes
 from convcheck.errors import RUN_ENDING, BadInput, ConvcheckError
@@ -60,6 +60,8 @@ def check_catalog(mutants: Sequence[Mutant] = MUTANTS, *, deep: bool = False) ->
             problems.append(f"{m.name}: catches needs known oracles, got {', '.join(unknown) or 'none'}")
         if m.experts not in EXPERT_LAYOUTS:
             problems.append(f"{m.name}: unknown expert layout {m.experts!r}")
+        if m.spec not in LAYER_SPECS:
+            problems.append(f"{m.name}: unknown layer specs {m.spec!r}")
         if not m.targets:
             problems.append(f"{m.name}: targets must name what its findings can be about")
         if not m.fixture.startswith("tiny:"):
@@ -130,6 +132,7 @@ def plan(mutants: Sequence[Mutant], quick: bool) -> list[Launch]:
                 fixture=m.fixture,
                 layout=layout_spec(lay),
                 experts=m.experts,
+                spec=m.spec,
                 mutants=(m,),
                 oracles=oracles_for(m, False),
             )
@@ -150,17 +153,22 @@ def plan(mutants: Sequence[Mutant], quick: bool) -> list[Launch]:
 
 def clean_launches(launches: Sequence[Launch]) -> list[Launch]:
     """One hook-free launch per fixture x layout x experts used, running every oracle those launches ran."""
-    merged: dict[tuple[str, str, str], set[str]] = {}
+    merged: dict[tuple[str, str, str, str], set[str]] = {}
     for launch in launches:
         merged.setdefault(launch.key, set()).update(launch.oracles)
     return [
-        Launch(fixture=f, layout=lay, experts=e, oracles=tuple(o for o in DEFAULT_ORACLES if o in names))
-        for (f, lay, e), names in merged.items()
+        Launch(fixture=f, layout=lay, experts=e, spec=s, oracles=tuple(o for o in DEFAULT_ORACLES if o in names))
+        for (f, lay, e, s), names in merged.items()
     ]
 
 
 def _same_place(a: Mutant, b: Mutant) -> bool:
-    return (a.fixture, layout_spec(a.layout), a.experts) == (b.fixture, layout_spec(b.layout), b.experts)
+    return (a.fixture, layout_spec(a.layout), a.experts, a.spec) == (
+        b.fixture,
+        layout_spec(b.layout),
+        b.experts,
+        b.spec,
+    )
 
 
 def _launch(group: Sequence[Mutant]) -> Launch:
@@ -170,8 +178,8 @@ def _launch(group: Sequence[Mutant]) -> Launch:
     if len(forward) == 1 and FORWARD in forward[0].catches and FORWARD in applicable_oracles(first.experts):
         wanted.add(FORWARD)
     oracles = tuple(o for o in applicable_oracles(first.experts) if o in wanted)
-    return Launch(fixture=first.fixture, layout=layout_spec(first.layout), experts=first.experts, mutants=tuple(group),
-                  oracles=oracles)  # fmt: skip
+    return Launch(fixture=first.fixture, layout=layout_spec(first.layout), experts=first.experts, spec=first.spec,
+                  mutants=tuple(group), oracles=oracles)  # fmt: skip
 
 
 def _compatible(group: Sequence[Mutant]) -> bool:
@@ -220,7 +228,7 @@ class Runner:
         across = {} if nodes is None else {"nodes": nodes}
         try:
             report = self.verify(launch.fixture, launch.layout, oracles=launch.oracles, hooks=launch.hooks,
-                                 experts=launch.experts, timeout_s=self.timeout_s, device=self.device,
+                                 experts=launch.experts, spec=launch.spec, timeout_s=self.timeout_s, device=self.device,
                                  **across)  # fmt: skip
             error = None
         except RUN_ENDING:

@@ -31,6 +31,10 @@ PIPELINE_EXTRAS = [
     # the 5-layer hybrid pattern M*-ME split 2 + 3 (an even PP2 cannot split it)
     ("nemotron-h", ("--pp", "2", "--pp-first", "2", "--pp-last", "3")),
 ]
+TE_MATRIX = [  # the Transformer Engine layout verify builds by default (convcheck.gate.case TE_CASES)
+    (name, (*layout, "--spec", "te", "--experts", "auto"))
+    for name, layout in [("qwen3", ("--tp", "2")), ("qwen3-moe", ("--tp", "2", "--ep", "2")), ("llama", ("--pp", "2"))]
+]
 FIXED = {  # families checked at a fixed list of layouts (convcheck.gate.case LAYOUTS_BY_FIXTURE and EXTRA_CASES)
     **GDN,
     "mistral-nowindow": [("--tp", "2")],  # the other layouts are tiny:mistral's
@@ -56,6 +60,7 @@ CASES = (
     + [(name, layout) for name, layouts in FIXED.items() if name not in PARTLY_COVERED for layout in layouts]
     + [("qwen2", ("--tp", "4"))]  # fewer KV heads (2) than TP ranks (4): each query group split over two ranks
     + PIPELINE_EXTRAS
+    + TE_MATRIX
 )
 PASSING = [(name, layout) for name, layout in CASES if name not in KNOWN_BUGS]
 """The cases that must pass every oracle (exact verdicts of the others: tests/test_deepseek.py, test_qwen_next.py)."""
@@ -82,8 +87,17 @@ def gate_case(name: str, layout: tuple[str, ...]) -> Case:
     args = layout_args(layout)
     pad = args.pop("--pad-vocab", None)
     experts = str(args.pop("--experts", "sequential"))
+    spec = str(args.pop("--spec", "local"))
     grid = ParallelLayout(**{k.removeprefix("--").replace("-", "_"): _size(v) for k, v in args.items()})
-    return Case(model=f"tiny:{name}", layout=grid, pad_vocab=int(pad) if pad else None, experts=experts)
+    return Case(model=f"tiny:{name}", layout=grid, pad_vocab=int(pad) if pad else None, experts=experts, spec=spec)
+
+
+def pinned(layout: tuple[str, ...]) -> tuple[str, ...]:
+    """A matrix layout as its gate case runs it: the layer specs and expert layout named (the case's own, else the
+    local spec with SequentialMLP experts its golden manifest was made with), not left to verify's defaults."""
+    args = layout_args(layout)
+    return (*layout, *(() if "--spec" in args else ("--spec", "local")),
+            *(() if "--experts" in args else ("--experts", "sequential")))  # fmt: skip
 
 
 def case_id(name: str, layout: tuple[str, ...]) -> str:

@@ -92,10 +92,10 @@ def shared_value(root: Path, key: str, make: Callable[[], Any]) -> Any:
 def matrix_run(root: Path, name: str, layout: tuple[str, ...]) -> tuple[CliResult, Path]:
     """The verify-matrix case of tiny:NAME at `layout` (every default oracle, gate manifest written), run once per
     session whatever the spelling of its layout (keyed by the case id; KeyError for a case not in the table)."""
-    from tests.support.cases import CASES, case_id
+    from tests.support.cases import CASES, case_id, pinned
 
     key = case_id(name, layout)
-    spelled = next(lay for n, lay in CASES if n == name and case_id(n, lay) == key)
+    spelled = pinned(next(lay for n, lay in CASES if n == name and case_id(n, lay) == key))
     return shared_run(root, "verify", "--model", f"tiny:{name}", *spelled, "--table", "failures",
                       "--manifest", "{dir}/manifest.json", key=key)  # fmt: skip
 

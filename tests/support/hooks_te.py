@@ -5,30 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-SWAPS = {
-    "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight": ("input_layernorm", "post_attention_layernorm"),
-    "decoder.layers.0.mlp.linear_fc1.layer_norm_weight": ("post_attention_layernorm", "input_layernorm"),
-}
-"""The TE-named norms of layer 0 whose HF tensors the planted bug swaps."""
-
-
-def swap_layer_norm_weights() -> None:
-    """The bridge maps layer 0's fused norms to each other's HF tensor (linear_qkv.layer_norm_weight <-> HF
-    post_attention_layernorm, linear_fc1.layer_norm_weight <-> input_layernorm), in import and export alike: the
-    export still equals the source, only the loaded shards (and Megatron's forward) are wrong."""
-    from megatron.bridge.models.conversion.param_mapping import AutoMapping
-
-    original = AutoMapping.resolve
-
-    def resolve(self, captures):  # type: ignore[no-untyped-def]
-        mapping = original(self, captures)
-        swap = SWAPS.get(mapping.megatron_param)
-        if swap is None:
-            return mapping
-        return type(mapping)(mapping.megatron_param, mapping.hf_param.replace(*swap), mapping.permute_dims)
-
-    AutoMapping.resolve = resolve
-
 
 def built(ctx: Any) -> dict[str, Any]:
     """Class names of layer 0's modules, the parameter shapes of this rank, and whether megatron-core saw TE."""
