@@ -304,6 +304,7 @@ def test_release_smoke(case: str, tmp_path: Path) -> None:
         pytest.skip(f"{release_label()}: {RELEASES[INSTALLED].unsupported[fixture]}")
     grid = ParallelLayout.parse(layout)
     res = run_cli("verify", "--model", f"tiny:{fixture}", *grid.cli_args(), "--table", "none", "--timeout", "240",
+                  "--spec", "local",  # the layout the release table's smoke rows were recorded in
                   *(("--experts", experts) if experts else ()), *(("--oracle", oracles) if oracles else ()),
                   tmp_path=tmp_path, timeout=900)  # fmt: skip
     expected = RELEASES[INSTALLED].smoke.get(case, {})
