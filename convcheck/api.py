@@ -16,8 +16,9 @@ from convcheck.engine.nodes import Nodes, check_across_nodes
 from convcheck.engine.reference import attribute_layout
 from convcheck.engine.resume import checkpoint_folder, run_resumes
 from convcheck.errors import BadInput
-from convcheck.fixtures import build_fixture, get_spec
-from convcheck.fixtures.from_config import CONFIG_PREFIX, build_from_config
+from convcheck.fixtures import get_spec
+from convcheck.fixtures.child import config_folder, tiny_folder
+from convcheck.fixtures.from_config import CONFIG_PREFIX
 from convcheck.fixtures.shrink import TEXT_MODEL_NOTE
 from convcheck.gate.manifest import build_manifest, check_manifest_path, write_manifest
 from convcheck.hf.checkpoint import architecture_of, open_checkpoint
@@ -43,8 +44,8 @@ def resolve_model(model: str, layers: int | None = None) -> str:
     """A checkpoint folder for `model`: a path, a built-in fixture `tiny:<name>`, or `config:FILE`, a config.json
     shrunk to a tiny fixture of `layers` layers (default: the fewest that keep its layer pattern); built once."""
     if model.startswith(CONFIG_PREFIX):
-        folder, shrunk = build_from_config(model.removeprefix(CONFIG_PREFIX), layers)
-        for note in shrunk.notes:
+        folder, notes = config_folder(model.removeprefix(CONFIG_PREFIX), layers)
+        for note in notes:
             if note.startswith(TEXT_MODEL_NOTE):
                 print(f"INFO {note}", file=sys.stderr)
         return str(folder)
@@ -52,7 +53,7 @@ def resolve_model(model: str, layers: int | None = None) -> str:
         raise BadInput(f"--layers applies only to a --model {CONFIG_PREFIX}FILE fixture, not {model}")
     if model.startswith("tiny:"):
         get_spec(model)
-        return str(build_fixture(model))
+        return str(tiny_folder(model))
     return model
 
 

@@ -24,8 +24,8 @@ from convcheck.cli.types import HookSpecType, LayoutType, OracleList, ReportPath
 from convcheck.engine.inplace import inside_torchrun
 from convcheck.engine.launch import Interrupted
 from convcheck.errors import BadInput, ConvcheckError, one_line
-from convcheck.fixtures import FIXTURES, build_fixture
-from convcheck.fixtures.from_config import build_from_config
+from convcheck.fixtures import FIXTURES
+from convcheck.fixtures.child import config_folder, tiny_folder
 from convcheck.layout import ParallelLayout
 from convcheck.oracles import OPTIONS, ORACLES, oracles_markdown
 from convcheck.sync.adapters import RECEIVERS, SENDERS
@@ -322,10 +322,10 @@ def fixtures_build(name: str | None, config: str | None, layers: int | None, out
         if config is None:
             if layers is not None:
                 raise BadInput("--layers applies only to --from-config")
-            click.echo(str(build_fixture(name, out)))
+            click.echo(str(tiny_folder(name, out)))
             return
-        folder, shrunk = build_from_config(config, layers, out)
-        for note in shrunk.notes:
+        folder, notes = config_folder(config, layers, out)
+        for note in notes:
             click.echo(f"shrunk: {note}", err=True)
         click.echo(str(folder))
     except ConvcheckError as exc:

@@ -20,7 +20,8 @@ from convcheck.api import EXPERT_LAYOUTS, LAYER_SPECS
 from convcheck.device import CHOICES, visible_gpu_count
 from convcheck.engine.nodes import Nodes
 from convcheck.errors import RUN_ENDING, BadInput, ConvcheckError
-from convcheck.fixtures import build_fixture, get_spec
+from convcheck.fixtures import get_spec
+from convcheck.fixtures.child import tiny_folder
 from convcheck.hooks import load_hook
 from convcheck.layout import ParallelLayout
 from convcheck.mutants.catalog import FORWARD, MUTANTS, Mutant
@@ -369,4 +370,4 @@ def _agree(nodes: Nodes, runner: Runner, launches: Sequence[Launch], quick: bool
 
 def _build_fixtures(fixtures: set[str]) -> None:
     for name in sorted(fixtures):
-        build_fixture(name)
+        tiny_folder(name)
