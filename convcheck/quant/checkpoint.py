@@ -75,6 +75,8 @@ def write_checkpoint(source: Path, out: Path, tensors: Mapping[str, torch.Tensor
         if file.is_file() and file.suffix != ".safetensors" and file.name not in ("config.json", ".complete"):
             if not file.name.endswith(".index.json"):
                 shutil.copy(file, out / file.name)
-    save_file({n: t.contiguous() for n, t in tensors.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {n: t.contiguous() for n, t in tensors.items()}, str(out / "model.safetensors"), metadata={"format": "pt"}
+    )
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return out

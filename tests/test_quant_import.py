@@ -1,0 +1,124 @@
+"""The quant-import oracle through the real bridge: the FP8 block checkpoint (published layout) written from a bf16
+fixture and imported by load_hf_weights, against the import of its reference dequantization, bitwise. The Qwen3-MoE
+bridge loads it as if bf16 (fp8-import-not-dequantized) at TP1, TP2 and EP2; DeepSeek-V3's dequantizes it exactly;
+each planted import bug (convcheck.mutants.catalog_quant.IMPORT_MUTANTS) is named by parameter and first element.
+Every test asserts the whole verdict."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from convcheck import api
+from convcheck.models import UPSTREAM_BUG
+from convcheck.mutants.catalog_quant import IMPORT_MUTANTS
+from convcheck.quant import checkpoint as ckpt
+from convcheck.verdict import OracleVerdict
+from convcheck.workflows.selftest import check_catalog
+
+NAME = "quant-import"
+HOOK = "convcheck.mutants.quant_import:"
+
+
+def run(model: str, layout: str = "tp1", hooks: tuple[str, ...] = (), **options: Any) -> OracleVerdict:
+    report = api.verify(model, layout, oracles=(NAME,), hooks=hooks, options=options)
+    (verdict,) = report.oracles
+    return verdict
+
+
+def kinds(verdict: OracleVerdict) -> set[tuple[str, str]]:
+    pairs = [(f.tensor, f.kind) for f in verdict.findings]
+    assert len(pairs) == len(set(pairs)), "a finding named twice"
+    return set(pairs)
+
+
+def params(layers: int, experts: int) -> set[str]:
+    """Every Megatron parameter of a Qwen3-MoE fixture whose HF tensors the FP8 checkpoint quantizes."""
+    out = set()
+    for n in range(layers):
+        out |= {
+            f"decoder.layers.{n}.self_attention.linear_qkv.weight",
+            f"decoder.layers.{n}.self_attention.linear_proj.weight",
+        }
+        out |= {
+            f"decoder.layers.{n}.mlp.experts.local_experts.{e}.linear_fc{k}.weight"
+            for e in range(experts)
+            for k in (1, 2)
+        }
+    return out
+
+
+def test_reference_dequantization_is_the_stated_arithmetic() -> None:
+    """bf16(float32(q) * scale of its block), checked element by element against a loop over a 3 x 3 weight in 2 x 2
+    blocks (edge blocks cut); fp8_tensors writes `_scale_inv` beside each quantized weight only."""
+    q = torch.tensor([[1.0, -2.0, 448.0], [0.5, 3.0, -0.015625], [6.0, 0.0, -7.0]]).to(torch.float8_e4m3fn)
+    scale = torch.tensor([[0.1, 3.0e-5], [7.0, 1.0 / 3.0]], dtype=torch.float32)
+    out = ckpt.dequantize(q, scale, 2)
+    for i in range(3):
+        for j in range(3):
+            want = (q[i, j].to(torch.float32) * scale[i // 2, j // 2]).to(torch.bfloat16)
+            assert out[i, j].view(torch.int16) == want.view(torch.int16), (i, j)
+    x = torch.randn(5, 7).to(torch.bfloat16)
+    fp8, reference = ckpt.fp8_tensors({"a.weight": x, "a.norm": x[0]}, {"a.weight": "", "a.norm": "not 2-D"}, 4)
+    assert sorted(fp8) == ["a.norm", "a.weight", "a.weight_scale_inv"] and sorted(reference) == ["a.norm", "a.weight"]
+    assert fp8["a.weight"].dtype == torch.float8_e4m3fn and fp8["a.weight_scale_inv"].shape == (2, 2)
+    assert torch.equal(reference["a.weight"].view(torch.int16),
+                       ckpt.dequantize(fp8["a.weight"], fp8["a.weight_scale_inv"], 4).view(torch.int16))  # fmt: skip
+    assert reference["a.norm"] is x[0] or torch.equal(reference["a.norm"], x[0])
+
+
+def test_import_catalog_is_sound() -> None:
+    assert check_catalog(IMPORT_MUTANTS) == []
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize("layout", ["tp1", "tp2", "ep2"])
+def test_qwen3_moe_bridge_loads_fp8_as_if_bf16(layout: str) -> None:
+    """Every quantized parameter holds the fp8 values cast to bf16 without their scales, named with the bug."""
+    verdict = run("tiny:qwen3-moe-fp8", layout)
+    assert verdict.verdict == "fail"
+    assert kinds(verdict) == {(p, "loaded-unscaled") for p in params(2, 16)}
+    assert {f.detail.get(UPSTREAM_BUG) for f in verdict.findings} == {"fp8-import-not-dequantized"}
+    (qkv,) = (f for f in verdict.findings if f.tensor == "decoder.layers.0.self_attention.linear_qkv.weight")
+    assert qkv.detail["first_index"] == [0, 0] and "without their weight_scale_inv" in qkv.message
+    assert verdict.metrics["quantized_weights"] == 104
+    assert verdict.metrics["fp8_from"] == "the bf16 checkpoint quantized by the fp8-block reference"
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize("layout", ["tp2", "ep2"])
+def test_deepseek_v3_bridge_dequantizes_exactly(layout: str) -> None:
+    verdict = run("tiny:deepseek-v3", layout)
+    assert verdict.verdict == "pass" and verdict.findings == () and verdict.checked > 0
+    assert verdict.metrics["quantized_weights"] == 137
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize("quantizer", ["fp8-block", "fp8-ue8m0"])
+def test_a_dequantizing_qwen3_moe_loader_passes(quantizer: str) -> None:
+    """The control of the planted bugs: DeepSeek-V3's loader on Qwen3-MoE, nothing planted, passes."""
+    verdict = run("tiny:qwen3-moe-fp8-wide", "tp1", hooks=(HOOK + "dequantize",), import_quantizer=quantizer)
+    assert verdict.verdict == "pass" and verdict.findings == () and verdict.checked == 33
+
+
+@pytest.mark.ranks
+def test_transposed_scale_grid_is_named() -> None:
+    """Only the attention weights span a 2 x 2 grid: each is named at its first block off the diagonal."""
+    (mutant,) = (m for m in IMPORT_MUTANTS if m.name == "quant_import_transposed_grid")
+    verdict = run(mutant.fixture, mutant.layout, hooks=(mutant.hook,))
+    attention = {p for p in params(2, 0)}
+    assert verdict.verdict == "fail" and kinds(verdict) == {(p, "dequant-differs") for p in attention}
+    for f in verdict.findings:
+        assert f.detail["first_index"] == [0, 128] and f.detail.get(UPSTREAM_BUG) is None
+
+
+@pytest.mark.ranks
+def test_dropped_scale_is_named() -> None:
+    (mutant,) = (m for m in IMPORT_MUTANTS if m.name == "quant_import_dropped_scale")
+    verdict = run(mutant.fixture, mutant.layout, hooks=(mutant.hook,))
+    (found,) = verdict.findings
+    assert verdict.verdict == "fail"
+    assert (found.tensor, found.kind) == ("decoder.layers.1.self_attention.linear_proj.weight", "loaded-unscaled")
+    assert found.detail["first_index"] == [0, 0] and "model.layers.1.self_attn.o_proj.weight" in found.message
