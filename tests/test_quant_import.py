@@ -6,17 +6,21 @@ Every test asserts the whole verdict."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
 from convcheck import api
+from convcheck.fixtures.from_config import build_from_config, shrink_file
 from convcheck.models import UPSTREAM_BUG
 from convcheck.mutants.catalog_quant import IMPORT_MUTANTS
 from convcheck.quant import checkpoint as ckpt
 from convcheck.verdict import OracleVerdict
 from convcheck.workflows.selftest import check_catalog
+from tests.support.helpers import run_cli
 
 NAME = "quant-import"
 HOOK = "convcheck.mutants.quant_import:"
@@ -122,3 +126,76 @@ def test_dropped_scale_is_named() -> None:
     assert verdict.verdict == "fail"
     assert (found.tensor, found.kind) == ("decoder.layers.1.self_attention.linear_proj.weight", "loaded-unscaled")
     assert found.detail["first_index"] == [0, 0] and "model.layers.1.self_attn.o_proj.weight" in found.message
+
+
+# ---- FP8 fixtures: --from-config keeps quantization_config, --fp8 writes the published layout -----------------------
+
+DEEPSEEK_CONFIG = Path(__file__).parent / "data" / "deepseek-v3.config.json"
+
+
+def test_from_config_keeps_the_quantization_config() -> None:
+    shrunk = shrink_file(DEEPSEEK_CONFIG)
+    assert shrunk.quantization_config == json.loads(DEEPSEEK_CONFIG.read_text())["quantization_config"]
+    assert "quantization_config" not in shrunk.spec.config  # transformers would quantize the model it derives
+
+
+def test_fp8_fixture_is_the_published_layout(tmp_path: Path) -> None:
+    """Every quantized weight float8_e4m3fn with its weight_scale_inv on the ceil grid, both the fp8-block reference
+    of the bf16 fixture bitwise; the embedding, LM head, routers, norms and biases left as they were; the config's
+    quantization_config kept verbatim."""
+    from safetensors.torch import load_file
+
+    from convcheck.fixtures.fp8 import write_fp8_fixture
+    from convcheck.quant import reference as ref
+
+    bf16, shrunk = build_from_config(DEEPSEEK_CONFIG)
+    out = write_fp8_fixture(bf16, tmp_path / "fp8", shrunk.quantization_config)
+    source = {n: t for file in sorted(bf16.glob("*.safetensors")) for n, t in load_file(str(file)).items()}
+    written = load_file(str(out / "model.safetensors"))
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization_config"] == shrunk.quantization_config
+    scales = {n for n in written if n.endswith("_scale_inv")}
+    assert set(written) - scales == set(source)
+    for name, x in source.items():
+        if name + "_scale_inv" not in written:
+            assert torch.equal(written[name], x), name
+            assert name.endswith(("embed_tokens.weight", "head.weight", "mlp.gate.weight")) or x.dim() != 2, name
+            continue
+        q, scale = ref.fp8_block(x, (128, 128))
+        assert torch.equal(written[name].view(torch.uint8), q.view(torch.uint8)), name
+        assert torch.equal(written[name + "_scale_inv"].view(torch.int32), scale.view(torch.int32)), name
+    assert len(scales) == 137
+
+
+def test_fp8_of_a_non_fp8_quantization_config_is_bad_input(tmp_path: Path) -> None:
+    config = json.loads(DEEPSEEK_CONFIG.read_text())
+    config["quantization_config"] = {"quant_method": "awq", "bits": 4}
+    path = tmp_path / "awq.config.json"
+    path.write_text(json.dumps(config))
+    result = run_cli("fixtures", "build", "--from-config", str(path), "--fp8", "--out", str(tmp_path / "out"))
+    assert result.code == 2 and not (tmp_path / "out").exists()
+    assert (
+        result.err.strip()
+        .splitlines()[-1]
+        .endswith(
+            "--fp8 writes FP8 block checkpoints (quant_method fp8, fmt e4m3); the config's quantization_config has "
+            "quant_method 'awq', fmt 'e4m3'"
+        )
+    )
+    assert "Traceback" not in result.err
+
+
+@pytest.mark.ranks
+def test_an_fp8_checkpoint_is_read_as_it_is(tmp_path: Path) -> None:
+    """`fixtures build --from-config deepseek-v3 --fp8` written, then verified itself: the DeepSeek-V3 bridge's import
+    equals the reference dequantization of its own bytes at EP2; the Qwen3-MoE one (tiny:qwen3-moe-fp8-wide --fp8)
+    loads it as if bf16."""
+    result = run_cli("fixtures", "build", "--from-config", str(DEEPSEEK_CONFIG), "--fp8", "--out", str(tmp_path / "d"))
+    assert result.code == 0, result.err
+    verdict = run(result.out.strip().splitlines()[-1], "ep2")
+    assert verdict.verdict == "pass" and verdict.findings == () and verdict.metrics["quantized_weights"] == 137
+    assert verdict.metrics["fp8_from"].startswith("the checkpoint itself")
+    result = run_cli("fixtures", "build", "tiny:qwen3-moe-fp8-wide", "--fp8", "--out", str(tmp_path / "q"))
+    assert result.code == 0, result.err
+    verdict = run(str(tmp_path / "q"), "tp1")
+    assert kinds(verdict) == {(p, "loaded-unscaled") for p in params(2, 4)}
