@@ -44,7 +44,7 @@ def resolve_model(model: str, layers: int | None = None) -> str:
     """A checkpoint folder for `model`: a path, a built-in fixture `tiny:<name>`, or `config:FILE`, a config.json
     shrunk to a tiny fixture of `layers` layers (default: the fewest that keep its layer pattern); built once."""
     if model.startswith(CONFIG_PREFIX):
-        folder, notes = config_folder(model.removeprefix(CONFIG_PREFIX), layers)
+        folder, notes, _ = config_folder(model.removeprefix(CONFIG_PREFIX), layers)
         for note in notes:
             if note.startswith(TEXT_MODEL_NOTE):
                 print(f"INFO {note}", file=sys.stderr)

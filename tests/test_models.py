@@ -25,7 +25,8 @@ def test_lookups_cover_every_architecture_in_listing_order() -> None:
     assert all(arch.mapping_rules is not None for arch in SUPPORTED if not partly & {f.name for f in arch.fixtures})
     assert list(FIXTURES) == [
         "qwen2", "qwen2-tied", "qwen2-tied-4l", "qwen3", "qwen3-vllm", "qwen3-moe", "qwen3-moe-vllm",
-        "qwen3-moe-unnorm", "qwen3-moe-4l", "qwen3-moe-fp8", "llama", "llama-vllm", "llama-tied-vllm", "llama-tied-4l",
+        "qwen3-moe-unnorm", "qwen3-moe-4l", "qwen3-moe-fp8", "qwen3-moe-fp8-wide", "llama", "llama-vllm",
+        "llama-tied-vllm", "llama-tied-4l",
         "mistral", "mistral-vllm", "mistral-nowindow", "nemotron-h", "nemotron-h-moe", "nemotron-h-6l",
         "deepseek-v3", "moonlight", "glm4.7-flash", "glm4.5", "glm4.5-air", "qwen3-next", "qwen3.5", "qwen3.5-moe",
         "qwen3.6-moe", "gpt-oss", "gpt-oss-square", "gpt-oss-2f-hidden", "olmoe",

@@ -9,6 +9,7 @@ import signal
 import sys
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import click
@@ -313,7 +314,11 @@ def fixtures_list() -> None:
 @click.option("--layers", type=click.IntRange(min=1), default=None,
               help="With --from-config: decoder layers (default: the fewest that keep the layer pattern).")  # fmt: skip
 @click.option("--out", type=click.Path(file_okay=False), help="Folder to build into (default: the cache).")
-def fixtures_build(name: str | None, config: str | None, layers: int | None, out: str | None) -> None:
+@click.option("--fp8", is_flag=True,
+              help="Write the FP8 block checkpoint (float8_e4m3fn weights + weight_scale_inv, fp8-block reference) of "
+              "the fixture, with the --from-config file's quantization_config (else a 128 x 128 one): into --out, "
+              "else beside the cached bf16 folder (docs/quant.md).")  # fmt: skip
+def fixtures_build(name: str | None, config: str | None, layers: int | None, out: str | None, fp8: bool) -> None:
     """Build fixture NAME, or the one shrunk --from-config FILE (or reuse the cached copy); the last line printed is
     its folder; with --from-config, what the shrinker changed goes to stderr first."""
     try:
@@ -322,11 +327,18 @@ def fixtures_build(name: str | None, config: str | None, layers: int | None, out
         if config is None:
             if layers is not None:
                 raise BadInput("--layers applies only to --from-config")
-            click.echo(str(tiny_folder(name, out)))
-            return
-        folder, notes = config_folder(config, layers, out)
-        for note in notes:
-            click.echo(f"shrunk: {note}", err=True)
+            folder, quantization = tiny_folder(name, None if fp8 else out), None
+        else:
+            folder, notes, quantization = config_folder(config, layers, None if fp8 else out)
+            for note in notes:
+                click.echo(f"shrunk: {note}", err=True)
+        if fp8:
+            from convcheck.fixtures.fp8 import block_of, write_fp8_fixture
+
+            block_of(quantization)  # bad input before anything is written
+            folder = write_fp8_fixture(
+                folder, Path(out) if out else folder.with_name(folder.name + "-fp8"), quantization
+            )
         click.echo(str(folder))
     except ConvcheckError as exc:
         _fail_line(exc)

