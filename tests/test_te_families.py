@@ -131,11 +131,12 @@ def test_qwen3_vl_tp2_fails_only_on_the_dtype_bug(tmp_path: Path) -> None:
 @pytest.mark.ranks
 def test_qwen3_vl_norm_swap_changes_the_logits(tmp_path: Path) -> None:
     """A bug planted in the real Qwen3-VL mapping (layer 0's input and post-attention norms imported from each other's
-    HF tensor) changes the text-only logits (roundtrip sees only the dtype bug's fp32 export)."""
+    HF tensor) changes the text-only logits (the roundtrip oracle reports every tensor's fp32 dtype, the known bug)."""
     res = _verify(tmp_path, "qwen3-vl", "--tp", "2", "--oracle", "logits", "--hook",
                   f"{HOOKS}:swap_qwen3_vl_norms_on_import")  # fmt: skip
     assert res.code == 1
-    assert [(f["tensor"], f["kind"]) for f in res.findings("logits")][:1] == [("logits", "logits-differ")]
+    found = {(f["tensor"], f["kind"]) for f in res.findings("logits")}
+    assert found == {("logits", "logits-differ"), ("greedy-tokens", "greedy-differs")}
 
 
 @pytest.mark.ranks
