@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from convcheck import compat
+from convcheck import api, compat
 from convcheck.compat.detect import optional_module
 from convcheck.models import UPSTREAM_BUG, tag_upstream_bugs
 from convcheck.models.te_only import TE_ONLY, layer_spec_for
@@ -159,3 +159,23 @@ def test_minimax_m2_norm_swap_is_named(tmp_path: Path) -> None:
         "model.layers.0.input_layernorm.weight": ("bytes-differ", [0]),
         "model.layers.0.post_attention_layernorm.weight": ("bytes-differ", [0]),
     }
+
+
+@pytest.mark.ranks
+def test_gemma3_builds_the_bridges_own_te_classes_on_the_stand_in() -> None:
+    """The bridge's TERowParallelLinearLayerNorm and Gemma3TEDotProductAttention, built from their own class bodies on
+    the stand-in (not convcheck's replacement spec), chosen without asking for --spec te; the post norm's epsilon is
+    TE's default, the bug's cause."""
+    got = api.run_in_ranks(f"{HOOKS}:built", str(te_family_checkpoint("gemma3")), "tp2", load_hf=False)
+    bridge, standin = "megatron.bridge.models", "convcheck.kernels.te"
+    assert got["self_attention.linear_proj"] == [
+        f"{bridge}.common.te_layers.TERowParallelLinearLayerNorm",
+        f"{standin}.linear.TERowParallelLinear",
+        f"{standin}.linear.TELinear",
+    ]
+    assert got["mlp.linear_fc2"] == got["self_attention.linear_proj"]
+    assert got["self_attention.core_attention"][:2] == [
+        f"{bridge}.gemma.gemma3_provider.Gemma3TEDotProductAttention",
+        f"{standin}.attention.TEDotProductAttention",
+    ]
+    assert got["post_norm_eps"] == 1e-5
