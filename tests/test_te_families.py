@@ -179,3 +179,14 @@ def test_gemma3_builds_the_bridges_own_te_classes_on_the_stand_in() -> None:
         f"{standin}.attention.TEDotProductAttention",
     ]
     assert got["post_norm_eps"] == 1e-5
+
+
+@pytest.mark.ranks
+def test_a_cuda_call_in_the_import_is_a_setup_limit_not_a_finding(tmp_path: Path) -> None:
+    """Without shim 28 the bridge's MiniMax-M2 import calls CUDA on the CPU: exit 2 naming that, no FAIL finding."""
+    res = _verify(tmp_path, "minimax-m2", "--tp", "2", "--oracle", "coverage", "--hook", f"{HOOKS}:shim28_removed")
+    assert res.code == 2, res.out[-3000:] + res.err[-2000:]
+    assert "this checkpoint cannot be loaded on the CPU: the bridge's import calls CUDA where convcheck has no CPU" in (
+        res.err
+    )
+    assert "Found no NVIDIA driver" in res.err and res.report is None

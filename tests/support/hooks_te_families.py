@@ -85,6 +85,15 @@ def post_norm_eps_fixed() -> None:
     cls.__init__ = fixed
 
 
+def shim28_removed() -> None:
+    """MiniMax-M2's q/k norm import as upstream wrote it (shim 28 undone): it moves the weight to CUDA at TP > 1."""
+    from megatron.bridge.models.minimax_m2.minimax_m2_bridge import _FullDimQKNormMapping
+
+    from convcheck import compat
+
+    _FullDimQKNormMapping.hf_to_megatron = compat.upstream(_FullDimQKNormMapping.hf_to_megatron)
+
+
 def built(ctx: Any) -> dict[str, Any]:
     """Class names and bases of layer 0's modules (the bridge's TE-derived classes rebuilt on the stand-in)."""
     chunk = ctx.model[0]
