@@ -189,4 +189,4 @@ def test_a_cuda_call_in_the_import_is_a_setup_limit_not_a_finding(tmp_path: Path
     assert "this checkpoint cannot be loaded on the CPU: the bridge's import calls CUDA where convcheck has no CPU" in (
         res.err
     )
-    assert "Found no NVIDIA driver" in res.err and res.report is None
+    assert "; run with --device cuda" in res.err and res.report is None  # torch's own message differs in a fork
