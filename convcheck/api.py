@@ -26,6 +26,7 @@ from convcheck.hf.geometry import Geometry
 from convcheck.hooks import parse_hook
 from convcheck.layout import ParallelLayout
 from convcheck.models import tag_upstream_bugs
+from convcheck.models.te_only import layer_spec_for
 from convcheck.oracles import collect_options, parse_oracle_names
 from convcheck.progress import ProgressSink
 from convcheck.rank.options import ReshardTargets, SyncOptions
@@ -104,7 +105,8 @@ def prepare(
     `options`: the oracle-owned options by key (each oracle's OracleInfo.options, e.g. {"save_dtype": "bf16"});
     `nodes`: the run spans hosts, this launcher being one node (convcheck.engine.nodes.make_nodes; docs/scale.md);
     `spec`: the layer specs, "te" (the bridge's Transformer Engine specs, on convcheck's TE stand-in where TE is
-    missing; docs/compat.md) or "local"; `experts`: "auto" (what the provider asks for), "sequential" or "te-grouped".
+    missing; docs/compat.md) or "local" ("te" whatever is asked for an architecture whose bridge spec exists only on TE,
+    convcheck.models.te_only); `experts`: "auto" (what the provider asks for), "sequential" or "te-grouped".
     """
     if experts not in EXPERT_LAYOUTS:
         raise BadInput(f"unknown expert layout {experts!r}; known: {', '.join(EXPERT_LAYOUTS)}")
@@ -122,6 +124,9 @@ def prepare(
     path = resolve_model(model, layers)
     checkpoint = open_checkpoint(path)
     grid.validate_for(checkpoint.config)
+    spec, why = layer_spec_for(spec, checkpoint.config)
+    if why is not None:
+        print(f"INFO {why}", file=sys.stderr)
     if experts == "te-grouped" and not _has_experts(checkpoint.config):
         raise BadInput(f"--experts te-grouped needs a MoE model; {model} has no experts")
     for hook in hooks:

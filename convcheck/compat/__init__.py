@@ -14,6 +14,8 @@ from convcheck.compat.no_cuda import (
     CPU_CHECKPOINT_SITES,
     CPU_CONSTRUCTOR_SITES,
     CPU_DEVICE_SITES,
+    FULL_DIM_QK_NORM,
+    MROPE_SITES,
     SINK_SITES,
     YARN_SITES,
 )
@@ -144,6 +146,12 @@ SHIMS = (
           _CORE + "extensions/transformer_engine.py:2715"),
          "tests/test_te_standin.py::test_shim26_still_needed_te_layer_spec_has_no_backend_without_te",
          "megatron-core 0.19.2 (older releases not yet checked)"),
+    Shim(27, "mrope-on-cuda", "cuda", _CUDA, tuple(where for _, _, where in MROPE_SITES),
+         "tests/test_te_families.py::test_shim27_still_needed_mrope_allocates_on_cuda",
+         "megatron-core 0.19.2, megatron-bridge 0.6.2 (older releases not yet checked)"),
+    Shim(28, "full-dim-qk-norm-mapping-on-cuda", "cuda", _CUDA, (FULL_DIM_QK_NORM[2],),
+         "tests/test_te_families.py::test_shim28_still_needed_full_dim_qk_norm_moves_to_cuda",
+         "megatron-bridge 0.6.2 (older releases not yet checked)"),
 )  # fmt: skip
 
 

@@ -319,8 +319,68 @@ def install_cpu_attention_sinks() -> None:
     _install_sites(SINK_SITES, 23)
 
 
+# --- Shim 27 ----------------------------------------------------------------------------------------
+# The multimodal RoPE of the Qwen-VL language models allocates its inverse frequencies on torch.cuda.current_device()
+# in its constructor: megatron-core 0.19.2 models/common/embeddings/rotary_pos_embedding.py:305
+# (MultimodalRotaryEmbedding, Qwen2.5-VL) and megatron-bridge 0.6.2 models/qwen_vl/modelling_qwen3_vl/rope.py:134
+# (Qwen3VLMultimodalRotaryEmbedding, Qwen3-VL and Qwen3-VL-MoE); each forward then moves the positions to that
+# tensor's device. On a CPU run the constructors run with torch.cuda.current_device() answering "cpu" (shim 4's
+# wrapper): the same frequencies, on the CPU.
+MROPE_SITES = (
+    ("megatron.core.models.common.embeddings.rotary_pos_embedding", "MultimodalRotaryEmbedding.__init__",
+     "megatron/core/models/common/embeddings/rotary_pos_embedding.py:305"),
+    ("megatron.bridge.models.qwen_vl.modelling_qwen3_vl.rope", "Qwen3VLMultimodalRotaryEmbedding.__init__",
+     "megatron/bridge/models/qwen_vl/modelling_qwen3_vl/rope.py:134"),
+)  # fmt: skip
+
+
+def install_cpu_mrope() -> None:
+    """Install shim 27 at every site of MROPE_SITES (idempotent; active on CPU runs only)."""
+    _install_sites(MROPE_SITES, 27)
+
+
+# --- Shim 28 ----------------------------------------------------------------------------------------
+# megatron-bridge 0.6.2 models/minimax_m2/minimax_m2_bridge.py:63: _FullDimQKNormMapping.hf_to_megatron (MiniMax-M2's
+# full-width q/k norms) moves the HF weight to torch.device("cuda", torch.cuda.current_device()) whenever tp_size > 1,
+# before broadcasting it over TP and slicing this rank's part. For a CPU target the same steps (the target's dtype,
+# an empty tensor on TP rank > 0, the TP broadcast from rank 0, this rank's slice) run on the CPU; for any other
+# target the original method runs unchanged.
+FULL_DIM_QK_NORM = ("megatron.bridge.models.minimax_m2.minimax_m2_bridge", "_FullDimQKNormMapping",
+                    "megatron/bridge/models/minimax_m2/minimax_m2_bridge.py:63")  # fmt: skip
+
+
+def install_cpu_full_dim_qk_norm_mapping() -> None:
+    """Install shim 28 (idempotent; skipped where the bridge has no MiniMax-M2 full-width q/k norm mapping)."""
+    import torch
+
+    module_name, class_name, where = FULL_DIM_QK_NORM
+    module = optional_module(module_name)
+    if module is None or not has_attr(module, class_name + ".hf_to_megatron"):
+        skip(28, f"{module_name}.{class_name} ({where}) is absent in this release")
+        return
+
+    def cpu_full_dim(original: Any) -> Any:
+        def hf_to_megatron(self, hf_weights, megatron_module):  # type: ignore[no-untyped-def]
+            target = megatron_module.weight
+            if not active() or self.tp_size == 1 or target.device.type != "cpu":
+                return original(self, hf_weights, megatron_module)
+            shard_size = target.shape[0]
+            _, shard_rank = self._get_shard_spec(
+                shard_size=shard_size, megatron_module=megatron_module, global_size_attr="global_dim"
+            )
+            hf_weights = hf_weights.to(device=target.device, dtype=target.dtype)
+            if self.tp_rank > 0:
+                hf_weights = torch.empty_like(hf_weights)
+            full = self.broadcast_tensor_to_tp_ranks(hf_weights, src_rank=0)
+            return full[shard_rank * shard_size : (shard_rank + 1) * shard_size]
+
+        return hf_to_megatron
+
+    _patch(getattr(module, class_name), "hf_to_megatron", cpu_full_dim)
+
+
 def install() -> None:
-    """Install shims 2-6, 9, 11, 12, 18, 22 and 23 (idempotent) and route them to the CPU."""
+    """Install shims 2-6, 9, 11, 12, 18, 22, 23, 27 and 28 (idempotent) and route them to the CPU."""
     install_cpu_replicated_mapping()
     install_cpu_tied_embedding_setup()
     install_cpu_device_sites()
@@ -332,4 +392,6 @@ def install() -> None:
     install_cpu_checkpoint_finalize()
     install_cpu_yarn_rope()
     install_cpu_attention_sinks()
+    install_cpu_mrope()
+    install_cpu_full_dim_qk_norm_mapping()
     set_active(True)

@@ -16,7 +16,13 @@ Shim 26 binds convcheck.kernels.te's stand-ins where those names are looked up, 
   experimental_attention_variant_module_specs.py:43) and `TENorm` in gpt_layer_specs.py:54;
 - the TE version the spec provider checks (transformer_engine_spec_provider.py:63, :87: TE 2.20.2, the release the
   stand-in follows) and the final norm of a block built from a layer spec (transformer/transformer_block.py:64,
-  `LayerNormImpl`: TENorm where TE is installed).
+  `LayerNormImpl`: TENorm where TE is installed);
+- the classes megatron-core and the bridge derive from a TE class (the bridge's `TERowParallelLinearLayerNorm`,
+  common/te_layers.py:26, used by Gemma 2 / Gemma 3 / EXAONE 4; `Gemma3TEDotProductAttention`,
+  gemma3_provider.py:233; Ministral's, MiMo's, Gemma 4's attention, ...). Without TE their `class X(TEBase):` statement
+  ran with a MagicMock as the base, so Python handed the class body to `MagicMock(name, bases, namespace)` and bound X
+  to a mock (which keeps the body as its return value and the bases as its side effect): each is built again as a
+  class from its own unmodified body, on the stand-in of its base, and bound wherever the mock was.
 
 `HAVE_TE` stays False everywhere and nothing enters sys.modules: megatron-core takes no other TE-only path (fp8,
 te_checkpoint, the op fuser, TE's fused kernels), which the stand-in does not compute. Installed only in a run that
@@ -28,6 +34,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from typing import Any
+from unittest.mock import NonCallableMock
 
 from convcheck.compat.detect import optional_module, skip
 from convcheck.compat.no_te import transformer_engine_available
@@ -123,8 +130,60 @@ def install_te_standin() -> dict[str, list[str]]:
     block = sys.modules.get(BLOCK)
     if block is not None and getattr(block, "LayerNormImpl", None) is not placeholders["TENorm"]:
         bind(block, "LayerNormImpl", TENorm)
+    rebuild_derived_classes(placeholders, bind)
     _INSTALLED["bound"] = bound
     return bound
+
+
+def class_statement_mock(value: Any) -> bool:
+    """True for what `class X(base):` binds when `base` is a MagicMock: a mock called as a metaclass with
+    (name, bases, namespace), spec'd on the name (a str), the namespace dict its return value."""
+    if not isinstance(value, NonCallableMock) or value.__dict__.get("_spec_class") is not str:
+        return False
+    namespace = value.__dict__.get("_mock_return_value")
+    return isinstance(namespace, dict) and "__qualname__" in namespace and "__module__" in namespace
+
+
+def _statement_bases(value: Any) -> tuple[Any, ...]:
+    """The bases a class statement passed to the mock (its side effect, an iterator over them: read whole through
+    the iterator's reduction, whatever a call consumed)."""
+    effect = value.__dict__.get("_mock_side_effect")
+    reduced = effect.__reduce__() if effect is not None else None
+    return tuple(reduced[1][0]) if reduced and reduced[1] else ()
+
+
+def rebuild_derived_classes(placeholders: dict[str, Any], bind: Any) -> dict[int, type]:
+    """Build again, as real classes, every class statement in a megatron module whose base chain reaches a TE
+    placeholder (see the module docstring), each from its own namespace on the stand-ins; bind each wherever its mock
+    was. Returns {id(mock): class}. A chain through anything else (a bare `te.pytorch.X` attribute) stays a mock."""
+    from convcheck.kernels.te import STAND_INS
+
+    stand_in = {id(held): STAND_INS[name] for name, held in placeholders.items() if held is not None}
+    built: dict[int, type | None] = {}
+
+    def rebuild(value: Any) -> type | None:
+        if id(value) in stand_in:
+            return stand_in[id(value)]
+        if not class_statement_mock(value):
+            return value if isinstance(value, type) else None
+        if id(value) not in built:
+            built[id(value)] = None  # a cycle cannot occur, but never recurse twice
+            bases = tuple(rebuild(base) for base in _statement_bases(value))
+            if bases and all(base is not None for base in bases):
+                namespace = dict(value.__dict__["_mock_return_value"])
+                built[id(value)] = type(namespace["__qualname__"].rsplit(".", 1)[-1], bases, namespace)
+        return built[id(value)]
+
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not module_name.startswith("megatron."):
+            continue
+        for name, held in list(getattr(module, "__dict__", {}).items()):
+            if id(held) in stand_in or not class_statement_mock(held):
+                continue
+            cls = rebuild(held)
+            if cls is not None:
+                bind(module, name, cls)
+    return {key: cls for key, cls in built.items() if cls is not None}
 
 
 HYBRID_TE_SPECS = (

@@ -33,6 +33,18 @@ def eager() -> dict[str, str]:
     return kinds
 
 
+def lm_auto_class(config: Any) -> Any:
+    """The transformers auto class whose model gives `config`'s logits: AutoModelForCausalLM, or for a
+    vision-language checkpoint it has no entry for (Qwen3-VL, ...) AutoModelForImageTextToText, whose model runs a
+    text-only input through its language model."""
+    import transformers
+
+    if type(config) not in transformers.AutoModelForCausalLM._model_mapping:
+        if type(config) in transformers.AutoModelForImageTextToText._model_mapping:
+            return transformers.AutoModelForImageTextToText
+    return transformers.AutoModelForCausalLM
+
+
 def meta_model(path: str) -> Any:
     """The fp32 causal LM of `path` as from_pretrained builds it with `eager()` kernels, parameters and persistent
     buffers on meta (non-persistent buffers such as rotary inv_freq real, initialised as from_pretrained does)."""
@@ -45,9 +57,7 @@ def meta_model(path: str) -> Any:
     for key, value in eager().items():  # the kernels hf_logits asks from_pretrained for
         setattr(config, f"_{key}", value)
     config.dtype = torch.float32
-    cls = transformers.models.auto.auto_factory._get_model_class(
-        config, transformers.AutoModelForCausalLM._model_mapping
-    )
+    cls = transformers.models.auto.auto_factory._get_model_class(config, lm_auto_class(config)._model_mapping)
     with ExitStack() as stack:
         for context in cls.get_init_context(torch.float32, False, False, None):
             stack.enter_context(context)

@@ -18,7 +18,7 @@ from convcheck.errors import needs_cuda, one_line, raised_at
 from convcheck.oracles.base import OracleInfo
 from convcheck.oracles.forward_site import ForwardSite, tracking
 from convcheck.oracles.fp32 import fp32_forward
-from convcheck.oracles.hf_stream import eager, streamed_logits
+from convcheck.oracles.hf_stream import eager, lm_auto_class, streamed_logits
 from convcheck.rank.context import RankContext
 from convcheck.verdict import Finding, OracleVerdict, make_verdict
 
@@ -46,6 +46,11 @@ def fixed_tokens(vocab_size: int) -> Any:
 
     gen = torch.Generator().manual_seed(SEED)
     return torch.randint(0, vocab_size, (BATCH, SEQ), generator=gen, dtype=torch.long)
+
+
+def vocab_size(config: dict[str, Any]) -> int:
+    """The vocabulary of a config.json: its own, or its text_config's (a vision-language checkpoint)."""
+    return int(config["vocab_size"] if "vocab_size" in config else config["text_config"]["vocab_size"])
 
 
 def _unwrap(module: Any) -> Any:
@@ -150,7 +155,8 @@ def hf_logits(path: Any, tokens: Any, device: str = "cpu") -> Any:
     import torch
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype="auto", **eager())
+    auto = lm_auto_class(transformers.AutoConfig.from_pretrained(path))
+    model = auto.from_pretrained(path, dtype="auto", **eager())
     model.to(device).eval()
     with fp32_forward([model]), torch.no_grad():
         return model(input_ids=tokens.to(device)).logits.float().cpu()
@@ -242,7 +248,7 @@ def forward_failed(rank: int, error: str, where: ForwardSite | None) -> Finding:
 
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank runs its part of the Megatron forward; rank 0 runs HF and compares."""
-    tokens = fixed_tokens(int(ctx.checkpoint.config["vocab_size"]))
+    tokens = fixed_tokens(vocab_size(ctx.checkpoint.config))
     error, cpu_limit, where = None, False, None
     with tracking(ctx.model, ctx.global_name) as site:
         try:

@@ -80,6 +80,24 @@ def _build(bridge: Any, spec: RankSpec) -> tuple[Any, list[Any]]:
     raise BuildFailed(f"rank {rank}: {first}{more}")
 
 
+def _refuse_cpu_limited_load(error: str | None, device: str) -> None:
+    """SetupError on every rank when the bridge's import raised on any rank because it called CUDA on a CPU run (a
+    call convcheck has no CPU shim for: a limit of convcheck's CPU runs, never an import-failed finding); the ranks
+    agree first, so none goes on into an oracle's collective alone."""
+    import torch.distributed as dist
+
+    limited = error if error is not None and device == "cpu" and needs_cuda(RuntimeError(error)) else None
+    flags: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(flags, limited)
+    failed = [(rank, e) for rank, e in enumerate(flags) if e is not None]
+    if failed:
+        rank, first = failed[0]
+        raise SetupError(
+            f"this checkpoint cannot be loaded on the CPU: the bridge's import calls CUDA where convcheck has no CPU "
+            f"shim (rank {rank}: {first}); run with --device cuda"
+        )
+
+
 def _environment_limit(exc: BaseException, device: str, layer_spec: str = "local") -> str | None:
     """Why the build failed because of this environment, not the bridge (None: a bridge failure): a Transformer Engine
     class megatron-core left None because TE is missing (`isinstance(x, TEClass)` with TEClass None), a TE version
@@ -167,5 +185,6 @@ def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bo
         ctx.load_error = failed[0] if failed else None
         grace = min(GRACE_S, spec.timeout_s / 4)
         ctx.stages.ended("import", f"{failed[0]} at {failed[1]}" if failed else None, grace_s=grace)
+        _refuse_cpu_limited_load(ctx.load_error, spec.device)
         ctx.not_loaded = unloaded_counts(ctx.global_name, model)
     return ctx
