@@ -433,7 +433,8 @@ def test_rank_function(convcheck_ranks):
     out = convcheck_ranks(mlp_shards, prefix="decoder.layers.0.mlp")
     assert out["world"] == 2 and [tp for tp, _ in out["shards"]] == [0, 1]
     for _, shapes in out["shards"]:
-        assert shapes == {
+        assert shapes == {  # the TE layout verify builds by default: the pre-MLP norm lives in linear_fc1
+            "decoder.layers.0.mlp.linear_fc1.layer_norm_weight": [32],
             "decoder.layers.0.mlp.linear_fc1.weight": [64, 32],
             "decoder.layers.0.mlp.linear_fc2.weight": [32, 32],
         }
