@@ -93,6 +93,8 @@ def run(ctx: RankContext) -> OracleVerdict | None:
             for _ in ctx.export():
                 pass
         return None
+    from convcheck.rollout.client import EngineCannotRun, EngineFailed  # torch: rank side only
+
     source = str(ctx.checkpoint.path)
     host = ctx.early.get(NAME) or _launch(
         ctx.oracle_options(NAME), source, ctx.workdir, ctx.sync.chunk_mb, ctx.timeout_s
@@ -100,7 +102,13 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     agreed = False
     try:
         with host:
-            reference = host.finish("start")
+            try:
+                reference = host.finish("start")
+            except EngineCannotRun as exc:
+                return OracleVerdict(name=NAME, checked=0, unit="engine tensors",
+                                     not_covered=f"the engine cannot run this architecture here: {exc.reason}")  # fmt: skip
+            except EngineFailed as exc:
+                raise EngineFailed(f"{exc}{engine_fixtures_hint(ctx.checkpoint.config)}") from None
             ctx.versions.update(reference["versions"])
             poisoned = host.request("poison", model=source)
             ctx.gather("ready")
@@ -109,6 +117,18 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     finally:
         if not agreed:  # the other ranks wait to hear whether to drain
             ctx.gather(None)
+
+
+def engine_fixtures_hint(config: dict[str, Any]) -> str:
+    """`; the engine fixtures of this family (...) have widths CPU vLLM accepts`, or "" when the family has none."""
+    from convcheck.fixtures.specs import ENGINE_VARIANTS
+    from convcheck.models import BY_HF_CLASS
+
+    family = BY_HF_CLASS.get(next(iter(config.get("architectures") or []), ""))
+    names = [f"tiny:{f.name}" for f in (family.fixtures if family else ()) if f.name in ENGINE_VARIANTS]
+    if not names:
+        return ""
+    return f"; {' and '.join(names)} {'has' if len(names) == 1 else 'have'} this family's widths that CPU vLLM accepts"
 
 
 def _syncs(

@@ -286,7 +286,7 @@ def flip_sign(weights: WeightIter) -> WeightIter:
 def raised(exc: BaseException) -> dict[str, str]:
     """One line for an exception and where it was raised (the innermost frame)."""
     frames = traceback.extract_tb(exc.__traceback__)
-    where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    where = f"{frames[-1].filename.rsplit('site-packages/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
     text = " ".join(str(exc).split())
     return {"error": f"{type(exc).__name__}: {text}"[:600], "where": where}
 
