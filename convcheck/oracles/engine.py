@@ -105,8 +105,8 @@ def run(ctx: RankContext) -> OracleVerdict | None:
             try:
                 reference = host.finish("start")
             except EngineCannotRun as exc:
-                return OracleVerdict(name=NAME, checked=0, unit="engine tensors",
-                                     not_covered=f"the engine cannot run this architecture here: {exc.reason}")  # fmt: skip
+                reason = f"the engine cannot run this architecture here: {exc.reason}"
+                return OracleVerdict(name=NAME, checked=0, unit="engine tensors", not_covered=reason)
             except EngineFailed as exc:
                 raise EngineFailed(f"{exc}{engine_fixtures_hint(ctx.checkpoint.config)}") from None
             ctx.versions.update(reference["versions"])
@@ -136,6 +136,7 @@ def _syncs(
 ) -> OracleVerdict:
     """Rank 0: each sync of the export into the engine and its inspection; the verdict."""
     names = sorted(ctx.checkpoint.tensors)
+    shapes = {n: entry.shape for n, entry in ctx.checkpoint.tensors.items()}
     geometry = Geometry.from_hf_config(ctx.checkpoint.config)
     findings: list[Finding] = found.poison_findings(reference, poisoned)
     metrics: dict[str, Any] = {"engine_load_s": reference["seconds"], "poison_s": poisoned["seconds"]}
@@ -158,13 +159,15 @@ def _syncs(
         if export is not None:
             findings.append(export)
         findings += found.delivery_findings(delivery["received"], names, when)
-        findings += _inspect(host, reference, when, geometry, names)
+        findings += _inspect(host, reference, when, geometry, shapes)
     checked = len([k for k, (shape, _, _) in reference["state"].items() if any(shape)])
     metrics.update(engine_tensors=checked, vllm=reference["versions"].get("vllm", ""))
     return make_verdict(NAME, checked=checked, findings=findings, unit="engine tensors", metrics=metrics)
 
 
-def _inspect(host: Any, reference: dict[str, Any], when: str, geometry: Geometry, names: list[str]) -> list[Finding]:
+def _inspect(
+    host: Any, reference: dict[str, Any], when: str, geometry: Geometry, shapes: dict[str, Any]
+) -> list[Finding]:
     """The engine's state and outputs after a sync against the reference; expert weights that only vLLM's skipped CPU
     prepack (a known vLLM bug) leaves wrong are named as such, then the prepack is run so the rest is still checked."""
     seen = host.request("inspect")
@@ -175,8 +178,8 @@ def _inspect(host: Any, reference: dict[str, Any], when: str, geometry: Geometry
         after = host.request("inspect")
         left = {d["name"] for d in after["diffs"]}
         cleared = [d for d in experts if d["name"] not in left]
-        findings += found.state_findings(cleared, when, geometry, names, kind=found.KNOWN_REPAIR)
+        findings += found.state_findings(cleared, when, geometry, shapes, kind=found.KNOWN_REPAIR)
         seen = {**after, "repacked": seen["repacked"]}
-    findings += found.state_findings(seen["diffs"], when, geometry, names, seen["repacked"])
+    findings += found.state_findings(seen["diffs"], when, geometry, shapes, seen["repacked"])
     findings += found.output_findings(reference["outputs"], seen["outputs"], when)
     return findings
