@@ -9,6 +9,7 @@ shared-memory buckets into its receiver (vLLM's `reload_weights`, or --engine-re
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,14 @@ INFO = OracleInfo(
             check=check_python,
             help="the interpreter of the engine's environment (default: $CONVCHECK_ENGINE_PYTHON, else "
             ".venv-vllm/bin/python, built by `make env-vllm`).",
+        ),
+        OracleOption(
+            flag="--engine-delta",
+            choices=("off", "on"),
+            default="off",
+            help="after the full syncs proved right, also sync a planted update (3 tensors of the source with every "
+            "odd element's sign flipped, written as an updated checkpoint) and prove the engine then computes "
+            "bitwise what a second engine's fresh load of that checkpoint computes (default: off).",
         ),
         OracleOption(
             flag="--engine-receiver",
@@ -113,7 +122,10 @@ def run(ctx: RankContext) -> OracleVerdict | None:
             poisoned = host.request("poison", model=source)
             ctx.gather("ready")
             agreed = True
-            return _syncs(ctx, host, options["engine_receiver"] or "reload", reference, poisoned)
+            verdict = _syncs(ctx, host, options["engine_receiver"] or "reload", reference, poisoned)
+            if options["engine_delta"] == "on":
+                verdict = _with_delta(ctx, host, options, verdict)
+            return verdict
     finally:
         if not agreed:  # the other ranks wait to hear whether to drain
             ctx.gather(None)
@@ -163,6 +175,46 @@ def _syncs(
     checked = len([k for k, (shape, _, _) in reference["state"].items() if any(shape)])
     metrics.update(engine_tensors=checked, vllm=reference["versions"].get("vllm", ""))
     return make_verdict(NAME, checked=checked, findings=findings, unit="engine tensors", metrics=metrics)
+
+
+def _with_delta(ctx: RankContext, host: Any, options: dict[str, Any], verdict: OracleVerdict) -> OracleVerdict:
+    """Rank 0, after the full syncs: the planted update's delta through the same receiver, against a second engine's
+    fresh load of the updated checkpoint (every tensor's raw bytes, prompt logprobs, greedy tokens); skipped when the
+    full syncs already differ beyond vLLM's named CPU MoE prepack (the engine's state is then not the source's)."""
+    import shutil
+    import tempfile
+
+    from convcheck.rollout.client import EngineHost, engine_timeout, log_path
+    from convcheck.rollout.delta import delta, planted_update
+
+    if any(f.kind != found.KNOWN_REPAIR for f in verdict.findings):
+        return replace(verdict, metrics={**verdict.metrics, "delta": "skipped: the full sync already differs"})
+    receiver = options["engine_receiver"] or "reload"
+    layers = int(ctx.checkpoint.config.get("num_hidden_layers") or 0)
+    folder = Path(tempfile.mkdtemp(prefix="convcheck-delta-", dir=ctx.workdir or None))
+    try:
+        changed = planted_update(Path(ctx.checkpoint.path), folder / "updated", layers)
+        python = options["engine_python"] or check_python(None)
+        with EngineHost(python, log_path(ctx.workdir), ctx.sync.chunk_mb, engine_timeout(ctx.timeout_s)) as fresh:
+            updated = fresh.request("start", model=str(folder / "updated"))
+            fresh.request("save", path=str(folder / "reference.pt"))
+        delivery = host.sync(receiver, delta(folder / "updated", changed))
+        seen = host.request("inspect", against=str(folder / "reference.pt"))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    when = f"after a delta sync of {len(changed)} changed tensors"
+    findings = list(verdict.findings)
+    if delivery["error"]:
+        err = delivery["error"]
+        message = f"engine receiver {receiver} raised {err['error']} at {err['where']} {when}"
+        findings.append(Finding(tensor="<receiver>", kind="receiver-failed", message=message))
+    shapes = {n: entry.shape for n, entry in ctx.checkpoint.tensors.items()}
+    geometry = Geometry.from_hf_config(ctx.checkpoint.config)
+    findings += found.delivery_findings(delivery["received"], changed, when)
+    findings += found.state_findings(seen["diffs"], when, geometry, shapes, seen["repacked"], kind="delta-differs")
+    findings += found.output_findings(updated["outputs"], seen["outputs"], when)
+    metrics = {**verdict.metrics, "delta": changed, "delta_s": delivery["seconds"]}
+    return make_verdict(NAME, checked=verdict.checked, findings=findings, unit=verdict.unit, metrics=metrics)
 
 
 def _inspect(
