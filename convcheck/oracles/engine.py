@@ -41,9 +41,10 @@ INFO = OracleInfo(
     "(every weight sign-flipped through its reload path, shown to reach every tensor and its outputs), every "
     "parameter and every weight the CPU backend packs (as last packed) is bitwise what the engine's fresh load held, "
     "the prompt logprobs and greedy tokens of fixed prompts are bitwise the fresh load's, every source tensor "
-    "reaches the receiver exactly once, and a second identical sync changes nothing",
+    "reaches the receiver exactly once, a second identical sync changes nothing, and (--engine-delta on) a planted "
+    "update's delta leaves the engine computing bitwise what a fresh load of the updated checkpoint computes",
     does_not_prove="that the engine's fresh load is itself right (its loader and kernels are the reference), "
-    "anything about partial or delta syncs, sampling with temperature, or other prompts; packed weights are read "
+    "deltas other than the planted one, sampling with temperature, or other prompts; packed weights are read "
     "where the engine packs them, not inside the packed kernel format",
     default=False,
     options=(
