@@ -311,7 +311,9 @@ DELTA = ("model.layers.0.post_attention_layernorm.weight", "model.layers.0.self_
          "model.layers.1.self_attn.k_norm.weight")  # fmt: skip
 """The planted update's tensors on tiny:qwen3-vllm (3 main-model tensors, evenly spaced in name order)."""
 PARTIAL_QKV = {("model.layers.0.self_attn.qkv_proj.weight", "delta-differs"), ("<outputs>", "logprobs-differ")}
-"""vLLM's reload of v_proj alone leaves q and k of the fused qkv_proj uninitialized (and the outputs follow)."""
+"""vLLM's reload of v_proj alone leaves q and k of the fused qkv_proj uninitialized (and the outputs follow; whether
+the greedy tokens change too depends on what that memory held)."""
+MAYBE = {("<outputs>", "tokens-differ")}
 
 
 @pytest.mark.ranks
@@ -323,7 +325,7 @@ def test_a_delta_of_one_shard_of_a_fused_layer_is_named_as_vllms_partial_reload_
     assert res.code == 1, res.err
     (engine,) = res.report["oracles"]
     assert engine["metrics"]["delta"] == list(DELTA)
-    assert _found(res) == PARTIAL_QKV
+    assert _found(res) - MAYBE == PARTIAL_QKV
     qkv = _message(res, "model.layers.0.self_attn.qkv_proj.weight", "delta-differs")
     assert "after a delta sync of 3 changed tensors" in qkv
     assert "first at index [0, 0] <- model.layers.0.self_attn.q_proj.weight[0, 0]" in qkv
@@ -338,5 +340,5 @@ def test_a_receiver_losing_one_delta_tensor_is_named(tmp_path: Path) -> None:
                   RECEIVERS + "reload_dropping_a_delta_tensor")  # fmt: skip
     assert res.code == 1, res.err
     dropped = DELTA[0]
-    assert _found(res) == PARTIAL_QKV | {(dropped, "not-delivered"), (dropped, "delta-differs")}
+    assert _found(res) - MAYBE == PARTIAL_QKV | {(dropped, "not-delivered"), (dropped, "delta-differs")}
     assert "first at index [1]: got" in _message(res, dropped, "delta-differs")
