@@ -342,3 +342,22 @@ def test_a_receiver_losing_one_delta_tensor_is_named(tmp_path: Path) -> None:
     dropped = DELTA[0]
     assert _found(res) - MAYBE == PARTIAL_QKV | {(dropped, "not-delivered"), (dropped, "delta-differs")}
     assert "first at index [1]: got" in _message(res, dropped, "delta-differs")
+
+
+def test_every_planted_engine_bug_is_run_by_a_test_here() -> None:
+    """The engine's planted senders and receivers are its mutant catalog (they need the engine oracle and its
+    environment, so `convcheck selftest`'s hook catalog does not run them): each is named by a test of this file."""
+    import inspect
+    import re
+
+    from convcheck.mutants import engine, engine_receivers
+
+    source = Path(__file__).read_text()
+    planted = [
+        name
+        for module in (engine, engine_receivers)
+        for name, fn in vars(module).items()
+        if inspect.isfunction(fn) and fn.__module__ == module.__name__ and not name.startswith("_")
+    ]
+    assert len(planted) == 11
+    assert [name for name in planted if re.search(rf"\b{name}\b", source) is None] == []
