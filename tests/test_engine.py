@@ -189,11 +189,56 @@ def test_no_engine_environment_is_one_line_and_exit_2(tmp_path: Path) -> None:
 
 @pytest.mark.ranks
 def test_an_engine_that_cannot_run_these_dims_is_exit_2_quoting_its_reason(tmp_path: Path) -> None:
-    res = run_cli("verify", "--model", "tiny:qwen3", "--oracle", "engine", "--log-dir", str(tmp_path / "log"))
+    """The issue's command: tiny:qwen3-moe has head_dim 8, which CPU vLLM's attention refuses; the line names the
+    family's engine fixture."""
+    res = run_cli("verify", "--model", "tiny:qwen3-moe", "--ep", "2", "--oracle", "engine", "--log-dir",
+                  str(tmp_path / "log"))  # fmt: skip
     assert res.code == 2 and res.report is None
-    assert res.err.startswith("convcheck: error: the engine raised") and "during 'start'" in res.err
-    assert "Unsupported CPU attention configuration" in res.err
+    assert res.err.strip().splitlines() == [
+        "convcheck: error: the engine raised RuntimeError: Unsupported CPU attention configuration: head_dim=8 isa=1 "
+        "kv_cache_idx=0 at torch/_ops.py:1279 during 'start'; tiny:qwen3-moe-vllm has this family's widths that CPU "
+        "vLLM accepts"
+    ]
     _no_leftovers(tmp_path)
+
+
+def test_findings_name_the_hf_tensors_inside_vllms_fused_and_renamed_ones() -> None:
+    """convcheck.rollout.packing on the shapes of the -vllm fixtures: MLA, GPT-OSS, Qwen3-Next's gated q, NemotronH."""
+    from convcheck.hf.geometry import Geometry
+    from convcheck.rollout.packing import locate, sources
+
+    mla = Geometry(qk_nope_head_dim=32, v_head_dim=32, vocab=152)
+    hf = {"model.layers.0.self_attn.q_a_proj.weight": (32, 64),
+          "model.layers.0.self_attn.kv_a_proj_with_mqa.weight": (576, 64),
+          "model.layers.1.self_attn.kv_b_proj.weight": (256, 512),
+          "model.layers.3.self_attn.q_proj.weight": (256, 64), "model.layers.3.self_attn.k_proj.weight": (64, 64),
+          "model.layers.3.self_attn.v_proj.weight": (64, 64), "model.layers.0.self_attn.sinks": (4,),
+          "model.layers.0.mlp.experts.gate_up_proj": (8, 64, 64), "model.layers.0.mlp.experts.down_proj_bias": (8, 64),
+          "model.embed_tokens.weight": (152, 64), "backbone.layers.0.mixer.A_log": (4,),
+          "backbone.layers.0.mixer.conv1d.weight": (192, 1, 4)}  # fmt: skip
+    fused = "packed.model.layers.0.self_attn.fused_qkv_a_proj.weight"
+    assert sources(fused, mla, hf) == ["model.layers.0.self_attn.q_a_proj.weight",
+                                       "model.layers.0.self_attn.kv_a_proj_with_mqa.weight"]  # fmt: skip
+    assert locate(fused, [40, 3], mla, hf) == " <- model.layers.0.self_attn.kv_a_proj_with_mqa.weight[8, 3]"
+    uk, uv = (f"params.model.layers.1.self_attn.mla_attn.mla_attn.{w}" for w in ("W_UK_T", "W_UV"))
+    assert locate(uk, [1, 2, 5], mla, hf) == " <- model.layers.1.self_attn.kv_b_proj.weight[66, 5]"
+    assert locate(uv, [1, 5, 2], mla, hf) == " <- model.layers.1.self_attn.kv_b_proj.weight[98, 5]"
+    assert locate("packed.model.layers.3.self_attn.qkv_proj.weight", [300, 1], mla, hf) == (
+        " <- model.layers.3.self_attn.k_proj.weight[44, 1]"
+    )
+    assert locate("params.model.layers.0.attn.sinks", [1], mla, hf) == " <- model.layers.0.self_attn.sinks[1]"
+    w13 = "params.model.layers.0.mlp.experts.routed_experts.w13_weight"
+    assert sources(w13, mla, hf) == ["model.layers.0.mlp.experts.gate_up_proj"]
+    assert locate(w13, [1, 2, 3], mla, hf) == " <- model.layers.0.mlp.experts.gate_up_proj[1, 3, 2]"
+    assert sources("params.model.layers.0.mlp.experts.routed_experts.w2_bias", mla, hf) == [
+        "model.layers.0.mlp.experts.down_proj_bias"
+    ]
+    assert locate("params.model.embedding.weight", [160, 0], mla, hf) == " (a padding row past the vocabulary of 152)"
+    assert locate("params.model.embedding.weight", [3, 0], mla, hf) == " <- model.embed_tokens.weight[3, 0]"
+    assert locate("params.model.layers.0.mixer.A", [1], mla, hf) == " <- backbone.layers.0.mixer.A_log[1]"
+    assert locate("params.model.layers.0.mixer.conv1d.weight", [3, 1], mla, hf) == (
+        " <- backbone.layers.0.mixer.conv1d.weight[3, 0, 1]"
+    )
 
 
 @pytest.mark.ranks
