@@ -189,11 +189,56 @@ def test_no_engine_environment_is_one_line_and_exit_2(tmp_path: Path) -> None:
 
 @pytest.mark.ranks
 def test_an_engine_that_cannot_run_these_dims_is_exit_2_quoting_its_reason(tmp_path: Path) -> None:
-    res = run_cli("verify", "--model", "tiny:qwen3", "--oracle", "engine", "--log-dir", str(tmp_path / "log"))
+    """The issue's command: tiny:qwen3-moe has head_dim 8, which CPU vLLM's attention refuses; the line names the
+    family's engine fixture."""
+    res = run_cli("verify", "--model", "tiny:qwen3-moe", "--ep", "2", "--oracle", "engine", "--log-dir",
+                  str(tmp_path / "log"))  # fmt: skip
     assert res.code == 2 and res.report is None
-    assert res.err.startswith("convcheck: error: the engine raised") and "during 'start'" in res.err
-    assert "Unsupported CPU attention configuration" in res.err
+    assert res.err.strip().splitlines() == [
+        "convcheck: error: the engine raised RuntimeError: Unsupported CPU attention configuration: head_dim=8 isa=1 "
+        "kv_cache_idx=0 at torch/_ops.py:1279 during 'start'; tiny:qwen3-moe-vllm has this family's widths that CPU "
+        "vLLM accepts"
+    ]
     _no_leftovers(tmp_path)
+
+
+def test_findings_name_the_hf_tensors_inside_vllms_fused_and_renamed_ones() -> None:
+    """convcheck.rollout.packing on the shapes of the -vllm fixtures: MLA, GPT-OSS, Qwen3-Next's gated q, NemotronH."""
+    from convcheck.hf.geometry import Geometry
+    from convcheck.rollout.packing import locate, sources
+
+    mla = Geometry(qk_nope_head_dim=32, v_head_dim=32, vocab=152)
+    hf = {"model.layers.0.self_attn.q_a_proj.weight": (32, 64),
+          "model.layers.0.self_attn.kv_a_proj_with_mqa.weight": (576, 64),
+          "model.layers.1.self_attn.kv_b_proj.weight": (256, 512),
+          "model.layers.3.self_attn.q_proj.weight": (256, 64), "model.layers.3.self_attn.k_proj.weight": (64, 64),
+          "model.layers.3.self_attn.v_proj.weight": (64, 64), "model.layers.0.self_attn.sinks": (4,),
+          "model.layers.0.mlp.experts.gate_up_proj": (8, 64, 64), "model.layers.0.mlp.experts.down_proj_bias": (8, 64),
+          "model.embed_tokens.weight": (152, 64), "backbone.layers.0.mixer.A_log": (4,),
+          "backbone.layers.0.mixer.conv1d.weight": (192, 1, 4)}  # fmt: skip
+    fused = "packed.model.layers.0.self_attn.fused_qkv_a_proj.weight"
+    assert sources(fused, mla, hf) == ["model.layers.0.self_attn.q_a_proj.weight",
+                                       "model.layers.0.self_attn.kv_a_proj_with_mqa.weight"]  # fmt: skip
+    assert locate(fused, [40, 3], mla, hf) == " <- model.layers.0.self_attn.kv_a_proj_with_mqa.weight[8, 3]"
+    uk, uv = (f"params.model.layers.1.self_attn.mla_attn.mla_attn.{w}" for w in ("W_UK_T", "W_UV"))
+    assert locate(uk, [1, 2, 5], mla, hf) == " <- model.layers.1.self_attn.kv_b_proj.weight[66, 5]"
+    assert locate(uv, [1, 5, 2], mla, hf) == " <- model.layers.1.self_attn.kv_b_proj.weight[98, 5]"
+    assert locate("packed.model.layers.3.self_attn.qkv_proj.weight", [300, 1], mla, hf) == (
+        " <- model.layers.3.self_attn.k_proj.weight[44, 1]"
+    )
+    assert locate("params.model.layers.0.attn.sinks", [1], mla, hf) == " <- model.layers.0.self_attn.sinks[1]"
+    w13 = "params.model.layers.0.mlp.experts.routed_experts.w13_weight"
+    assert sources(w13, mla, hf) == ["model.layers.0.mlp.experts.gate_up_proj"]
+    assert locate(w13, [1, 2, 3], mla, hf) == " <- model.layers.0.mlp.experts.gate_up_proj[1, 3, 2]"
+    assert sources("params.model.layers.0.mlp.experts.routed_experts.w2_bias", mla, hf) == [
+        "model.layers.0.mlp.experts.down_proj_bias"
+    ]
+    assert locate("params.model.embedding.weight", [160, 0], mla, hf) == " (a padding row past the vocabulary of 152)"
+    assert locate("params.model.embedding.weight", [3, 0], mla, hf) == " <- model.embed_tokens.weight[3, 0]"
+    assert locate("params.model.layers.0.mixer.A", [1], mla, hf) == " <- backbone.layers.0.mixer.A_log[1]"
+    assert locate("params.model.layers.0.mixer.conv1d.weight", [3, 1], mla, hf) == (
+        " <- backbone.layers.0.mixer.conv1d.weight[3, 0, 1]"
+    )
 
 
 @pytest.mark.ranks
@@ -208,3 +253,156 @@ def test_an_engine_crashing_or_hanging_mid_sync_is_exit_2_leaving_nothing(
     assert res.code == 2 and res.report is None, res.err
     assert f"the engine process {what}" in res.err and res.err.count("\n") == 1
     _no_leftovers(tmp_path)
+
+
+def _experts(layers: range) -> set[tuple[str, str]]:
+    """vLLM's skipped CPU MoE prepack, as the oracle names it on each MoE layer's expert tensors."""
+    return {(f"model.layers.{n}.mlp.experts.routed_experts.{w}_weight", "moe-not-repacked") for n in layers
+            for w in ("w13", "w2")}  # fmt: skip
+
+
+MTP_ALIASES = {(f"model.layers.4.{a}.weight", "not-delivered") for a in ("embed_tokens", "shared_head.head")}
+"""The bridge never exports the MTP layer's embedding / lm_head copies (deepseek / glm45 mtp-aliases-dropped)."""
+
+GPT_OSS_STALE = {
+    (f"model.layers.{n}.{t}", "poison-not-reached")
+    for n in range(4)
+    for t in ("attn.sinks", *(f"mlp.experts.routed_experts.{w}" for w in ("w13_weight", "w13_bias", "w2_weight",
+                                                                         "w2_bias")))
+}  # fmt: skip
+"""vLLM's GPT-OSS loader copies experts and sinks past reload_weights' loaders: the poison never reaches them."""
+
+FAMILIES = [
+    ("tiny:qwen2-vllm", ("--tp", "2"), set(), {}),
+    ("tiny:olmoe-vllm", ("--ep", "2", "--experts", "te-grouped"), _experts(range(2)),
+     {"vllm-cpu-moe-reload-prepack": 4}),
+    ("tiny:glm4.5-vllm", ("--ep", "2", "--experts", "te-grouped"), _experts(range(1, 4)) | MTP_ALIASES,
+     {"vllm-cpu-moe-reload-prepack": 6, "glm45-mtp-aliases-dropped": 2}),
+    ("tiny:deepseek-v3-vllm", ("--ep", "2"), _experts(range(1, 4)) | MTP_ALIASES,
+     {"vllm-cpu-moe-reload-prepack": 6, "deepseek-mtp-aliases-dropped": 2}),
+    ("tiny:gpt-oss-vllm", ("--ep", "2"), GPT_OSS_STALE, {"vllm-gpt-oss-reload-skips-direct-copies": 20}),
+    ("tiny:qwen3-next-vllm", ("--ep", "2"), _experts(range(4)), {"vllm-cpu-moe-reload-prepack": 8}),
+    ("tiny:nemotron-h-vllm", ("--tp", "2"), set(), {}),
+]  # fmt: skip
+"""One layout per family (docs/engine.md's table lists the others checked): the whole verdict, every finding a known
+bug's."""
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize("model,args,expected,bugs", FAMILIES, ids=[f[0].removeprefix("tiny:") for f in FAMILIES])
+def test_each_family_syncs_into_vllm_exactly_or_fails_only_on_named_upstream_bugs(
+    tmp_path: Path, model: str, args: tuple[str, ...], expected: set[tuple[str, str]], bugs: dict[str, int]
+) -> None:
+    res = _engine(tmp_path, model, *args)
+    assert res.code == (1 if expected else 0), res.err
+    (engine,) = res.report["oracles"]
+    assert _found(res) == expected
+    named: dict[str, int] = {}
+    for f in engine["findings"]:
+        named[f["detail"][UPSTREAM_BUG]] = named.get(f["detail"][UPSTREAM_BUG], 0) + 1
+    assert named == bugs
+    assert engine["checked"] > 0 and engine["metrics"]["vllm"] == "0.32.0"
+
+
+@pytest.mark.ranks
+def test_an_architecture_the_engine_has_no_kernel_for_is_not_covered_quoting_its_reason(tmp_path: Path) -> None:
+    """NemotronH's MoE is non-gated (relu2): CPU vLLM raises NotImplementedError while loading it."""
+    res = _engine(tmp_path, "tiny:nemotron-h-moe-vllm")
+    assert res.code == 3, res.err
+    (engine,) = res.report["oracles"]
+    assert engine["verdict"] == "not-covered" and engine["findings"] == []
+    assert engine["not_covered"] == (
+        "the engine cannot run this architecture here: NotImplementedError: is_act_and_mul=False is supported only "
+        "for CUDA, XPU and ROCm for now at vllm/model_executor/layers/fused_moe/config.py:1402"
+    )
+    _no_leftovers(tmp_path)
+
+
+@pytest.mark.ranks
+def test_mla_latent_projections_sent_wrong_are_named_in_vllms_fused_and_split_tensors(tmp_path: Path) -> None:
+    """One element of layer 0's kv_a_proj_with_mqa and of layer 1's kv_b_proj sign-flipped by the sender: named in
+    vLLM's fused_qkv_a_proj (after q_a_proj's 32 rows) and in W_UK_T (kv_b_proj split per head), with the HF element."""
+    res = _engine(tmp_path, "tiny:deepseek-v3-vllm", "--tp", "2", "--sender", SENDERS + "flip_mla_elements")
+    assert res.code == 1, res.err
+    fused = "model.layers.0.self_attn.fused_qkv_a_proj.weight"
+    split = "model.layers.1.self_attn.mla_attn.mla_attn.W_UK_T"
+    kv_b = "model.layers.1.self_attn.kv_b_proj.weight"
+    planted = {(fused, "engine-differs"), (split, "engine-differs"), (kv_b, "engine-differs")}
+    assert _found(res) == planted | _experts(range(1, 4)) | MTP_ALIASES
+    assert "1/38912 elements differ" in _message(res, fused, "engine-differs")
+    assert "first at index [33, 2] <- model.layers.0.self_attn.kv_a_proj_with_mqa.weight[1, 2]" in _message(
+        res, fused, "engine-differs"
+    )
+    assert "first at index [0, 1, 2] <- model.layers.1.self_attn.kv_b_proj.weight[1, 2]" in _message(
+        res, split, "engine-differs"
+    )
+    assert "first at index [1, 2]: got" in _message(res, kv_b, "engine-differs")
+
+
+@pytest.mark.ranks
+def test_mtp_weights_never_sent_are_named_by_the_delivery_check(tmp_path: Path) -> None:
+    """Qwen3-Next's checkpoint holds one MTP layer (`mtp.*`, 41 tensors) the engine loads for speculative decoding; a
+    sender that syncs only the main model leaves every one of them unsent, each named."""
+    res = _engine(tmp_path, "tiny:qwen3-next-vllm", "--ep", "2", "--sender", SENDERS + "drop_mtp")
+    assert res.code == 1, res.err
+    found = _found(res)
+    mtp = {f for f in found if f[0].startswith("mtp.")}
+    assert len(mtp) == 41 and {kind for _, kind in mtp} == {"not-delivered"}
+    assert ("mtp.fc.weight", "not-delivered") in mtp
+    assert found - mtp == _experts(range(4))
+
+
+DELTA = ("model.layers.0.post_attention_layernorm.weight", "model.layers.0.self_attn.v_proj.weight",
+         "model.layers.1.self_attn.k_norm.weight")  # fmt: skip
+"""The planted update's tensors on tiny:qwen3-vllm (3 main-model tensors, evenly spaced in name order)."""
+PARTIAL_QKV = {("model.layers.0.self_attn.qkv_proj.weight", "delta-differs"), ("<outputs>", "logprobs-differ")}
+"""vLLM's reload of v_proj alone leaves q and k of the fused qkv_proj uninitialized (and the outputs follow; whether
+the greedy tokens change too depends on what that memory held)."""
+MAYBE = {("<outputs>", "tokens-differ")}
+
+
+@pytest.mark.ranks
+def test_a_delta_of_one_shard_of_a_fused_layer_is_named_as_vllms_partial_reload_bug(tmp_path: Path) -> None:
+    """After a clean proof, the planted update (v_proj among its 3 tensors) synced through reload_weights: every
+    changed tensor reaches the engine and equals a second engine's fresh load of the updated checkpoint, but vLLM
+    materializes qkv_proj's unsent q and k rows from uninitialized memory."""
+    res = _engine(tmp_path, "tiny:qwen3-vllm", "--tp", "2", "--engine-delta", "on")
+    assert res.code == 1, res.err
+    (engine,) = res.report["oracles"]
+    assert engine["metrics"]["delta"] == list(DELTA)
+    assert _found(res) - MAYBE == PARTIAL_QKV
+    qkv = _message(res, "model.layers.0.self_attn.qkv_proj.weight", "delta-differs")
+    assert "after a delta sync of 3 changed tensors" in qkv
+    assert "first at index [0, 0] <- model.layers.0.self_attn.q_proj.weight[0, 0]" in qkv
+    (tagged,) = [f for f in res.findings("engine") if f["kind"] == "delta-differs"]
+    assert tagged["detail"][UPSTREAM_BUG] == "vllm-reload-partial-layer-uninitialized"
+    _no_leftovers(tmp_path)
+
+
+@pytest.mark.ranks
+def test_a_receiver_losing_one_delta_tensor_is_named(tmp_path: Path) -> None:
+    res = _engine(tmp_path, "tiny:qwen3-vllm", "--tp", "2", "--engine-delta", "on", "--engine-receiver",
+                  RECEIVERS + "reload_dropping_a_delta_tensor")  # fmt: skip
+    assert res.code == 1, res.err
+    dropped = DELTA[0]
+    assert _found(res) - MAYBE == PARTIAL_QKV | {(dropped, "delta-differs")}  # taken from the stream, never loaded
+    assert "first at index [1]: got" in _message(res, dropped, "delta-differs")
+
+
+def test_every_planted_engine_bug_is_run_by_a_test_here() -> None:
+    """The engine's planted senders and receivers are its mutant catalog (they need the engine oracle and its
+    environment, so `convcheck selftest`'s hook catalog does not run them): each is named by a test of this file."""
+    import inspect
+    import re
+
+    from convcheck.mutants import engine, engine_receivers
+
+    source = Path(__file__).read_text()
+    planted = [
+        name
+        for module in (engine, engine_receivers)
+        for name, fn in vars(module).items()
+        if inspect.isfunction(fn) and fn.__module__ == module.__name__ and not name.startswith("_")
+    ]
+    assert len(planted) == 11
+    assert [name for name in planted if re.search(rf"\b{name}\b", source) is None] == []

@@ -8,6 +8,7 @@ from safetensors import safe_open
 
 from convcheck.compare.bits import int_view
 from convcheck.fixtures import FIXTURES, build_fixture, get_spec
+from convcheck.fixtures.specs import ENGINE_VARIANTS
 from convcheck.fixtures.values import POOL_SIZE, distinct_values
 from convcheck.hf.checkpoint import open_checkpoint
 from tests.support.helpers import run_cli
@@ -28,6 +29,11 @@ def test_fixture_is_sharded_bf16_with_distinct_values(name: str) -> None:
         assert t.dtype == (torch.float32 if fp32 and tname.endswith(fp32) else torch.bfloat16), tname
         if block and t.dim() == 2:  # drawn block by block under a cap of its own (values.capped_blocks)
             amaxes += [_block_checked(tname, t[r : r + block, c : c + block]) for r, c in _corners(t, block)]
+            continue
+        if name in ENGINE_VARIANTS:  # CPU vLLM's widths: a tensor (or the fused experts it was split from) may
+            # outgrow the pool, whose values then come round again: most still distinct
+            distinct = int_view(t).unique().numel()
+            assert distinct >= 0.85 * min(t.numel(), POOL_SIZE), f"{tname} has {distinct} distinct of {t.numel()}"
             continue
         assert t.numel() <= POOL_SIZE, f"{tname} is too large for distinct values"
         assert int_view(t).unique().numel() == t.numel(), f"{tname} has repeated values"

@@ -24,12 +24,13 @@ def test_lookups_cover_every_architecture_in_listing_order() -> None:
     # every family has explicit mappings, but those still being built (fixtures in PARTLY_COVERED)
     assert all(arch.mapping_rules is not None for arch in SUPPORTED if not partly & {f.name for f in arch.fixtures})
     assert list(FIXTURES) == [
-        "qwen2", "qwen2-tied", "qwen2-tied-4l", "qwen3", "qwen3-vllm", "qwen3-moe", "qwen3-moe-vllm",
+        "qwen2", "qwen2-tied", "qwen2-tied-4l", "qwen2-vllm", "qwen3", "qwen3-vllm", "qwen3-moe", "qwen3-moe-vllm",
         "qwen3-moe-unnorm", "qwen3-moe-4l", "qwen3-moe-fp8", "qwen3-moe-fp8-wide", "llama", "llama-vllm",
         "llama-tied-vllm", "llama-tied-4l",
         "mistral", "mistral-vllm", "mistral-nowindow", "nemotron-h", "nemotron-h-moe", "nemotron-h-6l",
-        "deepseek-v3", "moonlight", "glm4.7-flash", "glm4.5", "glm4.5-air", "qwen3-next", "qwen3.5", "qwen3.5-moe",
-        "qwen3.6-moe", "gpt-oss", "gpt-oss-square", "gpt-oss-2f-hidden", "olmoe",
+        "nemotron-h-vllm", "nemotron-h-moe-vllm", "deepseek-v3", "moonlight", "deepseek-v3-vllm", "glm4.7-flash",
+        "glm4.5", "glm4.5-air", "glm4.5-vllm", "qwen3-next", "qwen3-next-vllm", "qwen3.5", "qwen3.5-moe",
+        "qwen3.6-moe", "gpt-oss", "gpt-oss-square", "gpt-oss-2f-hidden", "gpt-oss-vllm", "olmoe", "olmoe-vllm",
     ]  # fmt: skip
     for arch in SUPPORTED:
         assert BY_MODEL_TYPE[arch.model_type] is arch and all(BY_HF_CLASS[c] is arch for c in arch.hf_classes)

@@ -21,7 +21,7 @@ from convcheck.models.config_rules import (
     unsupported,
 )
 from convcheck.models.deepseek_mappings import deepseek_rules
-from convcheck.models.fixture_spec import FixtureSpec
+from convcheck.models.fixture_spec import FixtureSpec, engine_variant
 from convcheck.models.qwen3_moe import megatron_moe_layers
 from convcheck.models.upstream_bug import UpstreamBug
 
@@ -81,6 +81,19 @@ TINY_MOONLIGHT = FixtureSpec(
     description="Moonlight / DeepSeek-V2-Lite shape: DeepseekV3ForCausalLM without q LoRA (q_proj), yarn, no MTP",
     config={**MLA_SHAPES, **GROUPED_ROUTING, "q_lora_rank": None, "first_k_dense_replace": 1, "rope_parameters": YARN},
     fp32_tensors=("e_score_correction_bias",),
+)
+TINY_DEEPSEEK_V3_VLLM = engine_variant(
+    TINY_DEEPSEEK_V3,
+    "tiny:deepseek-v3 with the MLA widths CPU vLLM's MLA kernel takes (kv LoRA 512 + rope 64 = 576), nope / v 32, "
+    "expert width 32, noaux_tc routing spelt out (vLLM reads topk_method), 1 MTP layer",
+    hidden_size=64,
+    kv_lora_rank=512,
+    qk_rope_head_dim=64,
+    qk_nope_head_dim=32,
+    v_head_dim=32,
+    q_lora_rank=32,
+    moe_intermediate_size=32,
+    topk_method="noaux_tc",
 )
 HF_QA_KV_NORM_EPS = 1e-6
 """HF builds q_a_layernorm and kv_a_layernorm with a fixed eps (modeling_deepseek_v3.py:388,396 -> RMSNorm's default
@@ -293,6 +306,7 @@ MTP_ALIASES_DROPPED = UpstreamBug(
             ("receiver", "missing"),
             ("save", "missing"),
             ("quant", "missing"),
+            ("engine", "not-delivered"),
         )
     ),  # fmt: skip
     seen_in=RELEASES_0_4_TO_0_6,
@@ -336,6 +350,6 @@ DEEPSEEK_V3 = Architecture(
     model_type="deepseek_v3",
     mapping_rules=deepseek_rules,
     config_rules=DEEPSEEK_V3_TABLE,
-    fixtures=(TINY_DEEPSEEK_V3, TINY_MOONLIGHT),
+    fixtures=(TINY_DEEPSEEK_V3, TINY_MOONLIGHT, TINY_DEEPSEEK_V3_VLLM),
     upstream_bugs=(YARN_DROPPED, MTP_ALIASES_DROPPED, SEQ_LENGTH_4096, Q_PROJ_NORM_UNMAPPED),
 )

@@ -275,6 +275,16 @@ QWEN2 = Architecture(
             tie_word_embeddings=True,
             num_hidden_layers=4,
         ),
+        tiny_spec(
+            "qwen2-vllm",
+            "Qwen2Config",
+            "tiny:qwen2 with hidden 64 and 2 heads / 2 KV (head_dim 32), which CPU vLLM's attention accepts",
+            use_sliding_window=False,
+            hidden_size=64,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            head_dim=32,
+        ),
     ),
 )
 QWEN3 = Architecture(

@@ -70,3 +70,11 @@ def tiny_spec(name: str, config_class: str, description: str, **overrides: Any) 
     return FixtureSpec(
         name=name, config_class=config_class, config={**TINY_SHAPES, **overrides}, description=description
     )
+
+
+def engine_variant(spec: FixtureSpec, description: str, **changes: Any) -> FixtureSpec:
+    """`spec` as a `-vllm` fixture: its name with `-vllm`, `changes` on its config (the widths CPU vLLM's kernels
+    take), everything else (knobs, fp32 tensors, MTP layers, renames) kept."""
+    from dataclasses import replace
+
+    return replace(spec, name=f"{spec.name}-vllm", description=description, config={**spec.config, **changes})

@@ -16,7 +16,7 @@ from convcheck.models.config_rules import FieldRule, implied, same
 from convcheck.models.deepseek import DEEPSEEK_V3_TABLE, group_scores_rule
 from convcheck.models.deepseek import MTP_ALIASES_DROPPED as DEEPSEEK_MTP_ALIASES_DROPPED
 from convcheck.models.dense import NORM_ROPE_ACT, SHAPES
-from convcheck.models.fixture_spec import FixtureSpec
+from convcheck.models.fixture_spec import FixtureSpec, engine_variant
 from convcheck.models.glm45_mappings import glm45_rules
 from convcheck.models.upstream_bug import UpstreamBug
 
@@ -123,6 +123,13 @@ GLM45_TABLE = (
     ),
 )
 """The config oracle's table for model_type glm4_moe (every field of a Glm4MoeConfig)."""
+TINY_GLM45_VLLM = engine_variant(
+    TINY_GLM45,
+    "tiny:glm4.5 with hidden 64, head_dim 32 and expert width 32, which CPU vLLM's kernels accept (1 MTP layer)",
+    hidden_size=64,
+    head_dim=32,
+    moe_intermediate_size=32,
+)
 
 MTP_ALIASES_DROPPED = UpstreamBug(
     name="glm45-mtp-aliases-dropped",
@@ -170,6 +177,6 @@ GLM45 = Architecture(
     model_type="glm4_moe",
     mapping_rules=glm45_rules,
     config_rules=GLM45_TABLE,
-    fixtures=(TINY_GLM45, TINY_GLM45_AIR),
+    fixtures=(TINY_GLM45, TINY_GLM45_AIR, TINY_GLM45_VLLM),
     upstream_bugs=(MTP_ALIASES_DROPPED, SEQUENTIAL_EXPERTS_UNMAPPED, MTP_FORWARD_NEEDS_LABELS),
 )

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from convcheck.models.architecture import Architecture
-from convcheck.models.fixture_spec import FixtureSpec
+from convcheck.models.fixture_spec import FixtureSpec, engine_variant
 from convcheck.models.gpt_oss_config import GPT_OSS_TABLE
 from convcheck.models.gpt_oss_mappings import gpt_oss_rules
 from convcheck.models.upstream_bug import UpstreamBug
@@ -69,6 +69,13 @@ TINY_GPT_OSS_SQUARE = gpt_oss_spec(
     "its orientation shows only in the values",
     hidden_size=16,
     intermediate_size=16,
+)
+TINY_GPT_OSS_VLLM = engine_variant(
+    TINY_GPT_OSS,
+    "tiny:gpt-oss with hidden 64, head_dim 32 and expert width 32, which CPU vLLM's kernels accept",
+    hidden_size=64,
+    head_dim=32,
+    intermediate_size=32,
 )
 
 SLIDING_WINDOW_EXPORT = UpstreamBug(
@@ -156,7 +163,7 @@ GPT_OSS = Architecture(
     model_type="gpt_oss",
     mapping_rules=gpt_oss_rules,
     config_rules=GPT_OSS_TABLE,
-    fixtures=(TINY_GPT_OSS, TINY_GPT_OSS_SQUARE, TINY_GPT_OSS_2F_HIDDEN),
+    fixtures=(TINY_GPT_OSS, TINY_GPT_OSS_SQUARE, TINY_GPT_OSS_2F_HIDDEN, TINY_GPT_OSS_VLLM),
     upstream_bugs=(
         SLIDING_WINDOW_EXPORT,
         ATTENTION_BIAS_EXPORT,

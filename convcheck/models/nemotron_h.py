@@ -24,7 +24,7 @@ from convcheck.models.config_rules import (
     same,
     unsupported,
 )
-from convcheck.models.fixture_spec import TINY_SHAPES, FixtureSpec
+from convcheck.models.fixture_spec import TINY_SHAPES, FixtureSpec, engine_variant
 from convcheck.models.shared_mappings import LAYER_PREFIX, expert_id, expert_weight, fused_qkv_rule, vocab_rows
 
 # ---- explicit mappings ---------------------------------------------------------------------------------------------
@@ -414,11 +414,29 @@ TINY_NEMOTRON_H_MOE = _pattern_variant(
     "NemotronH hybrid M*ME: Mamba, attention, MoE, no dense MLP (the layer types transformers 5.3 has)",
 )
 
+TINY_NEMOTRON_H_VLLM = engine_variant(
+    _pattern_variant("nemotron-h", "M*-", ""),
+    "NemotronH hybrid M*- (Mamba, attention, MLP) with hidden 64, head_dim 32 and Mamba heads 32 wide, which CPU "
+    "vLLM's kernels accept (its MoE needs a gated activation: see nemotron-h-moe-vllm)",
+    hidden_size=64,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    head_dim=32,
+    mamba_head_dim=32,
+    ssm_state_size=16,
+)
+TINY_NEMOTRON_H_MOE_VLLM = engine_variant(
+    _pattern_variant("nemotron-h-moe", "M*-E", ""),
+    "NemotronH hybrid M*-E with the -vllm widths and expert width 32: CPU vLLM cannot run its non-gated (relu2) MoE",
+    **{**TINY_NEMOTRON_H_VLLM.config, "hybrid_override_pattern": "M*-E", "moe_intermediate_size": 32,
+       "moe_shared_expert_intermediate_size": 32},
+)  # fmt: skip
+
 NEMOTRON_H = Architecture(
     hf_classes=("NemotronHForCausalLM",),
     model_type="nemotron_h",
     mapping_rules=hybrid_rules,
     config_rules=NEMOTRON_H_TABLE,
-    fixtures=(TINY_NEMOTRON_H, TINY_NEMOTRON_H_MOE, TINY_NEMOTRON_H_6L),
+    fixtures=(TINY_NEMOTRON_H, TINY_NEMOTRON_H_MOE, TINY_NEMOTRON_H_6L, TINY_NEMOTRON_H_VLLM, TINY_NEMOTRON_H_MOE_VLLM),
     upstream_bugs=(QUANT_MAPPING_NOT_IMPLEMENTED,),
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from convcheck.models.architecture import Architecture
 from convcheck.models.config_rules import HEADS_AND_VOCAB, FieldRule, HfView, MegatronGet, implied, same, unsupported
 from convcheck.models.dense import NORM_ROPE_ACT
-from convcheck.models.fixture_spec import TINY_SHAPES, FixtureSpec
+from convcheck.models.fixture_spec import TINY_SHAPES, FixtureSpec, engine_variant
 from convcheck.models.olmoe_mappings import olmoe_rules
 from convcheck.models.qwen3_moe import SOFTMAX_ROUTER, megatron_moe_layers
 from convcheck.models.upstream_bug import UpstreamBug
@@ -64,6 +64,15 @@ TINY_OLMOE = FixtureSpec(
 )
 """Published OLMoE configs have no head_dim (hidden / heads = 8 here) and as many KV heads as query heads: the
 bridge's k_layernorm is num_attention_heads wide: a GQA config does not import (olmoe-k-norm-width-ignores-kv-heads)."""
+
+TINY_OLMOE_VLLM = engine_variant(
+    TINY_OLMOE,
+    "tiny:olmoe with hidden 64, 2 heads (head_dim 32) and expert width 32, which CPU vLLM's kernels accept",
+    hidden_size=64,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    intermediate_size=32,
+)
 
 QK_NORM_FULL_WIDTH_UNDER_TP = UpstreamBug(
     name="olmoe-qk-norm-full-width-under-tp",
@@ -134,7 +143,7 @@ OLMOE = Architecture(
     model_type="olmoe",
     mapping_rules=olmoe_rules,
     config_rules=OLMOE_TABLE,
-    fixtures=(TINY_OLMOE,),
+    fixtures=(TINY_OLMOE, TINY_OLMOE_VLLM),
     upstream_bugs=(
         QK_NORM_FULL_WIDTH_UNDER_TP,
         SEQUENTIAL_EXPERTS_UNMAPPED,

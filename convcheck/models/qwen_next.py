@@ -13,7 +13,7 @@ from typing import Any
 
 from convcheck.models.architecture import Architecture
 from convcheck.models.bridge_wide import QUANT_MAPPING_NOT_IMPLEMENTED
-from convcheck.models.fixture_spec import FixtureSpec
+from convcheck.models.fixture_spec import FixtureSpec, engine_variant
 from convcheck.models.qwen_next_config import (
     GDN_CONFIG_EXPORT_LOSES_SCHEDULE,
     QWEN3_NEXT_TABLE,
@@ -72,6 +72,18 @@ TINY_QWEN3_NEXT = gdn_spec(
     description="Qwen3-Next: gated DeltaNet + gated attention (schedule full, linear, linear, full), 8 routed + 1 "
     "gated shared expert, partial RoPE, 1 MTP layer; fused in_proj_qkvz / in_proj_ba",
     config={**GDN_SHAPES, **MOE_SHAPES, "num_nextn_predict_layers": 1},
+)
+
+TINY_QWEN3_NEXT_VLLM = engine_variant(
+    TINY_QWEN3_NEXT,
+    "tiny:qwen3-next with hidden 64, head_dim 32, DeltaNet key / value heads 128 wide and expert widths 32, which CPU "
+    "vLLM's kernels accept (its chunked gated delta rule takes head dim 128)",
+    hidden_size=64,
+    head_dim=32,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=32,
 )
 
 TINY_QWEN35 = gdn_spec(
@@ -172,7 +184,7 @@ QWEN3_NEXT = Architecture(
     model_type="qwen3_next",
     mapping_rules=qwen3_next_rules,
     config_rules=QWEN3_NEXT_TABLE,
-    fixtures=(TINY_QWEN3_NEXT,),
+    fixtures=(TINY_QWEN3_NEXT, TINY_QWEN3_NEXT_VLLM),
     upstream_bugs=(
         GDN_CONFIG_EXPORT_LOSES_SCHEDULE,
         SCHEDULE_COLLAPSED,

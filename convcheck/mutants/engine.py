@@ -52,3 +52,29 @@ def drop_ep_rank_1_experts(ctx: Any) -> Iterator[tuple[str, Any]]:
         if match is not None and int(match.group(1)) >= experts // 2:
             continue
         yield name, tensor
+
+
+MLA_FLIPPED = ("model.layers.0.self_attn.kv_a_proj_with_mqa.weight", "model.layers.1.self_attn.kv_b_proj.weight")
+"""flip_mla_elements flips the sign of element [1, 2] of these two (vLLM packs the first into fused_qkv_a_proj after
+q_a_proj's rows and splits the second into W_UK_T / W_UV)."""
+
+
+def flip_mla_elements(ctx: Any) -> Iterator[tuple[str, Any]]:
+    """The bridge's export with one element of layer 0's kv_a_proj_with_mqa and of layer 1's kv_b_proj sign-flipped
+    (a sender that corrupts MLA's latent projections)."""
+    for name, tensor in ctx.bridge_export():
+        if name in MLA_FLIPPED:
+            tensor = tensor.clone()
+            tensor[1, 2] = -tensor[1, 2]
+        yield name, tensor
+
+
+def drop_mtp(ctx: Any) -> Iterator[tuple[str, Any]]:
+    """The export without the multi-token-prediction tensors (`mtp.*`, or `model.layers.{num_hidden_layers + k}.*`):
+    a sender that syncs only the main model, leaving the engine's draft weights as they were."""
+    layers = int(ctx.checkpoint.config.get("num_hidden_layers") or 0)
+    for name, tensor in ctx.bridge_export():
+        parts = name.split(".")
+        if name.startswith("mtp.") or (parts[:2] == ["model", "layers"] and int(parts[2]) >= layers):
+            continue
+        yield name, tensor

@@ -32,6 +32,20 @@ def reload_leaving_a_layer_stale(llm: Any, weights: Iterable[tuple[str, Any]]) -
     llm.collective_rpc("reload_weights", kwargs={"weights_iterator": kept()})
 
 
+_SYNCS = [0]
+"""How many syncs reload_dropping_a_delta_tensor has taken in this engine process."""
+
+
+def reload_dropping_a_delta_tensor(llm: Any, weights: Iterable[tuple[str, Any]]) -> None:
+    """vLLM's reload_weights for the full syncs; from the third sync on (the delta after the oracle's two full syncs)
+    the first tensor handed over is dropped: a delta path that loses one tensor."""
+    _SYNCS[0] += 1
+    items = iter(weights)
+    if _SYNCS[0] > 2:
+        next(items, None)
+    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items})
+
+
 def reload_weights(llm: Any, weights: Iterable[tuple[str, Any]]) -> None:
     """What the default receiver does, spelled as a user's function (FILE.py:FUNC receivers look like this)."""
     llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})

@@ -9,6 +9,7 @@ shared-memory buckets into its receiver (vLLM's `reload_weights`, or --engine-re
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +41,10 @@ INFO = OracleInfo(
     "(every weight sign-flipped through its reload path, shown to reach every tensor and its outputs), every "
     "parameter and every weight the CPU backend packs (as last packed) is bitwise what the engine's fresh load held, "
     "the prompt logprobs and greedy tokens of fixed prompts are bitwise the fresh load's, every source tensor "
-    "reaches the receiver exactly once, and a second identical sync changes nothing",
+    "reaches the receiver exactly once, a second identical sync changes nothing, and (--engine-delta on) a planted "
+    "update's delta leaves the engine computing bitwise what a fresh load of the updated checkpoint computes",
     does_not_prove="that the engine's fresh load is itself right (its loader and kernels are the reference), "
-    "anything about partial or delta syncs, sampling with temperature, or other prompts; packed weights are read "
+    "deltas other than the planted one, sampling with temperature, or other prompts; packed weights are read "
     "where the engine packs them, not inside the packed kernel format",
     default=False,
     options=(
@@ -52,6 +54,14 @@ INFO = OracleInfo(
             check=check_python,
             help="the interpreter of the engine's environment (default: $CONVCHECK_ENGINE_PYTHON, else "
             ".venv-vllm/bin/python, built by `make env-vllm`).",
+        ),
+        OracleOption(
+            flag="--engine-delta",
+            choices=("off", "on"),
+            default="off",
+            help="after the full syncs proved right, also sync a planted update (3 tensors of the source with every "
+            "odd element's sign flipped, written as an updated checkpoint) and prove the engine then computes "
+            "bitwise what a second engine's fresh load of that checkpoint computes (default: off).",
         ),
         OracleOption(
             flag="--engine-receiver",
@@ -95,6 +105,8 @@ def run(ctx: RankContext) -> OracleVerdict | None:
             for _ in ctx.export():
                 pass
         return None
+    from convcheck.rollout.client import EngineCannotRun  # torch: rank side only
+
     source = str(ctx.checkpoint.path)
     host = ctx.early.get(NAME) or _launch(
         ctx.oracle_options(NAME), source, ctx.workdir, ctx.sync.chunk_mb, ctx.timeout_s
@@ -104,16 +116,22 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         with host:
             try:
                 reference = host.finish("start")
+            except EngineCannotRun as exc:
+                reason = f"the engine cannot run this architecture here: {exc.reason}"
+                return OracleVerdict(name=NAME, checked=0, unit="engine tensors", not_covered=reason)
             except EngineFailed as exc:
                 reason = quantized_refused(ctx.checkpoint.config, str(exc))
-                if reason is None:
-                    raise
-                return make_verdict(NAME, checked=0, findings=[], not_covered=reason)
+                if reason is not None:
+                    return make_verdict(NAME, checked=0, findings=[], not_covered=reason)
+                raise EngineFailed(f"{exc}{engine_fixtures_hint(ctx.checkpoint.config)}") from None
             ctx.versions.update(reference["versions"])
             poisoned = host.request("poison", model=source)
             ctx.gather("ready")
             agreed = True
-            return _syncs(ctx, host, options["engine_receiver"] or "reload", reference, poisoned)
+            verdict = _syncs(ctx, host, options["engine_receiver"] or "reload", reference, poisoned)
+            if options["engine_delta"] == "on":
+                verdict = _with_delta(ctx, host, options, verdict)
+            return verdict
     finally:
         if not agreed:  # the other ranks wait to hear whether to drain
             ctx.gather(None)
@@ -134,11 +152,24 @@ def quantized_refused(config: dict[str, Any], message: str) -> str | None:
            f"to equal: {message}"  # fmt: skip
 
 
+def engine_fixtures_hint(config: dict[str, Any]) -> str:
+    """`; the engine fixtures of this family (...) have widths CPU vLLM accepts`, or "" when the family has none."""
+    from convcheck.fixtures.specs import ENGINE_VARIANTS
+    from convcheck.models import BY_HF_CLASS
+
+    family = BY_HF_CLASS.get(next(iter(config.get("architectures") or []), ""))
+    names = [f"tiny:{f.name}" for f in (family.fixtures if family else ()) if f.name in ENGINE_VARIANTS]
+    if not names:
+        return ""
+    return f"; {' and '.join(names)} {'has' if len(names) == 1 else 'have'} this family's widths that CPU vLLM accepts"
+
+
 def _syncs(
     ctx: RankContext, host: Any, receiver: str, reference: dict[str, Any], poisoned: dict[str, Any]
 ) -> OracleVerdict:
     """Rank 0: each sync of the export into the engine and its inspection; the verdict."""
     names = sorted(ctx.checkpoint.tensors)
+    shapes = {n: entry.shape for n, entry in ctx.checkpoint.tensors.items()}
     geometry = Geometry.from_hf_config(ctx.checkpoint.config)
     findings: list[Finding] = found.poison_findings(reference, poisoned)
     metrics: dict[str, Any] = {"engine_load_s": reference["seconds"], "poison_s": poisoned["seconds"]}
@@ -161,13 +192,55 @@ def _syncs(
         if export is not None:
             findings.append(export)
         findings += found.delivery_findings(delivery["received"], names, when)
-        findings += _inspect(host, reference, when, geometry, names)
+        findings += _inspect(host, reference, when, geometry, shapes)
     checked = len([k for k, (shape, _, _) in reference["state"].items() if any(shape)])
     metrics.update(engine_tensors=checked, vllm=reference["versions"].get("vllm", ""))
     return make_verdict(NAME, checked=checked, findings=findings, unit="engine tensors", metrics=metrics)
 
 
-def _inspect(host: Any, reference: dict[str, Any], when: str, geometry: Geometry, names: list[str]) -> list[Finding]:
+def _with_delta(ctx: RankContext, host: Any, options: dict[str, Any], verdict: OracleVerdict) -> OracleVerdict:
+    """Rank 0, after the full syncs: the planted update's delta through the same receiver, against a second engine's
+    fresh load of the updated checkpoint (every tensor's raw bytes, prompt logprobs, greedy tokens); skipped when the
+    full syncs already differ beyond vLLM's named CPU MoE prepack (the engine's state is then not the source's)."""
+    import shutil
+    import tempfile
+
+    from convcheck.rollout.client import EngineHost, engine_timeout, log_path
+    from convcheck.rollout.delta import delta, planted_update
+
+    if any(f.kind != found.KNOWN_REPAIR for f in verdict.findings):
+        return replace(verdict, metrics={**verdict.metrics, "delta": "skipped: the full sync already differs"})
+    receiver = options["engine_receiver"] or "reload"
+    layers = int(ctx.checkpoint.config.get("num_hidden_layers") or 0)
+    folder = Path(tempfile.mkdtemp(prefix="convcheck-delta-", dir=ctx.workdir or None))
+    try:
+        changed = planted_update(Path(ctx.checkpoint.path), folder / "updated", layers)
+        python = options["engine_python"] or check_python(None)
+        with EngineHost(python, log_path(ctx.workdir), ctx.sync.chunk_mb, engine_timeout(ctx.timeout_s)) as fresh:
+            updated = fresh.request("start", model=str(folder / "updated"))
+            fresh.request("save", path=str(folder / "reference.pt"))
+        delivery = host.sync(receiver, delta(folder / "updated", changed))
+        seen = host.request("inspect", against=str(folder / "reference.pt"))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    when = f"after a delta sync of {len(changed)} changed tensors"
+    findings = list(verdict.findings)
+    if delivery["error"]:
+        err = delivery["error"]
+        message = f"engine receiver {receiver} raised {err['error']} at {err['where']} {when}"
+        findings.append(Finding(tensor="<receiver>", kind="receiver-failed", message=message))
+    shapes = {n: entry.shape for n, entry in ctx.checkpoint.tensors.items()}
+    geometry = Geometry.from_hf_config(ctx.checkpoint.config)
+    findings += found.delivery_findings(delivery["received"], changed, when)
+    findings += found.state_findings(seen["diffs"], when, geometry, shapes, seen["repacked"], kind="delta-differs")
+    findings += found.output_findings(updated["outputs"], seen["outputs"], when)
+    metrics = {**verdict.metrics, "delta": changed, "delta_s": delivery["seconds"]}
+    return make_verdict(NAME, checked=verdict.checked, findings=findings, unit=verdict.unit, metrics=metrics)
+
+
+def _inspect(
+    host: Any, reference: dict[str, Any], when: str, geometry: Geometry, shapes: dict[str, Any]
+) -> list[Finding]:
     """The engine's state and outputs after a sync against the reference; expert weights that only vLLM's skipped CPU
     prepack (a known vLLM bug) leaves wrong are named as such, then the prepack is run so the rest is still checked."""
     seen = host.request("inspect")
@@ -178,8 +251,8 @@ def _inspect(host: Any, reference: dict[str, Any], when: str, geometry: Geometry
         after = host.request("inspect")
         left = {d["name"] for d in after["diffs"]}
         cleared = [d for d in experts if d["name"] not in left]
-        findings += found.state_findings(cleared, when, geometry, names, kind=found.KNOWN_REPAIR)
+        findings += found.state_findings(cleared, when, geometry, shapes, kind=found.KNOWN_REPAIR)
         seen = {**after, "repacked": seen["repacked"]}
-    findings += found.state_findings(seen["diffs"], when, geometry, names, seen["repacked"])
+    findings += found.state_findings(seen["diffs"], when, geometry, shapes, seen["repacked"])
     findings += found.output_findings(reference["outputs"], seen["outputs"], when)
     return findings

@@ -36,6 +36,16 @@ class EngineFailed(BadInput):
     naming the engine's own reason), never a finding."""
 
 
+class EngineCannotRun(EngineFailed):
+    """The engine raised NotImplementedError while loading the model: it has no kernel for this architecture on this
+    platform (e.g. CPU vLLM and a non-gated MoE). The engine oracle's verdict is `not-covered`, quoting the reason."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        """The engine's own exception line and where it was raised."""
+
+
 class EngineHost:
     """The engine process (`python -m convcheck.rollout.host` under the engine's interpreter) and its buckets."""
 
@@ -174,7 +184,10 @@ def _answered(reply: dict[str, Any], what: str) -> dict[str, Any]:
     """The engine's reply, or EngineFailed quoting what the engine raised and where."""
     if not reply.get("ok"):
         where = f" at {reply['where']}" if reply.get("where") else ""
-        raise EngineFailed(f"the engine raised {reply.get('error')}{where} during {what}")
+        message = f"the engine raised {reply.get('error')}{where} during {what}"
+        if what == "'start'" and str(reply.get("error", "")).startswith("NotImplementedError"):
+            raise EngineCannotRun(message, f"{reply.get('error')}{where}")
+        raise EngineFailed(message)
     return reply
 
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from convcheck.hf.geometry import Geometry
-from convcheck.rollout.packing import engine_name, locate, sources
+from convcheck.rollout.packing import Shapes, engine_name, locate, sources
 from convcheck.verdict import Finding
 
 KNOWN_REPAIR = "moe-not-repacked"
@@ -30,7 +30,7 @@ def state_findings(
     diffs: Sequence[dict[str, Any]],
     when: str,
     geometry: Geometry,
-    hf_names: Sequence[str],
+    hf: Shapes,
     repacked: dict[str, int] | None = None,
     kind: str = "engine-differs",
 ) -> list[Finding]:
@@ -41,7 +41,7 @@ def state_findings(
     for diff in diffs:
         key = diff["name"]
         name = engine_name(key)
-        feeds = sources(key, geometry, hf_names)
+        feeds = sources(key, geometry, hf)
         packs = _packs(feeds) if feeds != [name] else ""
         state = "as last packed by the CPU backend" if key.startswith("packed.") else "parameter"
         module = name.rsplit(".", 1)[0]
@@ -55,7 +55,7 @@ def state_findings(
         expert = (
             " (the engine's prepacked expert layout)" if "experts" in name and "w" in name.rsplit(".", 1)[1] else ""
         )
-        where = "" if expert else locate(key, index, geometry, hf_names)
+        where = "" if expert else locate(key, index, geometry, hf)
         dtype = diff["dtype"]
         message = (
             f"{state}{packs} {when}: {diff['count']}/{diff['total']} elements differ from the engine's fresh load; "

@@ -123,13 +123,21 @@ class Host:
             out.append({"prompt": prompt, "prompt_logprobs": prompt_lp, "tokens": tokens, "token_logprobs": token_lp})
         return {"prompts": out}
 
-    def inspect(self) -> dict[str, Any]:
-        """The state now against the reference (first differing element of each tensor that differs), which packed
-        layers were packed again since the last mark, and the outputs."""
+    def save(self, path: str) -> dict[str, Any]:
+        """Write the reference state (what the fresh load computes with) to `path` for another engine to compare
+        against."""
+        torch.save(self.reference, path)
+        return {"path": path}
+
+    def inspect(self, against: str | None = None) -> dict[str, Any]:
+        """The state now against the reference, or against the state another engine saved at `against` (first
+        differing element of each tensor that differs), which packed layers were packed again since the last mark,
+        and the outputs."""
+        reference = self.reference if against is None else torch.load(against, weights_only=True)
         now = self.state()
         repacked = {self.names[k]: self.tap.count[k] - self.marks.get(k, 0) for k in self.tap.count if k in self.names}
         self.marks = dict(self.tap.count)
-        return {"diffs": differences(self.reference, now), "repacked": repacked, "outputs": self.outputs(),
+        return {"diffs": differences(reference, now), "repacked": repacked, "outputs": self.outputs(),
                 "state": describe(now)}  # fmt: skip
 
     def poison(self, model: str) -> dict[str, Any]:
@@ -286,7 +294,7 @@ def flip_sign(weights: WeightIter) -> WeightIter:
 def raised(exc: BaseException) -> dict[str, str]:
     """One line for an exception and where it was raised (the innermost frame)."""
     frames = traceback.extract_tb(exc.__traceback__)
-    where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    where = f"{frames[-1].filename.rsplit('site-packages/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
     text = " ".join(str(exc).split())
     return {"error": f"{type(exc).__name__}: {text}"[:600], "where": where}
 
@@ -316,7 +324,7 @@ def serve(inp: Any, out: Any) -> None:
         try:
             if op == "sync":
                 reply = host.sync(request["receiver"], incoming)
-            elif op in ("start", "inspect", "poison", "repair"):
+            elif op in ("start", "inspect", "poison", "repair", "save"):
                 reply = getattr(host, op)(**request)
             else:
                 raise ValueError(f"unknown request {op!r}")
