@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from convcheck.engine.warm_client import SOCKET_ENV, serving
-from tests.support.helpers import ROOT
+from tests.support.helpers import PINNED_SPEC_ENV, ROOT
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -53,6 +53,13 @@ def _torchrun_only(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
     """Tests marked `torchrun` launch their ranks with torchrun, the default launcher, whatever the session has."""
     if request.node.get_closest_marker("torchrun") is not None:
         monkeypatch.delenv(SOCKET_ENV, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _local_spec(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests marked `local_spec` run `verify` (tests.support.helpers.run_cli) in megatron-core's local layout."""
+    if request.node.get_closest_marker("local_spec") is not None:
+        monkeypatch.setenv(PINNED_SPEC_ENV, "local")
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

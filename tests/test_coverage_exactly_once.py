@@ -55,6 +55,7 @@ def test_word_embeddings_on_the_mtp_stage_are_a_replica_elsewhere_a_second_owner
     assert [f.message for f in twice] == ["2 local tensors of rank 1 claim this global name"]
 
 
+@pytest.mark.local_spec("its hook moves SequentialMLP experts between EP ranks")
 @pytest.mark.ranks
 def test_ep_rank_importing_another_ranks_experts_is_named(tmp_path: Path) -> None:
     hook = mutant("ownership", "ep_rank1_takes_rank0_experts")

@@ -60,6 +60,7 @@ def assert_every_parameter_mapped(res: CliResult, model: str) -> None:
     assert oracle["metrics"]["gathers"] == oracle["metrics"]["rebuilt_from_shards"] == 0  # every shard matched
 
 
+@pytest.mark.local_spec("the local MLA layout; the TE one: tests/test_te_standin_ranks.py")
 @pytest.mark.ranks
 @pytest.mark.parametrize("layout", LAYOUTS, ids=_ids(LAYOUTS))
 def test_moonlight_passes_every_oracle_but_config_which_names_the_yarn_export_bug(
@@ -112,6 +113,7 @@ def test_deepseek_v3_fails_on_exactly_the_mtp_aliases_the_bridge_does_not_write(
     assert_every_parameter_mapped(res, "deepseek-v3")
 
 
+@pytest.mark.local_spec("the local MLA layout; the TE one: tests/test_te_standin_ranks.py")
 @pytest.mark.ranks
 def test_kv_b_v_before_k_nope_in_import_and_export_passes_roundtrip_and_is_named_by_mapping(tmp_path: Path) -> None:
     """The bridge's layer-0 linear_kv_up_proj holds each head as [v; k_nope] and exports it back
@@ -155,6 +157,7 @@ def test_kv_a_latent_cut_at_the_wrong_offset_is_named_by_mapping_in_every_layer_
     assert all("384/768 elements differ" in f["message"] for f in findings)  # 12 rows x 32 columns
 
 
+@pytest.mark.local_spec("the local MLA layout; the TE one: tests/test_te_standin_ranks.py")
 @pytest.mark.ranks
 def test_a_planted_bug_in_a_deepseek_model_is_named(tmp_path: Path) -> None:
     """The real bridge's row-parallel export transposed (convcheck.mutants.bridge:transpose_o_proj) on an MLA model."""

@@ -75,6 +75,7 @@ SYMMETRIC = {
 and is HF column 1 (up 0); the square down_proj: fc2 [0, 1] should be D[e][1, 0] and is D[e][0, 1]."""
 
 
+@pytest.mark.local_spec("the findings name SequentialMLP's expert parameters")
 @pytest.mark.ranks
 @pytest.mark.parametrize("hook", list(SYMMETRIC))
 def test_symmetric_expert_bug_is_named_by_mapping_and_logits(hook: str, tmp_path: Path) -> None:

@@ -85,6 +85,7 @@ def test_olmoe_tp2_names_the_full_width_qk_norm_bug(layout: tuple[str, ...], sha
     ]
 
 
+@pytest.mark.local_spec("SequentialMLP experts, which the local layout builds")
 @pytest.mark.ranks
 def test_olmoe_sequential_experts_name_the_unmapped_experts(tmp_path: Path) -> None:
     """SequentialMLP experts: no bridge mapping for local_experts; load and export crash on the empty tasks."""

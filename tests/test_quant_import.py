@@ -21,14 +21,14 @@ from convcheck.quant import checkpoint as ckpt
 from convcheck.rollout.environment import default_python
 from convcheck.verdict import OracleVerdict
 from convcheck.workflows.selftest import check_catalog
-from tests.support.helpers import processes_holding, run_cli
+from tests.support.helpers import pinned_spec, processes_holding, run_cli
 
 NAME = "quant-import"
 HOOK = "convcheck.mutants.quant_import:"
 
 
 def run(model: str, layout: str = "tp1", hooks: tuple[str, ...] = (), **options: Any) -> OracleVerdict:
-    report = api.verify(model, layout, oracles=(NAME,), hooks=hooks, options=options)
+    report = api.verify(model, layout, oracles=(NAME,), hooks=hooks, options=options, spec=pinned_spec())
     (verdict,) = report.oracles
     return verdict
 
@@ -78,6 +78,7 @@ def test_import_catalog_is_sound() -> None:
     assert check_catalog(IMPORT_MUTANTS) == []
 
 
+@pytest.mark.local_spec("the expected findings name SequentialMLP's expert parameters")
 @pytest.mark.ranks
 @pytest.mark.parametrize("layout", ["tp1", "tp2", "ep2"])
 def test_qwen3_moe_bridge_loads_fp8_as_if_bf16(layout: str) -> None:
@@ -186,6 +187,7 @@ def test_fp8_of_a_non_fp8_quantization_config_is_bad_input(tmp_path: Path) -> No
     assert "Traceback" not in result.err
 
 
+@pytest.mark.local_spec("the expected findings name SequentialMLP's expert parameters")
 @pytest.mark.ranks
 def test_an_fp8_checkpoint_is_read_as_it_is(tmp_path: Path) -> None:
     """`fixtures build --from-config deepseek-v3 --fp8` written, then verified itself: the DeepSeek-V3 bridge's import

@@ -21,6 +21,7 @@ from convcheck.mutants.catalog_quant import QUANT_MUTANTS, QUANT_OVERMATCH_CONFI
 from convcheck.quant import reference as ref
 from convcheck.verdict import OracleVerdict
 from convcheck.workflows.selftest import check_catalog
+from tests.support.helpers import pinned_spec
 
 FIXTURE = "tiny:qwen3-moe-fp8"
 LAYERS, EXPERTS = range(2), range(16)
@@ -29,7 +30,7 @@ BLOCK = (128, 128)
 
 
 def run(layout: str = "tp1", hooks: tuple[str, ...] = (), **options: Any) -> OracleVerdict:
-    report = api.verify(FIXTURE, layout, oracles=("quant",), hooks=hooks, options=options)
+    report = api.verify(FIXTURE, layout, oracles=("quant",), hooks=hooks, options=options, spec=pinned_spec())
     (verdict,) = report.oracles
     return verdict
 
@@ -197,6 +198,7 @@ def test_dropped_stale_and_missing_scales_are_named() -> None:
     )
 
 
+@pytest.mark.local_spec("the expected findings of the local layout")
 @pytest.mark.ranks
 def test_ignore_pattern_that_matches_too_much_is_named(tmp_path: Path) -> None:
     config = tmp_path / "quantization_config.json"
@@ -259,6 +261,7 @@ FAMILIES = {  # fixture -> (--experts, the named upstream bugs its quantized exp
 }
 
 
+@pytest.mark.local_spec("the expected findings of the local layout")
 @pytest.mark.ranks
 @pytest.mark.parametrize("fixture", sorted(FAMILIES))
 def test_every_family_with_experts_names_each_disagreement(fixture: str) -> None:
@@ -267,7 +270,8 @@ def test_every_family_with_experts_names_each_disagreement(fixture: str) -> None
     and scale value that was sent is the reference's."""
     experts, bugs = FAMILIES[fixture]
     bugs = bugs | {"quant-export-autograd"}  # every family's quant_fn runs with autograd on (quant_bridge.py:33)
-    report = api.verify(f"tiny:{fixture}", "ep2", oracles=("quant",), experts=experts, options={"quant_block": 4})
+    report = api.verify(f"tiny:{fixture}", "ep2", oracles=("quant",), experts=experts, options={"quant_block": 4},
+                        spec=pinned_spec())  # fmt: skip
     (verdict,) = report.oracles
     named = {f.detail.get(UPSTREAM_BUG) for f in verdict.findings} - {None}
     assert verdict.verdict == "fail" and named == bugs

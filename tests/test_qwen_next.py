@@ -83,6 +83,7 @@ def test_gdn_fixture_passes_every_oracle_but_config_which_names_the_export_bug(
     ]
 
 
+@pytest.mark.local_spec("SequentialMLP experts, which the local layout builds")
 @pytest.mark.ranks
 def test_qwen35_moe_sequential_experts_name_the_unmapped_mtp_experts(tmp_path: Path) -> None:
     """SequentialMLP experts (moe_grouped_gemm off, or no TE): the bridge has no mapping for the MTP layer's

@@ -14,6 +14,8 @@ import pytest
 
 from tests.support.helpers import CliResult, mutant, run_cli
 
+pytestmark = pytest.mark.local_spec("the planned bytes and names of the local layout")
+
 TARGETS = ("--target-tp", "1", "--target-tp", "2", "--target-tp", "4")
 DENSE_PARAMS = 19
 """tiny:qwen3: embedding, output, final norm + 8 per layer x 2 layers."""

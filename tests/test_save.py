@@ -59,6 +59,7 @@ def test_the_bridge_writer_reproduces_the_source(model: str, args: tuple[str, ..
     assert "added_files" not in metrics[PRETRAINED]  # the fixture's tokenizer is carried over, nothing invented
 
 
+@pytest.mark.local_spec("the expected findings of the local layout")
 @pytest.mark.ranks
 def test_a_cast_is_exactly_the_source_cast(tmp_path: Path) -> None:
     """--save-dtype bf16 on Moonlight (bf16 weights, fp32 e_score_correction_bias): each float tensor is exactly
@@ -114,6 +115,7 @@ def test_a_wrong_index_entry_is_named(tmp_path: Path) -> None:
     assert all("says model-0000" in f["message"] for f in save["findings"])
 
 
+@pytest.mark.local_spec("the expected findings of the local layout")
 @pytest.mark.ranks
 def test_a_writer_casting_fp32_tensors_is_named(tmp_path: Path) -> None:
     res, save = _save(tmp_path, "tiny:moonlight", "--hook", _HOOK + "casts_fp32")
@@ -247,6 +249,7 @@ def test_a_strict_writer_raising_mid_stream_on_rank_0_alone_is_named_without_a_h
     assert all("KeyError: \"Tensor 'model.norm.scale' from generator not found" in m for m in raised)
 
 
+@pytest.mark.local_spec("the expected findings of the local layout")
 @pytest.mark.ranks
 def test_an_export_raising_on_every_rank_is_named_without_a_hang(tmp_path: Path) -> None:
     """Qwen3.5-MoE with SequentialMLP experts: 0.6.2's export raises on every rank (its MTP experts have no mapping

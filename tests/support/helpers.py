@@ -33,11 +33,22 @@ class CliResult:
         return {o["name"]: o["verdict"] for o in self.report["oracles"]}
 
 
+PINNED_SPEC_ENV = "CONVCHECK_TEST_SPEC"
+"""Set (by tests/conftest.py for tests marked `local_spec`): the `--spec` run_cli gives a verify that names none."""
+
+
+def pinned_spec() -> str:
+    """The `spec` a test's own `api.verify` call passes: its `local_spec` marker's, else verify's default."""
+    return os.environ.get(PINNED_SPEC_ENV) or "te"
+
+
 def run_cli(
     *args: str, tmp_path: Path | None = None, timeout: float = 300, env: dict[str, str] | None = None
 ) -> CliResult:
     """Run `python -m convcheck ARGS`; when tmp_path is given, also ask for a JSON report and read it."""
     cmd = [sys.executable, "-m", "convcheck", *args]
+    if args and args[0] == "verify" and "--spec" not in args and os.environ.get(PINNED_SPEC_ENV):
+        cmd += ["--spec", os.environ[PINNED_SPEC_ENV]]
     report_path = None
     if tmp_path is not None and args and args[0] == "verify":
         report_path = tmp_path / "report.json"
