@@ -83,6 +83,7 @@ LONGEST_FIRST = (
     "tests/test_compat.py",
     "tests/test_compat_device.py",
     "tests/test_nodes_runs.py",
+    "tests/test_engine.py",
 )
 """Files whose tests take a minute or more each (their own torchrun launches, fresh interpreters importing megatron):
 scheduled first, so no xdist worker ends the session on one while the other waits; they need no warm server."""

@@ -26,7 +26,8 @@ PROJ1 = "decoder.layers.1.self_attention.linear_proj.weight"
 
 
 def _verify(tmp: Path, *args: str) -> CliResult:
-    return run_cli("verify", *args, "--oracle", "reshard", "--device", "cpu", tmp_path=tmp)
+    spec = () if "--spec" in args else ("--spec", "local")  # module-scoped fixtures run before the marker applies
+    return run_cli("verify", *args, *spec, "--oracle", "reshard", "--device", "cpu", tmp_path=tmp)
 
 
 def _oracle(result: CliResult) -> dict[str, Any]:

@@ -77,8 +77,9 @@ def test_the_family_bugs_tag_only_their_own_architecture() -> None:
 @pytest.mark.ranks
 def test_gemma3_tp2_fails_only_on_the_post_norm_epsilon_bug(tmp_path: Path) -> None:
     """The bridge's own Gemma 3 spec (post norms inside TERowParallelLinearLayerNorm, sliding-window attention) on
-    the stand-in, chosen without --spec: every weight oracle passes, the logits differ by the post norms' epsilon."""
-    res = _verify(tmp_path, "gemma3", "--tp", "2")
+    the stand-in, chosen even with --spec local: every weight oracle passes, the logits differ by the post norms'
+    epsilon."""
+    res = _verify(tmp_path, "gemma3", "--tp", "2", "--spec", "local")
     assert res.code == 1, res.out[-3000:] + res.err[-2000:]
     assert "INFO Gemma3ForCausalLM: building the bridge's Transformer Engine specs (--spec te)" in res.err
     assert res.verdicts() == {**dict.fromkeys(DEFAULT, "pass"), **NOT_COVERED, "logits": "fail"}
