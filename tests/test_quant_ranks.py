@@ -279,3 +279,18 @@ def test_every_family_with_experts_names_each_disagreement(fixture: str) -> None
     stopped = "quant-mapping-not-implemented" in bugs
     assert untagged == ({"missing"} if stopped else set())
     assert not {"bytes-differ", "scale-differs"} & {f.kind for f in verdict.findings}
+
+
+@pytest.mark.ranks
+def test_the_te_layouts_duplicated_mla_projections_leave_unquantized_as_a_named_bridge_bug() -> None:
+    """verify's default TE layout duplicates MLA's q and kv down projections on every TP rank: the bridge's quantized
+    export sends them bf16 with no scale (ReplicatedMapping never quantizes), named on each such tensor; every other
+    finding is one of the bugs the local layout shows too."""
+    report = api.verify("tiny:deepseek-v3", "ep2", oracles=("quant",), options={"quant_block": 4})
+    (verdict,) = report.oracles
+    assert all(UPSTREAM_BUG in f.detail for f in verdict.findings), [f for f in verdict.findings if not f.detail]
+    named = {f.detail[UPSTREAM_BUG] for f in verdict.findings}
+    assert named == FAMILIES["deepseek-v3"][1] | {"quant-export-autograd", "quant-replicated-not-quantized"}
+    unquantized = sorted(f.tensor for f in verdict.findings if f.kind == "not-quantized")
+    assert unquantized == sorted(f"model.layers.{n}.self_attn.{p}.weight" for n in range(5)
+                                 for p in ("q_a_proj", "kv_a_proj_with_mqa"))  # fmt: skip

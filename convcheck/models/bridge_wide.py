@@ -143,6 +143,24 @@ FP8_IMPORT_NOT_DEQUANTIZED = UpstreamBug(
 """Seen on tiny:qwen3-moe-fp8 at TP1, TP2 and EP2 with bridge 0.6.2 (the Qwen3-MoE bridge has no override);
 tiny:deepseek-v3 imports the same layout exactly."""
 
+QUANT_REPLICATED_NOT_QUANTIZED = UpstreamBug(
+    name="quant-replicated-not-quantized",
+    summary="ReplicatedMapping.megatron_to_hf_quant never asks the quantization checker and sends the weight unquantized "
+    "(\"ReplicatedMapping doesn't need quantization\"): in the Transformer Engine layout MLA's q and kv down "
+    "projections are duplicated on every TP rank (TELinear, parallel_mode duplicated), so the quantized export sends "
+    "q_a_proj and kv_a_proj_with_mqa as bf16 with no weight_scale_inv while the target (the published DeepSeek-V3 FP8 "
+    "checkpoint among them) quantizes them",
+    where="megatron/bridge/models/conversion/param_mapping.py:1328-1337 (ReplicatedMapping.megatron_to_hf_quant), "
+    "reached through AutoMapping.megatron_to_hf_quant (:1613-1633) for a module detected as replicated",
+    findings=(
+        ("quant", "model.layers.*.self_attn.q_a_proj.weight", "not-quantized"),
+        ("quant", "model.layers.*.self_attn.kv_a_proj_with_mqa.weight", "not-quantized"),
+    ),
+    seen_in=("0.6.2",),
+)
+"""Seen on tiny:deepseek-v3 at EP2 in the TE layout (verify's default) with bridge 0.6.2; the local layout's MLA down
+projections are column-parallel and quantized."""
+
 BRIDGE_WIDE: tuple[UpstreamBug, ...] = (
     ROW_PARALLEL_SCATTER_NON_CONTIGUOUS,
     SEQUENTIAL_EXPERT_EXPORT_FAILS,
@@ -152,5 +170,6 @@ BRIDGE_WIDE: tuple[UpstreamBug, ...] = (
     QUANT_GROUPED_EXPORT_NOT_MERGED,
     QUANT_EXPORT_AUTOGRAD,
     FP8_IMPORT_NOT_DEQUANTIZED,
+    QUANT_REPLICATED_NOT_QUANTIZED,
 )
 """Every bridge-wide known bug."""
