@@ -146,10 +146,10 @@ tiny:deepseek-v3 imports the same layout exactly."""
 QUANT_REPLICATED_NOT_QUANTIZED = UpstreamBug(
     name="quant-replicated-not-quantized",
     summary="ReplicatedMapping.megatron_to_hf_quant never asks the quantization checker and sends the weight "
-    "unquantized (\"ReplicatedMapping doesn't need quantization\"): in the Transformer Engine layout MLA's q and kv "
-    "down projections are duplicated on every TP rank (TELinear, parallel_mode duplicated), so the quantized export sends "
-    "q_a_proj and kv_a_proj_with_mqa as bf16 with no weight_scale_inv while the target (the published DeepSeek-V3 FP8 "
-    "checkpoint among them) quantizes them",
+    "unquantized (\"ReplicatedMapping doesn't need quantization\"): in the Transformer Engine layout MLA's q and"
+    " kv down projections are duplicated on every TP rank (TELinear, parallel_mode duplicated), so the "
+    "quantized export sends q_a_proj and kv_a_proj_with_mqa as bf16 with no weight_scale_inv while the target "
+    "(the published DeepSeek-V3 FP8 checkpoint among them) quantizes them",
     where="megatron/bridge/models/conversion/param_mapping.py:1328-1337 (ReplicatedMapping.megatron_to_hf_quant), "
     "reached through AutoMapping.megatron_to_hf_quant (:1613-1633) for a module detected as replicated",
     findings=(
