@@ -5,7 +5,7 @@ export CONVCHECK_CACHE_DIR ?= $(CURDIR)/.cache
 export OMP_NUM_THREADS ?= 1
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup env-vllm demo test test-fast lint bench bench-realsize clean env test-release te-wheel
+.PHONY: setup env-vllm demo test test-engine test-fast lint bench bench-realsize clean env test-release te-wheel
 
 setup:
 	@scripts/setup-venv.sh
@@ -20,6 +20,10 @@ demo: setup
 
 test: setup env-vllm te-wheel
 	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -q --durations=15 tests
+
+# Every engine family's clean sync into vLLM (make test runs those no other engine test covers; ~3 min more).
+test-engine: setup env-vllm
+	CONVCHECK_ENGINE_FAMILIES=1 $(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) -q tests/test_engine.py
 
 # The quick loop: every test that launches no ranks and starts no fresh Python importing megatron (unit tests, bad
 # inputs, the structure check), about two minutes on 2 cores.
