@@ -18,7 +18,9 @@ env-vllm:
 demo: setup
 	$(VENV)/bin/convcheck verify --model tiny:qwen3-moe --tp 2 --ep 2
 
-test: setup env-vllm te-wheel
+# The three set-up steps run side by side (~2 min from scratch instead of ~4-6 one after the other).
+test:
+	@$(MAKE) --no-print-directory -j3 setup env-vllm te-wheel
 	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -q --durations=15 tests
 
 # Every engine family's clean sync into vLLM (make test runs those no other engine test covers; ~3 min more).
