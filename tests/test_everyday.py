@@ -270,3 +270,21 @@ def test_a_launch_whose_rendezvous_port_was_taken_is_relaunched_and_only_then(tm
     log.write_text("RuntimeError: shape mismatch in decoder.layers.0.mlp.linear_fc1.weight\n")
     assert not _port_taken(log)
     assert not _port_taken(tmp_path / "missing.log")
+
+
+def test_a_relaunch_after_a_lost_port_reads_only_its_own_attempt(tmp_path: Path) -> None:
+    """The warm agent's ranks report a lost rendezvous port in their error files and the log: before the relaunch,
+    those are cleared, so the relaunch's verdict is read alone (a stale EADDRINUSE error file would fail it)."""
+    from convcheck.engine.job import Job
+    from convcheck.engine.launch import forget_attempt
+    from convcheck.layout import ParallelLayout
+
+    job = Job(model_path=str(tmp_path), model_label="m", layout=ParallelLayout(tp=2), workdir=str(tmp_path))
+    log = tmp_path / "ranks.log"
+    log.write_text("name: EADDRINUSE, message: address already in use\n")
+    for rank in range(2):
+        job.error_file(rank).write_text(json.dumps({"status": "error", "rank": rank, "error": "EADDRINUSE"}))
+    job.partial_file.write_text("{}")
+    job.save()
+    forget_attempt(job, log)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.json"]

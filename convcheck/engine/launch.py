@@ -254,14 +254,19 @@ def _launch_with(
         return _launch_across(job, job_file, log_file, env, reader, progress)
     warm = warm_socket(job.device)
     if warm is not None:
-        exits = _launch_warm(warm, job, job_file, log_file, env, reader, progress)
-        if exits is not None:
+        for attempt in range(PORT_RETRIES + 1):
+            exits = _launch_warm(warm, job, job_file, log_file, env, reader, progress)
+            if exits is None:
+                break
             code = 0 if all(c == 0 for _, c in exits) else 1
-            return read_result(job, code, log_file, started, exits, launcher="warm agent")
+            if code == 0 or attempt == PORT_RETRIES or not _port_taken(log_file):
+                return read_result(job, code, log_file, started, exits, launcher="warm agent")
+            forget_attempt(job, log_file)
     for attempt in range(PORT_RETRIES + 1):
         code = _torchrun(job, job_file, log_file, env, reader, progress)
         if code == 0 or attempt == PORT_RETRIES or not _port_taken(log_file):
             break
+        forget_attempt(job, log_file)
     return read_result(job, code, log_file, started)
 
 
@@ -299,8 +304,9 @@ def _launch_across(
 
 
 PORT_RETRIES = 2
-"""Relaunches after a rendezvous port taken between torchrun's pick and its bind (EADDRINUSE): --standalone picks a
-free port, and a launch started in that gap (another test worker, another user) can take it first."""
+"""Relaunches after a rendezvous port taken between its pick and its bind (EADDRINUSE): torchrun's --standalone and
+the warm agent pick a free port, and a launch started in that gap (another test worker, another user) can take it
+first."""
 
 
 def _port_taken(log_file: Path) -> bool:
@@ -310,6 +316,15 @@ def _port_taken(log_file: Path) -> bool:
     except OSError:
         return False
     return "EADDRINUSE" in text and "address already in use" in text
+
+
+def forget_attempt(job: Job, log_file: Path) -> None:
+    """Clear what a launch that lost its rendezvous port left (its log, the ranks' error files), so the relaunch is
+    read alone."""
+    log_file.unlink(missing_ok=True)
+    for rank in range(job.layout.world_size):
+        job.error_file(rank).unlink(missing_ok=True)
+    job.partial_file.unlink(missing_ok=True)
 
 
 def _torchrun(
