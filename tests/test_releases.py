@@ -46,10 +46,13 @@ SMOKE_CASES = (
     "gpt-oss-2f-hidden@tp1", "glm4.5@tp1+te-grouped", "olmoe@tp2+te-grouped",
     "qwen2-tied@tp2:save", "qwen3-moe@tp2ep2:save", "llama@pp2:save", "deepseek-v3@tp1:save",
     "qwen2-tied-4l@pp2vpp2", "qwen3-moe-4l@pp2vpp2ep2", "qwen2-tied-4l@pp2first1last3",
+    "qwen3@tp2+te", "qwen3-moe@tp2ep2+te", "llama@pp2+te", "deepseek-v3@tp1+te",
 )  # fmt: skip
-"""FIXTURE@LAYOUT[+EXPERTS][:ORACLES]: LAYOUT as `ParallelLayout.parse` reads it (tp2, pp2, tp2ep2); ORACLES a
-comma list run instead of the default set (the opt-in save oracle: the bridge's own HF writer on that release). Each run
-stops hung ranks after 240 s (a release that hangs names it as {exit-2 = "ranks did not finish"})."""
+"""FIXTURE@LAYOUT[+te][+EXPERTS][:ORACLES]: LAYOUT as `ParallelLayout.parse` reads it (tp2, pp2, tp2ep2); +te builds
+the bridge's Transformer Engine specs (on convcheck's stand-in; without it, the local spec the older rows were recorded
+in); EXPERTS an --experts value; ORACLES a comma list run instead of the default set (the opt-in save oracle: the
+bridge's own HF writer on that release). Each run stops hung ranks after 240 s (a release that hangs names it as
+{exit-2 = "ranks did not finish"})."""
 STOPS = "exit-2"
 """A smoke entry `{exit-2 = "..."}`: the release cannot build the fixture; verify stops with exit 2 saying that."""
 
@@ -284,6 +287,23 @@ def _first_findings(report: dict) -> dict[str, str]:
     return out
 
 
+def smoke_case(case: str) -> tuple[str, str, str, str, str]:
+    """FIXTURE@LAYOUT[+te][+EXPERTS][:ORACLES] -> (fixture, layout, spec, experts, oracles); "" where not given."""
+    fixture, _, where = case.partition("@")
+    where, _, oracles = where.partition(":")
+    layout, *extras = where.split("+")
+    spec = "te" if "te" in extras else "local"
+    experts = next((e for e in extras if e != "te"), "")
+    return fixture, layout, spec, experts, oracles
+
+
+def test_smoke_cases_read_as_written() -> None:
+    assert smoke_case("qwen3-moe@tp2ep2+te") == ("qwen3-moe", "tp2ep2", "te", "", "")
+    assert smoke_case("glm4.5@tp1+te-grouped") == ("glm4.5", "tp1", "local", "te-grouped", "")
+    assert smoke_case("llama@pp2:save") == ("llama", "pp2", "local", "", "save")
+    assert all(ParallelLayout.parse(smoke_case(c)[1]) for c in SMOKE_CASES)
+
+
 @pytest.mark.skipif(not SMOKE, reason="the release smoke runs under make test-release BRIDGE=X")
 def test_release_env_holds_the_table_pins() -> None:
     row = get_release(INSTALLED)
@@ -297,16 +317,13 @@ def test_release_env_holds_the_table_pins() -> None:
 @pytest.mark.skipif(not SMOKE, reason="the release smoke runs under make test-release BRIDGE=X")
 @pytest.mark.parametrize("case", SMOKE_CASES)
 def test_release_smoke(case: str, tmp_path: Path) -> None:
-    fixture, _, where = case.partition("@")
-    where, _, oracles = where.partition(":")
-    layout, _, experts = where.partition("+")  # FIXTURE@tpN, or FIXTURE@tpN+EXPERTS for an expert layout
+    fixture, layout, spec, experts, oracles = smoke_case(case)
     if fixture in RELEASES[INSTALLED].unsupported:
         pytest.skip(f"{release_label()}: {RELEASES[INSTALLED].unsupported[fixture]}")
     grid = ParallelLayout.parse(layout)
     res = run_cli("verify", "--model", f"tiny:{fixture}", *grid.cli_args(), "--table", "none", "--timeout", "240",
-                  "--spec", "local",  # the layout the release table's smoke rows were recorded in
-                  *(("--experts", experts) if experts else ()), *(("--oracle", oracles) if oracles else ()),
-                  tmp_path=tmp_path, timeout=900)  # fmt: skip
+                  "--spec", spec, *(("--experts", experts) if experts else ()),
+                  *(("--oracle", oracles) if oracles else ()), tmp_path=tmp_path, timeout=900)  # fmt: skip
     expected = RELEASES[INSTALLED].smoke.get(case, {})
     if STOPS in expected:
         assert res.code == 2 and expected[STOPS] in res.err, res.err[-2000:]

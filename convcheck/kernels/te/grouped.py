@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from convcheck.kernels.te.checkpoint import grouped_sharded
+from convcheck.kernels.te.core_compat import mark_expert_parameters
 from convcheck.kernels.te.linear import _refuse_unsupported, _tp
 from convcheck.kernels.te.norm import te_device
 from convcheck.kernels.te.rules import ParamRule, TeSource
@@ -42,7 +43,6 @@ class TEGroupedLinear(torch.nn.Module):
                  config: Any, init_method: Callable, bias: bool, skip_bias_add: bool, is_expert: bool = False,
                  tp_comm_buffer_name: str | None = None, pg_collection: Any = None,
                  name: str | None = None) -> None:  # fmt: skip
-        from megatron.core.extensions.transformer_engine import _set_expert_parameter_attributes
         from megatron.core.process_groups_config import ProcessGroupCollection
         from megatron.core.utils import get_pg_size
 
@@ -96,7 +96,7 @@ class TEGroupedLinear(torch.nn.Module):
             _tp(getattr(self, f"weight{i}"), 1 if te_mode == "row" else 0)
             if bias and te_mode == "column":
                 _tp(getattr(self, f"bias{i}"), 0)
-        _set_expert_parameter_attributes(self, parallel_mode, use_expert_pgs)
+        mark_expert_parameters(self, parallel_mode, use_expert_pgs, self.expert_parallel)
 
     def forward(self, x: torch.Tensor, m_splits: Any) -> tuple[torch.Tensor, Any]:
         """[tokens, in] -> [tokens, out]: expert i's rows (m_splits[i] of them, in order) through `weight{i}`."""

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from convcheck.kernels.te.checkpoint import tp_sharded
+from convcheck.kernels.te.core_compat import mark_expert_parameters
 from convcheck.kernels.te.norm import layer_norm, rms_norm, te_device
 from convcheck.kernels.te.rules import ParamRule, TeSource
 
@@ -61,7 +62,6 @@ class TELinear(torch.nn.Module):
                  init_method: Callable, bias: bool, skip_bias_add: bool, skip_weight_param_allocation: bool,
                  tp_comm_buffer_name: str | None = None, is_expert: bool = False, symmetric_ar_type: str | None = None,
                  tp_group: Any = None, name: str | None = None, gtp_remat_group: Any = None) -> None:  # fmt: skip
-        from megatron.core.extensions.transformer_engine import _set_expert_parameter_attributes
         from megatron.core.utils import get_pg_size, get_tensor_model_parallel_group_if_none
 
         super().__init__()
@@ -91,7 +91,7 @@ class TELinear(torch.nn.Module):
             te_mode, te_group, tp_size = None, None, 1
         self._te_linear(input_size, output_size, te_mode, te_group, tp_size, bias, init_method)
         if is_expert:
-            _set_expert_parameter_attributes(self, parallel_mode, use_expert_pgs)
+            mark_expert_parameters(self, parallel_mode, use_expert_pgs, self.expert_parallel)
         else:
             for param in self.parameters():
                 param.allreduce = True
