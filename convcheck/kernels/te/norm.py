@@ -107,7 +107,7 @@ class TENorm:
     sequence_parallel and params_dtype from the config). The fused residual RMSNorm is not stood in for."""
 
     def __new__(cls, config: Any, hidden_size: int, eps: float = 1e-5, has_residual: bool = False) -> Any:
-        if config.fused_residual_rmsnorm and has_residual:
+        if getattr(config, "fused_residual_rmsnorm", False) and has_residual:  # a config field from megatron-core 0.17
             raise NotImplementedError("convcheck's Transformer Engine stand-in has no fused residual RMSNorm")
         kinds = {"LayerNorm": LayerNorm, "RMSNorm": RMSNorm}
         if config.normalization not in kinds:
