@@ -60,7 +60,9 @@ _INSTALLED: dict[str, Any] = {}
 # megatron-core 0.19.2: models/gpt/gpt_layer_specs.py:54 binds TESpecProvider and TENorm to None without TE (:233
 # then raises 'NoneType' object is not callable); extensions/transformer_engine_spec_provider.py:8-18 copies the
 # extension's placeholders; transformer/transformer_block.py:64 builds a layer spec's final norm with WrappedTorchNorm;
-# experimental_attention_variant_module_specs.py:43 leaves TESpecProvider unbound. While TE is missing and the run asks
+# experimental_attention_variant_module_specs.py:43 leaves TESpecProvider unbound; megatron-core 0.16's gpt_layer_specs.py
+# binds neither TENorm nor TESpecProvider without TE (its `except ImportError` sets only HAVE_TE; MLA's TE spec then
+# raises NameError at :527). While TE is missing and the run asks
 # for `--spec te`, the names are bound to convcheck.kernels.te's stand-ins as the module docstring lists. Feature
 # detection: skipped (shim 26 in compat.skipped()) where the extension or its TESpecProvider is absent.
 
@@ -123,7 +125,7 @@ def install_te_standin() -> dict[str, list[str]]:
         module = sys.modules.get(module_name)
         if module is not None and getattr(module, "TESpecProvider", None) is None:
             bind(module, "TESpecProvider", provider.TESpecProvider)
-        if module is not None and "TENorm" in module.__dict__ and module.TENorm is None:
+        if module is not None and module.__dict__.get("TENorm") is None:  # None, or never bound (0.16's except)
             bind(module, "TENorm", TENorm)
     bind(provider, "is_te_min_version", te_min_version)
     bind(provider, "get_te_version", te_version)
