@@ -670,12 +670,13 @@ def test_each_family_shrinks_to_what_its_tiny_fixture_proves() -> None:
     assert (olmoe["num_experts"], olmoe["num_experts_per_tok"], olmoe["num_hidden_layers"]) == (8, 4, 2)
     assert "head_dim" not in olmoe and olmoe["norm_topk_prob"] is False
     nem = shrink_file(DATA / "nemotron-nano-9b-v2.config.json")
-    assert nem.spec.config["hybrid_override_pattern"] == "-M*-" and nem.spec.config["attention_head_dim"] == 8
+    assert nem.spec.config["hybrid_override_pattern"] == "-M*-" and "attention_head_dim" not in nem.spec.config
+    assert "rms_norm_eps" not in nem.spec.config and nem.spec.config["layer_norm_epsilon"] == 1e-5
     assert nem.spec.renames == {"backbone.embedding.weight": "backbone.embeddings.weight"}
     assert "hybrid_override_pattern 56 layers (M x27, * x4, - x25) -> '-M*-': the shortest stretch of the " \
         "published pattern holding every layer kind" in nem.notes  # fmt: skip
-    assert "dropped time_step_rank=256 (NemotronH remote code's dt rank; transformers' NemotronHConfig has one dt " \
-        "per Mamba head)" in nem.notes  # fmt: skip
+    assert "dropped time_step_rank=256 (NemotronH remote code's dt rank; NemotronHConfig has one dt per Mamba " \
+        "head)" in nem.notes  # fmt: skip
 
 
 def test_a_hybrid_pattern_keeps_a_stretch_with_every_kind() -> None:
