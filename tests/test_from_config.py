@@ -621,6 +621,7 @@ def _family_knobs(c: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]
         names = ("mlp_hidden_act", "mamba_hidden_act", "residual_in_fp32", "layer_norm_epsilon", "use_conv_bias",
                  "mamba_proj_bias", "conv_kernel", "use_bias")  # fmt: skip
         out |= {"layer_kinds": sorted(set(c["hybrid_override_pattern"])), **{name: c[name] for name in names}}
+        del out["rms_norm_eps"]  # the remote code's; NemotronHConfig reads layer_norm_epsilon (compared above)
     return out
 
 
