@@ -336,7 +336,7 @@ MODEL_MUTANTS: tuple[Mutant, ...] = (
         "output unscaled)",
         hook=_M + "mla:routed_scaling_lost",
         fixture=KIMI,
-        layout="ep2",
+        layout="tp2ep2",
         catches=("config", "logits"),
         targets=(*rule_targets("routed_scaling_factor", "moe_router_topk_scaling_factor"), FORWARD),
     ),
