@@ -587,7 +587,9 @@ def test_a_shrunk_gdn_config_runs_to_a_verdict_naming_the_real_config_export_gap
 
 # ---- the MoE and hybrid families (issue #56) -----------------------------------------------------------------------
 
-FAMILY_CONFIGS = ("gpt-oss-20b", "glm-4.5-air", "olmoe-1b-7b-0125", "glm-4.7-flash", "nemotron-nano-9b-v2")
+FAMILY_CONFIGS = (
+    "gpt-oss-20b", "glm-4.5-air", "olmoe-1b-7b-0125", "glm-4.7-flash", "nemotron-nano-9b-v2", "nemotron-3-nano-30b-a3b"
+)  # fmt: skip
 """Transcribed from the published config.json files as public repositories quote them (their `_convcheck_note`)."""
 
 
@@ -621,7 +623,11 @@ def _family_knobs(c: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]
         names = ("mlp_hidden_act", "mamba_hidden_act", "residual_in_fp32", "layer_norm_epsilon", "use_conv_bias",
                  "mamba_proj_bias", "conv_kernel", "use_bias")  # fmt: skip
         out |= {"layer_kinds": sorted(set(c["hybrid_override_pattern"])), **{name: c[name] for name in names}}
-        del out["rms_norm_eps"]  # the remote code's; NemotronHConfig reads layer_norm_epsilon (compared above)
+        for name in ("rms_norm_eps", "rope", "partial_rotary_factor"):  # the remote code's: transformers reads none
+            del out[name]  # (NemotronHConfig reads layer_norm_epsilon, compared above; its attention has no rotary)
+        if "E" in c["hybrid_override_pattern"]:
+            same = c["moe_shared_expert_intermediate_size"] == c["moe_intermediate_size"]
+            out |= {"shared": c["n_shared_experts"], "groups": (c["n_group"], c["topk_group"]), "same_widths": same}
     return out
 
 
@@ -676,6 +682,11 @@ def test_each_family_shrinks_to_what_its_tiny_fixture_proves() -> None:
     assert nem.spec.renames == {"backbone.embedding.weight": "backbone.embeddings.weight"}
     assert "hybrid_override_pattern 56 layers (M x27, * x4, - x25) -> '-M*-': the shortest stretch of the " \
         "published pattern holding every layer kind" in nem.notes  # fmt: skip
+    nano3 = shrink_file(DATA / "nemotron-3-nano-30b-a3b.config.json").spec
+    assert nano3.config["hybrid_override_pattern"] == "EM*E" and nano3.fp32_tensors == ("gate.e_score_correction_bias",)
+    c = nano3.config
+    assert (c["n_routed_experts"], c["num_experts_per_tok"], c["n_shared_experts"]) == (8, 4, 1)
+    assert (nano3.config["moe_intermediate_size"], nano3.config["moe_shared_expert_intermediate_size"]) == (16, 20)
     assert "dropped time_step_rank=256 (NemotronH remote code's dt rank; NemotronHConfig has one dt per Mamba " \
         "head)" in nem.notes  # fmt: skip
 
