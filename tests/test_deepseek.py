@@ -29,7 +29,7 @@ YARN_DROPPED = ("rope_parameters.rope_type (megatron_to_hf_config)", "roundtrip-
 MTP_ALIASES = ("model.layers.4.embed_tokens.weight", "model.layers.4.shared_head.head.weight")
 LAYOUTS = [(), ("--tp", "2"), ("--ep", "2"), ("--pp", "2"), ("--tp", "2", "--ep", "2"), ("--tp", "2", "--etp", "2")]
 MLA_HOOK = f"{Path(__file__).parent / 'support' / 'hooks_mla.py'}:kv_a_latent_cut_at_nope"
-PARAMETERS = {"deepseek-v3": 134, "moonlight": 93}
+PARAMETERS = {"deepseek-v3": 134, "moonlight": 93, "kimi-k2": 101}
 """Megatron parameters (and the expert-bias buffers) of each fixture, every one mapped once by the explicit rules."""
 
 
@@ -52,12 +52,36 @@ def assert_every_parameter_mapped(res: CliResult, model: str) -> None:
     """The mapping oracle checked every parameter of the model (each row a pass) and every HF tensor the export
     wrote against the source (tiny:deepseek-v3: 171 of the 173 its mappings produce, the MTP copies missing)."""
     oracle = next(o for o in res.report["oracles"] if o["name"] == "mapping")
-    hf_tensors = {"deepseek-v3": 171, "moonlight": 121}[model]
+    hf_tensors = {"deepseek-v3": 171, "moonlight": 121, "kimi-k2": 129}[model]
     assert oracle["checked"] == PARAMETERS[model] + hf_tensors
     assert oracle["unit"] == f"names ({PARAMETERS[model]} Megatron parameters + {hf_tensors} HF tensors)"
     assert [t["verdict"] for t in oracle["tensors"]] == ["pass"] * PARAMETERS[model]
     assert oracle["metrics"]["export_vs_source"] == hf_tensors
     assert oracle["metrics"]["gathers"] == oracle["metrics"]["rebuilt_from_shards"] == 0  # every shard matched
+
+
+KIMI_LAYOUTS = [("--tp", "2", "--ep", "2")]
+"""tiny:kimi-k2's gate case: DeepSeek-V3's structure, whose other layouts tiny:deepseek-v3 and tiny:moonlight run (TP2
+and EP2 alone were run by hand with the same verdict)."""
+
+
+@pytest.mark.local_spec("the local MLA layout, as tiny:moonlight's")
+@pytest.mark.ranks
+@pytest.mark.parametrize("layout", KIMI_LAYOUTS, ids=_ids(KIMI_LAYOUTS))
+def test_kimi_k2_passes_every_oracle_but_config_which_names_the_yarn_export_bug(
+    layout: tuple[str, ...], shared_root: Path, tmp_path: Path
+) -> None:
+    """Kimi's knobs on DeepSeek-V3's structure (one expert group, routed_scaling_factor 2.827, yarn with beta 1/1, no
+    MTP) convert bitwise and forward alike; only the yarn export (deepseek-yarn-dropped) fails."""
+    res = _verify("kimi-k2", layout, shared_root, tmp_path)
+    assert res.code == 1, res.out[-3000:] + res.err[-2000:]
+    assert res.verdicts() == {**dict.fromkeys(GENERIC, "pass"), "config": "fail", "mapping": "pass"}
+    assert_every_parameter_mapped(res, "kimi-k2")
+    assert [(f["tensor"], f["kind"], f["detail"].get("upstream_bug")) for f in res.findings()] == [
+        (*YARN_DROPPED, "deepseek-yarn-dropped")
+    ]
+    oracles = {o["name"]: o for o in res.report["oracles"]}
+    assert oracles["logits"]["metrics"]["greedy_match"] == "32/32"
 
 
 @pytest.mark.local_spec("the local MLA layout; the TE one: tests/test_te_standin_ranks.py")

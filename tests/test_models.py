@@ -28,7 +28,8 @@ def test_lookups_cover_every_architecture_in_listing_order() -> None:
         "qwen3-moe-unnorm", "qwen3-moe-4l", "qwen3-moe-fp8", "qwen3-moe-fp8-wide", "llama", "llama-vllm",
         "llama-tied-vllm", "llama-tied-4l",
         "mistral", "mistral-vllm", "mistral-nowindow", "nemotron-h", "nemotron-h-moe", "nemotron-h-6l",
-        "nemotron-h-vllm", "nemotron-h-moe-vllm", "deepseek-v3", "moonlight", "deepseek-v3-vllm", "glm4.7-flash",
+        "nemotron-h-vllm", "nemotron-h-moe-vllm", "deepseek-v3", "moonlight", "kimi-k2", "deepseek-v3-vllm",
+        "glm4.7-flash",
         "glm4.5", "glm4.5-air", "glm4.5-vllm", "qwen3-next", "qwen3-next-vllm", "qwen3.5", "qwen3.5-moe",
         "qwen3.6-moe", "gpt-oss", "gpt-oss-square", "gpt-oss-2f-hidden", "gpt-oss-vllm", "olmoe", "olmoe-vllm",
     ]  # fmt: skip

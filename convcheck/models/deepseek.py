@@ -82,6 +82,34 @@ TINY_MOONLIGHT = FixtureSpec(
     config={**MLA_SHAPES, **GROUPED_ROUTING, "q_lora_rank": None, "first_k_dense_replace": 1, "rope_parameters": YARN},
     fp32_tensors=("e_score_correction_bias",),
 )
+KIMI_K2_YARN: dict[str, Any] = {
+    "rope_type": "yarn", "rope_theta": 50000.0, "factor": 32.0, "original_max_position_embeddings": 4096,
+    "beta_fast": 1.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+}  # fmt: skip
+"""moonshotai/Kimi-K2-Instruct's rope_scaling (beta_fast 1, not DeepSeek-V3's 32) with its rope_theta 50000."""
+
+TINY_KIMI_K2 = FixtureSpec(
+    name="kimi-k2",
+    config_class="DeepseekV3Config",
+    description="Kimi-K2: DeepSeek-V3's structure (MLA with q LoRA, dense-first, 8 routed + 1 shared expert, sigmoid "
+    "routing with expert bias) with Kimi's knobs: one expert group, routed_scaling_factor 2.827, yarn x32 (beta 1/1, "
+    "theta 5e4), no MTP",
+    config={
+        **MLA_SHAPES,
+        "n_group": 1,
+        "topk_group": 1,
+        "routed_scaling_factor": 2.827,
+        "first_k_dense_replace": 1,
+        "rope_parameters": KIMI_K2_YARN,
+        "max_position_embeddings": 131072,
+        "num_nextn_predict_layers": 0,
+    },  # fmt: skip
+    fp32_tensors=("e_score_correction_bias",),
+)
+"""The published Kimi-K2-Instruct config (model_type kimi_k2, DeepseekV3ForCausalLM: transformers' DeepseekV3Config
+builds it) at MLA_SHAPES' widths: 384 experts top-8 in one group -> 8 top-4 (EP2), 61 layers (1 dense-first) -> 4,
+vocab 163840 -> 152; rms_norm_eps 1e-6, norm_topk_prob, the shared expert and max_position_embeddings 131072 (32 x
+the yarn original 4096, so transformers takes the factor without a warning) as published."""
 TINY_DEEPSEEK_V3_VLLM = engine_variant(
     TINY_DEEPSEEK_V3,
     "tiny:deepseek-v3 with the MLA widths CPU vLLM's MLA kernel takes (kv LoRA 512 + rope 64 = 576), nope / v 32, "
@@ -350,6 +378,6 @@ DEEPSEEK_V3 = Architecture(
     model_type="deepseek_v3",
     mapping_rules=deepseek_rules,
     config_rules=DEEPSEEK_V3_TABLE,
-    fixtures=(TINY_DEEPSEEK_V3, TINY_MOONLIGHT, TINY_DEEPSEEK_V3_VLLM),
+    fixtures=(TINY_DEEPSEEK_V3, TINY_MOONLIGHT, TINY_KIMI_K2, TINY_DEEPSEEK_V3_VLLM),
     upstream_bugs=(YARN_DROPPED, MTP_ALIASES_DROPPED, SEQ_LENGTH_4096, Q_PROJ_NORM_UNMAPPED),
 )

@@ -10,6 +10,7 @@ from convcheck.mutants.mutant import (
     DEEPSEEK,
     FORWARD,
     GLM_FLASH,
+    KIMI,
     MISTRAL,
     MOE,
     MOONLIGHT,
@@ -328,6 +329,16 @@ MODEL_MUTANTS: tuple[Mutant, ...] = (
             "decoder.layers.0.mlp.*",
             FORWARD,
         ),
+    ),
+    Mutant(
+        name="kimi_routed_scaling_lost",
+        description="Kimi-K2 routed scaling lost: the provider drops routed_scaling_factor 2.827 (the routed experts' "
+        "output unscaled)",
+        hook=_M + "mla:routed_scaling_lost",
+        fixture=KIMI,
+        layout="tp2ep2",
+        catches=("config", "logits"),
+        targets=(*rule_targets("routed_scaling_factor", "moe_router_topk_scaling_factor"), FORWARD),
     ),
     Mutant(
         name="mtp_aliases_swapped",

@@ -129,3 +129,9 @@ def dense_first_as_moe() -> None:
             provider.moe_layer_freq = [1] * len(provider.moe_layer_freq)
 
     alter_provider(change)
+
+
+def routed_scaling_lost() -> None:
+    """Kimi-K2's routed_scaling_factor lost: the provider leaves moe_router_topk_scaling_factor None, so the routed
+    experts' weighted sum is not scaled by 2.827 (the config the bridge hands Megatron-Core, and the forward)."""
+    alter_provider(lambda p: setattr(p, "moe_router_topk_scaling_factor", None) if p.num_moe_experts else None)

@@ -46,6 +46,7 @@ FIXED = {  # families checked at a fixed list of layouts (convcheck.gate.case LA
     # grouped experts: the bridge maps no SequentialMLP experts (a named crash, tests/test_glm45.py)
     "glm4.5": [(*layout, *TE) for layout in [("--tp", "2"), ("--pp", "2"), *MOE_LAYOUTS]],
     "glm4.5-air": [("--tp", "2", "--ep", "2", *TE)],
+    "kimi-k2": [("--tp", "2", "--ep", "2")],  # DeepSeek-V3's structure: its other layouts are tiny:deepseek-v3's
     **VPP,
 }
 DENSE = [
