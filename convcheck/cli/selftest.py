@@ -121,7 +121,8 @@ def print_matrix(result: Any, console: Any = None) -> None:
         where = (f"{m.fixture} {row.layout}" + ("" if m.experts == "sequential" else f" {m.experts}")
                  + ("" if m.spec == "local" else f" {m.spec}"))  # fmt: skip
         cells = [
-            _MARK.get(c, c) + ("*" if o in row.mutant.catches and c != "caught" else "") for o, c in row.cells.items()
+            _MARK.get(c, c) + ("*" if o in row.mutant.catches and c != "caught" else "")
+            for o, c in ((o, row.cells.get(o, "n/a")) for o in result.oracles)
         ]
         name = row.mutant.name if row.killed else f"[bold red]{row.mutant.name}[/bold red]"
         grid.add_row(name, where, *cells)
@@ -161,7 +162,7 @@ def print_matrix(result: Any, console: Any = None) -> None:
         + (f", {weaker} with an expected oracle missing" if weaker else "")
         + (
             f"; {len(result.skipped)} mutant row(s) and {len(result.clean) - len(clean_ran)} clean run(s) skipped "
-            "(too few GPUs for --device cuda)"
+            "(no engine environment, or too few GPUs for --device cuda: each says why)"
             if len(ran) < len(result.rows)
             else ""
         )
