@@ -64,6 +64,14 @@ INFO = OracleInfo(
             "bitwise what a second engine's fresh load of that checkpoint computes (default: off).",
         ),
         OracleOption(
+            flag="--engine-transport",
+            choices=("shm", "folder"),
+            default="shm",
+            help="how the synced tensors reach the engine: shm (shared-memory buckets of --chunk-mb, streamed) or "
+            "folder (safetensors files of at most --chunk-mb each in a temporary folder, loaded by vLLM's "
+            "reload_weights(weights_path=...) or handed to --engine-receiver; removed after each sync) (default: shm).",
+        ),
+        OracleOption(
             flag="--engine-receiver",
             metavar="FILE.py:FUNC",
             check=_receiver_spec,
@@ -74,6 +82,7 @@ INFO = OracleInfo(
     ready=lambda options: check_python(options.get("engine_python")),
     early=lambda options, spec: _launch(options, spec.model_path, spec.workdir, spec.sync.chunk_mb, spec.timeout_s),
 )
+SHM = "shm"
 
 
 def _launch(given: Any, model: str, workdir: str | None, chunk_mb: float, timeout_s: float) -> Any:
@@ -83,7 +92,9 @@ def _launch(given: Any, model: str, workdir: str | None, chunk_mb: float, timeou
 
     options = option_values(INFO, given)
     python = options["engine_python"] or check_python(None)
-    host = EngineHost(python, log_path(workdir), chunk_mb, engine_timeout(timeout_s))
+    host = EngineHost(
+        python, log_path(workdir), chunk_mb, engine_timeout(timeout_s), options["engine_transport"] or SHM
+    )
     host.start()
     try:
         host.begin("start", model=model)
@@ -179,11 +190,11 @@ def _syncs(
             for _ in ctx.export():
                 pass
             continue
-        sent = host.writer.bytes_sent
+        sent = host.bytes_sent
         delivery = host.sync(receiver, ctx.export())
         if number == 0:
-            metrics.update(tensors=sum(delivery["received"].values()), bytes=host.writer.bytes_sent - sent,
-                           sync_s=delivery["seconds"])  # fmt: skip
+            metrics.update(tensors=sum(delivery["received"].values()), bytes=host.bytes_sent - sent,
+                           sync_s=delivery["seconds"], transport=host.transport)  # fmt: skip
         if delivery["error"]:
             err = delivery["error"]
             message = f"engine receiver {receiver} raised {err['error']} at {err['where']} {when}"
