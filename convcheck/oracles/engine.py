@@ -176,16 +176,23 @@ def engine_fixtures_hint(config: dict[str, Any]) -> str:
 
 
 def _syncs(
-    ctx: RankContext, host: Any, receiver: str, reference: dict[str, Any], poisoned: dict[str, Any]
+    ctx: RankContext,
+    host: Any,
+    receiver: str,
+    reference: dict[str, Any],
+    poisoned: dict[str, Any],
+    name: str = NAME,
+    whens: tuple[str, ...] = SYNCS,
 ) -> OracleVerdict:
-    """Rank 0: each sync of the export into the engine and its inspection; the verdict."""
+    """Rank 0: each sync of the export into the engine (one per `whens`) and its inspection; the verdict of the
+    oracle `name` (the receiver oracle's, with --receiver vllm, runs one sync)."""
     names = sorted(ctx.checkpoint.tensors)
     shapes = {n: entry.shape for n, entry in ctx.checkpoint.tensors.items()}
     geometry = Geometry.from_hf_config(ctx.checkpoint.config)
     findings: list[Finding] = found.poison_findings(reference, poisoned)
     metrics: dict[str, Any] = {"engine_load_s": reference["seconds"], "poison_s": poisoned["seconds"]}
     first = len(findings)
-    for number, when in enumerate(SYNCS):
+    for number, when in enumerate(whens):
         if len(findings) > first:  # the second sync proves a right sync idempotent; the export is still collective
             for _ in ctx.export():
                 pass
@@ -206,7 +213,7 @@ def _syncs(
         findings += _inspect(host, reference, when, geometry, shapes)
     checked = len([k for k, (shape, _, _) in reference["state"].items() if any(shape)])
     metrics.update(engine_tensors=checked, vllm=reference["versions"].get("vllm", ""))
-    return make_verdict(NAME, checked=checked, findings=findings, unit="engine tensors", metrics=metrics)
+    return make_verdict(name, checked=checked, findings=findings, unit="engine tensors", metrics=metrics)
 
 
 def _with_delta(ctx: RankContext, host: Any, options: dict[str, Any], verdict: OracleVerdict) -> OracleVerdict:

@@ -130,6 +130,13 @@ class Host:
         torch.save(self.reference, path)
         return {"path": path}
 
+    def snapshot(self) -> dict[str, Any]:
+        """Make what the engine computes with now the reference later inspections compare against (the idempotence
+        check's state after its first sync), and mark the packings so far."""
+        self.reference = self.state()
+        self.marks = dict(self.tap.count)
+        return {"state": describe(self.reference), "outputs": self.outputs()}
+
     def inspect(self, against: str | None = None) -> dict[str, Any]:
         """The state now against the reference, or against the state another engine saved at `against` (first
         differing element of each tensor that differs), which packed layers were packed again since the last mark,
@@ -339,7 +346,7 @@ def serve(inp: Any, out: Any) -> None:
                 reply = host.sync(request["receiver"], partial(read_folder, folder), folder=folder)
             elif op == "sync":
                 reply = host.sync(request["receiver"], incoming)
-            elif op in ("start", "inspect", "poison", "repair", "save"):
+            elif op in ("start", "inspect", "poison", "repair", "save", "snapshot"):
                 reply = getattr(host, op)(**request)
             else:
                 raise ValueError(f"unknown request {op!r}")
