@@ -21,6 +21,7 @@ import random
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -184,12 +185,23 @@ def _replays(ctx: RankContext, host: Any) -> OracleVerdict:
     return make_verdict("idempotence", checked=checked, findings=findings, unit="engine tensors", metrics=metrics)
 
 
-def delta(ctx: RankContext) -> OracleVerdict | None:
+@dataclass(frozen=True)
+class DeltaSteps:
+    """The delta oracle's own steps (convcheck.oracles.delta): export (rank 0 keeps a copy), the wire-format check,
+    the planted update and its undo."""
+
+    export: Callable[[RankContext], dict[str, Any]]
+    check: Callable[[dict[str, Any], dict[str, Any]], tuple[list[Finding], dict[str, Any]]]
+    plant: Callable[[RankContext], Any]
+    undo: Callable[[Any], None]
+
+
+def delta(ctx: RankContext, steps: DeltaSteps) -> OracleVerdict | None:
     """The delta oracle into the engine (see the module docstring). Every rank exports twice (the planted update in
     between); rank 0 proves the wire format as the delta oracle does, then the engine."""
     import torch
 
-    from convcheck.oracles.delta import _export, check, plant_update, undo
+    _export, check, plant_update, undo = steps.export, steps.check, steps.plant, steps.undo
 
     if not ctx.is_reporter:
         if ctx.gather(None)[0] is None:
