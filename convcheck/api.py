@@ -30,7 +30,7 @@ from convcheck.models.te_only import layer_spec_for
 from convcheck.oracles import collect_options, parse_oracle_names
 from convcheck.progress import ProgressSink
 from convcheck.rank.options import ReshardTargets, SyncOptions
-from convcheck.rollout.environment import check_python
+from convcheck.rollout.environment import SET_ENV, check_python
 from convcheck.sync.adapters import ENGINE_RECEIVER, check_adapters, normalize_sender
 from convcheck.verdict import OracleVerdict, Report, complete
 
@@ -259,7 +259,7 @@ def check_sync(
     engine = receiver == ENGINE_RECEIVER
     check_adapters(sender, None if engine else receiver, chunk_mb)
     if engine:
-        check_python(None)  # one line saying how to make the engine's environment when it is missing
+        check_python(None, "--receiver vllm", SET_ENV)  # one line saying how to make it when it is missing
         if not {"receiver", "idempotence", "delta"} & set(oracles):
             raise BadInput("--receiver vllm is used only by the receiver, idempotence and delta oracles; add --oracle "
                            "receiver")  # fmt: skip

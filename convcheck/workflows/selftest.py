@@ -27,7 +27,7 @@ from convcheck.layout import ParallelLayout
 from convcheck.mutants.catalog import FORWARD, MUTANTS, Mutant
 from convcheck.mutants.mutant import VIAS
 from convcheck.oracles import DEFAULT_ORACLES, OPTIONS, ORACLES
-from convcheck.rollout.environment import check_python
+from convcheck.rollout.environment import SET_ENV, check_python
 from convcheck.verdict import Report
 from convcheck.versions import versions
 from convcheck.workflows.kill_matrix import (
@@ -251,7 +251,7 @@ class Runner:
         with self.lock:
             if self.engine_missing is None:
                 try:
-                    check_python(None)
+                    check_python(None, name=SET_ENV)
                     self.engine_missing = ""
                 except BadInput as exc:
                     self.engine_missing = str(exc)
