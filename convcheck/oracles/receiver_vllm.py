@@ -12,7 +12,8 @@ its own loader first: what it computes with then is the reference.
   same, reversed and shuffled order; after each replay everything equals the snapshot, bitwise.
 - delta: the delta oracle's planted in-place update (its previous and new exports, the delta through the wire
   format) synced into the engine as the changed tensors, after a full sync of the previous export; the engine must
-  then compute bitwise what a second engine's fresh load of the new export (written as a checkpoint) computes.
+  then compute bitwise what a second engine's fresh load of the new export (written as a checkpoint over the
+  source's tensors) computes.
 """
 
 from __future__ import annotations
@@ -269,8 +270,14 @@ def _delta_into_engine(
 
 
 def _write_checkpoint(source: Path, out: Path, tensors: dict[str, Any]) -> None:
-    """`out`: the source checkpoint's other files (config, tokenizer) and `tensors` as its one safetensors file."""
+    """`out`: the source checkpoint's other files (config, tokenizer) and its tensors, those of `tensors` (the new
+    export) replacing theirs, as one safetensors file (a tensor the export lacks keeps the source's, so the fresh load
+    still has every weight it needs)."""
     from safetensors.torch import save_file
+
+    from convcheck.rollout.delta import tensors as source_tensors
+
+    tensors = {**dict(source_tensors(source)), **tensors}
 
     out.mkdir(parents=True)
     for path in source.iterdir():
