@@ -144,7 +144,7 @@ def print_matrix(result: Any, console: Any = None) -> None:
         tail = "" if clean.passed else f": {escape(clean.first_finding or ', '.join(clean.failing))}"
         tail = f": {escape(clean.skipped)}" if clean.skipped else tail
         if clean.upstream_bugs:
-            tail += f" (known megatron-bridge bugs, not false alarms: {', '.join(clean.upstream_bugs)})"
+            tail += f" (known upstream bugs, not false alarms: {', '.join(clean.upstream_bugs)})"
         on = f" on {clean.device}" if clean.device else ""
         console.print(f"{word} clean {escape(clean.launch.label)} ({','.join(clean.launch.oracles)}){on}{tail}",
                       highlight=False, soft_wrap=True)  # fmt: skip

@@ -156,7 +156,8 @@ class CleanRow:
     skipped: str = ""
     """Why this host did not run it; empty when it ran."""
     upstream_bugs: tuple[str, ...] = ()
-    """Known megatron-bridge bugs whose findings it showed (not false alarms: convcheck.models.upstream_bug)."""
+    """Known upstream bugs (megatron-bridge's, vLLM's) whose findings it showed (not false alarms:
+    convcheck.models.upstream_bug)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
