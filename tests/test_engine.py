@@ -320,16 +320,20 @@ def test_findings_name_the_hf_tensors_inside_vllms_fused_and_renamed_ones() -> N
 
 
 @pytest.mark.ranks
-@pytest.mark.parametrize("receiver,what", [("exit_mid_sync", "died during the sync (exit code 17)"),
-                                           ("hang_mid_sync", "hung during the sync")])  # fmt: skip
+@pytest.mark.parametrize("receiver,what,transport", [("exit_mid_sync", "died during the sync (exit code 17)", "shm"),
+                                                     ("hang_mid_sync", "hung during the sync", "shm"),
+                                                     ("exit_mid_sync", "died during the sync (exit code 17)",
+                                                      "folder")])  # fmt: skip
 def test_an_engine_crashing_or_hanging_mid_sync_is_exit_2_leaving_nothing(
-    tmp_path: Path, receiver: str, what: str
+    tmp_path: Path, receiver: str, what: str, transport: str
 ) -> None:
+    bound = "80" if receiver == "hang_mid_sync" else "200"  # a hang is named after half of it; a crash at once
     res = run_cli("verify", "--model", "tiny:qwen3-vllm", "--oracle", "engine", "--engine-receiver",
-                  RECEIVERS + receiver, "--timeout", "80", "--log-dir", str(tmp_path / "log"),
-                  timeout=300)  # fmt: skip
+                  RECEIVERS + receiver, "--timeout", bound, "--log-dir", str(tmp_path / "log"),
+                  "--engine-transport", transport, timeout=300)  # fmt: skip
     assert res.code == 2 and res.report is None, res.err
     assert f"the engine process {what}" in res.err and res.err.count("\n") == 1
+    assert [p for p in (tmp_path / "log").rglob("*") if "convcheck-rollout-" in str(p)] == []  # the sync folder too
     _no_leftovers(tmp_path)
 
 
