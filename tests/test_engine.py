@@ -570,6 +570,23 @@ def test_q_and_k_sent_swapped_into_vllm_as_the_receiver_are_named(tmp_path: Path
     assert "first at index [0, 0] <- model.layers.1.self_attn.q_proj.weight[0, 0]" in message
 
 
+@pytest.mark.ranks
+def test_a_delta_built_one_element_late_is_named_in_the_engine_by_the_delta_oracle(tmp_path: Path) -> None:
+    """The planted delta-builder bug (the first patched index recorded one element late) through --receiver vllm: the
+    wire-format proof names it, and the engine, synced with previous + that delta, differs from a fresh load of the new
+    export in lm_head (its parameter and its packed copy), first at [0, 0]."""
+    res = run_cli("verify", "--model", "tiny:qwen3-vllm", "--tp", "2", "--oracle", "delta", "--receiver", "vllm",
+                  "--hook", "convcheck.mutants.sync:delta_index_off_by_one", tmp_path=tmp_path,
+                  timeout=420)  # fmt: skip
+    assert res.code == 1, res.err
+    found = [(f["tensor"], f["kind"]) for f in res.findings("delta")]
+    assert sorted(found) == [("lm_head.weight", "delta-differs")] * 2 + [("lm_head.weight", "delta-mismatch")]
+    engine = [f["message"] for f in res.findings("delta") if f["kind"] == "delta-differs"]
+    assert all("after a delta sync of 3 changed tensors: 2/6144 elements differ" in m for m in engine)
+    assert all("first at index [0, 0]: got 4.291534423828125e-05 (0x3834), expected" in m for m in engine)
+    assert any(m.startswith("as last packed by the CPU backend") for m in engine)
+
+
 def test_receiver_vllm_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     res = run_cli("verify", "--model", "tiny:qwen3-vllm", "--receiver", "vllm")
     assert res.code == 2 and res.err.strip().splitlines() == [
