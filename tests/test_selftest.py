@@ -54,7 +54,7 @@ def test_every_shipped_mutant_is_catalogued() -> None:
 
 def test_catches_are_known_oracles_and_logits_is_a_forward_target() -> None:
     for m in MUTANTS:
-        assert set(m.catches) <= set(ORACLES), m.name
+        assert set(m.catches) <= set(ORACLES) if m.via == "hook" else m.catches == ("engine",), m.name
         if FORWARD in m.catches:
             assert FORWARD in m.targets or "*" in m.targets, m.name
 
@@ -336,3 +336,85 @@ def test_partial_matrices_after_each_fixture_layout_end_in_the_complete_one() ->
     assert {s["verdict"] for s in seen} == {"incomplete"} and not any(s["complete"] for s in seen)
     final = result.to_dict()
     assert final["complete"] and final["verdict"] == "pass" and final["mutants"] == seen[-1]["mutants"]
+
+
+# --- engine-path mutants (the engine oracle, its own environment) ---------------------------------------------------
+
+E1 = _m("e1", ("model.layers.1.*",), catches=("engine",), via="sender", fixture="tiny:qwen3-vllm")
+E2 = _m("e2", ("model.layers.0.*",), catches=("engine",), via="engine-receiver", options=(("engine_delta", "on"),),
+        fixture="tiny:qwen3-vllm")  # fmt: skip
+
+
+class EngineVerify:
+    """api.verify's stand-in for engine launches: a sender's launch finds one tensor, anything else nothing."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def __call__(self, model: str, layout: str, *, oracles: tuple[str, ...], hooks: tuple[str, ...], experts: str,
+                 timeout_s: float, device: str = "auto", spec: str = "local", sender: str | None = None,
+                 options: dict[str, str] | None = None) -> Report:  # fmt: skip
+        self.calls.append((model, tuple(oracles), tuple(hooks), sender, options))
+        found = [_finding("model.layers.1.self_attn.qkv_proj.weight", "engine-differs")] if sender else []
+        return _report({"engine": found} if found else {}, oracles)
+
+
+def test_engine_mutants_run_alone_with_the_engine_oracle_and_their_sender_or_receiver(monkeypatch: Any) -> None:
+    import convcheck.workflows.selftest as lib
+
+    monkeypatch.setattr(lib, "check_python", lambda _python, **_how: "/engine/python")
+    launches = plan([A, E1, E2], quick=True)
+    assert [[m.name for m in lay.mutants] for lay in launches] == [["a"], ["e1"], ["e2"]]
+    sent, received = launches[1:]
+    assert sent.oracles == ("engine",) and sent.sender == "x:e1" and sent.hooks == () and sent.options == {}
+    assert received.sender is None and received.options == {"engine_delta": "on", "engine_receiver": "x:e2"}
+    assert plan([E1], quick=False)[0].oracles == ("engine",)
+    real = replace(E2, hook="convcheck.mutants.engine_receivers:load_weights_directly")
+    assert check_catalog(
+        [real, replace(real, name="e3", via="rank"), replace(real, name="e4", options=(("save_dtype", "bf16"),))]
+    ) == [
+        "e3: via must be one of hook, sender, engine-receiver, got 'rank'",
+        "e4: options must be those of the oracles it is caught by, got save_dtype",
+    ]
+    fake = EngineVerify()
+    result = run_selftest([E1, E2], quick=True, verify=fake)
+    assert fake.calls == [
+        ("tiny:qwen3-vllm", ("engine",), (), None, None),  # the clean run: default options
+        ("tiny:qwen3-vllm", ("engine",), (), "x:e1", None),
+        ("tiny:qwen3-vllm", ("engine",), (), None, {"engine_delta": "on", "engine_receiver": "x:e2"}),
+    ]
+    killed, survived = result.rows
+    assert killed.status == "killed" and killed.cells["engine"] == CAUGHT and killed.cells["roundtrip"] == NOT_RUN
+    assert killed.first_finding.startswith("engine: model.layers.1.self_attn.qkv_proj.weight [engine-differs]")
+    assert survived.status == "survived" and survived.expected_missed == ("engine",)
+    assert result.oracles == (*ORACLES, "engine") and not result.passed
+    data = json.loads(json.dumps(result.to_dict()))
+    assert data["oracles"][-1] == "engine" and data["mutants"][1]["via"] == "engine-receiver"
+    assert data["mutants"][1]["options"] == {"engine_delta": "on"} and data["clean"][0]["oracles"] == ["engine"]
+
+
+def test_without_the_engine_environment_engine_rows_are_skipped_in_one_line(monkeypatch: Any) -> None:
+    import io
+
+    from rich.console import Console
+
+    import convcheck.workflows.selftest as lib
+    from convcheck.cli.selftest import print_matrix
+    from convcheck.errors import BadInput
+
+    why = "no engine environment for the engine oracle: /x/.venv-vllm/bin/python does not exist; run `make env-vllm`"
+
+    def missing(_python: str | None, **_how: str) -> str:
+        raise BadInput(why)
+
+    monkeypatch.setattr(lib, "check_python", missing)
+    fake = FakeVerify({"x:a": {"roundtrip": ["model.embed_tokens.weight"]}})
+    result = run_selftest([A, E1], quick=True, verify=fake)
+    assert [c[2] for c in fake.calls] == [(), ("x:a",)]  # a's clean run and launch; nothing of the engine's
+    a_row, e_row = result.rows
+    assert a_row.status == "killed" and e_row.status == "skipped" and e_row.skipped == f"skipped: {why}"
+    assert [c.skipped for c in result.clean] == ["", f"skipped: {why}"]
+    assert result.passed  # what could run, ran and passed
+    out = io.StringIO()
+    print_matrix(result, Console(file=out, width=400))
+    assert f"SKIPPED e1 (tp2): skipped: {why}" in out.getvalue()

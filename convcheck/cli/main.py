@@ -29,7 +29,7 @@ from convcheck.fixtures import FIXTURES
 from convcheck.fixtures.child import config_folder, tiny_folder
 from convcheck.layout import ParallelLayout
 from convcheck.oracles import OPTIONS, ORACLES, oracles_markdown
-from convcheck.sync.adapters import RECEIVERS, SENDERS
+from convcheck.sync.adapters import ENGINE_RECEIVER, RECEIVERS, SENDERS
 from convcheck.verdict import FAIL, NOT_COVERED, PASS
 
 EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_NOT_COVERED = 0, 1, 2, 3
@@ -168,9 +168,9 @@ Examples:
 @click.option("--sender", type=HookSpecType("sender", builtins=("bridge", *SENDERS)), default=None,
               help="Weight-sync sender every export consumer reads: bridge (default), bucketed, broadcast, or "
                    "MODULE:FUNC / FILE.py:FUNC called as FUNC(ctx).")  # fmt: skip
-@click.option("--receiver", type=HookSpecType("receiver", builtins=tuple(RECEIVERS)), default=None,
-              help="Receiver of the receiver/idempotence oracles: hf (default), fused, "
-              "or MODULE:CLASS / FILE.py:CLASS.")  # fmt: skip
+@click.option("--receiver", type=HookSpecType("receiver", builtins=(*RECEIVERS, ENGINE_RECEIVER)), default=None,
+              help="Receiver of the receiver/idempotence oracles: hf (default), fused, MODULE:CLASS / "
+              "FILE.py:CLASS, or vllm (a real vLLM engine, also for the delta oracle; docs/engine.md).")  # fmt: skip
 @click.option("--chunk-mb", type=click.FloatRange(min=0, min_open=True), default=64.0, show_default=True,
               help="Bound of one broadcast chunk and of one bucket of the bucketed sender, in MiB.")  # fmt: skip
 @click.option("--pad-vocab", type=click.IntRange(min=1), default=None, metavar="N",

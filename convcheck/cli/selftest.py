@@ -121,7 +121,8 @@ def print_matrix(result: Any, console: Any = None) -> None:
         where = (f"{m.fixture} {row.layout}" + ("" if m.experts == "sequential" else f" {m.experts}")
                  + ("" if m.spec == "local" else f" {m.spec}"))  # fmt: skip
         cells = [
-            _MARK.get(c, c) + ("*" if o in row.mutant.catches and c != "caught" else "") for o, c in row.cells.items()
+            _MARK.get(c, c) + ("*" if o in row.mutant.catches and c != "caught" else "")
+            for o, c in ((o, row.cells.get(o, "n/a")) for o in result.oracles)
         ]
         name = row.mutant.name if row.killed else f"[bold red]{row.mutant.name}[/bold red]"
         grid.add_row(name, where, *cells)
@@ -143,7 +144,7 @@ def print_matrix(result: Any, console: Any = None) -> None:
         tail = "" if clean.passed else f": {escape(clean.first_finding or ', '.join(clean.failing))}"
         tail = f": {escape(clean.skipped)}" if clean.skipped else tail
         if clean.upstream_bugs:
-            tail += f" (known megatron-bridge bugs, not false alarms: {', '.join(clean.upstream_bugs)})"
+            tail += f" (known upstream bugs, not false alarms: {', '.join(clean.upstream_bugs)})"
         on = f" on {clean.device}" if clean.device else ""
         console.print(f"{word} clean {escape(clean.launch.label)} ({','.join(clean.launch.oracles)}){on}{tail}",
                       highlight=False, soft_wrap=True)  # fmt: skip
@@ -161,7 +162,7 @@ def print_matrix(result: Any, console: Any = None) -> None:
         + (f", {weaker} with an expected oracle missing" if weaker else "")
         + (
             f"; {len(result.skipped)} mutant row(s) and {len(result.clean) - len(clean_ran)} clean run(s) skipped "
-            "(too few GPUs for --device cuda)"
+            "(no engine environment, or too few GPUs for --device cuda: each says why)"
             if len(ran) < len(result.rows)
             else ""
         )

@@ -197,9 +197,10 @@ def _launch(job: Job, workdir: Path, progress: ProgressSink | None) -> dict[str,
     try:
         return _launch_with(job, job_file, log_file, tmpdir, progress)
     finally:
+        sweep_stale()  # shared-memory buckets of ranks that were killed (convcheck.rollout.segments)
+        sweep_stale(tmpdir)  # and the engine's sync folders (--engine-transport folder) under the ranks' TMPDIR
         if tmpdir.parent != workdir:
             shutil.rmtree(tmpdir, ignore_errors=True)
-        sweep_stale()  # shared-memory buckets of ranks that were killed (convcheck.rollout.segments)
 
 
 TMPDIR_MAX = 64

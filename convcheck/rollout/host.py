@@ -21,13 +21,14 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import torch
 
 from convcheck.hooks import load_hook
 from convcheck.rollout import protocol
-from convcheck.rollout.buckets import read_bucket
+from convcheck.rollout.buckets import folder_names, read_bucket, read_folder
 
 WeightIter = Iterator[tuple[str, torch.Tensor]]
 
@@ -129,6 +130,13 @@ class Host:
         torch.save(self.reference, path)
         return {"path": path}
 
+    def snapshot(self) -> dict[str, Any]:
+        """Make what the engine computes with now the reference later inspections compare against (the idempotence
+        check's state after its first sync), and mark the packings so far."""
+        self.reference = self.state()
+        self.marks = dict(self.tap.count)
+        return {"state": describe(self.reference), "outputs": self.outputs()}
+
     def inspect(self, against: str | None = None) -> dict[str, Any]:
         """The state now against the reference, or against the state another engine saved at `against` (first
         differing element of each tensor that differs), which packed layers were packed again since the last mark,
@@ -151,11 +159,22 @@ class Host:
         """vLLM's supported in-place update: the worker's `reload_weights` (what RL frameworks call)."""
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
 
-    def sync(self, receiver: str, incoming: Callable[[], WeightIter]) -> dict[str, Any]:
+    def sync(self, receiver: str, incoming: Callable[[], WeightIter], folder: str | None = None) -> dict[str, Any]:
         """Feed the buckets the client streams to `receiver` ("reload" or MODULE:FUNC / FILE.py:FUNC called as
-        FUNC(llm, weights)); what the receiver did not read is still drained. The counts of what it was handed."""
+        FUNC(llm, weights)); what the receiver did not read is still drained. The counts of what it was handed.
+        With the folder transport (`folder`: the client's safetensors files), "reload" is vLLM's
+        `reload_weights(weights_path=folder)` (vLLM reads the files; every tensor in them counts as handed over), and
+        a receiver function is handed the files' tensors."""
         counts: Counter[str] = Counter()
         started = time.perf_counter()
+        if folder is not None and receiver == "reload":
+            error = None
+            counts.update(folder_names(folder))
+            try:
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
+            except Exception as exc:  # noqa: BLE001 - a raising receiver is the client's finding
+                error = raised(exc)
+            return {"received": dict(counts), "error": error, "seconds": round(time.perf_counter() - started, 3)}
         stream = incoming()
 
         def counted() -> WeightIter:
@@ -322,9 +341,12 @@ def serve(inp: Any, out: Any) -> None:
             protocol.send(out, {"ok": True})
             return
         try:
-            if op == "sync":
+            if op == "sync" and request.get("folder"):
+                folder = request["folder"]
+                reply = host.sync(request["receiver"], partial(read_folder, folder), folder=folder)
+            elif op == "sync":
                 reply = host.sync(request["receiver"], incoming)
-            elif op in ("start", "inspect", "poison", "repair", "save"):
+            elif op in ("start", "inspect", "poison", "repair", "save", "snapshot"):
                 reply = getattr(host, op)(**request)
             else:
                 raise ValueError(f"unknown request {op!r}")

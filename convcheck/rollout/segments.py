@@ -1,5 +1,6 @@
-"""Shared-memory folders of the engine's buckets: where they live and the sweep of those a killed run left (no torch:
-the launcher sweeps after every launch)."""
+"""Folders of the engine's transport (shared-memory buckets, or the safetensors files of `--engine-transport folder`
+under the temporary folder): where they live and the sweep of those a killed run left (no torch: the launcher sweeps
+after every launch)."""
 
 from __future__ import annotations
 
@@ -42,8 +43,9 @@ def alive(pid: int) -> bool:
     return True
 
 
-def segment_folder() -> Path:
-    """A fresh folder for this process's buckets (its pid in the name, so a sweep can tell when it is stale)."""
-    root = shm_root()
+def segment_folder(root: Path | None = None) -> Path:
+    """A fresh folder for this process's buckets under `root` (default: shm_root(); the folder transport passes the
+    temporary folder), its pid in the name, so a sweep can tell when it is stale."""
+    root = shm_root() if root is None else root
     sweep_stale(root)
     return Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=root))

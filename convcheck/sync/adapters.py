@@ -19,6 +19,8 @@ RECEIVERS: dict[str, str] = {
     "fused": "convcheck.sync.receivers:FusedReceiver",
 }
 DEFAULT_RECEIVER = "hf"
+ENGINE_RECEIVER = "vllm"
+"""`--receiver vllm`: a real vLLM engine in its own process (convcheck.oracles.receiver_vllm), not a class here."""
 READBACK = ("state_dict", "named_parameters")
 """How convcheck reads a receiver's state back, in order of preference."""
 

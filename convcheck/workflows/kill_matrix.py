@@ -50,7 +50,27 @@ class Launch:
 
     @property
     def hooks(self) -> tuple[str, ...]:
-        return tuple(m.hook for m in self.mutants)
+        """The `--hook`s of its mutants planted in every rank."""
+        return tuple(m.hook for m in self.mutants if m.via == "hook")
+
+    @property
+    def sender(self) -> str | None:
+        """The `--sender` of a mutant planted in the export stream, if any."""
+        return next((m.hook for m in self.mutants if m.via == "sender"), None)
+
+    @property
+    def options(self) -> dict[str, str]:
+        """The oracle options its mutants set (`engine_receiver` for one planted in the engine process)."""
+        out = {k: v for m in self.mutants for k, v in m.options}
+        for m in self.mutants:
+            if m.via == "engine-receiver":
+                out["engine_receiver"] = m.hook
+        return out
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The kill matrix's oracles for its rows: the default ones, then any other it runs (e.g. engine)."""
+        return (*DEFAULT_ORACLES, *(o for o in self.oracles if o not in DEFAULT_ORACLES))
 
     @property
     def label(self) -> str:
@@ -106,6 +126,8 @@ class MutantRow:
             "layout": self.layout,
             "experts": m.experts,
             **({"spec": m.spec} if m.spec != "local" else {}),
+            **({"via": m.via} if m.via != "hook" else {}),
+            **({"options": dict(m.options)} if m.options else {}),
             "catches": list(m.catches),
             "cells": dict(self.cells),
             "status": self.status,
@@ -134,7 +156,8 @@ class CleanRow:
     skipped: str = ""
     """Why this host did not run it; empty when it ran."""
     upstream_bugs: tuple[str, ...] = ()
-    """Known megatron-bridge bugs whose findings it showed (not false alarms: convcheck.models.upstream_bug)."""
+    """Known upstream bugs (megatron-bridge's, vLLM's) whose findings it showed (not false alarms:
+    convcheck.models.upstream_bug)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -258,9 +281,9 @@ def attribute(report: Report, mutants: Sequence[Mutant]) -> Attribution:
 
 def cells_for(mutant: Mutant, launch: Launch, credited: dict[str, list[Finding]]) -> dict[str, str]:
     """One cell per oracle: caught / missed where it ran, not run where the launch skipped it, n/a where it can't."""
-    usable = applicable_oracles(mutant.experts)
+    usable = (*applicable_oracles(mutant.experts), *launch.oracles)
     out = {}
-    for name in DEFAULT_ORACLES:
+    for name in launch.columns:
         if name not in usable:
             out[name] = NOT_APPLICABLE
         elif name not in launch.oracles:
@@ -301,11 +324,11 @@ def rows_from(launch: Launch, report: Report, seconds: float) -> tuple[list[Muta
                 mutant=m,
                 layout=launch.layout,
                 cells=cells_for(m, launch, credited),
-                first_finding=first_credited(credited, tuple(DEFAULT_ORACLES)),
+                first_finding=first_credited(credited, launch.columns),
                 seconds=seconds,
                 shared_with=tuple(o.name for o in launch.mutants if o is not m),
                 device=report.device,
-                findings=tuple(finding_key(o, f) for o in DEFAULT_ORACLES for f in credited.get(o, ())),
+                findings=tuple(finding_key(o, f) for o in launch.columns for f in credited.get(o, ())),
             )
         )
     return rows, found

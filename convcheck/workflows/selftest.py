@@ -25,7 +25,9 @@ from convcheck.fixtures.child import tiny_folder
 from convcheck.hooks import load_hook
 from convcheck.layout import ParallelLayout
 from convcheck.mutants.catalog import FORWARD, MUTANTS, Mutant
-from convcheck.oracles import DEFAULT_ORACLES, ORACLES
+from convcheck.mutants.mutant import VIAS
+from convcheck.oracles import DEFAULT_ORACLES, OPTIONS, ORACLES
+from convcheck.rollout.environment import SET_ENV, check_python
 from convcheck.verdict import Report
 from convcheck.versions import versions
 from convcheck.workflows.kill_matrix import (
@@ -63,6 +65,11 @@ def check_catalog(mutants: Sequence[Mutant] = MUTANTS, *, deep: bool = False) ->
             problems.append(f"{m.name}: unknown expert layout {m.experts!r}")
         if m.spec not in LAYER_SPECS:
             problems.append(f"{m.name}: unknown layer specs {m.spec!r}")
+        if m.via not in VIAS:
+            problems.append(f"{m.name}: via must be one of {', '.join(VIAS)}, got {m.via!r}")
+        unowned = [k for k, _ in m.options if k not in OPTIONS or OPTIONS[k][0] not in m.catches]
+        if unowned:
+            problems.append(f"{m.name}: options must be those of the oracles it is caught by, got {', '.join(unowned)}")
         if not m.targets:
             problems.append(f"{m.name}: targets must name what its findings can be about")
         if not m.fixture.startswith("tiny:"):
@@ -113,10 +120,18 @@ def oracles_for(mutant: Mutant, quick: bool) -> tuple[str, ...]:
     """What a launch must run for `mutant`: every applicable oracle, or with --quick those in its `catches`,
     logits only where nothing else is expected to catch it (logits names no tensor, see `plan`)."""
     usable = applicable_oracles(mutant.experts)
+    if not shares(mutant):
+        return mutant.catches  # its own oracles only: the bug is planted where no default oracle looks
     if not quick:
         return usable
     needed = tuple(o for o in usable if o in mutant.catches)
     return needed if needed == (FORWARD,) else tuple(o for o in needed if o != FORWARD)
+
+
+def shares(mutant: Mutant) -> bool:
+    """Whether `mutant` is planted by `--hook` and caught by default oracles only (it may share a launch and joins
+    the default oracles' launches); else it runs alone with the oracles of its `catches` (the engine path)."""
+    return mutant.via == "hook" and set(mutant.catches) <= set(DEFAULT_ORACLES)
 
 
 def plan(mutants: Sequence[Mutant], quick: bool) -> list[Launch]:
@@ -142,7 +157,7 @@ def plan(mutants: Sequence[Mutant], quick: bool) -> list[Launch]:
         ]
     groups: list[list[Mutant]] = []
     for m in mutants:
-        fits = [g for g in groups if _same_place(g[0], m) and _compatible([*g, m])]
+        fits = [g for g in groups if shares(m) and shares(g[0]) and _same_place(g[0], m) and _compatible([*g, m])]
         calm = [g for g in fits if not any(FORWARD in o.targets for o in g)]
         choices = calm if FORWARD in m.targets and calm else fits
         if choices:
@@ -153,12 +168,13 @@ def plan(mutants: Sequence[Mutant], quick: bool) -> list[Launch]:
 
 
 def clean_launches(launches: Sequence[Launch]) -> list[Launch]:
-    """One hook-free launch per fixture x layout x experts used, running every oracle those launches ran."""
+    """One hook-free launch per fixture x layout x experts used, running every oracle those launches ran (with
+    their default options: a mutant's oracle options are part of how it is planted)."""
     merged: dict[tuple[str, str, str, str], set[str]] = {}
     for launch in launches:
         merged.setdefault(launch.key, set()).update(launch.oracles)
     return [
-        Launch(fixture=f, layout=lay, experts=e, spec=s, oracles=tuple(o for o in DEFAULT_ORACLES if o in names))
+        Launch(fixture=f, layout=lay, experts=e, spec=s, oracles=tuple(o for o in ORACLES if o in names))
         for (f, lay, e, s), names in merged.items()
     ]
 
@@ -178,7 +194,8 @@ def _launch(group: Sequence[Mutant]) -> Launch:
     forward = [m for m in group if FORWARD in m.targets or "*" in m.targets]
     if len(forward) == 1 and FORWARD in forward[0].catches and FORWARD in applicable_oracles(first.experts):
         wanted.add(FORWARD)
-    oracles = tuple(o for o in applicable_oracles(first.experts) if o in wanted)
+    oracles = tuple(o for o in (*applicable_oracles(first.experts), *first.catches) if o in wanted)
+    oracles = tuple(dict.fromkeys(oracles))
     return Launch(fixture=first.fixture, layout=layout_spec(first.layout), experts=first.experts, spec=first.spec,
                   mutants=tuple(group), oracles=oracles)  # fmt: skip
 
@@ -190,6 +207,8 @@ def _compatible(group: Sequence[Mutant]) -> bool:
 
 
 Progress = Callable[[str], None]
+ENGINE = "engine"
+"""The oracle whose launches need the engine's environment (`make env-vllm`)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -207,6 +226,8 @@ class Runner:
     total: int = 0
     count: int = 0
     lock: Any = field(default_factory=threading.Lock)
+    engine_missing: str | None = None
+    """Why the engine oracle cannot run here ("" once its environment was found); None until asked."""
 
     def spans(self, launch: Launch) -> Nodes | None:
         """The nodes `launch` spans: all of them when they split its ranks evenly, else None (this node alone)."""
@@ -214,7 +235,10 @@ class Runner:
         return self.nodes if self.nodes is not None and world % self.nodes.nnodes == 0 else None
 
     def skip_reason(self, launch: Launch) -> str | None:
-        """Why `--device cuda` cannot run `launch` on this host (too few GPUs), else None."""
+        """Why this host cannot run `launch` (no engine environment for the engine oracle, or too few GPUs for
+        `--device cuda`), else None."""
+        if ENGINE in launch.oracles and (why := self.no_engine()) is not None:
+            return f"skipped: {why}"
         world = ParallelLayout.parse(launch.layout).world_size
         nodes = self.spans(launch)
         here = world if nodes is None else nodes.per_node(world)
@@ -222,11 +246,26 @@ class Runner:
             return f"skipped: --device cuda needs {here} GPU(s) for {launch.label}, {self.visible_gpus} visible"
         return None
 
+    def no_engine(self) -> str | None:
+        """Why the engine oracle cannot run here (its environment missing, in one line), else None; asked once."""
+        with self.lock:
+            if self.engine_missing is None:
+                try:
+                    check_python(None, name=SET_ENV)
+                    self.engine_missing = ""
+                except BadInput as exc:
+                    self.engine_missing = str(exc)
+            return self.engine_missing or None
+
     def run(self, launch: Launch) -> tuple[Report | None, str | None, float]:
         """(report, error, seconds) of one launch; a ConvcheckError (exit 2 in the CLI) is its error."""
         t0 = time.perf_counter()
         nodes = self.spans(launch)
-        across = {} if nodes is None else {"nodes": nodes}
+        across: dict[str, Any] = {} if nodes is None else {"nodes": nodes}
+        if launch.sender is not None:
+            across["sender"] = launch.sender
+        if launch.options:
+            across["options"] = launch.options
         try:
             report = self.verify(launch.fixture, launch.layout, oracles=launch.oracles, hooks=launch.hooks,
                                  experts=launch.experts, spec=launch.spec, timeout_s=self.timeout_s, device=self.device,
@@ -324,7 +363,7 @@ def run_selftest(
         clean_rows = [c for k in keys if k in finished for c in finished[k][0]]
         rows = [r for k in keys if k in finished for r in finished[k][1]]
         rows.sort(key=lambda r: (order[r.mutant.name], [layout_spec(lay) for lay in r.mutant.layouts].index(r.layout)))
-        return SelftestResult(oracles=tuple(DEFAULT_ORACLES), rows=tuple(rows), clean=tuple(clean_rows), quick=quick,
+        return SelftestResult(oracles=columns, rows=tuple(rows), clean=tuple(clean_rows), quick=quick,
                               launches=runner.count, seconds=time.perf_counter() - started, versions=versions(),
                               device=device, complete=complete)  # fmt: skip
 
@@ -336,6 +375,7 @@ def run_selftest(
             if partial is not None:
                 partial(result(complete=False))
 
+    columns = tuple(dict.fromkeys(o for x in [*clean, *launches] for o in x.columns)) or tuple(DEFAULT_ORACLES)
     keys = list(dict.fromkeys(lay.key for lay in [*clean, *launches]))
     order = {m.name: i for i, m in enumerate(mutants)}
     if jobs == 1:
