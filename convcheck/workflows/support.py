@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -72,11 +73,54 @@ def checkpoint_root() -> Path:
     return cache_dir("support") / f"{digest}-transformers{metadata.version('transformers')}"
 
 
+_LIVE: set[subprocess.Popen[str]] = set()
+_LIVE_LOCK = threading.Lock()
+_CANCELLED = threading.Event()
+
+
+def _run(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """subprocess.run, with the process known to `stop_all` while it runs (TimeoutExpired past `timeout`)."""
+    with _LIVE_LOCK:
+        if _CANCELLED.is_set():
+            raise SetupError("cancelled")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                text=True, env=env)  # fmt: skip
+        _LIVE.add(proc)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+        raise
+    finally:
+        with _LIVE_LOCK:
+            _LIVE.discard(proc)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def stop_all() -> None:
+    """Cancel the run: no new process starts; each running one gets SIGTERM (a verify stops its ranks), SIGKILL
+    after 10 s."""
+    with _LIVE_LOCK:
+        _CANCELLED.set()
+        procs = list(_LIVE)
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def _child(args: Sequence[str], timeout: float) -> dict[str, Any]:
     """One JSON answer of the support child; SetupError naming its last stderr line when it gives none."""
     try:
-        proc = subprocess.run([sys.executable, "-m", CHILD, *args], capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, timeout=timeout, check=False)  # fmt: skip
+        proc = _run([sys.executable, "-m", CHILD, *args], timeout)
     except subprocess.TimeoutExpired:
         return {"not_covered": f"building the tiny checkpoint took longer than {timeout:.0f} s"}
     lines = proc.stdout.strip().splitlines()
@@ -117,8 +161,7 @@ def run_verify(folder: str, layout: list[str], timeout: float, extra: Sequence[s
                "--json", str(out), "--quiet", "--timeout", str(int(timeout)), *extra]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                                  timeout=timeout + 120, check=False, env=env)  # fmt: skip
+            proc = _run(cmd, timeout + 120, env)
         except subprocess.TimeoutExpired:
             return {"exit": 2, "error": f"verify did not finish in {timeout + 120:.0f} s"}
         if out.exists():
@@ -173,7 +216,12 @@ def support_row(entry: dict[str, Any], root: Path, timeout: float, extra: Sequen
     if "not_covered" in entry:
         return Row(arch=entry["arch"], model_type=entry.get("model_type", ""), status=OUTSIDE,
                    reason=entry["not_covered"])  # fmt: skip
-    built = _child(["build", entry["arch"], str(root)], timeout)
+    try:
+        built = _child(["build", entry["arch"], str(root)], timeout)
+    except SetupError as exc:  # the builder died without an answer (killed, out of memory): named, not a crash
+        if _CANCELLED.is_set():
+            raise
+        built = {"not_covered": str(exc)}
     if "folder" not in built:
         return Row(arch=entry["arch"], model_type=entry.get("model_type", ""), reason=built.get("not_covered", ""))
     runs = [(" ".join(lay).replace("--", "").replace(" ", ""), run_verify(built["folder"], lay, timeout, extra))
@@ -182,22 +230,43 @@ def support_row(entry: dict[str, Any], root: Path, timeout: float, extra: Sequen
 
 
 def run_support(entries: list[dict[str, Any]], *, jobs: int, timeout: float, extra: Sequence[str] = (),
-                progress: Callable[[Row], None] | None = None, kept: Sequence[Row] = ()) -> list[Row]:  # fmt: skip
-    """Every entry's row, `jobs` at a time, in the entries' order; `progress` called as each finishes. An entry with a
-    row in `kept` (an earlier table, `--merge`) keeps that row and is not run again."""
+                progress: Callable[[Row], None] | None = None, kept: Sequence[Row] = (),
+                saved: Callable[[list[Row]], None] | None = None) -> list[Row]:  # fmt: skip
+    """Every entry's row, `jobs` at a time, in the entries' order; `progress` called as each finishes, `saved` with
+    the rows finished so far (entries' order) after each. An entry with a row in `kept` (an earlier table,
+    `--resume`) keeps that row and is not run again."""
     root = checkpoint_root()
     old = {r.arch: r for r in kept}
+    done: dict[str, Row] = {}
+    lock = threading.Lock()
 
     def one(entry: dict[str, Any]) -> Row:
         if entry["arch"] in old and "not_covered" not in entry:
-            return old[entry["arch"]]
-        row = support_row(entry, root, timeout, extra)
-        if progress:
-            progress(row)
+            row = old[entry["arch"]]
+        else:
+            row = support_row(entry, root, timeout, extra)
+            if progress:
+                progress(row)
+        with lock:
+            done[row.arch] = row
+            if saved:
+                saved([done[e["arch"]] for e in entries if e["arch"] in done])
         return row
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    try:
         return list(pool.map(one, entries))
+    except BaseException:  # SIGINT / SIGTERM (convcheck.engine.launch.Interrupted): stop every process it started
+        stop_all()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def table_json(rows: Sequence[Row], complete: bool) -> str:
+    """The `--json` table: counts, whether every selected architecture has its row, the rows."""
+    return json.dumps({"counts": counts(rows), "complete": complete, "rows": [r.to_dict() for r in rows]},
+                      indent=2) + "\n"  # fmt: skip
 
 
 def load_rows(path: str | os.PathLike[str]) -> list[Row]:
