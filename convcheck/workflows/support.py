@@ -170,6 +170,23 @@ def run_verify(folder: str, layout: list[str], timeout: float, extra: Sequence[s
         return {"exit": proc.returncode, "error": tail.removeprefix("convcheck: error: ")}
 
 
+MISSING_HERE = (
+    "Transformer Engine is not installed",
+    "No module named",
+    "Found no NVIDIA driver",
+    "Torch not compiled with CUDA",
+    "cannot build the model on the CPU",
+)
+"""A build or import failure whose message says this names what this host lacks (a package, TE where convcheck's
+stand-in has no counterpart, a CUDA-only call): not-covered, not a finding of the bridge."""
+STOPPED_KINDS = ("build-failed", "import-failed")
+
+
+def missing_here(kind: str, message: str) -> bool:
+    """Whether a finding is a build / import that stopped on something this host lacks (MISSING_HERE)."""
+    return kind in STOPPED_KINDS and any(text in message for text in MISSING_HERE)
+
+
 def row_from_runs(entry: dict[str, Any], runs: list[tuple[str, dict[str, Any]]]) -> Row:
     """The table row of one architecture from its verify runs ((layout label, run_verify answer) pairs)."""
     row = Row(arch=entry["arch"], model_type=entry.get("model_type", ""))
@@ -189,6 +206,12 @@ def row_from_runs(entry: dict[str, Any], runs: list[tuple[str, dict[str, Any]]])
                 not_covered.append(f"{name}: {oracle.get('not_covered', '')}")
             for finding in oracle.get("findings", []):
                 bug = finding.get("detail", {}).get("upstream_bug")
+                if not bug and missing_here(finding["kind"], finding["message"]):
+                    row.verdicts[name] = V_NOT_COVERED
+                    not_covered.append(
+                        f"{label}: convcheck cannot build it here: {' '.join(finding['message'].split())[:300]}"
+                    )
+                    continue
                 if bug:
                     row.bugs.append(bug) if bug not in row.bugs else None
                 else:
@@ -201,6 +224,8 @@ def row_from_runs(entry: dict[str, Any], runs: list[tuple[str, dict[str, Any]]])
         row.status, row.reason = FAIL, untagged[0] + (f" (+{len(untagged) - 1} more)" if len(untagged) > 1 else "")
     elif row.bugs:
         row.status, row.reason = KNOWN_FAIL, "known upstream bug(s): " + ", ".join(row.bugs)
+    elif any(": convcheck cannot build it here: " in r for r in not_covered):
+        row.status, row.reason = NOT_COVERED, next(r for r in not_covered if ": convcheck cannot build it here: " in r)
     elif not_covered and not any(v == V_PASS for v in row.verdicts.values()):
         row.status, row.reason = NOT_COVERED, not_covered[0]
     elif any(r.startswith(tuple(f"{lbl}: verify" for lbl, _ in runs)) for r in not_covered):

@@ -1,0 +1,53 @@
+"""Known megatron-bridge bugs of registered architectures convcheck has no family for, found by `convcheck support`
+(tiny checkpoints written by transformers from each class's default config); keyed by HF class.
+`convcheck.models.tag_upstream_bugs` reads them beside TE_SPEC_BUGS."""
+
+from __future__ import annotations
+
+from convcheck.models.upstream_bug import UpstreamBug
+
+_EVERY_ORACLE = ("coverage", "roundtrip", "config", "logits", "differential", "elements", "layout", "mapping", "save")
+
+DEEPSEEK_V4_ROPE_NEEDS_YARN = UpstreamBug(
+    name="deepseek-v4-rope-needs-yarn",
+    summary="the DeepSeek-V4 bridge reads rotary_scaling_factor and original_max_position_embeddings from the "
+    "compress rope parameters unconditionally: a config whose rope is not YaRN (transformers' own DeepseekV4Config "
+    "default, rope_type 'default') raises KeyError 'factor' and no model is built",
+    where="megatron/bridge/models/deepseek/deepseek_v4_bridge.py:441 (and :442-444)",
+    findings=tuple((oracle, "<build>", "build-failed") for oracle in _EVERY_ORACLE),
+    seen_in=("0.6.2",),
+)
+"""Seen by `convcheck support` on DeepseekV4ForCausalLM built from transformers 5.12.1's default config."""
+
+EXAONE4_UNTIED_LM_HEAD_UNMAPPED = UpstreamBug(
+    name="exaone4-untied-lm-head-unmapped",
+    summary="the EXAONE 4 bridge maps no lm_head.weight (it assumes tied embeddings); with tie_word_embeddings false "
+    "(transformers' Exaone4Config default) output_layer.weight has no mapping, its conversion task stays None and "
+    "load_hf_weights / export_hf_weights raise AttributeError on it: nothing is loaded or exported",
+    where="megatron/bridge/models/exaone/exaone4/exaone4_bridge.py:176 (no lm_head mapping); "
+    "conversion/model_bridge.py:1762-1764 (a parameter without mapping leaves its task None), :1100 and :1340 (the "
+    "None task dereferenced)",
+    findings=(
+        ("*", "<import>", "import-failed"),
+        ("*", "<export>", "export-failed"),
+        ("layout", "<export>", "tp1-export-failed"),
+        ("coverage", "output_layer.weight", "unmapped"),
+        ("coverage", "decoder.*", "not-loaded"),
+        ("coverage", "output_layer.weight", "not-loaded"),
+        ("coverage", "model.*", "not-exported"),
+        ("coverage", "lm_head.weight", "not-exported"),
+        ("roundtrip", "*", "missing"),
+        ("layout", "*", "missing"),
+        ("elements", "lm_head.weight", "never-written"),
+        ("logits", "logits", "logits-differ"),
+        ("logits", "greedy-tokens", "greedy-differs"),
+    ),
+    seen_in=("0.6.2",),
+)
+"""Seen by `convcheck support` on Exaone4ForCausalLM built from transformers 5.12.1's default config (untied)."""
+
+REGISTERED_BUGS: dict[str, tuple[UpstreamBug, ...]] = {
+    "DeepseekV4ForCausalLM": (DEEPSEEK_V4_ROPE_NEEDS_YARN,),
+    "Exaone4ForCausalLM": (EXAONE4_UNTIED_LM_HEAD_UNMAPPED,),
+}
+"""HF class -> the known bugs its `convcheck support` row shows."""
