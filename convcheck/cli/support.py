@@ -21,14 +21,15 @@ EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),
               help="Write the table as JSON (rewritten after every architecture).")  # fmt: skip
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), help="Write the table as Markdown.")
-@click.option("--resume", "resume_path", type=click.Path(dir_okay=False),
-              help="Keep the rows of this earlier (or cut short) --json table, not run again.")  # fmt: skip
+@click.option("--resume", "resume_paths", type=click.Path(dir_okay=False), multiple=True,
+              help="Keep the rows of this earlier (or cut short) --json table, not run again (repeatable: a later "
+              "table's row wins).")  # fmt: skip
 @click.option("--rerun", "reruns", multiple=True, metavar="NAME",
               help="With --resume: run this architecture again all the same (repeatable).")  # fmt: skip
 @click.option("--timeout", type=click.IntRange(30, 7200), default=900, show_default=True,
               help="Seconds per verify run (and per checkpoint build).")  # fmt: skip
 def support(archs: tuple[str, ...], jobs: int, json_path: str | None, markdown_path: str | None,
-            resume_path: str | None, reruns: tuple[str, ...], timeout: int) -> None:  # fmt: skip
+            resume_paths: tuple[str, ...], reruns: tuple[str, ...], timeout: int) -> None:  # fmt: skip
     """A verdict for every language-model architecture the installed megatron-bridge registers.
 
     Each gets a tiny checkpoint written by transformers from its class's default config (shrunk), verified at TP2
@@ -41,9 +42,10 @@ def support(archs: tuple[str, ...], jobs: int, json_path: str | None, markdown_p
         for path in (json_path, markdown_path):
             if path:
                 check_output(path)
-        if reruns and not resume_path:
+        if reruns and not resume_paths:
             raise BadInput("--rerun needs --resume (the table whose rows it replaces)")
-        kept = [r for r in workflow.load_rows(resume_path) if r.arch not in reruns] if resume_path else []
+        earlier = {r.arch: r for path in resume_paths for r in workflow.load_rows(path)}
+        kept = [r for r in earlier.values() if r.arch not in reruns]
         entries = workflow.select(workflow.enumerate_architectures(), archs)
         workflow.select(entries, reruns)  # a --rerun must be one of the selected architectures
         todo = len({e["arch"] for e in entries if "not_covered" not in e} - {r.arch for r in kept})

@@ -46,8 +46,20 @@ EXAONE4_UNTIED_LM_HEAD_UNMAPPED = UpstreamBug(
 )
 """Seen by `convcheck support` on Exaone4ForCausalLM built from transformers 5.12.1's default config (untied)."""
 
+GLM45V_HEAD_DIM_REQUIRED = UpstreamBug(
+    name="glm45v-head-dim-required",
+    summary="the GLM-4.5V bridge reads text_config.head_dim, a field transformers' Glm4vMoeTextConfig does not "
+    "define (published config.json files carry it as an extra key): a checkpoint whose config transformers wrote "
+    "from its own class raises AttributeError and no model is built",
+    where="megatron/bridge/models/glm_vl/glm_45v_bridge.py:51",
+    findings=tuple((oracle, "<build>", "build-failed") for oracle in _EVERY_ORACLE),
+    seen_in=("0.6.2",),
+)
+"""Seen by `convcheck support` on Glm4vMoeForConditionalGeneration built from transformers 5.12.1's default config."""
+
 REGISTERED_BUGS: dict[str, tuple[UpstreamBug, ...]] = {
     "DeepseekV4ForCausalLM": (DEEPSEEK_V4_ROPE_NEEDS_YARN,),
     "Exaone4ForCausalLM": (EXAONE4_UNTIED_LM_HEAD_UNMAPPED,),
+    "Glm4vMoeForConditionalGeneration": (GLM45V_HEAD_DIM_REQUIRED,),
 }
 """HF class -> the known bugs its `convcheck support` row shows."""

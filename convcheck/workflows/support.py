@@ -232,8 +232,14 @@ def row_from_runs(entry: dict[str, Any], runs: list[tuple[str, dict[str, Any]]])
         row.status, row.reason = NOT_COVERED, next(r for r in not_covered if ": verify exit" in r)
     else:
         row.status = PASS
-        row.reason = "; ".join(dict.fromkeys(not_covered)) if not_covered else ""
+        row.reason = pass_reason(row.verdicts)
     return row
+
+
+def pass_reason(verdicts: dict[str, str]) -> str:
+    """A pass row's remark: the oracles that were not covered (they need a convcheck family table)."""
+    uncovered = [name for name, verdict in verdicts.items() if verdict == V_NOT_COVERED]
+    return f"not covered (no convcheck family table): {', '.join(uncovered)}" if uncovered else ""
 
 
 def support_row(entry: dict[str, Any], root: Path, timeout: float, extra: Sequence[str] = ()) -> Row:
@@ -298,9 +304,13 @@ def load_rows(path: str | os.PathLike[str]) -> list[Row]:
     """The rows of a table written by `convcheck support --json`; BadInput when it is not one."""
     try:
         data = json.loads(Path(path).read_text())
-        return [Row(**{k: r[k] for k in Row.__slots__ if k in r}) for r in data["rows"]]  # type: ignore[attr-defined]
+        rows = [Row(**{k: r[k] for k in Row.__slots__ if k in r}) for r in data["rows"]]  # type: ignore[attr-defined]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise BadInput(f"{path} is not a table written by `convcheck support --json`: {exc}") from None
+    for row in rows:
+        if row.status == PASS:
+            row.reason = pass_reason(row.verdicts)
+    return rows
 
 
 def counts(rows: Sequence[Row]) -> dict[str, int]:
