@@ -57,9 +57,21 @@ GLM45V_HEAD_DIM_REQUIRED = UpstreamBug(
 )
 """Seen by `convcheck support` on Glm4vMoeForConditionalGeneration built from transformers 5.12.1's default config."""
 
+GLM5_INDEXER_ROPE_INTERLEAVE_REQUIRED = UpstreamBug(
+    name="glm5-indexer-rope-interleave-required",
+    summary="the GLM-5 (GlmMoeDsa) bridge reads hf_config.indexer_rope_interleave, a field transformers' "
+    "GlmMoeDsaConfig does not define: a checkpoint whose config transformers wrote from its own class raises "
+    "AttributeError and no model is built",
+    where="megatron/bridge/models/glm_moe_dsa/glm5_bridge.py:135",
+    findings=tuple((oracle, "<build>", "build-failed") for oracle in _EVERY_ORACLE),
+    seen_in=("0.6.2",),
+)
+"""Seen by `convcheck support` on GlmMoeDsaForCausalLM built from transformers 5.12.1's default config."""
+
 REGISTERED_BUGS: dict[str, tuple[UpstreamBug, ...]] = {
     "DeepseekV4ForCausalLM": (DEEPSEEK_V4_ROPE_NEEDS_YARN,),
     "Exaone4ForCausalLM": (EXAONE4_UNTIED_LM_HEAD_UNMAPPED,),
     "Glm4vMoeForConditionalGeneration": (GLM45V_HEAD_DIM_REQUIRED,),
+    "GlmMoeDsaForCausalLM": (GLM5_INDEXER_ROPE_INTERLEAVE_REQUIRED,),
 }
 """HF class -> the known bugs its `convcheck support` row shows."""
