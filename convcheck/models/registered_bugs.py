@@ -68,10 +68,34 @@ GLM5_INDEXER_ROPE_INTERLEAVE_REQUIRED = UpstreamBug(
 )
 """Seen by `convcheck support` on GlmMoeDsaForCausalLM built from transformers 5.12.1's default config."""
 
+HYV3_FIRST_K_DENSE_REQUIRED = UpstreamBug(
+    name="hy-v3-first-k-dense-required",
+    summary="the HY-V3 bridge reads hf_config.first_k_dense_replace, a field transformers' HYV3Config does not "
+    "define: a checkpoint whose config transformers wrote from its own class raises AttributeError and no model is "
+    "built",
+    where="megatron/bridge/models/hy_v3/hy_v3_bridge.py:98",
+    findings=tuple((oracle, "<build>", "build-failed") for oracle in _EVERY_ORACLE),
+    seen_in=("0.6.2",),
+)
+"""Seen by `convcheck support` on HYV3ForCausalLM built from transformers 5.12.1's default config."""
+
+MINISTRAL3_LLAMA4_SCALING_BETA_REQUIRED = UpstreamBug(
+    name="ministral3-llama4-scaling-beta-required",
+    summary="the Ministral 3 attention reads text_config.rope_parameters['llama_4_scaling_beta'] unconditionally: a "
+    "config without Llama-4 attention scaling (transformers' Mistral3Config default) raises KeyError while the "
+    "model is built",
+    where="megatron/bridge/models/ministral3/ministral3_provider.py:205",
+    findings=tuple((oracle, "<build>", "build-failed") for oracle in _EVERY_ORACLE),
+    seen_in=("0.6.2",),
+)
+"""Seen by `convcheck support` on Mistral3ForConditionalGeneration built from transformers 5.12.1's default config."""
+
 REGISTERED_BUGS: dict[str, tuple[UpstreamBug, ...]] = {
     "DeepseekV4ForCausalLM": (DEEPSEEK_V4_ROPE_NEEDS_YARN,),
     "Exaone4ForCausalLM": (EXAONE4_UNTIED_LM_HEAD_UNMAPPED,),
     "Glm4vMoeForConditionalGeneration": (GLM45V_HEAD_DIM_REQUIRED,),
     "GlmMoeDsaForCausalLM": (GLM5_INDEXER_ROPE_INTERLEAVE_REQUIRED,),
+    "HYV3ForCausalLM": (HYV3_FIRST_K_DENSE_REQUIRED,),
+    "Mistral3ForConditionalGeneration": (MINISTRAL3_LLAMA4_SCALING_BETA_REQUIRED,),
 }
 """HF class -> the known bugs its `convcheck support` row shows."""
