@@ -78,6 +78,17 @@ def test_unknown_arch_is_one_line_exit_2() -> None:
     ]
 
 
+def test_rerun_without_resume_and_a_bad_table_are_one_line_exit_2(tmp_path: Path) -> None:
+    res = run_cli("support", "--rerun", "LlamaForCausalLM")
+    assert (res.code, res.out, res.err) == (
+        2, "", "convcheck: error: --rerun needs --resume (the table whose rows it replaces)\n")  # fmt: skip
+    bad = tmp_path / "t.json"
+    bad.write_text("{}")
+    res = run_cli("support", "--resume", str(bad))
+    assert (res.code, res.out) == (2, "") and res.err.startswith(f"convcheck: error: {bad} is not a table written by")
+    assert len(res.err.splitlines()) == 1
+
+
 @pytest.mark.ranks
 def test_support_llama_end_to_end_is_a_pass_row(tmp_path: Path) -> None:
     """One architecture through the whole command: built from transformers' default LlamaConfig, verified at TP2,
