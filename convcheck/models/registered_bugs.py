@@ -90,6 +90,29 @@ MINISTRAL3_LLAMA4_SCALING_BETA_REQUIRED = UpstreamBug(
 )
 """Seen by `convcheck support` on Mistral3ForConditionalGeneration built from transformers 5.12.1's default config."""
 
+TRANSFORMERS_QWEN2_AUDIO_SAVE_DOUBLE_PREFIX = UpstreamBug(
+    name="transformers-qwen2-audio-save-double-prefix",
+    summary="transformers' save_pretrained reverses both the qwen2_audio and the Qwen2AudioModel key renamings, so "
+    "the language model is written as language_model.model.model.* instead of the published "
+    "language_model.model.*: the bridge (which reads the published names) finds none of it",
+    where="transformers conversion_mapping.py:567-575 (the two rules for one prefix); megatron-bridge "
+    "qwen_audio/qwen2_audio_bridge.py:111-115 reads the published names",
+    findings=(
+        ("coverage", "language_model.decoder.*", "hf-missing"),
+        ("coverage", "language_model.decoder.*", "not-loaded"),
+        ("coverage", "language_model.embedding.*", "hf-missing"),
+        ("coverage", "language_model.embedding.*", "not-loaded"),
+        ("coverage", "language_model.model.model.*", "not-exported"),
+        ("roundtrip", "language_model.model.model.*", "missing"),
+        ("layout", "language_model.model.model.*", "missing"),
+        ("elements", "language_model.model.model.*", "never-written"),
+    ),
+    seen_in=("5.12.1",),
+    project="transformers",
+)
+"""Seen by `convcheck support` on Qwen2AudioForConditionalGeneration written by transformers 5.12.1 (the logits'
+Megatron forward failure on the same row is not explained by it)."""
+
 REGISTERED_BUGS: dict[str, tuple[UpstreamBug, ...]] = {
     "DeepseekV4ForCausalLM": (DEEPSEEK_V4_ROPE_NEEDS_YARN,),
     "Exaone4ForCausalLM": (EXAONE4_UNTIED_LM_HEAD_UNMAPPED,),
@@ -97,5 +120,6 @@ REGISTERED_BUGS: dict[str, tuple[UpstreamBug, ...]] = {
     "GlmMoeDsaForCausalLM": (GLM5_INDEXER_ROPE_INTERLEAVE_REQUIRED,),
     "HYV3ForCausalLM": (HYV3_FIRST_K_DENSE_REQUIRED,),
     "Mistral3ForConditionalGeneration": (MINISTRAL3_LLAMA4_SCALING_BETA_REQUIRED,),
+    "Qwen2AudioForConditionalGeneration": (TRANSFORMERS_QWEN2_AUDIO_SAVE_DOUBLE_PREFIX,),
 }
 """HF class -> the known bugs its `convcheck support` row shows."""
