@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 import sys
 from importlib import metadata
+from pathlib import Path
 
 import click
 
@@ -62,8 +63,9 @@ def support(archs: tuple[str, ...], jobs: int, json_path: str | None, markdown_p
         sys.exit(EXIT_BAD_INPUT)
     counts = workflow.counts(rows)
     if markdown_path:
-        command = shlex.join(["convcheck", "support", *sum((["--arch", a] for a in archs), []), "--markdown",
-                              "docs/support.md"])  # fmt: skip
+        resumed = sum((["--resume", Path(p).name] for p in resume_paths), [])
+        command = shlex.join(["convcheck", "support", *sum((["--arch", a] for a in archs), []), *resumed,
+                              "--markdown", "docs/support.md"])  # fmt: skip
         versions = {p: metadata.version(p) for p in ("megatron-bridge", "megatron-core", "transformers")}
         write_text_atomic(markdown_path, workflow.markdown(rows, command, versions))
     click.echo(" ".join(f"{k}={v}" for k, v in counts.items()))
