@@ -128,8 +128,8 @@ UNTRIAGED: dict[str, str] = {
     "loads); not tagged, as the catalog's NemotronH mutants are caught on the logits",
     "Qwen2AudioForConditionalGeneration": "the Megatron forward of the logits oracle fails (beside the known "
     "transformers-qwen2-audio-save-double-prefix)",
-    "MiniMaxM3SparseForConditionalGeneration": "a run from before the shrink derived merged_hidden_size (the patch "
-    "merger's shape disagreed)",
+    "MiniMaxM3SparseForConditionalGeneration": "the router gate and the vision patch embedding stored bf16 export as "
+    "fp32 (a dtype rule like qwen3-vl-dtype-from-text-config?)",
 }
 """Architectures whose docs/support.md row may still be an untagged FAIL, each with what is known: the defects to
 triage next (the table's goal is none)."""

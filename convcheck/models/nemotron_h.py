@@ -25,8 +25,8 @@ from convcheck.models.config_rules import (
     unsupported,
 )
 from convcheck.models.fixture_spec import TINY_SHAPES, FixtureSpec, engine_variant
+from convcheck.models.registered_bugs import TRANSFORMERS_EMBEDDING_SAVED_SINGULAR
 from convcheck.models.shared_mappings import LAYER_PREFIX, expert_id, expert_weight, fused_qkv_rule, vocab_rows
-from convcheck.models.upstream_bug import UpstreamBug
 
 # ---- explicit mappings ---------------------------------------------------------------------------------------------
 
@@ -432,30 +432,6 @@ TINY_NEMOTRON_H_MOE_VLLM = engine_variant(
     **{**TINY_NEMOTRON_H_VLLM.config, "hybrid_override_pattern": "M*-E", "moe_intermediate_size": 32,
        "moe_shared_expert_intermediate_size": 32},
 )  # fmt: skip
-
-TRANSFORMERS_EMBEDDING_SAVED_SINGULAR = UpstreamBug(
-    name="transformers-nemotron-h-embedding-saved-singular",
-    summary="transformers' NemotronH key renaming maps embedding.weight to embeddings.weight on load, and its reverse "
-    "on save writes backbone.embedding.weight where published checkpoints hold backbone.embeddings.weight: the "
-    "bridge, which maps the published name, loads no embedding from a checkpoint transformers wrote",
-    where="transformers conversion_mapping.py:1076 (reversed by save_pretrained); megatron-bridge "
-    "nemotronh/nemotron_h_bridge.py:399",
-    findings=(
-        ("coverage", "backbone.embedding.weight", "not-exported"),
-        ("coverage", "embedding.word_embeddings.weight", "hf-missing"),
-        ("coverage", "embedding.word_embeddings.weight", "not-loaded"),
-        ("elements", "backbone.embedding.weight", "never-written"),
-        ("layout", "backbone.embedding.weight", "missing"),
-        ("roundtrip", "backbone.embedding.weight", "missing"),
-        ("mapping", "backbone.embedding.weight", "uncovered"),
-        ("mapping", "backbone.embeddings.weight", "not-exported"),
-        ("mapping", "backbone.embeddings.weight", "uncovered"),
-        ("mapping", "embedding.word_embeddings.weight", "mapping-error"),
-    ),  # not the logits it leaves at the embedding's init values: the catalog's NemotronH mutants are caught there
-    seen_in=("5.12.1",),
-    project="transformers",
-)
-"""Seen by `convcheck support` on NemotronHForCausalLM written by transformers 5.12.1's save_pretrained at EP2."""
 
 NEMOTRON_H = Architecture(
     hf_classes=("NemotronHForCausalLM",),

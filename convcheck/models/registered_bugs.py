@@ -1,6 +1,7 @@
-"""Known megatron-bridge bugs of registered architectures convcheck has no family for, found by `convcheck support`
-(tiny checkpoints written by transformers from each class's default config); keyed by HF class.
-`convcheck.models.tag_upstream_bugs` reads them beside TE_SPEC_BUGS."""
+"""Known megatron-bridge and transformers bugs found by `convcheck support` (tiny checkpoints written by transformers
+from each class's default config). REGISTERED_BUGS, keyed by HF class, holds those of architectures convcheck has no
+family for (`convcheck.models.tag_upstream_bugs` reads them beside TE_SPEC_BUGS); a family's (NemotronH's) is listed
+in its Architecture."""
 
 from __future__ import annotations
 
@@ -112,6 +113,30 @@ TRANSFORMERS_QWEN2_AUDIO_SAVE_DOUBLE_PREFIX = UpstreamBug(
 )
 """Seen by `convcheck support` on Qwen2AudioForConditionalGeneration written by transformers 5.12.1 (the logits'
 Megatron forward failure on the same row is not explained by it)."""
+
+TRANSFORMERS_EMBEDDING_SAVED_SINGULAR = UpstreamBug(
+    name="transformers-nemotron-h-embedding-saved-singular",
+    summary="transformers' NemotronH key renaming maps embedding.weight to embeddings.weight on load, and its reverse "
+    "on save writes backbone.embedding.weight where published checkpoints hold backbone.embeddings.weight: the "
+    "bridge, which maps the published name, loads no embedding from a checkpoint transformers wrote",
+    where="transformers conversion_mapping.py:1076 (reversed by save_pretrained); megatron-bridge "
+    "nemotronh/nemotron_h_bridge.py:399",
+    findings=(
+        ("coverage", "backbone.embedding.weight", "not-exported"),
+        ("coverage", "embedding.word_embeddings.weight", "hf-missing"),
+        ("coverage", "embedding.word_embeddings.weight", "not-loaded"),
+        ("elements", "backbone.embedding.weight", "never-written"),
+        ("layout", "backbone.embedding.weight", "missing"),
+        ("roundtrip", "backbone.embedding.weight", "missing"),
+        ("mapping", "backbone.embedding.weight", "uncovered"),
+        ("mapping", "backbone.embeddings.weight", "not-exported"),
+        ("mapping", "backbone.embeddings.weight", "uncovered"),
+        ("mapping", "embedding.word_embeddings.weight", "mapping-error"),
+    ),  # not the logits it leaves at the embedding's init values: the catalog's NemotronH mutants are caught there
+    seen_in=("5.12.1",),
+    project="transformers",
+)
+"""Seen by `convcheck support` on NemotronHForCausalLM written by transformers 5.12.1's save_pretrained at EP2."""
 
 REGISTERED_BUGS: dict[str, tuple[UpstreamBug, ...]] = {
     "DeepseekV4ForCausalLM": (DEEPSEEK_V4_ROPE_NEEDS_YARN,),
