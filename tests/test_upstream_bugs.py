@@ -73,3 +73,20 @@ def test_a_clean_run_with_only_known_bugs_is_no_false_alarm_and_no_mutant_is_cre
     found = attribute(_report(mixed), [mutant])
     assert [f.tensor for f in found.credited[mutant.name]["roundtrip"]] == [OTHER.tensor]
     assert found.unclaimed == ()
+
+
+def test_the_support_table_bugs_tag_their_own_architecture_only() -> None:
+    """The bugs `convcheck support` found (convcheck.models.registered_bugs) tag their architecture's findings on
+    0.6.2 and nothing of another architecture."""
+    from convcheck.models.registered_bugs import DEEPSEEK_V4_ROPE_NEEDS_YARN, EXAONE4_UNTIED_LM_HEAD_UNMAPPED
+
+    build = Finding(tensor="<build>", kind="build-failed", message="KeyError: 'factor'")
+    unmapped = Finding(tensor="output_layer.weight", kind="unmapped", message="no bridge mapping")
+    coverage = OracleVerdict(name="coverage", checked=3, findings=(build, unmapped))
+    cases = [("DeepseekV4ForCausalLM", [DEEPSEEK_V4_ROPE_NEEDS_YARN.name, None]),
+             ("Exaone4ForCausalLM", [None, EXAONE4_UNTIED_LM_HEAD_UNMAPPED.name]),
+             ("Qwen3ForCausalLM", [None, None])]  # fmt: skip
+    for arch, expected in cases:
+        (verdict,), _ = tag_upstream_bugs(arch, "0.6.2", [coverage])
+        assert [f.detail.get(UPSTREAM_BUG) for f in verdict.findings] == expected, arch
+        assert verdict.verdict == FAIL

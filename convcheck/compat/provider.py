@@ -76,12 +76,33 @@ def keeps_te_free_block_spec(spec: Any) -> bool:
 
 def te_block_spec(spec: Any) -> Any:
     """A bridge's block spec bound to its module's HAVE_TE (False without TE: glm45_bridge.py:63,
-    deepseek_v3_bridge.py:57, ...), bound to the TE specs instead; any other spec unchanged."""
+    deepseek_v3_bridge.py:57, minimax_m3_bridge.py:307, ...), bound to the TE specs instead; a bridge's spec function
+    that reads its module's HAVE_TE when called (exaone_moe_provider.py:55) called with it True; any other spec
+    unchanged."""
     import functools
+    import sys
 
-    if keeps_te_free_block_spec(spec):
+    if isinstance(spec, functools.partial) and spec.keywords.get("use_transformer_engine") is False:
         return functools.partial(spec.func, *spec.args, **{**spec.keywords, "use_transformer_engine": True})
-    return spec
+    module = sys.modules.get(getattr(spec, "__module__", None) or "")
+    code = getattr(spec, "__code__", None)
+    if (
+        module is None
+        or code is None
+        or "HAVE_TE" not in code.co_names
+        or getattr(module, "HAVE_TE", None) is not False
+    ):
+        return spec
+
+    @functools.wraps(spec)
+    def with_te(*args: Any, **kwargs: Any) -> Any:
+        module.HAVE_TE = True
+        try:
+            return spec(*args, **kwargs)
+        finally:
+            module.HAVE_TE = False
+
+    return with_te
 
 
 def configure_provider(provider: Any, device: str, spec: str = "local") -> None:

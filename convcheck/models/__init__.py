@@ -16,6 +16,7 @@ from convcheck.models.bridge_wide import BRIDGE_WIDE
 from convcheck.models.config_rules import FieldRule
 from convcheck.models.engine_bugs import ENGINE_BUGS
 from convcheck.models.fixture_spec import FixtureSpec
+from convcheck.models.registered_bugs import REGISTERED_BUGS
 from convcheck.models.te_spec_bugs import TE_SPEC_BUGS
 from convcheck.models.upstream_bug import UpstreamBug
 from convcheck.verdict import OracleVerdict
@@ -85,7 +86,11 @@ def tag_upstream_bugs(
     `bridge_version`) or of a rollout engine (seen in its version among `versions`) explains; one line per bug that
     explains any. Verdicts keep every finding: a known bug still fails."""
     family = BY_HF_CLASS.get(architecture)
-    own = family.upstream_bugs if family else TE_SPEC_BUGS.get(architecture, ())
+    own = (
+        family.upstream_bugs
+        if family
+        else (*TE_SPEC_BUGS.get(architecture, ()), *REGISTERED_BUGS.get(architecture, ()))
+    )
     bugs: tuple[UpstreamBug, ...] = (*own, *BRIDGE_WIDE, *ENGINE_BUGS)
     others = dict(versions or {})
     counts: dict[str, int] = {}

@@ -136,11 +136,29 @@ GLM_MTP_ALIASES_DROPPED = UpstreamBug(
     fixed_in="0.6.0 (glm47_flash_bridge.py:116 restores them)",
 )
 
+QKV_A_NORM_EPS = UpstreamBug(
+    name="glm47-flash-q-kv-a-norm-eps",
+    summary="transformers' GLM-4.7-Flash builds its q_a / kv_a layernorms with eps 1e-6 whatever rms_norm_eps says; "
+    "the bridge sets one layernorm_epsilon = rms_norm_eps for every Megatron norm, so a config with rms_norm_eps "
+    "other than 1e-6 (the published 1e-5, transformers' default) converts to a model whose MLA down-projection "
+    "norms compute with another epsilon: the logits differ",
+    where="megatron/bridge/models/glm/glm47_flash_bridge.py (rms_norm_eps -> layernorm_epsilon for all norms); "
+    "transformers models/glm4_moe_lite/modeling_glm4_moe_lite.py:253,261 (eps=1e-6)",
+    findings=(
+        ("config", "rms_norm_eps -> layernorm_epsilon", "mismatch"),
+        ("logits", "logits", "logits-differ"),
+        ("logits", "greedy-tokens", "greedy-differs"),
+    ),
+    seen_in=("0.6.2",),
+)
+"""Seen by `convcheck support` on Glm4MoeLiteForCausalLM from transformers' default config (rms_norm_eps 1e-5) at TP2
+and EP2: logits differ by 1.9e-2; the same checkpoint with rms_norm_eps 1e-6 passes logits and config (2.7e-7)."""
+
 GLM47_FLASH = Architecture(
     hf_classes=("Glm4MoeLiteForCausalLM",),
     model_type="glm4_moe_lite",
     mapping_rules=deepseek_rules,
     config_rules=GLM_TABLE,
     fixtures=(TINY_GLM47_FLASH,),
-    upstream_bugs=(GLM_MTP_ALIASES_DROPPED,),
+    upstream_bugs=(GLM_MTP_ALIASES_DROPPED, QKV_A_NORM_EPS),
 )

@@ -25,6 +25,7 @@ from convcheck.models.config_rules import (
     unsupported,
 )
 from convcheck.models.fixture_spec import TINY_SHAPES, FixtureSpec, engine_variant
+from convcheck.models.registered_bugs import TRANSFORMERS_EMBEDDING_SAVED_SINGULAR
 from convcheck.models.shared_mappings import LAYER_PREFIX, expert_id, expert_weight, fused_qkv_rule, vocab_rows
 
 # ---- explicit mappings ---------------------------------------------------------------------------------------------
@@ -438,5 +439,5 @@ NEMOTRON_H = Architecture(
     mapping_rules=hybrid_rules,
     config_rules=NEMOTRON_H_TABLE,
     fixtures=(TINY_NEMOTRON_H, TINY_NEMOTRON_H_MOE, TINY_NEMOTRON_H_6L, TINY_NEMOTRON_H_VLLM, TINY_NEMOTRON_H_MOE_VLLM),
-    upstream_bugs=(QUANT_MAPPING_NOT_IMPLEMENTED,),
+    upstream_bugs=(QUANT_MAPPING_NOT_IMPLEMENTED, TRANSFORMERS_EMBEDDING_SAVED_SINGULAR),
 )

@@ -101,6 +101,19 @@ def _tied(model: list[Any]) -> list[Any]:
     return out
 
 
+def model_groups(model: Any) -> Any:
+    """The model's ProcessGroupCollection: its own, else its language model's (a vision-language wrapper such as the
+    bridge's Qwen25VLModel keeps none of its own)."""
+    groups = getattr(model, "pg_collection", None)
+    if groups is None and getattr(model, "language_model", None) is not None:
+        groups = getattr(model.language_model, "pg_collection", None)
+    if groups is None:
+        from megatron.core.process_groups_config import ProcessGroupCollection
+
+        groups = ProcessGroupCollection.use_mpu_process_groups()
+    return groups
+
+
 def megatron_logits(ctx: RankContext, tokens: Any, whole: bool = False) -> Any | None:
     """Collective fp32 forward of this rank's chunks; full-vocab logits [B, S, V] on last-stage ranks, else None.
 
@@ -112,7 +125,8 @@ def megatron_logits(ctx: RankContext, tokens: Any, whole: bool = False) -> Any |
     import torch.distributed as dist
 
     gpt = _unwrap(ctx.model[0])
-    pp, tp = gpt.pg_collection.pp, gpt.pg_collection.tp
+    groups = model_groups(gpt)
+    pp, tp = groups.pp, groups.tp
     pp_ranks = dist.get_process_group_ranks(pp) if ctx.world > 1 else [0]
     stage = pp_ranks.index(ctx.rank)
     device = next(gpt.parameters()).device

@@ -94,11 +94,15 @@ class LayerNorm(_Norm):
 
 def te_device(config: Any) -> str:
     """Where megatron-core's `_get_extra_te_kwargs` (extensions/transformer_engine.py:403) puts TE parameters: the
-    CPU with use_cpu_initialization, meta with init_model_with_meta_device, else the current CUDA device."""
+    CPU with use_cpu_initialization, meta with init_model_with_meta_device, else the current CUDA device; the CPU
+    where CUDA is unavailable (a vision tower's config the bridge builds without use_cpu_initialization, e.g. Gemma 3's
+    and EXAONE 4.5's, on a CPU run)."""
     if config.use_cpu_initialization:
         return "cpu"
     if config.init_model_with_meta_device:
         return "meta"
+    if not torch.cuda.is_available():
+        return "cpu"
     return f"cuda:{torch.cuda.current_device()}"
 
 
