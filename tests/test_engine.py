@@ -88,8 +88,7 @@ def _no_leftovers(tmp_path: Path) -> None:
 
 
 @pytest.mark.ranks
-@pytest.mark.parametrize("model,tensors,nbytes,checked", [("tiny:qwen3-vllm", 25, 93760, 21),
-                                                          ("tiny:mistral-vllm", 21, 93504, 17)])  # fmt: skip
+@pytest.mark.parametrize("model,tensors,nbytes,checked", [("tiny:qwen3-vllm", 25, 93760, 21)])
 def test_a_clean_tp2_sync_leaves_the_engine_computing_exactly_its_fresh_load(
     shared_root: Path, model: str, tensors: int, nbytes: int, checked: int
 ) -> None:
@@ -106,14 +105,15 @@ def test_a_clean_tp2_sync_leaves_the_engine_computing_exactly_its_fresh_load(
 @pytest.mark.ranks
 def test_the_folder_transport_proves_the_same_clean_sync_and_leaves_no_files(tmp_path: Path) -> None:
     """--engine-transport folder: the export written as safetensors files under the ranks' TMPDIR, loaded by vLLM's
-    reload_weights(weights_path=...); the same verdict and counts as the shared-memory run, the files gone after."""
-    res = _engine(tmp_path, "tiny:qwen3-vllm", "--tp", "2", "--engine-transport", "folder", "--log-dir",
+    reload_weights(weights_path=...); Mistral's clean TP2 sync (its only clean run in make test) passes with every
+    tensor delivered, the files gone after."""
+    res = _engine(tmp_path, "tiny:mistral-vllm", "--tp", "2", "--engine-transport", "folder", "--log-dir",
                   str(tmp_path / "log"))  # fmt: skip
     assert res.code == 0, res.err
     (engine,) = res.report["oracles"]
-    assert engine["verdict"] == "pass" and engine["findings"] == [] and engine["checked"] == 21
+    assert engine["verdict"] == "pass" and engine["findings"] == [] and engine["checked"] == 17
     metrics = engine["metrics"]
-    assert metrics["transport"] == "folder" and metrics["tensors"] == 25 and metrics["bytes"] == 93760
+    assert metrics["transport"] == "folder" and metrics["tensors"] == 21 and metrics["bytes"] == 93504
     assert [p for p in (tmp_path / "log").rglob("*") if "convcheck-rollout-" in str(p)] == []
     _no_leftovers(tmp_path)
 
