@@ -47,7 +47,8 @@ def support(archs: tuple[str, ...], jobs: int, json_path: str | None, markdown_p
             raise BadInput("--rerun needs --resume (the table whose rows it replaces)")
         earlier = {r.arch: r for path in resume_paths for r in workflow.load_rows(path)}
         kept = [r for r in earlier.values() if r.arch not in reruns]
-        entries = workflow.select(workflow.enumerate_architectures(), archs)
+        registered = workflow.enumerate_architectures()
+        entries = workflow.select(registered, archs)
         workflow.select(entries, reruns)  # a --rerun must be one of the selected architectures
         todo = len({e["arch"] for e in entries if "not_covered" not in e} - {r.arch for r in kept})
         click.echo(f"convcheck support: {len(entries)} architecture(s), {todo} to run, {jobs} at a time", err=True)
@@ -64,8 +65,9 @@ def support(archs: tuple[str, ...], jobs: int, json_path: str | None, markdown_p
     counts = workflow.counts(rows)
     if markdown_path:
         resumed = sum((["--resume", Path(p).name] for p in resume_paths), [])
-        command = shlex.join(["convcheck", "support", *sum((["--arch", a] for a in archs), []), *resumed,
-                              "--markdown", "docs/support.md"])  # fmt: skip
+        every = {e["arch"] for e in entries} == {e["arch"] for e in registered}
+        named = [] if every else sum((["--arch", a] for a in archs), [])  # every registered one: no list
+        command = shlex.join(["convcheck", "support", *named, *resumed, "--markdown", "docs/support.md"])
         versions = {p: metadata.version(p) for p in ("megatron-bridge", "megatron-core", "transformers")}
         write_text_atomic(markdown_path, workflow.markdown(rows, command, versions))
     click.echo(" ".join(f"{k}={v}" for k, v in counts.items()))
