@@ -60,9 +60,9 @@ _INSTALLED: dict[str, Any] = {}
 # megatron-core 0.19.2: models/gpt/gpt_layer_specs.py:54 binds TESpecProvider and TENorm to None without TE (:233
 # then raises 'NoneType' object is not callable); extensions/transformer_engine_spec_provider.py:8-18 copies the
 # extension's placeholders; transformer/transformer_block.py:64 builds a layer spec's final norm with WrappedTorchNorm;
-# experimental_attention_variant_module_specs.py:43 leaves TESpecProvider unbound; megatron-core 0.16's gpt_layer_specs.py
-# binds neither TENorm nor TESpecProvider without TE (its `except ImportError` sets only HAVE_TE; MLA's TE spec then
-# raises NameError at :527). While TE is missing and the run asks
+# experimental_attention_variant_module_specs.py:43 leaves TESpecProvider unbound; megatron-core 0.16's
+# gpt_layer_specs.py binds neither TENorm nor TESpecProvider without TE (its `except ImportError` sets only HAVE_TE;
+# MLA's TE spec then raises NameError at :527). While TE is missing and the run asks
 # for `--spec te`, the names are bound to convcheck.kernels.te's stand-ins as the module docstring lists. Feature
 # detection: skipped (shim 26 in compat.skipped()) where the extension or its TESpecProvider is absent.
 
