@@ -138,12 +138,10 @@ def _state_findings(
     return out
 
 
-def run(ctx: RankContext) -> OracleVerdict | None:
-    """Collective: export, plant the update, export again, restore; rank 0 checks the delta between the two."""
+def before_and_after(ctx: RankContext) -> tuple[dict[str, Any], dict[str, Any], list[Finding]]:
+    """Collective: export, plant the update, export again, restore -> (previous export, new export, the export
+    failures of either); the exports are rank 0's copies (empty elsewhere)."""
     import torch
-
-    if receiver_vllm.wanted(ctx):  # --receiver vllm: a real vLLM engine is the receiver
-        return receiver_vllm.delta(ctx, DeltaSteps(export=_export, check=check, plant=plant_update, undo=undo))
 
     previous = _export(ctx)
     failure = ctx.export_failure()
@@ -153,8 +151,16 @@ def run(ctx: RankContext) -> OracleVerdict | None:
             new = _export(ctx)
         finally:
             undo(flipped)
+    return previous, new, [f for f in (failure, ctx.export_failure()) if f is not None]
+
+
+def run(ctx: RankContext) -> OracleVerdict | None:
+    """Collective: export, plant the update, export again, restore; rank 0 checks the delta between the two."""
+    if receiver_vllm.wanted(ctx):  # --receiver vllm: a real vLLM engine is the receiver
+        return receiver_vllm.delta(ctx, DeltaSteps(exports=before_and_after, check=check))
+
+    previous, new, findings = before_and_after(ctx)
     if not ctx.is_reporter:
         return None
-    findings = [f for f in (failure, ctx.export_failure()) if f is not None]
     more, metrics = check(previous, new)
     return make_verdict(NAME, checked=len(new), findings=findings + more, metrics=metrics)

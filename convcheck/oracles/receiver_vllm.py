@@ -188,45 +188,25 @@ def _replays(ctx: RankContext, host: Any) -> OracleVerdict:
 
 @dataclass(frozen=True)
 class DeltaSteps:
-    """The delta oracle's own steps (convcheck.oracles.delta): export (rank 0 keeps a copy), the wire-format check,
-    the planted update and its undo."""
+    """The delta oracle's own steps (convcheck.oracles.delta): the two exports around the planted update (collective;
+    rank 0 keeps copies, with the export failures) and the wire-format check."""
 
-    export: Callable[[RankContext], dict[str, Any]]
+    exports: Callable[[RankContext], tuple[dict[str, Any], dict[str, Any], list[Finding]]]
     check: Callable[[dict[str, Any], dict[str, Any]], tuple[list[Finding], dict[str, Any]]]
-    plant: Callable[[RankContext], Any]
-    undo: Callable[[Any], None]
 
 
 def delta(ctx: RankContext, steps: DeltaSteps) -> OracleVerdict | None:
     """The delta oracle into the engine (see the module docstring). Every rank exports twice (the planted update in
     between); rank 0 proves the wire format as the delta oracle does, then the engine."""
-    import torch
-
-    _export, check, plant_update, undo = steps.export, steps.check, steps.plant, steps.undo
-
     if not ctx.is_reporter:
         if ctx.gather(None)[0] is None:
             return None
-        _export(ctx)
-        with torch.no_grad():
-            flipped = plant_update(ctx)
-            try:
-                _export(ctx)
-            finally:
-                undo(flipped)
+        steps.exports(ctx)
         return None
 
     def exports(host: Any, _ref: dict[str, Any], _p: Any) -> OracleVerdict:
-        previous = _export(ctx)
-        failure = ctx.export_failure()
-        with torch.no_grad():
-            flipped = plant_update(ctx)
-            try:
-                new = _export(ctx)
-            finally:
-                undo(flipped)
-        findings = [f for f in (failure, ctx.export_failure()) if f is not None]
-        wire, metrics = check(previous, new)
+        previous, new, findings = steps.exports(ctx)
+        wire, metrics = steps.check(previous, new)
         return _delta_into_engine(ctx, host, previous, new, findings + wire, metrics)
 
     return _drive(ctx, "delta", 0, lambda _host, _ref: None, exports)
