@@ -6,7 +6,7 @@ from convcheck.errors import BadInput
 from convcheck.hf.geometry import Geometry
 from convcheck.layout import ParallelLayout
 from convcheck.mappings import MappingError
-from convcheck.models import build_registry
+from convcheck.models.mapping_registry import build_registry
 
 
 def test_text_config_wins_over_the_top_level() -> None:

@@ -4,12 +4,9 @@ A new architecture is a module here (its HF class names and model_type, explicit
 tiny fixtures, as an `Architecture`) plus one entry in SUPPORTED.
 """
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from convcheck.errors import NotCovered
-from convcheck.hf.geometry import Geometry
-from convcheck.mappings import MappingRegistry, registry_from_rules
 from convcheck.models import deepseek, dense, glm, glm45, gpt_oss, mistral, nemotron_h, olmoe, qwen3_moe, qwen_next
 from convcheck.models.architecture import Architecture, unique_index
 from convcheck.models.bridge_wide import BRIDGE_WIDE
@@ -51,25 +48,6 @@ FIXTURES: dict[str, FixtureSpec] = unique_index(
     ((spec.name, spec) for arch in SUPPORTED for spec in arch.fixtures), "fixture name"
 )
 """Fixture name (after `tiny:`) -> spec, in listing order."""
-
-
-def build_registry(
-    architecture: str,
-    geometry: Geometry,
-    megatron_names: Iterable[str],
-    hf_names: Iterable[str],
-    *,
-    tied: bool = False,
-    strict: bool = True,
-) -> MappingRegistry:
-    """The explicit-mapping registry of HF class `architecture`: every Megatron name mapped once by its family's rules;
-    strict: CoverageError names every unmapped or doubly mapped parameter and every HF tensor produced 0 or 2+ times."""
-    family = BY_HF_CLASS.get(architecture)
-    if family is None or family.mapping_rules is None:
-        mapped = sorted(name for name, arch in BY_HF_CLASS.items() if arch.mapping_rules is not None)
-        raise NotCovered(f"convcheck has no explicit mappings for {architecture} (it has them for {', '.join(mapped)})")
-    rules = family.mapping_rules(tied)
-    return registry_from_rules(architecture, rules, geometry, megatron_names, hf_names, tied=tied, strict=strict)
 
 
 UPSTREAM_BUG = "upstream_bug"
@@ -116,7 +94,6 @@ __all__ = [
     "tag_upstream_bugs",
     "UpstreamBug",
     "BY_HF_CLASS",
-    "build_registry",
     "BY_MODEL_TYPE",
     "FIXTURES",
     "SUPPORTED",

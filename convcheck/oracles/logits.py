@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 from convcheck.compare.bits import int_view
 from convcheck.errors import needs_cuda, one_line, raised_at
-from convcheck.oracles.base import OracleInfo
+from convcheck.oracles import ORACLES
 from convcheck.oracles.forward_site import ForwardSite, tracking
 from convcheck.oracles.fp32 import fp32_forward
 from convcheck.oracles.hf_stream import eager, lm_auto_class, streamed_logits
@@ -23,13 +23,7 @@ from convcheck.rank.context import RankContext
 from convcheck.verdict import Finding, OracleVerdict, make_verdict
 
 NAME = "logits"
-INFO = OracleInfo(
-    name=NAME,
-    proves="the HF model and the loaded, sharded Megatron model (real TP/EP/PP collectives, upcast to fp32) "
-    "give the same logits within the reported tolerance and the same greedy tokens on fixed random tokens",
-    does_not_prove="bitwise equality, nor behaviour on other inputs, longer sequences, bf16, KV caching, dropout or "
-    "training, nor the MTP head (transformers has no MTP module; MTP weights are checked bitwise only)",
-)
+INFO = ORACLES[NAME]
 SEED = 1234
 """Seed of the token generator (torch.Generator, CPU)."""
 BATCH, SEQ = 2, 16

@@ -14,10 +14,10 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from convcheck.hf.checkpoint import TensorReader
+from convcheck.hf.tensors import TensorReader
 from convcheck.mappings import Geometry, MappingError
 from convcheck.mappings.check import shard_matches
-from convcheck.models import build_registry
+from convcheck.models.mapping_registry import build_registry
 
 HOLD_BYTES = 2 << 30
 """Source bytes one rank holds for parameters still waiting on a tensor; a parameter that would pass it is left to
