@@ -185,3 +185,15 @@ def test_support_md_is_generated_and_its_counts_match_its_rows() -> None:
     generic = [r for r in rows if r[2] in ("pass", "known-fail") and r[4:10] == ["pass"] * 6]
     assert counts["pass-all-generic"] == len(generic)
     assert all(r[-1] for r in rows if r[2] != "pass"), [r for r in rows if r[2] != "pass" and not r[-1]]
+
+
+def test_the_logits_reference_of_an_audio_wrapper_is_its_own_class() -> None:
+    """The HF side of the logits oracle loads a checkpoint through the auto class that has its config: causal LMs,
+    vision-language wrappers (image-text-to-text) and Qwen2-Audio (a multimodal LM, no causal-LM entry)."""
+    import transformers
+
+    from convcheck.oracles.hf_stream import lm_auto_class
+
+    assert lm_auto_class(transformers.Qwen3Config()) is transformers.AutoModelForCausalLM
+    assert lm_auto_class(transformers.Qwen3VLConfig()) is transformers.AutoModelForImageTextToText
+    assert lm_auto_class(transformers.Qwen2AudioConfig()) is transformers.AutoModelForMultimodalLM

@@ -90,3 +90,60 @@ def test_the_support_table_bugs_tag_their_own_architecture_only() -> None:
         (verdict,), _ = tag_upstream_bugs(arch, "0.6.2", [coverage])
         assert [f.detail.get(UPSTREAM_BUG) for f in verdict.findings] == expected, arch
         assert verdict.verdict == FAIL
+
+
+def test_a_consequence_is_tagged_only_beside_its_cause() -> None:
+    """The logits of a NemotronH model whose embedding transformers saved under the wrong name are tagged with that
+    bug only in a run that shows the embedding's coverage finding; alone (a planted bug the logits catch) they stay
+    untagged, and the verdict fails either way."""
+    from convcheck.models.registered_bugs import TRANSFORMERS_EMBEDDING_SAVED_SINGULAR as BUG
+
+    logits = OracleVerdict(name="logits", checked=4, findings=(
+        Finding(tensor="logits", kind="logits-differ", message="max abs error nan"),
+        Finding(tensor="greedy-tokens", kind="greedy-differs", message="32/32"),
+    ))  # fmt: skip
+    cause = Finding(tensor="embedding.word_embeddings.weight", kind="hf-missing", message="not in the checkpoint")
+    coverage = OracleVerdict(name="coverage", checked=3, findings=(cause,))
+    versions = {"megatron-bridge": "0.6.2", "transformers": "5.12.1"}
+    alone, lines = tag_upstream_bugs("NemotronHForCausalLM", "0.6.2", [logits], versions)
+    assert [f.detail.get(UPSTREAM_BUG) for f in alone[0].findings] == [None, None] and lines == []
+    both, lines = tag_upstream_bugs("NemotronHForCausalLM", "0.6.2", [coverage, logits], versions)
+    assert [f.detail.get(UPSTREAM_BUG) for v in both for f in v.findings] == [BUG.name] * 3
+    assert len(lines) == 1 and lines[0].startswith("3 finding(s) are the known transformers bug")
+    assert all(v.verdict == FAIL for v in both)
+    other, _ = tag_upstream_bugs("NemotronHForCausalLM", "0.6.2", [coverage, logits], {"transformers": "5.16.0"})
+    assert [f.detail.get(UPSTREAM_BUG) for v in other for f in v.findings] == [None] * 3
+
+
+def test_ernie45_bridge_routes_by_sigmoid_where_transformers_takes_a_softmax() -> None:
+    """ernie45-moe-sigmoid-router still holds: transformers' own Ernie 4.5 router against megatron-core's routing
+    with the score function the bridge sets (read from its source): the expert weights differ; with softmax they
+    agree. Fails (then drop the bug) when the bridge stops asking for sigmoid."""
+    import inspect
+
+    import torch
+
+    from convcheck import compat
+
+    compat.install_import_shims()
+    from megatron.bridge.models.ernie.ernie_45_bridge import Ernie45Bridge
+    from megatron.core.transformer.moe.moe_utils import topk_routing_with_score_function
+    from transformers import Ernie4_5_MoeConfig
+    from transformers.models.ernie4_5_moe.modeling_ernie4_5_moe import Ernie4_5_MoeTopKRouter
+
+    assert 'moe_router_score_function = "sigmoid"' in inspect.getsource(Ernie45Bridge.provider_bridge)
+    router = Ernie4_5_MoeTopKRouter(Ernie4_5_MoeConfig(hidden_size=64, moe_num_experts=4, moe_k=2))
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        router.weight.copy_(torch.randn(4, 64, generator=gen) * 0.02)
+    tokens = torch.randn(8, 64, generator=gen)
+    _, chosen, weights = router(tokens)
+    hf = torch.zeros(8, 4).scatter(1, chosen, weights)
+    logits = torch.nn.functional.linear(tokens, router.weight)
+    errors = {}
+    for score in ("sigmoid", "softmax"):
+        probs, routed = topk_routing_with_score_function(logits, 2, use_pre_softmax=False, score_function=score,
+                                                         expert_bias=torch.zeros(4))  # fmt: skip
+        assert torch.equal(routed, hf > 0), score  # the same experts; only their weights differ
+        errors[score] = float((probs - hf).abs().max())
+    assert errors["sigmoid"] > 1e-2 and errors["softmax"] < 1e-6, errors

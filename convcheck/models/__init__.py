@@ -71,16 +71,21 @@ def tag_upstream_bugs(
     )
     bugs: tuple[UpstreamBug, ...] = (*own, *BRIDGE_WIDE, *ENGINE_BUGS)
     others = dict(versions or {})
+
+    def version(bug: UpstreamBug) -> str:
+        return bridge_version if bug.project == "megatron-bridge" else others.get(bug.project, "")
+
+    direct = {(i, j): next((b for b in bugs if b.explains(version(b), v.name, f.tensor, f.kind)), None)
+              for i, v in enumerate(verdicts) for j, f in enumerate(v.findings)}  # fmt: skip
+    seen = [b for b in bugs if any(d is b for d in direct.values())]
     counts: dict[str, int] = {}
     out = []
-    for verdict in verdicts:
+    for i, verdict in enumerate(verdicts):
         findings = []
-        for f in verdict.findings:
-            bug = next(
-                (b for b in bugs if b.explains(bridge_version if b.project == "megatron-bridge" else
-                                               others.get(b.project, ""), verdict.name, f.tensor, f.kind)),
-                None,
-            )  # fmt: skip
+        for j, f in enumerate(verdict.findings):
+            bug = direct[(i, j)] or next(
+                (b for b in seen if b.explains_consequence(version(b), verdict.name, f.tensor, f.kind)), None
+            )
             if bug is not None:
                 counts[bug.name] = counts.get(bug.name, 0) + 1
                 f = replace(f, detail={**f.detail, UPSTREAM_BUG: bug.name})

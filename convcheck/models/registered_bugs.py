@@ -91,6 +91,56 @@ MINISTRAL3_LLAMA4_SCALING_BETA_REQUIRED = UpstreamBug(
 )
 """Seen by `convcheck support` on Mistral3ForConditionalGeneration built from transformers 5.12.1's default config."""
 
+ERNIE45_SIGMOID_ROUTER = UpstreamBug(
+    name="ernie45-moe-sigmoid-router",
+    summary="the ERNIE 4.5 MoE bridge sets moe_router_score_function 'sigmoid' (\"same as DeepSeek V3\"), where "
+    "transformers' Ernie4_5_MoeTopKRouter takes a softmax over the experts, picks the top k and renormalizes them: "
+    "Megatron weighs each token's experts by normalized sigmoids instead of the renormalized softmax (2.8e-2 apart "
+    "on random router logits; 'softmax' with pre-softmax off gives HF's weights to 6e-8)",
+    where="megatron/bridge/models/ernie/ernie_45_bridge.py:225; transformers models/ernie4_5_moe/"
+    "modeling_ernie4_5_moe.py:370-376 (the softmax routing)",
+    findings=(("logits", "logits", "logits-differ"), ("logits", "greedy-tokens", "greedy-differs")),
+    seen_in=("0.6.2",),
+)
+"""Seen by `convcheck support` on Ernie4_5_MoeForCausalLM built from transformers 5.12.1's default config (logits
+9.6e-4 apart at TP2); tests/test_upstream_bugs.py recomputes both routings."""
+
+ERNIE45_ROUTER_GATE_BF16 = UpstreamBug(
+    name="ernie45-router-gate-bf16",
+    summary="transformers keeps the ERNIE 4.5 MoE router gate.weight in float32 (_keep_in_fp32_modules_strict) and "
+    "writes it so; the bridge loads it into megatron-core's TopKRouter weight, which megatron-core casts to "
+    "params_dtype (bf16), and exports that: the gate comes back bf16-rounded, dtype bfloat16 where the checkpoint "
+    "holds float32 (the MiniMax-M3 bridge promotes its routers to fp32 for this; the ERNIE one does not)",
+    where="megatron/bridge/models/ernie/ernie_45_bridge.py:322-325 (the router mapping, no fp32 kept); megatron-core "
+    "transformer/moe/router.py:81 (the weight cast to params_dtype); transformers models/ernie4_5_moe/"
+    "modeling_ernie4_5_moe.py:482",
+    findings=(
+        ("roundtrip", "model.layers.*.mlp.gate.weight", "dtype"),
+        ("layout", "model.layers.*.mlp.gate.weight", "tp1-differs-from-source"),
+    ),
+    seen_in=("0.6.2",),
+)
+"""Seen by `convcheck support` on Ernie4_5_MoeForCausalLM written by transformers 5.12.1 (the gate float32)."""
+
+MINIMAX_M3_FP32_EXPORT = UpstreamBug(
+    name="minimax-m3-fp32-params-exported-fp32",
+    summary="the MiniMax-M3 bridge keeps the routers' weights and the vision patch embedding in float32 inside "
+    "Megatron and exports them in float32 whatever dtype the checkpoint holds them in: a checkpoint written by "
+    "transformers (whose MiniMaxM3 class keeps no module in fp32: bf16 throughout, as the bridge says the released "
+    "ones are) comes back with these tensors float32 (the values an exact upcast, the dtype and bytes not the "
+    "checkpoint's)",
+    where="megatron/bridge/models/minimax_m3/minimax_m3_bridge.py:99-112 and :134 (routers promoted to fp32), "
+    "modeling_minimax_m3_vl.py:80 (patch embedding kept fp32); :399-402 (released checkpoints bf16)",
+    findings=(
+        ("roundtrip", "language_model.model.layers.*.block_sparse_moe.gate.weight", "dtype"),
+        ("roundtrip", "vision_tower.vision_model.embeddings.patch_embedding.weight", "dtype"),
+        ("layout", "language_model.model.layers.*.block_sparse_moe.gate.weight", "tp1-differs-from-source"),
+        ("layout", "vision_tower.vision_model.embeddings.patch_embedding.weight", "tp1-differs-from-source"),
+    ),
+    seen_in=("0.6.2",),
+)
+"""Seen by `convcheck support` on MiniMaxM3SparseForConditionalGeneration written by transformers 5.12.1 (bf16)."""
+
 TRANSFORMERS_QWEN2_AUDIO_SAVE_DOUBLE_PREFIX = UpstreamBug(
     name="transformers-qwen2-audio-save-double-prefix",
     summary="transformers' save_pretrained reverses both the qwen2_audio and the Qwen2AudioModel key renamings, so "
@@ -108,11 +158,12 @@ TRANSFORMERS_QWEN2_AUDIO_SAVE_DOUBLE_PREFIX = UpstreamBug(
         ("layout", "language_model.model.model.*", "missing"),
         ("elements", "language_model.model.model.*", "never-written"),
     ),
+    consequences=(("logits", "logits", "logits-differ"), ("logits", "greedy-tokens", "greedy-differs")),
     seen_in=("5.12.1",),
     project="transformers",
 )
-"""Seen by `convcheck support` on Qwen2AudioForConditionalGeneration written by transformers 5.12.1 (the logits'
-Megatron forward failure on the same row is not explained by it)."""
+"""Seen by `convcheck support` on Qwen2AudioForConditionalGeneration written by transformers 5.12.1; the logits of a
+language model the import never wrote differ from HF's as a consequence (tagged only beside its coverage findings)."""
 
 TRANSFORMERS_EMBEDDING_SAVED_SINGULAR = UpstreamBug(
     name="transformers-nemotron-h-embedding-saved-singular",
@@ -132,18 +183,23 @@ TRANSFORMERS_EMBEDDING_SAVED_SINGULAR = UpstreamBug(
         ("mapping", "backbone.embeddings.weight", "not-exported"),
         ("mapping", "backbone.embeddings.weight", "uncovered"),
         ("mapping", "embedding.word_embeddings.weight", "mapping-error"),
-    ),  # not the logits it leaves at the embedding's init values: the catalog's NemotronH mutants are caught there
+    ),
+    consequences=(("logits", "logits", "logits-differ"), ("logits", "greedy-tokens", "greedy-differs")),
     seen_in=("5.12.1",),
     project="transformers",
 )
-"""Seen by `convcheck support` on NemotronHForCausalLM written by transformers 5.12.1's save_pretrained at EP2."""
+"""Seen by `convcheck support` on NemotronHForCausalLM written by transformers 5.12.1's save_pretrained at EP2; the
+logits of a model whose embedding the import never wrote (NaN) differ as a consequence, tagged only beside the
+embedding's coverage findings (a planted NemotronH bug the logits catch stays untagged)."""
 
 REGISTERED_BUGS: dict[str, tuple[UpstreamBug, ...]] = {
     "DeepseekV4ForCausalLM": (DEEPSEEK_V4_ROPE_NEEDS_YARN,),
+    "Ernie4_5_MoeForCausalLM": (ERNIE45_SIGMOID_ROUTER, ERNIE45_ROUTER_GATE_BF16),
     "Exaone4ForCausalLM": (EXAONE4_UNTIED_LM_HEAD_UNMAPPED,),
     "Glm4vMoeForConditionalGeneration": (GLM45V_HEAD_DIM_REQUIRED,),
     "GlmMoeDsaForCausalLM": (GLM5_INDEXER_ROPE_INTERLEAVE_REQUIRED,),
     "HYV3ForCausalLM": (HYV3_FIRST_K_DENSE_REQUIRED,),
+    "MiniMaxM3SparseForConditionalGeneration": (MINIMAX_M3_FP32_EXPORT,),
     "Mistral3ForConditionalGeneration": (MINISTRAL3_LLAMA4_SCALING_BETA_REQUIRED,),
     "Qwen2AudioForConditionalGeneration": (TRANSFORMERS_QWEN2_AUDIO_SAVE_DOUBLE_PREFIX,),
 }
