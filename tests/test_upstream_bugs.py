@@ -147,3 +147,42 @@ def test_ernie45_bridge_routes_by_sigmoid_where_transformers_takes_a_softmax() -
         assert torch.equal(routed, hf > 0), score  # the same experts; only their weights differ
         errors[score] = float((probs - hf).abs().max())
     assert errors["sigmoid"] > 1e-2 and errors["softmax"] < 1e-6, errors
+
+
+def test_the_support_dtype_and_head_bugs_are_still_in_the_upstream_source() -> None:
+    """The upstream lines the Ernie 4.5 gate, MiniMax-M3 fp32 and Gemma 3 VL pooling-head bugs name still do what the
+    bugs say (a release that changes them fails here: then re-check the bug); each tags its own architecture."""
+    import inspect
+
+    from convcheck import compat
+    from convcheck.models.registered_bugs import (
+        ERNIE45_ROUTER_GATE_BF16,
+        GEMMA3_VL_POOLING_HEAD_DROPPED,
+        MINIMAX_M3_FP32_EXPORT,
+    )
+
+    compat.install_import_shims()
+    from megatron.bridge.models.gemma_vl import gemma3_vl_bridge
+    from megatron.bridge.models.minimax_m3 import minimax_m3_bridge, modeling_minimax_m3_vl
+    from megatron.core.transformer.moe.router import Router
+    from transformers.models.ernie4_5_moe.modeling_ernie4_5_moe import Ernie4_5_MoePreTrainedModel
+    from transformers.models.siglip import modeling_siglip
+
+    assert "vision_config.vision_use_head = False" in inspect.getsource(gemma3_vl_bridge)
+    assert 'not hasattr(config, "vision_use_head")' in inspect.getsource(modeling_siglip.SiglipVisionModel)
+    assert "module.weight.data.float()" in inspect.getsource(minimax_m3_bridge._promote_router_weights_to_float32)
+    assert "_keep_in_float32_parameter_names" in inspect.getsource(modeling_minimax_m3_vl)
+    assert "self.weight.data.to(dtype=self.config.params_dtype)" in inspect.getsource(Router.reset_parameters)
+    assert "gate.weight" in Ernie4_5_MoePreTrainedModel._keep_in_fp32_modules_strict
+    cases = [("Ernie4_5_MoeForCausalLM", "model.layers.1.mlp.gate.weight", ERNIE45_ROUTER_GATE_BF16),
+             ("MiniMaxM3SparseForConditionalGeneration",
+              "vision_tower.vision_model.embeddings.patch_embedding.weight", MINIMAX_M3_FP32_EXPORT)]  # fmt: skip
+    for arch, tensor, bug in cases:
+        roundtrip = _roundtrip(Finding(tensor=tensor, kind="dtype", message="dtype float32, expected bfloat16"))
+        for who in (arch, "Qwen3ForCausalLM"):
+            (verdict,), _ = tag_upstream_bugs(who, "0.6.2", [roundtrip])
+            assert verdict.findings[0].detail.get(UPSTREAM_BUG) == (bug.name if who == arch else None), who
+    head = OracleVerdict(name="coverage", checked=1, findings=(
+        Finding(tensor="vision_tower.head.probe", kind="not-exported", message="never produced"),))  # fmt: skip
+    (verdict,), _ = tag_upstream_bugs("Gemma3ForConditionalGeneration", "0.6.2", [head])
+    assert verdict.findings[0].detail.get(UPSTREAM_BUG) == GEMMA3_VL_POOLING_HEAD_DROPPED.name

@@ -141,6 +141,23 @@ MINIMAX_M3_FP32_EXPORT = UpstreamBug(
 )
 """Seen by `convcheck support` on MiniMaxM3SparseForConditionalGeneration written by transformers 5.12.1 (bf16)."""
 
+GEMMA3_VL_POOLING_HEAD_DROPPED = UpstreamBug(
+    name="gemma3-vl-pooling-head-dropped",
+    summary="the Gemma 3 VL bridge sets vision_config.vision_use_head False whatever the checkpoint holds; a "
+    "checkpoint whose SigLIP config names no vision_use_head (transformers' Gemma3Config default) has the pooling "
+    "head (transformers builds it then, modeling_siglip.py:572), and the bridge neither loads nor exports its "
+    "vision_tower.head.* tensors: the export drops them",
+    where="megatron/bridge/models/gemma_vl/gemma3_vl_bridge.py:86; transformers models/siglip/modeling_siglip.py:572",
+    findings=(
+        ("coverage", "vision_tower.head.*", "not-exported"),
+        ("roundtrip", "vision_tower.head.*", "missing"),
+        ("elements", "vision_tower.head.*", "never-written"),
+        ("layout", "vision_tower.head.*", "missing"),
+    ),
+    seen_in=("0.6.2",),
+)
+"""Seen by `convcheck support` on Gemma3ForConditionalGeneration built from transformers 5.12.1's default config."""
+
 TRANSFORMERS_QWEN2_AUDIO_SAVE_DOUBLE_PREFIX = UpstreamBug(
     name="transformers-qwen2-audio-save-double-prefix",
     summary="transformers' save_pretrained reverses both the qwen2_audio and the Qwen2AudioModel key renamings, so "
@@ -195,6 +212,7 @@ embedding's coverage findings (a planted NemotronH bug the logits catch stays un
 REGISTERED_BUGS: dict[str, tuple[UpstreamBug, ...]] = {
     "DeepseekV4ForCausalLM": (DEEPSEEK_V4_ROPE_NEEDS_YARN,),
     "Ernie4_5_MoeForCausalLM": (ERNIE45_SIGMOID_ROUTER, ERNIE45_ROUTER_GATE_BF16),
+    "Gemma3ForConditionalGeneration": (GEMMA3_VL_POOLING_HEAD_DROPPED,),
     "Exaone4ForCausalLM": (EXAONE4_UNTIED_LM_HEAD_UNMAPPED,),
     "Glm4vMoeForConditionalGeneration": (GLM45V_HEAD_DIM_REQUIRED,),
     "GlmMoeDsaForCausalLM": (GLM5_INDEXER_ROPE_INTERLEAVE_REQUIRED,),

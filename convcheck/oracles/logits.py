@@ -10,6 +10,7 @@ is not possible, the model loaded whole and upcast per block); both are bitwise 
 
 from __future__ import annotations
 
+import re
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -34,17 +35,51 @@ REL_TOL = 1e-5
 """Max |megatron - hf| divided by max |hf| (scale-free form of the same bound)."""
 
 
-def fixed_tokens(vocab_size: int) -> Any:
-    """The input ids, [BATCH, SEQ] int64, identical on every rank and every run."""
+def fixed_tokens(vocab_size: int, avoid: frozenset[int] = frozenset()) -> Any:
+    """The input ids, [BATCH, SEQ] int64, identical on every rank and every run. A drawn id in `avoid` (a multimodal
+    placeholder, placeholder_ids) becomes the (id mod n)-th of the n other ids: text tokens only, the same draw."""
     import torch
 
     gen = torch.Generator().manual_seed(SEED)
-    return torch.randint(0, vocab_size, (BATCH, SEQ), generator=gen, dtype=torch.long)
+    tokens = torch.randint(0, vocab_size, (BATCH, SEQ), generator=gen, dtype=torch.long)
+    if avoid:
+        allowed = torch.tensor([i for i in range(vocab_size) if i not in avoid], dtype=torch.long)
+        hit = torch.isin(tokens, torch.tensor(sorted(avoid), dtype=torch.long))
+        tokens = torch.where(hit, allowed[tokens % len(allowed)], tokens)
+    return tokens
+
+
+PLACEHOLDER = re.compile(r"(image|video|audio|vision|boi|eoi|boa|eoa|tts)\w*_token_(id|index)$")
+"""config.json keys naming a multimodal token (image / video / audio placeholders and their delimiters): a wrapper's
+forward replaces or routes these ids (Gemma 4 masks its video id, Qwen2.5-VL's rope index wants a video grid for
+it), so the text-only logits oracle never feeds them."""
+
+
+def placeholder_ids(config: dict[str, Any]) -> frozenset[int]:
+    """Every id a PLACEHOLDER key of `config` (or of a config nested in it) holds."""
+    found: set[int] = set()
+    for key, value in config.items():
+        if isinstance(value, dict):
+            found |= placeholder_ids(value)
+        elif PLACEHOLDER.search(key) and isinstance(value, int) and not isinstance(value, bool):
+            found.add(value)
+    return frozenset(found)
+
+
+VOCAB_PATHS = ((), ("text_config",), ("thinker_config", "text_config"))
+"""Where a config.json holds the language model's vocabulary, in order: its own, its text_config's (a vision-language
+checkpoint), its thinker's text_config's (Qwen2.5-Omni, whose talker has a codec vocabulary of its own)."""
 
 
 def vocab_size(config: dict[str, Any]) -> int:
-    """The vocabulary of a config.json: its own, or its text_config's (a vision-language checkpoint)."""
-    return int(config["vocab_size"] if "vocab_size" in config else config["text_config"]["vocab_size"])
+    """The vocabulary of a config.json (the first of VOCAB_PATHS that has one); KeyError when none has."""
+    for path in VOCAB_PATHS:
+        node: Any = config
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict) and "vocab_size" in node:
+            return int(node["vocab_size"])
+    raise KeyError("vocab_size")
 
 
 def _unwrap(module: Any) -> Any:
@@ -256,7 +291,8 @@ def forward_failed(rank: int, error: str, where: ForwardSite | None) -> Finding:
 
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank runs its part of the Megatron forward; rank 0 runs HF and compares."""
-    tokens = fixed_tokens(vocab_size(ctx.checkpoint.config))
+    config = ctx.checkpoint.config
+    tokens = fixed_tokens(vocab_size(config), placeholder_ids(config))
     error, cpu_limit, where = None, False, None
     with tracking(ctx.model, ctx.global_name) as site:
         try:

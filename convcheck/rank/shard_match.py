@@ -202,7 +202,9 @@ def padded_vocab(provider: Any, vocab: int, tp: int) -> int:
 def registry_for(ctx: Any, all_names: set[str]) -> Any:
     """The explicit registry for this model, built leniently: parameters it does not cover are not checked."""
     config = ctx.checkpoint.config
-    vocab = int((config.get("text_config") or config)["vocab_size"])
+    vocab = Geometry.from_hf_config(config).vocab  # a nested text_config's first (Geometry's rule)
+    if not vocab:  # e.g. Qwen2.5-Omni's thinker_config.text_config: no explicit mappings for it
+        raise MappingError("the config has no vocab_size at its top level or in its text_config")
     geometry = Geometry.from_hf_config(config, padded_vocab=padded_vocab(ctx.provider, vocab, ctx.layout.tp))
     megatron = ctx.model[0].config
     geometry = replace(geometry, te_spec=getattr(megatron, "transformer_impl", "local") == "transformer_engine")
