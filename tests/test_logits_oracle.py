@@ -273,8 +273,8 @@ def test_the_fixed_tokens_of_a_multimodal_config_hold_no_placeholder() -> None:
     fed: each drawn placeholder becomes another id, every other position keeps the same draw."""
     from convcheck.oracles.logits import placeholder_ids
 
-    config = {"vocab_size": 256, "image_token_id": 250, "video_token_id": 249, "bos_token_id": 2, "pad_token_id": 0,
-              "thinker_config": {"audio_token_index": 253, "vision_start_token_id": 242, "use_cache": True}}  # fmt: skip
+    config = {"vocab_size": 256, "image_token_id": 250, "video_token_id": 249, "bos_token_id": 2,
+              "thinker_config": {"audio_token_index": 253, "vision_start_token_id": 242, "top_k": 1}}  # fmt: skip
     avoid = placeholder_ids(config)
     assert avoid == {250, 249, 253, 242}
     plain, text = fixed_tokens(256), fixed_tokens(256, avoid)

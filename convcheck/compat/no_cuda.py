@@ -1,6 +1,6 @@
-"""What exists because this run has no CUDA device: shims 2-6, 9, 11, 12, 18, 22, 23 and 27-29, installed and active exactly
-when the run's requested device is "cpu", whatever the host has. Each runs the upstream code (or its exact formula) on
-the CPU."""
+"""What exists because this run has no CUDA device: shims 2-6, 9, 11, 12, 18, 22, 23 and 27-29, installed and active
+exactly when the run's requested device is "cpu", whatever the host has. Each runs the upstream code (or its exact
+formula) on the CPU."""
 
 from __future__ import annotations
 

@@ -246,6 +246,8 @@ def row_from_runs(entry: dict[str, Any], runs: list[tuple[str, dict[str, Any]]])
         row.status, row.reason = FAIL, untagged[0] + (f" (+{len(untagged) - 1} more)" if len(untagged) > 1 else "")
     elif row.bugs:
         row.status, row.reason = KNOWN_FAIL, "known upstream bug(s): " + ", ".join(row.bugs)
+        if missing_layout:  # what the other layout could not run says why its oracles are not covered
+            row.reason += "; " + next(r for r in not_covered if ": verify exit" in r)
     elif any(": convcheck cannot build it here: " in r for r in not_covered):
         row.status, row.reason = NOT_COVERED, next(r for r in not_covered if ": convcheck cannot build it here: " in r)
     elif not_covered and not any(v == V_PASS for v in row.verdicts.values()):
@@ -339,7 +341,8 @@ def load_rows(path: str | os.PathLike[str]) -> list[Row]:
 
 def counts(rows: Sequence[Row]) -> dict[str, int]:
     """rows (the registered language-model classes transformers has), pass (every oracle that ran passed),
-    pass_generic (Row.generic_pass: each generic oracle PASS in every layout, on a pass or known-fail row), known_fail, not_covered, untagged_fail; outside (registered, not rows)."""
+    pass_generic (Row.generic_pass: each generic oracle PASS in every layout, on a pass or known-fail row),
+    known_fail, not_covered, untagged_fail; outside (registered, not rows)."""
     outside = sum(r.status == OUTSIDE for r in rows)
     return {
         "rows": len(rows) - outside,
