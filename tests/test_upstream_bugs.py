@@ -174,6 +174,24 @@ def test_the_support_dtype_and_head_bugs_are_still_in_the_upstream_source() -> N
     assert "_keep_in_float32_parameter_names" in inspect.getsource(modeling_minimax_m3_vl)
     assert "self.weight.data.to(dtype=self.config.params_dtype)" in inspect.getsource(Router.reset_parameters)
     assert "gate.weight" in Ernie4_5_MoePreTrainedModel._keep_in_fp32_modules_strict
+    from megatron.bridge.models.falcon_h1 import falconh1_bridge
+    from megatron.bridge.models.qwen_omni import qwen25_omni_bridge
+    from megatron.core.ssm.mamba_mixer import MambaMixer
+    from transformers import FalconH1Config, Qwen2_5OmniConfig
+
+    assert '("mamba_norm_before_gate", "norm_before_gate")' in inspect.getsource(falconh1_bridge)
+    assert "assert not self.norm_before_gate" in inspect.getsource(MambaMixer.__init__)
+    assert FalconH1Config().mamba_norm_before_gate is True
+    omni = inspect.getsource(qwen25_omni_bridge.Qwen25OmniBridge)
+    assert 'getattr(text_config, "tie_word_embeddings", False)' in omni
+    mappings = omni.split("def mapping_registry")[1]
+    assert "talker" not in mappings and "token2wav" not in mappings
+    from megatron.bridge.models.qwen_vl import qwen25_vl_bridge, qwen25_vl_provider
+
+    assert "mrope_section" not in inspect.getsource(qwen25_vl_bridge)
+    assert qwen25_vl_provider.Qwen25VLModelProvider().mrope_section == [16, 24, 24]
+    thinker = Qwen2_5OmniConfig().thinker_config
+    assert (thinker.tie_word_embeddings, thinker.text_config.tie_word_embeddings) == (False, True)
     cases = [("Ernie4_5_MoeForCausalLM", "model.layers.1.mlp.gate.weight", ERNIE45_ROUTER_GATE_BF16),
              ("MiniMaxM3SparseForConditionalGeneration",
               "vision_tower.vision_model.embeddings.patch_embedding.weight", MINIMAX_M3_FP32_EXPORT)]  # fmt: skip

@@ -158,6 +158,71 @@ GEMMA3_VL_POOLING_HEAD_DROPPED = UpstreamBug(
 )
 """Seen by `convcheck support` on Gemma3ForConditionalGeneration built from transformers 5.12.1's default config."""
 
+FALCON_H1_NORM_BEFORE_GATE = UpstreamBug(
+    name="falcon-h1-norm-before-gate-unsupported",
+    summary="the Falcon-H1 bridge passes mamba_norm_before_gate (True in transformers' FalconH1Config default) to "
+    "megatron-core's MambaMixer, which asserts it False (it has no norm-before-gate path): the build raises "
+    "AssertionError and no model is built",
+    where="megatron/bridge/models/falcon_h1/falconh1_bridge.py:67 (the field mapped through); megatron-core "
+    "ssm/mamba_mixer.py:276 (assert not self.norm_before_gate)",
+    findings=tuple((oracle, "<build>", "build-failed") for oracle in _EVERY_ORACLE),
+    seen_in=("0.6.2",),
+)
+"""Seen by `convcheck support` on FalconH1ForCausalLM built from transformers 5.12.1's default config."""
+
+QWEN25_OMNI_TALKER_TOKEN2WAV_DROPPED = UpstreamBug(
+    name="qwen25-omni-talker-token2wav-dropped",
+    summary="the Qwen2.5-Omni bridge converts the thinker only: its mappings name no talker.* or token2wav.* tensor, "
+    "so the export of a Qwen2.5-Omni checkpoint lacks the speech talker and the token-to-wave decoder (557 tensors "
+    "of the tiny checkpoint)",
+    where="megatron/bridge/models/qwen_omni/qwen25_omni_bridge.py:97 (mapping_registry: thinker.* only)",
+    findings=(
+        ("coverage", "talker.*", "not-exported"),
+        ("coverage", "token2wav.*", "not-exported"),
+        ("roundtrip", "talker.*", "missing"),
+        ("roundtrip", "token2wav.*", "missing"),
+        ("elements", "talker.*", "never-written"),
+        ("elements", "token2wav.*", "never-written"),
+        ("layout", "talker.*", "missing"),
+        ("layout", "token2wav.*", "missing"),
+    ),
+    seen_in=("0.6.2",),
+)
+"""Seen by `convcheck support` on Qwen2_5OmniForConditionalGeneration built from transformers 5.12.1's default
+config."""
+
+QWEN25_OMNI_TIE_FROM_TEXT_CONFIG = UpstreamBug(
+    name="qwen25-omni-tie-from-text-config",
+    summary="the Qwen2.5-Omni bridge ties the thinker's output layer to its embedding by "
+    "thinker_config.text_config.tie_word_embeddings, where transformers ties the thinker by its own "
+    "thinker_config.tie_word_embeddings (transformers' defaults: text True, thinker False): the untied "
+    "thinker.lm_head.weight is neither loaded nor exported, the export writes the embedding in its place",
+    where="megatron/bridge/models/qwen_omni/qwen25_omni_bridge.py:75; transformers models/qwen2_5_omni/"
+    "modeling_qwen2_5_omni.py:1725 (the thinker's tie, under its own config)",
+    findings=(
+        ("roundtrip", "thinker.lm_head.weight", "bytes-differ"),
+        ("elements", "thinker.lm_head.weight", "never-written"),
+        ("layout", "thinker.lm_head.weight", "tp1-differs-from-source"),
+    ),
+    seen_in=("0.6.2",),
+)
+"""Seen by `convcheck support` on Qwen2_5OmniForConditionalGeneration built from transformers 5.12.1's default
+config (the thinker untied, its text config tied)."""
+
+QWEN25_VL_MROPE_SECTION_FIXED = UpstreamBug(
+    name="qwen25-vl-mrope-section-fixed",
+    summary="the Qwen2.5-VL bridge never reads the config's mrope_section: the provider keeps its default [16, 24, 24] "
+    "(the 128-wide heads of the published checkpoints), so a model with other heads (or another section) gets a "
+    "multimodal RoPE split that does not fit: the Megatron forward raises (split_with_sizes: [16, 24, 24] * 2 on "
+    "16-wide heads) or rotates by the wrong sections",
+    where="megatron/bridge/models/qwen_vl/qwen25_vl_provider.py:35 (the default); qwen25_vl_bridge.py:51-80 (no "
+    "mrope_section read, where qwen3_vl_bridge.py:107 reads it)",
+    findings=(("logits", "<megatron forward>", "forward-failed"),),
+    seen_in=("0.6.2",),
+)
+"""Seen by `convcheck support` on Qwen2_5_VLForConditionalGeneration built from transformers 5.12.1's default config
+(head_dim 16)."""
+
 TRANSFORMERS_QWEN2_AUDIO_SAVE_DOUBLE_PREFIX = UpstreamBug(
     name="transformers-qwen2-audio-save-double-prefix",
     summary="transformers' save_pretrained reverses both the qwen2_audio and the Qwen2AudioModel key renamings, so "
@@ -212,6 +277,7 @@ embedding's coverage findings (a planted NemotronH bug the logits catch stays un
 REGISTERED_BUGS: dict[str, tuple[UpstreamBug, ...]] = {
     "DeepseekV4ForCausalLM": (DEEPSEEK_V4_ROPE_NEEDS_YARN,),
     "Ernie4_5_MoeForCausalLM": (ERNIE45_SIGMOID_ROUTER, ERNIE45_ROUTER_GATE_BF16),
+    "FalconH1ForCausalLM": (FALCON_H1_NORM_BEFORE_GATE,),
     "Gemma3ForConditionalGeneration": (GEMMA3_VL_POOLING_HEAD_DROPPED,),
     "Exaone4ForCausalLM": (EXAONE4_UNTIED_LM_HEAD_UNMAPPED,),
     "Glm4vMoeForConditionalGeneration": (GLM45V_HEAD_DIM_REQUIRED,),
@@ -220,5 +286,7 @@ REGISTERED_BUGS: dict[str, tuple[UpstreamBug, ...]] = {
     "MiniMaxM3SparseForConditionalGeneration": (MINIMAX_M3_FP32_EXPORT,),
     "Mistral3ForConditionalGeneration": (MINISTRAL3_LLAMA4_SCALING_BETA_REQUIRED,),
     "Qwen2AudioForConditionalGeneration": (TRANSFORMERS_QWEN2_AUDIO_SAVE_DOUBLE_PREFIX,),
+    "Qwen2_5OmniForConditionalGeneration": (QWEN25_OMNI_TALKER_TOKEN2WAV_DROPPED, QWEN25_OMNI_TIE_FROM_TEXT_CONFIG),
+    "Qwen2_5_VLForConditionalGeneration": (QWEN25_VL_MROPE_SECTION_FIXED,),
 }
 """HF class -> the known bugs its `convcheck support` row shows."""
