@@ -148,16 +148,7 @@ def test_a_planted_bug_is_a_fail_row_naming_the_tensor() -> None:
     assert row.reason.startswith("tp2 roundtrip: model.layers.0.self_attn.o_proj.weight [bytes-differ] "), row.reason
 
 
-UNTRIAGED: dict[str, str] = {
-    "Ernie4_5_MoeForCausalLM": "the router gate HF keeps in fp32 exports as bf16 and the logits differ by 1e-3 "
-    "(the bridge's router precision?)",
-    "NemotronHForCausalLM": "the logits left by transformers-nemotron-h-embedding-saved-singular (the embedding never "
-    "loads); not tagged, as the catalog's NemotronH mutants are caught on the logits",
-    "Qwen2AudioForConditionalGeneration": "the Megatron forward of the logits oracle fails (beside the known "
-    "transformers-qwen2-audio-save-double-prefix)",
-    "MiniMaxM3SparseForConditionalGeneration": "the router gate and the vision patch embedding stored bf16 export as "
-    "fp32 (a dtype rule like qwen3-vl-dtype-from-text-config?)",
-}
+UNTRIAGED: dict[str, str] = {}
 """Architectures whose docs/support.md row may still be an untagged FAIL, each with what is known: the defects to
 triage next (the table's goal is none)."""
 

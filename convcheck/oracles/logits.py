@@ -175,6 +175,8 @@ def megatron_logits(ctx: RankContext, tokens: Any, whole: bool = False) -> Any |
                     dist.recv(hidden, src=pp_ranks[stage - 1])  # stage 0's previous stage is pp_ranks[-1]
                     module.set_input_tensor(hidden)
                 out = module(input_ids=tokens, position_ids=positions, attention_mask=None)
+                if isinstance(out, tuple):  # (logits, loss_mask): the Gemma 3 VL wrapper, modeling_gemma3_vl.py:204
+                    out = out[0]
                 if stage < stages - 1 or index < chunks - 1:
                     dist.send(out.float().contiguous(), dst=pp_ranks[(stage + 1) % stages])
             if stage < stages - 1:
