@@ -205,8 +205,10 @@ def registry_for(ctx: Any, all_names: set[str]) -> Any:
     config = ctx.checkpoint.config
     vocab = Geometry.from_hf_config(config).vocab  # a nested text_config's first (Geometry's rule)
     if not vocab:  # e.g. Qwen2.5-Omni's thinker_config.text_config: no explicit mappings for it
-        raise NotCovered(f"convcheck has no explicit mappings for {ctx.checkpoint.architecture}: its config has no "
-                         "vocab_size at its top level or in its text_config")
+        raise NotCovered(
+            f"convcheck has no explicit mappings for {ctx.checkpoint.architecture}: its config has no "
+            "vocab_size at its top level or in its text_config"
+        )
     geometry = Geometry.from_hf_config(config, padded_vocab=padded_vocab(ctx.provider, vocab, ctx.layout.tp))
     megatron = ctx.model[0].config
     geometry = replace(geometry, te_spec=getattr(megatron, "transformer_impl", "local") == "transformer_engine")
