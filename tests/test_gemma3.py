@@ -7,11 +7,14 @@ Known megatron-bridge 0.6.2 bugs it meets, each named and still failing:
 - te-post-layernorm-default-eps: the post-attention / post-MLP norms compute with TE's eps 1e-5 (logits differ by
   ~1.5e-4; with the eps fixed they agree to 2.4e-6);
 - gemma3-export-drops-global-rope-scaling: megatron_to_hf_config writes the global linear x8 as a legacy rope_scaling
-  transformers 5 reads as no scaling (gemma3_bridge.py:95-99).
+  transformers 5 reads as no scaling (gemma3_bridge.py:95-99);
+- gemma3-layer-pattern-hard-coded: the provider's (5, 1) layer pattern, never read from layer_types
+  (gemma3_provider.py:73), met on a config with another pattern.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -30,6 +33,7 @@ DATA = Path(__file__).parent / "data"
 HOOKS = str(Path(__file__).parent / "support" / "hooks_te_families.py")
 ORACLES = ("coverage", "roundtrip", "config", "logits", "differential", "elements", "layout", "mapping")
 EPS_BUG, ROPE_BUG = "te-post-layernorm-default-eps", "gemma3-export-drops-global-rope-scaling"
+PATTERN_BUG = "gemma3-layer-pattern-hard-coded"
 LAYER = (
     "self_attention.linear_qkv.layer_norm_weight",
     "self_attention.linear_qkv.weight",
@@ -182,3 +186,23 @@ def test_one_sliding_layer_built_global_is_caught_by_the_logits_with_the_epsilon
     assert set(found) == {"logits", "greedy-tokens"}
     assert found["logits"]["detail"]["max_abs_err"] > 0.1
     assert found["logits"]["detail"]["index"][1] >= 8  # a position past the window (8): only there can it differ
+
+
+@pytest.mark.ranks
+def test_a_layer_pattern_other_than_5_to_1_is_named_as_the_hard_coded_pattern(tmp_path: Path) -> None:
+    """The published 1B config with layer_types (sliding, full) x2: the provider keeps (5, 1), so every layer is built
+    sliding; the config oracle names the pattern and the exported layer_types (the logits differ by ~5, not run)."""
+    config = {**read_config(DATA / "gemma-3-1b-it.config.json"), "num_hidden_layers": 4, "num_key_value_heads": 2}
+    config.pop("sliding_window_pattern")
+    config["layer_types"] = ["sliding_attention", "full_attention"] * 2
+    path = tmp_path / "gemma3-1to1.json"
+    path.write_text(json.dumps(config))
+    res = run_cli("verify", "--model", f"config:{path}", "--oracle", "config", "--table", "none", tmp_path=tmp_path)
+    assert res.code == 1, res.out[-3000:] + res.err[-2000:]
+    found = {f["tensor"]: (f["kind"], f["detail"].get(UPSTREAM_BUG)) for f in res.findings("config")}
+    assert found == {
+        "layer_types -> interleaved_attn_pattern": ("mismatch", PATTERN_BUG),
+        "layer_types (megatron_to_hf_config)": ("roundtrip-mismatch", PATTERN_BUG),
+    }
+    (mismatch,) = [f for f in res.findings("config") if f["kind"] == "mismatch"]
+    assert "requires interleaved_attn_pattern=[1, 0, 1, 0]; the Megatron config has [1, 1, 1, 1]" in mismatch["message"]

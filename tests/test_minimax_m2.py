@@ -2,7 +2,8 @@
 routing with an fp32 expert bias, q/k norms over all heads at once, partial RoPE), built in the bridge's own TE layout
 (convcheck.models.te_only), its explicit mappings (models/minimax_m2_mappings.py), config table (models/minimax_m2.py)
 and `--from-config` rule. Its gate case (TP2xEP2) passes every oracle (tests/test_verify_matrix.py); its mutants run in
-tests/test_catalog_kills.py."""
+tests/test_catalog_kills.py. The published config.json, shrunk, meets transformers-minimax-m2-rotary-dim-ignored:
+transformers 5.12.1 reads no rotary_dim (modeling_minimax_m2.py:187-189)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from convcheck.layout import ParallelLayout
 from convcheck.mappings import RankCoord, Replicated, Split, roundtrip_findings
 from convcheck.models import build_registry
 from convcheck.models.minimax_m2 import MINIMAX_M2_TABLE, TINY_MINIMAX_M2
+from tests.support.helpers import run_cli
 
 DATA = Path(__file__).parent / "data"
 LAYER = (
@@ -118,3 +120,18 @@ def test_a_minimax_knob_transformers_cannot_build_is_refused_in_one_line() -> No
         shrink_config({**base, "scoring_func": "softmax"}, fields, name="x")
     with pytest.raises(BadInput, match="shared_intermediate_size=512 cannot be kept"):
         shrink_config({**base, "shared_intermediate_size": 512}, fields, name="x")
+
+
+@pytest.mark.ranks
+def test_the_published_config_shrunk_names_the_rotary_dim_transformers_does_not_read(tmp_path: Path) -> None:
+    """rotary_dim 64 of head_dim 128 with no partial_rotary_factor: transformers rotates every channel, the bridge
+    half (config names it; the logits, not run here, differ by 4.4e-3 at TP2xEP2: docs/compat.md)."""
+    res = run_cli("verify", "--model", f"config:{DATA / 'minimax-m2.config.json'}", "--oracle", "config",
+                  "--table", "none", tmp_path=tmp_path)  # fmt: skip
+    assert res.code == 1, res.out[-3000:] + res.err[-2000:]
+    found = {f["tensor"]: (f["kind"], f["detail"].get("upstream_bug")) for f in res.findings("config")}
+    bug = "transformers-minimax-m2-rotary-dim-ignored"
+    assert found == {
+        "rope_parameters.partial_rotary_factor+rotary_dim -> rotary_percent": ("mismatch", bug),
+        "rope_parameters.partial_rotary_factor+rotary_dim (megatron_to_hf_config)": ("roundtrip-mismatch", bug),
+    }

@@ -175,11 +175,15 @@ LAYER_PATTERN_HARD_CODED = UpstreamBug(
     "built with sliding windows and local RoPE on the wrong layers (published Gemma 3 checkpoints are 5:1)",
     where="megatron/bridge/models/gemma/gemma3_provider.py:73 (the default), :200 and :243 (read per layer), :349-354; "
     "gemma3_bridge.py provider_bridge sets no pattern",
-    findings=(("config", "layer_types -> interleaved_attn_pattern", "mismatch"),),
+    findings=(
+        ("config", "layer_types -> interleaved_attn_pattern", "mismatch"),
+        ("config", "layer_types (megatron_to_hf_config)", "roundtrip-mismatch"),
+    ),
     seen_in=("0.6.2",),
 )
-"""Seen by the config oracle on a gemma3_text config whose layer_types are not 5:1 (tests/test_gemma3.py); the logits
-of such a run differ too, a finding te-post-layernorm-default-eps (listed first) also explains."""
+"""Seen with `verify --model config:FILE` on the published 1B config with layer_types (sliding, full) x2: the config
+oracle names the pattern (Megatron [1, 1, 1, 1] for HF's [1, 0, 1, 0]) and the exported layer_types; the logits differ
+by 5.3, a finding te-post-layernorm-default-eps (listed first, and matched by oracle and kind alone) also claims."""
 
 
 EXPORT_DROPS_GLOBAL_ROPE_SCALING = UpstreamBug(

@@ -13,6 +13,7 @@ from convcheck.models.dense import NORM_ROPE_ACT
 from convcheck.models.fixture_spec import TINY_SHAPES, FixtureSpec
 from convcheck.models.minimax_m2_mappings import minimax_m2_rules
 from convcheck.models.qwen3_moe import megatron_moe_layers
+from convcheck.models.upstream_bug import UpstreamBug
 
 
 def _rotary_percent(c: HfView, _m: MegatronGet) -> float:
@@ -85,10 +86,33 @@ TINY_MINIMAX_M2 = FixtureSpec(
 MTP modules are not built (see MINIMAX_M2_TABLE)."""
 
 
+ROTARY_DIM_IGNORED = UpstreamBug(
+    name="transformers-minimax-m2-rotary-dim-ignored",
+    summary="transformers' MiniMax-M2 rotates rope_parameters.partial_rotary_factor x head_dim channels and declares "
+    "no rotary_dim: the published config.json (tests/data/minimax-m2.config.json), which gives rotary_dim 64 of "
+    "head_dim 128 and no partial_rotary_factor, runs in transformers with RoPE on every channel, where MiniMax's own "
+    "code and the bridge (rotary_percent = rotary_dim / head_dim) rotate half",
+    where="transformers 5.12.1 models/minimax_m2/modeling_minimax_m2.py:187-189 (configuration_minimax_m2.py has no "
+    "rotary_dim); megatron-bridge minimax_m2_bridge.py:148-152 reads rotary_dim",
+    findings=(
+        ("config", "rope_parameters.partial_rotary_factor+rotary_dim -> rotary_percent", "mismatch"),
+        ("config", "rope_parameters.partial_rotary_factor+rotary_dim (megatron_to_hf_config)", "roundtrip-mismatch"),
+        ("logits", "logits", "logits-differ"),
+        ("logits", "greedy-tokens", "greedy-differs"),
+    ),
+    seen_in=("5.12.1",),
+    project="transformers",
+)
+"""Seen with `verify --model config:tests/data/minimax-m2.config.json` at TP2xEP2: config names rotary_percent (HF 1.0,
+Megatron 0.5) and the logits differ by 4.4e-3; every weight oracle passes. tiny:minimax-m2 gives both knobs, agreeing,
+and passes."""
+
+
 MINIMAX_M2 = Architecture(
     hf_classes=("MiniMaxM2ForCausalLM",),
     model_type="minimax_m2",
     mapping_rules=minimax_m2_rules,
     config_rules=MINIMAX_M2_TABLE,
     fixtures=(TINY_MINIMAX_M2,),
+    upstream_bugs=(ROTARY_DIM_IGNORED,),
 )
