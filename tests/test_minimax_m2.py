@@ -87,9 +87,11 @@ def _rule(megatron: str):  # type: ignore[no-untyped-def]
 
 
 def test_the_config_table_reads_partial_rope_from_what_transformers_rotates() -> None:
-    rule = _rule("rotary_percent")
-    assert rule.expect({"rope_parameters.partial_rotary_factor": 0.5, "rotary_dim": 4}, {}.get) == 0.5
-    assert rule.expect({"rotary_dim": 64}, {}.get) == 1.0  # transformers 5.12.1 reads no rotary_dim
+    by_hf, by_dim = (r for r in MINIMAX_M2_TABLE if r.megatron == "rotary_percent")
+    both = {"rope_parameters.partial_rotary_factor": 0.5, "rotary_dim": 4, "head_dim": 8}
+    assert by_hf.expect(both, {}.get) == by_dim.expect(both, {}.get) == 0.5
+    published = {"rotary_dim": 64, "head_dim": 128}
+    assert (by_hf.expect(published, {}.get), by_dim.expect(published, {}.get)) == (1.0, 0.5)  # HF reads no rotary_dim
     assert _rule("moe_router_score_function").expect({}, {}.get) == "sigmoid"
     assert _rule("moe_router_enable_expert_bias").expect({}, {}.get) is True
 
@@ -132,6 +134,6 @@ def test_the_published_config_shrunk_names_the_rotary_dim_transformers_does_not_
     found = {f["tensor"]: (f["kind"], f["detail"].get("upstream_bug")) for f in res.findings("config")}
     bug = "transformers-minimax-m2-rotary-dim-ignored"
     assert found == {
-        "rope_parameters.partial_rotary_factor+rotary_dim -> rotary_percent": ("mismatch", bug),
-        "rope_parameters.partial_rotary_factor+rotary_dim (megatron_to_hf_config)": ("roundtrip-mismatch", bug),
-    }
+        "rope_parameters.partial_rotary_factor -> rotary_percent": ("mismatch", bug),
+        "rope_parameters.partial_rotary_factor (megatron_to_hf_config)": ("roundtrip-mismatch", bug),
+    }  # the rotary_dim rule holds: Megatron rotates rotary_dim / head_dim, as MiniMax's code

@@ -15,11 +15,23 @@ from convcheck.models.minimax_m2_mappings import minimax_m2_rules
 from convcheck.models.qwen3_moe import megatron_moe_layers
 from convcheck.models.upstream_bug import UpstreamBug
 
+PARTIAL = "rope_parameters.partial_rotary_factor"
+
 
 def _rotary_percent(c: HfView, _m: MegatronGet) -> float:
     """HF rotates rope_parameters.partial_rotary_factor of each head (HF:187-189); transformers 5.12.1 does not read
     the published config's rotary_dim, the bridge reads only rotary_dim (bridge:148-152)."""
-    return float(c.get("rope_parameters.partial_rotary_factor", 1.0))
+    return float(c.get(PARTIAL, 1.0))
+
+
+def _rotary_dim_share(c: HfView, _m: MegatronGet) -> float:
+    """rotary_dim / head_dim where the config gives rotary_dim (what MiniMax's own code and the bridge rotate), else
+    the partial_rotary_factor rule's value."""
+    rotary = c.get("rotary_dim")
+    if rotary is None:
+        return float(c.get(PARTIAL, 1.0))
+    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    return rotary / head_dim
 
 
 MINIMAX_M2_TABLE: tuple[FieldRule, ...] = (
@@ -30,9 +42,15 @@ MINIMAX_M2_TABLE: tuple[FieldRule, ...] = (
     *(rule for rule in NORM_ROPE_ACT if rule.megatron not in ("rotary_percent", "window_size")),
     FieldRule(
         megatron="rotary_percent",
-        hf=("rope_parameters.partial_rotary_factor", "rotary_dim"),
+        hf=(PARTIAL,),
         expect=_rotary_percent,
-        note="partial RoPE: the first partial_rotary_factor x head_dim channels of each head rotate",
+        note="partial RoPE as transformers computes it: the first partial_rotary_factor x head_dim channels rotate",
+    ),
+    FieldRule(
+        megatron="rotary_percent",
+        hf=("rotary_dim",),
+        expect=_rotary_dim_share,
+        note="partial RoPE as the checkpoint's rotary_dim gives it (MiniMax's code): rotary_dim of head_dim channels",
     ),
     implied("window_size", None, "MiniMax-M2 attends to every position"),
     implied("add_qkv_bias", False, "MiniMax-M2 q/k/v projections have no bias"),
@@ -95,17 +113,18 @@ ROTARY_DIM_IGNORED = UpstreamBug(
     where="transformers 5.12.1 models/minimax_m2/modeling_minimax_m2.py:187-189 (configuration_minimax_m2.py has no "
     "rotary_dim); megatron-bridge minimax_m2_bridge.py:148-152 reads rotary_dim",
     findings=(
-        ("config", "rope_parameters.partial_rotary_factor+rotary_dim -> rotary_percent", "mismatch"),
-        ("config", "rope_parameters.partial_rotary_factor+rotary_dim (megatron_to_hf_config)", "roundtrip-mismatch"),
+        ("config", "rope_parameters.partial_rotary_factor -> rotary_percent", "mismatch"),
+        ("config", "rope_parameters.partial_rotary_factor (megatron_to_hf_config)", "roundtrip-mismatch"),
         ("logits", "logits", "logits-differ"),
         ("logits", "greedy-tokens", "greedy-differs"),
     ),
     seen_in=("5.12.1",),
     project="transformers",
 )
-"""Seen with `verify --model config:tests/data/minimax-m2.config.json` at TP2xEP2: config names rotary_percent (HF 1.0,
-Megatron 0.5) and the logits differ by 4.4e-3; every weight oracle passes. tiny:minimax-m2 gives both knobs, agreeing,
-and passes."""
+"""Seen with `verify --model config:tests/data/minimax-m2.config.json` at TP2xEP2: config names rotary_percent against
+partial_rotary_factor (HF 1.0, Megatron 0.5; the rotary_dim rule holds) and the logits differ by 4.4e-3; every weight
+oracle passes. tiny:minimax-m2 gives both knobs, agreeing, and passes. A Megatron rotary_percent that breaks the
+rotary_dim rule is no finding of this bug."""
 
 
 MINIMAX_M2 = Architecture(

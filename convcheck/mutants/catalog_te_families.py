@@ -93,7 +93,7 @@ TE_FAMILY_MUTANTS: tuple[Mutant, ...] = (
         fixture=MINIMAX_M2,
         layout="tp2ep2",
         catches=("config",),
-        targets=("rope_parameters.partial_rotary_factor+rotary_dim*",),
+        targets=("rotary_dim*", "rope_parameters.partial_rotary_factor*"),
         spec="te",
         experts="auto",
     ),
