@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from convcheck.compare.bits import first_difference
+from convcheck.compare.threads import default_threads
 from convcheck.errors import BadInput
 from convcheck.hf.checkpoint import INDEX_NAME, WINDOW, Checkpoint, TensorEntry, mapped_windows, open_weights
 from convcheck.hf.digest import (
     DigestEntry,
     Manifest,
     Progress,
-    default_threads,
     ordered_map,
     read_manifest,
     storage_order,

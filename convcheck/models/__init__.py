@@ -7,7 +7,20 @@ tiny fixtures, as an `Architecture`) plus one entry in SUPPORTED.
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from convcheck.models import deepseek, dense, glm, glm45, gpt_oss, mistral, nemotron_h, olmoe, qwen3_moe, qwen_next
+from convcheck.models import (
+    deepseek,
+    dense,
+    gemma3,
+    glm,
+    glm45,
+    gpt_oss,
+    minimax_m2,
+    mistral,
+    nemotron_h,
+    olmoe,
+    qwen3_moe,
+    qwen_next,
+)
 from convcheck.models.architecture import Architecture, unique_index
 from convcheck.models.bridge_wide import BRIDGE_WIDE
 from convcheck.models.config_rules import FieldRule
@@ -33,6 +46,8 @@ SUPPORTED: tuple[Architecture, ...] = (
     qwen_next.QWEN35_MOE,
     gpt_oss.GPT_OSS,
     olmoe.OLMOE,
+    gemma3.GEMMA3,
+    minimax_m2.MINIMAX_M2,
 )
 """Every supported architecture; config tables and `tiny:` fixtures are listed in this order."""
 
