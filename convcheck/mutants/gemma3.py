@@ -6,6 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+from megatron.bridge.models.gemma import gemma3_provider
+from megatron.bridge.models.gemma.gemma3_bridge import Gemma3ModelBridge
+
 from convcheck.mutants.olmoe import _rename_resolved
 from convcheck.mutants.patch import alter_provider, wrap
 
@@ -13,8 +18,6 @@ POST_ATTENTION, PRE_FEEDFORWARD = "post_attention_layernorm.weight", "pre_feedfo
 
 
 def _gemma3_bridge() -> type:
-    from megatron.bridge.models.gemma.gemma3_bridge import Gemma3ModelBridge
-
     return Gemma3ModelBridge
 
 
@@ -58,7 +61,6 @@ SLIDING_LAYER = 2
 def sliding_layer_global() -> None:
     """Layer 2's core attention (a sliding layer of the 5:1 pattern) built without its window, as a global layer's
     is; its RoPE stays local: one layer's window dropped."""
-    from megatron.bridge.models.gemma import gemma3_provider
 
     def make(original):  # type: ignore[no-untyped-def]
         def __init__(self, config, layer_number, *args, **kwargs):  # type: ignore[no-untyped-def]

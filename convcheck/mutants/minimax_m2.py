@@ -6,6 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+import torch
+from megatron.bridge.models.conversion.param_mapping import AutoMapping
+from megatron.bridge.models.minimax_m2.minimax_m2_bridge import MiniMaxM2Bridge, _FullDimQKNormMapping
+
 from convcheck.mutants.patch import alter_provider, wrap
 
 EXPERT_BIAS_0 = "decoder.layers.0.mlp.router.expert_bias"
@@ -15,8 +21,6 @@ K_NORM_0 = "decoder.layers.0.self_attention.k_layernorm.weight"
 def expert_bias_at_init() -> None:
     """The import leaves layer 0's router expert_bias (HF block_sparse_moe.e_score_correction_bias) at its initial
     zeros: the top-k choice loses its correction."""
-    import torch
-    from megatron.bridge.models.conversion.param_mapping import AutoMapping
 
     def make(original):  # type: ignore[no-untyped-def]
         def hf_to_megatron(self, hf_weights, megatron_module):  # type: ignore[no-untyped-def]
@@ -31,8 +35,6 @@ def expert_bias_at_init() -> None:
 def k_norm_rows_of_other_rank() -> None:
     """The import gives TP rank r the rows of rank tp - 1 - r in layer 0's full-width k_layernorm (each rank's norm
     weights another rank's heads); the export gathers them in rank order."""
-    from megatron.bridge.models.minimax_m2.minimax_m2_bridge import _FullDimQKNormMapping
-
     state = {"importing": False}
 
     def make_import(original):  # type: ignore[no-untyped-def]
@@ -59,7 +61,6 @@ def k_norm_rows_of_other_rank() -> None:
 def rotary_dim_ignored() -> None:
     """The provider keeps rotary_percent 1.0 (rotary_dim not read): every channel of each head rotates, where
     MiniMax-M2 rotates rotary_dim of them."""
-    from megatron.bridge.models.minimax_m2.minimax_m2_bridge import MiniMaxM2Bridge
 
     def change(provider: Any) -> None:
         provider.rotary_percent = 1.0

@@ -14,6 +14,11 @@ import re
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+import torch
+import torch.distributed as dist
+import transformers
+from megatron.core.process_groups_config import ProcessGroupCollection
+
 from convcheck.compare.bits import int_view
 from convcheck.errors import needs_cuda, one_line, raised_at
 from convcheck.oracles import ORACLES
@@ -38,8 +43,6 @@ REL_TOL = 1e-5
 def fixed_tokens(vocab_size: int, avoid: frozenset[int] = frozenset()) -> Any:
     """The input ids, [BATCH, SEQ] int64, identical on every rank and every run. A drawn id in `avoid` (a multimodal
     placeholder, placeholder_ids) becomes the (id mod n)-th of the n other ids: text tokens only, the same draw."""
-    import torch
-
     gen = torch.Generator().manual_seed(SEED)
     tokens = torch.randint(0, vocab_size, (BATCH, SEQ), generator=gen, dtype=torch.long)
     if avoid:
@@ -95,8 +98,6 @@ def upcast_fp32(model: list[Any], whole: bool = False) -> Iterator[None]:
     ssm/mamba_layer.py:151), and the attention softmax keeps fp32 probabilities (with attention_softmax_in_fp32, as
     GLM-4.7-Flash's bridge leaves it, fusions/fused_softmax.py:336-340 casts them back to the bf16 it was built for).
     Restores the original tensors, dtypes and flags on exit (no rounding)."""
-    import torch
-
     configs: dict[int, tuple[Any, Any]] = {}
     softmax: list[tuple[Any, tuple[bool, bool, bool]]] = []
     try:
@@ -137,8 +138,6 @@ def model_groups(model: Any) -> Any:
     if groups is None and getattr(model, "language_model", None) is not None:
         groups = getattr(model.language_model, "pg_collection", None)
     if groups is None:
-        from megatron.core.process_groups_config import ProcessGroupCollection
-
         groups = ProcessGroupCollection.use_mpu_process_groups()
     return groups
 
@@ -150,9 +149,6 @@ def megatron_logits(ctx: RankContext, tokens: Any, whole: bool = False) -> Any |
     hidden states [S, B, H] pass stage to stage, from the last stage back to the first between chunks. The
     embedding is chunk 0 of stage 0's, the final norm and output layer the last chunk of the last stage's.
     `whole`: upcast the whole chunk up front instead of block by block (the same bits, more memory)."""
-    import torch
-    import torch.distributed as dist
-
     gpt = _unwrap(ctx.model[0])
     groups = model_groups(gpt)
     pp, tp = groups.pp, groups.tp
@@ -197,9 +193,6 @@ def hf_logits(path: Any, tokens: Any, device: str = "cpu") -> Any:
 
     Loaded in the checkpoint's dtype on `device`; each top-level block runs on fp32 copies of its parameters made
     just before it (convcheck.oracles.fp32), so memory holds the model once plus one block in fp32."""
-    import torch
-    import transformers
-
     auto = lm_auto_class(transformers.AutoConfig.from_pretrained(path))
     model = auto.from_pretrained(path, dtype="auto", **eager())
     model.to(device).eval()
@@ -270,8 +263,6 @@ def compare(megatron: Any, hf: Any) -> tuple[list[Finding], dict[str, Any]]:
 
 def hf_device(ctx: RankContext) -> str:
     """Where rank 0 runs the HF reference: its own device (the GPU of a CUDA run), so the host holds no model."""
-    import torch
-
     params = (p for chunk in ctx.model for p in chunk.parameters())
     first = next(params, None)
     return str(first.device) if first is not None and first.device.type == "cuda" else str(torch.device("cpu"))
