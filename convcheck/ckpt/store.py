@@ -19,6 +19,7 @@ from megatron.core import dist_checkpointing
 from megatron.core.dist_checkpointing.dict_utils import nested_values
 from megatron.core.dist_checkpointing.mapping import ShardedBase
 from megatron.core.dist_checkpointing.validation import StrictHandling
+from megatron.core.transformer.module import MegatronModule
 
 from convcheck.errors import one_line
 from convcheck.rank.context import RankContext
@@ -60,7 +61,7 @@ class RestoreReport:
     error: str | None = None
 
 
-def model_state(model: list[Any]) -> dict[str, Any]:
+def model_state(model: list[MegatronModule]) -> dict[str, Any]:
     """The model's sharded state dict as trainers nest it: "model" (or "model0", "model1", ... per VP chunk)."""
     if len(model) == 1:
         return {"model": model[0].sharded_state_dict()}
@@ -153,7 +154,7 @@ def restore_checkpoint(
     return report, loaded
 
 
-def _chunk_names(model: list[Any]) -> list[str]:
+def _chunk_names(model: list[MegatronModule]) -> list[str]:
     return ["model"] if len(model) == 1 else [f"model{i}" for i in range(len(model))]
 
 

@@ -7,6 +7,7 @@ from typing import Any
 import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
 
 from megatron.bridge.models.gpt_provider import local_layer_spec
+from megatron.bridge.models.model_provider import ModelProviderMixin
 from megatron.core.models.backends import LocalSpecProvider
 
 from convcheck.compat.no_te import cpu_hybrid_stack_spec, cpu_mla_decoder_block_spec, transformer_engine_available
@@ -43,12 +44,12 @@ HYBRID_SPEC_FIELDS = ("hybrid_stack_spec", "mamba_stack_spec")
 (<= 0.5)."""
 
 
-def hybrid_spec_field(provider: Any) -> str | None:
+def hybrid_spec_field(provider: ModelProviderMixin) -> str | None:
     """The stack-spec field of a hybrid provider (None for a GPT provider)."""
     return next((name for name in HYBRID_SPEC_FIELDS if hasattr(provider, name)), None)
 
 
-def is_hybrid_provider(provider: Any) -> bool:
+def is_hybrid_provider(provider: ModelProviderMixin) -> bool:
     """True for the bridge's HybridModelProvider / MambaModelProvider (NemotronH and other Mamba hybrids)."""
     return hybrid_spec_field(provider) is not None
 
@@ -108,7 +109,7 @@ def te_block_spec(spec: Any) -> Any:
     return with_te
 
 
-def configure_provider(provider: Any, device: str, spec: str = "local") -> None:
+def configure_provider(provider: ModelProviderMixin, device: str, spec: str = "local") -> None:
     """TE-free spec when Transformer Engine is missing (`spec="local"`), or the bridge's own TE specs on convcheck's
     stand-in (`spec="te"`, convcheck.compat.te_standin); on CPU also CPU init, fusions off, allgather dispatcher."""
     hybrid = is_hybrid_provider(provider)
@@ -146,7 +147,7 @@ def configure_provider(provider: Any, device: str, spec: str = "local") -> None:
 # - hybrid/hybrid_provider.py:91-104 get_default_hybrid_stack_spec picks the TE spec (or the modelopt spec whose
 #   Norm raises without TE) -> cpu_hybrid_stack_spec while TE is missing; bridge 0.3.0-0.5.1 build NemotronH through
 #   mamba/mamba_provider.py MambaModelProvider, whose `mamba_stack_spec` field plays that part.
-def configure_hybrid_provider(provider: Any, device: str, spec: str = "local") -> None:
+def configure_hybrid_provider(provider: ModelProviderMixin, device: str, spec: str = "local") -> None:
     """TE-free hybrid stack spec where TE is missing (the bridge's own with `spec="te"`); on CPU no shared-expert
     overlap stream."""
     field = hybrid_spec_field(provider) or HYBRID_SPEC_FIELDS[0]

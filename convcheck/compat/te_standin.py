@@ -36,6 +36,10 @@ import sys
 from typing import Any
 from unittest.mock import NonCallableMock
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+from megatron.bridge.models.model_provider import ModelProviderMixin
+
 from convcheck.compat.detect import optional_module, skip
 from convcheck.compat.no_te import transformer_engine_available
 
@@ -240,7 +244,7 @@ def te_module_spec(module_name: str, attr: str) -> Any:
     return _INSTALLED[key]
 
 
-def bind_te_stack_specs(provider: Any) -> list[str]:
+def bind_te_stack_specs(provider: ModelProviderMixin) -> list[str]:
     """Give `provider` the stand-in copy of its default TE stack spec (TE_STACK_SPECS) where it holds the default
     (the getter or the imported spec); a spec the caller set is kept. Returns the fields set."""
     done = []

@@ -18,6 +18,7 @@ from convcheck.hooks import load_hook
 from convcheck.oracles import close_early, load_oracle, riders, start_early
 from convcheck.rank import shard_match
 from convcheck.rank.bringup import bring_up, quiet
+from convcheck.rank.context import RankContext
 from convcheck.rank.dist import shutdown_distributed
 from convcheck.rank.lone import LoneFailure
 from convcheck.rank.memory import AnonPeak, memory_mb, reset_peak, trim
@@ -106,7 +107,7 @@ def peak_mb() -> float:
     return peak
 
 
-def _run_function(job: Job, ctx: Any, function: Any, started: float) -> dict[str, Any] | None:
+def _run_function(job: Job, ctx: RankContext, function: Any, started: float) -> dict[str, Any] | None:
     """Call the job's rank function collectively; rank 0 pickles what it returned."""
     import pickle
 

@@ -8,6 +8,10 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+from megatron.bridge import AutoBridge
+
 from convcheck.errors import BadInput
 from convcheck.hf.digest import Manifest, check_output, write_text_atomic
 from convcheck.live.agreement import run_agreed
@@ -23,7 +27,7 @@ from convcheck.versions import versions
 
 def check(
     model: Any,
-    bridge: Any,
+    bridge: AutoBridge,
     oracles: str | list[str] | tuple[str, ...] | None = None,
     *,
     sender: Adapter | None = None,
@@ -48,7 +52,7 @@ def check(
 
 
 def _check(
-    model: Any, bridge: Any, names: tuple[str, ...], names_from: Any, sync: SyncOptions, pg_collection: Any
+    model: Any, bridge: AutoBridge, names: tuple[str, ...], names_from: Any, sync: SyncOptions, pg_collection: Any
 ) -> Report | None:
     ctx = live_context(model, bridge, names_from=names_from, sync=sync, pg_collection=pg_collection)
     started = time.perf_counter()
@@ -87,7 +91,12 @@ def job_layout(ctx: RankContext) -> dict[str, int]:
 
 
 def digest(
-    model: Any, bridge: Any, *, out: str | Path | None = None, sender: Adapter | None = None, pg_collection: Any = None
+    model: Any,
+    bridge: AutoBridge,
+    *,
+    out: str | Path | None = None,
+    sender: Adapter | None = None,
+    pg_collection: Any = None,
 ) -> Manifest | None:
     """Collective: the `convcheck-digest/1` manifest of one export of the job's weights (through `sender`, default the
     bridge's own export) on rank 0 (written to `out` when given), None on other ranks; compare it with a receiver's

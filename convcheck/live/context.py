@@ -11,9 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
 import torch
 import torch.distributed as dist
+from megatron.bridge import AutoBridge
 from megatron.core import parallel_state as ps
+from megatron.core.transformer.module import MegatronModule
 
 from convcheck.errors import BadInput
 from convcheck.hf.checkpoint import INDEX_NAME, Checkpoint, open_checkpoint
@@ -42,7 +46,7 @@ def chunks_of(model: Any) -> list[Any]:
     return [unwrap(c) for c in items]
 
 
-def names_folder(bridge: Any, names_from: str | Path | None) -> Path | None:
+def names_folder(bridge: AutoBridge, names_from: str | Path | None) -> Path | None:
     """The folder whose header names the export's tensors: `names_from`, else the local folder the bridge was built
     from (None when it has neither)."""
     if names_from is not None:
@@ -105,7 +109,7 @@ class _PaddedVocab:
         return max(1, self.rows // self.tp)
 
 
-def vocab_shim(chunks: list[Any], layout: ParallelLayout) -> Any:
+def vocab_shim(chunks: list[MegatronModule], layout: ParallelLayout) -> Any:
     """The provider stand-in carrying the embedding rows the job built (None when the chunks do not say)."""
     rows = next((getattr(c, "vocab_size", None) for c in chunks if getattr(c, "vocab_size", None)), None)
     return _PaddedVocab(int(rows), layout.tp) if rows and int(rows) % layout.tp == 0 else None
@@ -113,7 +117,7 @@ def vocab_shim(chunks: list[Any], layout: ParallelLayout) -> Any:
 
 def live_context(
     model: Any,
-    bridge: Any,
+    bridge: AutoBridge,
     *,
     names_from: str | Path | None,
     sync: SyncOptions,
@@ -151,7 +155,7 @@ def live_context(
     )
 
 
-def _parts(model: Any, bridge: Any, names_from: str | Path | None, need_names: bool, pg_collection: Any) -> Any:
+def _parts(model: Any, bridge: AutoBridge, names_from: str | Path | None, need_names: bool, pg_collection: Any) -> Any:
     """This rank's chunks, names-only checkpoint and groups; BadInput (this rank's own, not yet agreed)."""
     if not ps.model_parallel_is_initialized():
         raise BadInput(

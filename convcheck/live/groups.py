@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch.distributed as dist
+from megatron.core.transformer.module import MegatronModule
 
 from convcheck.errors import BadInput
 from convcheck.layout import ParallelLayout, RankCoord
@@ -31,7 +32,7 @@ def parallel_state_groups() -> dict[str, Any]:
     return {axis: parallel_state_group(axis) for axis, _ in AXES}
 
 
-def model_collection(chunks: list[Any]) -> Any:
+def model_collection(chunks: list[MegatronModule]) -> Any:
     """The ProcessGroupCollection the model was built with (megatron-core's LanguageModule.pg_collection, where the
     bridge's export reads its groups), or None."""
     inner = getattr(chunks[0], "language_model", None) or chunks[0]
@@ -43,7 +44,7 @@ def members(group: Any) -> tuple[int, ...]:
     return tuple(dist.get_process_group_ranks(group))
 
 
-def disagreement(given: dict[str, Any], chunks: list[Any]) -> str | None:
+def disagreement(given: dict[str, Any], chunks: list[MegatronModule]) -> str | None:
     """Why the collection's groups cannot be used (one line), or None: each must hold the ranks parallel_state's
     group holds (the pinned bridge reads it) and the ranks of the model's own collection (its export's groups)."""
     ours, built = parallel_state_groups(), model_collection(chunks)
@@ -66,7 +67,7 @@ def disagreement(given: dict[str, Any], chunks: list[Any]) -> str | None:
     return None
 
 
-def job_groups(chunks: list[Any], pg_collection: Any = None) -> JobGroups:
+def job_groups(chunks: list[MegatronModule], pg_collection: Any = None) -> JobGroups:
     """The job's groups (the collection's where it sets them, else parallel_state's) with their layout and this rank's
     coordinates; BadInput for a collection that is not one or disagrees (see `disagreement`)."""
     groups = parallel_state_groups()

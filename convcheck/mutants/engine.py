@@ -7,13 +7,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from convcheck.rank.context import RankContext
+
 SWAPPED_Q = "model.layers.1.self_attn.q_proj.weight"
 SWAPPED_K = "model.layers.1.self_attn.k_proj.weight"
 """swap_q_k_head swaps the first head's rows of these two (head_dim rows each)."""
 EMBED, LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
 
-def swap_q_k_head(ctx: Any) -> Iterator[tuple[str, Any]]:
+def swap_q_k_head(ctx: RankContext) -> Iterator[tuple[str, Any]]:
     """The bridge's export, with layer 1's first query head and first key head exchanged (rows [0, head_dim) of
     q_proj and k_proj): q and k sent swapped."""
     head_dim = int(ctx.checkpoint.config.get("head_dim") or 0)
@@ -33,14 +35,14 @@ def swap_q_k_head(ctx: Any) -> Iterator[tuple[str, Any]]:
         yield name, tensor
 
 
-def embedding_as_lm_head(ctx: Any) -> Iterator[tuple[str, Any]]:
+def embedding_as_lm_head(ctx: RankContext) -> Iterator[tuple[str, Any]]:
     """A tied model's embedding sent only as `lm_head.weight` (the one side a trainer holding an untied copy
     updates): an engine that ties lm_head to the embedding never updates its embedding."""
     for name, tensor in ctx.bridge_export():
         yield (LM_HEAD if name == EMBED else name), tensor
 
 
-def drop_ep_rank_1_experts(ctx: Any) -> Iterator[tuple[str, Any]]:
+def drop_ep_rank_1_experts(ctx: RankContext) -> Iterator[tuple[str, Any]]:
     """The export without the routed experts EP rank 1 holds (the upper half of every MoE layer's experts): one EP
     rank's experts never sent."""
     import re
@@ -59,7 +61,7 @@ MLA_FLIPPED = ("model.layers.0.self_attn.kv_a_proj_with_mqa.weight", "model.laye
 q_a_proj's rows and splits the second into W_UK_T / W_UV)."""
 
 
-def flip_mla_elements(ctx: Any) -> Iterator[tuple[str, Any]]:
+def flip_mla_elements(ctx: RankContext) -> Iterator[tuple[str, Any]]:
     """The bridge's export with one element of layer 0's kv_a_proj_with_mqa and of layer 1's kv_b_proj sign-flipped
     (a sender that corrupts MLA's latent projections)."""
     for name, tensor in ctx.bridge_export():
@@ -69,7 +71,7 @@ def flip_mla_elements(ctx: Any) -> Iterator[tuple[str, Any]]:
         yield name, tensor
 
 
-def drop_mtp(ctx: Any) -> Iterator[tuple[str, Any]]:
+def drop_mtp(ctx: RankContext) -> Iterator[tuple[str, Any]]:
     """The export without the multi-token-prediction tensors (`mtp.*`, or `model.layers.{num_hidden_layers + k}.*`):
     a sender that syncs only the main model, leaving the engine's draft weights as they were."""
     layers = int(ctx.checkpoint.config.get("num_hidden_layers") or 0)

@@ -17,6 +17,7 @@ from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge
 
 from convcheck.mutants.patch import wrap
 from convcheck.oracles import coverage
+from convcheck.rank.context import RankContext
 
 TENSORS_BEFORE_FAULT = 3
 """How many tensors the export stream yields before a mid-export fault strikes."""
@@ -115,7 +116,7 @@ def coverage_raises_on_rank1() -> None:
         return
 
     def make(original: Any) -> Any:
-        def megatron_side(ctx: Any, *args: Any) -> Any:
+        def megatron_side(ctx: RankContext, *args: Any) -> Any:
             raise ValueError("planted fault in the coverage oracle on rank 1")
 
         return megatron_side

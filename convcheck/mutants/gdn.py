@@ -14,6 +14,7 @@ import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.br
 import torch
 from megatron.bridge.models.conversion import param_mapping
 from megatron.bridge.models.conversion.param_mapping import GDNConv1dMapping, RMSNorm2ZeroCenteredRMSNormMapping
+from megatron.bridge.models.model_provider import ModelProviderMixin
 
 from convcheck.mutants.patch import alter_provider, wrap
 
@@ -132,7 +133,7 @@ def schedule_as_interval() -> None:
     """The provider gets a full-attention interval instead of the per-layer schedule: linear_attention_freq = 4
     (layers [linear, linear, linear, full]) where the config's layer_types say [full, linear, linear, full]."""
 
-    def change(provider: Any) -> None:
+    def change(provider: ModelProviderMixin) -> None:
         if isinstance(getattr(provider, "linear_attention_freq", None), list):
             provider.linear_attention_freq = SCHEDULE_INTERVAL
 

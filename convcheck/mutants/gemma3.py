@@ -10,6 +10,7 @@ import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.br
 
 from megatron.bridge.models.gemma import gemma3_provider
 from megatron.bridge.models.gemma.gemma3_bridge import Gemma3ModelBridge
+from megatron.bridge.models.model_provider import ModelProviderMixin
 
 from convcheck.mutants.olmoe import _rename_resolved
 from convcheck.mutants.patch import alter_provider, wrap
@@ -37,7 +38,7 @@ def global_rope_base_local() -> None:
     """The provider's (local, global) RoPE bases built as (local, local): the global layers rotate with the sliding
     layers' base."""
 
-    def change(provider: Any) -> None:
+    def change(provider: ModelProviderMixin) -> None:
         local, _global = provider.rotary_base
         provider.rotary_base = (local, local)
 
@@ -48,7 +49,7 @@ def window_one_short() -> None:
     """The provider's window built as HF sliding_window - 1 (Megatron's left bound taken for HF's window): every
     sliding layer attends one position fewer than HF's."""
 
-    def change(provider: Any) -> None:
+    def change(provider: ModelProviderMixin) -> None:
         provider.window_size = provider.window_size - 1
 
     alter_provider(change, _gemma3_bridge())

@@ -11,6 +11,7 @@ import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.br
 import torch
 from megatron.bridge.models.conversion.param_mapping import AutoMapping
 from megatron.bridge.models.minimax_m2.minimax_m2_bridge import MiniMaxM2Bridge, _FullDimQKNormMapping
+from megatron.bridge.models.model_provider import ModelProviderMixin
 
 from convcheck.mutants.patch import alter_provider, wrap
 
@@ -62,7 +63,7 @@ def rotary_dim_ignored() -> None:
     """The provider keeps rotary_percent 1.0 (rotary_dim not read): every channel of each head rotates, where
     MiniMax-M2 rotates rotary_dim of them."""
 
-    def change(provider: Any) -> None:
+    def change(provider: ModelProviderMixin) -> None:
         provider.rotary_percent = 1.0
 
     alter_provider(change, MiniMaxM2Bridge)

@@ -16,6 +16,7 @@ import torch
 from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge
 from megatron.bridge.models.conversion.param_mapping import AutoMapping
 from megatron.bridge.models.conversion.utils import unwrap_model
+from megatron.bridge.models.model_provider import ModelProviderMixin
 
 from convcheck.mutants.patch import alter_provider, wrap
 
@@ -122,7 +123,7 @@ def mtp_index_off_by_one() -> None:
 def dense_first_as_moe() -> None:
     """The provider makes every layer MoE: the dense-first layers' pattern (first_k_dense_replace) is lost."""
 
-    def change(provider: Any) -> None:
+    def change(provider: ModelProviderMixin) -> None:
         if isinstance(provider.moe_layer_freq, list) and 0 in provider.moe_layer_freq:
             provider.moe_layer_freq = [1] * len(provider.moe_layer_freq)
 

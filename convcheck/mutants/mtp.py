@@ -10,6 +10,7 @@ from typing import Any
 
 import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
 
+from megatron.bridge import AutoBridge
 from megatron.bridge.models.glm.glm47_flash_bridge import GLM47FlashBridge
 
 from convcheck.mutants.patch import wrap
@@ -32,7 +33,7 @@ def _wrap_hook(change: Any) -> None:
     wrap(GLM47FlashBridge, "maybe_modify_converted_hf_weight", make)
 
 
-def _mtp_names(bridge: Any, suffix: str) -> list[str]:
+def _mtp_names(bridge: AutoBridge, suffix: str) -> list[str]:
     """`model.layers.{L + k}<suffix>` for every MTP depth k of the bridge's HF config."""
     config = bridge.hf_config
     first = config.num_hidden_layers
@@ -43,7 +44,7 @@ def mtp_aliases_swapped() -> None:
     """The hook's alias table has its sources swapped: each MTP layer's embed_tokens is a copy of lm_head and its
     shared_head.head a copy of model.embed_tokens (same shape when untied; each still written once)."""
 
-    def change(bridge: Any, out: dict[str, Any]) -> None:
+    def change(bridge: AutoBridge, out: dict[str, Any]) -> None:
         for source, suffix, other in (
             ("lm_head.weight", EMBED_ALIAS, HEAD_ALIAS),
             ("model.embed_tokens.weight", HEAD_ALIAS, EMBED_ALIAS),
@@ -59,7 +60,7 @@ def mtp_aliases_swapped() -> None:
 def mtp_head_alias_dropped() -> None:
     """The hook leaves out the MTP layers' shared_head.head (the export never writes it)."""
 
-    def change(bridge: Any, out: dict[str, Any]) -> None:
+    def change(bridge: AutoBridge, out: dict[str, Any]) -> None:
         for name in _mtp_names(bridge, HEAD_ALIAS):
             out.pop(name, None)
 

@@ -10,6 +10,7 @@ import torch
 
 from convcheck.compare.bits import int_view
 from convcheck.mutants.patch import wrap
+from convcheck.rank.context import RankContext
 from convcheck.sync import delta, transport
 from convcheck.sync.buckets import Bucket, pack_buckets, unpack_bucket
 from convcheck.sync.receivers import FusedReceiver
@@ -25,7 +26,7 @@ RAISE_AFTER = 3
 # --- senders -------------------------------------------------------------------------------------------------------
 
 
-def flip_bit(ctx: Any) -> Iterator[tuple[str, Any]]:
+def flip_bit(ctx: RankContext) -> Iterator[tuple[str, Any]]:
     """The bridge's export with the lowest bit of one element of FLIPPED flipped on its way out."""
     for name, tensor in ctx.bridge_export():
         if name == FLIPPED:
@@ -34,7 +35,7 @@ def flip_bit(ctx: Any) -> Iterator[tuple[str, Any]]:
         yield name, tensor
 
 
-def bucket_offset_off_by_one(ctx: Any) -> Iterator[tuple[str, Any]]:
+def bucket_offset_off_by_one(ctx: RankContext) -> Iterator[tuple[str, Any]]:
     """Bucketed, but the metadata offset of the second tensor of the first multi-tensor bucket is one byte late."""
     from dataclasses import replace
 
@@ -47,7 +48,7 @@ def bucket_offset_off_by_one(ctx: Any) -> Iterator[tuple[str, Any]]:
         yield from unpack_bucket(bucket)
 
 
-def duplicate_and_drop(ctx: Any) -> Iterator[tuple[str, Any]]:
+def duplicate_and_drop(ctx: RankContext) -> Iterator[tuple[str, Any]]:
     """Sends the first tensor twice and never sends the last one."""
     items = iter(ctx.bridge_export())
     first = next(items)
@@ -60,7 +61,7 @@ def duplicate_and_drop(ctx: Any) -> Iterator[tuple[str, Any]]:
         previous = item
 
 
-def raises_midway(ctx: Any) -> Iterator[tuple[str, Any]]:
+def raises_midway(ctx: RankContext) -> Iterator[tuple[str, Any]]:
     """Sends RAISE_AFTER tensors, then raises (the rest of the bridge's stream is abandoned on every rank alike)."""
     for count, item in enumerate(ctx.bridge_export()):
         if count == RAISE_AFTER:
@@ -68,13 +69,13 @@ def raises_midway(ctx: Any) -> Iterator[tuple[str, Any]]:
         yield item
 
 
-def yields_non_tensor(ctx: Any) -> Iterator[tuple[str, Any]]:
+def yields_non_tensor(ctx: RankContext) -> Iterator[tuple[str, Any]]:
     """Sends the second tensor as a nested Python list instead of a tensor."""
     for count, (name, tensor) in enumerate(ctx.bridge_export()):
         yield (name, tensor.float().tolist()) if count == 1 else (name, tensor)
 
 
-def yields_unknown_name(ctx: Any) -> Iterator[tuple[str, Any]]:
+def yields_unknown_name(ctx: RankContext) -> Iterator[tuple[str, Any]]:
     """Sends every tensor, plus one under a name the checkpoint does not have."""
     yield from ctx.bridge_export()
     yield "model.layers.0.self_attn.qkv.weight", torch.zeros(2, 2)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from megatron.core.transformer.module import MegatronModule
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -34,7 +35,9 @@ class ForwardSite:
 
 
 @contextlib.contextmanager
-def tracking(chunks: list[Any], global_name: Callable[[str, int], str]) -> Iterator[Callable[[], ForwardSite | None]]:
+def tracking(
+    chunks: list[MegatronModule], global_name: Callable[[str, int], str]
+) -> Iterator[Callable[[], ForwardSite | None]]:
     """Within: every module of `chunks` that starts its forward is pushed and popped when it returns; the yielded
     function gives, after a raise, the innermost one still open that holds parameters (None when none does)."""
     names: dict[int, tuple[int, str]] = {}

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 import transformers
 from megatron.core.process_groups_config import ProcessGroupCollection
+from megatron.core.transformer.module import MegatronModule
 
 from convcheck.compare.bits import int_view
 from convcheck.errors import needs_cuda, one_line, raised_at
@@ -92,7 +93,7 @@ def _unwrap(module: Any) -> Any:
 
 
 @contextmanager
-def upcast_fp32(model: list[Any], whole: bool = False) -> Iterator[None]:
+def upcast_fp32(model: list[MegatronModule], whole: bool = False) -> Iterator[None]:
     """fp32 forward of the Megatron chunks, one block at a time (`whole`: all at once); module configs'
     params_dtype is fp32 meanwhile, as a forward casts activations to it (megatron-core 0.19.2
     ssm/mamba_layer.py:151), and the attention softmax keeps fp32 probabilities (with attention_softmax_in_fp32, as
@@ -119,7 +120,7 @@ def upcast_fp32(model: list[Any], whole: bool = False) -> Iterator[None]:
             module.input_in_fp16, module.input_in_bf16, module.input_in_float16 = fp16, bf16, float16
 
 
-def _tied(model: list[Any]) -> list[Any]:
+def _tied(model: list[MegatronModule]) -> list[Any]:
     """The embedding weights the output layer reads too (GPTModel/MambaModel with tied embeddings)."""
     out = []
     for chunk in model:

@@ -11,8 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
 import torch
 import torch.distributed as dist
+from megatron.bridge import AutoBridge
 
 from convcheck.errors import BadInput, one_line, raised_at
 from convcheck.rank.context import RankContext
@@ -56,7 +59,7 @@ def plan(world: int, cast: str | None, offered: frozenset[str]) -> list[Variant]
     return out
 
 
-def offered(bridge: Any) -> frozenset[str]:
+def offered(bridge: AutoBridge) -> frozenset[str]:
     """The keyword arguments the bridge's save_hf_weights takes (distributed_save came in 0.4.0, weight_dtype in
     0.6.0)."""
     import inspect

@@ -14,6 +14,10 @@ import inspect
 import time
 from typing import Any, Iterable, Iterator
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+from megatron.bridge import AutoBridge
+
 from convcheck.compare.digest_queue import DigestQueue
 from convcheck.probe.collect import keep, task_records, tasks_of, weight_version
 from convcheck.probe.hook import export_hook
@@ -21,7 +25,7 @@ from convcheck.probe.run import CodeCache
 from convcheck.probe.shared import SharedProbes
 
 
-def usable(bridge: Any) -> bool:
+def usable(bridge: AutoBridge) -> bool:
     """True when the bridge's export takes pre-built conversion tasks and would build none of its own kind."""
     try:
         params = inspect.signature(bridge.export_hf_weights).parameters

@@ -7,7 +7,10 @@ import os
 import warnings
 from typing import Any, Callable
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
 import torch.distributed as dist
+from megatron.bridge import AutoBridge
 
 from convcheck.errors import BadInput, BuildFailed, SetupError, needs_cuda, one_line, raised_at
 from convcheck.hf.checkpoint import open_checkpoint
@@ -26,7 +29,7 @@ def quiet() -> None:
     logging.getLogger().setLevel(logging.ERROR)
 
 
-def _build(bridge: Any, spec: RankSpec) -> tuple[Any, list[Any]]:
+def _build(bridge: AutoBridge, spec: RankSpec) -> tuple[Any, list[Any]]:
     """The provider and this rank's model chunks; BuildFailed on every rank when the bridge raises on any rank (the
     ranks agree first, so none goes on into a collective the others never reach)."""
     error, limit = None, None

@@ -9,8 +9,11 @@ from typing import Any, Iterator
 import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
 
 import torch.distributed as dist
+from megatron.bridge import AutoBridge
 from megatron.bridge.models.conversion.model_bridge import _megatron_local_name_to_global
 from megatron.bridge.models.conversion.model_bridge import _megatron_local_name_to_global as namer
+from megatron.bridge.models.model_provider import ModelProviderMixin
+from megatron.core.transformer.module import MegatronModule
 
 from convcheck.compare.proven import ProvenBytes
 from convcheck.errors import one_line, raised_at
@@ -67,7 +70,7 @@ _CHUNK_NAMES: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], Any, Any, di
 names so far)."""
 
 
-def chunk_names(chunks: list[Any], coord: RankCoord, namer: Any) -> dict[tuple[str, int], str]:
+def chunk_names(chunks: list[MegatronModule], coord: RankCoord, namer: Any) -> dict[tuple[str, int], str]:
     """The process's global names of these very chunks at these coordinates ((local name, virtual stage) -> name) as
     `namer` (the bridge's local-to-global function) gives them, kept while the chunks live: a trainer's later checks
     do not compute them again; another function (the bridge's patched or reloaded) starts afresh."""
@@ -80,7 +83,7 @@ def chunk_names(chunks: list[Any], coord: RankCoord, namer: Any) -> dict[tuple[s
     return names
 
 
-def same_objects(held: Any, chunks: list[Any]) -> bool:
+def same_objects(held: Any, chunks: list[MegatronModule]) -> bool:
     """True when `held` are these very chunks, in order (what a kept answer about them is keyed by)."""
     return len(held) == len(chunks) and all(a is b for a, b in zip(held, chunks))
 
@@ -96,10 +99,10 @@ class RankContext:
     """This rank's (tp, ep, etp, pp) coordinates."""
     device: str
     checkpoint: Checkpoint
-    bridge: Any
+    bridge: AutoBridge
     """The real megatron.bridge AutoBridge for the checkpoint."""
-    provider: Any
-    model: list[Any]
+    provider: ModelProviderMixin
+    model: list[MegatronModule]
     """This rank's model chunks, loaded through bridge.load_hf_weights."""
     not_loaded: dict[str, int] = field(default_factory=dict)
     """Global parameter name -> elements still holding the pre-load sentinel on this rank."""

@@ -9,6 +9,8 @@ import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.br
 import torch
 from megatron.bridge import AutoBridge
 from megatron.bridge.models.conversion.utils import persistent_buffers
+from megatron.bridge.models.model_provider import ModelProviderMixin
+from megatron.core.transformer.module import MegatronModule
 
 from convcheck.compare.bits import count_true, int_view
 from convcheck.errors import BadInput, first_line, one_line, raised_at
@@ -26,7 +28,7 @@ def load_bridge(model_path: str) -> Any:
         raise BadInput(f"the bridge cannot load {model_path} ({stack}): {first_line(exc)}") from None
 
 
-def make_provider(bridge: Any, layout: ParallelLayout, device: str, pad_vocab: int | None = None,
+def make_provider(bridge: AutoBridge, layout: ParallelLayout, device: str, pad_vocab: int | None = None,
                   spec: str = "local") -> Any:  # fmt: skip
     """The bridge's provider for this checkpoint, set to `layout` (TE-free where TE is missing, or with `spec="te"`
     the bridge's TE specs on convcheck's stand-in; CPU-safe on CPU).
@@ -53,7 +55,7 @@ def make_provider(bridge: Any, layout: ParallelLayout, device: str, pad_vocab: i
     return provider
 
 
-def build_model(provider: Any, device: str, experts: str = "auto", spec: str = "te") -> list[Any]:
+def build_model(provider: ModelProviderMixin, device: str, experts: str = "auto", spec: str = "te") -> list[Any]:
     """Instantiate the model chunks for this rank (no DDP wrapper, no weight init work wasted).
 
     With `spec="te"` the experts are megatron-core's own modules on the TE stand-in: `experts="auto"` builds what the
@@ -70,7 +72,7 @@ def build_model(provider: Any, device: str, experts: str = "auto", spec: str = "
     return model
 
 
-def named_tensors(model: list[Any]) -> list[tuple[int, str, Any]]:
+def named_tensors(model: list[MegatronModule]) -> list[tuple[int, str, Any]]:
     """(vp_stage, local name, tensor) for every parameter and persistent buffer (the chunk's `named_parameters()`,
     then the bridge's `persistent_buffers`), wrappers stripped."""
     out = []
@@ -164,7 +166,7 @@ def _bits_view(tensor: Any) -> Any:
     return tensor.detach().view(ints[tensor.element_size()])
 
 
-def fill_sentinel(model: list[Any]) -> None:
+def fill_sentinel(model: list[MegatronModule]) -> None:
     """Set every floating parameter and persistent buffer to the sentinel NaN, so anything the import skips shows."""
     with torch.no_grad():
         for _, _, tensor in named_tensors(model):
@@ -177,7 +179,7 @@ def sentinel_count(tensor: Any) -> int:
     return count_true(_bits_view(tensor) == sentinel_bits(tensor.dtype))
 
 
-def unloaded_counts(global_name: Callable[[str, int], str], model: list[Any]) -> dict[str, int]:
+def unloaded_counts(global_name: Callable[[str, int], str], model: list[MegatronModule]) -> dict[str, int]:
     """Global name -> count of elements that still hold the sentinel bits after the import."""
     out = {}
     for vp_stage, local, tensor in named_tensors(model):
@@ -188,7 +190,7 @@ def unloaded_counts(global_name: Callable[[str, int], str], model: list[Any]) ->
     return out
 
 
-def load_weights(bridge: Any, model: list[Any]) -> tuple[str, str] | None:
+def load_weights(bridge: AutoBridge, model: list[MegatronModule]) -> tuple[str, str] | None:
     """Fill the model with the sentinel, then run the bridge's import; (one line, where it was raised) when it
     raised, else None."""
     fill_sentinel(model)

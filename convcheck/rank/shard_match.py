@@ -16,6 +16,7 @@ from typing import Any
 
 import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
 
+from megatron.bridge.models.model_provider import ModelProviderMixin
 from megatron.bridge.utils.vocab_utils import calculate_padded_vocab_size
 
 from convcheck.errors import NotCovered
@@ -23,6 +24,7 @@ from convcheck.hf.tensors import TensorReader
 from convcheck.mappings import Geometry, MappingError
 from convcheck.mappings.check import shard_matches
 from convcheck.models.mapping_registry import build_registry
+from convcheck.rank.context import RankContext
 
 HOLD_BYTES = 2 << 30
 """Source bytes one rank holds for parameters still waiting on a tensor; a parameter that would pass it is left to
@@ -33,7 +35,7 @@ the mapping oracle."""
 class ShardTap:
     """One rank's covered parameters, the source tensors held for them, and the ones proven equal to `to_shard`."""
 
-    ctx: Any
+    ctx: RankContext
     registry: Any
     all_names: set[str]
     local: dict[str, Any]
@@ -187,7 +189,7 @@ def _on(tensor: Any, device: Any) -> Any:
     return tensor if tensor.device == device else tensor.to(device)
 
 
-def names_and_registry(ctx: Any) -> tuple[dict[str, Any], set[str], Any]:
+def names_and_registry(ctx: RankContext) -> tuple[dict[str, Any], set[str], Any]:
     """Collective: this rank's tensors by global name, every rank's names, and the explicit registry for them
     (raises MappingError, the same on every rank)."""
     local = dict(ctx.named_parameters())
@@ -195,7 +197,7 @@ def names_and_registry(ctx: Any) -> tuple[dict[str, Any], set[str], Any]:
     return local, all_names, registry_for(ctx, all_names)
 
 
-def padded_vocab(provider: Any, vocab: int, tp: int) -> int:
+def padded_vocab(provider: ModelProviderMixin, vocab: int, tp: int) -> int:
     """The embedding rows the provider builds: the HF vocab, or padded when the provider pads it."""
     if not getattr(provider, "should_pad_vocab", False):
         return vocab
@@ -203,7 +205,7 @@ def padded_vocab(provider: Any, vocab: int, tp: int) -> int:
     return int(calculate_padded_vocab_size(vocab, provider.make_vocab_size_divisible_by, tp))
 
 
-def registry_for(ctx: Any, all_names: set[str]) -> Any:
+def registry_for(ctx: RankContext, all_names: set[str]) -> Any:
     """The explicit registry for this model, built leniently: parameters it does not cover are not checked."""
     config = ctx.checkpoint.config
     vocab = Geometry.from_hf_config(config).vocab  # a nested text_config's first (Geometry's rule)
@@ -221,7 +223,7 @@ def registry_for(ctx: Any, all_names: set[str]) -> Any:
     )
 
 
-def start(ctx: Any) -> ShardTap | None:
+def start(ctx: RankContext) -> ShardTap | None:
     """Collective: this rank's tap (None where the registry cannot be built; the mapping oracle reports why)."""
     try:
         local, all_names, registry = names_and_registry(ctx)

@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from megatron.core.transformer.module import MegatronModule
 
 from convcheck.errors import BadInput
 
@@ -121,7 +122,7 @@ def te_grouped_experts(config: Any, num_local_experts: int, dtype: Any, device: 
     return TEGroupedMLPLayout()
 
 
-def install_te_grouped_experts(model: list[Any]) -> int:
+def install_te_grouped_experts(model: list[MegatronModule]) -> int:
     """Replace every MoE layer's SequentialMLP experts by the TEGroupedMLP stand-in; returns how many were replaced."""
     replaced = 0
     for chunk in model:
@@ -139,7 +140,7 @@ def install_te_grouped_experts(model: list[Any]) -> int:
     return replaced
 
 
-def apply_experts_option(model: list[Any], experts: str) -> None:
+def apply_experts_option(model: list[MegatronModule], experts: str) -> None:
     """Apply the `experts` job option to the freshly built model (before the sentinel fill and the import)."""
     if experts not in EXPERTS_CHOICES:
         raise BadInput(f"unknown --experts {experts!r}; known: {', '.join(EXPERTS_CHOICES)}")

@@ -10,6 +10,7 @@ import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.br
 
 from megatron.bridge.models.conversion import param_mapping as pm
 
+from convcheck.rank.context import RankContext
 from convcheck.verdict import Finding
 
 KINDS = ("qkv", "gated", "sections", "column", "row", "replicated")
@@ -141,7 +142,7 @@ def _hf_names(mapping: Any, kind: str) -> tuple[str, ...]:
     return (hf,) if isinstance(hf, str) else tuple(hf.values())
 
 
-def collect(ctx: Any) -> tuple[list[tuple[ParamRole, Shard]], dict[str, Any], list[Finding]]:
+def collect(ctx: RankContext) -> tuple[list[tuple[ParamRole, Shard]], dict[str, Any], list[Finding]]:
     """This rank's (role, shard) records, its shards by local key, and a finding per underivable role."""
     config = ctx.model[0].config
     heads = (config.num_attention_heads, config.num_query_groups or config.num_attention_heads, config.kv_channels)
