@@ -1,5 +1,6 @@
-"""README.md and the code say the same thing: the oracle table is the oracle modules' own INFO text. The README stays
-a short user guide, and every relative link in the Markdown docs points at a file or folder that exists."""
+"""README.md and the code say the same thing: the oracle table is the oracles' own descriptions
+(convcheck.oracles.catalog*). The README stays a short user guide, and every relative link in the Markdown docs
+points at a file or folder that exists."""
 
 from __future__ import annotations
 
