@@ -10,7 +10,19 @@ from dataclasses import replace
 from convcheck.errors import NotCovered
 from convcheck.hf.geometry import Geometry
 from convcheck.mappings import MappingRegistry, registry_from_rules
-from convcheck.models import deepseek, dense, glm, glm45, gpt_oss, mistral, nemotron_h, olmoe, qwen3_moe, qwen_next
+from convcheck.models import (
+    deepseek,
+    dense,
+    glm,
+    glm45,
+    gpt_oss,
+    mistral,
+    nemotron_h,
+    olmoe,
+    qwen3_moe,
+    qwen3_vl,
+    qwen_next,
+)
 from convcheck.models.architecture import Architecture, unique_index
 from convcheck.models.bridge_wide import BRIDGE_WIDE
 from convcheck.models.config_rules import FieldRule
@@ -36,6 +48,8 @@ SUPPORTED: tuple[Architecture, ...] = (
     qwen_next.QWEN35_MOE,
     gpt_oss.GPT_OSS,
     olmoe.OLMOE,
+    qwen3_vl.QWEN3_VL,
+    qwen3_vl.QWEN3_VL_MOE,
 )
 """Every supported architecture; config tables and `tiny:` fixtures are listed in this order."""
 
