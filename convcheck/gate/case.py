@@ -29,13 +29,16 @@ LAYOUTS_BY_FIXTURE = {
     "qwen3-moe-4l": ("pp2vpp2ep2",),
     "nemotron-h-6l": ("pp2",),
     "kimi-k2": ("tp2ep2",),
+    "qwen3-vl": ("tp2",),
+    "qwen3-vl-moe": ("ep2",),
 }
 """Fixtures gated at a fixed list instead (the 4-layer / 6-layer pipeline fixtures at their virtual and uneven
 pipeline layouts; NemotronH: 5 layers, no even PP2; TP2xEP2 is not part of its matrix; the
 gated-DeltaNet fixtures at the layouts that split their GDN heads, stages and experts; Qwen3.5-MoE and Qwen3.6-MoE
 only with the TEGroupedMLP layout, EXTRA_CASES: the pinned bridge cannot load their SequentialMLP MTP experts; Mistral
 without a window at TP2 only, tiny:mistral covering the layouts; Kimi-K2 at TP2xEP2 only, tiny:deepseek-v3 and
-tiny:moonlight covering the MLA layouts)."""
+tiny:moonlight covering the MLA layouts; Qwen3-VL at TP2 and Qwen3-VL-MoE at EP2, their TP1 and PP2 verdicts
+recorded in docs/families.md)."""
 EXTRA_CASES = (
     ("tiny:qwen2", "tp4", None, "sequential"),
     ("tiny:qwen3", "tp2", 128, "sequential"),

@@ -4,7 +4,8 @@ The image is 16x16 RGB with seeded random pixels, made into `pixel_values` `[pat
 `image_grid_thw` `[1, 3]` with the settings of the checkpoint's preprocessor_config.json (patch, merge and temporal
 sizes, mean and std) by `patchify`, the arithmetic of transformers' Qwen2VLImageProcessor (image_processing_qwen2_vl.py
 _preprocess: rescale, normalize, the frame repeated to the temporal patch, the patch reshape in merge order). Its own
-classes need PIL or torchvision, which convcheck's environment does not install; a 16x16 image needs no resize. The input ids `[1, SEQ]` are fixed random text ids with `<vision_start>`, one
+classes need PIL or torchvision, which convcheck's environment does not install; a 16x16 image needs no resize.
+The input ids `[1, SEQ]` are fixed random text ids with `<vision_start>`, one
 `<image_pad>` per merged patch and `<vision_end>` inside, as a processor's chat template places them.
 """
 
