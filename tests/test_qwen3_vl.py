@@ -200,3 +200,11 @@ def test_qwen3_vl_moe_ep2_passes_but_the_named_bugs(shared_root: Path) -> None:
     res, folder = matrix_run(shared_root, "qwen3-vl-moe", ("--ep", "2"))
     assert_matches_golden("qwen3-vl-moe", ("--ep", "2"), folder / "manifest.json")
     _assert_known_bugs_only(res, 170)
+
+
+def test_pipeline_placement_reads_the_language_models_layers() -> None:
+    """The coverage oracle's pipeline check counts `language_model.decoder.layers.N`, not the vision tower's blocks."""
+    from convcheck.oracles.coverage import DECODER_LAYER
+
+    assert DECODER_LAYER.match("language_model.decoder.layers.3.mlp.linear_fc2.weight")[1] == "3"  # type: ignore[index]
+    assert DECODER_LAYER.match("vision_model.decoder.layers.1.mlp.linear_fc2.weight") is None
