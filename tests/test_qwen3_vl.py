@@ -33,6 +33,8 @@ from tests.test_verify_matrix import assert_matches_golden
 
 ORACLES = ("coverage", "roundtrip", "config", "logits", "differential", "elements", "layout", "mapping")
 GELU, EXPORT = "qwen3-vl-merger-gelu-tanh", "qwen3-vl-config-export-flat"
+TE_SPECS = ("--spec", "te", "--experts", "auto")
+"""The gate cases' layer specs: the bridge's TE specs, which verify builds for this TE-only family anyway."""
 
 
 def _layout(spec: object) -> dict:
@@ -188,8 +190,9 @@ def _assert_known_bugs_only(res: CliResult, parameters: int) -> None:
 def test_qwen3_vl_tp2_passes_but_the_named_bugs(shared_root: Path) -> None:
     """TP2 (vision tower and language model split over two ranks): import, export, layout and every mapping exact;
     the image logits differ only by the merger GELU bug."""
-    res, folder = matrix_run(shared_root, "qwen3-vl", ("--tp", "2"))
-    assert_matches_golden("qwen3-vl", ("--tp", "2"), folder / "manifest.json")
+    layout = ("--tp", "2", *TE_SPECS)
+    res, folder = matrix_run(shared_root, "qwen3-vl", layout)
+    assert_matches_golden("qwen3-vl", layout, folder / "manifest.json")
     _assert_known_bugs_only(res, 109)
 
 
@@ -197,8 +200,9 @@ def test_qwen3_vl_tp2_passes_but_the_named_bugs(shared_root: Path) -> None:
 def test_qwen3_vl_moe_ep2_passes_but_the_named_bugs(shared_root: Path) -> None:
     """EP2 (4 experts per rank, fused transposed experts on disk): as tiny:qwen3-vl. TP2 needs sequence parallelism
     in convcheck's TE stand-in (the MoE provider turns it on), which it does not stand in for yet."""
-    res, folder = matrix_run(shared_root, "qwen3-vl-moe", ("--ep", "2"))
-    assert_matches_golden("qwen3-vl-moe", ("--ep", "2"), folder / "manifest.json")
+    layout = ("--ep", "2", *TE_SPECS)
+    res, folder = matrix_run(shared_root, "qwen3-vl-moe", layout)
+    assert_matches_golden("qwen3-vl-moe", layout, folder / "manifest.json")
     _assert_known_bugs_only(res, 170)
 
 

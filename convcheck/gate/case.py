@@ -29,16 +29,16 @@ LAYOUTS_BY_FIXTURE = {
     "qwen3-moe-4l": ("pp2vpp2ep2",),
     "nemotron-h-6l": ("pp2",),
     "kimi-k2": ("tp2ep2",),
-    "qwen3-vl": ("tp2",),
-    "qwen3-vl-moe": ("ep2",),
+    "qwen3-vl": (),
+    "qwen3-vl-moe": (),
 }
 """Fixtures gated at a fixed list instead (the 4-layer / 6-layer pipeline fixtures at their virtual and uneven
 pipeline layouts; NemotronH: 5 layers, no even PP2; TP2xEP2 is not part of its matrix; the
 gated-DeltaNet fixtures at the layouts that split their GDN heads, stages and experts; Qwen3.5-MoE and Qwen3.6-MoE
 only with the TEGroupedMLP layout, EXTRA_CASES: the pinned bridge cannot load their SequentialMLP MTP experts; Mistral
 without a window at TP2 only, tiny:mistral covering the layouts; Kimi-K2 at TP2xEP2 only, tiny:deepseek-v3 and
-tiny:moonlight covering the MLA layouts; Qwen3-VL at TP2 and Qwen3-VL-MoE at EP2, their TP1 and PP2 verdicts
-recorded in docs/families.md)."""
+tiny:moonlight covering the MLA layouts; Qwen3-VL and Qwen3-VL-MoE only in TE_CASES, the TE-only families' layer
+specs, their TP1 and PP2 verdicts recorded in docs/families.md)."""
 EXTRA_CASES = (
     ("tiny:qwen2", "tp4", None, "sequential"),
     ("tiny:qwen3", "tp2", 128, "sequential"),
@@ -62,10 +62,12 @@ experts: tests/test_glm45.py runs that named crash) with TEGroupedMLP experts; t
 and loss counted as stages (two chunks hold no decoder layer), and NemotronH's hybrid pattern split 2 + 3 over PP2."""
 
 
-TE_CASES = (("tiny:qwen3", "tp2"), ("tiny:qwen3-moe", "tp2ep2"), ("tiny:llama", "pp2"))
+TE_CASES = (("tiny:qwen3", "tp2"), ("tiny:qwen3-moe", "tp2ep2"), ("tiny:llama", "pp2"), ("tiny:qwen3-vl", "tp2"),
+            ("tiny:qwen3-vl-moe", "ep2"))  # fmt: skip
 """The Transformer Engine layout `verify` builds by default (the bridge's TE specs, TE-fused norms, experts as the
-provider asks: TEGroupedMLP for Qwen3-MoE), at a tensor-, an expert- and a pipeline-parallel layout; every other case
-pins megatron-core's local spec its golden manifest was made with."""
+provider asks: TEGroupedMLP for Qwen3-MoE), at a tensor-, an expert- and a pipeline-parallel layout, and the
+TE-only Qwen3-VL families (convcheck.models.te_only: the only specs their bridge builds); every other case pins
+megatron-core's local spec its golden manifest was made with."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
