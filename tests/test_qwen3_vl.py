@@ -212,3 +212,41 @@ def test_pipeline_placement_reads_the_language_models_layers() -> None:
 
     assert DECODER_LAYER.match("language_model.decoder.layers.3.mlp.linear_fc2.weight")[1] == "3"  # type: ignore[index]
     assert DECODER_LAYER.match("vision_model.decoder.layers.1.mlp.linear_fc2.weight") is None
+
+
+def test_mrope_sections_keep_the_published_ratio() -> None:
+    from convcheck.fixtures.shrink_vl import mrope_sections
+
+    assert mrope_sections([24, 20, 20], 4) == [2, 1, 1]
+    assert mrope_sections([24, 20, 20], 8) == [3, 3, 2]
+    assert mrope_sections([24, 20, 20], 64) == [24, 20, 20]
+    assert sum(mrope_sections([11, 11, 10], 16)) == 16
+
+
+@pytest.mark.parametrize(
+    ("stem", "tied", "moe"), [("qwen3-vl-4b-instruct", True, False), ("qwen3-vl-30b-a3b-instruct", False, True)]
+)
+def test_from_config_shrinks_the_whole_vision_language_model(stem: str, tied: bool, moe: bool) -> None:
+    """A published Qwen3-VL config.json (tests/data) shrunk with its vision tower: the deepstack count, the mrope
+    ratio, the tied flag and the experts' published layout kept, token ids moved into the vocabulary, each change
+    printed."""
+    from convcheck.fixtures.from_config import shrink_file
+    from tests.support.helpers import ROOT
+
+    shrunk = shrink_file(ROOT / "tests" / "data" / f"{stem}.config.json")
+    config = shrunk.spec.config
+    text, vision = config["text_config"], config["vision_config"]
+    assert shrunk.spec.config_class == ("Qwen3VLMoeConfig" if moe else "Qwen3VLConfig")
+    assert (vision["depth"], vision["deepstack_visual_indexes"], vision["patch_size"]) == (4, [0, 1, 2], 4)
+    assert vision["out_hidden_size"] == text["hidden_size"] and text["num_hidden_layers"] == 4
+    assert text["rope_parameters"]["mrope_section"] == [2, 1, 1] and text["rope_parameters"]["mrope_interleaved"]
+    assert text["dtype"] == "bfloat16" and config["tie_word_embeddings"] is tied
+    assert [
+        config[k] for k in ("vision_start_token_id", "vision_end_token_id", "image_token_id", "video_token_id")
+    ] == [148, 149, 150, 151]
+    assert (shrunk.spec.packed_experts, shrunk.spec.experts_transposed) == (moe, moe)
+    assert "max_window_layers" not in text and "norm_topk_prob" not in text
+    if moe:
+        assert text["num_experts"] * text["hidden_size"] * 2 * text["moe_intermediate_size"] <= 5120
+    notes = "\n".join(shrunk.notes)
+    assert "vision_config.deepstack_visual_indexes" in notes and "mrope_section [24, 20, 20] -> [2, 1, 1]" in notes
