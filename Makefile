@@ -33,7 +33,7 @@ test-fast: setup
 	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) -q -m "not ranks and not fresh_process" tests
 
 lint: setup
-	$(VENV)/bin/ruff check convcheck tests bench examples scripts --select E,F,W,B,I,TID253 --ignore B905
+	$(VENV)/bin/ruff check convcheck tests bench examples scripts --select E,F,W,B,I --ignore B905
 	$(VENV)/bin/ruff format --check convcheck tests bench examples scripts
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_structure.py
 

@@ -33,8 +33,9 @@ def launch(script: str, world: int, args: list[str]) -> None:
 def rank_up(path: str, layout: Any, device: str = "cpu", load: bool = True) -> Iterator[Any]:
     """This rank's RankContext with the checkpoint at `path` loaded at `layout` (convcheck's own rank code, standing
     for a trainer's; `load` False keeps megatron's random init); the process group is shut down after the block."""
-    from convcheck.rank import RankSpec, bring_up, quiet
+    from convcheck.rank.bringup import bring_up, quiet
     from convcheck.rank.dist import shutdown_distributed
+    from convcheck.rank.spec import RankSpec
 
     quiet()
     ctx = bring_up(RankSpec(model_path=path, layout=layout, device=device), load=load)

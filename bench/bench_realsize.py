@@ -190,7 +190,7 @@ def _numel(shape: tuple[int, ...]) -> int:
 def bare_roundtrip(ctx: Any) -> dict[str, Any]:
     """Rank function: the bridge's export of the loaded model, every tensor's bytes compared with the source."""
     from convcheck.compare.bits import bytes_equal
-    from convcheck.hf.checkpoint import TensorReader
+    from convcheck.hf.tensors import TensorReader
     from convcheck.rank.memory import AnonPeak
 
     anon = AnonPeak()

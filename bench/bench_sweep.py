@@ -205,8 +205,7 @@ def main() -> None:
     if args.child:
         child(*args.child, workers=args.workers)
         return
-    from convcheck.compare.hashpool import default_threads
-    from convcheck.hf.digest import HASH
+    from convcheck.hf.digest import HASH, default_threads
 
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="convcheck-bench-sweep-"))

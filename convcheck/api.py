@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -13,13 +14,14 @@ from convcheck.device import choose_device, visible_gpu_count
 from convcheck.engine.job import Job
 from convcheck.engine.launch import run_ranks
 from convcheck.engine.nodes import Nodes, check_across_nodes
+from convcheck.engine.place import torchrun_place
 from convcheck.engine.reference import attribute_layout
 from convcheck.engine.resume import checkpoint_folder, run_resumes
 from convcheck.errors import BadInput
 from convcheck.fixtures import get_spec
-from convcheck.fixtures.child import config_folder, tiny_folder
-from convcheck.fixtures.from_config import CONFIG_PREFIX
+from convcheck.fixtures.folders import config_folder, tiny_folder
 from convcheck.fixtures.shrink import TEXT_MODEL_NOTE
+from convcheck.fixtures.specs import CONFIG_PREFIX
 from convcheck.gate.manifest import build_manifest, check_manifest_path, write_manifest
 from convcheck.hf.checkpoint import architecture_of, open_checkpoint
 from convcheck.hf.geometry import Geometry
@@ -285,11 +287,8 @@ def run_here(job: Any, log_dir: str | None = None) -> tuple[Report, bool]:
     """Run a prepared Job in the processes of the torchrun running this one (`torchrun ... -m convcheck verify`):
     collective; (the Report, whether this process is rank 0 and prints it). Only rank 0 launches the layout
     oracle's TP1 job (it names differences, it never changes a verdict)."""
-    from convcheck.engine.inplace import run_here as run_ranks_here
-    from convcheck.engine.inplace import torchrun_place
-
     started = time.perf_counter()
-    result = run_ranks_here(job, log_dir)
+    result = importlib.import_module("convcheck.engine.inplace").run_here(job, log_dir)  # this process is a rank
     first = torchrun_place()[0] == 0
     return report_of(job, result, started, log_dir, None, attribute=first), first
 

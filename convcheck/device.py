@@ -35,9 +35,12 @@ def visible_gpu_count() -> int:
         "/dev/kfd"
     ):
         return 0  # no GPU device node (NVIDIA or ROCm): torch would count none; spare the CLI its import
-    import torch
+    import subprocess
+    import sys
 
-    try:
-        return int(torch.cuda.device_count())
-    except RuntimeError:  # a broken driver counts as no GPU: the CPU path still works
+    code = "import torch\ntry:\n    print(torch.cuda.device_count())\nexcept RuntimeError:\n    print(0)"
+    try:  # in a child: the launcher side never imports torch
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+        return int(out.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):  # a broken driver counts as no GPU
         return 0

@@ -5,6 +5,7 @@ Importing it stays light: torch, megatron and transformers load only when a fixt
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import os
 import signal
@@ -13,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -23,8 +24,10 @@ from convcheck.cache import cache_root
 from convcheck.errors import BadInput, SetupError, one_line
 from convcheck.hf.checkpoint import open_checkpoint
 from convcheck.layout import ParallelLayout
-from convcheck.testing import assert_bitwise_equal, assert_same_checkpoint, assert_verdict_pass
 from convcheck.verdict import Report
+
+if TYPE_CHECKING:
+    from convcheck.testing import assert_bitwise_equal, assert_same_checkpoint, assert_verdict_pass
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -37,6 +40,16 @@ __all__ = [
     "convcheck_ranks",
     "convcheck_verify",
 ]
+_TESTING = ("assert_bitwise_equal", "assert_same_checkpoint", "assert_verdict_pass")
+"""Re-exported from convcheck.testing, imported on first use: they take torch tensors, and the plugin, loaded into
+every pytest process, stays free of torch until a test asks for them."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TESTING:
+        return getattr(importlib.import_module("convcheck.testing"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 DEFAULT_MODEL = "tiny:qwen3"
 """The model the fixtures use when neither the `convcheck` marker nor a parametrisation names one."""

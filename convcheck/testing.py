@@ -9,7 +9,8 @@ import os
 from typing import Any
 
 from convcheck.compare.bits import compare_bits
-from convcheck.hf.checkpoint import TensorReader, open_checkpoint
+from convcheck.hf.checkpoint import open_checkpoint
+from convcheck.hf.tensors import TensorReader
 from convcheck.layout import ParallelLayout
 from convcheck.verdict import FAIL, NOT_COVERED, OracleVerdict, Report
 

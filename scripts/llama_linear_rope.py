@@ -8,7 +8,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from convcheck.fixtures import build_fixture
+from convcheck.fixtures.build import build_fixture
 
 
 def main(out: str) -> int:

@@ -224,7 +224,7 @@ def swap_experts_gate_up() -> None:
     must not stand in for the mapping tap's compare of other ranges)."""
     from megatron.bridge.models.conversion.param_mapping import GatedMLPMapping
 
-    from convcheck.mutants import wrap
+    from convcheck.mutants.patch import wrap
 
     def make(original):  # type: ignore[no-untyped-def]
         def megatron_to_hf(self, weights, module):  # type: ignore[no-untyped-def]

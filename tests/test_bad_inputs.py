@@ -30,7 +30,7 @@ import pytest
 
 from convcheck import api
 from convcheck.errors import BadInput
-from convcheck.fixtures import build_fixture
+from convcheck.fixtures.build import build_fixture
 from tests.support.helpers import ROOT, mutant
 
 INDEX = "model.safetensors.index.json"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from convcheck.errors import BadInput
-from convcheck.fixtures import build_fixture
+from convcheck.fixtures.build import build_fixture
 from convcheck.hf.checkpoint import open_checkpoint
 from tests.support.helpers import mutant, run_cli
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from convcheck.errors import BadInput
-from convcheck.fixtures.child import config_folder
+from convcheck.fixtures.folders import config_folder
 from tests.support.helpers import ROOT
 
 HEAVY = ("torch", "megatron", "transformers", "safetensors", "numpy")

@@ -7,10 +7,12 @@ import torch
 from safetensors import safe_open
 
 from convcheck.compare.bits import int_view
-from convcheck.fixtures import FIXTURES, build_fixture, get_spec
+from convcheck.fixtures import FIXTURES, get_spec
+from convcheck.fixtures.build import build_fixture
 from convcheck.fixtures.specs import ENGINE_VARIANTS
-from convcheck.fixtures.values import POOL_SIZE, distinct_values
+from convcheck.fixtures.values import distinct_values
 from convcheck.hf.checkpoint import open_checkpoint
+from convcheck.models.fixture_spec import POOL_SIZE
 from tests.support.helpers import run_cli
 
 

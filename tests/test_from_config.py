@@ -24,10 +24,10 @@ from convcheck.fixtures.from_config import build_from_config, class_fields, conf
 from convcheck.fixtures.reference import folder_digests
 from convcheck.fixtures.shrink import ClassFields, shrink_config
 from convcheck.fixtures.shrink_rules import Routing, cut_pattern, shrink_heads, shrink_routing
-from convcheck.fixtures.values import POOL_SIZE
 from convcheck.hf.checkpoint import open_checkpoint
 from convcheck.hf.geometry import Geometry
 from convcheck.layout import ParallelLayout
+from convcheck.models.fixture_spec import POOL_SIZE
 from tests.support.helpers import ROOT, mutant, run_cli
 
 DATA = ROOT / "tests" / "data"

@@ -6,7 +6,7 @@ from convcheck.errors import BadInput
 from convcheck.hf.geometry import Geometry
 from convcheck.layout import ParallelLayout
 from convcheck.mappings import MappingError
-from convcheck.models import build_registry
+from convcheck.models.mapping_registry import build_registry
 
 
 def test_text_config_wins_over_the_top_level() -> None:
@@ -14,6 +14,15 @@ def test_text_config_wins_over_the_top_level() -> None:
               "text_config": {"num_attention_heads": 4, "num_local_experts": 4}}  # fmt: skip
     geometry = Geometry.from_hf_config(config)
     assert (geometry.num_heads, geometry.num_experts, geometry.hidden, geometry.head_dim) == (4, 4, 64, 16)
+
+
+def test_ernies_moe_num_experts_counts_as_experts() -> None:
+    """ERNIE 4.5 MoE names its expert count moe_num_experts: EP2 is a possible layout of it."""
+    config = {"num_attention_heads": 4, "moe_num_experts": 4, "hidden_size": 64}
+    assert Geometry.from_hf_config(config).num_experts == 4
+    ParallelLayout(ep=2).validate_for(config)
+    with pytest.raises(BadInput, match="ep=3 does not divide num_experts=4"):
+        ParallelLayout(ep=3).validate_for(config)
 
 
 def test_layout_reads_the_same_precedence() -> None:

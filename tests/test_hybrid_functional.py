@@ -14,7 +14,7 @@ from tests.support.helpers import matrix_run, mutant, run_cli
 def test_nemotron_h_table_covers_every_fixture_field() -> None:
     import transformers
 
-    from convcheck.fixtures import build_fixture
+    from convcheck.fixtures.build import build_fixture
 
     config = transformers.AutoConfig.from_pretrained(build_fixture("tiny:nemotron-h"))
     source, defaults = flatten(config.to_dict()), flatten(type(config)().to_dict())

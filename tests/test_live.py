@@ -257,7 +257,8 @@ def test_live_sync_path_bugs_are_named(shared_root: Path) -> None:
 
 def test_names_folder_gives_names_never_bytes() -> None:
     """The live run's checkpoint keeps the header's names, shapes and dtypes; any read of a value fails loudly."""
-    from convcheck.hf.checkpoint import TensorReader, open_checkpoint
+    from convcheck.hf.checkpoint import open_checkpoint
+    from convcheck.hf.tensors import TensorReader
     from convcheck.live.context import NO_BYTES, names_only
 
     folder = resolve_model("tiny:qwen3")

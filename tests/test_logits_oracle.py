@@ -266,3 +266,20 @@ def test_the_fp32_forward_keeps_softmax_probabilities_in_fp32_and_restores_the_f
         assert softmax(scores, mask).dtype == torch.float32
     assert (softmax.input_in_fp16, softmax.input_in_bf16, softmax.input_in_float16) == (False, True, True)
     assert softmax(scores, mask).dtype == torch.bfloat16
+
+
+def test_the_fixed_tokens_of_a_multimodal_config_hold_no_placeholder() -> None:
+    """A wrapper's image / video / audio ids (top level or nested, as Qwen2.5-Omni's thinker holds them) are never
+    fed: each drawn placeholder becomes another id, every other position keeps the same draw."""
+    from convcheck.oracles.logits import placeholder_ids
+
+    config = {"vocab_size": 256, "image_token_id": 250, "video_token_id": 249, "bos_token_id": 2,
+              "thinker_config": {"audio_token_index": 253, "vision_start_token_id": 242, "top_k": 1}}  # fmt: skip
+    avoid = placeholder_ids(config)
+    assert avoid == {250, 249, 253, 242}
+    plain, text = fixed_tokens(256), fixed_tokens(256, avoid)
+    hit = torch.isin(plain, torch.tensor(sorted(avoid)))
+    assert int(hit.sum()) >= 1 and int(plain[0, 7]) == 249  # the draw holds Gemma 4's video id
+    assert not bool(torch.isin(text, torch.tensor(sorted(avoid))).any())
+    assert torch.equal(text[~hit], plain[~hit]) and bool((text[hit] < 256).all())
+    assert bytes_equal(fixed_tokens(256, frozenset()), plain)

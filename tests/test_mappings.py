@@ -26,7 +26,7 @@ from convcheck.mappings import (
     Split,
     roundtrip_findings,
 )
-from convcheck.models import build_registry
+from convcheck.models.mapping_registry import build_registry
 
 H, G, D, HIDDEN = 8, 4, 4, 16  # query heads, query groups, head_dim, hidden
 E, F = 8, 8  # experts, moe ffn

@@ -24,7 +24,7 @@ from convcheck.mappings import (
     roundtrip_findings,
 )
 from convcheck.mappings.gdn import group_ba, group_qkvz
-from convcheck.models import build_registry
+from convcheck.models.mapping_registry import build_registry
 from tests.support.helpers import run_cli
 
 W = GDNWidths(key_heads=2, value_heads=4, key_dim=8, value_dim=8)  # the tiny fixtures' widths: r = 2
@@ -175,7 +175,7 @@ def megatron_names(mlp: tuple[str, ...]) -> list[str]:
 
 
 def fixture(name: str) -> tuple[Geometry, list[str]]:
-    from convcheck.fixtures import build_fixture
+    from convcheck.fixtures.build import build_fixture
     from convcheck.hf.checkpoint import open_checkpoint
 
     checkpoint = open_checkpoint(build_fixture(f"tiny:{name}"))

@@ -19,7 +19,7 @@ from convcheck.mappings import (
     mamba_in_proj,
     roundtrip_findings,
 )
-from convcheck.models import build_registry
+from convcheck.models.mapping_registry import build_registry
 
 HEADS, HEAD_DIM, GROUPS, STATE, HIDDEN, K = 8, 2, 4, 3, 6, 4  # d = 16, G*N = 12
 D, GN = HEADS * HEAD_DIM, GROUPS * STATE
@@ -151,7 +151,7 @@ def test_registry_nemotron_h_names_every_offender() -> None:
 
 
 def test_geometry_reads_nemotron_h_config() -> None:
-    from convcheck.fixtures import build_fixture
+    from convcheck.fixtures.build import build_fixture
     from convcheck.hf.checkpoint import open_checkpoint
 
     config = open_checkpoint(build_fixture("tiny:nemotron-h")).config

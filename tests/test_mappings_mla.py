@@ -24,7 +24,7 @@ from convcheck.mappings import (
 )
 from convcheck.mappings import roundtrip_findings as roundtrip
 from convcheck.mappings.mla import kv_down, kv_up, q_down, q_up
-from convcheck.models import build_registry
+from convcheck.models.mapping_registry import build_registry
 
 HEADS, NOPE, ROPE, V, Q_LORA, KV_LORA, HIDDEN = 4, 6, 2, 5, 12, 10, 16
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from convcheck.fixtures import build_fixture
+from convcheck.fixtures.build import build_fixture
 from tests.support.helpers import mutant, run_cli
 
 EXTRA = "backbone.layers.0.mixer.extra_proj.weight"

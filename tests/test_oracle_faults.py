@@ -18,7 +18,7 @@ import pytest
 from convcheck.engine.job import Job
 from convcheck.engine.outcome import read_result
 from convcheck.errors import SetupError
-from convcheck.fixtures import build_fixture
+from convcheck.fixtures.build import build_fixture
 from convcheck.layout import ParallelLayout
 from tests.support.helpers import ROOT, mutant, run_cli
 

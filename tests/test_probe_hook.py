@@ -32,7 +32,7 @@ def _shims() -> None:
 def _auto_bridge(fixture: str) -> Any:
     from megatron.bridge import AutoBridge
 
-    from convcheck.fixtures import build_fixture
+    from convcheck.fixtures.build import build_fixture
 
     return AutoBridge.from_hf_pretrained(str(build_fixture(fixture)))
 

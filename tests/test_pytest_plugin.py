@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from convcheck.cache import cache_root
 from convcheck.compare.bits import int_view
 from convcheck.errors import BadInput
-from convcheck.fixtures import build_fixture
+from convcheck.fixtures.build import build_fixture
 from convcheck.layout import ParallelLayout
 from convcheck.pytest_plugin import _adapter_options, _choose_layout, callable_spec
 from convcheck.testing import assert_bitwise_equal, assert_same_checkpoint, assert_verdict_pass
@@ -348,7 +348,7 @@ def test_fixtures_markers_and_helpers(scratch: pytest.Pytester) -> None:
 BUILD_WHEN_BOTH_READY = """
 import pathlib, sys, time
 import torch, transformers
-from convcheck.fixtures import build_fixture
+from convcheck.fixtures.build import build_fixture
 
 ready = pathlib.Path(sys.argv[1])
 (ready / sys.argv[2]).touch()

@@ -15,7 +15,7 @@ import torch
 
 from convcheck import api
 from convcheck.errors import BadInput
-from convcheck.fixtures import build_fixture
+from convcheck.fixtures.build import build_fixture
 from convcheck.models import UPSTREAM_BUG
 from convcheck.mutants.catalog_quant import QUANT_MUTANTS, QUANT_OVERMATCH_CONFIG
 from convcheck.quant import reference as ref

@@ -24,7 +24,8 @@ from convcheck.compat.detect import hybrid_stack, optional_module
 from convcheck.compat.no_te import imports_te_unconditionally
 from convcheck.compat.provider import builds_legacy_grouped_mlp, configure_hybrid_provider, hybrid_spec_field
 from convcheck.errors import BadInput
-from convcheck.fixtures import FIXTURES, build_fixture, get_spec
+from convcheck.fixtures import FIXTURES, get_spec
+from convcheck.fixtures.build import build_fixture
 from convcheck.fixtures.reference import (
     REFERENCE_TRANSFORMERS,
     derive_layout,

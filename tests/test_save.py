@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from convcheck.ckpt.written import prove_written
-from convcheck.fixtures import build_fixture
+from convcheck.fixtures.build import build_fixture
 from convcheck.hf.checkpoint import open_checkpoint
 from tests.support.helpers import CliResult, run_cli
 

@@ -1,14 +1,16 @@
 """The structure of the package holds: no import circle between files or between the package's parts (a top-level
 module or sub-package: an import running back up a floor is such a circle), at most 15 modules loose at the top,
-no module over 450 lines, and the launcher side (api, cli, the pytest plugin) imports no heavy library. `make lint`
-runs this file."""
+no module over 450 lines, and the import contract between the launcher side and the rank side: nothing the launcher
+side can import imports a heavy library. `make lint` runs this file."""
 
 from __future__ import annotations
 
 import ast
+import fnmatch
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 
 from tests.support.helpers import ROOT
@@ -124,8 +126,114 @@ def test_few_modules_at_the_top_and_none_too_long() -> None:
 
 def test_the_launcher_side_imports_no_heavy_library() -> None:
     code = (
-        "import sys, convcheck, convcheck.api, convcheck.cli, convcheck.pytest_plugin, convcheck.testing; "
+        "import sys, convcheck, convcheck.api, convcheck.cli, convcheck.pytest_plugin, convcheck.workflows.selftest; "
         f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert res.stdout.strip() == "[]", res.stdout
+
+
+# ---- the border between the launcher side and the rank side ------------------------------------------------------
+LAUNCHER_ROOTS = (
+    "convcheck",
+    "convcheck.__main__",
+    "convcheck.api",
+    "convcheck.cli",
+    "convcheck.cli.*",
+    "convcheck.pytest_plugin",
+    "convcheck.workflows",
+    "convcheck.workflows.*",
+    "convcheck.gate",
+    "convcheck.gate.*",
+    "convcheck.engine.launch",
+    "convcheck.engine.job",
+    "convcheck.engine.outcome",
+    "convcheck.engine.resume",
+    "convcheck.engine.nodes",
+    "convcheck.engine.place",
+    "convcheck.engine.reference",
+    "convcheck.engine.rollcall",
+    "convcheck.engine.store",
+    "convcheck.engine.warm_client",
+)
+"""The launcher side: what a user's process runs (the CLI, the library API, the pytest plugin) and the workflows,
+gate and launch code under it (fnmatch patterns of module names)."""
+
+
+def _when_run(source: str, module: str, modules: Iterable[str]) -> tuple[set[str], list[str]]:
+    """(the package modules `module` can import when it runs, its heavy-library import statements): imports anywhere
+    in it (functions included) but TYPE_CHECKING blocks, and the packages above it (Python imports those first)."""
+    known = set(modules)
+    tree = ast.parse(source)
+    typing_only = {
+        id(node)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for stmt in block.body
+        for node in ast.walk(stmt)
+    }
+    found, heavy = set(), []
+    for node in ast.walk(tree):
+        if id(node) in typing_only or not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif node.level == 0:
+            names = [node.module or "", *(f"{node.module}.{a.name}" for a in node.names)]
+        else:
+            continue
+        if any(n.split(".")[0] in HEAVY for n in names):
+            heavy.append(f"line {node.lineno}: {ast.unparse(node)}")
+        for name in (n for n in names if n.startswith("convcheck")):
+            while name not in known and "." in name:
+                name = name.rsplit(".", 1)[0]
+            if name in known:
+                found.add(name)
+    found |= {p for i in range(1, module.count(".") + 1) if (p := module.rsplit(".", i)[0]) in known}
+    return found - {module}, heavy
+
+
+def crossings(sources: dict[str, str], roots: Iterable[str]) -> dict[str, str]:
+    """Every module the launcher side (`roots`) can reach that imports a heavy
+    library: module -> the import and the chain that reaches it. `sources`: module name -> its source text; `roots`:
+    fnmatch patterns of the launcher side's own modules."""
+    scanned = {m: _when_run(text, m, sources) for m, text in sources.items()}
+    start = [m for m in sources if any(fnmatch.fnmatchcase(m, r) for r in roots)]
+    via: dict[str, str] = {m: "" for m in start}
+    todo = list(start)
+    while todo:
+        module = todo.pop()
+        for target in sorted(scanned[module][0] - via.keys()):
+            via[target] = module
+            todo.append(target)
+    out = {}
+    for module in via:
+        if scanned[module][1]:
+            chain = [module]
+            while via[chain[-1]]:
+                chain.append(via[chain[-1]])
+            out[module] = f"{scanned[module][1][0]} (reached: {' <- '.join(chain)})"
+    return out
+
+
+def test_the_launcher_side_reaches_no_module_that_imports_a_heavy_library() -> None:
+    """The import contract: nothing the launcher side can import, at module top or inside a function, imports
+    torch, megatron, transformers, safetensors or numpy. It meets the rank side only through the Job (JSON), the
+    catalog of pure data both sides read (oracle descriptions, fixture specs, model families, known bugs, mutants)
+    and names the ranks import (`OracleInfo.module`, hooks, rank functions, `Architecture.mapping_rules`)."""
+    sources = {m: p.read_text() for m, p in MODULES.items()}
+    assert crossings(sources, LAUNCHER_ROOTS) == {}
+
+
+def test_the_contract_names_a_crossing_and_its_chain() -> None:
+    sources = {
+        "convcheck": "",
+        "convcheck.cli": "",
+        "convcheck.cli.main": "def f():\n    from convcheck.oracles.logits import run\n",
+        "convcheck.oracles": "",
+        "convcheck.oracles.logits": "import torch\n",
+        "convcheck.oracles.base": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n",
+    }
+    assert crossings(sources, ("convcheck.cli", "convcheck.cli.*")) == {
+        "convcheck.oracles.logits": "line 1: import torch (reached: convcheck.oracles.logits <- convcheck.cli.main)"
+    }

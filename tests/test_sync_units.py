@@ -257,7 +257,7 @@ def test_the_hf_receiver_keeps_fp32_what_from_pretrained_keeps_and_drops_only_mt
     layer's tensor (no HF module holds it) is dropped and counted, any other unknown name still raises."""
     from transformers import AutoConfig
 
-    from convcheck.fixtures import build_fixture
+    from convcheck.fixtures.build import build_fixture
     from convcheck.sync.receivers import HFReceiver
 
     receiver = HFReceiver(AutoConfig.from_pretrained(build_fixture("deepseek-v3")))

@@ -55,6 +55,42 @@ def test_shim28_still_needed_full_dim_qk_norm_moves_to_cuda() -> None:
     assert 'torch.device("cuda", torch.cuda.current_device())' in source
 
 
+def test_shim29_still_needed_gemma_constructors_allocate_on_cuda() -> None:
+    """Fails when Gemma 4's dual RoPE or Gemma 3 VL's projector stop allocating on CUDA (then delete shim 29): without
+    CUDA the upstream constructor raises with the shim inactive, and builds the same frequencies on the CPU with it
+    active."""
+    import torch
+
+    from convcheck.compat import no_cuda
+
+    gemma4 = _module("megatron.bridge.models.gemma.modeling_gemma4")
+    dense = inspect.signature(compat.upstream(gemma4.Gemma4DenseRotaryEmbedding.__init__))
+    assert dense.parameters["use_cpu_initialization"].default is False
+    assert "torch.cuda.current_device()" in inspect.getsource(gemma4._Gemma4ProportionalRotaryEmbedding.__init__)
+    projector = _module("megatron.bridge.models.gemma_vl.modeling_gemma3_vl").Gemma3VLMultimodalProjector
+    source = inspect.getsource(compat.upstream(projector.__init__))
+    assert "ColumnParallelLinear(" in source and "use_cpu_initialization" not in source
+    from megatron.core.transformer import TransformerConfig
+
+    no_cuda.install_cpu_gemma_constructors()
+    config = TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=4, kv_channels=16)
+    config.full_attention_rope_partial_factor = 0.25
+    was = no_cuda.active()
+    try:
+        no_cuda.set_active(False)
+        if not torch.cuda.is_available():
+            with pytest.raises((RuntimeError, AssertionError)):
+                gemma4.Gemma4DenseRotaryEmbedding(config)
+        no_cuda.set_active(True)
+        rope = gemma4.Gemma4DenseRotaryEmbedding(config)
+    finally:
+        no_cuda.set_active(was)
+    sliding = 1.0 / (10000.0 ** (torch.arange(0, 16, 2, dtype=torch.float32) / 16))
+    full = torch.cat([1.0 / (1000000.0 ** (torch.arange(0, 4, 2, dtype=torch.float32) / 16)), torch.zeros(6)])
+    for got, want in ((rope.rope_sliding.inv_freq, sliding), (rope.rope_full.inv_freq, full)):
+        assert got.device.type == "cpu" and torch.equal(got.view(torch.int32), want.view(torch.int32)), (got, want)
+
+
 def test_te_only_architectures_build_the_te_specs_whatever_is_asked() -> None:
     for arch in TE_ONLY:
         spec, why = layer_spec_for("local", {"architectures": [arch]})

@@ -123,3 +123,76 @@ def test_moonlight_te_layout_names_the_q_norm_the_bridge_does_not_map(tmp_path: 
         for n in range(4)
     }
     assert "known megatron-bridge bug mla-q-proj-norm-unmapped" in res.out
+
+
+SEQUENCE_PARALLEL_RANK = """
+import os, sys
+import torch
+import torch.distributed as dist
+from convcheck import compat
+
+def main(rank):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    compat.install("cpu", "te")
+    from megatron.core import parallel_state
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from convcheck.kernels.te import TELayerNormColumnParallelLinear, TERowParallelLinear
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
+    gen = torch.Generator().manual_seed(0)
+    w1, b1, w2, b2 = (torch.randn(*s, generator=gen) for s in ((32, 16), (32,), (16, 32), (16,)))
+    gamma, x = torch.randn(16, generator=gen), torch.randn(8, 2, 16, generator=gen)  # [s, b, h]
+    outs = {}
+    for sp in (True, False):
+        config = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=4, ffn_hidden_size=32,
+                                   tensor_model_parallel_size=2, sequence_parallel=sp, use_cpu_initialization=True,
+                                   params_dtype=torch.float32, normalization="RMSNorm", perform_initialization=False)
+        fc1 = TELayerNormColumnParallelLinear(16, 32, config=config, init_method=None, gather_output=False, bias=True,
+                                              skip_bias_add=False, is_expert=False)
+        fc2 = TERowParallelLinear(32, 16, config=config, init_method=None, bias=True, input_is_parallel=True,
+                                  skip_bias_add=False, is_expert=False)
+        assert (fc1.layer_norm_weight.sequence_parallel, fc2.bias.sequence_parallel) == (sp, sp)
+        with torch.no_grad():
+            fc1.layer_norm_weight.copy_(gamma)
+            fc1.weight.copy_(w1[rank * 16:(rank + 1) * 16]); fc1.bias.copy_(b1[rank * 16:(rank + 1) * 16])
+            fc2.weight.copy_(w2[:, rank * 16:(rank + 1) * 16]); fc2.bias.copy_(b2)
+            inp = x[rank * 4:(rank + 1) * 4] if sp else x  # a sequence-parallel layer gets its [s / tp] rows
+            out = fc2(fc1(inp)[0])[0]
+        assert out.shape == (4 if sp else 8, 2, 16), out.shape
+        if sp:
+            parts = [torch.empty_like(out) for _ in range(2)]
+            dist.all_gather(parts, out)
+            out = torch.cat(parts)
+        outs[sp] = out
+    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + config.layernorm_epsilon) * gamma
+    want = torch.nn.functional.linear(torch.nn.functional.linear(normed, w1, b1), w2, b2)
+    assert torch.equal(outs[True].view(torch.int32), outs[False].view(torch.int32))
+    err = float((outs[True] - want).abs().max())
+    assert err < 1e-4, err  # fp32 sums in another order
+    if rank == 0:
+        print("ok", err)
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    torch.multiprocessing.spawn(main, nprocs=2)
+"""
+
+
+@pytest.mark.ranks
+def test_sequence_parallel_linears_gather_and_scatter_along_the_sequence(tmp_path: Path) -> None:
+    """TP2 over gloo, TE's sequence parallelism on the stand-in: LayerNormLinear (column) norms its [s / tp] rows
+    and all-gathers them, the row-parallel linear reduce-scatters its output along the sequence; the gathered
+    output is bitwise the one without sequence parallelism, within 1e-4 of the plain-torch MLP, and the norm weight
+    and row bias carry `sequence_parallel`."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    script = tmp_path / "sp.py"
+    script.write_text(SEQUENCE_PARALLEL_RANK)
+    res = subprocess.run([sys.executable, str(script), port], capture_output=True, text=True, timeout=300,
+                         cwd=ROOT)  # fmt: skip
+    assert res.returncode == 0 and res.stdout.strip().splitlines()[-1].startswith("ok "), res.stderr[-3000:]

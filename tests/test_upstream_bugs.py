@@ -90,3 +90,117 @@ def test_the_support_table_bugs_tag_their_own_architecture_only() -> None:
         (verdict,), _ = tag_upstream_bugs(arch, "0.6.2", [coverage])
         assert [f.detail.get(UPSTREAM_BUG) for f in verdict.findings] == expected, arch
         assert verdict.verdict == FAIL
+
+
+def test_a_consequence_is_tagged_only_beside_its_cause() -> None:
+    """The logits of a NemotronH model whose embedding transformers saved under the wrong name are tagged with that
+    bug only in a run that shows the embedding's coverage finding; alone (a planted bug the logits catch) they stay
+    untagged, and the verdict fails either way."""
+    from convcheck.models.registered_bugs import TRANSFORMERS_EMBEDDING_SAVED_SINGULAR as BUG
+
+    logits = OracleVerdict(name="logits", checked=4, findings=(
+        Finding(tensor="logits", kind="logits-differ", message="max abs error nan"),
+        Finding(tensor="greedy-tokens", kind="greedy-differs", message="32/32"),
+    ))  # fmt: skip
+    cause = Finding(tensor="embedding.word_embeddings.weight", kind="hf-missing", message="not in the checkpoint")
+    coverage = OracleVerdict(name="coverage", checked=3, findings=(cause,))
+    versions = {"megatron-bridge": "0.6.2", "transformers": "5.12.1"}
+    alone, lines = tag_upstream_bugs("NemotronHForCausalLM", "0.6.2", [logits], versions)
+    assert [f.detail.get(UPSTREAM_BUG) for f in alone[0].findings] == [None, None] and lines == []
+    both, lines = tag_upstream_bugs("NemotronHForCausalLM", "0.6.2", [coverage, logits], versions)
+    assert [f.detail.get(UPSTREAM_BUG) for v in both for f in v.findings] == [BUG.name] * 3
+    assert len(lines) == 1 and lines[0].startswith("3 finding(s) are the known transformers bug")
+    assert all(v.verdict == FAIL for v in both)
+    other, _ = tag_upstream_bugs("NemotronHForCausalLM", "0.6.2", [coverage, logits], {"transformers": "5.16.0"})
+    assert [f.detail.get(UPSTREAM_BUG) for v in other for f in v.findings] == [None] * 3
+
+
+def test_ernie45_bridge_routes_by_sigmoid_where_transformers_takes_a_softmax() -> None:
+    """ernie45-moe-sigmoid-router still holds: transformers' own Ernie 4.5 router against megatron-core's routing
+    with the score function the bridge sets (read from its source): the expert weights differ; with softmax they
+    agree. Fails (then drop the bug) when the bridge stops asking for sigmoid."""
+    import inspect
+
+    import torch
+
+    from convcheck import compat
+
+    compat.install_import_shims()
+    from megatron.bridge.models.ernie.ernie_45_bridge import Ernie45Bridge
+    from megatron.core.transformer.moe.moe_utils import topk_routing_with_score_function
+    from transformers import Ernie4_5_MoeConfig
+    from transformers.models.ernie4_5_moe.modeling_ernie4_5_moe import Ernie4_5_MoeTopKRouter
+
+    assert 'moe_router_score_function = "sigmoid"' in inspect.getsource(Ernie45Bridge.provider_bridge)
+    router = Ernie4_5_MoeTopKRouter(Ernie4_5_MoeConfig(hidden_size=64, moe_num_experts=4, moe_k=2))
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        router.weight.copy_(torch.randn(4, 64, generator=gen) * 0.02)
+    tokens = torch.randn(8, 64, generator=gen)
+    _, chosen, weights = router(tokens)
+    hf = torch.zeros(8, 4).scatter(1, chosen, weights)
+    logits = torch.nn.functional.linear(tokens, router.weight)
+    errors = {}
+    for score in ("sigmoid", "softmax"):
+        probs, routed = topk_routing_with_score_function(logits, 2, use_pre_softmax=False, score_function=score,
+                                                         expert_bias=torch.zeros(4))  # fmt: skip
+        assert torch.equal(routed, hf > 0), score  # the same experts; only their weights differ
+        errors[score] = float((probs - hf).abs().max())
+    assert errors["sigmoid"] > 1e-2 and errors["softmax"] < 1e-6, errors
+
+
+def test_the_support_dtype_and_head_bugs_are_still_in_the_upstream_source() -> None:
+    """The upstream lines the Ernie 4.5 gate, MiniMax-M3 fp32 and Gemma 3 VL pooling-head bugs name still do what the
+    bugs say (a release that changes them fails here: then re-check the bug); each tags its own architecture."""
+    import inspect
+
+    from convcheck import compat
+    from convcheck.models.registered_bugs import (
+        ERNIE45_ROUTER_GATE_BF16,
+        GEMMA3_VL_POOLING_HEAD_DROPPED,
+        MINIMAX_M3_FP32_EXPORT,
+    )
+
+    compat.install_import_shims()
+    from megatron.bridge.models.gemma_vl import gemma3_vl_bridge
+    from megatron.bridge.models.minimax_m3 import minimax_m3_bridge, modeling_minimax_m3_vl
+    from megatron.core.transformer.moe.router import Router
+    from transformers.models.ernie4_5_moe.modeling_ernie4_5_moe import Ernie4_5_MoePreTrainedModel
+    from transformers.models.siglip import modeling_siglip
+
+    assert "vision_config.vision_use_head = False" in inspect.getsource(gemma3_vl_bridge)
+    assert 'not hasattr(config, "vision_use_head")' in inspect.getsource(modeling_siglip.SiglipVisionModel)
+    assert "module.weight.data.float()" in inspect.getsource(minimax_m3_bridge._promote_router_weights_to_float32)
+    assert "_keep_in_float32_parameter_names" in inspect.getsource(modeling_minimax_m3_vl)
+    assert "self.weight.data.to(dtype=self.config.params_dtype)" in inspect.getsource(Router.reset_parameters)
+    assert "gate.weight" in Ernie4_5_MoePreTrainedModel._keep_in_fp32_modules_strict
+    from megatron.bridge.models.falcon_h1 import falconh1_bridge
+    from megatron.bridge.models.qwen_omni import qwen25_omni_bridge
+    from megatron.core.ssm.mamba_mixer import MambaMixer
+    from transformers import FalconH1Config, Qwen2_5OmniConfig
+
+    assert '("mamba_norm_before_gate", "norm_before_gate")' in inspect.getsource(falconh1_bridge)
+    assert "assert not self.norm_before_gate" in inspect.getsource(MambaMixer.__init__)
+    assert FalconH1Config().mamba_norm_before_gate is True
+    omni = inspect.getsource(qwen25_omni_bridge.Qwen25OmniBridge)
+    assert 'getattr(text_config, "tie_word_embeddings", False)' in omni
+    mappings = omni.split("def mapping_registry")[1]
+    assert "talker" not in mappings and "token2wav" not in mappings
+    from megatron.bridge.models.qwen_vl import qwen25_vl_bridge, qwen25_vl_provider
+
+    assert "mrope_section" not in inspect.getsource(qwen25_vl_bridge)
+    assert qwen25_vl_provider.Qwen25VLModelProvider().mrope_section == [16, 24, 24]
+    thinker = Qwen2_5OmniConfig().thinker_config
+    assert (thinker.tie_word_embeddings, thinker.text_config.tie_word_embeddings) == (False, True)
+    cases = [("Ernie4_5_MoeForCausalLM", "model.layers.1.mlp.gate.weight", ERNIE45_ROUTER_GATE_BF16),
+             ("MiniMaxM3SparseForConditionalGeneration",
+              "vision_tower.vision_model.embeddings.patch_embedding.weight", MINIMAX_M3_FP32_EXPORT)]  # fmt: skip
+    for arch, tensor, bug in cases:
+        roundtrip = _roundtrip(Finding(tensor=tensor, kind="dtype", message="dtype float32, expected bfloat16"))
+        for who in (arch, "Qwen3ForCausalLM"):
+            (verdict,), _ = tag_upstream_bugs(who, "0.6.2", [roundtrip])
+            assert verdict.findings[0].detail.get(UPSTREAM_BUG) == (bug.name if who == arch else None), who
+    head = OracleVerdict(name="coverage", checked=1, findings=(
+        Finding(tensor="vision_tower.head.probe", kind="not-exported", message="never produced"),))  # fmt: skip
+    (verdict,), _ = tag_upstream_bugs("Gemma3ForConditionalGeneration", "0.6.2", [head])
+    assert verdict.findings[0].detail.get(UPSTREAM_BUG) == GEMMA3_VL_POOLING_HEAD_DROPPED.name

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from convcheck.fixtures import build_fixture
+from convcheck.fixtures.build import build_fixture
 from convcheck.gate import GOLDEN_DIR
 from convcheck.gate.case import default_matrix
 from convcheck.gate.check import compare

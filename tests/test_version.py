@@ -22,7 +22,8 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from convcheck.api import resolve_model
     from convcheck.ckpt.manifest import VersionManifest
     from convcheck.ckpt.shards import ShardWriter
-    from convcheck.hf.checkpoint import TensorReader, open_checkpoint
+    from convcheck.hf.checkpoint import open_checkpoint
+    from convcheck.hf.tensors import TensorReader
     from convcheck.layout import ParallelLayout
 
     out = tmp_path_factory.mktemp("version")
@@ -58,7 +59,8 @@ def test_shards_hold_the_exact_bytes(folder: Path) -> None:
 
     from convcheck.api import resolve_model
     from convcheck.compare.bits import int_view
-    from convcheck.hf.checkpoint import TensorReader, open_checkpoint
+    from convcheck.hf.checkpoint import open_checkpoint
+    from convcheck.hf.tensors import TensorReader
 
     source = open_checkpoint(resolve_model("tiny:qwen3"))
     reader = TensorReader(source)

@@ -17,6 +17,24 @@ from convcheck.hf.checkpoint import INDEX_NAME
 from convcheck.hf.digest import HASH, VERSION_FORMAT, DigestEntry, parse_entries
 from convcheck.layout import ParallelLayout
 
+DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from "5GB", "512MiB", "20KB" or a plain number; BadInput otherwise."""
+    cleaned = text.strip().upper()
+    digits = cleaned.rstrip("KMGIB")
+    unit = cleaned[len(digits) :]
+    try:
+        value = float(digits)
+    except ValueError:
+        raise BadInput(f"size {text!r} is not a number with an optional unit (B, KB, MB, GB, KiB, MiB, GiB)") from None
+    if unit not in _UNITS or value <= 0:
+        raise BadInput(f"size {text!r} is not a positive number with a unit B, KB, MB, GB, KiB, MiB or GiB")
+    return int(value * _UNITS[unit])
+
+
 FORMAT = VERSION_FORMAT
 MANIFEST_NAME = "manifest.json"
 CHECKPOINT_SUBDIR = "ckpt"

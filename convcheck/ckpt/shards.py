@@ -16,32 +16,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from convcheck.ckpt.manifest import DEFAULT_MAX_SHARD_BYTES
 from convcheck.compare.bits import int_view
 from convcheck.errors import BadInput
 from convcheck.hf.checkpoint import INDEX_NAME
 from convcheck.hf.digest import DigestEntry
 
-DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
 _SAFETENSORS_DTYPES = {
     "bool": "BOOL", "uint8": "U8", "int8": "I8", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
     "int16": "I16", "uint16": "U16", "float16": "F16", "bfloat16": "BF16", "int32": "I32", "uint32": "U32",
     "float32": "F32", "int64": "I64", "uint64": "U64", "float64": "F64",
 }  # fmt: skip
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
-
-
-def parse_size(text: str) -> int:
-    """Bytes from "5GB", "512MiB", "20KB" or a plain number; BadInput otherwise."""
-    cleaned = text.strip().upper()
-    digits = cleaned.rstrip("KMGIB")
-    unit = cleaned[len(digits) :]
-    try:
-        value = float(digits)
-    except ValueError:
-        raise BadInput(f"size {text!r} is not a number with an optional unit (B, KB, MB, GB, KiB, MiB, GiB)") from None
-    if unit not in _UNITS or value <= 0:
-        raise BadInput(f"size {text!r} is not a positive number with a unit B, KB, MB, GB, KiB, MiB or GiB")
-    return int(value * _UNITS[unit])
 
 
 def safetensors_dtype(tensor: Any) -> str:

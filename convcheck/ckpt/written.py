@@ -13,8 +13,9 @@ from pathlib import Path
 
 from convcheck.ckpt.folder import check_index, shard_tensors
 from convcheck.compare.bits import compare_bits
-from convcheck.hf.checkpoint import INDEX_NAME, SINGLE_NAME, Checkpoint, TensorEntry, TensorReader
+from convcheck.hf.checkpoint import INDEX_NAME, SINGLE_NAME, Checkpoint, TensorEntry
 from convcheck.hf.sweep import Side, compare
+from convcheck.hf.tensors import TensorReader
 from convcheck.verdict import Finding
 
 CAST_DTYPES = {"bf16": ("BF16", "bfloat16"), "fp16": ("F16", "float16"), "fp32": ("F32", "float32")}

@@ -22,11 +22,11 @@ from convcheck.cli.nodes import NODE_OPTIONS, end_on_other_node, node_options, n
 from convcheck.cli.progress import progress_for
 from convcheck.cli.render import junit_xml, print_report, report_json
 from convcheck.cli.types import HookSpecType, LayoutType, OracleList, ReportPath
-from convcheck.engine.inplace import inside_torchrun
 from convcheck.engine.launch import Interrupted
+from convcheck.engine.place import inside_torchrun
 from convcheck.errors import BadInput, ConvcheckError, one_line
 from convcheck.fixtures import FIXTURES
-from convcheck.fixtures.child import config_folder, tiny_folder
+from convcheck.fixtures.folders import config_folder, fp8_folder, tiny_folder
 from convcheck.layout import ParallelLayout
 from convcheck.oracles import OPTIONS, ORACLES, oracles_markdown
 from convcheck.sync.adapters import ENGINE_RECEIVER, RECEIVERS, SENDERS
@@ -333,12 +333,7 @@ def fixtures_build(name: str | None, config: str | None, layers: int | None, out
             for note in notes:
                 click.echo(f"shrunk: {note}", err=True)
         if fp8:
-            from convcheck.fixtures.fp8 import block_of, write_fp8_fixture
-
-            block_of(quantization)  # bad input before anything is written
-            folder = write_fp8_fixture(
-                folder, Path(out) if out else folder.with_name(folder.name + "-fp8"), quantization
-            )
+            folder = fp8_folder(folder, Path(out) if out else folder.with_name(folder.name + "-fp8"), quantization)
         click.echo(str(folder))
     except ConvcheckError as exc:
         _fail_line(exc)

@@ -8,7 +8,7 @@ from typing import NoReturn
 import click
 
 from convcheck.atomic import write_all_atomic as write_together
-from convcheck.ckpt.shards import parse_size
+from convcheck.ckpt.manifest import parse_size
 from convcheck.cli.render import group_findings, oracle_summary, report_json
 from convcheck.cli.types import HookSpecType, LayoutType, ReportPath
 from convcheck.errors import ConvcheckError

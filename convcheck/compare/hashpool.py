@@ -2,28 +2,19 @@
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from convcheck.compare.bits import tensor_sha256
+from convcheck.compare.threads import default_threads
 
 DEFAULT_BUDGET = 256 << 20
 """Bytes of CPU copies that may wait for a hashing thread (a tensor larger than this waits alone)."""
 INLINE_BYTES = 64 << 10
 """A tensor of at most this many bytes is hashed at `submit`, on the caller's thread: handing it to a hashing thread
 costs more than its sha256 (~40 us for 64 KiB), and an export of a few thousand small tensors paid that per tensor."""
-
-
-def default_threads() -> int:
-    """Hashing threads: at most 4, never more than the CPUs this process may use."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cpus = os.cpu_count() or 1
-    return max(1, min(4, cpus))
 
 
 class HashPool:

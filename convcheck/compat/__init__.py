@@ -15,6 +15,7 @@ from convcheck.compat.no_cuda import (
     CPU_CONSTRUCTOR_SITES,
     CPU_DEVICE_SITES,
     FULL_DIM_QK_NORM,
+    GEMMA_CONSTRUCTOR_SITES,
     MROPE_SITES,
     SINK_SITES,
     YARN_SITES,
@@ -152,6 +153,9 @@ SHIMS = (
     Shim(28, "full-dim-qk-norm-mapping-on-cuda", "cuda", _CUDA, (FULL_DIM_QK_NORM[2],),
          "tests/test_te_families.py::test_shim28_still_needed_full_dim_qk_norm_moves_to_cuda",
          "megatron-bridge 0.6.2 (older releases not yet checked)"),
+    Shim(29, "gemma-constructors-on-cuda", "cuda", _CUDA, tuple(where for _, _, where in GEMMA_CONSTRUCTOR_SITES),
+         "tests/test_te_families.py::test_shim29_still_needed_gemma_constructors_allocate_on_cuda",
+         "megatron-bridge 0.6.2 (older releases not yet checked)"),
 )  # fmt: skip
 
 
@@ -205,6 +209,7 @@ __all__ = [
     "CPU_DEVICE_SITES",
     "CPU_FUSION_FIELDS",
     "DEVICES",
+    "GEMMA_CONSTRUCTOR_SITES",
     "SHIMS",
     "TARGET_VERSIONS",
     "SPECS",

@@ -1,6 +1,6 @@
-"""What exists because this run has no CUDA device: shims 2-6, 9, 11, 12, 18 and 22, installed and active exactly
-when the run's requested device is "cpu", whatever the host has. Each runs the upstream code (or its exact formula) on
-the CPU."""
+"""What exists because this run has no CUDA device: shims 2-6, 9, 11, 12, 18, 22, 23 and 27-29, installed and active
+exactly when the run's requested device is "cpu", whatever the host has. Each runs the upstream code (or its exact
+formula) on the CPU."""
 
 from __future__ import annotations
 
@@ -383,8 +383,33 @@ def install_cpu_full_dim_qk_norm_mapping() -> None:
     _patch(getattr(module, class_name), "hf_to_megatron", cpu_full_dim)
 
 
+# --- Shim 29 ----------------------------------------------------------------------------------------
+# Constructors of the Gemma 3 VL / Gemma 4 bridges that allocate on torch.cuda.current_device() because they build a
+# megatron-core module without use_cpu_initialization:
+# - megatron-bridge 0.6.2 models/gemma/modeling_gemma4.py:826-855: Gemma4DenseRotaryEmbedding.__init__ (the provider
+#   builds it from the config alone, gemma4_provider.py:248) builds RotaryEmbedding (megatron-core
+#   models/common/embeddings/rotary_pos_embedding.py:78) and _Gemma4ProportionalRotaryEmbedding (:804) with
+#   use_cpu_initialization False (the MoE provider's Gemma4RotaryEmbedding gets the provider's setting, :361);
+# - megatron-bridge 0.6.2 models/gemma_vl/modeling_gemma3_vl.py:316: Gemma3VLMultimodalProjector.__init__ builds a
+#   ColumnParallelLinear from the vision projection config, whose weight megatron-core allocates on CUDA
+#   (tensor_parallel/layers.py:1000).
+# On a CPU run each constructor runs with torch.cuda.current_device() answering "cpu" (shim 4's wrapper): the same
+# frequencies and weights, on the CPU.
+GEMMA_CONSTRUCTOR_SITES = (
+    ("megatron.bridge.models.gemma.modeling_gemma4", "Gemma4DenseRotaryEmbedding.__init__",
+     "megatron/bridge/models/gemma/modeling_gemma4.py:804"),
+    ("megatron.bridge.models.gemma_vl.modeling_gemma3_vl", "Gemma3VLMultimodalProjector.__init__",
+     "megatron/bridge/models/gemma_vl/modeling_gemma3_vl.py:316"),
+)  # fmt: skip
+
+
+def install_cpu_gemma_constructors() -> None:
+    """Install shim 29 at every site of GEMMA_CONSTRUCTOR_SITES (idempotent; active on CPU runs only)."""
+    _install_sites(GEMMA_CONSTRUCTOR_SITES, 29)
+
+
 def install() -> None:
-    """Install shims 2-6, 9, 11, 12, 18, 22, 23, 27 and 28 (idempotent) and route them to the CPU."""
+    """Install shims 2-6, 9, 11, 12, 18, 22, 23, 27, 28 and 29 (idempotent) and route them to the CPU."""
     install_cpu_replicated_mapping()
     install_cpu_tied_embedding_setup()
     install_cpu_device_sites()
@@ -398,4 +423,5 @@ def install() -> None:
     install_cpu_attention_sinks()
     install_cpu_mrope()
     install_cpu_full_dim_qk_norm_mapping()
+    install_cpu_gemma_constructors()
     set_active(True)

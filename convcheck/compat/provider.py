@@ -7,7 +7,7 @@ from typing import Any
 from convcheck.compat.no_te import cpu_hybrid_stack_spec, cpu_mla_decoder_block_spec, transformer_engine_available
 from convcheck.compat.no_te_gdn import cpu_experimental_block_spec
 from convcheck.compat.no_te_olmoe import is_olmoe_layer_spec
-from convcheck.compat.te_standin import te_hybrid_stack_spec
+from convcheck.compat.te_standin import bind_te_stack_specs, te_hybrid_stack_spec
 
 # megatron-bridge 0.6.2:
 # - model_provider.py ~254 / ~315: without an initialised process group the provider starts NCCL and calls
@@ -117,6 +117,7 @@ def configure_provider(provider: Any, device: str, spec: str = "local") -> None:
         if spec == "te":
             if hasattr(provider, "transformer_layer_spec"):  # a hybrid provider has a stack spec instead
                 provider.transformer_layer_spec = te_block_spec(provider.transformer_layer_spec)
+            bind_te_stack_specs(provider)  # FalconH1's stack spec, built from TE classes at import
         elif getattr(provider, "experimental_attention_variant", None):
             provider.transformer_layer_spec = cpu_experimental_block_spec
         elif getattr(provider, "multi_latent_attention", False):

@@ -215,6 +215,47 @@ def te_hybrid_stack_spec() -> Any:
     return _INSTALLED["hybrid"]
 
 
+TE_STACK_SPECS = (
+    ("falconh1_stack_spec", "megatron.bridge.models.falcon_h1.modeling_falconh1.falconh1_layer_specs",
+     "falconh1_stack_spec", "megatron.bridge.models.falcon_h1.falconh1_provider", "get_default_falconh1_stack_spec"),
+)  # fmt: skip
+"""Bridge providers whose default stack spec is a module-level value built from TE classes when its module is
+imported (before shim 26 can bind anything): (provider field, spec module, spec name, module of the default getter,
+its name). megatron-bridge 0.6.2 models/falcon_h1/modeling_falconh1/falconh1_layer_specs.py:33 (TENorm,
+TELayerNormColumnParallelLinear, ... in FalconH1's layer and stack spec), falconh1_provider.py:35 and :108."""
+
+
+def te_module_spec(module_name: str, attr: str) -> Any:
+    """`attr` of `module_name` built again from the module's own source once shim 26 bound the stand-ins (the
+    imported copy holds the placeholders); the fresh copy of the module is not registered in sys.modules."""
+    key = f"spec:{module_name}:{attr}"
+    if key not in _INSTALLED:
+        install_te_standin()
+        found = importlib.util.find_spec(module_name) if optional_module(module_name) is not None else None
+        if found is None or found.loader is None:
+            raise RuntimeError(f"this megatron-bridge has no {module_name}")
+        fresh = importlib.util.module_from_spec(found)
+        found.loader.exec_module(fresh)
+        _INSTALLED[key] = getattr(fresh, attr)
+    return _INSTALLED[key]
+
+
+def bind_te_stack_specs(provider: Any) -> list[str]:
+    """Give `provider` the stand-in copy of its default TE stack spec (TE_STACK_SPECS) where it holds the default
+    (the getter or the imported spec); a spec the caller set is kept. Returns the fields set."""
+    done = []
+    for field_name, module_name, attr, getter_module, getter in TE_STACK_SPECS:
+        value = getattr(provider, field_name, None)
+        if value is None:
+            continue
+        spec_module, default_module = optional_module(module_name), optional_module(getter_module)
+        defaults = (getattr(spec_module, attr, None), getattr(default_module, getter, None))
+        if any(value is d for d in defaults if d is not None):
+            setattr(provider, field_name, te_module_spec(module_name, attr))
+            done.append(field_name)
+    return done
+
+
 def te_standin_installed() -> bool:
     """True once shim 26 bound the stand-ins in this process."""
     return bool(_INSTALLED.get("bound"))

@@ -14,42 +14,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from convcheck.engine import worker
 from convcheck.engine.job import Job
-from convcheck.engine.launch import LAUNCHED
-from convcheck.errors import BadInput
-
-
-def inside_torchrun() -> bool:
-    """True when this process is a worker torchrun started to run `convcheck` itself (not one of convcheck's ranks)."""
-    return "TORCHELASTIC_RUN_ID" in os.environ and "LOCAL_RANK" in os.environ and LAUNCHED not in os.environ
-
-
-def torchrun_place() -> tuple[int, int, int, int]:
-    """(rank, world, node, nodes) of this process as torchrun set them."""
-    env = os.environ
-    return (int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("GROUP_RANK", "0")),
-            int(env.get("GROUP_WORLD_SIZE", "1")))  # fmt: skip
-
-
-def check_here(job: Job) -> None:
-    """BadInput unless torchrun started exactly the ranks the layout needs, and the job needs no launch of its own."""
-    _rank, world, _node, _nodes = torchrun_place()
-    if world != job.layout.world_size:
-        raise BadInput(
-            f"torchrun started {world} processes but the layout {job.layout.label} needs {job.layout.world_size}"
-        )
-    if job.resume_layouts:
-        raise BadInput("the distckpt oracle resumes in launches of its own: run it with `convcheck verify`, not "
-                       "inside torchrun")  # fmt: skip
-    if job.nodes is not None:
-        raise BadInput("--nnodes starts torchrun on each node: inside torchrun, give torchrun's own --nnodes instead")
+from convcheck.engine.place import check_here, torchrun_place
+from convcheck.rank.bringup import quiet
+from convcheck.rank.dist import shutdown_distributed
 
 
 def run_here(job: Job, log_dir: str | None = None) -> dict[str, Any]:
     """Run `job` in this process, one rank of it; every rank returns rank 0's result (collective)."""
-    from convcheck.engine import worker
-    from convcheck.rank.bringup import quiet
-
     check_here(job)
     rank, _world, node, _nodes = torchrun_place()
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "run")
@@ -69,8 +42,6 @@ def run_here(job: Job, log_dir: str | None = None) -> dict[str, Any]:
         if os.environ.get("LOCAL_RANK", "0") == "0" and not log_dir:
             shutil.rmtree(workdir, ignore_errors=True)
         if done:
-            from convcheck.rank.dist import shutdown_distributed
-
             shutdown_distributed()
 
 

@@ -11,8 +11,8 @@ from typing import Any
 from convcheck.engine.nodes import Nodes
 from convcheck.layout import ParallelLayout
 from convcheck.oracles import option_args, stored_options
-from convcheck.rank.bringup import RankSpec
 from convcheck.rank.options import ReshardTargets, SyncOptions
+from convcheck.rank.spec import RankSpec
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -6,13 +6,23 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from convcheck.compare.bits import tensor_sha256
 from convcheck.errors import one_line
 from convcheck.gate.case import Case
-from convcheck.gate.manifest import jsonable, tensor_entry
-from convcheck.hf.checkpoint import TensorReader
+from convcheck.gate.manifest import jsonable
+from convcheck.hf.tensors import TensorReader
 from convcheck.oracles.config import flatten
 from convcheck.rank.context import RankContext
 from convcheck.versions import versions
+
+
+def tensor_entry(tensor: Any) -> dict[str, Any]:
+    """dtype, shape and sha256 of a tensor's raw bytes."""
+    return {
+        "dtype": str(tensor.dtype).removeprefix("torch."),
+        "shape": list(tensor.shape),
+        "sha256": tensor_sha256(tensor),
+    }
 
 
 class ExportTap:

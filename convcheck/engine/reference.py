@@ -15,7 +15,7 @@ from convcheck.cache import cache_dir, unchanged
 from convcheck.engine.job import Job
 from convcheck.engine.launch import run_ranks
 from convcheck.layout import ParallelLayout
-from convcheck.oracles.layout_invariance import attribute, pending
+from convcheck.oracles.attribution import attribute, pending
 from convcheck.progress import ProgressSink
 from convcheck.verdict import OracleVerdict
 from convcheck.versions import versions

@@ -7,16 +7,14 @@ rank 0's result. Every launcher then ends the same way, and a node that never ca
 
 from __future__ import annotations
 
-import datetime
 import json
-import os
 import socket
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from convcheck.engine.nodes import Nodes
+from convcheck.engine.store import StoreClient, StoreError, StoreServer
 from convcheck.errors import BadInput, NodeLost, NodesDisagree, SetupError
 
 EXIT_GRACE_S = 30.0
@@ -41,7 +39,7 @@ class Meeting:
     """One launcher's connection to the run's meeting point (node 0 hosts it)."""
 
     nodes: Nodes
-    store: Any
+    store: StoreClient
     launches: int = 0
     """Launches made so far through this meeting (the next one's number)."""
 
@@ -50,12 +48,10 @@ class Meeting:
 
     def _wait(self, keys: list[str], timeout_s: float) -> list[str]:
         """The keys still missing after waiting up to `timeout_s` for all of them."""
-        import torch.distributed as dist
-
         try:
-            self.store.wait(keys, datetime.timedelta(seconds=max(timeout_s, 0.1)))
+            self.store.wait(keys, max(timeout_s, 0.1))
             return []
-        except (RuntimeError, dist.DistError):
+        except StoreError:
             return [key for key in keys if not self._has(key)]
 
     def _has(self, key: str) -> bool:
@@ -251,22 +247,8 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def import_quietly() -> None:
-    """Import torch with its C++ log at FATAL (read once, at import): a store's timed-out waits and connects would
-    print warnings and stack frames on stderr; the ranks' environment keeps what it had."""
-    if "torch" in sys.modules:
-        return
-    saved = os.environ.get("TORCH_CPP_LOG_LEVEL")
-    os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
-    try:
-        import torch.distributed  # noqa: F401
-    finally:
-        if saved is None:
-            os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
-        else:
-            os.environ["TORCH_CPP_LOG_LEVEL"] = saved
-
-
+_SERVERS: dict[tuple[str, int, int, int], StoreServer] = {}
+"""Node 0's store server per meeting, serving until this launcher process exits."""
 _MEETINGS: dict[tuple[str, int, int, int], Meeting] = {}
 """This launcher process's meeting per (address, port, nnodes, node): node 0's store must outlive every launch of
 the process (a gate check or selftest makes many), so it is made once and kept."""
@@ -277,21 +259,18 @@ def meeting(nodes: Nodes, timeout_s: float) -> Meeting:
     key = (nodes.master_addr, nodes.master_port, nodes.nnodes, nodes.node_rank)
     if key in _MEETINGS:
         return _MEETINGS[key]
-    import_quietly()
-    import torch.distributed as dist
-
     started = time.monotonic()
     host = nodes.node_rank == 0
-    try:
-        store = dist.TCPStore(
-            nodes.master_addr, nodes.master_port, is_master=host, wait_for_workers=False,
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )  # fmt: skip
-    except (RuntimeError, dist.DistError) as exc:
-        if host:
+    if host:
+        try:
+            _SERVERS[key] = StoreServer(nodes.master_port)
+        except OSError as exc:
             raise BadInput(
                 f"node 0 cannot listen on --master-port {nodes.master_port} of {nodes.master_addr}: {exc}"
             ) from None
+    try:
+        store = StoreClient("127.0.0.1" if host else nodes.master_addr, nodes.master_port, timeout_s)
+    except StoreError:
         raise SetupError(
             f"node {nodes.node_rank} could not reach node 0 at {nodes.master_addr}:{nodes.master_port} within "
             f"{time.monotonic() - started:.0f} s (node 0 not started, or the address is not reachable from here)"

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from convcheck.atomic import write_text_atomic
-from convcheck.compare.bits import tensor_sha256
 from convcheck.errors import BadInput
 
 FORMAT = "convcheck-gate-manifest/1"
@@ -32,15 +31,6 @@ def check_manifest_path(path: str) -> str:
     if not target.parent.is_dir():
         raise BadInput(f"manifest folder does not exist: {target.parent}")
     return str(target)
-
-
-def tensor_entry(tensor: Any) -> dict[str, Any]:
-    """dtype, shape and sha256 of a tensor's raw bytes."""
-    return {
-        "dtype": str(tensor.dtype).removeprefix("torch."),
-        "shape": list(tensor.shape),
-        "sha256": tensor_sha256(tensor),
-    }
 
 
 def jsonable(value: Any) -> Any:
@@ -78,7 +68,8 @@ def build_manifest(
     config: dict[str, Any],
     verdicts: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    """The manifest dict from what rank 0 collected (source and export: name -> tensor_entry)."""
+    """The manifest dict from what rank 0 collected (source and export: name -> digest entry, made by
+    convcheck.engine.recorder.tensor_entry)."""
     from hashlib import sha256
 
     fingerprint = sha256(json.dumps(sorted(source.items()), sort_keys=True).encode()).hexdigest()

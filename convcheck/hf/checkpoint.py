@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import stat
 import struct
@@ -320,12 +321,8 @@ def dtype_size(dtype: str) -> int | None:
 
 
 def mapped_windows(checkpoint: Checkpoint, name: str, window: int = WINDOW) -> Iterator[Any]:
-    """Tensor `name`'s stored bytes as read-only numpy uint8 arrays of up to `window` bytes, each a memory map
-    of its own byte range, unmapped once the caller drops it (memory stays flat however large the checkpoint)."""
-    import mmap
-
-    import numpy as np
-
+    """Tensor `name`'s stored bytes as read-only memoryviews of up to `window` bytes, each over a memory map of its
+    own byte range, unmapped once the caller drops it (memory stays flat however large the checkpoint)."""
     entry = checkpoint.tensors[name]
     if entry.offset < 0:
         raise ValueError(f"no data offset recorded for tensor {name!r}")
@@ -343,26 +340,7 @@ def mapped_windows(checkpoint: Checkpoint, name: str, window: int = WINDOW) -> I
                     prot=mmap.PROT_READ,
                     offset=start,
                 )
-                yield np.frombuffer(mapped, dtype=np.uint8, count=length, offset=begin - start)
+                yield memoryview(mapped)[begin - start : begin - start + length]
                 del mapped
     except (OSError, ValueError) as exc:  # a shard changed or vanished after it was validated
         raise BadInput(f"cannot read tensor {name!r} from {file}: {exc}") from None
-
-
-class TensorReader:
-    """Reads single tensors from a checkpoint, keeping at most one shard handle open."""
-
-    def __init__(self, checkpoint: Checkpoint) -> None:
-        self.checkpoint = checkpoint
-        self._file: str | None = None
-        self._handle: Any = None
-
-    def get(self, name: str) -> Any:
-        """Load tensor `name` (CPU, its stored dtype)."""
-        from safetensors import safe_open
-
-        entry = self.checkpoint.tensors[name]
-        if entry.file != self._file:
-            self._handle = safe_open(str(self.checkpoint.path / entry.file), framework="pt")
-            self._file = entry.file
-        return self._handle.get_tensor(name)

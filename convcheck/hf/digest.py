@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from convcheck import atomic
-from convcheck.compare.hashpool import default_threads
+from convcheck.compare.threads import default_threads
 from convcheck.errors import BadInput
 from convcheck.hf.checkpoint import Checkpoint, dtype_size, mapped_windows, open_weights
 
@@ -84,7 +84,7 @@ def tensor_digest(checkpoint: Checkpoint, name: str, algo: str = HASH, progress:
     for window in mapped_windows(checkpoint, name):
         hasher.update(window)
         if progress is not None:
-            progress(window.size)
+            progress(window.nbytes)
         del window  # unmapped before the next window is mapped
     return hasher.hexdigest()
 

@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from convcheck.compare.bits import first_difference
-from convcheck.compare.hashpool import default_threads
 from convcheck.errors import BadInput
 from convcheck.hf.checkpoint import INDEX_NAME, WINDOW, Checkpoint, TensorEntry, mapped_windows, open_weights
 from convcheck.hf.digest import (
     DigestEntry,
     Manifest,
     Progress,
+    default_threads,
     ordered_map,
     read_manifest,
     storage_order,
@@ -206,8 +206,8 @@ def _bytes_finding(name: str, a: Checkpoint, b: Checkpoint, progress: Progress |
     width = entry.nbytes // numel if numel else 1
     count, first, expected, actual = 0, -1, "", ""
     windows_b, start = mapped_windows(b, name, WINDOW), 0
-    for wa in mapped_windows(a, name, WINDOW):  # no zip/enumerate: their reused tuples would keep old windows mapped
-        wb = next(windows_b)
+    for view_a in mapped_windows(a, name, WINDOW):  # no zip/enumerate: reused tuples would keep old windows mapped
+        wa, wb = np.frombuffer(view_a, dtype=np.uint8), np.frombuffer(next(windows_b), dtype=np.uint8)
         if progress is not None:
             progress(2 * wa.size)
         view = np.dtype(_INT_DTYPES[8 if wa.size % 8 == 0 else 1])
@@ -217,7 +217,7 @@ def _bytes_finding(name: str, a: Checkpoint, b: Checkpoint, progress: Progress |
             if first < 0:
                 first, expected, actual = start // width + k, window_expected, window_actual
         start += wa.size
-        del wa, wb  # unmapped before the next window is mapped
+        del wa, wb, view_a  # unmapped before the next window is mapped
     if first < 0:
         return None
     index = [int(i) for i in np.unravel_index(first, entry.shape)] if entry.shape else []

@@ -4,12 +4,9 @@ A new architecture is a module here (its HF class names and model_type, explicit
 tiny fixtures, as an `Architecture`) plus one entry in SUPPORTED.
 """
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from convcheck.errors import NotCovered
-from convcheck.hf.geometry import Geometry
-from convcheck.mappings import MappingRegistry, registry_from_rules
 from convcheck.models import (
     deepseek,
     dense,
@@ -67,25 +64,6 @@ FIXTURES: dict[str, FixtureSpec] = unique_index(
 """Fixture name (after `tiny:`) -> spec, in listing order."""
 
 
-def build_registry(
-    architecture: str,
-    geometry: Geometry,
-    megatron_names: Iterable[str],
-    hf_names: Iterable[str],
-    *,
-    tied: bool = False,
-    strict: bool = True,
-) -> MappingRegistry:
-    """The explicit-mapping registry of HF class `architecture`: every Megatron name mapped once by its family's rules;
-    strict: CoverageError names every unmapped or doubly mapped parameter and every HF tensor produced 0 or 2+ times."""
-    family = BY_HF_CLASS.get(architecture)
-    if family is None or family.mapping_rules is None:
-        mapped = sorted(name for name, arch in BY_HF_CLASS.items() if arch.mapping_rules is not None)
-        raise NotCovered(f"convcheck has no explicit mappings for {architecture} (it has them for {', '.join(mapped)})")
-    rules = family.mapping_rules(tied)
-    return registry_from_rules(architecture, rules, geometry, megatron_names, hf_names, tied=tied, strict=strict)
-
-
 UPSTREAM_BUG = "upstream_bug"
 """Finding.detail key naming the known megatron-bridge bug (UpstreamBug.name) that explains the finding."""
 
@@ -107,16 +85,21 @@ def tag_upstream_bugs(
     )
     bugs: tuple[UpstreamBug, ...] = (*own, *BRIDGE_WIDE, *ENGINE_BUGS)
     others = dict(versions or {})
+
+    def version(bug: UpstreamBug) -> str:
+        return bridge_version if bug.project == "megatron-bridge" else others.get(bug.project, "")
+
+    direct = {(i, j): next((b for b in bugs if b.explains(version(b), v.name, f.tensor, f.kind)), None)
+              for i, v in enumerate(verdicts) for j, f in enumerate(v.findings)}  # fmt: skip
+    seen = [b for b in bugs if any(d is b for d in direct.values())]
     counts: dict[str, int] = {}
     out = []
-    for verdict in verdicts:
+    for i, verdict in enumerate(verdicts):
         findings = []
-        for f in verdict.findings:
-            bug = next(
-                (b for b in bugs if b.explains(bridge_version if b.project == "megatron-bridge" else
-                                               others.get(b.project, ""), verdict.name, f.tensor, f.kind)),
-                None,
-            )  # fmt: skip
+        for j, f in enumerate(verdict.findings):
+            bug = direct[(i, j)] or next(
+                (b for b in seen if b.explains_consequence(version(b), verdict.name, f.tensor, f.kind)), None
+            )
             if bug is not None:
                 counts[bug.name] = counts.get(bug.name, 0) + 1
                 f = replace(f, detail={**f.detail, UPSTREAM_BUG: bug.name})
@@ -130,7 +113,6 @@ __all__ = [
     "tag_upstream_bugs",
     "UpstreamBug",
     "BY_HF_CLASS",
-    "build_registry",
     "BY_MODEL_TYPE",
     "FIXTURES",
     "SUPPORTED",

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from convcheck.mappings.registry import MappingRule
 from convcheck.models.config_rules import FieldRule
 from convcheck.models.fixture_spec import FixtureSpec
 from convcheck.models.upstream_bug import UpstreamBug
@@ -19,8 +18,9 @@ class Architecture:
     """HF `architectures` class names it serves (the key of the explicit-mapping lookup)."""
     model_type: str
     """HF `model_type` (the key of the config-table lookup)."""
-    mapping_rules: Callable[[bool], list[MappingRule]] | None
-    """tied embeddings -> the rules mapping every Megatron parameter (see build_registry); None where convcheck has
+    mapping_rules: str | None
+    """`module:function` of the rank-side function (tied embeddings -> the rules mapping every Megatron parameter;
+    see convcheck.models.mapping_registry.build_registry); None where convcheck has
     no explicit mappings for the family yet (the mapping oracle then reports it not covered)."""
     config_rules: tuple[FieldRule, ...]
     """The config oracle's table for this model_type."""

@@ -20,7 +20,6 @@ from convcheck.models.config_rules import (
     same,
     unsupported,
 )
-from convcheck.models.deepseek_mappings import deepseek_rules
 from convcheck.models.fixture_spec import FixtureSpec, engine_variant
 from convcheck.models.qwen3_moe import megatron_moe_layers
 from convcheck.models.upstream_bug import UpstreamBug
@@ -376,7 +375,7 @@ Q_PROJ_NORM_UNMAPPED = UpstreamBug(
 DEEPSEEK_V3 = Architecture(
     hf_classes=("DeepseekV3ForCausalLM",),
     model_type="deepseek_v3",
-    mapping_rules=deepseek_rules,
+    mapping_rules="convcheck.models.deepseek_mappings:deepseek_rules",
     config_rules=DEEPSEEK_V3_TABLE,
     fixtures=(TINY_DEEPSEEK_V3, TINY_MOONLIGHT, TINY_KIMI_K2, TINY_DEEPSEEK_V3_VLLM),
     upstream_bugs=(YARN_DROPPED, MTP_ALIASES_DROPPED, SEQ_LENGTH_4096, Q_PROJ_NORM_UNMAPPED),

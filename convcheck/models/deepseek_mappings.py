@@ -18,7 +18,7 @@ from convcheck.mappings import Gated, Replicated, Split, TensorMapping
 from convcheck.mappings.copies import with_copies
 from convcheck.mappings.mla import kv_down, kv_up, q_down, q_up
 from convcheck.mappings.registry import MappingRule
-from convcheck.models.dense import EMBEDDING, output_layer
+from convcheck.models.dense_mappings import EMBEDDING, output_layer
 from convcheck.models.shared_mappings import routed_expert_rules, vocab_rows
 
 TRANSFORMER_LAYER = r"(decoder\.layers\.(?P<layer>\d+)|mtp\.layers\.(?P<mtp>\d+)\.mtp_model_layer)\."

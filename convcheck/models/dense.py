@@ -7,11 +7,8 @@ GroupedMLP names).
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from convcheck.mappings import Gated, Replicated, Split
-from convcheck.mappings.registry import MappingRule
 from convcheck.models.architecture import Architecture
 from convcheck.models.config_rules import (
     HEADS_AND_VOCAB,
@@ -25,93 +22,6 @@ from convcheck.models.config_rules import (
     unsupported,
 )
 from convcheck.models.fixture_spec import ENGINE_DIMS, tiny_spec
-from convcheck.models.shared_mappings import (
-    LAYER_PREFIX,
-    fused_qkv_rule,
-    routed_expert_rules,
-    vocab_rows,
-)
-
-# ---- explicit mappings ---------------------------------------------------------------------------------------------
-
-EMBEDDING = "model.embed_tokens.weight"
-
-
-def hf_layer(match: re.Match[str], suffix: str) -> str:
-    """HF name of `suffix` in the matched Megatron layer: model.layers.N.<suffix>."""
-    return f"model.layers.{match['layer']}.{suffix}"
-
-
-def hf_expert(match: re.Match[str], projection: str) -> str:
-    """HF name of one expert's projection weight in the matched layer, with an `{expert}` field left to fill."""
-    return hf_layer(match, f"mlp.experts.{{expert}}.{projection}.weight")
-
-
-EMBEDDING_AND_FINAL_NORM = (
-    MappingRule(
-        r"embedding\.word_embeddings\.weight", lambda match, geometry: vocab_rows(match[0], EMBEDDING, geometry)
-    ),
-    MappingRule(
-        r"decoder\.final_layernorm\.weight",
-        lambda match, geometry: Replicated(megatron=match[0], hf="model.norm.weight"),
-    ),
-)
-LAYER_NORMS = (
-    MappingRule(
-        LAYER_PREFIX + r"(input_layernorm\.weight|self_attention\.linear_qkv\.layer_norm_weight)",
-        lambda match, geometry: Replicated(megatron=match[0], hf=hf_layer(match, "input_layernorm.weight")),
-    ),
-    MappingRule(
-        LAYER_PREFIX + r"(pre_mlp_layernorm\.weight|mlp\.linear_fc1\.layer_norm_weight)",
-        lambda match, geometry: Replicated(megatron=match[0], hf=hf_layer(match, "post_attention_layernorm.weight")),
-    ),
-)
-ATTENTION = (
-    fused_qkv_rule(LAYER_PREFIX, hf_layer, bias=True),
-    MappingRule(
-        LAYER_PREFIX + r"self_attention\.q_layernorm\.weight",
-        lambda match, geometry: Replicated(megatron=match[0], hf=hf_layer(match, "self_attn.q_norm.weight")),
-    ),
-    MappingRule(
-        LAYER_PREFIX + r"self_attention\.k_layernorm\.weight",
-        lambda match, geometry: Replicated(megatron=match[0], hf=hf_layer(match, "self_attn.k_norm.weight")),
-    ),
-    MappingRule(
-        LAYER_PREFIX + r"self_attention\.linear_proj\.weight",
-        lambda match, geometry: Split(megatron=match[0], hf=hf_layer(match, "self_attn.o_proj.weight"), dim=1),
-    ),
-)
-GATED_MLP = (
-    MappingRule(
-        LAYER_PREFIX + r"mlp\.linear_fc1\.weight",
-        lambda match, geometry: Gated(
-            megatron=match[0], gate=hf_layer(match, "mlp.gate_proj.weight"), up=hf_layer(match, "mlp.up_proj.weight")
-        ),
-    ),
-    MappingRule(
-        LAYER_PREFIX + r"mlp\.linear_fc2\.weight",
-        lambda match, geometry: Split(megatron=match[0], hf=hf_layer(match, "mlp.down_proj.weight"), dim=1),
-    ),
-)
-EXPERTS = (
-    MappingRule(
-        LAYER_PREFIX + r"mlp\.router\.weight",
-        lambda match, geometry: Replicated(megatron=match[0], hf=hf_layer(match, "mlp.gate.weight")),
-    ),
-    *routed_expert_rules(LAYER_PREFIX, lambda match, _geometry, projection: hf_expert(match, projection)),
-)
-
-
-def output_layer(tied: bool) -> MappingRule:
-    """lm_head; tied: the output layer (PP > 1) is a copy of the embedding and produces nothing of its own."""
-    hf = EMBEDDING if tied else "lm_head.weight"
-    return MappingRule(r"output_layer\.weight", lambda match, geometry: vocab_rows(match[0], hf, geometry))
-
-
-def decoder_rules(tied: bool) -> list[MappingRule]:
-    """Every Megatron parameter of a Llama-style decoder (dense or MoE layers)."""
-    return [*EMBEDDING_AND_FINAL_NORM, *LAYER_NORMS, *ATTENTION, *GATED_MLP, *EXPERTS, output_layer(tied)]
-
 
 # ---- config tables -------------------------------------------------------------------------------------------------
 
@@ -256,7 +166,7 @@ LLAMA_TABLE = (
 QWEN2 = Architecture(
     hf_classes=("Qwen2ForCausalLM",),
     model_type="qwen2",
-    mapping_rules=decoder_rules,
+    mapping_rules="convcheck.models.dense_mappings:decoder_rules",
     config_rules=QWEN2_TABLE,
     fixtures=(
         tiny_spec("qwen2", "Qwen2Config", "Qwen2, GQA 4q/2kv heads, qkv bias", use_sliding_window=False),
@@ -290,7 +200,7 @@ QWEN2 = Architecture(
 QWEN3 = Architecture(
     hf_classes=("Qwen3ForCausalLM",),
     model_type="qwen3",
-    mapping_rules=decoder_rules,
+    mapping_rules="convcheck.models.dense_mappings:decoder_rules",
     config_rules=QWEN3_TABLE,
     fixtures=(
         tiny_spec("qwen3", "Qwen3Config", "Qwen3, GQA 4q/2kv heads, qk-norm"),
@@ -305,7 +215,7 @@ QWEN3 = Architecture(
 LLAMA = Architecture(
     hf_classes=("LlamaForCausalLM",),
     model_type="llama",
-    mapping_rules=decoder_rules,
+    mapping_rules="convcheck.models.dense_mappings:decoder_rules",
     config_rules=LLAMA_TABLE,
     fixtures=(
         tiny_spec("llama", "LlamaConfig", "Llama, GQA 4q/2kv heads, no biases"),

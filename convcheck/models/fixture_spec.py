@@ -27,6 +27,12 @@ ENGINE_DIMS: dict[str, Any] = {"head_dim": 32}
 stays within the distinct-value pool."""
 
 
+MIN_EXP, MAX_EXP = -20, 0
+"""Fixture values are the finite bf16 magnitudes in [2**MIN_EXP, 2**MAX_EXP), both signs (convcheck.fixtures.values)."""
+POOL_SIZE = 2 * 128 * (MAX_EXP - MIN_EXP)
+"""20 exponents x 128 mantissas x 2 signs = 5120 distinct values: a tensor gets pairwise distinct values up to this."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FixtureSpec:
     """One tiny model: transformers config class + overrides, fixed seed."""

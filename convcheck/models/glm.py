@@ -20,7 +20,6 @@ from convcheck.models.deepseek import (
     fixed_qa_kv_eps,
     group_scores_rule,
 )
-from convcheck.models.deepseek_mappings import deepseek_rules
 from convcheck.models.fixture_spec import FixtureSpec
 from convcheck.models.qwen3_moe import megatron_moe_layers
 from convcheck.models.upstream_bug import UpstreamBug
@@ -157,7 +156,7 @@ and EP2: logits differ by 1.9e-2; the same checkpoint with rms_norm_eps 1e-6 pas
 GLM47_FLASH = Architecture(
     hf_classes=("Glm4MoeLiteForCausalLM",),
     model_type="glm4_moe_lite",
-    mapping_rules=deepseek_rules,
+    mapping_rules="convcheck.models.deepseek_mappings:deepseek_rules",
     config_rules=GLM_TABLE,
     fixtures=(TINY_GLM47_FLASH,),
     upstream_bugs=(GLM_MTP_ALIASES_DROPPED, QKV_A_NORM_EPS),

@@ -17,7 +17,6 @@ from convcheck.models.deepseek import DEEPSEEK_V3_TABLE, group_scores_rule
 from convcheck.models.deepseek import MTP_ALIASES_DROPPED as DEEPSEEK_MTP_ALIASES_DROPPED
 from convcheck.models.dense import NORM_ROPE_ACT, SHAPES
 from convcheck.models.fixture_spec import FixtureSpec, engine_variant
-from convcheck.models.glm45_mappings import glm45_rules
 from convcheck.models.upstream_bug import UpstreamBug
 
 GLM45_SHAPES: dict[str, Any] = {
@@ -175,7 +174,7 @@ MTP_FORWARD_NEEDS_LABELS = UpstreamBug(
 GLM45 = Architecture(
     hf_classes=("Glm4MoeForCausalLM",),
     model_type="glm4_moe",
-    mapping_rules=glm45_rules,
+    mapping_rules="convcheck.models.glm45_mappings:glm45_rules",
     config_rules=GLM45_TABLE,
     fixtures=(TINY_GLM45, TINY_GLM45_AIR, TINY_GLM45_VLLM),
     upstream_bugs=(MTP_ALIASES_DROPPED, SEQUENTIAL_EXPERTS_UNMAPPED, MTP_FORWARD_NEEDS_LABELS),

@@ -13,7 +13,6 @@ from typing import Any
 from convcheck.models.architecture import Architecture
 from convcheck.models.fixture_spec import FixtureSpec, engine_variant
 from convcheck.models.gpt_oss_config import GPT_OSS_TABLE
-from convcheck.models.gpt_oss_mappings import gpt_oss_rules
 from convcheck.models.upstream_bug import UpstreamBug
 
 GPT_OSS_SHAPES: dict[str, Any] = {
@@ -161,7 +160,7 @@ ae1bec45a) and on megatron-bridge main c335a9954; 0.3.x transposed every 3-D exp
 GPT_OSS = Architecture(
     hf_classes=("GptOssForCausalLM",),
     model_type="gpt_oss",
-    mapping_rules=gpt_oss_rules,
+    mapping_rules="convcheck.models.gpt_oss_mappings:gpt_oss_rules",
     config_rules=GPT_OSS_TABLE,
     fixtures=(TINY_GPT_OSS, TINY_GPT_OSS_SQUARE, TINY_GPT_OSS_2F_HIDDEN, TINY_GPT_OSS_VLLM),
     upstream_bugs=(

@@ -10,7 +10,7 @@ from convcheck.hf.geometry import Geometry
 from convcheck.mappings import Gated, Replicated, Split
 from convcheck.mappings.interleaved_experts import ExpertBias, InterleavedSlice
 from convcheck.mappings.registry import MappingRule
-from convcheck.models.dense import EMBEDDING_AND_FINAL_NORM, LAYER_NORMS, hf_layer, output_layer
+from convcheck.models.dense_mappings import EMBEDDING_AND_FINAL_NORM, LAYER_NORMS, hf_layer, output_layer
 from convcheck.models.shared_mappings import LAYER_PREFIX, fused_qkv_rule
 
 

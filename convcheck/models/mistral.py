@@ -11,7 +11,7 @@ from typing import Any
 
 from convcheck.models.architecture import Architecture
 from convcheck.models.config_rules import FieldRule, HfView, MegatronGet, implied
-from convcheck.models.dense import NO_EXPERTS, NORM_ROPE_ACT, SHAPES, decoder_rules
+from convcheck.models.dense import NO_EXPERTS, NORM_ROPE_ACT, SHAPES
 from convcheck.models.fixture_spec import ENGINE_DIMS, tiny_spec
 from convcheck.models.upstream_bug import UpstreamBug
 
@@ -80,7 +80,7 @@ WINDOW_EXPORT_DROPPED = UpstreamBug(
 MISTRAL = Architecture(
     hf_classes=("MistralForCausalLM",),
     model_type="mistral",
-    mapping_rules=decoder_rules,
+    mapping_rules="convcheck.models.dense_mappings:decoder_rules",
     config_rules=MISTRAL_TABLE,
     fixtures=(
         tiny_spec(

@@ -7,7 +7,6 @@ from convcheck.models.architecture import Architecture
 from convcheck.models.config_rules import HEADS_AND_VOCAB, FieldRule, HfView, MegatronGet, implied, same, unsupported
 from convcheck.models.dense import NORM_ROPE_ACT
 from convcheck.models.fixture_spec import TINY_SHAPES, FixtureSpec, engine_variant
-from convcheck.models.olmoe_mappings import olmoe_rules
 from convcheck.models.qwen3_moe import SOFTMAX_ROUTER, megatron_moe_layers
 from convcheck.models.upstream_bug import UpstreamBug
 
@@ -141,7 +140,7 @@ HARD_CODED_KNOBS = UpstreamBug(
 OLMOE = Architecture(
     hf_classes=("OlmoeForCausalLM",),
     model_type="olmoe",
-    mapping_rules=olmoe_rules,
+    mapping_rules="convcheck.models.olmoe_mappings:olmoe_rules",
     config_rules=OLMOE_TABLE,
     fixtures=(TINY_OLMOE, TINY_OLMOE_VLLM),
     upstream_bugs=(

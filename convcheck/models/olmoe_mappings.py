@@ -8,7 +8,7 @@ same Replicated mapping as Qwen3's per-head norms (dense.ATTENTION), not split b
 from __future__ import annotations
 
 from convcheck.mappings.registry import MappingRule
-from convcheck.models.dense import ATTENTION, EMBEDDING_AND_FINAL_NORM, EXPERTS, LAYER_NORMS, output_layer
+from convcheck.models.dense_mappings import ATTENTION, EMBEDDING_AND_FINAL_NORM, EXPERTS, LAYER_NORMS, output_layer
 
 
 def olmoe_rules(tied: bool) -> list[MappingRule]:

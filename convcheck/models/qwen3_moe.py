@@ -7,7 +7,7 @@ from typing import Any
 
 from convcheck.models.architecture import Architecture
 from convcheck.models.config_rules import FieldRule, HfView, MegatronGet, first, implied, same
-from convcheck.models.dense import NORM_ROPE_ACT, SHAPES, decoder_rules
+from convcheck.models.dense import NORM_ROPE_ACT, SHAPES
 from convcheck.models.fixture_spec import ENGINE_DIMS, tiny_spec
 
 NUM_EXPERTS = ("num_local_experts", "num_experts")
@@ -74,7 +74,7 @@ TINY_MOE = {
 QWEN3_MOE = Architecture(
     hf_classes=("Qwen3MoeForCausalLM",),
     model_type="qwen3_moe",
-    mapping_rules=decoder_rules,
+    mapping_rules="convcheck.models.dense_mappings:decoder_rules",
     config_rules=QWEN3_MOE_TABLE,
     fixtures=(
         tiny_spec(

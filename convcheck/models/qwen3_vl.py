@@ -10,7 +10,6 @@ from typing import Any
 from convcheck.models.architecture import Architecture
 from convcheck.models.fixture_spec import FixtureSpec
 from convcheck.models.qwen3_vl_config import QWEN3_VL_MOE_TABLE, QWEN3_VL_TABLE
-from convcheck.models.qwen3_vl_mappings import qwen3_vl_moe_rules, qwen3_vl_rules
 from convcheck.models.te_spec_bugs import QWEN3_VL_DTYPE_FROM_TEXT_CONFIG
 from convcheck.models.upstream_bug import UpstreamBug
 
@@ -136,7 +135,7 @@ tokens all equal; with the mergers' activation exact (tests/support/hooks_qwen3_
 QWEN3_VL = Architecture(
     hf_classes=("Qwen3VLForConditionalGeneration",),
     model_type="qwen3_vl",
-    mapping_rules=qwen3_vl_rules,
+    mapping_rules="convcheck.models.qwen3_vl_mappings:qwen3_vl_rules",
     config_rules=QWEN3_VL_TABLE,
     fixtures=(TINY_QWEN3_VL,),
     upstream_bugs=(MERGER_GELU_TANH, CONFIG_EXPORT_FLAT, QWEN3_VL_DTYPE_FROM_TEXT_CONFIG),
@@ -144,7 +143,7 @@ QWEN3_VL = Architecture(
 QWEN3_VL_MOE = Architecture(
     hf_classes=("Qwen3VLMoeForConditionalGeneration",),
     model_type="qwen3_vl_moe",
-    mapping_rules=qwen3_vl_moe_rules,
+    mapping_rules="convcheck.models.qwen3_vl_mappings:qwen3_vl_moe_rules",
     config_rules=QWEN3_VL_MOE_TABLE,
     fixtures=(TINY_QWEN3_VL_MOE,),
     upstream_bugs=(MERGER_GELU_TANH, CONFIG_EXPORT_FLAT, QWEN3_VL_DTYPE_FROM_TEXT_CONFIG),

@@ -27,7 +27,14 @@ from convcheck.hf.geometry import Geometry
 from convcheck.mappings import ConcatenatedQKV, Gated, Replicated, Split
 from convcheck.mappings.fused_experts import TransposedFusedSlice
 from convcheck.mappings.registry import MappingRule
-from convcheck.models.dense import ATTENTION, EMBEDDING_AND_FINAL_NORM, EXPERTS, GATED_MLP, LAYER_NORMS, output_layer
+from convcheck.models.dense_mappings import (
+    ATTENTION,
+    EMBEDDING_AND_FINAL_NORM,
+    EXPERTS,
+    GATED_MLP,
+    LAYER_NORMS,
+    output_layer,
+)
 from convcheck.models.shared_mappings import LAYER_PREFIX, expert_id, expert_weight
 
 LM, HF_LM = "language_model.", "model.language_model."

@@ -20,7 +20,6 @@ from convcheck.models.qwen_next_config import (
     QWEN35_MOE_TABLE,
     QWEN35_TABLE,
 )
-from convcheck.models.qwen_next_mappings import qwen3_next_rules, qwen35_rules
 from convcheck.models.upstream_bug import UpstreamBug
 
 LAYER_TYPES = ["full_attention", "linear_attention", "linear_attention", "full_attention"]
@@ -167,7 +166,7 @@ READS_FULL_ATTENTION_INTERVAL = UpstreamBug(
 QWEN35_MOE = Architecture(
     hf_classes=("Qwen3_5MoeForCausalLM",),
     model_type="qwen3_5_moe_text",
-    mapping_rules=qwen35_rules,
+    mapping_rules="convcheck.models.qwen_next_mappings:qwen35_rules",
     config_rules=QWEN35_MOE_TABLE,
     fixtures=(TINY_QWEN35_MOE, TINY_QWEN36_MOE),
     upstream_bugs=(
@@ -182,7 +181,7 @@ QWEN35_MOE = Architecture(
 QWEN3_NEXT = Architecture(
     hf_classes=("Qwen3NextForCausalLM",),
     model_type="qwen3_next",
-    mapping_rules=qwen3_next_rules,
+    mapping_rules="convcheck.models.qwen_next_mappings:qwen3_next_rules",
     config_rules=QWEN3_NEXT_TABLE,
     fixtures=(TINY_QWEN3_NEXT, TINY_QWEN3_NEXT_VLLM),
     upstream_bugs=(
@@ -197,7 +196,7 @@ QWEN3_NEXT = Architecture(
 QWEN35 = Architecture(
     hf_classes=("Qwen3_5ForCausalLM",),
     model_type="qwen3_5_text",
-    mapping_rules=qwen35_rules,
+    mapping_rules="convcheck.models.qwen_next_mappings:qwen35_rules",
     config_rules=QWEN35_TABLE,
     fixtures=(TINY_QWEN35,),
     upstream_bugs=(GDN_CONFIG_EXPORT_LOSES_SCHEDULE, SCHEDULE_COLLAPSED, QUANT_MAPPING_NOT_IMPLEMENTED),

@@ -19,7 +19,7 @@ from convcheck.hf.geometry import Geometry
 from convcheck.mappings import Gated, Replicated, Split
 from convcheck.mappings.gdn import GDNInProj, GDNWidths, ZeroCentered, gdn_conv1d
 from convcheck.mappings.registry import MappingRule
-from convcheck.models.dense import EMBEDDING_AND_FINAL_NORM, output_layer
+from convcheck.models.dense_mappings import EMBEDDING_AND_FINAL_NORM, output_layer
 from convcheck.models.shared_mappings import (
     fused_expert_rules,
     fused_qkv_rule,

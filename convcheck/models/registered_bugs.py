@@ -91,6 +91,138 @@ MINISTRAL3_LLAMA4_SCALING_BETA_REQUIRED = UpstreamBug(
 )
 """Seen by `convcheck support` on Mistral3ForConditionalGeneration built from transformers 5.12.1's default config."""
 
+ERNIE45_SIGMOID_ROUTER = UpstreamBug(
+    name="ernie45-moe-sigmoid-router",
+    summary="the ERNIE 4.5 MoE bridge sets moe_router_score_function 'sigmoid' (\"same as DeepSeek V3\"), where "
+    "transformers' Ernie4_5_MoeTopKRouter takes a softmax over the experts, picks the top k and renormalizes them: "
+    "Megatron weighs each token's experts by normalized sigmoids instead of the renormalized softmax (2.8e-2 apart "
+    "on random router logits; 'softmax' with pre-softmax off gives HF's weights to 6e-8)",
+    where="megatron/bridge/models/ernie/ernie_45_bridge.py:225; transformers models/ernie4_5_moe/"
+    "modeling_ernie4_5_moe.py:370-376 (the softmax routing)",
+    findings=(("logits", "logits", "logits-differ"), ("logits", "greedy-tokens", "greedy-differs")),
+    seen_in=("0.6.2",),
+)
+"""Seen by `convcheck support` on Ernie4_5_MoeForCausalLM built from transformers 5.12.1's default config (logits
+9.6e-4 apart at TP2); tests/test_upstream_bugs.py recomputes both routings."""
+
+ERNIE45_ROUTER_GATE_BF16 = UpstreamBug(
+    name="ernie45-router-gate-bf16",
+    summary="transformers keeps the ERNIE 4.5 MoE router gate.weight in float32 (_keep_in_fp32_modules_strict) and "
+    "writes it so; the bridge loads it into megatron-core's TopKRouter weight, which megatron-core casts to "
+    "params_dtype (bf16), and exports that: the gate comes back bf16-rounded, dtype bfloat16 where the checkpoint "
+    "holds float32 (the MiniMax-M3 bridge promotes its routers to fp32 for this; the ERNIE one does not)",
+    where="megatron/bridge/models/ernie/ernie_45_bridge.py:322-325 (the router mapping, no fp32 kept); megatron-core "
+    "transformer/moe/router.py:81 (the weight cast to params_dtype); transformers models/ernie4_5_moe/"
+    "modeling_ernie4_5_moe.py:482",
+    findings=(
+        ("roundtrip", "model.layers.*.mlp.gate.weight", "dtype"),
+        ("layout", "model.layers.*.mlp.gate.weight", "tp1-differs-from-source"),
+    ),
+    seen_in=("0.6.2",),
+)
+"""Seen by `convcheck support` on Ernie4_5_MoeForCausalLM written by transformers 5.12.1 (the gate float32)."""
+
+MINIMAX_M3_FP32_EXPORT = UpstreamBug(
+    name="minimax-m3-fp32-params-exported-fp32",
+    summary="the MiniMax-M3 bridge keeps the routers' weights and the vision patch embedding in float32 inside "
+    "Megatron and exports them in float32 whatever dtype the checkpoint holds them in: a checkpoint written by "
+    "transformers (whose MiniMaxM3 class keeps no module in fp32: bf16 throughout, as the bridge says the released "
+    "ones are) comes back with these tensors float32 (the values an exact upcast, the dtype and bytes not the "
+    "checkpoint's)",
+    where="megatron/bridge/models/minimax_m3/minimax_m3_bridge.py:99-112 and :134 (routers promoted to fp32), "
+    "modeling_minimax_m3_vl.py:80 (patch embedding kept fp32); :399-402 (released checkpoints bf16)",
+    findings=(
+        ("roundtrip", "language_model.model.layers.*.block_sparse_moe.gate.weight", "dtype"),
+        ("roundtrip", "vision_tower.vision_model.embeddings.patch_embedding.weight", "dtype"),
+        ("layout", "language_model.model.layers.*.block_sparse_moe.gate.weight", "tp1-differs-from-source"),
+        ("layout", "vision_tower.vision_model.embeddings.patch_embedding.weight", "tp1-differs-from-source"),
+    ),
+    seen_in=("0.6.2",),
+)
+"""Seen by `convcheck support` on MiniMaxM3SparseForConditionalGeneration written by transformers 5.12.1 (bf16)."""
+
+GEMMA3_VL_POOLING_HEAD_DROPPED = UpstreamBug(
+    name="gemma3-vl-pooling-head-dropped",
+    summary="the Gemma 3 VL bridge sets vision_config.vision_use_head False whatever the checkpoint holds; a "
+    "checkpoint whose SigLIP config names no vision_use_head (transformers' Gemma3Config default) has the pooling "
+    "head (transformers builds it then, modeling_siglip.py:572), and the bridge neither loads nor exports its "
+    "vision_tower.head.* tensors: the export drops them",
+    where="megatron/bridge/models/gemma_vl/gemma3_vl_bridge.py:86; transformers models/siglip/modeling_siglip.py:572",
+    findings=(
+        ("coverage", "vision_tower.head.*", "not-exported"),
+        ("roundtrip", "vision_tower.head.*", "missing"),
+        ("elements", "vision_tower.head.*", "never-written"),
+        ("layout", "vision_tower.head.*", "missing"),
+    ),
+    seen_in=("0.6.2",),
+)
+"""Seen by `convcheck support` on Gemma3ForConditionalGeneration built from transformers 5.12.1's default config."""
+
+FALCON_H1_NORM_BEFORE_GATE = UpstreamBug(
+    name="falcon-h1-norm-before-gate-unsupported",
+    summary="the Falcon-H1 bridge passes mamba_norm_before_gate (True in transformers' FalconH1Config default) to "
+    "megatron-core's MambaMixer, which asserts it False (it has no norm-before-gate path): the build raises "
+    "AssertionError and no model is built",
+    where="megatron/bridge/models/falcon_h1/falconh1_bridge.py:67 (the field mapped through); megatron-core "
+    "ssm/mamba_mixer.py:276 (assert not self.norm_before_gate)",
+    findings=tuple((oracle, "<build>", "build-failed") for oracle in _EVERY_ORACLE),
+    seen_in=("0.6.2",),
+)
+"""Seen by `convcheck support` on FalconH1ForCausalLM built from transformers 5.12.1's default config."""
+
+QWEN25_OMNI_TALKER_TOKEN2WAV_DROPPED = UpstreamBug(
+    name="qwen25-omni-talker-token2wav-dropped",
+    summary="the Qwen2.5-Omni bridge converts the thinker only: its mappings name no talker.* or token2wav.* tensor, "
+    "so the export of a Qwen2.5-Omni checkpoint lacks the speech talker and the token-to-wave decoder (557 tensors "
+    "of the tiny checkpoint)",
+    where="megatron/bridge/models/qwen_omni/qwen25_omni_bridge.py:97 (mapping_registry: thinker.* only)",
+    findings=(
+        ("coverage", "talker.*", "not-exported"),
+        ("coverage", "token2wav.*", "not-exported"),
+        ("roundtrip", "talker.*", "missing"),
+        ("roundtrip", "token2wav.*", "missing"),
+        ("elements", "talker.*", "never-written"),
+        ("elements", "token2wav.*", "never-written"),
+        ("layout", "talker.*", "missing"),
+        ("layout", "token2wav.*", "missing"),
+    ),
+    seen_in=("0.6.2",),
+)
+"""Seen by `convcheck support` on Qwen2_5OmniForConditionalGeneration built from transformers 5.12.1's default
+config."""
+
+QWEN25_OMNI_TIE_FROM_TEXT_CONFIG = UpstreamBug(
+    name="qwen25-omni-tie-from-text-config",
+    summary="the Qwen2.5-Omni bridge ties the thinker's output layer to its embedding by "
+    "thinker_config.text_config.tie_word_embeddings, where transformers ties the thinker by its own "
+    "thinker_config.tie_word_embeddings (transformers' defaults: text True, thinker False): the untied "
+    "thinker.lm_head.weight is neither loaded nor exported, the export writes the embedding in its place",
+    where="megatron/bridge/models/qwen_omni/qwen25_omni_bridge.py:75; transformers models/qwen2_5_omni/"
+    "modeling_qwen2_5_omni.py:1725 (the thinker's tie, under its own config)",
+    findings=(
+        ("roundtrip", "thinker.lm_head.weight", "bytes-differ"),
+        ("elements", "thinker.lm_head.weight", "never-written"),
+        ("layout", "thinker.lm_head.weight", "tp1-differs-from-source"),
+    ),
+    seen_in=("0.6.2",),
+)
+"""Seen by `convcheck support` on Qwen2_5OmniForConditionalGeneration built from transformers 5.12.1's default
+config (the thinker untied, its text config tied)."""
+
+QWEN25_VL_MROPE_SECTION_FIXED = UpstreamBug(
+    name="qwen25-vl-mrope-section-fixed",
+    summary="the Qwen2.5-VL bridge never reads the config's mrope_section: the provider keeps its default [16, 24, 24] "
+    "(the 128-wide heads of the published checkpoints), so a model with other heads (or another section) gets a "
+    "multimodal RoPE split that does not fit: the Megatron forward raises (split_with_sizes: [16, 24, 24] * 2 on "
+    "16-wide heads) or rotates by the wrong sections",
+    where="megatron/bridge/models/qwen_vl/qwen25_vl_provider.py:35 (the default); qwen25_vl_bridge.py:51-80 (no "
+    "mrope_section read, where qwen3_vl_bridge.py:107 reads it)",
+    findings=(("logits", "<megatron forward>", "forward-failed"),),
+    seen_in=("0.6.2",),
+)
+"""Seen by `convcheck support` on Qwen2_5_VLForConditionalGeneration built from transformers 5.12.1's default config
+(head_dim 16)."""
+
 TRANSFORMERS_QWEN2_AUDIO_SAVE_DOUBLE_PREFIX = UpstreamBug(
     name="transformers-qwen2-audio-save-double-prefix",
     summary="transformers' save_pretrained reverses both the qwen2_audio and the Qwen2AudioModel key renamings, so "
@@ -108,11 +240,12 @@ TRANSFORMERS_QWEN2_AUDIO_SAVE_DOUBLE_PREFIX = UpstreamBug(
         ("layout", "language_model.model.model.*", "missing"),
         ("elements", "language_model.model.model.*", "never-written"),
     ),
+    consequences=(("logits", "logits", "logits-differ"), ("logits", "greedy-tokens", "greedy-differs")),
     seen_in=("5.12.1",),
     project="transformers",
 )
-"""Seen by `convcheck support` on Qwen2AudioForConditionalGeneration written by transformers 5.12.1 (the logits'
-Megatron forward failure on the same row is not explained by it)."""
+"""Seen by `convcheck support` on Qwen2AudioForConditionalGeneration written by transformers 5.12.1; the logits of a
+language model the import never wrote differ from HF's as a consequence (tagged only beside its coverage findings)."""
 
 TRANSFORMERS_EMBEDDING_SAVED_SINGULAR = UpstreamBug(
     name="transformers-nemotron-h-embedding-saved-singular",
@@ -132,19 +265,28 @@ TRANSFORMERS_EMBEDDING_SAVED_SINGULAR = UpstreamBug(
         ("mapping", "backbone.embeddings.weight", "not-exported"),
         ("mapping", "backbone.embeddings.weight", "uncovered"),
         ("mapping", "embedding.word_embeddings.weight", "mapping-error"),
-    ),  # not the logits it leaves at the embedding's init values: the catalog's NemotronH mutants are caught there
+    ),
+    consequences=(("logits", "logits", "logits-differ"), ("logits", "greedy-tokens", "greedy-differs")),
     seen_in=("5.12.1",),
     project="transformers",
 )
-"""Seen by `convcheck support` on NemotronHForCausalLM written by transformers 5.12.1's save_pretrained at EP2."""
+"""Seen by `convcheck support` on NemotronHForCausalLM written by transformers 5.12.1's save_pretrained at EP2; the
+logits of a model whose embedding the import never wrote (NaN) differ as a consequence, tagged only beside the
+embedding's coverage findings (a planted NemotronH bug the logits catch stays untagged)."""
 
 REGISTERED_BUGS: dict[str, tuple[UpstreamBug, ...]] = {
     "DeepseekV4ForCausalLM": (DEEPSEEK_V4_ROPE_NEEDS_YARN,),
+    "Ernie4_5_MoeForCausalLM": (ERNIE45_SIGMOID_ROUTER, ERNIE45_ROUTER_GATE_BF16),
+    "FalconH1ForCausalLM": (FALCON_H1_NORM_BEFORE_GATE,),
+    "Gemma3ForConditionalGeneration": (GEMMA3_VL_POOLING_HEAD_DROPPED,),
     "Exaone4ForCausalLM": (EXAONE4_UNTIED_LM_HEAD_UNMAPPED,),
     "Glm4vMoeForConditionalGeneration": (GLM45V_HEAD_DIM_REQUIRED,),
     "GlmMoeDsaForCausalLM": (GLM5_INDEXER_ROPE_INTERLEAVE_REQUIRED,),
     "HYV3ForCausalLM": (HYV3_FIRST_K_DENSE_REQUIRED,),
+    "MiniMaxM3SparseForConditionalGeneration": (MINIMAX_M3_FP32_EXPORT,),
     "Mistral3ForConditionalGeneration": (MINISTRAL3_LLAMA4_SCALING_BETA_REQUIRED,),
     "Qwen2AudioForConditionalGeneration": (TRANSFORMERS_QWEN2_AUDIO_SAVE_DOUBLE_PREFIX,),
+    "Qwen2_5OmniForConditionalGeneration": (QWEN25_OMNI_TALKER_TOKEN2WAV_DROPPED, QWEN25_OMNI_TIE_FROM_TEXT_CONFIG),
+    "Qwen2_5_VLForConditionalGeneration": (QWEN25_VL_MROPE_SECTION_FIXED,),
 }
 """HF class -> the known bugs its `convcheck support` row shows."""

@@ -29,12 +29,21 @@ class UpstreamBug:
     """The upstream release or commit that fixes it, when there is one."""
     project: str = "megatron-bridge"
     """Whose bug it is: "megatron-bridge", or a rollout engine ("vllm"); `seen_in` lists that project's versions."""
+    consequences: tuple[tuple[str, str, str], ...] = ()
+    """(oracle, tensor, finding kind) of findings it causes only through one of `findings` (the logits of a model
+    whose embedding the import never wrote): explained only in a run where one of `findings` was explained too."""
 
     def explains(self, bridge_version: str, oracle: str, tensor: str, kind: str) -> bool:
-        return bridge_version in self.seen_in and any(
-            fnmatchcase(oracle, o) and kind == k and fnmatchcase(tensor, t) for o, t, k in self.findings
-        )
+        return bridge_version in self.seen_in and _matches(self.findings, oracle, tensor, kind)
+
+    def explains_consequence(self, bridge_version: str, oracle: str, tensor: str, kind: str) -> bool:
+        """Whether a finding is one of `consequences` (to tag only beside a finding `explains`)."""
+        return bridge_version in self.seen_in and _matches(self.consequences, oracle, tensor, kind)
 
     def line(self, count: int) -> str:
         fixed = f"; fixed in {self.fixed_in}" if self.fixed_in else "; not fixed upstream yet"
         return f"{count} finding(s) are the known {self.project} bug {self.name}: {self.summary} ({self.where}{fixed})"
+
+
+def _matches(patterns: tuple[tuple[str, str, str], ...], oracle: str, tensor: str, kind: str) -> bool:
+    return any(fnmatchcase(oracle, o) and kind == k and fnmatchcase(tensor, t) for o, t, k in patterns)

@@ -7,7 +7,7 @@ oracles catch it and name the tensor.
 from __future__ import annotations
 
 from convcheck.compare.bits import int_view
-from convcheck.mutants import alter_provider, wrap
+from convcheck.mutants.patch import alter_provider, wrap
 
 
 def swap_qk_head0() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from convcheck.compare.bits import int_view
-from convcheck.mutants import wrap
+from convcheck.mutants.patch import wrap
 
 DROPPED_KEY = "decoder.final_layernorm.weight"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from convcheck.mutants import wrap
+from convcheck.mutants.patch import wrap
 
 
 def tp_concat_reversed() -> None:

@@ -6,7 +6,7 @@ wrong field, the way a bridge that mistranslates the HF config would.
 
 from __future__ import annotations
 
-from convcheck.mutants import alter_provider, wrap
+from convcheck.mutants.patch import alter_provider, wrap
 
 
 def wrong_rope_theta() -> None:

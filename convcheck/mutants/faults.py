@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from convcheck.mutants import wrap
+from convcheck.mutants.patch import wrap
 from convcheck.oracles import coverage
 
 TENSORS_BEFORE_FAULT = 3

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from convcheck.mutants import wrap
+from convcheck.mutants.patch import wrap
 
 
 def _layer0_gate_up(name: Any) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from convcheck.mutants import alter_provider, wrap
+from convcheck.mutants.patch import alter_provider, wrap
 
 
 def conv1d_not_deinterleaved() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from convcheck.mutants import alter_provider, wrap
+from convcheck.mutants.patch import alter_provider, wrap
 
 EXPERT_BIAS = "decoder.layers.2.mlp.router.expert_bias"
 MTP_QKV = "mtp.layers.0.mtp_model_layer.self_attention.linear_qkv.weight"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from convcheck.mutants import wrap
+from convcheck.mutants.patch import wrap
 
 
 def _gate_up_mapping() -> Any:
@@ -111,6 +111,6 @@ def window_off_by_one() -> None:
     """The provider's window is (W, 0) instead of (W - 1, 0): one key more than HF's W-token window (#2656)."""
     from megatron.bridge.models.gpt_oss.gpt_oss_bridge import GPTOSSBridge
 
-    from convcheck.mutants import alter_provider
+    from convcheck.mutants.patch import alter_provider
 
     alter_provider(lambda p: setattr(p, "window_size", (p.window_size[0] + 1, p.window_size[1])), only=GPTOSSBridge)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from convcheck.mutants import alter_provider, wrap
+from convcheck.mutants.patch import alter_provider, wrap
 
 
 def _alter_nemotron_h(change: Callable[[Any], None]) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from convcheck.mutants import permute_rows_symmetrically, wrap
+from convcheck.mutants.patch import permute_rows_symmetrically, wrap
 
 
 def _dt_first_perm(config: Any, tp: int, inverse: bool) -> Any:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from convcheck.mutants import alter_provider, wrap
+from convcheck.mutants.patch import alter_provider, wrap
 
 RowOrder = Callable[[Any, int], Any]
 """(the provider, rows of the full HF tensor) -> index tensor of the rows the bridge stores in their place."""

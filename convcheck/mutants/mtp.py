@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from convcheck.mutants import wrap
+from convcheck.mutants.patch import wrap
 
 EMBED_ALIAS = ".embed_tokens.weight"
 HEAD_ALIAS = ".shared_head.head.weight"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from convcheck.mutants import wrap
+from convcheck.mutants.patch import wrap
 
 Q_NORM_0 = "decoder.layers.0.self_attention.q_layernorm.weight"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from convcheck.mutants import wrap
+from convcheck.mutants.patch import wrap
 
 
 def ep_rank1_takes_rank0_experts() -> None:

@@ -10,7 +10,7 @@ padding rows. `fix_vocab_padding` pads at TP1 too and trims each vocabulary mapp
 
 from __future__ import annotations
 
-from convcheck.mutants import wrap
+from convcheck.mutants.patch import wrap
 
 VOCAB_PARAMS = ("embedding.word_embeddings.weight", "output_layer.weight")
 """The Megatron parameters whose rows are the (padded) vocabulary."""

@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from convcheck.mutants import wrap
+from convcheck.mutants.patch import wrap
 
 SCALE = "_scale_inv"
 

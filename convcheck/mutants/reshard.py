@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from convcheck.mutants import wrap
+from convcheck.mutants.patch import wrap
 from convcheck.reshard import plan, roles
 
 REPLICATED = "decoder.layers.0.self_attention.linear_proj.weight"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from convcheck.mutants import permute_rows_symmetrically
+from convcheck.mutants.patch import permute_rows_symmetrically
 
 
 def _group_perm(config: Any, rows: int, inverse: bool) -> Any:

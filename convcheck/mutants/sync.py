@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from convcheck.compare.bits import int_view
-from convcheck.mutants import wrap
+from convcheck.mutants.patch import wrap
 from convcheck.sync import delta, transport
 from convcheck.sync.buckets import Bucket, pack_buckets, unpack_bucket
 from convcheck.sync.receivers import FusedReceiver

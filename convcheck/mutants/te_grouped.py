@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from convcheck.mutants import wrap
+from convcheck.mutants.patch import wrap
 
 
 def grouped_export_local_expert_id() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from convcheck.mutants import wrap
+from convcheck.mutants.patch import wrap
 
 
 def chunk_offset_from_chunk0() -> None:

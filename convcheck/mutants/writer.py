@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from convcheck.mutants import wrap
+from convcheck.mutants.patch import wrap
 
 DROPPED_SHARD = "model-00002-of-00003.safetensors"
 TIED = ("model.embed_tokens.weight", "lm_head.weight")

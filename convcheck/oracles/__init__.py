@@ -1,65 +1,55 @@
 """Oracles: each answers one question about a conversion with a typed verdict.
 
-An oracle is a module with `INFO` (an OracleInfo) and a collective `run(ctx: RankContext) -> OracleVerdict | None`:
-every rank calls it, rank 0 returns the verdict. Oracle modules import torch and the bridge lazily, so importing
-this registry stays light enough for the CLI to list and validate names.
+This package's top is the launcher side's view of them, pure data: each oracle's description (OracleInfo, declared in
+convcheck.oracles.catalog*) with the options it owns, and the lookups the CLI, `api.prepare` and the Job read. An
+oracle itself is a rank-side module (`OracleInfo.module`) with a collective `run(ctx: RankContext) -> OracleVerdict |
+None`: every rank calls it, rank 0 returns the verdict; the ranks import it by name (`load_oracle`).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping, Sequence
-from types import ModuleType
 from typing import Any, Callable
 
 from convcheck.errors import BadInput
-from convcheck.oracles import (
-    broadcast,
-    config,
-    coverage,
-    delta,
-    differential,
-    distckpt,
-    elements,
-    engine,
-    idempotence,
-    layout_invariance,
-    logits,
-    mapping,
-    mapping_live,
-    quant,
-    quant_import,
-    receiver,
-    receiver_live,
-    reshard,
-    roundtrip,
-    save,
-)
 from convcheck.oracles.base import OracleInfo, OracleOption
-
-_MODULES: tuple[ModuleType, ...] = (
-    coverage,
-    roundtrip,
-    config,
-    logits,
-    differential,
-    elements,
-    layout_invariance,
-    mapping,
-    receiver,
-    idempotence,
-    delta,
-    broadcast,
-    distckpt,
-    reshard,
-    save,
-    quant,
-    quant_import,
-    engine,
+from convcheck.oracles.catalog import (
+    CONFIG,
+    COVERAGE,
+    DIFFERENTIAL,
+    ELEMENTS,
+    LAYOUT_INVARIANCE,
+    LOGITS,
+    MAPPING,
+    ROUNDTRIP,
 )
-"""In the order a run executes them; the opt-in ones (INFO.default False) run only when named."""
+from convcheck.oracles.catalog_store import DISTCKPT, QUANT, QUANT_IMPORT, RESHARD, SAVE
+from convcheck.oracles.catalog_sync import BROADCAST, DELTA, ENGINE, IDEMPOTENCE, RECEIVER
 
-ORACLES: dict[str, OracleInfo] = {m.INFO.name: m.INFO for m in _MODULES}
-_RUN: dict[str, Callable[[Any], Any]] = {m.INFO.name: m.run for m in _MODULES}
+_INFOS: tuple[OracleInfo, ...] = (
+    COVERAGE,
+    ROUNDTRIP,
+    CONFIG,
+    LOGITS,
+    DIFFERENTIAL,
+    ELEMENTS,
+    LAYOUT_INVARIANCE,
+    MAPPING,
+    RECEIVER,
+    IDEMPOTENCE,
+    DELTA,
+    BROADCAST,
+    DISTCKPT,
+    RESHARD,
+    SAVE,
+    QUANT,
+    QUANT_IMPORT,
+    ENGINE,
+)
+"""In the order a run executes them; the opt-in ones (default False) run only when named."""
+
+ORACLES: dict[str, OracleInfo] = {info.name: info for info in _INFOS}
 DEFAULT_ORACLES: tuple[str, ...] = tuple(name for name, info in ORACLES.items() if info.default)
 """What a plain `verify` runs."""
 
@@ -114,8 +104,9 @@ def start_early(names: Sequence[str], options: Mapping[str, Mapping[str, Any]], 
     out: dict[str, Any] = {}
     try:
         for name in names:
-            if ORACLES[name].early is not None:
-                out[name] = ORACLES[name].early(options.get(name, {}), spec)
+            if ORACLES[name].early:
+                module, function = ORACLES[name].early.split(":")
+                out[name] = getattr(importlib.import_module(module), function)(options.get(name, {}), spec)
     except BaseException:
         close_early(out)
         raise
@@ -153,21 +144,25 @@ def parse_oracle_names(spec: str | None) -> tuple[str, ...]:
 
 
 def oracles_markdown() -> str:
-    """The table README.md embeds between its `oracles:begin` / `oracles:end` markers (the modules' own INFO text)."""
+    """The table README.md embeds between its `oracles:begin` / `oracles:end` markers (each oracle's description)."""
     lines = ["| oracle | proves | does not prove |", "| --- | --- | --- |"]
     lines += [f"| `{i.name}` | {i.proves} | {i.does_not_prove} |" for i in ORACLES.values()]
     return "\n".join(lines) + "\n"
 
 
 def load_oracle(name: str) -> Callable[[Any], Any]:
-    """The `run` function of oracle `name`."""
-    return _RUN[name]
+    """The `run` function of oracle `name` (imports its rank-side module)."""
+    return importlib.import_module(ORACLES[name].module).run
 
 
 LIVE_ORACLES: tuple[str, ...] = tuple(name for name, info in ORACLES.items() if info.live)
 """The oracles that can run inside a user's job with no HF source of the weights' values (convcheck.live)."""
 LIVE_DEFAULT: tuple[str, ...] = ("coverage", "differential", "mapping")
-_LIVE_RUN: dict[str, Callable[[Any], Any]] = {"mapping": mapping_live.run, "receiver": receiver_live.run}
+_LIVE_MODULES: dict[str, str] = {
+    "mapping": "convcheck.oracles.mapping_live",
+    "receiver": "convcheck.oracles.receiver_live",
+}
+"""The oracles whose live variant is another module's `run`."""
 
 
 def parse_live_names(names: Sequence[str] | str | None) -> tuple[str, ...]:
@@ -186,7 +181,7 @@ def parse_live_names(names: Sequence[str] | str | None) -> tuple[str, ...]:
 
 def load_live_oracle(name: str) -> Callable[[Any], Any]:
     """The `run` function oracle `name` uses inside a user's job (its own unless it has a live variant)."""
-    return _LIVE_RUN.get(name, _RUN[name])
+    return importlib.import_module(_LIVE_MODULES.get(name, ORACLES[name].module)).run
 
 
 def live_markdown() -> str:

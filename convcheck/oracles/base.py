@@ -1,4 +1,5 @@
-"""What every oracle module declares beside its `run`: its name and what it proves and does not prove."""
+"""How an oracle is described (convcheck.oracles.catalog*): its name, what it proves and does not prove, where its `run`
+lives and the options it owns. Pure data: the launcher side reads it without importing any oracle."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ class OracleInfo:
     """One oracle's self-description, shown by `convcheck oracles` and README."""
 
     name: str
+    module: str
+    """The rank-side module whose `run(ctx)` is the oracle (imported only on the ranks)."""
     proves: str
     does_not_prove: str
     default: bool = True
@@ -30,10 +33,10 @@ class OracleInfo:
     (convcheck.live); "" when it needs such a source (asking for it live is bad input)."""
     options: tuple[OracleOption, ...] = ()
     """The `verify` options it owns (OracleOption): declared here and nowhere else."""
-    early: Callable[[Mapping[str, Any], Any], Any] | None = None
-    """Work rank 0 starts before the model is built, to overlap with it (e.g. the engine process loading the
-    checkpoint): called as early(its options, the RankSpec); what it returns (closed with `.close()` when the job
-    ends) reaches `run` as `ctx.early[name]`."""
+    early: str = ""
+    """`module:function` of work rank 0 starts before the model is built, to overlap with it (e.g. the engine
+    process loading the checkpoint): called as function(its options, the RankSpec); what it returns (closed with
+    `.close()` when the job ends) reaches `run` as `ctx.early[name]`."""
     ready: Callable[[Mapping[str, Any]], Any] | None = None
     """Launcher-side check, before any rank starts, that the oracle can run with the options given (its key ->
     value; BadInput naming what is missing otherwise), e.g. that the engine's environment exists."""

@@ -6,22 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 from convcheck.compare.bits import compare_bits, unravel_index
-from convcheck.hf.checkpoint import TensorReader
-from convcheck.oracles.base import OracleInfo
+from convcheck.hf.tensors import TensorReader
+from convcheck.oracles import ORACLES
 from convcheck.rank.context import RankContext
 from convcheck.sync.transport import Channel, chunk_bytes, sync_group
 from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
 
 NAME = "broadcast"
-INFO = OracleInfo(
-    name=NAME,
-    proves="every tensor of the sender's stream, broadcast by rank 0 over a process group of its own in chunks of "
-    "at most --chunk-mb, arrives on every other rank complete and byte-identical to that rank's own read of the "
-    "source checkpoint (dtype, shape, raw bytes); measures bytes, seconds and effective bandwidth",
-    does_not_prove="anything about other transports (IPC handles, NCCL on other topologies) or a receiver "
-    "loading the bytes (see receiver); needs at least 2 ranks",
-    default=False,
-)
+INFO = ORACLES[NAME]
 
 
 def received_finding(received: Any, reader: Any, rank: int) -> Finding | None:

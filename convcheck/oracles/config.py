@@ -6,20 +6,12 @@ from typing import Any
 
 from convcheck.models import TABLES
 from convcheck.models.config_rules import REQUIRED, Coverage, FieldRule, HfView
-from convcheck.oracles.base import OracleInfo
+from convcheck.oracles import ORACLES
 from convcheck.rank.context import RankContext
 from convcheck.verdict import Finding, OracleVerdict, make_verdict
 
 NAME = "config"
-INFO = OracleInfo(
-    name=NAME,
-    proves="every field of the per-architecture table (shapes, heads/groups, rope, norm eps, qk-norm, "
-    "activation, tied embeddings, biases, MoE routing) holds in the built model's TransformerConfig, "
-    "no HF field outside the table differs from its class default, and the bridge's "
-    "megatron_to_hf_config gives back the same values",
-    does_not_prove="that Megatron computes what the HF code computes for equal settings (see logits); fields that "
-    "equal their class default are not examined",
-)
+INFO = ORACLES[NAME]
 _ABSENT = "<absent>"
 
 

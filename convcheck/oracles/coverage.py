@@ -7,26 +7,12 @@ from collections import Counter
 from typing import Any
 
 from convcheck.layout import ParallelLayout, RankCoord
-from convcheck.oracles.base import OracleInfo
+from convcheck.oracles import ORACLES
 from convcheck.rank.context import RankContext
 from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
 
 NAME = "coverage"
-INFO = OracleInfo(
-    name=NAME,
-    proves="every Megatron parameter and persistent buffer has a bridge mapping whose HF tensors exist, "
-    "every element was written by the import, every global parameter is held exactly once per "
-    "model-parallel replica (no two EP ranks or PP stages claim one name), and the export produces every "
-    "source tensor exactly once with no extra names; under a virtual pipeline or uneven stages, every model chunk "
-    "holds exactly the decoder layers the layout puts there",
-    does_not_prove="that any value landed in the right place (see roundtrip)",
-    drains_export=True,
-    live="every Megatron parameter and persistent buffer of the job's chunks has a bridge mapping whose HF tensors "
-    "the bridge's own checkpoint header names, every global parameter is held exactly once per model-parallel "
-    "replica, and the export of the trained weights produces every tensor that header names exactly once with no "
-    "extra names (names, shapes and dtypes from the header only; that an import wrote every element is the job's own "
-    "load, not checked live)",
-)
+INFO = ORACLES[NAME]
 
 
 def _hf_names(mapping: Any) -> list[str]:

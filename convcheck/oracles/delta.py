@@ -10,23 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from convcheck.compare.bits import compare_bits, int_view
-from convcheck.oracles import receiver_vllm
-from convcheck.oracles.base import OracleInfo
+from convcheck.oracles import ORACLES, receiver_vllm
 from convcheck.oracles.receiver_vllm import DeltaSteps
 from convcheck.rank.context import RankContext
 from convcheck.sync import delta as wire
 from convcheck.verdict import Finding, OracleVerdict, make_verdict
 
 NAME = "delta"
-INFO = OracleInfo(
-    name=NAME,
-    proves="previous export + the sparse delta (built in HF coordinates, encoded and decoded through the wire "
-    "format) == the export after a planted in-place update of a few parameters, bitwise, tensor by tensor; the "
-    "update shows in the delta; the delta of an unchanged export is empty and applying an empty delta is a no-op",
-    does_not_prove="that a real optimizer step's changes are exported (the planted update flips low bits of a few "
-    "elements), or anything about a receiver applying the delta (see receiver)",
-    default=False,
-)
+INFO = ORACLES[NAME]
 PARAMS = 3
 ELEMENTS = 4
 

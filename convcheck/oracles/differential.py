@@ -17,29 +17,14 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from convcheck.oracles.base import OracleInfo
+from convcheck.oracles import ORACLES
 from convcheck.probe.collect import collect, first_outside, origin, probe_failed, ranges_finding, replica_writers
 from convcheck.probe.run import where_hits, write_counts
 from convcheck.rank.context import RankContext
 from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
 
 NAME = "differential"
-INFO = OracleInfo(
-    name=NAME,
-    proves="per conversion task, the real megatron_to_hf (true collectives) equals, bitwise, the union over "
-    "ranks of a comm-stub probe run of the same mapping: every element covered, ranks agree, no probe "
-    "slot missing from the real output (tasks of one rank and shard geometry whose mappings differ only in their layer "
-    "and expert numbers share one probe run, its slots renamed, once a probed task moved in each number agrees; every "
-    "task's real output is still compared bitwise with its own shard)",
-    does_not_prove="that the mapping's local math is right (a bug outside the collectives is in both sides; see "
-    "roundtrip); mappings that compute values instead of moving them are reported, not proven (except the "
-    "elementwise value maps convcheck.probe.values declares, checked bitwise against the declared map); that replicas "
-    "of a tensor no collective touches hold equal weights (see mapping)",
-    rides_on="export",
-    live="the same on the trained weights, over the job's own process groups: per conversion task the real "
-    "megatron_to_hf equals, bitwise, the union over ranks of the comm-stub probe (index codes on copies, the weights "
-    "never written); every element covered, ranks agree",
-)
+INFO = ORACLES[NAME]
 
 
 def run(ctx: RankContext) -> OracleVerdict | None:

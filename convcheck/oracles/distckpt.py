@@ -10,23 +10,12 @@ The engine folds the phases into one verdict. Opt-in: `--oracle distckpt [--resu
 from __future__ import annotations
 
 from convcheck.ckpt.phases import resume_phase, save_phase
-from convcheck.oracles.base import OracleInfo
+from convcheck.oracles import ORACLES
 from convcheck.rank.context import RankContext
 from convcheck.verdict import Finding, OracleVerdict, make_verdict
 
 NAME = "distckpt"
-INFO = OracleInfo(
-    name=NAME,
-    proves="the model saved with megatron-core dist_checkpointing (torch_dist) at the run's layout and restored into "
-    "a fresh NaN-filled model at --resume-layout (a separate launch each, TP1 by default) restores every "
-    "sharded key and every element, and the HF exports at both layouts are byte-identical to the source; "
-    "on CUDA also that every Adam moment and fp32 main param of the distributed optimizer stays with its "
-    "element",
-    does_not_prove="other save strategies (async, fully parallel) or a trainer's own resume logic (iteration, RNG, "
-    "data state); on a CPU run the optimizer state (megatron-core's DDP and distributed optimizer are "
-    "CUDA-only there: reported as not run)",
-    default=False,
-)
+INFO = ORACLES[NAME]
 
 
 def run(ctx: RankContext) -> OracleVerdict | None:

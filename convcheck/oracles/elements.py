@@ -9,21 +9,14 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from convcheck.oracles.base import OracleInfo
+from convcheck.oracles import ORACLES
 from convcheck.probe.collect import collect, first_outside, probe_failed, ranges_finding, replica_writers
 from convcheck.probe.run import where_hits, write_counts
 from convcheck.rank.context import RankContext
 from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
 
 NAME = "elements"
-INFO = OracleInfo(
-    name=NAME,
-    proves="with index-coded shards, every element of every source HF tensor is written exactly once across "
-    "ranks (replicas count once); gaps and overlaps are named as HF index ranges",
-    does_not_prove="that the element written at an index holds the right value (see roundtrip, differential)",
-    live="the same with index codes on copies of the job's shards (the weights are never written): every element of "
-    "every tensor the bridge's checkpoint header names is written exactly once across ranks",
-)
+INFO = ORACLES[NAME]
 
 
 def run(ctx: RankContext) -> OracleVerdict | None:

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from convcheck.hf.geometry import Geometry
-from convcheck.hooks import parse_hook
-from convcheck.oracles.base import OracleInfo, OracleOption, option_values
+from convcheck.oracles import ORACLES
+from convcheck.oracles.base import option_values
 from convcheck.rank.context import RankContext
 from convcheck.rollout import findings as found
 from convcheck.rollout.environment import check_python
@@ -25,63 +25,14 @@ NAME = "engine"
 SYNCS = ("after the sync", "after a second, identical sync")
 
 
-def _receiver_spec(spec: str) -> str:
-    """`reload` or MODULE:FUNC / FILE.py:FUNC (a file made absolute: the engine process imports it, from the repo)."""
-    if spec == "reload":
-        return spec
-    parsed = parse_hook(spec, what="--engine-receiver")
-    return f"{Path(parsed.target).resolve()}:{parsed.function}" if parsed.is_file else spec
+INFO = ORACLES[NAME]
 
 
-INFO = OracleInfo(
-    name=NAME,
-    proves="after the run's export (the chosen --sender, at this layout) is synced into a real vLLM engine (its own "
-    "process and environment; tensors in shared-memory buckets of --chunk-mb; vLLM's reload_weights or "
-    "--engine-receiver) that was first loaded from the source checkpoint by its own loader and then poisoned "
-    "(every weight sign-flipped through its reload path, shown to reach every tensor and its outputs), every "
-    "parameter and every weight the CPU backend packs (as last packed) is bitwise what the engine's fresh load held, "
-    "the prompt logprobs and greedy tokens of fixed prompts are bitwise the fresh load's, every source tensor "
-    "reaches the receiver exactly once, a second identical sync changes nothing, and (--engine-delta on) a planted "
-    "update's delta leaves the engine computing bitwise what a fresh load of the updated checkpoint computes",
-    does_not_prove="that the engine's fresh load is itself right (its loader and kernels are the reference), "
-    "deltas other than the planted one, sampling with temperature, or other prompts; packed weights are read "
-    "where the engine packs them, not inside the packed kernel format",
-    default=False,
-    options=(
-        OracleOption(
-            flag="--engine-python",
-            metavar="PATH",
-            check=check_python,
-            help="the interpreter of the engine's environment (default: $CONVCHECK_ENGINE_PYTHON, else "
-            ".venv-vllm/bin/python, built by `make env-vllm`).",
-        ),
-        OracleOption(
-            flag="--engine-delta",
-            choices=("off", "on"),
-            default="off",
-            help="after the full syncs proved right, also sync a planted update (3 tensors of the source with every "
-            "odd element's sign flipped, written as an updated checkpoint) and prove the engine then computes "
-            "bitwise what a second engine's fresh load of that checkpoint computes (default: off).",
-        ),
-        OracleOption(
-            flag="--engine-transport",
-            choices=("shm", "folder"),
-            default="shm",
-            help="how the synced tensors reach the engine: shm (shared-memory buckets of --chunk-mb, streamed) or "
-            "folder (safetensors files of at most --chunk-mb each in a temporary folder, loaded by vLLM's "
-            "reload_weights(weights_path=...) or handed to --engine-receiver; removed after each sync) (default: shm).",
-        ),
-        OracleOption(
-            flag="--engine-receiver",
-            metavar="FILE.py:FUNC",
-            check=_receiver_spec,
-            help="the engine-side receiver, called inside the engine process as FUNC(llm, weights) "
-            "(default: reload, vLLM's worker reload_weights).",
-        ),
-    ),  # fmt: skip
-    ready=lambda options: check_python(options.get("engine_python")),
-    early=lambda options, spec: _launch(options, spec.model_path, spec.workdir, spec.sync.chunk_mb, spec.timeout_s),
-)
+def start_engine(given: Any, spec: Any) -> Any:
+    """OracleInfo.early: rank 0 starts the engine process before the model is built (`spec`: the RankSpec)."""
+    return _launch(given, spec.model_path, spec.workdir, spec.sync.chunk_mb, spec.timeout_s)
+
+
 SHM = "shm"
 
 

@@ -35,13 +35,16 @@ def eager() -> dict[str, str]:
 
 def lm_auto_class(config: Any) -> Any:
     """The transformers auto class whose model gives `config`'s logits: AutoModelForCausalLM, or for a
-    vision-language checkpoint it has no entry for (Qwen3-VL, ...) AutoModelForImageTextToText, whose model runs a
-    text-only input through its language model."""
+    vision-language or audio-language checkpoint it has no entry for (Qwen3-VL, Qwen2-Audio, ...)
+    AutoModelForImageTextToText or AutoModelForMultimodalLM, whose model runs a text-only input through its language
+    model."""
     import transformers
 
     if type(config) not in transformers.AutoModelForCausalLM._model_mapping:
-        if type(config) in transformers.AutoModelForImageTextToText._model_mapping:
-            return transformers.AutoModelForImageTextToText
+        for name in ("AutoModelForImageTextToText", "AutoModelForMultimodalLM"):
+            auto = getattr(transformers, name, None)
+            if auto is not None and type(config) in auto._model_mapping:
+                return auto
     return transformers.AutoModelForCausalLM
 
 

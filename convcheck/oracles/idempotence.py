@@ -6,23 +6,13 @@ import random
 from typing import Any
 
 from convcheck.compare.bits import bytes_equal, compare_bits
-from convcheck.oracles import receiver_vllm
-from convcheck.oracles.base import OracleInfo
+from convcheck.oracles import ORACLES, receiver_vllm
 from convcheck.rank.context import RankContext
 from convcheck.sync import receive
 from convcheck.verdict import Finding, OracleVerdict, make_verdict
 
 NAME = "idempotence"
-INFO = OracleInfo(
-    name=NAME,
-    proves="after one full sync through the chosen sender into the receiver (rank 0), replaying the same tensors "
-    "in the same, reversed and shuffled name order leaves every receiver parameter bit-identical to the snapshot "
-    "taken after the first sync, and the receiver never modifies the tensors it is handed",
-    does_not_prove="that the first sync was right (see receiver), or idempotence of partial or interleaved syncs",
-    default=False,
-    live="the same for the trained weights streamed by the chosen sender: replaying the sync in the same, reversed "
-    "and shuffled order leaves the receiver (rank 0, built from the bridge's config.json) bit-identical",
-)
+INFO = ORACLES[NAME]
 SEED = 0
 
 

@@ -11,7 +11,6 @@ writes a digest manifest; `attribute` then tells, per differing tensor, whether 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -20,25 +19,15 @@ from convcheck.cache import loaded_sources
 from convcheck.compare.bits import compare_bits, same_tensor, tensor_sha256
 from convcheck.compare.diagnose import SiblingIndex, diagnose
 from convcheck.compare.hashpool import HashPool
-from convcheck.hf.checkpoint import TensorReader
-from convcheck.oracles.base import OracleInfo
+from convcheck.hf.tensors import TensorReader
+from convcheck.oracles import ORACLES
+from convcheck.oracles.attribution import DIFFERS, PENDING, retag
 from convcheck.rank.context import RankContext
 from convcheck.rank.source_match import source_match
 from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
 
 NAME = "layout"
-INFO = OracleInfo(
-    name=NAME,
-    proves="the export at the requested layout is byte-identical, tensor by tensor, to the source; every tensor "
-    "that is not is attributed by a TP1 export (a separate 1-rank job, launched only then): layout-dependent, or "
-    "wrong the same way at TP1",
-    does_not_prove="that a TP1 export of tensors that equal the source at this layout would equal them too "
-    "(a TP1 run's own roundtrip proves that)",
-    drains_export=True,  # where roundtrip has not answered for it
-)
-PENDING = "tp1_reference"
-"""Metric set by a multi-rank run with differing tensors: the engine attributes them with a TP1 manifest."""
-DIFFERS = "differs-from-source"
+INFO = ORACLES[NAME]
 
 
 def digest(tensor: Any) -> dict[str, Any]:
@@ -70,7 +59,7 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     checked = len(rows)
     at_tp1 = ctx.layout.world_size == 1
     if at_tp1:  # this run is the reference layout: a difference is the TP1 export's own
-        findings = [_retag(f, "tp1-differs-from-source", "at TP1") if f.kind == DIFFERS else f for f in findings]
+        findings = [retag(f, "tp1-differs-from-source", "at TP1") if f.kind == DIFFERS else f for f in findings]
     if not findings:
         return make_verdict(NAME, checked=checked, findings=[], rows=rows, metrics={"reference": "source"})
     metrics = {"reference": "source"} if at_tp1 else {"reference": "source", PENDING: "pending"}
@@ -140,73 +129,3 @@ def _write_reference(ctx: RankContext, path: Path) -> OracleVerdict | None:
     manifest = {"layout": ctx.layout.to_dict(), "export_error": ctx.export_error, "tensors": digests}
     write_json_atomic(path, {**manifest, "sources": loaded_sources()})
     return make_verdict(NAME, checked=len(digests), findings=[])
-
-
-def pending(verdict: OracleVerdict) -> bool:
-    """True when a multi-rank layout verdict waits for its TP1 attribution."""
-    return verdict.name == NAME and verdict.metrics.get(PENDING) == "pending"
-
-
-def attribute(verdict: OracleVerdict, manifest_path: Path, layout_label: str, seconds: float = 0.0) -> OracleVerdict:
-    """The layout verdict with each difference from the source attributed by the TP1 manifest: the same bytes at
-    TP1 (`tp1-differs-from-source`, not layout-dependent) or other bytes (`layout-differs`)."""
-    manifest = json.loads(Path(manifest_path).read_text())
-    ref = manifest.get("tensors", {})
-    findings: list[Finding] = []
-    first = None
-    for f in verdict.findings:
-        if f.kind == DIFFERS:
-            mine = f.detail.get("digest", {})
-            theirs = ref.get(f.tensor)
-            if theirs is not None and _bare(theirs) == _bare(mine):
-                findings.append(_retag(f, "tp1-differs-from-source", "the same at TP1: not layout-dependent"))
-                continue
-            first = first or f.tensor
-            at_tp1 = "not in the TP1 export" if theirs is None else f"TP1 exports {_brief(theirs)}"
-            layout = digest_cmp(mine, theirs or {})
-            findings.append(
-                Finding(
-                    tensor=f.tensor,
-                    kind="layout-differs",
-                    message=f"{f.message}; {at_tp1}",
-                    detail={**f.detail, "layout": layout},
-                )
-            )
-        elif f.kind == "missing":
-            where = "also missing from the TP1 export" if f.tensor not in ref else "the TP1 export has it"
-            first = first or (f.tensor if f.tensor in ref else None)
-            findings.append(_retag(f, f.kind, where))
-        else:
-            findings.append(f)
-    if manifest.get("export_error"):
-        message = f"the TP1 export raised {manifest['export_error']}"
-        findings.append(Finding(tensor="<export>", kind="tp1-export-failed", message=message))
-    if first is not None:
-        findings.append(
-            Finding(
-                tensor="<layout>",
-                kind="first-differing",
-                message=f"first tensor whose {layout_label} export differs from the TP1 export: {first}",
-                detail={"tensor": first},
-            )
-        )
-    metrics = {**verdict.metrics, PENDING: str(manifest_path), "tp1_reference_s": seconds}
-    return make_verdict(NAME, verdict.checked, findings, rows=verdict.rows, metrics=metrics, seconds=verdict.seconds)
-
-
-def _retag(f: Finding, kind: str, note: str) -> Finding:
-    return Finding(tensor=f.tensor, kind=kind, message=f"{f.message} ({note})", detail=f.detail)
-
-
-def _bare(d: dict[str, Any]) -> dict[str, Any]:
-    """A manifest entry's dtype, shape and digest (what two exports must agree on)."""
-    return {k: d[k] for k in ("dtype", "shape", "sha256") if k in d}
-
-
-def digest_cmp(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    """Which of dtype / shape / bytes differ."""
-    return [k for k in ("dtype", "shape", "sha256") if a.get(k) != b.get(k)]
-
-
-def _brief(d: dict[str, Any]) -> str:
-    return f"{d['dtype']} {d['shape']} sha256 {d['sha256'][:12]}"

@@ -10,13 +10,14 @@ is not possible, the model loaded whole and upcast per block); both are bitwise 
 
 from __future__ import annotations
 
+import re
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Iterator
 
 from convcheck.compare.bits import int_view
 from convcheck.errors import needs_cuda, one_line, raised_at
-from convcheck.oracles.base import OracleInfo
+from convcheck.oracles import ORACLES
 from convcheck.oracles.forward_site import ForwardSite, tracking
 from convcheck.oracles.fp32 import fp32_forward
 from convcheck.oracles.hf_stream import eager, lm_auto_class, streamed_logits
@@ -24,13 +25,7 @@ from convcheck.rank.context import RankContext
 from convcheck.verdict import Finding, OracleVerdict, make_verdict
 
 NAME = "logits"
-INFO = OracleInfo(
-    name=NAME,
-    proves="the HF model and the loaded, sharded Megatron model (real TP/EP/PP collectives, upcast to fp32) "
-    "give the same logits within the reported tolerance and the same greedy tokens on fixed random tokens",
-    does_not_prove="bitwise equality, nor behaviour on other inputs, longer sequences, bf16, KV caching, dropout or "
-    "training, nor the MTP head (transformers has no MTP module; MTP weights are checked bitwise only)",
-)
+INFO = ORACLES[NAME]
 SEED = 1234
 """Seed of the token generator (torch.Generator, CPU)."""
 BATCH, SEQ = 2, 16
@@ -41,17 +36,51 @@ REL_TOL = 1e-5
 """Max |megatron - hf| divided by max |hf| (scale-free form of the same bound)."""
 
 
-def fixed_tokens(vocab_size: int) -> Any:
-    """The input ids, [BATCH, SEQ] int64, identical on every rank and every run."""
+def fixed_tokens(vocab_size: int, avoid: frozenset[int] = frozenset()) -> Any:
+    """The input ids, [BATCH, SEQ] int64, identical on every rank and every run. A drawn id in `avoid` (a multimodal
+    placeholder, placeholder_ids) becomes the (id mod n)-th of the n other ids: text tokens only, the same draw."""
     import torch
 
     gen = torch.Generator().manual_seed(SEED)
-    return torch.randint(0, vocab_size, (BATCH, SEQ), generator=gen, dtype=torch.long)
+    tokens = torch.randint(0, vocab_size, (BATCH, SEQ), generator=gen, dtype=torch.long)
+    if avoid:
+        allowed = torch.tensor([i for i in range(vocab_size) if i not in avoid], dtype=torch.long)
+        hit = torch.isin(tokens, torch.tensor(sorted(avoid), dtype=torch.long))
+        tokens = torch.where(hit, allowed[tokens % len(allowed)], tokens)
+    return tokens
+
+
+PLACEHOLDER = re.compile(r"(image|video|audio|vision|boi|eoi|boa|eoa|tts)\w*_token_(id|index)$")
+"""config.json keys naming a multimodal token (image / video / audio placeholders and their delimiters): a wrapper's
+forward replaces or routes these ids (Gemma 4 masks its video id, Qwen2.5-VL's rope index wants a video grid for
+it), so the text-only logits oracle never feeds them."""
+
+
+def placeholder_ids(config: dict[str, Any]) -> frozenset[int]:
+    """Every id a PLACEHOLDER key of `config` (or of a config nested in it) holds."""
+    found: set[int] = set()
+    for key, value in config.items():
+        if isinstance(value, dict):
+            found |= placeholder_ids(value)
+        elif PLACEHOLDER.search(key) and isinstance(value, int) and not isinstance(value, bool):
+            found.add(value)
+    return frozenset(found)
+
+
+VOCAB_PATHS = ((), ("text_config",), ("thinker_config", "text_config"))
+"""Where a config.json holds the language model's vocabulary, in order: its own, its text_config's (a vision-language
+checkpoint), its thinker's text_config's (Qwen2.5-Omni, whose talker has a codec vocabulary of its own)."""
 
 
 def vocab_size(config: dict[str, Any]) -> int:
-    """The vocabulary of a config.json: its own, or its text_config's (a vision-language checkpoint)."""
-    return int(config["vocab_size"] if "vocab_size" in config else config["text_config"]["vocab_size"])
+    """The vocabulary of a config.json (the first of VOCAB_PATHS that has one); KeyError when none has."""
+    for path in VOCAB_PATHS:
+        node: Any = config
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict) and "vocab_size" in node:
+            return int(node["vocab_size"])
+    raise KeyError("vocab_size")
 
 
 def _unwrap(module: Any) -> Any:
@@ -151,6 +180,8 @@ def megatron_logits(
                     module.set_input_tensor(hidden)
                 more = {k: v.to(device) for k, v in (extra or {}).items()}
                 out = module(input_ids=tokens, position_ids=positions, attention_mask=None, **more)
+                if isinstance(out, tuple):  # (logits, loss_mask): the Gemma 3 VL wrapper, modeling_gemma3_vl.py:204
+                    out = out[0]
                 if stage < stages - 1 or index < chunks - 1:
                     dist.send(out.float().contiguous(), dst=pp_ranks[(stage + 1) % stages])
             if stage < stages - 1:
@@ -330,7 +361,8 @@ def forward_failed(rank: int, error: str, where: ForwardSite | None) -> Finding:
 
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank runs its part of the Megatron forward; rank 0 runs HF and compares."""
-    tokens = fixed_tokens(vocab_size(ctx.checkpoint.config))
+    config = ctx.checkpoint.config
+    tokens = fixed_tokens(vocab_size(config), placeholder_ids(config))
     error, cpu_limit, where = None, False, None
     with tracking(ctx.model, ctx.global_name) as site:
         try:

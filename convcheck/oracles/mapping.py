@@ -17,30 +17,17 @@ from typing import Any
 from convcheck.compare.bits import compare_bits, same_tensor
 from convcheck.compare.hashpool import HashPool
 from convcheck.errors import NotCovered
-from convcheck.hf.checkpoint import TensorReader
+from convcheck.hf.tensors import TensorReader
 from convcheck.mappings import MappingError, MappingRegistry, RankCoord
 from convcheck.mappings.check import rows_match
-from convcheck.oracles.base import OracleInfo
+from convcheck.oracles import ORACLES
 from convcheck.rank.context import RankContext
 from convcheck.rank.shard_match import names_and_registry
 from convcheck.rank.source_match import source_match
 from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
 
 NAME = "mapping"
-INFO = OracleInfo(
-    name=NAME,
-    proves="every parameter convcheck's explicit mappings cover holds, on every rank, exactly the shard those "
-    "mappings derive from the HF checkpoint, and the bridge's export equals the HF tensors the mappings "
-    "rebuild from the loaded shards (bitwise: the source tensor where every shard matched, else rebuilt from the "
-    "gathered shards); catches bugs made identically in import and export",
-    does_not_prove="anything about parameters the explicit registry does not cover (listed as uncovered), nor that "
-    "the explicit mappings themselves match Megatron's forward beyond their own tests",
-    drains_export=True,  # where roundtrip has not answered for it
-    rides_on="source",
-    live="every rank's shard of every covered parameter is the explicit mappings' to_shard of the export of the "
-    "trained weights, so the export is what they rebuild from the shards (a wrong shard's parameter is rebuilt on "
-    "rank 0, the export's first wrong element named); the shards are not checked against a source (there is none)",
-)
+INFO = ORACLES[NAME]
 KEEP_BYTES = 1 << 30
 """Rebuilt bytes of mismatching tensors rank 0 keeps for one extra export stream (one tensor if larger)."""
 

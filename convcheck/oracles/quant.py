@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from convcheck.errors import BadInput, one_line, raised_at
-from convcheck.oracles.base import OracleInfo, OracleOption, option_values
-from convcheck.quant.catalog import FORMATS, is_custom, parse_block, parse_quantizer
+from convcheck.oracles import ORACLES
+from convcheck.oracles.base import option_values
+from convcheck.quant.catalog import is_custom
 from convcheck.quant.names import QuantTarget, expected_quantized, target_from_config
 from convcheck.rank.context import RankContext
 from convcheck.verdict import Finding, OracleVerdict, make_verdict
@@ -20,65 +21,7 @@ from convcheck.verdict import Finding, OracleVerdict, make_verdict
 NAME = "quant"
 
 
-def _config_file(value: str) -> str:
-    """--quant-config: a JSON file holding a quantization_config (or a config.json that has one), made absolute."""
-    path = Path(value).expanduser().resolve()
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise BadInput(f"--quant-config {value}: {one_line(exc)}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("quantization_config", data), dict):
-        raise BadInput(f"--quant-config {value}: not a JSON object (a quantization_config or a config.json)")
-    return str(path)
-
-
-INFO = OracleInfo(
-    name=NAME,
-    proves="the bridge's quantized export (export_hf_weights_quant with the named quantizer as quant_fn, at this "
-    "layout) sends, for every HF tensor the target's quantization_config quantizes (2-D weights, none its ignore "
-    "patterns name, never the embedding, LM head or routers), exactly the bytes and scales the quantizer gives the "
-    "bridge's bf16 export of the whole tensor, bitwise; every scale present, on the block grid, finite and positive; "
-    "every other tensor unquantized and bitwise the bf16 export; no name twice or extra; dequantize(quantize(x)) "
-    "within the format's rounding bound of x (measured)",
-    does_not_prove="that a rollout engine loads or computes with these bytes correctly, the ModelOpt NVFP4 export "
-    "(export_hf_weights_modelopt: not-covered), importing FP8 checkpoints, nor quantizers convcheck does not name; "
-    "opt-in: a bf16 drain (spared where an earlier oracle proved the export equals the source) and a quantized one",
-    default=False,
-    options=(
-        OracleOption(
-            flag="--quantizer",
-            help=f"the quantizer the export is proved against: {', '.join(FORMATS)}, or FILE.py:FUNC called as the "
-            "bridge calls quant_fn(weight, block) -> (float8_e4m3fn weight, float32 scale per block) "
-            "(default fp8-block; docs/quant.md).",
-            metavar="NAME|FILE.py:FUNC",
-            check=parse_quantizer,
-            default="fp8-block",
-        ),
-        OracleOption(
-            flag="--quant-block",
-            help="the block width (rows and columns of 2-D blocks, columns of 1-row ones; default the format's own).",
-            kind=int,
-            metavar="N",
-            check=parse_block,
-        ),
-        OracleOption(
-            flag="--quant-bound",
-            help="where dequantize(quantize(x)) is measured against the format's bound: every quantized tensor, or "
-            "(sample, the default for the built-in quantizers, whose bound tests/test_quant_reference.py holds) the "
-            "first 128 rows of the first tensor of each shape on each rank; a FILE.py:FUNC quantizer is measured on "
-            "every tensor.",
-            choices=("sample", "every"),
-            default="sample",
-        ),
-        OracleOption(
-            flag="--quant-config",
-            help="the target's quantization_config (a JSON file, or a config.json holding one; default the "
-            "checkpoint's own, else every 2-D weight but the embedding, LM head and routers).",
-            metavar="FILE",
-            check=_config_file,
-        ),
-    ),
-)
+INFO = ORACLES[NAME]
 SCALE_SUFFIX = "weight_scale_inv"
 """What export_hf_weights_quant names every scale (`<hf name>_scale_inv`, param_mapping.py:1096 and its siblings)."""
 

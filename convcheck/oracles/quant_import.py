@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from convcheck.errors import one_line
-from convcheck.oracles.base import OracleInfo, OracleOption, option_values
+from convcheck.oracles import ORACLES
+from convcheck.oracles.base import option_values
 from convcheck.rank.context import RankContext
 from convcheck.verdict import Finding, OracleVerdict, make_verdict
 
@@ -21,27 +22,7 @@ BLOCK = 128
 FP8_DTYPE = "F8_E4M3"
 """How a safetensors header names float8_e4m3fn."""
 
-INFO = OracleInfo(
-    name=NAME,
-    proves="the bridge's import (load_hf_weights) of an FP8 block checkpoint in the published layout (float8_e4m3fn "
-    "weight + float32 weight_scale_inv per 128 x 128 block, quantization_config quant_method fp8) fills every "
-    "Megatron parameter, bitwise, with what its import of the reference dequantization bf16(float32(q) * scale) "
-    "fills it with, at this layout; a checkpoint loaded as if bf16 (the fp8 values without their scales) is named so. "
-    "From a bf16 checkpoint the FP8 one is written with the named quantizer; an FP8 checkpoint is read as it is",
-    does_not_prove="that the bridge's bf16 import is right (roundtrip and mapping prove that), block sizes other than "
-    "128, FP8 formats other than the 2-D block one (per-tensor, per-channel, MXFP8, NVFP4); opt-in: three imports "
-    "of the model and a checkpoint written on rank 0",
-    default=False,
-    options=(
-        OracleOption(
-            flag="--import-quantizer",
-            help="the reference quantizer that writes the FP8 checkpoint from a bf16 source (fp8-block: slime / "
-            "verl / DeepSeek-V3, fp8-ue8m0: power-of-two scales; default fp8-block; an FP8 source is read as it is).",
-            choices=("fp8-block", "fp8-ue8m0"),
-            default="fp8-block",
-        ),
-    ),
-)
+INFO = ORACLES[NAME]
 
 
 def run(ctx: RankContext) -> OracleVerdict | None:
@@ -105,7 +86,7 @@ def _write(ctx: RankContext, root: Path, quantizer: str) -> dict[str, Any]:
     "unscaled" reading (bf16(float32(q)), what a loader that ignores the scales gives) as folders under `root`."""
     import torch
 
-    from convcheck.hf.checkpoint import TensorReader
+    from convcheck.hf.tensors import TensorReader
     from convcheck.quant import checkpoint as ckpt
     from convcheck.quant import reference as ref
     from convcheck.quant.names import expected_quantized, target_from_config

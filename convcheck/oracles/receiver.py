@@ -5,28 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from convcheck.oracles import receiver_vllm
-from convcheck.oracles.base import OracleInfo
+from convcheck.oracles import ORACLES, receiver_vllm
 from convcheck.rank.context import RankContext
 from convcheck.sync import receive
 from convcheck.verdict import OracleVerdict, make_verdict
 
 NAME = "receiver"
-INFO = OracleInfo(
-    name=NAME,
-    proves="after one full sync through the chosen sender (--sender) into the receiver (--receiver, default hf), "
-    "built on rank 0 and filled with a NaN sentinel, every receiver parameter is bitwise what the source "
-    "checkpoint implies (the receiver's expected(), default: the HF tensor of the same name), nothing is left "
-    "unwritten, and every source tensor is delivered exactly once",
-    does_not_prove="that the receiver computes correctly with those parameters, or anything about partial syncs; "
-    "it trusts the receiver's expected() (the fused receiver's packs by torch.cat, its loader by row offsets)",
-    default=False,
-    live="the same against the bridge's own export of the trained weights instead of a source: after one full sync "
-    "through the chosen sender into the NaN-filled receiver (rank 0, built from the bridge's config.json), every "
-    "receiver parameter is bitwise what that export implies (its expected()), nothing is left unwritten, and every "
-    "exported tensor is delivered exactly once (with the default sender this proves the receiver's loading; with "
-    "yours, also that it streams what the bridge exports); it costs a second export drain",
-)
+INFO = ORACLES[NAME]
 
 
 def run(ctx: RankContext) -> OracleVerdict | None:

@@ -8,8 +8,8 @@ import time
 from typing import Any
 
 from convcheck.compare.bits import compare_bits
-from convcheck.hf.checkpoint import TensorReader
-from convcheck.oracles.base import OracleInfo
+from convcheck.hf.tensors import TensorReader
+from convcheck.oracles import ORACLES
 from convcheck.rank.context import RankContext
 from convcheck.reshard import roles as role_mod
 from convcheck.reshard.execute import allgather_baseline, execute
@@ -18,20 +18,7 @@ from convcheck.reshard.target import TargetLayout, reference_shard
 from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
 
 NAME = "reshard"
-INFO = OracleInfo(
-    name=NAME,
-    proves="for each target layout (every --target-tp x --target-ep x --target-etp), every target rank's shard of "
-    "every parameter, assembled over torch.distributed from only the slices of the trainer ranks' loaded shards "
-    "its plan names (roles from the bridge mapping classes: fused qkv with GQA, kv replication and an output "
-    "gate, gate|up, GDN sections (in_proj, conv1d), column/vocab, row, replicated (a zero-centered norm's offset "
-    "added back), experts per EP rank, split over expert TP on either side), equals bitwise the "
-    "shard computed from the HF tensors; each target rank gets exactly the parameters the target layout gives "
-    "it; the plan covers every element exactly once; no target rank moves more than its shard's bytes; the "
-    "bridge's role agrees with megatron-core's",
-    does_not_prove="an inference engine's own loader or kernels, quantized or fused-MoE (3-D w13/w2) target "
-    "layouts, --experts te-grouped; the target ranks are simulated on the trainer ranks",
-    default=False,
-)
+INFO = ORACLES[NAME]
 
 
 def run(ctx: RankContext) -> OracleVerdict | None:

@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-from convcheck.oracles.base import OracleInfo
+from convcheck.oracles import ORACLES
 from convcheck.rank.context import RankContext
 from convcheck.rank.source_match import compare_to_source, missing_from_export, record_comparison
 from convcheck.verdict import OracleVerdict, make_verdict
 
 NAME = "roundtrip"
-INFO = OracleInfo(
-    name=NAME,
-    proves="HF -> sharded Megatron -> HF export is byte-identical to the source checkpoint, tensor by tensor "
-    "(dtype, shape and raw bytes)",
-    does_not_prove="that the Megatron shards are laid out as Megatron's forward expects: a bug made identically in "
-    "import and export cancels out",
-    drains_export=True,
-    reads_source=True,
-)
+INFO = ORACLES[NAME]
 
 
 def run(ctx: RankContext) -> OracleVerdict | None:

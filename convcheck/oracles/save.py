@@ -12,9 +12,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from convcheck.ckpt.written import CAST_DTYPES, prove_written
+from convcheck.ckpt.written import prove_written
 from convcheck.hf.checkpoint import Checkpoint
-from convcheck.oracles.base import OracleInfo, OracleOption, option_values
+from convcheck.oracles import ORACLES
+from convcheck.oracles.base import option_values
 from convcheck.oracles.logits import hf_device
 from convcheck.oracles.save_files import config_findings, logits_check, tokenizer_findings
 from convcheck.oracles.save_write import Variant, Written, offered, plan, write
@@ -22,25 +23,7 @@ from convcheck.rank.context import RankContext
 from convcheck.verdict import Finding, OracleVerdict, make_verdict
 
 NAME = "save"
-INFO = OracleInfo(
-    name=NAME,
-    proves="the folders the bridge's own writer makes at this layout (save_hf_pretrained on rank 0, save_hf_weights "
-    "with distributed_save across ranks, optionally a weight_dtype cast) hold every source tensor once, in the "
-    "source's shard, with its dtype, shape and bytes (or exactly its cast), an index true to the shards, the "
-    "source's config, generation config and tokenizer files, and load in transformers to the source's logits",
-    does_not_prove="writers other than the bridge's (see the sync oracles), remote-code files, nor writes to "
-    "storage shared by several machines; opt-in: it exports twice and loads the model in transformers twice, "
-    "0.86x the bare roundtrip on one H200 at real size (bench/bench_realsize.py --runs save)",
-    default=False,
-    options=(
-        OracleOption(
-            flag="--save-dtype",
-            choices=tuple(CAST_DTYPES),
-            help="write with the bridge's weight_dtype cast to this dtype and prove every float tensor is exactly "
-            "the source's cast (default: no cast, bytes as the source).",
-        ),
-    ),
-)
+INFO = ORACLES[NAME]
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 

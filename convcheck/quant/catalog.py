@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from convcheck.errors import BadInput
 from convcheck.hooks import parse_hook
@@ -146,3 +147,24 @@ def parse_block(value: int) -> int:
     if value < 1:
         raise BadInput(f"--quant-block must be a positive number of rows and columns, got {value}")
     return value
+
+
+DEFAULT_BLOCK = 128
+
+
+def block_of(quantization_config: dict[str, Any] | None) -> int:
+    """The square block a quantization_config asks for (DEFAULT_BLOCK when it names none); BadInput for anything but
+    an FP8 block config (quant_method fp8, fmt e4m3, weight_block_size [b, b])."""
+    if quantization_config is None:
+        return DEFAULT_BLOCK
+    method, fmt = quantization_config.get("quant_method"), quantization_config.get("fmt", "e4m3")
+    if method != "fp8" or fmt != "e4m3":
+        raise BadInput(f"--fp8 writes FP8 block checkpoints (quant_method fp8, fmt e4m3); the config's "
+                       f"quantization_config has quant_method {method!r}, fmt {fmt!r}")  # fmt: skip
+    block = quantization_config.get("weight_block_size")
+    if block is None:
+        raise BadInput("--fp8 writes FP8 block checkpoints; the config's quantization_config names no "
+                       "weight_block_size (a per-tensor FP8 checkpoint)")  # fmt: skip
+    if not (isinstance(block, list) and len(block) == 2 and block[0] == block[1] and int(block[0]) > 0):
+        raise BadInput(f"--fp8 needs a square weight_block_size [b, b], got {block!r}")
+    return int(block[0])

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from convcheck.compare.bits import compare_bits, same_tensor, tensor_sha256
-from convcheck.hf.checkpoint import TensorReader
+from convcheck.hf.tensors import TensorReader
 from convcheck.quant.names import QuantTarget, loose_reading, module_of
 from convcheck.quant.quantizer import Quantizer
 from convcheck.verdict import Finding

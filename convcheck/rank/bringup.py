@@ -5,18 +5,16 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from convcheck.errors import BadInput, BuildFailed, SetupError, needs_cuda, one_line, raised_at
 from convcheck.hf.checkpoint import open_checkpoint
-from convcheck.layout import ParallelLayout
 from convcheck.progress import ProgressWriter
 from convcheck.rank.context import RankContext
 from convcheck.rank.dist import init_distributed, rank_coord
 from convcheck.rank.lone import GRACE_S
 from convcheck.rank.model import build_model, load_bridge, load_weights, make_provider, unloaded_counts
-from convcheck.rank.options import ReshardTargets, SyncOptions
+from convcheck.rank.spec import RankSpec
 
 
 def quiet() -> None:
@@ -24,35 +22,6 @@ def quiet() -> None:
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.ERROR)
     logging.getLogger().setLevel(logging.ERROR)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RankSpec:
-    """What a rank needs to build its model: checkpoint, layout, device and the expert layout."""
-
-    model_path: str
-    layout: ParallelLayout
-    device: str = "cpu"
-    timeout_s: float = 600.0
-    experts: str = "auto"
-    """MoE expert layout: "auto" (what the provider asks for), "sequential" or "te-grouped"."""
-    spec: str = "te"
-    """Layer specs: "te" (the bridge's Transformer Engine specs, on convcheck's stand-in without TE) or "local"."""
-    write_manifest: str | None = None
-    progress_file: str | None = None
-    """Rank 0 appends progress events here (None: silent)."""
-    sync: SyncOptions = SyncOptions()
-    pad_vocab: int | None = None
-    """Build the padded vocabulary: make_vocab_size_divisible_by=N, should_pad_vocab=True (None: the HF vocab)."""
-    checkpoint_dir: str | None = None
-    """distckpt oracle: the torch_dist folder to save into (first launch) or to resume from (`resuming`)."""
-    resuming: bool = False
-    """A resume job: the model is built but not loaded from the HF checkpoint."""
-    targets: ReshardTargets = ReshardTargets()
-    options: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """The run's oracle-owned options ({oracle: {key: value}})."""
-    workdir: str | None = None
-    """The job folder."""
 
 
 def _build(bridge: Any, spec: RankSpec) -> tuple[Any, list[Any]]:

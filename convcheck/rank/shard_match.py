@@ -14,10 +14,11 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from convcheck.hf.checkpoint import TensorReader
+from convcheck.errors import NotCovered
+from convcheck.hf.tensors import TensorReader
 from convcheck.mappings import Geometry, MappingError
 from convcheck.mappings.check import shard_matches
-from convcheck.models import build_registry
+from convcheck.models.mapping_registry import build_registry
 
 HOLD_BYTES = 2 << 30
 """Source bytes one rank holds for parameters still waiting on a tensor; a parameter that would pass it is left to
@@ -202,7 +203,12 @@ def padded_vocab(provider: Any, vocab: int, tp: int) -> int:
 def registry_for(ctx: Any, all_names: set[str]) -> Any:
     """The explicit registry for this model, built leniently: parameters it does not cover are not checked."""
     config = ctx.checkpoint.config
-    vocab = int((config.get("text_config") or config)["vocab_size"])
+    vocab = Geometry.from_hf_config(config).vocab  # a nested text_config's first (Geometry's rule)
+    if not vocab:  # e.g. Qwen2.5-Omni's thinker_config.text_config: no explicit mappings for it
+        raise NotCovered(
+            f"convcheck has no explicit mappings for {ctx.checkpoint.architecture}: its config has no "
+            "vocab_size at its top level or in its text_config"
+        )
     geometry = Geometry.from_hf_config(config, padded_vocab=padded_vocab(ctx.provider, vocab, ctx.layout.tp))
     megatron = ctx.model[0].config
     geometry = replace(geometry, te_spec=getattr(megatron, "transformer_impl", "local") == "transformer_engine")

@@ -8,7 +8,7 @@ from typing import Any
 
 from convcheck.compare.bits import compare_bits
 from convcheck.compare.diagnose import SiblingIndex, diagnose
-from convcheck.hf.checkpoint import TensorReader
+from convcheck.hf.tensors import TensorReader
 from convcheck.rank.context import RankContext
 from convcheck.verdict import Finding, TensorRow
 

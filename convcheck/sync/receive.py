@@ -9,7 +9,7 @@ from typing import Any
 
 from convcheck.compare.bits import compare_bits, count_true, first_true, together, unravel_index
 from convcheck.errors import one_line
-from convcheck.hf.checkpoint import TensorReader
+from convcheck.hf.tensors import TensorReader
 from convcheck.sync.adapters import DEFAULT_RECEIVER, label, load_receiver
 from convcheck.verdict import Finding
 

@@ -8,6 +8,7 @@ mutants in a launch, each finding is credited to the one mutant whose `targets` 
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -21,7 +22,8 @@ from convcheck.device import CHOICES, visible_gpu_count
 from convcheck.engine.nodes import Nodes
 from convcheck.errors import RUN_ENDING, BadInput, ConvcheckError
 from convcheck.fixtures import get_spec
-from convcheck.fixtures.child import tiny_folder
+from convcheck.fixtures.folders import tiny_folder
+from convcheck.fixtures.key import layout_path
 from convcheck.hooks import load_hook
 from convcheck.layout import ParallelLayout
 from convcheck.mutants.catalog import FORWARD, MUTANTS, Mutant
@@ -49,7 +51,7 @@ from convcheck.workflows.targets import targets_meet
 
 def check_catalog(mutants: Sequence[Mutant] = MUTANTS, *, deep: bool = False) -> list[str]:
     """Problems with a mutant catalog, one line each (empty when sound); `deep` also checks each layout against
-    the fixture's HF config (imports transformers)."""
+    the fixture's HF config (its stored config.json)."""
     problems: list[str] = []
     seen: set[str] = set()
     for m in mutants:
@@ -89,11 +91,8 @@ def check_catalog(mutants: Sequence[Mutant] = MUTANTS, *, deep: bool = False) ->
 
 
 def _hf_config(fixture: str) -> dict[str, object]:
-    """The HF config dict a fixture's checkpoint will carry (built from its spec, no checkpoint written)."""
-    import transformers
-
-    spec = get_spec(fixture)
-    return getattr(transformers, spec.config_class)(**spec.config).to_dict()
+    """The HF config dict a fixture's checkpoint will carry: its stored layout's config.json (no checkpoint written)."""
+    return json.loads(json.loads(layout_path(get_spec(fixture)).read_text())["config"])
 
 
 def select(mutants: Sequence[Mutant], models: Sequence[str] = (), only: Sequence[str] = ()) -> tuple[Mutant, ...]:

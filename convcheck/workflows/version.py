@@ -20,16 +20,16 @@ from typing import Any
 
 from convcheck import api
 from convcheck.ckpt.folder import Structure, check_index, check_manifest
-from convcheck.ckpt.manifest import CHECKPOINT_SUBDIR, MANIFEST_NAME, VersionManifest, read_version_manifest
-from convcheck.ckpt.phases import resume_phase, save_phase
-from convcheck.ckpt.shards import DEFAULT_MAX_SHARD_BYTES, ShardWriter
+from convcheck.ckpt.manifest import (
+    DEFAULT_MAX_SHARD_BYTES,
+    MANIFEST_NAME,
+    VersionManifest,
+    read_version_manifest,
+)
 from convcheck.device import choose_device, visible_gpu_count
 from convcheck.errors import BadInput
 from convcheck.layout import ParallelLayout
-from convcheck.rank.context import RankContext
-from convcheck.rank.memory import memory_mb, reset_peak
 from convcheck.verdict import Finding, OracleVerdict, Report, make_verdict
-from convcheck.versions import versions
 
 COPIED = ("config.json", "generation_config.json")
 """Files of the source checkpoint copied beside the export (the bridge needs config.json to load the folder)."""
@@ -75,7 +75,7 @@ def write_version(
     staging.mkdir()
     try:
         kwargs = {"folder": str(staging), "step": step, "model": model, "max_shard_bytes": max_shard_bytes}
-        function = "convcheck.workflows.version:write_in_ranks"
+        function = "convcheck.ckpt.version_ranks:write_in_ranks"
         value = api.run_in_ranks(
             function, model, layout, kwargs=kwargs, device=device, hooks=hooks, timeout_s=timeout_s, log_dir=log_dir
         )
@@ -99,48 +99,6 @@ def write_version(
         metrics=value["metrics"],
         seconds=time.perf_counter() - started,
     )
-
-
-def write_in_ranks(
-    ctx: RankContext, folder: str, step: int | None, model: str, max_shard_bytes: int
-) -> dict[str, Any] | None:
-    """Rank function: save ckpt/ as torch_dist, then stream the export into shards and the manifest (rank 0)."""
-    root = Path(folder)
-    phase = save_phase(ctx, root / CHECKPOINT_SUBDIR, step=step, compare=False)
-    writer = ShardWriter(root, max_shard_bytes) if ctx.is_reporter else None
-    reset_peak()
-    before = memory_mb()
-    for name, tensor in ctx.export():
-        if writer is not None:
-            writer.add(name, tensor)
-    if writer is None:
-        return None
-    findings = list(phase.findings)
-    if (failure := ctx.export_failure()) is not None:
-        findings.append(failure)
-    findings += [
-        Finding(tensor=n, kind="duplicate", message="the export produced this name twice") for n in writer.duplicates
-    ]
-    if not writer.digests:
-        findings.append(Finding(tensor="<export>", kind="empty", message="the export produced no tensor"))
-    shards = 0
-    if findings:
-        writer.discard()
-    else:
-        shards = len(set(writer.close().values()))
-        manifest = VersionManifest(
-            step=step, layout=ctx.layout, model=model, versions=versions(), tensors=dict(writer.digests)
-        )
-        (root / MANIFEST_NAME).write_text(manifest.to_json())
-    after = memory_mb()
-    metrics = {**phase.metrics, **_memory_metrics(before, after)}
-    return {
-        "findings": [f.to_dict() for f in findings],
-        "tensors": len(writer.digests),
-        "bytes": sum(d.nbytes for d in writer.digests.values()),
-        "shards": shards,
-        "metrics": metrics,
-    }
 
 
 def check_version(
@@ -208,29 +166,12 @@ def _checkpoint_verdict(
     device, _ = choose_device(device, visible_gpu_count() if device != "cpu" else 0, layout.world_size)
     kwargs = {"folder": str(root), "checkpoint": str(ckpt), "step": manifest.step}
     value = api.run_in_ranks(
-        "convcheck.workflows.version:check_in_ranks", str(root), layout, kwargs=kwargs, device=device, hooks=hooks,
+        "convcheck.ckpt.version_ranks:check_in_ranks", str(root), layout, kwargs=kwargs, device=device, hooks=hooks,
         timeout_s=timeout_s, log_dir=log_dir, load_hf=False,
     )  # fmt: skip
     findings = [Finding.from_dict(f) for f in value["findings"]]
     metrics = {**value["metrics"], "device": device}
     return _timed(make_verdict("checkpoint", checked=value["checked"], findings=findings), t0, metrics)
-
-
-def check_in_ranks(ctx: RankContext, folder: str, checkpoint: str, step: int | None) -> dict[str, Any] | None:
-    """Rank function: restore the checkpoint into the fresh model, compare its export with the folder's safetensors."""
-    phase = resume_phase(ctx, checkpoint)
-    if not ctx.is_reporter:
-        return None
-    findings = list(phase.findings)
-    if phase.step != step:
-        message = f"the manifest says step {step}, the checkpoint's common state says {phase.step}"
-        findings.append(Finding(tensor="<step>", kind="step-differs", message=message))
-    return {"findings": [f.to_dict() for f in findings], "checked": phase.checked, "metrics": phase.metrics}
-
-
-def _memory_metrics(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """Rank 0's memory around the streamed export: resident before it, high-water mark during it."""
-    return {"rank0_rss_before_export_MB": before.get("VmRSS", -1.0), "rank0_export_peak_MB": after.get("VmHWM", -1.0)}
 
 
 def _timed(verdict: OracleVerdict, started: float, metrics: dict[str, Any]) -> OracleVerdict:

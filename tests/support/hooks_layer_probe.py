@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from convcheck.mutants import flipped, wrap
+from convcheck.mutants.patch import flipped, wrap
 
 MEGATRON = "decoder.layers.3.self_attention.linear_proj.weight"
 TARGET = "model.layers.3.self_attn.o_proj.weight"

@@ -1,6 +1,6 @@
 """`--hook`s for tests/test_from_config.py: rope settings the bridge could get wrong, planted on its real provider."""
 
-from convcheck.mutants import alter_provider
+from convcheck.mutants.patch import alter_provider
 
 
 def llama3_factor_halved() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from convcheck.mutants import flipped, wrap
+from convcheck.mutants.patch import flipped, wrap
 
 TARGET = "model.layers.0.mlp.experts.3.down_proj.weight"
 

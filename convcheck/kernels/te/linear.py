@@ -15,10 +15,15 @@ Attributes as TE and megatron-core set them: weights `tensor_model_parallel`, `p
 `partition_stride`; column biases the same along dim 0; `allreduce`, `sequence_parallel`; experts through
 megatron-core's own `_set_expert_parameter_attributes`.
 
-Forward (what TE computes for sequence_parallel off): y = x W^T (+ b), the input copied into the TP region for a
-column-parallel layer, the output all-reduced over TP before the bias for a row-parallel one, and megatron-core's
-`(output, bias)` return (the bias returned unapplied with skip_bias_add). FP8, userbuffers overlap, delayed wgrad and
-sequence parallelism are not stood in for (they raise).
+Forward: y = x W^T (+ b), the input copied into the TP region for a column-parallel layer, the output all-reduced
+over TP before the bias for a row-parallel one, and megatron-core's `(output, bias)` return (the bias returned
+unapplied with skip_bias_add). With sequence parallelism (TE's `sequence_parallel = tp_size > 1 and
+config.sequence_parallel`, linear.py:2067, layernorm_linear.py:1383) the input [s / tp, b, h] of a column-parallel
+layer is all-gathered along the sequence dim before the GEMM (linear.py:444; LayerNormLinear norms its shard first,
+then gathers the normed input: layernorm_linear.py:174) and the output of a row-parallel one reduce-scattered along it
+instead of all-reduced (linear.py:667), through megatron-core's own sequence-parallel mappings; the row-parallel
+bias and the LayerNormLinear norm weights carry `sequence_parallel` (linear.py:2308, layernorm_linear.py:1653). FP8,
+userbuffers overlap and delayed wgrad are not stood in for (they raise).
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ _LINEAR_PARAMETERS = (
 
 def _refuse_unsupported(config: Any) -> None:
     """Raise for the settings the stand-in does not compute (it would compute something else silently)."""
-    for flag in ("sequence_parallel", "fp8", "fp4", "delay_wgrad_compute", "tp_comm_overlap"):
+    for flag in ("fp8", "fp4", "delay_wgrad_compute", "tp_comm_overlap"):
         if getattr(config, flag, None):
             raise NotImplementedError(f"convcheck's Transformer Engine stand-in does not support {flag}")
 
@@ -106,6 +111,7 @@ class TELinear(torch.nn.Module):
         self.parallel_mode = parallel_mode
         self.tp_size = tp_size
         self.tp_group = tp_group if torch.distributed.is_initialized() else None
+        self.sequence_parallel = tp_size > 1 and bool(self.config.sequence_parallel)
         if parallel_mode == "column":
             out_features //= tp_size
         elif parallel_mode == "row":
@@ -125,7 +131,7 @@ class TELinear(torch.nn.Module):
                 init_method(self.weight)
         _tp(self.weight, 1 if parallel_mode == "row" else 0)
         if bias and parallel_mode == "row":
-            self.bias.sequence_parallel = False
+            self.bias.sequence_parallel = self.sequence_parallel
         elif bias and parallel_mode == "column":
             _tp(self.bias, 0)
 
@@ -133,15 +139,23 @@ class TELinear(torch.nn.Module):
         """TE Linear's forward: megatron-core's (output, bias) pair."""
         from megatron.core.tensor_parallel.mappings import (
             copy_to_tensor_model_parallel_region,
+            gather_from_sequence_parallel_region,
             reduce_from_tensor_model_parallel_region,
+            reduce_scatter_to_sequence_parallel_region,
         )
 
         if self.parallel_mode == "column" and self.tp_size > 1:
-            x = copy_to_tensor_model_parallel_region(x, group=self.tp_group)
+            if self.sequence_parallel:  # [s / tp, b, h] -> [s, b, h]
+                x = gather_from_sequence_parallel_region(x, tensor_parallel_output_grad=True, group=self.tp_group)
+            else:
+                x = copy_to_tensor_model_parallel_region(x, group=self.tp_group)
         fused_bias = self.bias.to(x.dtype) if self.apply_bias and self.parallel_mode != "row" else None
         out = F.linear(x, self.weight.to(x.dtype), fused_bias)
         if self.parallel_mode == "row" and self.tp_size > 1:
-            out = reduce_from_tensor_model_parallel_region(out, group=self.tp_group)
+            if self.sequence_parallel:  # summed over TP, each rank keeping its [s / tp] rows
+                out = reduce_scatter_to_sequence_parallel_region(out, group=self.tp_group)
+            else:
+                out = reduce_from_tensor_model_parallel_region(out, group=self.tp_group)
         if self.apply_bias and self.parallel_mode == "row":
             out = out + self.bias.to(out.dtype)
         self.is_first_microbatch = False
@@ -255,13 +269,14 @@ class TELayerNormColumnParallelLinear(TELinear):
         device = te_device(config)
         init = torch.zeros if self.zero_centered_gamma else torch.ones
         self.layer_norm_weight = torch.nn.Parameter(init(input_size, dtype=config.params_dtype, device=device))
-        self.layer_norm_weight.sequence_parallel = False
         if self.normalization != "RMSNorm":
             self.layer_norm_bias = torch.nn.Parameter(torch.zeros(input_size, dtype=config.params_dtype, device=device))
-            self.layer_norm_bias.sequence_parallel = False
         else:
             self.layer_norm_bias = None
         self._te_linear(input_size, output_size, "column", tp_group, get_pg_size(tp_group), bias, init_method)
+        for norm_param in (self.layer_norm_weight, self.layer_norm_bias):
+            if norm_param is not None:
+                norm_param.sequence_parallel = self.sequence_parallel
         self.weight.partition_stride = stride
         if bias:
             self.bias.partition_stride = stride
