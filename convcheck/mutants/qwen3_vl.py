@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from convcheck.mutants import wrap
+from convcheck.mutants.patch import wrap
 
 MERGER_FC1 = "vision_model.merger.linear_fc1.weight"
 QKV_0 = "vision_model.decoder.layers.0.self_attention.linear_qkv.weight"
