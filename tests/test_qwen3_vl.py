@@ -198,8 +198,8 @@ def test_qwen3_vl_tp2_passes_but_the_named_bugs(shared_root: Path) -> None:
 
 @pytest.mark.ranks
 def test_qwen3_vl_moe_ep2_passes_but_the_named_bugs(shared_root: Path) -> None:
-    """EP2 (4 experts per rank, fused transposed experts on disk): as tiny:qwen3-vl. TP2 needs sequence parallelism
-    in convcheck's TE stand-in (the MoE provider turns it on), which it does not stand in for yet."""
+    """EP2 (4 experts per rank, fused transposed experts on disk): as tiny:qwen3-vl. TP2 and TP2xEP2 (sequence
+    parallel, as the MoE provider asks) give the same verdicts, recorded in docs/families.md."""
     layout = ("--ep", "2", *TE_SPECS)
     res, folder = matrix_run(shared_root, "qwen3-vl-moe", layout)
     assert_matches_golden("qwen3-vl-moe", layout, folder / "manifest.json")
