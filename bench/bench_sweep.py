@@ -205,7 +205,8 @@ def main() -> None:
     if args.child:
         child(*args.child, workers=args.workers)
         return
-    from convcheck.hf.digest import HASH, default_threads
+    from convcheck.compare.threads import default_threads
+    from convcheck.hf.digest import HASH
 
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="convcheck-bench-sweep-"))

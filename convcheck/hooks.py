@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from convcheck.errors import BadInput
+from convcheck.errors import BadInput, SetupError
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -55,3 +58,19 @@ def load_hook(spec: str, *, what: str = "hook") -> Callable[..., Any]:
     if not hasattr(module, parsed.function):
         raise BadInput(f"{what} {spec!r}: {parsed.target} has no attribute {parsed.function!r}")
     return getattr(module, parsed.function)
+
+
+def problems_elsewhere(kind: str, specs: list[str]) -> dict[str, str]:
+    """Each spec that does not load as a KIND ("hook", "rank function", "sender", "receiver") -> its one-line
+    problem, found by importing the specs in a child process (convcheck.engine.check_child): the launcher side
+    never imports what they import. SetupError when the child gives no answer."""
+    if not specs:
+        return {}
+    command = [sys.executable, "-m", "convcheck.engine.check_child", kind, *specs]
+    proc = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
+    lines = proc.stdout.strip().splitlines()
+    try:
+        return dict(json.loads(lines[-1]))
+    except (IndexError, ValueError, TypeError):
+        tail = (proc.stderr.strip().splitlines() or ["no answer"])[-1]
+        raise SetupError(f"checking the {kind} specs failed (exit {proc.returncode}): {tail}") from None

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import torch
+
 from convcheck.compare.bits import compare_bits
 from convcheck.hf.checkpoint import open_checkpoint
 from convcheck.hf.tensors import TensorReader
@@ -20,7 +22,6 @@ __all__ = ["assert_bitwise_equal", "assert_same_checkpoint", "assert_verdict_pas
 def assert_bitwise_equal(actual: Any, expected: Any, name: str = "tensor") -> None:
     """Fail unless `actual` has the dtype, shape and raw bytes of `expected` (integer views: -0.0 != 0.0)."""
     __tracebackhide__ = True
-    import torch
 
     for label, value in (("actual", actual), ("expected", expected)):
         if not isinstance(value, torch.Tensor):

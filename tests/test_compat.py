@@ -8,10 +8,11 @@ import textwrap
 from importlib import metadata
 from pathlib import Path
 
+from convcheck.boot import imports_te_unconditionally
+
 import pytest
 
 from convcheck import compat
-from convcheck.compat.no_te import imports_te_unconditionally
 from tests.support.release_targets import on_current_pins, release_label, skip_unless
 
 

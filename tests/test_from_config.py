@@ -261,12 +261,12 @@ def _refusal(config: dict[str, Any], fields: ClassFields | None = None, layers: 
 def test_what_cannot_be_shrunk_is_refused_in_one_line_naming_it() -> None:
     dsv3, llama = _published("deepseek-v3"), _published("llama-3.1-8b")
     supported = (
-        "deepseek_v3, glm4_moe, glm4_moe_lite, gpt_oss, llama, mistral, nemotron_h, olmoe, qwen2, qwen3, "
-        "qwen3_5_moe_text, qwen3_5_text, qwen3_moe, qwen3_next"
+        "deepseek_v3, gemma3_text, glm4_moe, glm4_moe_lite, gpt_oss, llama, minimax_m2, mistral, nemotron_h, olmoe, "
+        "qwen2, qwen3, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, qwen3_next"
     )
     assert (
-        _refusal({"model_type": "gemma3_text"})
-        == f"--from-config cannot shrink model_type 'gemma3_text'; it supports {supported}"
+        _refusal({"model_type": "gemma2"})
+        == f"--from-config cannot shrink model_type 'gemma2'; it supports {supported}"
     )
     assert _refusal({}) == f"the config has no model_type (--from-config supports {supported})"
     assert _refusal({**llama, "architectures": ["LlamaForSequenceClassification"]}) == (
@@ -313,12 +313,12 @@ def test_an_unreadable_config_is_refused_in_one_line(tmp_path: Path) -> None:
 
 def test_bad_input_exits_2_with_one_stderr_line(tmp_path: Path) -> None:
     gemma = tmp_path / "gemma.json"
-    gemma.write_text(json.dumps({"model_type": "gemma3_text"}))
+    gemma.write_text(json.dumps({"model_type": "gemma2"}))
     cases = {
         ("fixtures", "build", "--from-config", str(tmp_path / "missing.json")): "config file not found: ",
-        ("fixtures", "build", "--from-config", str(gemma)): "cannot shrink model_type 'gemma3_text'",
+        ("fixtures", "build", "--from-config", str(gemma)): "cannot shrink model_type 'gemma2'",
         ("fixtures", "build"): "give a fixture NAME or --from-config FILE",
-        ("verify", "--model", f"config:{gemma}"): "cannot shrink model_type 'gemma3_text'",
+        ("verify", "--model", f"config:{gemma}"): "cannot shrink model_type 'gemma2'",
         ("verify", "--model", "tiny:qwen3", "--layers", "2"): "--layers applies only to a --model config:FILE fixture",
     }
     for args, message in cases.items():

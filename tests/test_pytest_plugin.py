@@ -203,13 +203,15 @@ def test_verify_fixture_passes_reshard_targets(convcheck_verify: Any, monkeypatc
 
 
 def test_importing_the_plugin_loads_no_heavy_module() -> None:
+    """The plugin loads into every pytest process: no torch until a test uses an assertion that takes tensors."""
     code = (
-        "import sys, convcheck.pytest_plugin, convcheck.testing; "
+        "import sys, convcheck.pytest_plugin as p; "
         "heavy = ('torch', 'megatron', 'transformers', 'safetensors'); "
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy)); "
+        "print(p.assert_bitwise_equal.__module__, 'torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
-    assert out.stdout.strip() == "[]"
+    assert out.stdout.strip().splitlines() == ["[]", "convcheck.testing True"]
 
 
 def _entry_points() -> dict[str, str]:

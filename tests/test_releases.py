@@ -17,11 +17,12 @@ import textwrap
 from importlib import metadata
 from pathlib import Path
 
+from convcheck.boot import imports_te_unconditionally
+
 import pytest
 
 from convcheck import compat
 from convcheck.compat.detect import hybrid_stack, optional_module
-from convcheck.compat.no_te import imports_te_unconditionally
 from convcheck.compat.provider import builds_legacy_grouped_mlp, configure_hybrid_provider, hybrid_spec_field
 from convcheck.errors import BadInput
 from convcheck.fixtures import FIXTURES, get_spec
@@ -62,7 +63,7 @@ INSTALLED_SHIMS = """
 import importlib.util, json, pathlib
 import torch
 from convcheck import compat
-from convcheck.compat.no_te import TE_IMPORTERS, imports_te_unconditionally, te_stand_in_modules
+from convcheck.boot import TE_IMPORTERS, imports_te_unconditionally, te_stand_in_modules
 compat.install("cpu")
 from megatron.bridge import AutoBridge
 from megatron.core.transformer.moe import moe_utils

@@ -237,3 +237,53 @@ def test_the_contract_names_a_crossing_and_its_chain() -> None:
     assert crossings(sources, ("convcheck.cli", "convcheck.cli.*")) == {
         "convcheck.oracles.logits": "line 1: import torch (reached: convcheck.oracles.logits <- convcheck.cli.main)"
     }
+
+
+def _function_level_heavy_imports(source: str) -> list[str]:
+    """`line: statement` of each heavy-library import inside a function (TYPE_CHECKING blocks are module level)."""
+    out = []
+    for function in ast.walk(ast.parse(source)):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(function):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            if any(n.split(".")[0] in HEAVY for n in names):
+                out.append(f"{node.lineno}: {ast.unparse(node)}")
+    return sorted(set(out))
+
+
+def test_the_rank_side_imports_its_libraries_at_module_top() -> None:
+    """Outside the launcher side (which never imports them), torch, megatron, transformers, safetensors and numpy
+    are imported at module top like any torch code: the real dependencies are visible where a module starts."""
+    sources = {m: p.read_text() for m, p in MODULES.items()}
+    inside = {m: found for m, text in sources.items() if (found := _function_level_heavy_imports(text))}
+    assert inside == {}
+    assert _function_level_heavy_imports("def f():\n    import torch\n") == ["2: import torch"]
+
+
+def _bridge_before_boot(source: str) -> str | None:
+    """The first module-top import of megatron.bridge not preceded by `import convcheck.boot` (None: none)."""
+    booted = False
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Import) and any(a.name == "convcheck.boot" for a in node.names):
+            booted = True
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        names += [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+        if not booted and any(n.startswith("megatron.bridge") for n in names):
+            return f"{node.lineno}: {ast.unparse(node)}"
+    return None
+
+
+def test_every_module_importing_the_bridge_installs_the_te_import_stand_in_first() -> None:
+    """megatron.bridge imports Transformer Engine unconditionally (peft/lora_layers.py:20): convcheck.boot installs
+    the stand-in (shim 1) and must be imported before the bridge, whichever convcheck module a process imports first."""
+    sources = {m: p.read_text() for m, p in MODULES.items()}
+    assert {m: line for m, text in sources.items() if (line := _bridge_before_boot(text))} == {}
+    assert (
+        _bridge_before_boot("from megatron.bridge import AutoBridge\n") == "1: from megatron.bridge import AutoBridge"
+    )

@@ -1,7 +1,9 @@
 """The families whose bridge spec exists only on Transformer Engine (convcheck.models.te_only): Gemma 3 text,
 Qwen3-VL, Qwen3-VL-MoE and MiniMax-M2, each a tiny checkpoint written by transformers' own save_pretrained
 (tests/support/te_families.py). `verify` builds the bridge's own TE specs on the stand-in for them whatever `--spec`
-says; every verdict is a pass, a FAIL on a named upstream bug, or not-covered (no config table, no explicit mappings).
+says; every verdict is a pass, a FAIL on a named upstream bug, or not-covered (Qwen3-VL: no config table, no explicit
+mappings). Gemma 3's and MiniMax-M2's own fixtures, mappings and tables: tests/test_gemma3.py, tests/test_minimax_m2.py
+(MiniMax-M2's every-oracle pass at TP2xEP2 is its gate case, tests/test_verify_matrix.py).
 """
 
 from __future__ import annotations
@@ -115,12 +117,12 @@ def test_the_family_bugs_tag_only_their_own_architecture() -> None:
 @pytest.mark.ranks
 def test_gemma3_tp2_fails_only_on_the_post_norm_epsilon_bug(tmp_path: Path) -> None:
     """The bridge's own Gemma 3 spec (post norms inside TERowParallelLinearLayerNorm, sliding-window attention) on
-    the stand-in, chosen even with --spec local: every weight oracle passes, the logits differ by the post norms'
-    epsilon."""
+    the stand-in, chosen even with --spec local: every weight oracle, the config table and the explicit mappings
+    (convcheck.models.gemma3) pass, the logits differ by the post norms' epsilon."""
     res = _verify(tmp_path, "gemma3", "--tp", "2", "--spec", "local")
     assert res.code == 1, res.out[-3000:] + res.err[-2000:]
     assert "INFO Gemma3ForCausalLM: building the bridge's Transformer Engine specs (--spec te)" in res.err
-    assert res.verdicts() == {**dict.fromkeys(DEFAULT, "pass"), **NOT_COVERED, "logits": "fail"}
+    assert res.verdicts() == {**dict.fromkeys(DEFAULT, "pass"), "logits": "fail"}
     (finding,) = res.findings("logits")
     assert (finding["tensor"], finding["kind"], finding["detail"][UPSTREAM_BUG]) == ("logits", "logits-differ", EPS_BUG)
     assert 1e-3 < finding["detail"]["max_abs_err"] < 1e-2
@@ -182,16 +184,6 @@ def test_qwen3_vl_norm_swap_changes_the_logits(tmp_path: Path) -> None:
     assert res.code == 1
     found = {(f["tensor"], f["kind"]) for f in res.findings("logits")}
     assert found == {("logits", "logits-differ"), ("greedy-tokens", "greedy-differs")}
-
-
-@pytest.mark.ranks
-def test_minimax_m2_tp2_ep2_passes_what_convcheck_covers(tmp_path: Path) -> None:
-    """The bridge's MiniMax-M2 spec (TE MoE spec, full-width q/k norms, grouped experts) on the stand-in at TP2xEP2,
-    its q/k norm import on the CPU (shim 28): every covered oracle passes; config and mapping are not covered."""
-    res = _verify(tmp_path, "minimax-m2", "--tp", "2", "--ep", "2")
-    assert res.code == 3, res.out[-3000:] + res.err[-2000:]
-    assert res.verdicts() == {**dict.fromkeys(DEFAULT, "pass"), **NOT_COVERED}
-    assert res.findings() == []
 
 
 @pytest.mark.ranks

@@ -17,7 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
 from convcheck.compare.bits import first_true, int_view
+from convcheck.compat.no_te import install_torch_adam_step
 from convcheck.errors import one_line
 from convcheck.rank.context import RankContext
 from convcheck.verdict import Finding
@@ -60,11 +65,6 @@ def not_run_reason(ctx: RankContext) -> str | None:
 
 def build(ctx: RankContext) -> OptimizerPart:
     """Collective: wrap the model in megatron DDP and build the distributed Adam optimizer over it."""
-    import torch
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-
-    from convcheck.compat.no_te import install_torch_adam_step  # lazy: convcheck.compat imports torch (launcher side)
 
     install_torch_adam_step()
 
@@ -114,8 +114,6 @@ def shards(part: OptimizerPart) -> list[tuple[str, Any, Any, dict[str, Any]]]:
 def init_states(part: OptimizerPart) -> None:
     """Create the Adam state tensors (megatron's own init_state_fn) on every owned shard, at Adam step 1 (the
     optimizer's state_dict reads the step torch's Adam keeps per parameter)."""
-    import torch
-
     for opt in _optimizers(part.optimizer):
         opt.init_state_fn(opt.optimizer, opt.config)
     for *_, state in shards(part):
@@ -124,8 +122,6 @@ def init_states(part: OptimizerPart) -> None:
 
 def encode(part: OptimizerPart) -> None:
     """Set every shard's main param to its model param upcast and its moments to the (parameter, element) code."""
-    import torch
-
     init_states(part)
     with torch.no_grad():
         for name, piece, main, state in shards(part):
@@ -136,8 +132,6 @@ def encode(part: OptimizerPart) -> None:
 
 def fill_nan(part: OptimizerPart) -> None:
     """Before a restore: main params and moments at NaN, so anything the load skips shows."""
-    import torch
-
     init_states(part)
     with torch.no_grad():
         for _, _, main, state in shards(part):

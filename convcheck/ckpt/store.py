@@ -14,6 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+from megatron.core import dist_checkpointing
+from megatron.core.dist_checkpointing.dict_utils import nested_values
+from megatron.core.dist_checkpointing.mapping import ShardedBase
+from megatron.core.dist_checkpointing.validation import StrictHandling
+
 from convcheck.errors import one_line
 from convcheck.rank.context import RankContext
 from convcheck.rank.model import fill_sentinel, unloaded_counts
@@ -63,9 +69,6 @@ def model_state(model: list[Any]) -> dict[str, Any]:
 
 def sharded_keys(state: dict[str, Any]) -> set[str]:
     """The checkpoint keys of every sharded tensor and object in `state` (this rank's)."""
-    from megatron.core.dist_checkpointing.dict_utils import nested_values
-    from megatron.core.dist_checkpointing.mapping import ShardedBase
-
     return {v.key for v in nested_values(state) if isinstance(v, ShardedBase)}
 
 
@@ -77,9 +80,6 @@ def save_checkpoint(
     ctx: RankContext, folder: str | os.PathLike[str], *, step: int | None = None, extra: Extra | None = None
 ) -> SaveReport:
     """Collective: save the model (and the `extra` entries, e.g. "optimizer") as torch_dist into `folder`."""
-    import torch.distributed as dist
-    from megatron.core import dist_checkpointing
-
     target = Path(folder)
     if ctx.is_reporter:
         target.mkdir(parents=True, exist_ok=True)
@@ -114,9 +114,6 @@ def restore_checkpoint(
     """Collective: NaN-fill the model, load `folder` into it as a trainer resumes; the report and the loaded state.
 
     `extra`: more entries to load with the model (e.g. "optimizer"); their loaded values come back in the state."""
-    from megatron.core import dist_checkpointing
-    from megatron.core.dist_checkpointing.validation import StrictHandling
-
     fill_sentinel(ctx.model)
     started = time.perf_counter()
     state = model_state(ctx.model)
@@ -161,8 +158,6 @@ def _chunk_names(model: list[Any]) -> list[str]:
 
 
 def _barrier(ctx: RankContext) -> None:
-    import torch.distributed as dist
-
     if ctx.world > 1 and dist.is_initialized():
         dist.barrier()
 

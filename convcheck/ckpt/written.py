@@ -11,6 +11,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from convcheck.ckpt.folder import check_index, shard_tensors
 from convcheck.compare.bits import compare_bits
 from convcheck.hf.checkpoint import INDEX_NAME, SINGLE_NAME, Checkpoint, TensorEntry
@@ -129,8 +131,6 @@ def _stray(
 def _cast_findings(source: Checkpoint, out: Checkpoint, cast: str) -> tuple[int, list[Finding]]:
     """(tensors compared, findings): float tensors are exactly `source.to(cast)`, the others unchanged, one at a
     time."""
-    import torch
-
     torch_dtype = CAST_DTYPES[cast][1]
     findings: list[Finding] = []
     checked = 0

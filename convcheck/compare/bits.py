@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from convcheck.compare.memory import borrowed_bytes, plain, same_bytes
 from convcheck.compare.proven import ProvenBytes
 from convcheck.verdict import Finding
@@ -13,8 +15,6 @@ _INT_FOR_SIZE = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
 
 def int_view(tensor: Any) -> Any:
     """The same bytes as a flat integer tensor of equal element width (bool as uint8)."""
-    import torch
-
     flat = tensor.detach().contiguous().reshape(-1)
     if flat.dtype == torch.bool:
         return flat.view(torch.uint8)
@@ -23,8 +23,6 @@ def int_view(tensor: Any) -> Any:
 
 def compare_device(*tensors: Any) -> Any:
     """The one device a comparison of `tensors` runs on: the first one's that is not the CPU, else the CPU."""
-    import torch
-
     for t in tensors:
         if t.device.type != "cpu":
             return t.device
@@ -45,8 +43,6 @@ def count_true(mask: Any) -> int:
 def first_true(mask: Any) -> int:
     """The flat index of the first True of a bool tensor that has one (one byte per element of scratch, not the
     eight per True element of nonzero())."""
-    import torch
-
     return int(mask.reshape(-1).view(torch.uint8).argmax())
 
 
@@ -54,8 +50,6 @@ def bytes_equal(expected: Any, actual: Any, proven: ProvenBytes | None = None) -
     """True when both tensors hold the same raw bytes (plain CPU tensors by memcmp where they lie, others as the
     widest integer view that fits; not read again where `proven`, a convcheck.compare.proven.ProvenBytes, holds the
     pair as proved equal)."""
-    import torch
-
     if same_view(expected, actual):
         return True  # the same bytes in memory (a view compared with itself)
     if proven is not None and proven.known(expected, actual):
@@ -92,8 +86,6 @@ def same_view(a: Any, b: Any) -> bool:
 def int_views_equal(a: Any, b: Any) -> bool:
     """True when two integer views of one width on one device hold the same values: exact, no float semantics (the
     one place convcheck calls torch.equal, and only on integers)."""
-    import torch
-
     return bool(torch.equal(a, b))
 
 
@@ -121,8 +113,6 @@ def raw_bytes(tensor: Any) -> memoryview:
 
 def _host_bytes(tensor: Any) -> Any:
     """`tensor`'s bytes as a C-contiguous uint8 numpy array on the host (its shape, the last dim widened)."""
-    import torch
-
     if tensor.requires_grad:
         tensor = tensor.detach()
     if tensor.device.type != "cpu":

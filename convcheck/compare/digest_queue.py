@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from convcheck.compare.bits import int_view, tensor_sha256
 from convcheck.compare.fold import SMALL_BYTES, finish, folded, quick_digest
 
@@ -37,7 +39,6 @@ class DigestQueue:
         if not staged:
             into[key] = quick_digest(tensor)
             return
-        import torch
 
         if tensor.nbytes > SMALL_BYTES:
             head, data = folded(tensor)
@@ -57,8 +58,6 @@ class DigestQueue:
 
     def flush(self) -> None:
         """Wait once for the devices, then hash every staged piece into its record."""
-        import torch
-
         for device in self._devices:
             torch.cuda.synchronize(device)
         for into, key, head, start, size in self._pending:
@@ -74,8 +73,6 @@ class DigestQueue:
     def drop(self) -> None:
         """Forget what is staged (the records are not kept) and let the buffer go."""
         if self._devices:  # copies may still be landing in the buffer
-            import torch
-
             for device in self._devices:
                 torch.cuda.synchronize(device)
         self._pending.clear()
@@ -87,8 +84,6 @@ class DigestQueue:
 def _host_buffer(size: int, *, pinned: bool) -> Any:
     """A uint8 host buffer of `size` bytes, page-locked when `pinned` and the platform allows (copies into it from a
     GPU then do not wait)."""
-    import torch
-
     if pinned:
         try:
             return torch.empty(size, dtype=torch.uint8, pin_memory=True)

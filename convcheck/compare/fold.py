@@ -14,6 +14,9 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+import numpy as np
+import torch
+
 from convcheck.compare.bits import int_view, tensor_sha256
 
 CHUNK = 1 << 12
@@ -32,9 +35,6 @@ _keys: dict[str, Any] = {}
 
 def _lanes(device: Any) -> Any:
     """The keys, int8 [CHUNK, LANES], each nonzero, from sha256 in counter mode (zero bytes skipped)."""
-    import numpy as np
-    import torch
-
     name = str(device)
     if name not in _keys:
         need, got, i = CHUNK * LANES, bytearray(), 0
@@ -55,8 +55,6 @@ def digest(tensor: Any) -> str:
 def folded(tensor: Any) -> tuple[bytes, Any]:
     """`digest`'s device part, queued without waiting: its header bytes (tag, byte count, each level's size, known
     on the host) and its last level of sums, int32 on the tensor's device, at most HOST_BYTES."""
-    import torch
-
     data = int_view(tensor).view(torch.int8)
     head = [_TAG + data.numel().to_bytes(8, "little")]
     sums = chunk_sums(data)
@@ -89,8 +87,6 @@ def quick_digest(tensor: Any) -> str:
 def chunk_sums(data: Any) -> Any:
     """int32 [chunks, LANES] on the data's device: each CHUNK-byte chunk's keyed sums (exact integers); the last
     chunk zero-padded (zero bytes add nothing; the byte count is hashed)."""
-    import torch
-
     keys = _lanes(data.device)
     full = data.numel() // CHUNK
     parts = [_sums(data[: full * CHUNK].view(full, CHUNK), keys)] if full else []
@@ -104,8 +100,6 @@ def chunk_sums(data: Any) -> Any:
 def _sums(rows: Any, keys: Any) -> Any:
     """rows @ keys as int32: the int8 kernel, or float64 products a step of rows at a time where it cannot run
     (the same integers)."""
-    import torch
-
     try:
         return torch._int_mm(rows, keys)
     except (RuntimeError, AttributeError):  # e.g. CUDA's kernel wants more than 16 rows: the same integers in float64

@@ -11,6 +11,8 @@ import ctypes
 import functools
 from typing import Any
 
+import torch
+
 
 @functools.cache
 def _memcmp() -> Any:
@@ -27,8 +29,6 @@ def _memcmp() -> Any:
 def plain(tensor: Any) -> bool:
     """True when `tensor` is a contiguous, strided, real-valued CPU tensor (its memory holds exactly its values, in
     order) and memcmp can be called."""
-    import torch
-
     return (
         tensor.is_cpu
         and tensor.layout is torch.strided

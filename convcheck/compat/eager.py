@@ -10,15 +10,15 @@ which fails with dynamo disabled; the eager mode calls that op directly instead 
 
 from __future__ import annotations
 
+import torch._dynamo
+import torch.nn.attention.flex_attention as flex
+
 _saved: dict[str, bool] = {}
 
 
 def run_compiled_eagerly(on: bool) -> None:
     """On: every torch.compile'd function runs as plain Python (torch._dynamo disabled at call time, so functions
     decorated at import time follow too). Off: dynamo as it was before the first `on`."""
-    import torch._dynamo
-    import torch.nn.attention.flex_attention as flex
-
     if on:
         _saved.setdefault("disable", bool(torch._dynamo.config.disable))
         _saved.setdefault("flex", bool(flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG))

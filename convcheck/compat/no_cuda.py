@@ -8,6 +8,15 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+import torch
+from megatron.bridge.models.conversion import param_mapping
+from megatron.core.fusions import fused_softmax
+from megatron.core.models.common.language_module.language_module import LanguageModule
+from megatron.core.tensor_parallel.random import CudaRNGStatesTracker
+from megatron.core.transformer import utils
+
 from convcheck.compat._patch import _patch
 from convcheck.compat.detect import has_attr, optional_module, skip
 
@@ -28,8 +37,6 @@ def set_active(on: bool) -> None:
 def cpu_current_device() -> Iterator[None]:
     """torch.cuda.current_device() answers "cpu" inside the block, so upstream moves are no-ops and allocations
     land on the CPU."""
-    import torch
-
     saved = torch.cuda.current_device
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
     try:
@@ -74,8 +81,6 @@ def _install_sites(sites: tuple[tuple[str, str, str], ...], number: int) -> None
 # other target the original method runs unchanged.
 def install_cpu_replicated_mapping() -> None:
     """Install shim 2 (idempotent)."""
-    import torch
-    from megatron.bridge.models.conversion import param_mapping
 
     def cpu_replicated(original: Any) -> Any:
         def hf_to_megatron(self, hf_weights, megatron_module):  # type: ignore[no-untyped-def]
@@ -105,8 +110,6 @@ def install_cpu_replicated_mapping() -> None:
 # it produces are init values that the HF import overwrites either way.
 def install_cpu_tied_embedding_setup() -> None:
     """Install shim 3 (idempotent)."""
-    import torch
-    from megatron.core.models.common.language_module.language_module import LanguageModule
 
     def cuda_as_identity(original: Any) -> Any:
         def setup_embeddings_and_output_layer(self):  # type: ignore[no-untyped-def]
@@ -155,9 +158,6 @@ def install_cpu_device_sites() -> None:
 # attention_mask is None. On a CPU run the same formula runs on the CPU: triu(ones(sq, sq), diagonal=1).bool().
 def install_cpu_causal_mask() -> None:
     """Install shim 5 (idempotent) in both modules that bind the name."""
-    import torch
-    from megatron.core.fusions import fused_softmax
-    from megatron.core.transformer import utils
 
     def cpu_mask(original: Any) -> Any:
         def get_default_causal_mask(sq: int) -> torch.Tensor:
@@ -179,10 +179,6 @@ def install_cpu_causal_mask() -> None:
 # iff skv - sq - left <= j - i <= skv - sq + right, the mask being True where a score is dropped.
 def install_cpu_sliding_window_mask() -> None:
     """Install shim 22 (idempotent) in both modules that bind the name; skipped where this release lacks it."""
-    import torch
-    from megatron.core.fusions import fused_softmax
-    from megatron.core.transformer import utils
-
     if not has_attr(utils, "get_sliding_window_causal_mask"):
         skip(22, "transformer/utils.py has no get_sliding_window_causal_mask in this release")
         return
@@ -210,7 +206,6 @@ def install_cpu_sliding_window_mask() -> None:
 # forks (ssm/mamba_mixer.py:318, :370) go through the same method.
 def install_cpu_rng_fork() -> None:
     """Install shim 6 (idempotent)."""
-    from megatron.core.tensor_parallel.random import CudaRNGStatesTracker
 
     def no_cuda_fork(original: Any) -> Any:
         def fork(self, *args, **kwargs):  # type: ignore[no-untyped-def]
@@ -355,8 +350,6 @@ FULL_DIM_QK_NORM = ("megatron.bridge.models.minimax_m2.minimax_m2_bridge", "_Ful
 
 def install_cpu_full_dim_qk_norm_mapping() -> None:
     """Install shim 28 (idempotent; skipped where the bridge has no MiniMax-M2 full-width q/k norm mapping)."""
-    import torch
-
     module_name, class_name, where = FULL_DIM_QK_NORM
     module = optional_module(module_name)
     if module is None or not has_attr(module, class_name + ".hf_to_megatron"):

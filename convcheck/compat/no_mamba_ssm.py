@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
+
 from convcheck.compat._patch import _patch
 from convcheck.compat.detect import optional_module, skip
 from convcheck.kernels.mamba import GatedRMSNorm, torch_chunk_scan, torch_split_conv1d_scan
@@ -15,8 +17,6 @@ class MixerGatedRMSNorm(GatedRMSNorm):
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: Any = None) -> Any:
         """`weight` sharded along axis 0 over the TP group (what upstream's ExtendedRMSNorm declares)."""
-        from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
-
         return make_sharded_tensors_for_checkpoint(
             self.state_dict(prefix="", keep_vars=True), prefix, {"weight": 0}, sharded_offsets,
             tp_group=self.tp_group, dp_cp_group=(metadata or {}).get("dp_cp_group"),

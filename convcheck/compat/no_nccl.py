@@ -6,6 +6,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 from convcheck.compat._patch import _patch
 
 FLOAT8 = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
@@ -21,14 +24,10 @@ FLOAT8 = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", 
 
 
 def _is_float8(tensor: Any) -> bool:
-    import torch
-
     return isinstance(tensor, torch.Tensor) and str(tensor.dtype).removeprefix("torch.") in FLOAT8
 
 
 def _on_gloo(group: Any) -> bool:
-    import torch.distributed as dist
-
     try:
         return dist.get_backend(group) == "gloo"
     except (RuntimeError, ValueError):
@@ -36,8 +35,6 @@ def _on_gloo(group: Any) -> bool:
 
 
 def _bytes(tensor: Any) -> Any:
-    import torch
-
     return tensor.view(torch.uint8) if _is_float8(tensor) else tensor
 
 
@@ -63,7 +60,5 @@ def _broadcast_bytes(original: Any) -> Any:
 
 def install() -> None:
     """Install shim 25 (idempotent): float8 all_gather and broadcast over gloo as uint8 views."""
-    import torch.distributed as dist
-
     _patch(dist, "all_gather", _gather_bytes)
     _patch(dist, "broadcast", _broadcast_bytes)

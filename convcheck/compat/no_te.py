@@ -14,6 +14,28 @@ from convcheck.boot import (
     install_import_shims,
 )
 
+from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
+from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_decoder_block_spec,
+    get_gpt_decoder_layer_specs,
+    get_gpt_mtp_block_spec,
+)
+from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec
+from megatron.core.optimizer import distrib_optimizer
+from megatron.core.ssm.mamba_layer import MambaLayer, MambaLayerSubmodules
+from megatron.core.ssm.mamba_mixer import MambaMixer, MambaMixerSubmodules
+from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
+from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.identity_op import IdentityOp
+from megatron.core.transformer.mlp import MLP, MLPSubmodules
+from megatron.core.transformer.moe import moe_utils
+from megatron.core.transformer.multi_latent_attention import MLASelfAttention
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.torch_norm import WrappedTorchNorm
+from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
+
 from convcheck.compat._patch import _patch
 from convcheck.compat.detect import (
     has_attr,
@@ -38,19 +60,6 @@ def cpu_hybrid_stack_spec() -> Any:
     Parameter names are the modelopt local spec's: `norm.weight` (Mamba), `input_layernorm.weight` /
     `pre_mlp_layernorm.weight` (attention, MLP, MoE).
     """
-    from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
-    from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec
-    from megatron.core.ssm.mamba_layer import MambaLayer, MambaLayerSubmodules
-    from megatron.core.ssm.mamba_mixer import MambaMixer, MambaMixerSubmodules
-    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
-    from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
-    from megatron.core.transformer.dot_product_attention import DotProductAttention
-    from megatron.core.transformer.enums import AttnMaskType
-    from megatron.core.transformer.mlp import MLP, MLPSubmodules
-    from megatron.core.transformer.spec_utils import ModuleSpec
-    from megatron.core.transformer.torch_norm import WrappedTorchNorm
-    from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
-
     found = hybrid_stack()
     if found is None:
         raise RuntimeError("this megatron-core has no Mamba hybrid stack (HybridStack or MambaStack)")
@@ -121,7 +130,6 @@ def install_hybrid_final_norm() -> None:
         skip(7, "no hybrid stack module binding TENorm in this megatron-core")
         return
     block, stack, _ = found
-    from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
     def torch_final_norm(original: Any) -> Any:
         def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
@@ -162,7 +170,6 @@ def install_moe_utils_te_names() -> None:
     """Install shim 14 (idempotent) while TE is missing: bind the TE names moe_utils left unbound to None."""
     if transformer_engine_available():
         return
-    from megatron.core.transformer.moe import moe_utils
 
     unbound = [name for name in MOE_UTILS_TE_NAMES if not hasattr(moe_utils, name)]
     if not unbound:
@@ -190,8 +197,6 @@ def install() -> None:
 # copy runs with `step` given as None, which upstream skips; the step itself was already restored at :1031.
 def install_torch_adam_step() -> None:
     """Install shim 13 (idempotent) while megatron-core's distributed optimizer runs without Apex and TE."""
-    from megatron.core.optimizer import distrib_optimizer
-
     if distrib_optimizer.HAVE_APEX_OR_TE:
         return
 
@@ -219,7 +224,6 @@ _MLA_CLASS: dict[str, type] = {}
 def mla_core_attention() -> type:
     """megatron-core's local DotProductAttention taking MLA's `k_channels` / `v_channels` (one class per process)."""
     if "class" not in _MLA_CLASS:
-        from megatron.core.transformer.dot_product_attention import DotProductAttention
 
         class MLADotProductAttention(DotProductAttention):
             """Local core attention whose context is [s, b, v_channels x heads per TP rank]."""
@@ -236,8 +240,6 @@ def mla_core_attention() -> type:
 
 def local_attention_takes_mla_channels() -> bool:
     """True when megatron-core's local DotProductAttention accepts k_channels (shim 15 is then not needed)."""
-    from megatron.core.transformer.dot_product_attention import DotProductAttention
-
     return "k_channels" in inspect.signature(DotProductAttention.__init__).parameters
 
 
@@ -245,8 +247,6 @@ def cpu_mla_decoder_block_spec(config: Any, vp_stage: int | None = None) -> Any:
     """The decoder block spec the DeepSeek bridges choose (megatron-core's get_gpt_decoder_block_spec: MLA, dense or
     MoE per layer from moe_layer_freq), TE-free, with shim 15's core attention; without q LoRA no q layernorm (HF's
     q_proj reads the input-normed hidden states; mla_qk_norm_config.py:171 rejects one)."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
-
     kwargs = {"vp_stage": vp_stage} if "vp_stage" in inspect.signature(get_gpt_decoder_block_spec).parameters else {}
     block = get_gpt_decoder_block_spec(
         config, use_transformer_engine=False, normalization=config.normalization, **kwargs
@@ -258,9 +258,6 @@ def cpu_mla_decoder_block_spec(config: Any, vp_stage: int | None = None) -> Any:
 
 def _mla_layer_on_cpu(layer: Any, config: Any) -> None:
     """Shim 15's core attention (and no q layernorm without q LoRA) in one layer spec, if it is an MLA layer."""
-    from megatron.core.transformer.identity_op import IdentityOp
-    from megatron.core.transformer.multi_latent_attention import MLASelfAttention
-
     attention = getattr(layer.submodules, "self_attention", None)
     if attention is None or not (isinstance(attention.module, type) and issubclass(attention.module, MLASelfAttention)):
         return
@@ -278,8 +275,6 @@ def _mla_layer_on_cpu(layer: Any, config: Any) -> None:
 # MTP layer getting the block spec's last layer (shim 15's core attention included).
 def cpu_mtp_block_spec(config: Any, vp_stage: int | None = None) -> Any:
     """The bridge's MTP block spec, TE-free (None when the model has no MTP layers)."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_layer_specs, get_gpt_mtp_block_spec
-
     if not getattr(config, "mtp_num_layers", None):
         return None
     spec = config.transformer_layer_spec

@@ -9,6 +9,11 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
+import torch
+from megatron.core.models.backends import LocalSpecProvider
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.tensor_parallel.layers import ColumnParallelLinear
+
 from convcheck.compat._patch import _patch
 from convcheck.compat.detect import optional_module, skip
 from convcheck.compat.no_te import transformer_engine_available
@@ -37,8 +42,6 @@ def norm_column_linear() -> type:
     """A torch LayerNormColumnParallelLinear: y = ColumnParallelLinear(norm(x)), norm an RMSNorm (zero-centered when
     the config says so) or LayerNorm over the input's last dim with weight `layer_norm_weight` [in_features]."""
     if "class" not in _FUSED:
-        import torch
-        from megatron.core.tensor_parallel.layers import ColumnParallelLinear
 
         class TorchLayerNormColumnParallelLinear(ColumnParallelLinear):
             """ColumnParallelLinear after a norm of its input (the norm's weight replicated over TP). Its name holds
@@ -89,9 +92,6 @@ def cpu_experimental_block_spec(config: Any, vp_stage: int | None = None, pp_ran
 @contextlib.contextmanager
 def _local_backend(module: ModuleType) -> Iterator[None]:
     """The spec module's two TE-only steps bound to local equivalents inside the block."""
-    from megatron.core.models.backends import LocalSpecProvider
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-
     fused = norm_column_linear()
 
     class FusedNormLocalBackend(LocalSpecProvider):

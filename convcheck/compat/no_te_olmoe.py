@@ -7,6 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+from megatron.bridge.models.gpt_provider import local_layer_spec
+
 from convcheck.compat._patch import _patch
 from convcheck.compat.detect import optional_module, skip, te_free
 
@@ -26,7 +30,6 @@ def _local_base(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
     def default_layer_spec(config: Any) -> Any:
         if not te_free():
             return original(config)
-        from megatron.bridge.models.gpt_provider import local_layer_spec
 
         return local_layer_spec(config)
 

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+from megatron.bridge.models.gpt_provider import local_layer_spec
+from megatron.core.models.backends import LocalSpecProvider
+
 from convcheck.compat.no_te import cpu_hybrid_stack_spec, cpu_mla_decoder_block_spec, transformer_engine_available
 from convcheck.compat.no_te_gdn import cpu_experimental_block_spec
 from convcheck.compat.no_te_olmoe import is_olmoe_layer_spec
@@ -53,8 +58,6 @@ def builds_legacy_grouped_mlp() -> bool:
     grouped_gemm package it asserts at construction is missing."""
     import importlib.util
     import inspect
-
-    from megatron.core.models.backends import LocalSpecProvider
 
     source = inspect.getsource(LocalSpecProvider.grouped_mlp_modules)
     return "GroupedMLP," in source and importlib.util.find_spec("grouped_gemm") is None
@@ -108,8 +111,6 @@ def te_block_spec(spec: Any) -> Any:
 def configure_provider(provider: Any, device: str, spec: str = "local") -> None:
     """TE-free spec when Transformer Engine is missing (`spec="local"`), or the bridge's own TE specs on convcheck's
     stand-in (`spec="te"`, convcheck.compat.te_standin); on CPU also CPU init, fusions off, allgather dispatcher."""
-    from megatron.bridge.models.gpt_provider import local_layer_spec
-
     hybrid = is_hybrid_provider(provider)
     if hybrid:
         configure_hybrid_provider(provider, device, spec)

@@ -14,6 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+
 from convcheck.engine import worker
 from convcheck.engine.job import Job
 from convcheck.engine.place import check_here, torchrun_place
@@ -47,8 +49,6 @@ def run_here(job: Job, log_dir: str | None = None) -> dict[str, Any]:
 
 def _share(result: dict[str, Any] | None, rank: int) -> dict[str, Any]:
     """Rank 0's result on every rank (the job's default process group), once every rank is done with the folder."""
-    import torch.distributed as dist
-
     box = [result if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
     dist.barrier()

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import transformers
+
 from convcheck.atomic import write_json_atomic
 from convcheck.cache import loaded_sources
 from convcheck.engine.launch import die_with_parent
@@ -43,9 +45,6 @@ def preload() -> None:
     from convcheck import compat  # lazy: imports torch, which must load after serve() sets OMP_NUM_THREADS
 
     compat.install("cpu")
-    import megatron.bridge  # noqa: F401
-    import megatron.core  # noqa: F401
-    import transformers  # noqa: F401
 
     for name in ORACLES:
         load_oracle(name)

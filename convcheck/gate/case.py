@@ -29,6 +29,8 @@ LAYOUTS_BY_FIXTURE = {
     "qwen3-moe-4l": ("pp2vpp2ep2",),
     "nemotron-h-6l": ("pp2",),
     "kimi-k2": ("tp2ep2",),
+    "gemma3": (),
+    "minimax-m2": (),
     "qwen3-vl": (),
     "qwen3-vl-moe": (),
 }
@@ -62,12 +64,20 @@ experts: tests/test_glm45.py runs that named crash) with TEGroupedMLP experts; t
 and loss counted as stages (two chunks hold no decoder layer), and NemotronH's hybrid pattern split 2 + 3 over PP2."""
 
 
-TE_CASES = (("tiny:qwen3", "tp2"), ("tiny:qwen3-moe", "tp2ep2"), ("tiny:llama", "pp2"), ("tiny:qwen3-vl", "tp2"),
-            ("tiny:qwen3-vl-moe", "ep2"))  # fmt: skip
+TE_CASES = (
+    ("tiny:qwen3", "tp2"),
+    ("tiny:qwen3-moe", "tp2ep2"),
+    ("tiny:llama", "pp2"),
+    ("tiny:gemma3", "tp2"),
+    ("tiny:minimax-m2", "tp2ep2"),
+    ("tiny:qwen3-vl", "tp2"),
+    ("tiny:qwen3-vl-moe", "ep2"),
+)
 """The Transformer Engine layout `verify` builds by default (the bridge's TE specs, TE-fused norms, experts as the
-provider asks: TEGroupedMLP for Qwen3-MoE), at a tensor-, an expert- and a pipeline-parallel layout, and the
-TE-only Qwen3-VL families (convcheck.models.te_only: the only specs their bridge builds); every other case pins
-megatron-core's local spec its golden manifest was made with."""
+provider asks: TEGroupedMLP for Qwen3-MoE), at a tensor-, an expert- and a pipeline-parallel layout, and the families
+whose bridge spec exists only on TE (convcheck.models.te_only) at one layout each (Gemma 3 at TP2, MiniMax-M2 at
+TP2xEP2, Qwen3-VL at TP2, Qwen3-VL-MoE at EP2; their other layouts are recorded in docs/gate.md and
+docs/families.md); every other case pins megatron-core's local spec its golden manifest was made with."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

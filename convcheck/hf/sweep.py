@@ -9,14 +9,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+
 from convcheck.compare.bits import first_difference
+from convcheck.compare.threads import default_threads
 from convcheck.errors import BadInput
 from convcheck.hf.checkpoint import INDEX_NAME, WINDOW, Checkpoint, TensorEntry, mapped_windows, open_weights
 from convcheck.hf.digest import (
     DigestEntry,
     Manifest,
     Progress,
-    default_threads,
     ordered_map,
     read_manifest,
     storage_order,
@@ -199,8 +202,6 @@ def _digest(side: Side, name: str, algo: str, progress: Progress | None) -> str:
 
 def _bytes_finding(name: str, a: Checkpoint, b: Checkpoint, progress: Progress | None) -> Finding | None:
     """None when the stored bytes are equal; else how many elements differ and the first one, with both values."""
-    import numpy as np
-
     entry = a.tensors[name]
     numel = math.prod(entry.shape)
     width = entry.nbytes // numel if numel else 1
@@ -231,8 +232,6 @@ def _bytes_finding(name: str, a: Checkpoint, b: Checkpoint, progress: Progress |
 
 def _window_diff(entry: TensorEntry, wa: Any, wb: Any) -> tuple[int, int, str, str]:
     """How many elements of one window differ (integer views of the element width); the first's index and values."""
-    import torch
-
     dtype = getattr(torch, entry.torch_dtype)
     ta = torch.frombuffer(bytearray(wa), dtype=torch.uint8).view(dtype)
     tb = torch.frombuffer(bytearray(wb), dtype=torch.uint8).view(dtype)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from safetensors import safe_open
+
 from convcheck.hf.checkpoint import Checkpoint
 
 
@@ -17,8 +19,6 @@ class TensorReader:
 
     def get(self, name: str) -> Any:
         """Load tensor `name` (CPU, its stored dtype)."""
-        from safetensors import safe_open
-
         entry = self.checkpoint.tensors[name]
         if entry.file != self._file:
             self._handle = safe_open(str(self.checkpoint.path / entry.file), framework="pt")

@@ -41,7 +41,7 @@ def check(
     an HF source, a bad adapter, a collection that disagrees, or a job that is not initialised; an oracle raising on
     some ranks only is convcheck.live.LiveFailure on every rank."""
     names = parse_live_names(oracles)
-    check_adapters(sender, receiver, chunk_mb)
+    check_adapters(sender, receiver, chunk_mb, here=True)
     sync = SyncOptions(sender=normalize_sender(sender), receiver=receiver, chunk_mb=chunk_mb)
     with collector_paused():
         return _check(model, bridge, names, names_from, sync, pg_collection)
@@ -93,7 +93,7 @@ def digest(
     bridge's own export) on rank 0 (written to `out` when given), None on other ranks; compare it with a receiver's
     folder by `convcheck sweep FOLDER MANIFEST`."""
     target = check_output(out) if out is not None else None
-    check_adapters(sender, None, 64.0)
+    check_adapters(sender, None, 64.0, here=True)
     ctx = live_context(model, bridge, names_from=None, sync=SyncOptions(sender=normalize_sender(sender)),
                        need_names=sender is not None, pg_collection=pg_collection)  # fmt: skip
     tap = ExportDigests(reporter=ctx.is_reporter, by="digest")

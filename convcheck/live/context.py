@@ -11,6 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
+
 from convcheck.errors import BadInput
 from convcheck.hf.checkpoint import INDEX_NAME, Checkpoint, open_checkpoint
 from convcheck.layout import ParallelLayout
@@ -25,8 +29,6 @@ NO_BYTES = "<names only: a live check reads no tensor bytes>"
 
 def unwrap(chunk: Any) -> Any:
     """The Megatron model inside DDP / Float16Module wrappers (their `.module`)."""
-    import torch
-
     while isinstance(getattr(chunk, "module", None), torch.nn.Module):
         chunk = chunk.module
     return chunk
@@ -34,8 +36,6 @@ def unwrap(chunk: Any) -> Any:
 
 def chunks_of(model: Any) -> list[Any]:
     """The job's model as a list of unwrapped chunks; BadInput for anything else."""
-    import torch
-
     items = list(model) if isinstance(model, (list, tuple)) else [model]
     if not items or not all(isinstance(c, torch.nn.Module) for c in items):
         raise BadInput("live: model must be a torch module or a non-empty list of model chunks (one per virtual stage)")
@@ -122,8 +122,6 @@ def live_context(
 ) -> RankContext:
     """This rank's context over the job's objects; BadInput, the same line on every rank (agreed across the world
     before any other collective), when the job is not initialised, its groups disagree or the names cannot be found."""
-    import torch.distributed as dist
-
     if not dist.is_initialized():
         raise BadInput("live: call it inside an initialised job (torch.distributed and megatron-core parallel_state)")
     error, parts = None, None
@@ -155,8 +153,6 @@ def live_context(
 
 def _parts(model: Any, bridge: Any, names_from: str | Path | None, need_names: bool, pg_collection: Any) -> Any:
     """This rank's chunks, names-only checkpoint and groups; BadInput (this rank's own, not yet agreed)."""
-    from megatron.core import parallel_state as ps
-
     if not ps.model_parallel_is_initialized():
         raise BadInput(
             "live: megatron-core parallel_state is not initialised; the pinned megatron-bridge's export reads it "

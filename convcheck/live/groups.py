@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch.distributed as dist
+
 from convcheck.errors import BadInput
 from convcheck.layout import ParallelLayout, RankCoord
 from convcheck.rank.dist import parallel_state_group
@@ -38,16 +40,12 @@ def model_collection(chunks: list[Any]) -> Any:
 
 def members(group: Any) -> tuple[int, ...]:
     """The global ranks of `group`."""
-    import torch.distributed as dist
-
     return tuple(dist.get_process_group_ranks(group))
 
 
 def disagreement(given: dict[str, Any], chunks: list[Any]) -> str | None:
     """Why the collection's groups cannot be used (one line), or None: each must hold the ranks parallel_state's
     group holds (the pinned bridge reads it) and the ranks of the model's own collection (its export's groups)."""
-    import torch.distributed as dist
-
     ours, built = parallel_state_groups(), model_collection(chunks)
     for axis, field in AXES:
         if given.get(axis) is None:
@@ -71,8 +69,6 @@ def disagreement(given: dict[str, Any], chunks: list[Any]) -> str | None:
 def job_groups(chunks: list[Any], pg_collection: Any = None) -> JobGroups:
     """The job's groups (the collection's where it sets them, else parallel_state's) with their layout and this rank's
     coordinates; BadInput for a collection that is not one or disagrees (see `disagreement`)."""
-    import torch.distributed as dist
-
     groups = parallel_state_groups()
     if pg_collection is not None:
         if not all(hasattr(pg_collection, field) for field in ("tp", "pp")):

@@ -10,6 +10,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from convcheck.layout import ParallelLayout
 from convcheck.mappings.base import MappingError, RankCoord, Shards, need
 from convcheck.mappings.simple import Gated, Split
@@ -93,8 +95,6 @@ class FusedSlice(ExpertSlice):
 
     def from_shards(self, shards: Shards, layout: ParallelLayout) -> Iterator[tuple[str, Any]]:
         """Slice `fused[expert]` rebuilt, named `fused[expert]` (the whole tensor needs every expert's shards)."""
-        import torch
-
         parts = dict(self.inner.from_shards(shards, layout))
         if isinstance(self.inner, Gated):
             yield f"{self.fused}[{self.expert}]", torch.cat([parts[self.inner.gate], parts[self.inner.up]], dim=0)

@@ -21,6 +21,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from convcheck.layout import ParallelLayout
 from convcheck.mappings.base import MappingError, RankCoord, Shards, chunk, need, shard_of
 from convcheck.mappings.mamba import Blocks
@@ -72,8 +74,6 @@ def ungroup_qkvz(qkvz: Any, w: GDNWidths) -> list[Any]:
 
 def group_qkvz(q: Any, k: Any, v: Any, z: Any, w: GDNWidths) -> Any:
     """Inverse of ungroup_qkvz: flat q, k, v, z -> in_proj_qkvz, per key head `[q_h; k_h; v_group; z_group]`."""
-    import torch
-
     rest = tuple(q.shape[1:])
     parts = [t.reshape(w.key_heads, -1, *rest) for t in (q, k, v, z)]
     return torch.cat(parts, dim=1).reshape(-1, *rest)
@@ -88,8 +88,6 @@ def ungroup_ba(ba: Any, w: GDNWidths) -> list[Any]:
 
 def group_ba(b: Any, a: Any, w: GDNWidths) -> Any:
     """Inverse of ungroup_ba: flat b, a `[Hv, *rest]` -> in_proj_ba, per key head `[b_group; a_group]`."""
-    import torch
-
     rest = tuple(b.shape[1:])
     return torch.cat([b.reshape(w.key_heads, w.ratio, *rest), a.reshape(w.key_heads, w.ratio, *rest)], dim=1).reshape(
         -1, *rest
@@ -143,14 +141,10 @@ class GDNInProj:
 
     def to_shard(self, hf: Mapping[str, Any], layout: ParallelLayout, coord: RankCoord) -> Any:
         """Rank `coord.tp_rank`'s `[q_s; k_s; v_s; z_s; b_s; a_s]`, `[in_proj rows / tp, hidden]`."""
-        import torch
-
         return torch.cat(self.row_pieces(hf, layout, coord), dim=0).contiguous()
 
     def from_shards(self, shards: Shards, layout: ParallelLayout) -> Iterator[tuple[str, Any]]:
         """Each rank's shard cut into its six sections; per section the slices by rank; then HF's grouping."""
-        import torch
-
         self.widths.check_tp(self.megatron, layout.tp)
         local = [n // layout.tp for n in self.widths.rows()]
         pieces = []

@@ -20,6 +20,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from convcheck.layout import ParallelLayout
 from convcheck.mappings.base import MappingError, RankCoord, Shards, chunk, need, shard_of
 
@@ -72,8 +74,6 @@ class GroupedFc1(_GroupedBase):
 
     def expert_block(self, hf: Mapping[str, Any], expert: int, layout: ParallelLayout, etp_rank: int) -> Any:
         """Expert `expert`'s block for ETP rank `etp_rank`: `[hidden, 2F/etp]` = `[gate_r; up_r]^T`."""
-        import torch
-
         gate = need(hf, self.gate.format(expert=expert), (self.ffn, self.hidden))
         up = need(hf, self.up.format(expert=expert), (self.ffn, self.hidden))
         rows = torch.cat([chunk(gate, layout.etp, etp_rank, 0), chunk(up, layout.etp, etp_rank, 0)], dim=0)
@@ -81,8 +81,6 @@ class GroupedFc1(_GroupedBase):
 
     def to_shard(self, hf: Mapping[str, Any], layout: ParallelLayout, coord: RankCoord) -> Any:
         """The EP rank's experts in local order, each `[hidden, 2F/etp]`, laid end to end in memory."""
-        import torch
-
         self.check_layout(layout)
         coord.check_in(layout)
         n = self.local_experts(layout)
@@ -94,8 +92,6 @@ class GroupedFc1(_GroupedBase):
 
     def from_shards(self, shards: Shards, layout: ParallelLayout) -> Iterator[tuple[str, Any]]:
         """One global expert at a time: its blocks from every ETP rank of its EP rank -> gate_proj, up_proj."""
-        import torch
-
         self.check_layout(layout)
         n, width = self.local_experts(layout), 2 * self.ffn // layout.etp
         for ep_rank in range(layout.ep):
@@ -129,8 +125,6 @@ class GroupedFc2(_GroupedBase):
 
     def to_shard(self, hf: Mapping[str, Any], layout: ParallelLayout, coord: RankCoord) -> Any:
         """The EP rank's experts in local order, each `down[:, etp slice].T` of shape `[F/etp, hidden]`."""
-        import torch
-
         self.check_layout(layout)
         coord.check_in(layout)
         blocks = []
@@ -142,8 +136,6 @@ class GroupedFc2(_GroupedBase):
 
     def from_shards(self, shards: Shards, layout: ParallelLayout) -> Iterator[tuple[str, Any]]:
         """One global expert at a time: its `[F/etp, hidden]` blocks from every ETP rank -> down_proj."""
-        import torch
-
         self.check_layout(layout)
         n, rows = self.local_experts(layout), self.ffn // layout.etp
         for ep_rank in range(layout.ep):

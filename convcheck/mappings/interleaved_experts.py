@@ -15,6 +15,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from convcheck.layout import ParallelLayout
 from convcheck.mappings.base import MappingError, RankCoord, Shards, need, shard_of
 from convcheck.mappings.fused_experts import ExpertSlice
@@ -81,8 +83,6 @@ class InterleavedSlice(ExpertSlice):
 
     def from_shards(self, shards: Shards, layout: ParallelLayout) -> Iterator[tuple[str, Any]]:
         """Slice `fused[expert]` rebuilt in HF's orientation (gate and up interleaved), named `fused[expert]`."""
-        import torch
-
         parts = dict(self.inner.from_shards(shards, layout))
         name = f"{self.fused}[{self.expert}]"
         if isinstance(self.inner, Gated):

@@ -14,6 +14,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from convcheck.layout import ParallelLayout
 from convcheck.mappings.base import MappingError, RankCoord, Shards, chunk, need, shard_of
 
@@ -58,8 +60,6 @@ class Blocks:
 
     def to_shard(self, hf: Mapping[str, Any], layout: ParallelLayout, coord: RankCoord) -> Any:
         """`[c0_r; c1_r; ...]`: rank r's slice of each component, concatenated in HF component order."""
-        import torch
-
         coord.check_in(layout)
         self.check_layout(layout)
         tensor = need(hf, self.hf)
@@ -70,8 +70,6 @@ class Blocks:
 
     def from_shards(self, shards: Shards, layout: ParallelLayout) -> Iterator[tuple[str, Any]]:
         """Each rank's shard cut into its component slices; per component the slices by rank, components in order."""
-        import torch
-
         self.check_layout(layout)
         local = [rows // layout.tp for _, rows in self.components]
         pieces = []

@@ -22,6 +22,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from convcheck.layout import ParallelLayout
 from convcheck.mappings.base import MappingError, RankCoord, Shards, chunk, need, shard_of
 
@@ -79,8 +81,6 @@ class HeadRows:
 
     def from_shards(self, shards: Shards, layout: ParallelLayout) -> Iterator[tuple[str, Any]]:
         """The TP shards concatenated by rank: `[R, cols]`."""
-        import torch
-
         self.check_layout(layout)
         full = torch.cat([shard_of(shards, c, self.megatron) for c in self.coords(layout)], dim=0)
         if tuple(full.shape) != (self.rows, self.cols):

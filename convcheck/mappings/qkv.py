@@ -17,6 +17,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from convcheck.layout import ParallelLayout
 from convcheck.mappings.base import MappingError, RankCoord, Shards, chunk, need, shard_of
 
@@ -80,8 +82,6 @@ class FusedQKV:
 
     def _grouped(self, hf: Mapping[str, Any]) -> Any:
         """`[G, group_rows, *rest]`: each group's q heads (then its gate heads), then its k head, then its v head."""
-        import torch
-
         q = need(hf, self.q)
         rest = tuple(q.shape[1:])
         gate = 2 if self.output_gate else 1
@@ -106,8 +106,6 @@ class FusedQKV:
 
     def from_shards(self, shards: Shards, layout: ParallelLayout) -> Iterator[tuple[str, Any]]:
         """Concatenate the TP shards by rank and split each group back into q (with its gate), k, v."""
-        import torch
-
         self.check_layout(layout)
         full = torch.cat([shard_of(shards, c, self.megatron) for c in self.coords(layout)], dim=0)
         n, d, g = self.heads_per_group, self.head_dim, self.num_query_groups

@@ -6,6 +6,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from convcheck.layout import ParallelLayout
 from convcheck.mappings.base import MappingError, RankCoord, Shards, chunk, need, shard_of
 
@@ -109,8 +111,6 @@ class Split(_Owned):
 
     def to_shard(self, hf: Mapping[str, Any], layout: ParallelLayout, coord: RankCoord) -> Any:
         """Rank's slice `[rows/size, ...]` (dim 0) or `[..., cols/size]` (dim 1); padding rows are zeros."""
-        import torch
-
         self.check_coord(layout, coord)
         tensor = need(hf, self.hf)
         if self.padded_rows is not None:
@@ -124,8 +124,6 @@ class Split(_Owned):
 
     def from_shards(self, shards: Shards, layout: ParallelLayout) -> Iterator[tuple[str, Any]]:
         """Concatenate the shards by rank along `dim`; drop padding rows."""
-        import torch
-
         full = torch.cat([shard_of(shards, c, self.megatron) for c in self.coords(layout)], dim=self.dim)
         if self.padded_rows is not None:
             if full.shape[0] != self.padded_rows or self.unpadded_rows is None:
@@ -146,8 +144,6 @@ class Gated(_Owned):
         return (self.gate, self.up)
 
     def to_shard(self, hf: Mapping[str, Any], layout: ParallelLayout, coord: RankCoord) -> Any:
-        import torch
-
         return torch.cat(self.row_pieces(hf, layout, coord), dim=0).contiguous()
 
     def row_pieces(self, hf: Mapping[str, Any], layout: ParallelLayout, coord: RankCoord) -> list[Any]:
@@ -160,8 +156,6 @@ class Gated(_Owned):
 
     def from_shards(self, shards: Shards, layout: ParallelLayout) -> Iterator[tuple[str, Any]]:
         """Each rank's shard split in half; gate halves then up halves concatenated by rank."""
-        import torch
-
         halves = [shard_of(shards, c, self.megatron).chunk(2, dim=0) for c in self.coords(layout)]
         yield self.gate, torch.cat([h[0] for h in halves], dim=0).contiguous()
         yield self.up, torch.cat([h[1] for h in halves], dim=0).contiguous()

@@ -13,6 +13,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from convcheck.layout import ParallelLayout
 from convcheck.mappings.base import MappingError, RankCoord, Shards, chunk, need, shard_of
 
@@ -70,8 +72,6 @@ class ConcatenatedQKV:
 
     def from_shards(self, shards: Shards, layout: ParallelLayout) -> Iterator[tuple[str, Any]]:
         """The TP shards concatenated by rank, back to HF's `[q; k; v]`."""
-        import torch
-
         self.check_layout(layout)
         full = torch.cat([shard_of(shards, c, self.megatron) for c in self.coords(layout)], dim=0)
         rows = 3 * self.num_heads * self.head_dim

@@ -10,9 +10,11 @@ from dataclasses import replace
 from convcheck.models import (
     deepseek,
     dense,
+    gemma3,
     glm,
     glm45,
     gpt_oss,
+    minimax_m2,
     mistral,
     nemotron_h,
     olmoe,
@@ -45,6 +47,8 @@ SUPPORTED: tuple[Architecture, ...] = (
     qwen_next.QWEN35_MOE,
     gpt_oss.GPT_OSS,
     olmoe.OLMOE,
+    gemma3.GEMMA3,
+    minimax_m2.MINIMAX_M2,
     qwen3_vl.QWEN3_VL,
     qwen3_vl.QWEN3_VL_MOE,
 )

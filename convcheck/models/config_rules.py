@@ -106,6 +106,7 @@ IGNORED: dict[str, str] = {
     "dtype": "storage dtype of the weights (the roundtrip oracle compares dtypes bitwise)",
     "torch_dtype": "storage dtype of the weights (the roundtrip oracle compares dtypes bitwise)",
     "use_cache": "HF generation KV cache switch",
+    "cache_implementation": "HF generation KV cache kind (Gemma's hybrid: sliding and full layers' caches)",
     "bos_token_id": "tokenizer / generation metadata",
     "eos_token_id": "tokenizer / generation metadata",
     "pad_token_id": "tokenizer / generation metadata",

@@ -6,13 +6,21 @@ oracles catch it and name the tensor.
 
 from __future__ import annotations
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+import torch
+from megatron.bridge.models.conversion import model_bridge
+from megatron.bridge.models.conversion.mapping_registry import MegatronMappingRegistry
+from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge
+from megatron.bridge.models.conversion.param_mapping import AutoMapping, GatedMLPMapping, QKVMapping
+from megatron.bridge.models.conversion.utils import unwrap_model
+
 from convcheck.compare.bits import int_view
 from convcheck.mutants.patch import alter_provider, wrap
 
 
 def swap_qk_head0() -> None:
     """QKVMapping export writes k's head-0 rows into q and q's into k, in layer 0 only."""
-    from megatron.bridge.models.conversion.param_mapping import QKVMapping
 
     def make(original):  # type: ignore[no-untyped-def]
         def megatron_to_hf(self, megatron_weights, megatron_module):  # type: ignore[no-untyped-def]
@@ -33,7 +41,6 @@ def swap_qk_head0() -> None:
 
 def _patch_stream(transform) -> None:  # type: ignore[no-untyped-def]
     """Wrap the bridge's own export generator with `transform(name, tensor) -> list of (name, tensor)`."""
-    from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge
 
     def make(original):  # type: ignore[no-untyped-def]
         def stream(self, *args, **kwargs):  # type: ignore[no-untyped-def]
@@ -62,7 +69,6 @@ def dtype_change() -> None:
 
 def transpose_o_proj() -> None:
     """RowParallelMapping export returns layer 0's o_proj transposed (square, so only the bytes show it)."""
-    from megatron.bridge.models.conversion.param_mapping import AutoMapping
 
     def make(original):  # type: ignore[no-untyped-def]
         def megatron_to_hf(self, megatron_weights, megatron_module):  # type: ignore[no-untyped-def]
@@ -78,7 +84,6 @@ def transpose_o_proj() -> None:
 
 def skip_load_final_norm() -> None:
     """The import of the final norm writes nothing: the parameter keeps its init values."""
-    from megatron.bridge.models.conversion.param_mapping import AutoMapping
 
     def make(original):  # type: ignore[no-untyped-def]
         def hf_to_megatron(self, hf_weights, megatron_module):  # type: ignore[no-untyped-def]
@@ -93,7 +98,6 @@ def skip_load_final_norm() -> None:
 
 def unmap_router() -> None:
     """The mapping registry forgets layer 0's router: no mapping, a warning upstream, nothing else."""
-    from megatron.bridge.models.conversion.mapping_registry import MegatronMappingRegistry
 
     def make(original):  # type: ignore[no-untyped-def]
         def lookup(self, megatron_param_name):  # type: ignore[no-untyped-def]
@@ -108,7 +112,6 @@ def unmap_router() -> None:
 
 def _patch_model_stream(transform) -> None:  # type: ignore[no-untyped-def]
     """Like `_patch_stream`, with access to the bridge and model: `transform(bridge, models, stream)` yields pairs."""
-    from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge
 
     def make(original):  # type: ignore[no-untyped-def]
         def stream(self, megatron_model, *args, **kwargs):  # type: ignore[no-untyped-def]
@@ -150,14 +153,11 @@ def drop_hf_name() -> None:
 
 def downcast_router_bias() -> None:
     """The export casts the float32 router expert bias (e_score_correction_bias: NemotronH, DeepSeek-V3) to bfloat16."""
-    import torch
-
     _patch_stream(lambda n, t: [(n, t.to(torch.bfloat16) if n.endswith("gate.e_score_correction_bias") else t)])
 
 
 def gate_up_swapped() -> None:
     """GatedMLPMapping export names layer 1's gate rows up_proj and its up rows gate_proj (any layout)."""
-    from megatron.bridge.models.conversion.param_mapping import GatedMLPMapping
 
     def change(mapping, _module, out):  # type: ignore[no-untyped-def]
         gate, up = mapping.hf_param["gate"], mapping.hf_param["up"]
@@ -170,7 +170,6 @@ def gate_up_swapped() -> None:
 
 def drop_qkv_bias() -> None:
     """QKVMapping export of layer 0's fused qkv bias returns nothing: q/k/v_proj.bias are never written."""
-    from megatron.bridge.models.conversion.param_mapping import QKVMapping
 
     def change(mapping, _module, out):  # type: ignore[no-untyped-def]
         return {} if mapping.megatron_param == "decoder.layers.0.self_attention.linear_qkv.bias" else out
@@ -180,7 +179,6 @@ def drop_qkv_bias() -> None:
 
 def flip_one_bit() -> None:
     """The import flips the lowest bit of element [0, 0] of layer 1's linear_fc2 (down_proj) on TP rank 0."""
-    from megatron.bridge.models.conversion.param_mapping import AutoMapping
 
     def change(mapping, _module, shard):  # type: ignore[no-untyped-def]
         if mapping.megatron_param != "decoder.layers.1.mlp.linear_fc2.weight" or mapping.tp_rank != 0:
@@ -195,8 +193,6 @@ def flip_one_bit() -> None:
 def norm_zero_centered() -> None:
     """Layer 1's MLP RMSNorm goes through the zero-centred-gamma conversion (import w-1, export +1) though the
     model's norm is not zero-centred: the stored gamma is off by one and w-1+1 loses low bits in bf16."""
-    from megatron.bridge.models.conversion.param_mapping import AutoMapping
-
     target = "decoder.layers.1.pre_mlp_layernorm.weight"
 
     def make_import(original):  # type: ignore[no-untyped-def]
@@ -216,7 +212,6 @@ def norm_zero_centered() -> None:
 
 def expert_left_at_init() -> None:
     """The import of layer 0's expert 5 linear_fc1 (gate|up) writes nothing: the expert keeps its init values."""
-    from megatron.bridge.models.conversion.param_mapping import GatedMLPMapping
 
     def change(mapping, module, shard):  # type: ignore[no-untyped-def]
         if mapping.megatron_param != "decoder.layers.0.mlp.experts.local_experts.5.linear_fc1.weight":
@@ -233,7 +228,6 @@ def vocab_padding_leaked() -> None:
 
 def tied_embedding_not_emitted() -> None:
     """With tied embeddings at PP>1 the export drops the stage-0 word embeddings as the output layer's duplicate."""
-    from megatron.bridge.models.conversion.utils import unwrap_model
 
     def transform(_bridge, models, stream):  # type: ignore[no-untyped-def]
         chunks = models if isinstance(models, list) else [models]
@@ -250,8 +244,6 @@ def pp_layer_off_by_one() -> None:
     """Local-to-global layer renumbering is one short on every PP stage after the first (import and export)."""
     import re
 
-    from megatron.bridge.models.conversion import model_bridge
-
     def make(original):  # type: ignore[no-untyped-def]
         def local_to_global(models, config, param_name, vp_stage=None):  # type: ignore[no-untyped-def]
             name = original(models, config, param_name, vp_stage)
@@ -267,7 +259,6 @@ def pp_layer_off_by_one() -> None:
 def export_nonpersistent_buffer() -> None:
     """The export walks every registered buffer, persistent or not: a router's `local_tokens_per_expert` counter
     is written under the HF prefix of its module."""
-    from megatron.bridge.models.conversion.utils import unwrap_model
 
     def transform(bridge, models, stream):  # type: ignore[no-untyped-def]
         yield from stream

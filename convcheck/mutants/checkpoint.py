@@ -10,6 +10,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from megatron.core import dist_checkpointing
+from megatron.core.dist_checkpointing.mapping import ShardedBase
+from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+from safetensors.torch import load_file, save_file
+
 from convcheck.compare.bits import int_view
 from convcheck.mutants.patch import wrap
 
@@ -18,8 +23,6 @@ DROPPED_KEY = "decoder.final_layernorm.weight"
 
 def drop_key_on_restore() -> None:
     """The restore asks for every sharded key but the final norm's: that parameter keeps its pre-load values."""
-    from megatron.core import dist_checkpointing
-    from megatron.core.dist_checkpointing.mapping import ShardedBase
 
     def make(original: Any) -> Any:
         def load(sharded_state_dict, checkpoint_dir, *args, **kwargs):  # type: ignore[no-untyped-def]
@@ -36,7 +39,6 @@ def drop_key_on_restore() -> None:
 
 def moment_on_wrong_expert() -> None:
     """After the optimizer state is restored, the Adam moments of two same-shaped experts trade places."""
-    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
     def make(original: Any) -> Any:
         def load_state_dict(self, state_dict):  # type: ignore[no-untyped-def]
@@ -85,8 +87,6 @@ def export_from_other_step(folder: str | Path) -> list[str]:
     """Replace the export by one taken a step later (every element moved by one ulp), with an index and a manifest
     consistent with it (digests and step): only the checkpoint comparison can tell. Returns the changed tensors."""
     import hashlib
-
-    from safetensors.torch import load_file, save_file
 
     root = Path(folder)
     manifest_file = root / "manifest.json"

@@ -8,12 +8,20 @@ from __future__ import annotations
 
 import re
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+from megatron.bridge.models.conversion.param_mapping import (
+    ColumnParallelMapping,
+    GatedMLPMapping,
+    MegatronParamMapping,
+    QKVMapping,
+)
+
 from convcheck.mutants.patch import wrap
 
 
 def tp_concat_reversed() -> None:
     """The TP gather hands back the shards in reverse rank order, for the word embeddings only."""
-    from megatron.bridge.models.conversion.param_mapping import MegatronParamMapping
 
     def make(original):  # type: ignore[no-untyped-def]
         def gather_from_tp_ranks(self, tensor):  # type: ignore[no-untyped-def]
@@ -27,7 +35,6 @@ def tp_concat_reversed() -> None:
 
 def ep_local_ids() -> None:
     """The EP gather names every gathered expert with its local id (last rank wins), in layer 1."""
-    from megatron.bridge.models.conversion.param_mapping import MegatronParamMapping
 
     def make(original):  # type: ignore[no-untyped-def]
         def gather_from_ep_ranks(self, weights, module, hf_param_name):  # type: ignore[no-untyped-def]
@@ -47,7 +54,6 @@ def ep_local_ids() -> None:
 
 def gqa_qk_swap_group1() -> None:
     """QKV export swaps the first q head of query group 1 with group 1's k head, in layer 0."""
-    from megatron.bridge.models.conversion.param_mapping import QKVMapping
 
     def make(original):  # type: ignore[no-untyped-def]
         def megatron_to_hf(self, weights, module):  # type: ignore[no-untyped-def]
@@ -70,7 +76,6 @@ def gqa_qk_swap_group1() -> None:
 
 def gate_up_swapped_under_tp() -> None:
     """Under TP the gate/up split takes rank 1's halves from the wrong side (layer 0 dense MLP)."""
-    from megatron.bridge.models.conversion.param_mapping import GatedMLPMapping
 
     def make(original):  # type: ignore[no-untyped-def]
         def megatron_to_hf(self, weights, module):  # type: ignore[no-untyped-def]
@@ -94,7 +99,6 @@ def gate_up_swapped_under_tp() -> None:
 
 def etp_not_gathered() -> None:
     """The expert-tensor-parallel gather is skipped: each rank exports only its own expert shard."""
-    from megatron.bridge.models.conversion.param_mapping import MegatronParamMapping
 
     def make(original):  # type: ignore[no-untyped-def]
         def gather_from_tp_ranks(self, tensor):  # type: ignore[no-untyped-def]
@@ -107,7 +111,6 @@ def etp_not_gathered() -> None:
 
 def drop_vocab_rows() -> None:
     """The lm_head export silently drops its last 8 rows (vocab padding removed with the wrong size)."""
-    from megatron.bridge.models.conversion.param_mapping import ColumnParallelMapping
 
     def make(original):  # type: ignore[no-untyped-def]
         def megatron_to_hf(self, weights, module):  # type: ignore[no-untyped-def]
@@ -121,7 +124,6 @@ def drop_vocab_rows() -> None:
 
 def etp_halves_swapped() -> None:
     """The expert-tensor-parallel gather hands back the ETP shards in reverse order, for layer 1's experts."""
-    from megatron.bridge.models.conversion.param_mapping import MegatronParamMapping
 
     def make(original):  # type: ignore[no-untyped-def]
         def gather_from_tp_ranks(self, tensor):  # type: ignore[no-untyped-def]
@@ -135,7 +137,6 @@ def etp_halves_swapped() -> None:
 
 def ep_not_gathered() -> None:
     """The EP gather is skipped for layer 0's expert down projections: each rank exports only its own experts."""
-    from megatron.bridge.models.conversion.param_mapping import MegatronParamMapping
 
     def make(original):  # type: ignore[no-untyped-def]
         def gather_from_ep_ranks(self, weights, module, hf_param_name):  # type: ignore[no-untyped-def]
@@ -150,7 +151,6 @@ def ep_not_gathered() -> None:
 
 def qkv_groups_reversed() -> None:
     """QKV export splits layer 1's query groups in reverse order (group g's q, k, v land at group G-1-g)."""
-    from megatron.bridge.models.conversion.param_mapping import QKVMapping
 
     def make(original):  # type: ignore[no-untyped-def]
         def megatron_to_hf(self, weights, module):  # type: ignore[no-untyped-def]
@@ -168,7 +168,6 @@ def qkv_groups_reversed() -> None:
 def ep_gather_stale_off_rank0() -> None:
     """EP ranks other than 0 discard the gather's result for layer 0's expert up/gate projections and hand back
     their own expert under every global id: rank 0's export is right, the other ranks send wrong experts."""
-    from megatron.bridge.models.conversion.param_mapping import MegatronParamMapping
 
     def make(original):  # type: ignore[no-untyped-def]
         def gather_from_ep_ranks(self, weights, module, hf_param_name):  # type: ignore[no-untyped-def]

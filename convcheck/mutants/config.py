@@ -6,6 +6,11 @@ wrong field, the way a bridge that mistranslates the HF config would.
 
 from __future__ import annotations
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+from megatron.bridge.models.conversion.param_mapping import AutoMapping
+from megatron.bridge.models.mistral.mistral_bridge import MistralBridge
+
 from convcheck.mutants.patch import alter_provider, wrap
 
 
@@ -37,7 +42,6 @@ def flip_tied() -> None:
 
 def scale_o_proj_on_import() -> None:
     """The import writes layer 0's o_proj times 1.5 (config untouched: only the logits oracle can see it)."""
-    from megatron.bridge.models.conversion.param_mapping import AutoMapping
 
     def make(original):  # type: ignore[no-untyped-def]
         def hf_to_megatron(self, hf_weights, megatron_module):  # type: ignore[no-untyped-def]
@@ -63,7 +67,6 @@ def window_off_by_one() -> None:
 
 def window_export_dropped() -> None:
     """The exported config.json loses sliding_window (the bridge's bug before #4800): Mistral comes back full."""
-    from megatron.bridge.models.mistral.mistral_bridge import MistralBridge
 
     def make(original):  # type: ignore[no-untyped-def]
         def megatron_to_hf_config(provider):  # type: ignore[no-untyped-def]

@@ -11,6 +11,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge
+
 from convcheck.mutants.patch import wrap
 from convcheck.oracles import coverage
 
@@ -37,7 +41,6 @@ def setup_raises() -> None:
 
 def import_raises() -> None:
     """The bridge's HF -> Megatron import raises in every rank, before it writes any parameter."""
-    from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge
 
     def make(original: Any) -> Any:
         def load_weights_hf_to_megatron(self, *args, **kwargs):  # type: ignore[no-untyped-def]
@@ -50,7 +53,6 @@ def import_raises() -> None:
 
 def _fault_in_export(fault: Callable[[], None]) -> None:
     """Wrap the bridge's export stream so that `fault()` runs after TENSORS_BEFORE_FAULT yielded tensors."""
-    from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge
 
     def make(original: Any) -> Any:
         def stream_weights_megatron_to_hf(self, *args, **kwargs):  # type: ignore[no-untyped-def]

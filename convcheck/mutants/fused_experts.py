@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+import torch
+from megatron.bridge.models.conversion.param_mapping import FusedGatedExpertMapping, MegatronParamMapping
+
 from convcheck.mutants.patch import wrap
 
 
@@ -17,8 +22,6 @@ def _layer0_gate_up(name: Any) -> bool:
 
 def gate_up_halves_swapped() -> None:
     """FusedGatedExpertMapping's export fuses [up; gate] instead of [gate; up] in layer 0 (the import is right)."""
-    import torch
-    from megatron.bridge.models.conversion.param_mapping import FusedGatedExpertMapping
 
     def make(original: Any) -> Any:
         def megatron_to_hf(self, megatron_weights, megatron_module):  # type: ignore[no-untyped-def]
@@ -35,7 +38,6 @@ def gate_up_halves_swapped() -> None:
 def ep_gather_reversed() -> None:
     """The EP gather of layer 0's fused gate / up parts stacks the EP ranks' experts in reverse: expert e and
     e + E/ep trade slots of gate_up_proj at EP2 (the probe stubs the gather, so only the real export has it)."""
-    from megatron.bridge.models.conversion.param_mapping import MegatronParamMapping
 
     def make(original: Any) -> Any:
         def gather_from_ep_ranks(self, megatron_weights, megatron_module, hf_param_name):  # type: ignore[no-untyped-def]

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+import torch
+from megatron.bridge.models.conversion import param_mapping
+from megatron.bridge.models.conversion.param_mapping import GDNConv1dMapping, RMSNorm2ZeroCenteredRMSNormMapping
+
 from convcheck.mutants.patch import alter_provider, wrap
 
 
 def conv1d_not_deinterleaved() -> None:
     """GDNConv1dMapping's export takes each TP rank's conv1d shard as one block: the HF conv1d holds
     [q0 k0 v0 q1 k1 v1] instead of [q0 q1 k0 k1 v0 v1] at TP2 (the import is right)."""
-    import torch
-    from megatron.bridge.models.conversion.param_mapping import GDNConv1dMapping
 
     def make(original: Any) -> Any:
         def get_shard_idx(self, config, local_tp):  # type: ignore[no-untyped-def]
@@ -29,16 +33,12 @@ def conv1d_not_deinterleaved() -> None:
 
 
 def _split_module() -> Any:
-    from megatron.bridge.models.conversion import param_mapping
-
     return param_mapping
 
 
 def ba_swapped_in_split() -> None:
     """split_gdn_linear_weights hands back in_proj's b rows where a belongs and a where b belongs (export only):
     Qwen3-Next's in_proj_ba holds [a; b] per key head, Qwen3.5's in_proj_b / in_proj_a trade places."""
-    import torch
-
     module = _split_module()
     original = module.split_gdn_linear_weights
 
@@ -53,8 +53,6 @@ def ba_swapped_in_split() -> None:
 
 
 def _norm_mapping() -> Any:
-    from megatron.bridge.models.conversion.param_mapping import RMSNorm2ZeroCenteredRMSNormMapping
-
     return RMSNorm2ZeroCenteredRMSNormMapping
 
 
@@ -111,8 +109,6 @@ def norm_elements_reversed() -> None:
 def gate_off_by_one_head() -> None:
     """split_qkv_weights pairs head h's query with head h+1's output gate in q_proj (attention_output_gate, export
     only): HF q_proj's [q_h; gate_h] blocks hold [q_h; gate_(h+1)]."""
-    import torch
-
     module = _split_module()
     original = module.split_qkv_weights
 

@@ -5,6 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+import torch
+from megatron.bridge.models.conversion import param_mapping
+from megatron.bridge.models.conversion.param_mapping import AutoMapping
+from megatron.bridge.models.glm.glm45_bridge import GLM45Bridge
+
 from convcheck.mutants.patch import alter_provider, wrap
 
 EXPERT_BIAS = "decoder.layers.2.mlp.router.expert_bias"
@@ -14,8 +21,6 @@ MTP_QKV = "mtp.layers.0.mtp_model_layer.self_attention.linear_qkv.weight"
 def qkv_bias_not_interleaved() -> None:
     """The fused QKV bias is [q; k; v] concatenated, not interleaved per query group: import and export alike (the
     bridge's merge_qkv_biases / split_qkv_biases), so a roundtrip is exact and only the mapping and logits see it."""
-    import torch
-    from megatron.bridge.models.conversion import param_mapping
 
     def merge(_original: Any) -> Any:
         return lambda _config, q, k, v: torch.cat([q, k, v])
@@ -34,7 +39,6 @@ def qkv_bias_not_interleaved() -> None:
 
 def expert_bias_left_at_init() -> None:
     """The import of layer 2's router expert bias (e_score_correction_bias) writes nothing: it keeps its init zeros."""
-    from megatron.bridge.models.conversion.param_mapping import AutoMapping
 
     def make(original: Any) -> Any:
         def hf_to_megatron(self, hf_weights, megatron_module):  # type: ignore[no-untyped-def]
@@ -51,7 +55,6 @@ def expert_bias_left_at_init() -> None:
 def mtp_qkv_from_last_decoder_layer() -> None:
     """The MTP layer's q/k/v projections are mapped to the last decoder layer's HF tensors (model.layers.{L - 1})
     instead of its own (model.layers.{L}), on import and on export."""
-    from megatron.bridge.models.glm.glm45_bridge import GLM45Bridge
 
     def make(original: Any) -> Any:
         def mapping_registry(self):  # type: ignore[no-untyped-def]

@@ -9,12 +9,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+import torch
+from megatron.bridge.models.conversion.param_mapping import AutoMapping
+from megatron.bridge.models.gpt_oss.gpt_oss_bridge import (
+    GPTOSSBridge,
+    GPTOSSMLPDownProjMapping,
+    GPTOSSMLPGateUpProjMapping,
+)
+
 from convcheck.mutants.patch import wrap
 
 
 def _gate_up_mapping() -> Any:
-    from megatron.bridge.models.gpt_oss.gpt_oss_bridge import GPTOSSMLPGateUpProjMapping
-
     return GPTOSSMLPGateUpProjMapping
 
 
@@ -63,7 +71,6 @@ def down_proj_not_transposed() -> None:
     """A square expert down_proj is neither transposed on import nor on export: each expert's fc2 holds D[e] where it
     needs D[e].T; a roundtrip stays bitwise. The code #3271 (0182c798b) brought to main and #3743 (d35bae9c0; 0.4.2:
     #3753) fixed, in no PyPI release."""
-    from megatron.bridge.models.gpt_oss.gpt_oss_bridge import GPTOSSBridge, GPTOSSMLPDownProjMapping
 
     def square(tensor: Any) -> bool:
         return tensor is not None and tensor.dim() >= 2 and tensor.shape[-1] == tensor.shape[-2]
@@ -92,8 +99,6 @@ def down_proj_not_transposed() -> None:
 
 def sinks_not_split() -> None:
     """The attention sinks are not split over TP: every TP rank loads the first heads / tp sinks (rank 0's heads)."""
-    import torch
-    from megatron.bridge.models.conversion.param_mapping import AutoMapping
 
     def make(original: Any) -> Any:
         def hf_to_megatron(self, hf_weights, megatron_module):  # type: ignore[no-untyped-def]
@@ -109,8 +114,6 @@ def sinks_not_split() -> None:
 
 def window_off_by_one() -> None:
     """The provider's window is (W, 0) instead of (W - 1, 0): one key more than HF's W-token window (#2656)."""
-    from megatron.bridge.models.gpt_oss.gpt_oss_bridge import GPTOSSBridge
-
     from convcheck.mutants.patch import alter_provider
 
     alter_provider(lambda p: setattr(p, "window_size", (p.window_size[0] + 1, p.window_size[1])), only=GPTOSSBridge)

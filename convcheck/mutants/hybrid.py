@@ -8,13 +8,16 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+from megatron.bridge.models.nemotronh.nemotron_h_bridge import NemotronHBridge
+from megatron.core.ssm import mamba_mixer
+
 from convcheck.mutants.patch import alter_provider, wrap
 
 
 def _alter_nemotron_h(change: Callable[[Any], None]) -> None:
     """NemotronHBridge.provider_bridge returns its provider after `change(provider)`."""
-    from megatron.bridge.models.nemotronh.nemotron_h_bridge import NemotronHBridge
-
     alter_provider(change, only=NemotronHBridge)
 
 
@@ -30,7 +33,6 @@ def swap_pattern() -> None:
 
 def gated_norm_eps() -> None:
     """Every MambaMixer's gated RMSNorm gets eps 1e-2 instead of HF's layer_norm_epsilon (weights untouched)."""
-    from megatron.core.ssm import mamba_mixer
 
     def make(original):  # type: ignore[no-untyped-def]
         def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]

@@ -8,13 +8,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+import torch
+from megatron.bridge.models.conversion.param_mapping import (
+    ColumnParallelMapping,
+    MambaConv1dMapping,
+    MambaInProjMapping,
+)
+
 from convcheck.mutants.patch import permute_rows_symmetrically, wrap
 
 
 def _dt_first_perm(config: Any, tp: int, inverse: bool) -> Any:
     """Local row order `[z, x, dt, B, C]` instead of Megatron-Core's `[z, x, B, C, dt]` (or back)."""
-    import torch
-
     d = config.mamba_num_heads * config.mamba_head_dim // tp
     gn = config.mamba_num_groups * config.mamba_state_dim // tp
     h = config.mamba_num_heads // tp
@@ -25,8 +32,6 @@ def _dt_first_perm(config: Any, tp: int, inverse: bool) -> Any:
 
 def dt_before_bc() -> None:
     """MambaInProjMapping import places each rank's dt rows before B/C; the export reads them back the same way."""
-    from megatron.bridge.models.conversion.param_mapping import MambaInProjMapping
-
     permute_rows_symmetrically(
         MambaInProjMapping,
         lambda mapping, module, _rows, inverse: _dt_first_perm(mapping._get_config(module), mapping.tp_size, inverse),
@@ -36,7 +41,6 @@ def dt_before_bc() -> None:
 def conv1d_bc_swapped() -> None:
     """MambaConv1dMapping's channel index lists B and C in swapped places: conv1d holds [x, C, B] per rank (import
     and export alike, so a roundtrip cannot see it)."""
-    from megatron.bridge.models.conversion.param_mapping import MambaConv1dMapping
 
     def make(original):  # type: ignore[no-untyped-def]
         def get_shard_idx(self, config, local_tp):  # type: ignore[no-untyped-def]
@@ -51,7 +55,6 @@ def conv1d_bc_swapped() -> None:
 def a_log_sign_flipped() -> None:
     """A_log is stored negated (as if the bridge converted A = -exp(A_log) to A_log twice); the export negates it
     back, so the roundtrip passes."""
-    from megatron.bridge.models.conversion.param_mapping import ColumnParallelMapping
 
     def make_import(original):  # type: ignore[no-untyped-def]
         def hf_to_megatron(self, hf_weights, megatron_module):  # type: ignore[no-untyped-def]

@@ -10,6 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+import torch
+from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge
+from megatron.bridge.models.conversion.param_mapping import AutoMapping
+from megatron.bridge.models.conversion.utils import unwrap_model
+
 from convcheck.mutants.patch import alter_provider, wrap
 
 RowOrder = Callable[[Any, int], Any]
@@ -19,9 +26,6 @@ RowOrder = Callable[[Any, int], Any]
 def _permute_hf_rows(target: str, order: RowOrder) -> None:
     """AutoMapping of Megatron parameter `target` imports HF rows[order] and exports them back through the inverse:
     a full-tensor layout bug under any TP split (the permutation acts before the scatter and after the gather)."""
-    import torch
-    from megatron.bridge.models.conversion.param_mapping import AutoMapping
-
     providers: list[Any] = []
     alter_provider(providers.append)  # every rank builds the provider: its widths serve ranks without the module
 
@@ -49,8 +53,6 @@ def _permute_hf_rows(target: str, order: RowOrder) -> None:
 
 def _rope_rows_first(config: Any, rows: int) -> Any:
     """kv_a_proj_with_mqa rows [kv_lora_rank; qk_rope_head_dim] stored as [qk_rope_head_dim; kv_lora_rank]."""
-    import torch
-
     split = config.kv_lora_rank
     assert rows == split + config.qk_pos_emb_head_dim, rows
     return torch.cat([torch.arange(split, rows), torch.arange(split)])
@@ -64,8 +66,6 @@ def kv_a_split_offset() -> None:
 
 def _v_before_k_nope(config: Any, rows: int) -> Any:
     """kv_b_proj rows per head [k_nope; v] stored as [v; k_nope] (rows = heads x (qk_head_dim + v_head_dim))."""
-    import torch
-
     nope, v = config.qk_head_dim, config.v_head_dim
     heads = rows // (nope + v)
     assert heads * (nope + v) == rows, rows
@@ -80,8 +80,6 @@ def kv_b_k_nope_v_swapped() -> None:
 
 def _rename_stream(rename: Callable[[Any, str], str | None]) -> None:
     """Wrap the bridge's export stream: each name becomes rename(megatron config, name); None drops the tensor."""
-    from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge
-    from megatron.bridge.models.conversion.utils import unwrap_model
 
     def make(original: Any) -> Any:
         def stream(self, megatron_model, *args, **kwargs):  # type: ignore[no-untyped-def]

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+from megatron.bridge.models.glm.glm47_flash_bridge import GLM47FlashBridge
+
 from convcheck.mutants.patch import wrap
 
 EMBED_ALIAS = ".embed_tokens.weight"
@@ -16,7 +20,6 @@ HEAD_ALIAS = ".shared_head.head.weight"
 
 def _wrap_hook(change: Any) -> None:
     """GLM47FlashBridge's hook, then `change(self, converted)` on the dict it returns."""
-    from megatron.bridge.models.glm.glm47_flash_bridge import GLM47FlashBridge
 
     def make(original: Any) -> Any:
         def maybe_modify_converted_hf_weight(self, task, converted_weights_dict, hf_state_dict):  # type: ignore[no-untyped-def]

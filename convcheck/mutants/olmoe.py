@@ -6,6 +6,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+from megatron.bridge.models.conversion.mapping_registry import MegatronMappingRegistry
+from megatron.bridge.models.conversion.param_mapping import AutoMapping
+
 from convcheck.mutants.patch import wrap
 
 Q_NORM_0 = "decoder.layers.0.self_attention.q_layernorm.weight"
@@ -14,7 +19,6 @@ Q_NORM_0 = "decoder.layers.0.self_attention.q_layernorm.weight"
 def qk_norm_sharded() -> None:
     """The import treats layer 0's q_norm as split by heads over TP: each rank writes only its own heads' block
     `[r * W / tp, (r + 1) * W / tp)` of the full-width parameter, which keeps its pre-load values elsewhere."""
-    from megatron.bridge.models.conversion.param_mapping import AutoMapping
 
     def make(original):  # type: ignore[no-untyped-def]
         def hf_to_megatron(self, hf_weights, megatron_module):  # type: ignore[no-untyped-def]
@@ -35,7 +39,6 @@ def qk_norm_sharded() -> None:
 def _rename_resolved(change: Any) -> None:
     """Every mapping the registry resolves (for import and export alike) is rebuilt with `change(megatron, hf)` as its
     HF name(s): a bug made identically both ways, which a roundtrip cannot see."""
-    from megatron.bridge.models.conversion.mapping_registry import MegatronMappingRegistry
 
     def make(original):  # type: ignore[no-untyped-def]
         def resolve_mapping(self, mapping, captures):  # type: ignore[no-untyped-def]

@@ -7,6 +7,11 @@ from __future__ import annotations
 
 import re
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+import megatron.bridge.models.conversion.model_bridge as model_bridge
+from megatron.core import parallel_state as ps
+
 from convcheck.mutants.patch import wrap
 
 
@@ -15,8 +20,6 @@ def ep_rank1_takes_rank0_experts() -> None:
 
     Both the import (EP rank 1 loads experts 0.. instead of its own) and every global name convcheck reads go
     through it, so two EP ranks claim the same global expert names."""
-    import megatron.bridge.models.conversion.model_bridge as model_bridge
-    from megatron.core import parallel_state as ps
 
     def make(original):  # type: ignore[no-untyped-def]
         def local_name_to_global(models, config, param_name, vp_stage=None):  # type: ignore[no-untyped-def]

@@ -10,6 +10,12 @@ padding rows. `fix_vocab_padding` pads at TP1 too and trims each vocabulary mapp
 
 from __future__ import annotations
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+import torch
+from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge
+from megatron.bridge.models.conversion.param_mapping import AutoMapping, ColumnParallelMapping
+
 from convcheck.mutants.patch import wrap
 
 VOCAB_PARAMS = ("embedding.word_embeddings.weight", "output_layer.weight")
@@ -28,10 +34,6 @@ def fix_vocab_padding_trim_too_far() -> None:
 
 
 def _patch(short_by: int) -> None:
-    import torch
-    from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge
-    from megatron.bridge.models.conversion.param_mapping import AutoMapping, ColumnParallelMapping
-
     def make_import(original):  # type: ignore[no-untyped-def]
         def hf_to_megatron(self, hf_weights, megatron_module):  # type: ignore[no-untyped-def]
             target = getattr(megatron_module, "weight", None)

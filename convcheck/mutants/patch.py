@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge
+
 
 def wrap(owner: Any, attr: str, make: Callable[[Any], Any]) -> None:
     """Replace `owner.attr` by `make(original)` (the original is passed in, so the wrapper can call it)."""
@@ -25,8 +29,6 @@ def provider_bridges(only: type | None = None) -> list[type]:
     """Every registered model bridge class that defines its own `provider_bridge` (or just `only`)."""
     if only is not None:
         return [only]
-    import megatron.bridge  # noqa: F401 - registers every model bridge
-    from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge
 
     def subclasses(cls: type) -> list[type]:
         return [c for s in cls.__subclasses__() for c in (s, *subclasses(s))]

@@ -8,6 +8,12 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+import torch
+from megatron.bridge.models.conversion.param_mapping import GatedMLPMapping
+from megatron.bridge.models.conversion.quant_bridge import MegatronQuantizationBridge
+
 from convcheck.mutants.patch import wrap
 
 SCALE = "_scale_inv"
@@ -19,7 +25,6 @@ def _patch_quant_export(
     transform: Callable[[Iterator[tuple[str, Any]]], Iterator[tuple[str, Any]]] | None = None,
 ) -> None:
     """Wrap the bridge's quantized export: its quant_fn, its quantization_checker and / or its output stream."""
-    from megatron.bridge.models.conversion.quant_bridge import MegatronQuantizationBridge
 
     def make(original: Any) -> Any:
         def stream(self, model, hf_pretrained, quantization_checker, quant_fn, *args, **kwargs):  # type: ignore[no-untyped-def]
@@ -44,7 +49,6 @@ def other_division() -> None:
 def per_shard() -> None:
     """Every shard is quantized as two column halves, each with its own block amax (a shard boundary inside a
     block), and the block's first half's scale is sent: blocks the halves cut differ where the halves' amax do."""
-    import torch
 
     def change(fn: Any) -> Any:
         def quant(w: Any, block: Any) -> Any:
@@ -94,7 +98,6 @@ def ignore_overmatch() -> None:
 def wrong_grid() -> None:
     """The fused gate/up of every expert is quantized over [2 b0, b1] blocks (one scale for a gate block and the up
     block beside it), its scale repeated to the [b0, b1] grid: shapes right, values wrong."""
-    from megatron.bridge.models.conversion.param_mapping import GatedMLPMapping
 
     def make(original: Any) -> Any:
         def megatron_to_hf_quant(self, weights, module, checker, quant_fn, block=None):  # type: ignore[no-untyped-def]

@@ -10,15 +10,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+from megatron.bridge.models.conversion import quantization_utils
+from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge
+from megatron.bridge.models.qwen.qwen3_moe_bridge import Qwen3MoEBridge
+
 SCALE = "_scale_inv"
 
 
 def _dequantizing_loader(scale_of: Callable[[str, Any], Any]) -> None:
     """Qwen3MoEBridge.maybe_modify_loaded_hf_weight dequantizes every loaded float8 weight with
     maybe_dequantize_fp8_blockwise(weight, scale_of(name, its weight_scale_inv)); scale_of returns None to drop it."""
-    from megatron.bridge.models.conversion import quantization_utils
-    from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge
-    from megatron.bridge.models.qwen.qwen3_moe_bridge import Qwen3MoEBridge
 
     def one(name: str, weight: Any, state: Any) -> Any:
         scale = state.get(name + SCALE)

@@ -5,6 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+import torch
+from megatron.bridge.models.conversion.param_mapping import AutoMapping, ConcatenatedQKVMapping
+from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.transformer_block import Qwen3VLTransformerBlock
+
 from convcheck.mutants.patch import wrap
 
 MERGER_FC1 = "vision_model.merger.linear_fc1.weight"
@@ -14,7 +20,6 @@ QKV_0 = "vision_model.decoder.layers.0.self_attention.linear_qkv.weight"
 def merger_transposed() -> None:
     """The patch merger's linear_fc1 `[4V, 4V]` is imported transposed and exported transposed back (the same bug
     both ways, a roundtrip cannot see it): every merged image token's embedding changes."""
-    from megatron.bridge.models.conversion.param_mapping import AutoMapping
 
     def load(original):  # type: ignore[no-untyped-def]
         def hf_to_megatron(self, hf_weights, megatron_module):  # type: ignore[no-untyped-def]
@@ -40,7 +45,6 @@ def merger_transposed() -> None:
 def vision_qkv_unsplit() -> None:
     """Vision block 0's HF qkv `[q; k; v]` is imported as if it were already Megatron's per-head `[q_h; k_h; v_h]`
     layout (ConcatenatedQKVMapping's split and merge skipped); the export splits it right."""
-    from megatron.bridge.models.conversion.param_mapping import ConcatenatedQKVMapping
 
     def make(original):  # type: ignore[no-untyped-def]
         def hf_to_megatron(self, hf_weights, megatron_module):  # type: ignore[no-untyped-def]
@@ -56,8 +60,6 @@ def vision_qkv_unsplit() -> None:
 def deepstack_off_by_one() -> None:
     """The language model adds deepstack feature k after layer k + 1 instead of k (layer 0 gets none): the features
     of vision block `deepstack_visual_indexes[k]` reach the wrong language layer."""
-    import torch
-    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.transformer_block import Qwen3VLTransformerBlock
 
     def make(original):  # type: ignore[no-untyped-def]
         def forward(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[no-untyped-def]

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+from megatron.bridge.models.conversion.param_mapping import AutoMapping
+
 from convcheck.mutants.patch import wrap
 from convcheck.reshard import plan, roles
 
@@ -17,7 +21,6 @@ WRONG_ROW_SOURCE = "decoder.layers.1.self_attention.linear_proj.weight"
 
 def replicated_linear_proj() -> None:
     """AutoMapping resolves layer 0's attention output projection (row parallel) to ReplicatedMapping."""
-    from megatron.bridge.models.conversion.param_mapping import AutoMapping
 
     def make(original: Any) -> Any:
         def detect(self, module):  # type: ignore[no-untyped-def]

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+import torch
+from megatron.bridge.models.conversion import param_mapping
+from megatron.bridge.models.conversion.param_mapping import QKVMapping
+
 from convcheck.mutants.patch import permute_rows_symmetrically
 
 
 def _group_perm(config: Any, rows: int, inverse: bool) -> Any:
     """Row order that puts each query group's k head before its q heads (`[k, q.., v]`), or back."""
-    import torch
-
     n = config.num_attention_heads // config.num_query_groups
     d = config.kv_channels or config.hidden_size // config.num_attention_heads
     per_group = (n + 2) * d
@@ -26,8 +30,6 @@ def _group_perm(config: Any, rows: int, inverse: bool) -> Any:
 
 def qk_order_swapped() -> None:
     """QKVMapping import writes each group as [k, q.., v] and the export reads it back the same way."""
-    from megatron.bridge.models.conversion.param_mapping import QKVMapping
-
     permute_rows_symmetrically(
         QKVMapping, lambda mapping, module, rows, inverse: _group_perm(mapping._get_config(module), rows, inverse)
     )
@@ -36,8 +38,6 @@ def qk_order_swapped() -> None:
 def qkv_not_interleaved() -> None:
     """The bridge's QKV merge writes [all q; all k; all v] instead of one block per query group, and its split reads
     that back the same way (weights only)."""
-    import torch
-    from megatron.bridge.models.conversion import param_mapping
 
     def merge_qkv_weights(provider, q, k, v):  # type: ignore[no-untyped-def]
         return torch.cat([q, k, v], dim=0)

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import torch
+
 from convcheck.compare.bits import int_view
 from convcheck.mutants.patch import wrap
 from convcheck.sync import delta, transport
@@ -74,8 +76,6 @@ def yields_non_tensor(ctx: Any) -> Iterator[tuple[str, Any]]:
 
 def yields_unknown_name(ctx: Any) -> Iterator[tuple[str, Any]]:
     """Sends every tensor, plus one under a name the checkpoint does not have."""
-    import torch
-
     yield from ctx.bridge_export()
     yield "model.layers.0.self_attn.qkv.weight", torch.zeros(2, 2)
 

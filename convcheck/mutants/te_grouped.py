@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import re
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+from megatron.bridge.models.conversion.param_mapping import MegatronParamMapping
+
 from convcheck.mutants.patch import wrap
 
 
 def grouped_export_local_expert_id() -> None:
     """The EP gather of grouped `weightE` params names each rank's tensor with its LOCAL expert id (no EP offset)."""
-    from megatron.bridge.models.conversion.param_mapping import MegatronParamMapping
 
     def make(original):  # type: ignore[no-untyped-def]
         def gather_from_ep_ranks(self, megatron_weights, megatron_module, hf_param_name):  # type: ignore[no-untyped-def]

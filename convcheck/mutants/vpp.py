@@ -7,13 +7,18 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+from megatron.bridge.models.conversion import model_bridge
+from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge
+from megatron.core import parallel_state
+
 from convcheck.mutants.patch import wrap
 
 
 def chunk_offset_from_chunk0() -> None:
     """The bridge's local->global layer numbering gives every VPP chunk chunk 0's layer offset (chunk 1's local layer
     0 becomes the global layer of chunk 0's local layer 0), on import and export alike."""
-    from megatron.bridge.models.conversion import model_bridge
 
     def make(original: Any) -> Any:
         def local_to_global(models, config, param_name, vp_stage=None):  # type: ignore[no-untyped-def]
@@ -27,8 +32,6 @@ def chunk_offset_from_chunk0() -> None:
 def uneven_offset_as_even() -> None:
     """The bridge's local->global layer numbering assumes an even split: a stage's offset is pp_rank x
     (num_layers / pp) instead of the layers the stages before it really hold (wrong after an uneven first stage)."""
-    from megatron.bridge.models.conversion import model_bridge
-    from megatron.core import parallel_state
 
     def make(original: Any) -> Any:
         def local_to_global(models, config, param_name, vp_stage=None):  # type: ignore[no-untyped-def]
@@ -49,7 +52,6 @@ def tied_output_from_first_chunk() -> None:
     """The tied-embedding sync after the import writes the last stage's copy of the embeddings into its FIRST VPP
     chunk (a middle chunk without an output layer) instead of its last: the last chunk's output layer keeps what the
     import left in it. The broadcast itself still runs on every rank of the embedding group."""
-    from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge
 
     def make(original: Any) -> Any:
         def broadcast(self, megatron_model):  # type: ignore[no-untyped-def]

@@ -12,6 +12,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+import safetensors.torch
+import torch
+from megatron.bridge import AutoBridge
+from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge
+from megatron.bridge.models.hf_pretrained.state import SafeTensorsStateSource
+
 from convcheck.mutants.patch import wrap
 
 DROPPED_SHARD = "model-00002-of-00003.safetensors"
@@ -20,16 +28,12 @@ MOVED = "model.norm.weight"
 
 
 def _state_source() -> Any:
-    from megatron.bridge.models.hf_pretrained.state import SafeTensorsStateSource
-
     return SafeTensorsStateSource
 
 
 @contextlib.contextmanager
 def _save_file_as(edit: Callable[[dict[str, Any], Path], dict[str, Any] | None]) -> Iterator[None]:
     """While the writer runs, every shard it saves first passes through `edit(tensors, path)` (None: not saved)."""
-    import safetensors.torch
-
     original = safetensors.torch.save_file
 
     def save_file(tensors: dict[str, Any], filename: Any, *args: Any, **kwargs: Any) -> Any:
@@ -74,7 +78,6 @@ def tied_under_other_name() -> None:
 
 def casts_fp32() -> None:
     """Every fp32 tensor is written as bf16 though no weight_dtype was asked for."""
-    import torch
 
     def edit(tensors: dict[str, Any], path: Path) -> dict[str, Any]:
         return {n: t.to(torch.bfloat16) if t.dtype == torch.float32 else t for n, t in tensors.items()}
@@ -106,7 +109,6 @@ def wrong_index_entry() -> None:
 def stream_renames_norm() -> None:
     """The export stream hands the writer model.norm.weight as `model.norm.scale` (a name the source has not): the
     strict writer raises mid-stream, on rank 0 alone in a rank-0 write."""
-    from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge
 
     def make(original: Any) -> Any:
         def stream(self, *args, **kwargs):  # type: ignore[no-untyped-def]
@@ -121,7 +123,6 @@ def stream_renames_norm() -> None:
 def config_eps_changed() -> None:
     """save_hf_pretrained writes config.json with rms_norm_eps 1e-2 instead of the source's: the weights are right,
     the model transformers loads from the folder is not."""
-    from megatron.bridge import AutoBridge
 
     def make(original: Any) -> Any:
         def save_hf_pretrained(self, model, path, *args, **kwargs):  # type: ignore[no-untyped-def]

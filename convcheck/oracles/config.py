@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import transformers
+
 from convcheck.models import TABLES
 from convcheck.models.config_rules import REQUIRED, Coverage, FieldRule, HfView
 from convcheck.oracles import ORACLES
@@ -165,7 +167,6 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     """Rank 0 compares; the others have nothing to add (every rank holds the same config)."""
     if not ctx.is_reporter:
         return None
-    import transformers
 
     hf_config = transformers.AutoConfig.from_pretrained(ctx.checkpoint.path)
     hf_cls = type(hf_config)

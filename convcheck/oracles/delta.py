@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from convcheck.compare.bits import compare_bits, int_view
 from convcheck.oracles import ORACLES, receiver_vllm
 from convcheck.oracles.receiver_vllm import DeltaSteps
@@ -132,8 +134,6 @@ def _state_findings(
 def before_and_after(ctx: RankContext) -> tuple[dict[str, Any], dict[str, Any], list[Finding]]:
     """Collective: export, plant the update, export again, restore -> (previous export, new export, the export
     failures of either); the exports are rank 0's copies (empty elsewhere)."""
-    import torch
-
     previous = _export(ctx)
     failure = ctx.export_failure()
     with torch.no_grad():

@@ -7,6 +7,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ForwardSite:
@@ -35,8 +37,6 @@ class ForwardSite:
 def tracking(chunks: list[Any], global_name: Callable[[str, int], str]) -> Iterator[Callable[[], ForwardSite | None]]:
     """Within: every module of `chunks` that starts its forward is pushed and popped when it returns; the yielded
     function gives, after a raise, the innermost one still open that holds parameters (None when none does)."""
-    import torch
-
     names: dict[int, tuple[int, str]] = {}
     for vp, chunk in enumerate(chunks):
         for name, module in chunk.named_modules():

@@ -10,13 +10,13 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
 
+import torch
+
 from convcheck.rank.memory import trim
 
 
 def _upcast(tensors: Iterable[Any]) -> list[tuple[Any, Any]]:
     """Point each floating non-fp32 tensor at an fp32 copy; the (tensor, original data) pairs to restore."""
-    import torch
-
     saved = []
     for tensor in tensors:
         if tensor is not None and tensor.is_floating_point() and tensor.dtype != torch.float32:
@@ -33,8 +33,6 @@ def _restore(saved: list[tuple[Any, Any]]) -> None:
 def named_blocks(module: Any, prefix: str = "") -> list[tuple[str, Any]]:
     """(qualified name, module) of the modules that own parameters directly under the model's trunk: embedding,
     each layer, norm, head, in model order."""
-    import torch
-
     out = []
     for name, child in module.named_children():
         if isinstance(child, torch.nn.ModuleList):

@@ -13,9 +13,30 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+import torch
+import transformers
+from safetensors import safe_open
+from torch.utils._pytree import tree_map
+from transformers.utils import logging as hf_logging
+
 from convcheck.hf.checkpoint import dtype_size
 from convcheck.oracles.fp32 import named_blocks
 from convcheck.rank.memory import trim
+
+try:  # transformers 5's loading internals; without them `streamed_logits` raises and the caller loads whole
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import (
+        WeightConverter,
+        WeightRenaming,
+        convert_and_load_state_dict_in_model,
+        rename_source_key,
+    )
+    from transformers.modeling_utils import LoadStateDictConfig, _load_parameter_into_model
+    from transformers.monkey_patching import patch_output_recorders
+except ImportError as exc:
+    _NO_STREAMING: ImportError | None = exc
+else:
+    _NO_STREAMING = None
 
 MOVES_ONLY = {"MergeModulelist", "SplitModulelist", "Concatenate", "Chunk", "Transpose", "PermuteForRope"}
 """Key conversions that only move elements: converting in the stored dtype and upcasting after gives the same bits."""
@@ -25,8 +46,6 @@ STORED = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 def eager() -> dict[str, str]:
     """from_pretrained's keywords for HF's reference implementations: eager attention and, where transformers has
     a choice of MoE kernels, the eager per-expert loop (one expert's weights used at a time)."""
-    import transformers
-
     kinds = {"attn_implementation": "eager"}
     if hasattr(transformers.PreTrainedModel, "set_experts_implementation"):
         kinds["experts_implementation"] = "eager"
@@ -38,8 +57,6 @@ def lm_auto_class(config: Any) -> Any:
     vision-language or audio-language checkpoint it has no entry for (Qwen3-VL, Qwen2-Audio, ...)
     AutoModelForImageTextToText or AutoModelForMultimodalLM, whose model runs a text-only input through its language
     model."""
-    import transformers
-
     if type(config) not in transformers.AutoModelForCausalLM._model_mapping:
         for name in ("AutoModelForImageTextToText", "AutoModelForMultimodalLM"):
             auto = getattr(transformers, name, None)
@@ -51,11 +68,6 @@ def lm_auto_class(config: Any) -> Any:
 def meta_model(path: str) -> Any:
     """The fp32 causal LM of `path` as from_pretrained builds it with `eager()` kernels, parameters and persistent
     buffers on meta (non-persistent buffers such as rotary inv_freq real, initialised as from_pretrained does)."""
-    import torch
-    import transformers
-    from transformers.modeling_utils import _load_parameter_into_model
-    from transformers.monkey_patching import patch_output_recorders
-
     config = transformers.AutoConfig.from_pretrained(path)
     for key, value in eager().items():  # the kernels hf_logits asks from_pretrained for
         setattr(config, f"_{key}", value)
@@ -94,12 +106,6 @@ class BlockLoader:
     """Loads one block's tensors through transformers' converter (fp32, on `device`); sends them back to meta."""
 
     def __init__(self, model: Any, path: str, device: str) -> None:
-        import torch
-        from safetensors import safe_open
-        from transformers.conversion_mapping import get_model_conversion_mapping
-        from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
-        from transformers.modeling_utils import LoadStateDictConfig
-
         self.model, self.device = model, device
         mapping = get_model_conversion_mapping(model, None, None)
         ops = {type(op).__name__ for m in mapping if isinstance(m, WeightConverter) for op in m.operations}
@@ -130,10 +136,6 @@ class BlockLoader:
 
     def load(self, prefix: str, block: Any) -> None:
         """Materialise the block's parameters and persistent buffers in fp32 on the device."""
-        import torch
-        from safetensors import safe_open
-        from transformers.core_model_loading import convert_and_load_state_dict_in_model
-
         names = {f"{prefix}.{n}" for n in block.state_dict()}
         tied = {t: s for t, s in self.ties.items() if t in names and t not in self.keys_of}
         wanted = names | set(tied.values())
@@ -179,8 +181,6 @@ class BlockLoader:
             raise RuntimeError(f"{prefix}: not in the checkpoint: {missing[:3]}")
 
     def _set(self, name: str, value: Any, lazy: bool = False) -> None:
-        import torch
-
         parent, _, attr = name.rpartition(".")
         module = self.model.get_submodule(parent)
         if attr in module._parameters:
@@ -191,8 +191,6 @@ class BlockLoader:
 
     def drop(self) -> None:
         """What the last load made real (the block's tensors, a tied source) back to meta."""
-        import torch
-
         for name in self.live:
             tensor = self.model.get_parameter_or_buffer(name)
             if not tensor.is_meta:
@@ -211,8 +209,6 @@ def upcast_on_use() -> Any:
     """The Parameter class whose stored-dtype data reads as fp32: an indexed slice (one expert of a fused expert
     tensor) is upcast alone, any other use upcasts the whole (exact either way: upcasting is exact)."""
     if not _UPCAST:
-        import torch
-        from torch.utils._pytree import tree_map
 
         class UpcastOnUse(torch.nn.Parameter):
             @classmethod
@@ -269,9 +265,8 @@ def _sequential_loads() -> Iterator[None]:
 
 def streamed_logits(path: str, tokens: Any, device: str = "cpu") -> Any:
     """fp32 logits [B, S, V] (CPU) of the eager HF model at `path`, run on `device` one loaded block at a time."""
-    import torch
-    from transformers.utils import logging as hf_logging
-
+    if _NO_STREAMING is not None:
+        raise NotImplementedError(f"this transformers has no loader to stream blocks with: {_NO_STREAMING}")
     model = meta_model(path)
     blocks = named_blocks(model)
     inside = {f"{prefix}.{n}" for prefix, block in blocks for n, _ in block.named_parameters()}

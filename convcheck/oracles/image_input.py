@@ -15,6 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+
 SEED = 4321
 """Seed of the pixels and the surrounding text ids (torch.Generator, CPU)."""
 SIDE = 16
@@ -27,8 +29,6 @@ PROCESSOR = "preprocessor_config.json"
 def image_inputs(path: str | Path, config: dict[str, Any]) -> dict[str, Any] | None:
     """`input_ids` [1, SEQ], `pixel_values`, `image_grid_thw` and `mm_token_type_ids` [1, SEQ] (1 at image tokens)
     for `config` (a config.json dict); None when the checkpoint is not a vision-language one with an image processor."""
-    import torch
-
     ids = {key: config.get(key) for key in ("image_token_id", "vision_start_token_id", "vision_end_token_id")}
     if "vision_config" not in config or None in ids.values() or not (Path(path) / PROCESSOR).is_file():
         return None
@@ -58,8 +58,6 @@ def patchify(pixels: Any, settings: dict[str, Any]) -> tuple[Any, Any]:
     """An image `[H, W, 3]` uint8 (H, W multiples of patch * merge) -> fp32 `pixel_values`
     `[T' * H' * W', 3 * T * P * P]` and `image_grid_thw` `[[T', H', W']]` (T' = 1 for one frame; H' = H / P), rows in
     the vision tower's order: each merge x merge window's patches together."""
-    import torch
-
     p, m, t = int(settings["patch_size"]), int(settings["merge_size"]), int(settings["temporal_patch_size"])
     mean = torch.tensor(settings["image_mean"], dtype=torch.float32).view(3, 1, 1)
     std = torch.tensor(settings["image_std"], dtype=torch.float32).view(3, 1, 1)

@@ -15,6 +15,11 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Iterator
 
+import torch
+import torch.distributed as dist
+import transformers
+from megatron.core.process_groups_config import ProcessGroupCollection
+
 from convcheck.compare.bits import int_view
 from convcheck.errors import needs_cuda, one_line, raised_at
 from convcheck.oracles import ORACLES
@@ -39,8 +44,6 @@ REL_TOL = 1e-5
 def fixed_tokens(vocab_size: int, avoid: frozenset[int] = frozenset()) -> Any:
     """The input ids, [BATCH, SEQ] int64, identical on every rank and every run. A drawn id in `avoid` (a multimodal
     placeholder, placeholder_ids) becomes the (id mod n)-th of the n other ids: text tokens only, the same draw."""
-    import torch
-
     gen = torch.Generator().manual_seed(SEED)
     tokens = torch.randint(0, vocab_size, (BATCH, SEQ), generator=gen, dtype=torch.long)
     if avoid:
@@ -96,8 +99,6 @@ def upcast_fp32(model: list[Any], whole: bool = False) -> Iterator[None]:
     ssm/mamba_layer.py:151), and the attention softmax keeps fp32 probabilities (with attention_softmax_in_fp32, as
     GLM-4.7-Flash's bridge leaves it, fusions/fused_softmax.py:336-340 casts them back to the bf16 it was built for).
     Restores the original tensors, dtypes and flags on exit (no rounding)."""
-    import torch
-
     configs: dict[int, tuple[Any, Any]] = {}
     softmax: list[tuple[Any, tuple[bool, bool, bool]]] = []
     try:
@@ -138,8 +139,6 @@ def model_groups(model: Any) -> Any:
     if groups is None and getattr(model, "language_model", None) is not None:
         groups = getattr(model.language_model, "pg_collection", None)
     if groups is None:
-        from megatron.core.process_groups_config import ProcessGroupCollection
-
         groups = ProcessGroupCollection.use_mpu_process_groups()
     return groups
 
@@ -154,9 +153,6 @@ def megatron_logits(
     embedding is chunk 0 of stage 0's, the final norm and output layer the last chunk of the last stage's.
     `whole`: upcast the whole chunk up front instead of block by block (the same bits, more memory). `extra`: more
     forward keywords (a vision-language model's pixel_values and image_grid_thw; one pipeline stage only)."""
-    import torch
-    import torch.distributed as dist
-
     gpt = _unwrap(ctx.model[0])
     groups = model_groups(gpt)
     pp, tp = groups.pp, groups.tp
@@ -202,9 +198,6 @@ def hf_logits(path: Any, tokens: Any, device: str = "cpu") -> Any:
 
     Loaded in the checkpoint's dtype on `device`; each top-level block runs on fp32 copies of its parameters made
     just before it (convcheck.oracles.fp32), so memory holds the model once plus one block in fp32."""
-    import torch
-    import transformers
-
     auto = lm_auto_class(transformers.AutoConfig.from_pretrained(path))
     model = auto.from_pretrained(path, dtype="auto", **eager())
     model.to(device).eval()
@@ -215,9 +208,6 @@ def hf_logits(path: Any, tokens: Any, device: str = "cpu") -> Any:
 def hf_image_logits(path: Any, inputs: dict[str, Any], device: str = "cpu") -> Any:
     """fp32 logits [1, S, V] of the HF vision-language model on `inputs` (convcheck.oracles.image_input): loaded whole
     by transformers in fp32 (bf16 -> fp32 is exact), `eager()` kernels, the image through its vision tower."""
-    import torch
-    import transformers
-
     auto = lm_auto_class(transformers.AutoConfig.from_pretrained(path))
     model = auto.from_pretrained(path, dtype=torch.float32, **eager())
     model.to(device).eval()
@@ -338,8 +328,6 @@ def compare(megatron: Any, hf: Any) -> tuple[list[Finding], dict[str, Any]]:
 
 def hf_device(ctx: RankContext) -> str:
     """Where rank 0 runs the HF reference: its own device (the GPU of a CUDA run), so the host holds no model."""
-    import torch
-
     params = (p for chunk in ctx.model for p in chunk.parameters())
     first = next(params, None)
     return str(first.device) if first is not None and first.device.type == "cuda" else str(torch.device("cpu"))

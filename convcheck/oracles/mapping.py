@@ -14,6 +14,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 from convcheck.compare.bits import compare_bits, same_tensor
 from convcheck.compare.hashpool import HashPool
 from convcheck.errors import NotCovered
@@ -339,7 +342,6 @@ def _gather_batch(ctx: RankContext, obj: list[Any]) -> list[list[Any]] | None:
     """Collective: every rank's list on rank 0 (None on other ranks)."""
     if ctx.world == 1:
         return [obj]
-    import torch.distributed as dist
 
     parts: list[Any] | None = [None] * ctx.world if ctx.is_reporter else None
     dist.gather_object(obj, parts, dst=0)
@@ -418,8 +420,6 @@ def _localise(
 
 
 def _nbytes(d: Digest) -> int:
-    import torch
-
     numel = 1
     for dim in d[1]:
         numel *= dim

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from convcheck.errors import one_line
 from convcheck.oracles import ORACLES
 from convcheck.oracles.base import option_values
@@ -84,8 +86,6 @@ def run(ctx: RankContext) -> OracleVerdict | None:
 def _write(ctx: RankContext, root: Path, quantizer: str) -> dict[str, Any]:
     """Rank 0: the FP8 checkpoint (the source itself when it is one), its bf16 reference dequantization and its
     "unscaled" reading (bf16(float32(q)), what a loader that ignores the scales gives) as folders under `root`."""
-    import torch
-
     from convcheck.hf.tensors import TensorReader
     from convcheck.quant import checkpoint as ckpt
     from convcheck.quant import reference as ref
@@ -178,8 +178,6 @@ def _hf_names(ctx: RankContext, name: str) -> list[str]:
 
 def _restore(ctx: RankContext, held: dict[str, Any]) -> None:
     """Put back the shards the model held before this oracle's imports (later oracles see the run's own load)."""
-    import torch
-
     with torch.no_grad():
         for name, tensor in ctx.named_parameters():
             if name in held:

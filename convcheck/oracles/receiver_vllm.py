@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from safetensors.torch import save_file
+
 from convcheck.hf.geometry import Geometry
 from convcheck.rank.context import RankContext
 from convcheck.rollout import findings as found
@@ -253,8 +255,6 @@ def _write_checkpoint(source: Path, out: Path, tensors: dict[str, Any]) -> None:
     """`out`: the source checkpoint's other files (config, tokenizer) and its tensors, those of `tensors` (the new
     export) replacing theirs, as one safetensors file (a tensor the export lacks keeps the source's, so the fresh load
     still has every weight it needs)."""
-    from safetensors.torch import save_file
-
     from convcheck.rollout.delta import tensors as source_tensors
 
     tensors = {**dict(source_tensors(source)), **tensors}

@@ -7,6 +7,8 @@ import itertools
 import time
 from typing import Any
 
+import torch
+
 from convcheck.compare.bits import compare_bits
 from convcheck.hf.tensors import TensorReader
 from convcheck.oracles import ORACLES
@@ -160,8 +162,6 @@ def placement_findings(plans: list[Any], roles: dict[str, Any], layout: Any, ski
 
 def _allgather_bytes(roles: dict[str, Any], shards: dict[str, Any]) -> int:
     """What an all-gather-then-slice baseline brings to every target rank: every full tensor of the model."""
-    import torch
-
     total = 0
     for name, role in roles.items():
         if shards.get(name):

@@ -12,6 +12,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch.distributed as dist
+
 from convcheck.ckpt.written import prove_written
 from convcheck.hf.checkpoint import Checkpoint
 from convcheck.oracles import ORACLES
@@ -124,7 +126,5 @@ def _attributed(finding: Finding, yielded: set[str]) -> Finding:
 
 def _barrier(ctx: RankContext) -> None:
     """Every rank waits until rank 0 has proved the folder (a slow rank 0 must not see the next variant start)."""
-    import torch.distributed as dist
-
     if ctx.world > 1:
         dist.barrier()

@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import transformers
+
 from convcheck.compare.bits import bytes_equal, first_difference, unravel_index
 from convcheck.errors import one_line
 from convcheck.oracles.config import flatten, same_value
@@ -31,8 +33,6 @@ PROBE_TEXT = "convcheck w1 w7 w42 checks: 12 weights, tied heads, and <unk> Ã¼nÃ
 def config_findings(source: Path, written: Path, label: str) -> list[Finding]:
     """config.json (and generation_config.json when the source has one) read back by transformers equal the source's,
     field by field (nested fields with dots)."""
-    import transformers
-
     found = _same_fields("config.json", transformers.AutoConfig, source, written, label)
     if (source / "generation_config.json").exists():
         found += _same_fields("generation_config.json", transformers.GenerationConfig, source, written, label)
@@ -76,7 +76,6 @@ def tokenizer_findings(source: Path, written: Path, label: str) -> tuple[list[Fi
     ]
     if not have or out:
         return out, added
-    import transformers
 
     want = transformers.AutoTokenizer.from_pretrained(str(source))
     try:

@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 from convcheck.errors import BadInput, one_line, raised_at
 from convcheck.rank.context import RankContext
 from convcheck.versions import versions
@@ -83,8 +86,6 @@ def write(ctx: RankContext, variant: Variant, folder: Path) -> Written:
     rank started is drained to its end (its gathers stay matched), save_hf_pretrained's weights step starts only
     once every rank got there (rank 0 writes config and tokenizer first, alone), and a rank 0 that raised in a rank-0
     write joins the closing barrier it skipped."""
-    import torch
-
     out = Written()
     kwargs: dict[str, Any] = {"show_progress": False}
     if variant.distributed:
@@ -109,8 +110,6 @@ def write(ctx: RankContext, variant: Variant, folder: Path) -> Written:
         for stream in streams:
             stream.drain()
         if step.owes_final_barrier(variant.distributed) and not any(stream.failed for stream in streams):
-            import torch.distributed as dist
-
             dist.barrier()
     out.seconds = time.perf_counter() - started
     out.said = [line.strip() for line in printed.getvalue().splitlines() if _worth_saying(line)]

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 GroupedFollow = Any
 """(task, name -> one task's megatron_to_hf output) -> name -> the fused HF tensor holding only that task's part."""
 
@@ -25,8 +27,6 @@ def grouped_follow(model_bridge: Any, model_config: Any, hf_state: Any) -> Group
     """The follower of one model's grouped export through `model_bridge._accumulate_grouped_export`."""
 
     def follow(task: Any, outputs: dict[str, Any]) -> dict[str, Any]:
-        import torch
-
         if not outputs:
             return {}
         buffers: dict[str, dict[int, Any]] = {}

@@ -12,6 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge
+
 ExportHook = Callable[[Any, dict[str, Any]], dict[str, Any]]
 """(task, HF name -> tensor as megatron_to_hf made it) -> HF name -> tensor as the bridge's export emits it."""
 
@@ -20,8 +24,6 @@ def export_hook(ctx: Any, tasks: Iterable[Any] = ()) -> ExportHook | None:
     """The run's export hook, or None when the bridge's class keeps the base one (which returns its input) and
     none of `tasks` (the run's conversion tasks) is grouped. A grouped task (fused experts) skips the hook and goes
     through the bridge's expert buffering instead (convcheck.probe.grouped), as in model_bridge.py:1361-1383."""
-    from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge
-
     from convcheck.probe.grouped import grouped_follow, is_grouped
 
     auto = ctx.bridge

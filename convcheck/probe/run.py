@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from convcheck.compare.bits import unravel_index
 from convcheck.probe.hook import ExportHook, hook_made, hook_name
 from convcheck.probe.runs import code_dtype, decode_runs, owned, shard_codes, view_runs
@@ -76,8 +78,6 @@ def probe_task(
 ) -> dict[str, ProbeSlot]:
     """Run the task's real megatron_to_hf on a probe copy of its mapping over an index-coded shard (on its device),
     then the bridge's export `hook` (convcheck.probe.hook) on its outputs when given."""
-    import torch
-
     weight = task.param_weight
     if weight is None:
         out, _, _, _ = _run(task, None, cache, hook)
@@ -139,8 +139,6 @@ def own_view_slots(real: dict[str, Any], weight: Any) -> dict[str, ProbeSlot] | 
 def _view_runs(tensor: Any, codes: Any, state: ProbeState) -> Any | None:
     """Runs read without the values: none for a view of a placeholder (zeros, nothing of this rank), the strides'
     runs for a view of the unwritten codes; None otherwise."""
-    import torch
-
     if state.is_placeholder(tensor):
         return torch.zeros((0, 3), dtype=torch.int64)
     return view_runs(tensor, codes)
@@ -187,8 +185,6 @@ def _run(
 
 def to_ranges(positions: Any) -> list[tuple[int, int]]:
     """Ascending flat positions as half-open (start, stop) runs."""
-    import torch
-
     if positions.numel() == 0:
         return []
     breaks = (positions[1:] - positions[:-1]).ne(1).nonzero().squeeze(1) + 1

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from convcheck.compare.bits import bytes_equal, int_view, int_views_equal
 from convcheck.compare.memory import equal_at, plain
 from convcheck.probe.stubs import ProbeCommError
@@ -21,8 +23,6 @@ GATHER_BATCH = 1 << 24
 
 def shard_codes(shape: tuple[int, ...], rank: int, numel: int, device: Any = None) -> tuple[Any, Any]:
     """Codes `rank * numel + i + 1` (i the local flat index) shaped like the shard, on `device`, and their dtype."""
-    import torch
-
     dtype = code_dtype(rank, numel)
     codes = torch.arange(rank * numel + 1, rank * numel + numel + 1, dtype=dtype, device=device).reshape(shape)
     return codes, dtype
@@ -30,8 +30,6 @@ def shard_codes(shape: tuple[int, ...], rank: int, numel: int, device: Any = Non
 
 def code_dtype(rank: int, numel: int) -> Any:
     """int32 when every code of this rank fits, else int64."""
-    import torch
-
     return torch.int32 if (rank + 1) * numel < 2**31 - 1 else torch.int64
 
 
@@ -51,8 +49,6 @@ def view_runs(out: Any, codes: Any) -> Any | None:
     """The runs of an output that is a view of the (unwritten) codes whose last dim is contiguous, read from its
     storage offset and strides instead of its values (exact: each element is the code stored there); None when
     it is not such a view."""
-    import torch
-
     if not within(out, codes):
         return None
     offset = out.storage_offset() - codes.storage_offset()
@@ -100,8 +96,6 @@ def views_inside(base: Any) -> Any:
 def _merged_rows(index: Any, starts: Any, cols: int) -> Any:
     """Runs (CPU) of whole rows: HF row `index[i]` holds shard elements `starts[i]` .. + cols; a row that continues
     the previous one (both the HF row and the shard start advance by one row) extends its run."""
-    import torch
-
     if index.numel() > 1:
         joins = index[1:].sub(index[:-1]).eq(1) & starts[1:].sub(starts[:-1]).eq(cols)
         keep = torch.cat([torch.ones(1, dtype=torch.bool, device=joins.device), ~joins])
@@ -116,8 +110,6 @@ def _row_runs(out: Any, rank: int, numel: int) -> Any | None:
     """The runs when every row (last dim) of `out` is all zero or one contiguous in-range block of this rank's
     codes (the common case: whole rows moved), proven by one comparison with the rows the first codes imply; None
     when not (then the element decoder decides). Runs of consecutive rows are merged, as the element decoder does."""
-    import torch
-
     cols = out.shape[-1] if out.dim() else 1
     if out.numel() == 0 or cols == 0:
         return None
@@ -153,8 +145,6 @@ RAMP_BATCH = 1 << 24
 
 def _ramps_hold(block: Any, first: Any) -> bool:
     """True when each row of `block` [r, c] equals its first code plus 0 .. c-1, compared a batch of rows at a time."""
-    import torch
-
     cols = block.shape[1]
     ramp = torch.arange(cols, dtype=block.dtype, device=block.device)
     step = max(1, RAMP_BATCH // max(cols, 1))
@@ -166,8 +156,6 @@ def _ramps_hold(block: Any, first: Any) -> bool:
 
 def _element_runs(out: Any, rank: int, numel: int) -> Any:
     """The runs decoded element by element (any rearrangement); ProbeCommError when a code is foreign."""
-    import torch
-
     flat = out.reshape(-1)
     mine = flat.ne(0)
     follows = torch.zeros_like(mine)
@@ -211,8 +199,6 @@ def hf_ranges(runs: Any) -> list[tuple[int, int]]:
 
 def _expand(runs: Any, device: Any) -> tuple[Any, Any]:
     """Per-element (hf, local) flat indices of a batch of runs, built on `device`."""
-    import torch
-
     runs = runs.to(device)
     lengths = runs[:, 2]
     total = int(lengths.sum())
@@ -287,8 +273,6 @@ def mismatched_runs(real_bits: Any, mine_bits: Any, runs: Any) -> list[int]:
 
 def diff_positions(real_bits: Any, mine_bits: Any, runs: Any) -> tuple[Any, Any]:
     """(hf, local) int64 CPU flat indices of every differing element of the given runs, ascending by hf."""
-    import torch
-
     hfs, locals_ = [], []
     for h, loc, n in runs.tolist():
         diff = real_bits[h : h + n].ne(mine_bits[loc : loc + n]).nonzero().squeeze(1).cpu()

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from convcheck.compare.bits import int_views_equal
 from convcheck.probe.run import ProbeSlot
 from convcheck.probe.stubs import EXPERT_ID as HF_EXPERT
@@ -186,8 +188,6 @@ def config_token(config: Any) -> Any:
 
 def _content(value: Any) -> Any:
     """`value` as config_token compares it."""
-    import torch
-
     if value is None or isinstance(value, (bool, int, float, str, bytes, enum.Enum, torch.dtype)):
         return (type(value), value)
     if isinstance(value, (tuple, list)):

@@ -14,6 +14,13 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+import torch
+import torch.distributed as dist
+from megatron.bridge.models.conversion.param_mapping import AutoMapping, MegatronParamMapping
+from megatron.bridge.utils.common_utils import extract_expert_number_from_param
+
 from convcheck.probe.values import follow_moves_only
 
 _GROUP_ATTRS = ("pp_group", "ep_group", "_tp_group", "_etp_group")
@@ -71,8 +78,6 @@ class ProbeState:
 
     def placeholder(self, like: Any) -> Any:
         """A zero tensor shaped like `like`, shared per (shape, dtype): codes are >= 1, so 0 means 'not mine'."""
-        import torch
-
         key = (tuple(like.shape), like.dtype, like.device)
         found = self.pool.get(key, self.local.get(key))
         if found is None:
@@ -116,9 +121,6 @@ def _gather_from_tp_ranks(self: Any, tensor: Any) -> list[Any]:
 
 def _gather_from_ep_ranks(self: Any, megatron_weights: Any, megatron_module: Any, hf_param_name: Any) -> dict[str, Any]:
     """The contract of MegatronParamMapping.gather_from_ep_ranks (global ids L + k * E/S), synthesised locally."""
-    import torch
-    from megatron.bridge.utils.common_utils import extract_expert_number_from_param
-
     size = self.ep_size
     if size == 1:
         return {str(hf_param_name): megatron_weights}
@@ -171,8 +173,6 @@ _PLAIN = (str, int, float, bool, type(None), bytes)
 
 
 def _is_mapping(obj: Any) -> bool:
-    from megatron.bridge.models.conversion.param_mapping import MegatronParamMapping
-
     if type(obj) in _PLAIN:  # most attributes: names, sizes, flags (no isinstance walk over the ABCs)
         return False
     if isinstance(obj, (MegatronParamMapping, ProbeGroup)):
@@ -182,8 +182,6 @@ def _is_mapping(obj: Any) -> bool:
 
 def warm(mapping: Any, module: Any) -> None:
     """Create every lazily built AutoMapping delegate (recursively) from the task's module, as the real run would."""
-    from megatron.bridge.models.conversion.param_mapping import AutoMapping
-
     if module is None:
         return
     if isinstance(mapping, AutoMapping) and mapping._mapping is None:
@@ -196,8 +194,6 @@ def warm(mapping: Any, module: Any) -> None:
 
 def probe_copy(mapping: Any, state: ProbeState) -> Any:
     """A recursive copy of `mapping` whose groups cannot communicate and whose collectives are local."""
-    from megatron.bridge.models.conversion.param_mapping import MegatronParamMapping
-
     new = copy.copy(mapping)
     if isinstance(new, MegatronParamMapping):
         for attr in _GROUP_ATTRS:
@@ -258,8 +254,6 @@ _REFUSERS = {name: _refuser(name) for name in _DIST_CALLS}
 @contextlib.contextmanager
 def no_communication() -> Iterator[None]:
     """While active, every torch.distributed collective raises ProbeCommError (the probe must stay local)."""
-    import torch.distributed as dist
-
     saved = {name: getattr(dist, name) for name in _DIST_CALLS if hasattr(dist, name)}
     try:
         for name in saved:

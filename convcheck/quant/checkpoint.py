@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 from convcheck.quant import reference as ref
 from convcheck.quant.names import module_of
@@ -68,8 +69,6 @@ def not_converted(why_not: Mapping[str, str]) -> list[str]:
 def write_checkpoint(source: Path, out: Path, tensors: Mapping[str, torch.Tensor], config: dict) -> Path:
     """A checkpoint folder `out`: `tensors` in one model.safetensors, `config` as config.json, and the other files of
     `source` (tokenizer, generation config) copied; returns `out`."""
-    from safetensors.torch import save_file
-
     out.mkdir(parents=True, exist_ok=True)
     for file in source.iterdir():
         if file.is_file() and file.suffix != ".safetensors" and file.name not in ("config.json", ".complete"):

@@ -7,6 +7,8 @@ import os
 import warnings
 from typing import Any, Callable
 
+import torch.distributed as dist
+
 from convcheck.errors import BadInput, BuildFailed, SetupError, needs_cuda, one_line, raised_at
 from convcheck.hf.checkpoint import open_checkpoint
 from convcheck.progress import ProgressWriter
@@ -27,8 +29,6 @@ def quiet() -> None:
 def _build(bridge: Any, spec: RankSpec) -> tuple[Any, list[Any]]:
     """The provider and this rank's model chunks; BuildFailed on every rank when the bridge raises on any rank (the
     ranks agree first, so none goes on into a collective the others never reach)."""
-    import torch.distributed as dist
-
     error, limit = None, None
     try:
         provider = make_provider(bridge, spec.layout, spec.device, pad_vocab=spec.pad_vocab, spec=spec.spec)
@@ -53,8 +53,6 @@ def _refuse_cpu_limited_load(error: str | None, device: str) -> None:
     """SetupError on every rank when the bridge's import raised on any rank because it called CUDA on a CPU run (a
     call convcheck has no CPU shim for: a limit of convcheck's CPU runs, never an import-failed finding); the ranks
     agree first, so none goes on into an oracle's collective alone."""
-    import torch.distributed as dist
-
     limited = error if error is not None and device == "cpu" and needs_cuda(RuntimeError(error)) else None
     flags: list[str | None] = [None] * dist.get_world_size()
     dist.all_gather_object(flags, limited)

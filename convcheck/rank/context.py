@@ -6,6 +6,12 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+import torch.distributed as dist
+from megatron.bridge.models.conversion.model_bridge import _megatron_local_name_to_global
+from megatron.bridge.models.conversion.model_bridge import _megatron_local_name_to_global as namer
+
 from convcheck.compare.proven import ProvenBytes
 from convcheck.errors import one_line, raised_at
 from convcheck.hf.checkpoint import Checkpoint
@@ -218,8 +224,6 @@ class RankContext:
 
     def gather(self, obj: Any) -> list[Any]:
         """all_gather_object over the world (a list indexed by rank on every rank)."""
-        import torch.distributed as dist
-
         if self.world == 1:
             return [obj]
         out: list[Any] = [None] * self.world
@@ -241,8 +245,6 @@ class RankContext:
         """(virtual stage, local name, global name, tensor) for every parameter and persistent buffer of this rank,
         walked once per run while the chunks stay the same objects (coverage, the shard tap and the mapping oracle
         all ask)."""
-        from megatron.bridge.models.conversion.model_bridge import _megatron_local_name_to_global as namer
-
         held = self.memo.local_tensors
         if held is None or not same_objects(held[0], self.model) or held[1] is not namer:
             found = [(vp, local, self.global_name(local, vp), t) for vp, local, t in named_tensors(self.model)]
@@ -259,8 +261,6 @@ class RankContext:
     def global_name(self, local_name: str, vp_stage: int) -> str:
         """Megatron's global parameter name (layer and expert numbers made global), computed once per name while
         the model chunks stay the same objects (coverage, the shard tap and the registry all ask)."""
-        from megatron.bridge.models.conversion.model_bridge import _megatron_local_name_to_global
-
         namer = _megatron_local_name_to_global
         if not same_objects(self._global_names[0], self.model) or self._global_names[1] is not namer:
             self._global_names = (tuple(self.model), namer, chunk_names(self.model, self.coord, namer))

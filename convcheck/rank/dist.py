@@ -6,16 +6,17 @@ import datetime
 import os
 from typing import Any
 
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core import parallel_state as ps
+
 from convcheck.layout import ParallelLayout
 from convcheck.mappings.base import RankCoord
 
 
 def init_distributed(layout: ParallelLayout, device: str, timeout_s: float) -> tuple[int, int]:
     """Initialise torch.distributed from torchrun's env and Megatron's parallel_state; return (rank, world)."""
-    import torch
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != layout.world_size:
@@ -33,16 +34,12 @@ def init_distributed(layout: ParallelLayout, device: str, timeout_s: float) -> t
         expert_tensor_parallel_size=layout.etp,
     )
     if device == "cuda":  # Megatron's CUDA RNG tracker (used by attention dropout scopes in the forward)
-        from megatron.core import tensor_parallel
-
         tensor_parallel.model_parallel_cuda_manual_seed(1234)
     return rank, world
 
 
 def rank_coord() -> RankCoord:
     """This rank's place in the grid, read once from Megatron's parallel_state (the engine's job, not an oracle's)."""
-    from megatron.core import parallel_state as ps
-
     return RankCoord(
         tp_rank=ps.get_tensor_model_parallel_rank(),
         ep_rank=ps.get_expert_model_parallel_rank(),
@@ -53,9 +50,6 @@ def rank_coord() -> RankCoord:
 
 def shutdown_distributed() -> None:
     """Tear down Megatron's groups and the default process group."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     if dist.is_initialized():
@@ -68,9 +62,6 @@ AXES = ("tp", "pp", "ep", "etp", "dp", "world")
 
 def parallel_state_group(axis: str) -> Any:
     """megatron-core parallel_state's process group of this rank along `axis` (one of AXES; "world": the default)."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-
     getters = {
         "tp": ps.get_tensor_model_parallel_group,
         "pp": ps.get_pipeline_model_parallel_group,

@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import torch.distributed as dist
+
 GRACE_S = 20.0
 """How long a rank whose bridge stage raised waits for every peer to end that stage too (they do within a moment when
 the stage raised everywhere alike; a peer left in the stage's collective never does)."""
@@ -57,7 +59,6 @@ class StageLedger:
         store = _store()
         if store is None:
             return
-        import torch.distributed as dist
 
         rank = dist.get_rank()
         store.set(f"{key}/rank{rank}", "error" if error else "ok")
@@ -75,8 +76,6 @@ class StageLedger:
 
 def _store() -> Any:
     """The job's key-value store (the default process group's), or None without a world of several ranks."""
-    import torch.distributed as dist
-
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return None
     try:

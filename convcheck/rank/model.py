@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+import torch
+from megatron.bridge import AutoBridge
+from megatron.bridge.models.conversion.utils import persistent_buffers
+
 from convcheck.compare.bits import count_true, int_view
 from convcheck.errors import BadInput, first_line, one_line, raised_at
 from convcheck.layout import ParallelLayout
@@ -13,8 +19,6 @@ from convcheck.versions import versions
 
 def load_bridge(model_path: str) -> Any:
     """The real AutoBridge for a checkpoint; an unsupported architecture is bad input."""
-    from megatron.bridge import AutoBridge
-
     try:
         return AutoBridge.from_hf_pretrained(model_path)
     except Exception as exc:  # the bridge wraps every failure in ValueError
@@ -88,7 +92,6 @@ def parameters_and_buffers(chunk: Any) -> list[tuple[str, Any]]:
     buffers: list[tuple[str, Any]] = []
     if _walk(chunk, "", set(), set(), params, buffers, {}):
         return params + buffers
-    from megatron.bridge.models.conversion.utils import persistent_buffers
 
     return list(chunk.named_parameters()) + list(persistent_buffers(chunk))
 
@@ -136,8 +139,6 @@ def _torch_walk(cls: type, known: dict[type, bool]) -> bool:
     """True when `cls` keeps torch.nn.Module's own walking methods (answered once per class per walk in `known`)."""
     found = known.get(cls)
     if found is None:
-        import torch
-
         base = torch.nn.Module
         found = known[cls] = all(getattr(cls, n, None) is getattr(base, n) for n in _WALKS)
     return found
@@ -150,8 +151,6 @@ is 0x7FC0 in bf16), so a checkpoint's NaN weights are not mistaken for elements 
 
 def sentinel_bits(dtype: Any) -> int:
     """The sentinel's bits for a float dtype (a dtype without a listed payload gets its own default NaN)."""
-    import torch
-
     name = str(dtype).removeprefix("torch.")
     if name in SENTINEL_BITS:
         return SENTINEL_BITS[name]
@@ -161,16 +160,12 @@ def sentinel_bits(dtype: Any) -> int:
 
 def _bits_view(tensor: Any) -> Any:
     """The tensor's storage seen as integers of the same width (any strides; writes go through)."""
-    import torch
-
     ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
     return tensor.detach().view(ints[tensor.element_size()])
 
 
 def fill_sentinel(model: list[Any]) -> None:
     """Set every floating parameter and persistent buffer to the sentinel NaN, so anything the import skips shows."""
-    import torch
-
     with torch.no_grad():
         for _, _, tensor in named_tensors(model):
             if tensor.is_floating_point():

@@ -14,6 +14,10 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+from megatron.bridge.utils.vocab_utils import calculate_padded_vocab_size
+
 from convcheck.errors import NotCovered
 from convcheck.hf.tensors import TensorReader
 from convcheck.mappings import Geometry, MappingError
@@ -195,7 +199,6 @@ def padded_vocab(provider: Any, vocab: int, tp: int) -> int:
     """The embedding rows the provider builds: the HF vocab, or padded when the provider pads it."""
     if not getattr(provider, "should_pad_vocab", False):
         return vocab
-    from megatron.bridge.utils.vocab_utils import calculate_padded_vocab_size
 
     return int(calculate_padded_vocab_size(vocab, provider.make_vocab_size_divisible_by, tp))
 

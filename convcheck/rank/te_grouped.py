@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from convcheck.errors import BadInput
 
 EXPERTS_CHOICES = ("sequential", "te-grouped")
@@ -35,7 +37,6 @@ EXPERTS_CHOICES = ("sequential", "te-grouped")
 
 def _grouped_linear_class(name: str, partition_dim: int) -> type:
     """A parameter-only module named `name` with TE GroupedLinear's per-expert `weight{i}` [out, in]."""
-    import torch
 
     def __init__(self: Any, num_gemms: int, input_size: int, output_size: int, *, config: Any,
                  dtype: Any, device: Any) -> None:  # fmt: skip
@@ -84,8 +85,6 @@ def _classes() -> tuple[type, type]:
 def te_grouped_experts(config: Any, num_local_experts: int, dtype: Any, device: Any, sequential: Any = None) -> Any:
     """A TEGroupedMLP-shaped experts module: `linear_fc1.weight{i}` [2F/etp, hidden], `linear_fc2.weight{i}`
     [hidden, F/etp]; its forward runs `sequential` (the SequentialMLP it stands in for) on those weights."""
-    import torch
-
     etp = int(getattr(config, "expert_tensor_parallel_size", None) or 1)
     ffn = int(config.moe_ffn_hidden_size)
     if ffn % etp:

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 from convcheck.reshard.plan import ParamPlan, Piece, host
 
 SENTINEL = 0xA5
@@ -31,8 +34,6 @@ def _index(box: tuple[tuple[int, int], ...]) -> tuple[slice, ...]:
 
 
 def _bytes(tensor: Any, box: tuple[tuple[int, int], ...]) -> Any:
-    import torch
-
     return tensor[_index(box)].contiguous().view(-1).view(torch.uint8)
 
 
@@ -48,8 +49,6 @@ def execute(
 ) -> tuple[dict[tuple[int, str], Any], dict[int, Moved]]:
     """Collective: run `plans` (identical on every rank); this rank's assembled target shards (each plan's value
     offset added once assembled, in its dtype) and per-target bytes."""
-    import torch
-
     outbox: dict[int, list[Any]] = {}
     inbox: dict[int, list[tuple[Any, Piece, int]]] = {}
     out: dict[tuple[int, str], Any] = {}
@@ -94,9 +93,6 @@ def _exchange(
     outbox: dict[int, list[Any]], inbox: dict[int, list[tuple[Any, Piece, int]]], device: Any, group: Any
 ) -> None:
     """One message per (sender, receiver) pair, posted all at once; then every received piece is written in place."""
-    import torch
-    import torch.distributed as dist
-
     if not outbox and not inbox:
         return
     ops, buffers = [], {}
@@ -119,9 +115,6 @@ def allgather_baseline(tensors: dict[str, Any], world: int, group: Any = None) -
     """Collective: the all-gather a gather-then-slice sync does (every rank's shards to every rank), timed; this
     rank's received bytes and seconds."""
     import time
-
-    import torch
-    import torch.distributed as dist
 
     device = next(iter(tensors.values())).device if tensors else torch.device("cpu")
     parts = [t.detach().contiguous().view(-1).view(torch.uint8) for _, t in sorted(tensors.items())]

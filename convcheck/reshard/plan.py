@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from convcheck.reshard.roles import ParamRole, Shard
 from convcheck.reshard.target import TargetLayout
 from convcheck.verdict import Finding
@@ -225,8 +227,6 @@ def build_plan(
 
 def coverage(plan: ParamPlan, shards: dict[str, list[Shard]]) -> Finding | None:
     """A finding unless the pieces cover every destination element exactly once, each from a box of its source."""
-    import torch
-
     counts = torch.zeros(plan.shape, dtype=torch.int32)
     shapes = {(s.rank, s.local): s.shape for s in shards.get(plan.name, [])}
     for piece in plan.pieces:

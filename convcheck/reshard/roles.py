@@ -6,6 +6,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
+
+from megatron.bridge.models.conversion import param_mapping as pm
+
 from convcheck.verdict import Finding
 
 KINDS = ("qkv", "gated", "sections", "column", "row", "replicated")
@@ -71,8 +75,6 @@ def megatron_name(task: Any) -> str:
 
 def bridge_kind(mapping: Any, module: Any) -> str | None:
     """The role kind of a bridge mapping (AutoMapping resolved the way the bridge resolves it); None if unknown."""
-    from megatron.bridge.models.conversion import param_mapping as pm
-
     if type(mapping) in {getattr(pm, name) for name in SECTIONED}:
         return "sections"
     if type(mapping) in {pm.AutoMapping, *(getattr(pm, name) for name in OFFSETS)}:

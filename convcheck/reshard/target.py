@@ -23,6 +23,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from convcheck.errors import BadInput
 
 
@@ -90,8 +92,6 @@ def hf_section_list(role: Any, hf: list[Any]) -> list[Any]:
 
 def reference_shard(role: Any, hf: list[Any], layout: TargetLayout, rank: int) -> Any:
     """Target rank `rank`'s shard of `role` from its HF tensors `hf` (in role.hf order)."""
-    import torch
-
     kind = reference_kind(role)
     p, tp = layout.split(rank, role.expert)
     if kind == "qkv":

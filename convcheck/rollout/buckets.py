@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 ALIGN = 16
 
@@ -132,7 +134,6 @@ class FileWriter:
         """Write the file being filled (nothing when empty) and start the next."""
         if not self.items:
             return
-        from safetensors.torch import save_file
 
         save_file(self.items, str(self.folder / f"bucket-{self.files:05d}.safetensors"))
         self.files += 1
@@ -141,8 +142,6 @@ class FileWriter:
 
 def read_folder(folder: str) -> Iterator[tuple[str, torch.Tensor]]:
     """Engine side: every tensor of the folder transport's files, file by file and name by name."""
-    from safetensors import safe_open
-
     for path in sorted(Path(folder).glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as handle:
             for name in sorted(handle.keys()):
@@ -151,8 +150,6 @@ def read_folder(folder: str) -> Iterator[tuple[str, torch.Tensor]]:
 
 def folder_names(folder: str) -> list[str]:
     """Engine side: the name of every tensor in the folder transport's files (a name in two files twice)."""
-    from safetensors import safe_open
-
     out: list[str] = []
     for path in sorted(Path(folder).glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as handle:

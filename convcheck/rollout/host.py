@@ -25,6 +25,8 @@ from functools import partial
 from typing import Any
 
 import torch
+import transformers
+from safetensors import safe_open
 
 from convcheck.hooks import load_hook
 from convcheck.rollout import protocol
@@ -215,7 +217,6 @@ class Host:
 
 # -- helpers ---------------------------------------------------------------------------------------------------------
 def versions() -> dict[str, str]:
-    import transformers
     import vllm
 
     return {
@@ -291,8 +292,6 @@ def _value(t: torch.Tensor, flat: int) -> float | None:
 def checkpoint_tensors(folder: str) -> WeightIter:
     """Every tensor of the checkpoint's safetensors files, in name order."""
     from pathlib import Path
-
-    from safetensors import safe_open
 
     for path in sorted(Path(folder).glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as handle:

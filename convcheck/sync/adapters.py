@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from convcheck.errors import BadInput, ConvcheckError, one_line
-from convcheck.hooks import load_hook
+from convcheck.hooks import load_hook, problems_elsewhere
 
 BRIDGE = "bridge"
 """The default sender: the bridge's own export_hf_weights (stored as None in a Job)."""
@@ -80,11 +80,17 @@ def load_receiver(spec: Adapter | None) -> type:
     return cls
 
 
-def check_adapters(sender: Adapter | None, receiver: Adapter | None, chunk_mb: float) -> None:
-    """Resolve the specs and check the chunk bound before any rank starts; BadInput names the first problem."""
+def check_adapters(sender: Adapter | None, receiver: Adapter | None, chunk_mb: float, *, here: bool = False) -> None:
+    """Check the specs resolve and the chunk bound before any rank starts; BadInput names the first problem. A spec
+    naming user code is imported in a child process (the launcher side imports no torch), or `here` (a live check,
+    already inside a rank); built-in names are known good; objects given directly are checked as they are."""
     if not chunk_mb > 0:
         raise BadInput(f"--chunk-mb must be positive, got {chunk_mb!r}")
-    if sender is not None:
-        load_sender(sender)
-    if receiver is not None:
-        load_receiver(receiver)
+    for kind, spec, table, load in (("sender", sender, SENDERS, load_sender), ("receiver", receiver, RECEIVERS,
+                                                                               load_receiver)):  # fmt: skip
+        if spec is None or (isinstance(spec, str) and spec in table):
+            continue
+        if here or not isinstance(spec, str):
+            load(spec)
+        elif problem := problems_elsewhere(kind, [spec]).get(spec):
+            raise BadInput(problem)

@@ -3,6 +3,8 @@ into a collective the others left."""
 
 from __future__ import annotations
 
+import torch.distributed as dist
+
 
 def agreed(errors: list[str | None]) -> str | None:
     """The one line every rank reports for the per-rank `errors` (None: that rank did not fail): unchanged when every
@@ -21,8 +23,6 @@ def agreed(errors: list[str | None]) -> str | None:
 def agree(error: str | None) -> str | None:
     """Collective over the world: every rank's `error` (None when it did not fail) gathered, and the agreed line
     (`agreed`) returned on every rank; no collective when the job has one rank or none."""
-    import torch.distributed as dist
-
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return error
     errors: list[str | None] = [None] * dist.get_world_size()

@@ -11,6 +11,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 ALIGN = 16
 
 
@@ -26,8 +28,6 @@ class BucketEntry:
 
     @property
     def nbytes(self) -> int:
-        import torch
-
         return math.prod(self.shape) * torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
 
 
@@ -45,8 +45,6 @@ def _aligned(n: int) -> int:
 
 
 def _pack(items: list[tuple[str, Any]]) -> Bucket:
-    import torch
-
     entries, offset = [], 0
     for name, tensor in items:
         entries.append(BucketEntry(name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset))
@@ -75,8 +73,6 @@ def pack_buckets(items: Iterable[tuple[str, Any]], bucket_bytes: int) -> Iterato
 
 def unpack_bucket(bucket: Bucket) -> Iterator[tuple[str, Any]]:
     """The (name, tensor) pairs of a bucket, each a copy cut from the buffer as its metadata says."""
-    import torch
-
     total = bucket.buffer.numel()
     for entry in bucket.entries:
         end = entry.offset + entry.nbytes

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from convcheck.compare.bits import int_view, tensor_sha256, together
 
 FORMAT = "convcheck-delta"
@@ -60,8 +62,6 @@ def _dtype_name(tensor: Any) -> str:
 
 
 def _torch_dtype(name: str) -> Any:
-    import torch
-
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
         raise DeltaError(f"unknown dtype {name!r}")
@@ -104,8 +104,6 @@ def build_delta(previous: Mapping[str, Any], new: Mapping[str, Any]) -> Delta:
 
 
 def _empty() -> Any:
-    import torch
-
     return torch.empty(0, dtype=torch.int64)
 
 
@@ -166,8 +164,6 @@ def encode(delta: Delta) -> bytes:
 
 def decode(data: bytes) -> Delta:
     """The Delta that `encode` wrote; DeltaError on anything else."""
-    import torch
-
     if len(data) < 8:
         raise DeltaError("delta shorter than its 8-byte header length")
     (size,) = struct.unpack("<Q", data[:8])

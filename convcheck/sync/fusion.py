@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 _EXPERT = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<expert>\d+)\.(?P<part>gate|up|down)_proj\.weight$")
 _ATTENTION = re.compile(r"^(?P<prefix>.*)\.(?P<part>q|k|v)_proj\.(?P<kind>weight|bias)$")
 _DENSE = re.compile(r"^(?P<prefix>.*)\.(?P<part>gate|up)_proj\.(?P<kind>weight|bias)$")
@@ -115,8 +117,6 @@ def sources_of(param: str, names: list[str], geometry: Geometry) -> list[str]:
 
 def pack(tensors: dict[str, Any], geometry: Geometry) -> dict[str, Any]:
     """What an engine holds after loading every tensor of `tensors`: fused parameters stacked, the rest as they are."""
-    import torch
-
     out: dict[str, Any] = {}
     groups: dict[str, list[tuple[Slot, str]]] = {}
     for name, tensor in tensors.items():

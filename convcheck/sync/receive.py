@@ -7,6 +7,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+from transformers import AutoConfig
+
 from convcheck.compare.bits import compare_bits, count_true, first_true, together, unravel_index
 from convcheck.errors import one_line
 from convcheck.hf.tensors import TensorReader
@@ -51,8 +54,6 @@ def failed(ctx: Any, what: str, exc: BaseException) -> Finding:
 def build(ctx: Any) -> tuple[Any, Finding | None]:
     """Rank 0: the receiver constructed as CLASS(config=<the checkpoint's transformers config>)."""
     try:
-        from transformers import AutoConfig
-
         cls = load_receiver(ctx.sync.receiver)
         return cls(config=AutoConfig.from_pretrained(str(ctx.checkpoint.path))), None
     except Exception as exc:  # noqa: BLE001 - a receiver that cannot be built is a finding
@@ -75,8 +76,6 @@ def read_state(receiver: Any) -> dict[str, Any]:
 
 def fill_sentinel(receiver: Any) -> None:
     """NaN into every floating tensor of the receiver, so whatever a sync leaves unwritten shows."""
-    import torch
-
     with torch.no_grad():
         for _, tensor in storage(receiver):
             if tensor.is_floating_point():

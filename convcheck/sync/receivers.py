@@ -13,7 +13,18 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+import torch
+import transformers
+
 from convcheck.sync.fusion import Geometry, locate, pack, slot_of, sources_of
+
+try:  # transformers 5; older releases' transformers have no weight conversions (using them raises as it did)
+    from transformers.core_model_loading import revert_weight_conversion
+except ImportError as _missing:
+    _NO_CONVERSIONS = _missing
+
+    def revert_weight_conversion(model: Any, state: Any) -> Any:
+        raise _NO_CONVERSIONS
 
 
 class HFReceiver:
@@ -26,9 +37,6 @@ class HFReceiver:
     """
 
     def __init__(self, config: Any) -> None:
-        import torch
-        import transformers
-
         cls = getattr(transformers, config.architectures[0])
         dtype = getattr(config, "dtype", None) or torch.float32
         with torch.device("meta"):
@@ -54,9 +62,6 @@ class HFReceiver:
     def _placements(self) -> tuple[list[tuple[str, Any]], dict[str, tuple[tuple[int, ...], list[Any]]]]:
         """Unique storages (model name, tensor) and, per checkpoint name, its shape and (storage, source, target)
         index pieces: a slice start where the target elements are contiguous, else an index tensor."""
-        import torch
-        from transformers.core_model_loading import revert_weight_conversion
-
         keys = set(self.model.state_dict())
         storage: list[tuple[str, Any]] = []
         positions: dict[str, Any] = {}
@@ -93,8 +98,6 @@ class HFReceiver:
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
         """Write each (checkpoint name, tensor) into the model; an unknown name or a wrong shape raises (an MTP
         layer's tensor is dropped, as transformers' loader drops it, and noted in `not_held`)."""
-        import torch
-
         with torch.no_grad():
             for name, tensor in weights:
                 if name not in self._placement and self._is_mtp(name):
@@ -119,8 +122,6 @@ class HFReceiver:
 
     def state_dict(self) -> dict[str, Any]:
         """The state under checkpoint names, as transformers would save it."""
-        from transformers.core_model_loading import revert_weight_conversion
-
         return revert_weight_conversion(self.model, self.model.state_dict())
 
     def expected(self, hf: Mapping[str, Any]) -> dict[str, Any]:
@@ -173,8 +174,6 @@ class FusedReceiver:
 
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
         """Load (hf_name, tensor) pairs, fused ones into their slot; a piece that does not fit raises."""
-        import torch
-
         with torch.no_grad():
             for name, tensor in weights:
                 slot = slot_of(name, self.geometry)
@@ -216,8 +215,6 @@ class FusedReceiver:
         return region
 
     def _allocate(self, name: str, shape: tuple[int, ...], dtype: Any) -> Any:
-        import torch
-
         param = self.params.get(name)
         if param is None:
             param = torch.empty(shape, dtype=dtype)

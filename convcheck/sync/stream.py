@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import torch
+
 from convcheck.errors import one_line
 from convcheck.sync.adapters import label, load_sender
 from convcheck.sync.agree import agree
@@ -17,8 +19,6 @@ _SENDERS: dict[str, Any] = {}
 
 def describe_item(item: Any, known: Any) -> str | None:
     """Why `item` is not a (known HF name, tensor) pair, or None when it is one."""
-    import torch
-
     if not isinstance(item, tuple) or len(item) != 2:
         return f"{type(item).__name__} instead of a (name, tensor) pair"
     name, tensor = item

@@ -9,6 +9,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 HEADER_BYTES = 4096
 """Size of the header broadcast: 8 bytes of length, then the JSON text, zero-padded."""
 _GROUP: Any = None
@@ -18,8 +21,6 @@ def sync_group() -> Any:
     """A process group over every rank, separate from Megatron's (collective on first use, then reused)."""
     global _GROUP
     if _GROUP is None:
-        import torch.distributed as dist
-
         _GROUP = dist.new_group(ranks=list(range(dist.get_world_size())))
     return _GROUP
 
@@ -31,8 +32,6 @@ def chunk_bytes(chunk_mb: float) -> int:
 
 def payload(name: str, tensor: Any) -> Any:
     """The bytes the sender puts on the wire for `tensor`: its raw bytes, flat uint8 (`name` is for plants)."""
-    import torch
-
     return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
 
 
@@ -48,8 +47,6 @@ class Received:
 
     @property
     def expected_bytes(self) -> int:
-        import torch
-
         return math.prod(self.shape) * torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
 
     @property
@@ -58,8 +55,6 @@ class Received:
 
     def tensor(self) -> Any:
         """The tensor (dtype and shape from the header); a short or long payload stays raw uint8 bytes."""
-        import torch
-
         if not self.complete:
             return self.data
         return self.data.view(getattr(torch, self.dtype)).reshape(self.shape)
@@ -76,9 +71,6 @@ class Channel:
 
     def _header(self, header: Any) -> Any:
         """Broadcast `header` (on src; any JSON value) and return it on every rank: one fixed-size broadcast."""
-        import torch
-        import torch.distributed as dist
-
         box = torch.zeros(HEADER_BYTES, dtype=torch.uint8)
         if dist.get_rank() == self.src:
             text = json.dumps(header).encode()
@@ -94,8 +86,6 @@ class Channel:
 
     def send(self, name: str, tensor: Any) -> None:
         """On `src`: broadcast `tensor` under `name`."""
-        import torch.distributed as dist
-
         t0 = time.perf_counter()
         raw = payload(name, tensor)
         dtype = str(tensor.dtype).removeprefix("torch.")
@@ -113,9 +103,6 @@ class Channel:
 
     def recv(self) -> Received | None:
         """Elsewhere: the next tensor as reassembled from its chunks, or None at the end of the stream."""
-        import torch
-        import torch.distributed as dist
-
         t0 = time.perf_counter()
         header = self._header(None)
         if header is None:

@@ -24,7 +24,7 @@ from convcheck.errors import RUN_ENDING, BadInput, ConvcheckError
 from convcheck.fixtures import get_spec
 from convcheck.fixtures.folders import tiny_folder
 from convcheck.fixtures.key import layout_path
-from convcheck.hooks import load_hook
+from convcheck.hooks import problems_elsewhere
 from convcheck.layout import ParallelLayout
 from convcheck.mutants.catalog import FORWARD, MUTANTS, Mutant
 from convcheck.mutants.mutant import VIAS
@@ -77,8 +77,6 @@ def check_catalog(mutants: Sequence[Mutant] = MUTANTS, *, deep: bool = False) ->
         if not m.fixture.startswith("tiny:"):
             problems.append(f"{m.name}: fixture must be a built-in tiny:<name>, got {m.fixture!r}")
         try:
-            if not callable(load_hook(m.hook)):
-                problems.append(f"{m.name}: hook {m.hook} is not callable")
             spec = get_spec(m.fixture)
             config = _hf_config(spec.name) if deep else None
             for layout in m.layouts:
@@ -87,6 +85,8 @@ def check_catalog(mutants: Sequence[Mutant] = MUTANTS, *, deep: bool = False) ->
                     grid.validate_for(config)
         except ConvcheckError as exc:
             problems.append(f"{m.name}: {exc}")
+    hooks = {m.hook: m.name for m in mutants}
+    problems += [f"{hooks[spec]}: {text}" for spec, text in problems_elsewhere("hook", list(hooks)).items()]
     return problems
 
 

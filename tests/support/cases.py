@@ -33,8 +33,16 @@ PIPELINE_EXTRAS = [
 ]
 TE_MATRIX = [  # the Transformer Engine layout verify builds by default (convcheck.gate.case TE_CASES)
     (name, (*layout, "--spec", "te", "--experts", "auto"))
-    for name, layout in [("qwen3", ("--tp", "2")), ("qwen3-moe", ("--tp", "2", "--ep", "2")), ("llama", ("--pp", "2"))]
+    for name, layout in [
+        ("qwen3", ("--tp", "2")),
+        ("qwen3-moe", ("--tp", "2", "--ep", "2")),
+        ("llama", ("--pp", "2")),
+        ("gemma3", ("--tp", "2")),  # TE-only families (convcheck.models.te_only): one layout each
+        ("minimax-m2", ("--tp", "2", "--ep", "2")),
+    ]
 ]
+TE_ONLY = ("gemma3", "minimax-m2")
+"""Fixtures of the families whose bridge spec exists only on TE: gated in TE_MATRIX only."""
 FIXED = {  # families checked at a fixed list of layouts (convcheck.gate.case LAYOUTS_BY_FIXTURE and EXTRA_CASES)
     **GDN,
     "mistral-nowindow": [("--tp", "2")],  # the other layouts are tiny:mistral's
@@ -55,7 +63,7 @@ FIXED = {  # families checked at a fixed list of layouts (convcheck.gate.case LA
 DENSE = [
     name
     for name in sorted(FIXTURES)
-    if name not in ("nemotron-h", *FIXED, *PARTLY_COVERED, *RELEASE_VARIANTS, *QUANT_FIXTURES)
+    if name not in ("nemotron-h", *FIXED, *TE_ONLY, *PARTLY_COVERED, *RELEASE_VARIANTS, *QUANT_FIXTURES)
 ]
 CASES = (
     [(name, layout) for name in DENSE for layout in DENSE_LAYOUTS]

@@ -21,6 +21,9 @@ import math
 from typing import Any
 
 import torch
+from megatron.core.parallel_state import get_tensor_model_parallel_group
+from megatron.core.transformer.utils import is_layer_window_attention
+from megatron.core.utils import get_pg_size
 
 from convcheck.kernels.te.rules import ParamRule, TeSource
 
@@ -50,9 +53,6 @@ class TEDotProductAttention(torch.nn.Module):
                  attention_dropout: float | None = None, softmax_scale: float | None = None,
                  k_channels: int | None = None, v_channels: int | None = None, num_splits: int | None = None,
                  cp_comm_type: str | None = "p2p", pg_collection: Any = None) -> None:  # fmt: skip
-        from megatron.core.parallel_state import get_tensor_model_parallel_group
-        from megatron.core.transformer.utils import is_layer_window_attention
-        from megatron.core.utils import get_pg_size
 
         super().__init__()
         for flag in ("qk_clip", "log_max_attention_logit"):

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from megatron.core.dist_checkpointing.utils import replace_prefix_for_sharding
+from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group, make_sharded_tensors_for_checkpoint
+from megatron.core.utils import get_pg_rank, get_pg_size
+
 
 def tp_sharded(module: Any, axes: dict[str, int], prefix: str, sharded_offsets: tuple, metadata: Any) -> Any:
     """`module`'s parameters as sharded tensors split along `axes` over its TP group (replicated otherwise)."""
-    from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group, make_sharded_tensors_for_checkpoint
-
     metadata = ensure_metadata_has_dp_cp_group(metadata)
     state_dict = module.state_dict(prefix="", keep_vars=True)
     return make_sharded_tensors_for_checkpoint(state_dict, prefix, axes, sharded_offsets, tp_group=module._tp_group,
@@ -22,10 +24,6 @@ def tp_sharded(module: Any, axes: dict[str, int], prefix: str, sharded_offsets: 
 def grouped_sharded(module: Any, axes: dict[str, int], prefix: str, sharded_offsets: tuple, metadata: Any) -> Any:
     """TEGroupedLinear's per-expert sharded tensors: `weight{i}` / `bias{i}` of global expert E at offset
     (ep_axis, E, experts) along `axes` over expert TP, replica ids over expert DP."""
-    from megatron.core.dist_checkpointing.utils import replace_prefix_for_sharding
-    from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group, make_sharded_tensors_for_checkpoint
-    from megatron.core.utils import get_pg_rank, get_pg_size
-
     metadata = ensure_metadata_has_dp_cp_group(metadata)
     singleton = metadata.get("singleton_local_shards", False)
     pgs = module._pg_collection

@@ -4,6 +4,7 @@ the installed one, so the stand-in builds what that release's wrappers build."""
 from __future__ import annotations
 
 import torch
+from megatron.core.extensions import transformer_engine as te_ext
 
 
 def mark_expert_parameters(module: torch.nn.Module, parallel_mode: str | None, use_expert_pgs: bool,
@@ -12,8 +13,6 @@ def mark_expert_parameters(module: torch.nn.Module, parallel_mode: str | None, u
     module's own parameters: its `_set_expert_parameter_attributes` where it has one (0.19+); before that, the
     wrappers' inline rule, `allreduce = not expert_parallel` on every parameter (0.16-0.18 TELinear /
     TEGroupedLinear)."""
-    from megatron.core.extensions import transformer_engine as te_ext  # after the CPU shims, as the wrappers are
-
     mark = getattr(te_ext, "_set_expert_parameter_attributes", None)
     if mark is not None:
         mark(module, parallel_mode, use_expert_pgs)

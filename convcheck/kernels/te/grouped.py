@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from megatron.core.process_groups_config import ProcessGroupCollection
+from megatron.core.utils import get_pg_size
 
 from convcheck.kernels.te.checkpoint import grouped_sharded
 from convcheck.kernels.te.core_compat import mark_expert_parameters
@@ -43,8 +45,6 @@ class TEGroupedLinear(torch.nn.Module):
                  config: Any, init_method: Callable, bias: bool, skip_bias_add: bool, is_expert: bool = False,
                  tp_comm_buffer_name: str | None = None, pg_collection: Any = None,
                  name: str | None = None) -> None:  # fmt: skip
-        from megatron.core.process_groups_config import ProcessGroupCollection
-        from megatron.core.utils import get_pg_size
 
         super().__init__()
         assert is_expert, "TEGroupedLinear only supports expert parallelism"

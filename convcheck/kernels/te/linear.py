@@ -33,6 +33,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from megatron.core.tensor_parallel.mappings import (
+    copy_to_tensor_model_parallel_region,
+    gather_from_sequence_parallel_region,
+    reduce_from_tensor_model_parallel_region,
+    reduce_scatter_to_sequence_parallel_region,
+)
+from megatron.core.utils import get_pg_size, get_tensor_model_parallel_group_if_none
 
 from convcheck.kernels.te.checkpoint import tp_sharded
 from convcheck.kernels.te.core_compat import mark_expert_parameters
@@ -67,7 +74,6 @@ class TELinear(torch.nn.Module):
                  init_method: Callable, bias: bool, skip_bias_add: bool, skip_weight_param_allocation: bool,
                  tp_comm_buffer_name: str | None = None, is_expert: bool = False, symmetric_ar_type: str | None = None,
                  tp_group: Any = None, name: str | None = None, gtp_remat_group: Any = None) -> None:  # fmt: skip
-        from megatron.core.utils import get_pg_size, get_tensor_model_parallel_group_if_none
 
         super().__init__()
         if skip_weight_param_allocation:
@@ -137,13 +143,6 @@ class TELinear(torch.nn.Module):
 
     def linear(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """TE Linear's forward: megatron-core's (output, bias) pair."""
-        from megatron.core.tensor_parallel.mappings import (
-            copy_to_tensor_model_parallel_region,
-            gather_from_sequence_parallel_region,
-            reduce_from_tensor_model_parallel_region,
-            reduce_scatter_to_sequence_parallel_region,
-        )
-
         if self.parallel_mode == "column" and self.tp_size > 1:
             if self.sequence_parallel:  # [s / tp, b, h] -> [s, b, h]
                 x = gather_from_sequence_parallel_region(x, tensor_parallel_output_grad=True, group=self.tp_group)
@@ -186,7 +185,6 @@ class TEColumnParallelLinear(TELinear):
                  gather_output: bool, bias: bool, skip_bias_add: bool, is_expert: bool,
                  skip_weight_param_allocation: bool = False, tp_comm_buffer_name: str | None = None,
                  tp_group: Any = None, stride: int = 1, name: str | None = None) -> None:  # fmt: skip
-        from megatron.core.utils import get_tensor_model_parallel_group_if_none
 
         if gather_output:
             raise ValueError("Transformer Engine linear layers do not support gather_output = True")
@@ -213,7 +211,6 @@ class TERowParallelLinear(TELinear):
                  input_is_parallel: bool, skip_bias_add: bool, is_expert: bool,
                  tp_comm_buffer_name: str | None = None, tp_group: Any = None,
                  name: str | None = None) -> None:  # fmt: skip
-        from megatron.core.utils import get_tensor_model_parallel_group_if_none
 
         if not input_is_parallel:
             raise ValueError("Transformer Engine linear layers do not support input_is_parallel = False")
@@ -245,7 +242,6 @@ class TELayerNormColumnParallelLinear(TELinear):
                  gather_output: bool, bias: bool, skip_bias_add: bool, is_expert: bool,
                  skip_weight_param_allocation: bool = False, tp_comm_buffer_name: str | None = None,
                  tp_group: Any = None, stride: int = 1, name: str | None = None) -> None:  # fmt: skip
-        from megatron.core.utils import get_pg_size, get_tensor_model_parallel_group_if_none
 
         torch.nn.Module.__init__(self)
         if gather_output:

@@ -1,0 +1,101 @@
+"""Catalog entries of Gemma 3 and MiniMax-M2 bugs (hooks in convcheck.mutants.gemma3 and .minimax_m2), run in the
+bridge's own TE layout those families exist in only (convcheck.models.te_only).
+
+Gemma 3's logits already differ on the clean run (te-post-layernorm-default-eps, a finding no planted bug is credited
+with), so its entries are those another oracle names: the sandwich norms traded in import and export (mapping names
+the tensor and first element), the global layers' RoPE base and the sliding window as the provider builds them
+(config names the field). One sliding layer built as a global one changes only the forward: tests/test_gemma3.py
+runs it with the epsilon fixed, where logits is the oracle that catches it.
+"""
+
+from __future__ import annotations
+
+from convcheck.mutants.mutant import HOOKS as _M
+from convcheck.mutants.mutant import Mutant
+
+GEMMA3, MINIMAX_M2 = "tiny:gemma3", "tiny:minimax-m2"
+
+TE_FAMILY_MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        name="gemma3_sandwich_norms_swapped",
+        description="Gemma 3 post-attention norm (linear_proj.post_layernorm) <-> HF pre_feedforward_layernorm and "
+        "pre-feedforward norm (linear_fc1.layer_norm_weight) <-> post_attention_layernorm, every layer (import and "
+        "export)",
+        hook=_M + "gemma3:sandwich_norms_swapped",
+        fixture=GEMMA3,
+        layout="tp2",
+        catches=("mapping",),
+        targets=(
+            "decoder.layers.*.self_attention.linear_proj.post_layernorm.weight",
+            "decoder.layers.*.mlp.linear_fc1.layer_norm_weight",
+            "model.layers.*.post_attention_layernorm.weight",
+            "model.layers.*.pre_feedforward_layernorm.weight",
+        ),
+        spec="te",
+        experts="auto",
+    ),
+    Mutant(
+        name="gemma3_global_rope_base_local",
+        description="Gemma 3 provider's RoPE bases built (local, local): the global layers rotate with the sliding "
+        "layers' base",
+        hook=_M + "gemma3:global_rope_base_local",
+        fixture=GEMMA3,
+        layout="tp2",
+        catches=("config",),
+        targets=("rope_parameters.sliding_attention+rope_parameters.full_attention*",),
+        spec="te",
+        experts="auto",
+    ),
+    Mutant(
+        name="gemma3_window_one_short",
+        description="Gemma 3 provider's window built as sliding_window - 1: every sliding layer attends one position "
+        "fewer than HF's",
+        hook=_M + "gemma3:window_one_short",
+        fixture=GEMMA3,
+        layout="tp2",
+        catches=("config",),
+        targets=("sliding_window*",),
+        spec="te",
+        experts="auto",
+    ),
+    Mutant(
+        name="minimax_m2_expert_bias_at_init",
+        description="MiniMax-M2 layer 0's router expert_bias (e_score_correction_bias) left at its initial zeros by "
+        "the import",
+        hook=_M + "minimax_m2:expert_bias_at_init",
+        fixture=MINIMAX_M2,
+        layout="tp2ep2",
+        catches=("roundtrip", "mapping"),
+        targets=("decoder.layers.0.mlp.router.expert_bias", "model.layers.0.block_sparse_moe.e_score_correction_bias"),
+        spec="te",
+        experts="auto",
+    ),
+    Mutant(
+        name="minimax_m2_k_norm_rows_of_other_rank",
+        description="MiniMax-M2 layer 0's full-width k_norm: TP rank r imports the rows of rank tp - 1 - r (another "
+        "rank's heads)",
+        hook=_M + "minimax_m2:k_norm_rows_of_other_rank",
+        fixture=MINIMAX_M2,
+        layout="tp2ep2",
+        catches=("roundtrip", "mapping", "layout"),
+        targets=(
+            "decoder.layers.0.self_attention.k_layernorm.weight",
+            "model.layers.0.self_attn.k_norm.weight",
+            "<layout>",
+        ),
+        spec="te",
+        experts="auto",
+    ),
+    Mutant(
+        name="minimax_m2_rotary_dim_ignored",
+        description="MiniMax-M2 provider's rotary_percent left at 1.0 (rotary_dim not read): every channel rotates",
+        hook=_M + "minimax_m2:rotary_dim_ignored",
+        fixture=MINIMAX_M2,
+        layout="tp2ep2",
+        catches=("config",),
+        targets=("rotary_dim*", "rope_parameters.partial_rotary_factor*"),
+        spec="te",
+        experts="auto",
+    ),
+)
+"""Planted Gemma 3 and MiniMax-M2 bugs, each patching the real Megatron-Bridge classes at run time."""
