@@ -40,10 +40,12 @@ def _module(name: str):  # type: ignore[no-untyped-def]
 
 
 def test_shim27_still_needed_mrope_allocates_on_cuda() -> None:
-    """Fails when the multimodal RoPEs stop asking torch.cuda.current_device() (then delete shim 27)."""
+    """Fails when the multimodal RoPEs (and the Qwen3-VL vision RoPE's forward) stop asking
+    torch.cuda.current_device() (then delete shim 27)."""
     for module_name, attribute, _ in compat.MROPE_SITES:
         owner = _module(module_name)
-        source = inspect.getsource(compat.upstream(getattr(owner, attribute.split(".")[0]).__init__))
+        cls, method = attribute.split(".")
+        source = inspect.getsource(compat.upstream(getattr(getattr(owner, cls), method)))
         assert "device=torch.cuda.current_device()" in source, attribute
 
 
@@ -154,13 +156,19 @@ def test_gemma3_post_norm_loaded_from_the_pre_norm_is_named(tmp_path: Path) -> N
 
 @pytest.mark.ranks
 def test_qwen3_vl_tp2_fails_only_on_the_dtype_bug(tmp_path: Path) -> None:
-    """The bridge's Qwen3-VL model (TE language model, vision tower) on the stand-in: every tensor exported as fp32
-    from a bf16 checkpoint (the known dtype bug); coverage, elements, differential and the text-only logits pass."""
+    """The bridge's Qwen3-VL model (TE language model, vision tower) on the stand-in: every tensor exported and held as
+    fp32 from a bf16 checkpoint without a text_config dtype (the known dtype bug, seen by roundtrip, layout and
+    mapping), the exported config the default one (qwen3-vl-config-export-flat); coverage, elements, differential and
+    the text-only logits pass (no image processor: no image pass)."""
     res = _verify(tmp_path, "qwen3-vl", "--tp", "2")
     assert res.code == 1, res.out[-3000:] + res.err[-2000:]
-    assert res.verdicts() == {**dict.fromkeys(DEFAULT, "pass"), **NOT_COVERED, "roundtrip": "fail", "layout": "fail"}
+    failing = ("roundtrip", "layout", "config", "mapping")
+    assert res.verdicts() == {**dict.fromkeys(DEFAULT, "pass"), **dict.fromkeys(failing, "fail")}
     findings = res.findings("roundtrip") + res.findings("layout")
     assert len(findings) == 128 and {f["detail"].get(UPSTREAM_BUG) for f in findings} == {DTYPE_BUG}
+    mapping = {(f["kind"], f["detail"].get(UPSTREAM_BUG)) for f in res.findings("mapping")}
+    assert mapping == {("import-dtype", DTYPE_BUG)}
+    assert {f["detail"].get(UPSTREAM_BUG) for f in res.findings("config")} == {"qwen3-vl-config-export-flat"}
     assert {f["kind"] for f in res.findings("roundtrip")} == {"dtype"}
     assert any(f["tensor"].startswith("model.visual.") for f in res.findings("roundtrip"))  # the tower is exported
     logits = {o["name"]: o for o in res.report["oracles"]}["logits"]["metrics"]

@@ -191,6 +191,24 @@ def test_attention_is_causal_gqa_with_the_default_scale() -> None:
     assert out.shape == (6, 2, HEADS * HEAD_DIM) and torch.allclose(out, expected, atol=1e-5)
 
 
+def test_attention_on_packed_sequences_attends_within_each() -> None:
+    """THD (the Qwen3-VL vision tower's images): query / key / value [t, heads, d], each sequence of cu_seqlens
+    attending only within itself (no_mask), output [t, heads x d]."""
+    from megatron.core.transformer.enums import AttnMaskType
+
+    attn = _attention()
+    q, k, v = _qkv(7)
+    q, k, v = q[:, 0], k[:, 0], v[:, 0]  # [t, h, d]: one packed batch of sequences of 3 and 4 tokens
+    packed = SimpleNamespace(
+        qkv_format="thd", cu_seqlens_q=torch.tensor([0, 3, 7]), cu_seqlens_kv=torch.tensor([0, 3, 7])
+    )
+    out = attn(q, k, v, None, AttnMaskType.no_mask, packed_seq_params=packed)
+    allowed = torch.zeros(7, 7, dtype=torch.bool)
+    allowed[:3, :3] = allowed[3:, 3:] = True
+    expected = _reference(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), allowed, 1 / math.sqrt(HEAD_DIM))
+    assert out.shape == (7, HEADS * HEAD_DIM) and torch.allclose(out, expected.squeeze(1), atol=1e-5)
+
+
 def test_attention_window_sees_the_last_left_plus_one_keys() -> None:
     from megatron.core.transformer.enums import AttnMaskType
 

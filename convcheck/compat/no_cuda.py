@@ -319,13 +319,17 @@ def install_cpu_attention_sinks() -> None:
 # in its constructor: megatron-core 0.19.2 models/common/embeddings/rotary_pos_embedding.py:305
 # (MultimodalRotaryEmbedding, Qwen2.5-VL) and megatron-bridge 0.6.2 models/qwen_vl/modelling_qwen3_vl/rope.py:134
 # (Qwen3VLMultimodalRotaryEmbedding, Qwen3-VL and Qwen3-VL-MoE); each forward then moves the positions to that
-# tensor's device. On a CPU run the constructors run with torch.cuda.current_device() answering "cpu" (shim 4's
-# wrapper): the same frequencies, on the CPU.
+# tensor's device. The Qwen3-VL vision tower's 2-D RoPE does the same in its first forward (megatron-bridge 0.6.2
+# models/qwen_vl/modelling_qwen3_vl/utils.py:90, Qwen3VLVisionRotaryEmbedding.forward), run by an image input only.
+# On a CPU run these run with torch.cuda.current_device() answering "cpu" (shim 4's wrapper): the same frequencies,
+# on the CPU.
 MROPE_SITES = (
     ("megatron.core.models.common.embeddings.rotary_pos_embedding", "MultimodalRotaryEmbedding.__init__",
      "megatron/core/models/common/embeddings/rotary_pos_embedding.py:305"),
     ("megatron.bridge.models.qwen_vl.modelling_qwen3_vl.rope", "Qwen3VLMultimodalRotaryEmbedding.__init__",
      "megatron/bridge/models/qwen_vl/modelling_qwen3_vl/rope.py:134"),
+    ("megatron.bridge.models.qwen_vl.modelling_qwen3_vl.utils", "Qwen3VLVisionRotaryEmbedding.forward",
+     "megatron/bridge/models/qwen_vl/modelling_qwen3_vl/utils.py:90"),
 )  # fmt: skip
 
 

@@ -52,6 +52,10 @@ class Geometry:
     """Width of the GDN causal depthwise conv1d over the [q, k, v] channels."""
     attention_output_gate: bool = False
     """q_proj holds a sigmoid output gate per head, `[heads * 2 * head_dim, hidden]` (Qwen3-Next, Qwen3.5)."""
+    vision_heads: int = 0
+    """Vision tower attention heads (a vision-language config's vision_config.num_heads; 0 without one)."""
+    vision_head_dim: int = 0
+    """Vision tower channels per head (vision_config.hidden_size / num_heads)."""
     te_spec: bool = False
     """Megatron side, not HF: the model was built from the Transformer Engine layer specs (transformer_impl
     "transformer_engine"), where MLA's q / kv down projections are TELinear duplicated on every TP rank
@@ -77,6 +81,9 @@ class Geometry:
         vocab = _integer(sources, "vocab_size")
         layer_list = _sequence(sources, "layers_block_type")
         pattern = layer_list or _sequence(sources, "hybrid_override_pattern")
+        vision = config.get("vision_config")
+        vision = (vision,) if isinstance(vision, Mapping) else ()
+        vision_heads = _integer(vision, "num_heads")
         return cls(
             hidden=hidden,
             num_heads=heads,
@@ -105,6 +112,8 @@ class Geometry:
             linear_value_dim=_integer(sources, "linear_value_head_dim"),
             linear_conv_kernel=_integer(sources, "linear_conv_kernel_dim"),
             attention_output_gate=_output_gate(sources),
+            vision_heads=vision_heads,
+            vision_head_dim=_integer(vision, "hidden_size") // vision_heads if vision_heads else 0,
         )
 
 

@@ -11,10 +11,12 @@ from convcheck.mappings.mla import HeadRows
 from convcheck.mappings.qkv import FusedQKV
 from convcheck.mappings.registry import MappingRegistry, MappingRule, registry_from_rules
 from convcheck.mappings.simple import Gated, Replicated, Split
+from convcheck.mappings.vision import ConcatenatedQKV
 
 __all__ = [
     "Blocks",
     "CoverageError",
+    "ConcatenatedQKV",
     "FusedQKV",
     "GDNInProj",
     "GDNWidths",

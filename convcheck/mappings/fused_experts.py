@@ -100,3 +100,20 @@ class FusedSlice(ExpertSlice):
             yield f"{self.fused}[{self.expert}]", torch.cat([parts[self.inner.gate], parts[self.inner.up]], dim=0)
         else:
             yield f"{self.fused}[{self.expert}]", parts[self.inner.hf]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TransposedFusedSlice(FusedSlice):
+    """FusedSlice of a fused tensor stored transposed, as published Qwen3-VL-MoE checkpoints hold their experts:
+    `gate_up_proj` `[E, hidden, 2F]` (slice e transposed is [gate rows; up rows]) and `down_proj` `[E, F, hidden]`
+    (slice e transposed is expert e's down_proj); the bridge's FusedGatedExpertMapping / FusedExpertMapping with
+    transpose_on_export (megatron-bridge 0.6.2 qwen_vl/qwen3_vl_bridge.py:357)."""
+
+    def _slice(self, hf: Mapping[str, Any]) -> Any:
+        """`fused[expert].T`, `[2F, hidden]` or `[hidden, F]`."""
+        return FusedSlice._slice(self, hf).transpose(0, 1)
+
+    def from_shards(self, shards: Shards, layout: ParallelLayout) -> Iterator[tuple[str, Any]]:
+        """Slice `fused[expert]` rebuilt in the stored (transposed) orientation."""
+        for name, tensor in FusedSlice.from_shards(self, shards, layout):
+            yield name, tensor.transpose(0, 1).contiguous()

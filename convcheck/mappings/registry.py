@@ -110,7 +110,7 @@ def _build(
             continue
         _, match, make = hits[0]
         mappings[name] = make(match, geometry)
-        if tied and name == "output_layer.weight":
+        if tied and (name == "output_layer.weight" or name.endswith(".output_layer.weight")):
             copies.add(name)
     produced = Counter(
         hf for name, m in mappings.items() if name not in copies and not hasattr(m, "fused_part") for hf in m.hf_names

@@ -19,6 +19,7 @@ from convcheck.models import (
     nemotron_h,
     olmoe,
     qwen3_moe,
+    qwen3_vl,
     qwen_next,
 )
 from convcheck.models.architecture import Architecture, unique_index
@@ -48,6 +49,8 @@ SUPPORTED: tuple[Architecture, ...] = (
     olmoe.OLMOE,
     gemma3.GEMMA3,
     minimax_m2.MINIMAX_M2,
+    qwen3_vl.QWEN3_VL,
+    qwen3_vl.QWEN3_VL_MOE,
 )
 """Every supported architecture; config tables and `tiny:` fixtures are listed in this order."""
 

@@ -65,6 +65,9 @@ class FixtureSpec:
     """Draw each 2-D tensor block by block ([n, n] blocks, n = block_amax; 0: off): each block holds a permutation of
     the pool values at or below its own cap (a pool value in [0.5, 1), times 2^-k, k in 0..3), so every block has its
     own amax and a block-scaled quantizer gives every block its own scale (convcheck.fixtures.values.capped_blocks)."""
+    experts_transposed: bool = False
+    """With packed_experts: store the fused experts as published Qwen3-VL-MoE checkpoints do, `gate_up_proj`
+    [E, H, 2F] and `down_proj` [E, F, H] (transformers 5 holds [E, 2F, H] / [E, H, F] and transposes on load)."""
     mtp_style: str = "layers"
     """How the checkpoint names its MTP layers: "layers" (DeepSeek-V3, GLM: `model.layers.{L + k}.*`, see
     mtp_layers) or "qwen" (Qwen3-Next, Qwen3.5: `mtp.fc`, `mtp.pre_fc_norm_embedding` / `_hidden`, `mtp.norm` and

@@ -44,8 +44,9 @@ def claims(ctx: RankContext) -> dict[str, Any]:
             "layers": chunks}  # fmt: skip
 
 
-DECODER_LAYER = re.compile(r"decoder\.layers\.(\d+)\.")
-"""A global decoder-layer parameter name and its layer number."""
+DECODER_LAYER = re.compile(r"(?:language_model\.)?decoder\.layers\.(\d+)\.")
+"""A global decoder-layer parameter name and its layer number (a vision-language model's language model's too; its
+vision tower's blocks are not pipeline layers)."""
 
 
 def placement(gathered: list[dict[str, Any]], layout: ParallelLayout, num_layers: int) -> list[Finding]:

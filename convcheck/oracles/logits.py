@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, Iterator
 
 import torch
@@ -143,13 +144,16 @@ def model_groups(model: Any) -> Any:
     return groups
 
 
-def megatron_logits(ctx: RankContext, tokens: Any, whole: bool = False) -> Any | None:
+def megatron_logits(
+    ctx: RankContext, tokens: Any, whole: bool = False, extra: dict[str, Any] | None = None
+) -> Any | None:
     """Collective fp32 forward of this rank's chunks; full-vocab logits [B, S, V] on last-stage ranks, else None.
 
     Pipeline order: chunk 0 on stages 0..P-1, then chunk 1 on stages 0..P-1, ... (a virtual pipeline's interleave);
     hidden states [S, B, H] pass stage to stage, from the last stage back to the first between chunks. The
     embedding is chunk 0 of stage 0's, the final norm and output layer the last chunk of the last stage's.
-    `whole`: upcast the whole chunk up front instead of block by block (the same bits, more memory)."""
+    `whole`: upcast the whole chunk up front instead of block by block (the same bits, more memory). `extra`: more
+    forward keywords (a vision-language model's pixel_values and image_grid_thw; one pipeline stage only)."""
     gpt = _unwrap(ctx.model[0])
     groups = model_groups(gpt)
     pp, tp = groups.pp, groups.tp
@@ -171,7 +175,8 @@ def megatron_logits(ctx: RankContext, tokens: Any, whole: bool = False) -> Any |
                     hidden = torch.empty(shape, dtype=torch.float32, device=device)
                     dist.recv(hidden, src=pp_ranks[stage - 1])  # stage 0's previous stage is pp_ranks[-1]
                     module.set_input_tensor(hidden)
-                out = module(input_ids=tokens, position_ids=positions, attention_mask=None)
+                more = {k: v.to(device) for k, v in (extra or {}).items()}
+                out = module(input_ids=tokens, position_ids=positions, attention_mask=None, **more)
                 if isinstance(out, tuple):  # (logits, loss_mask): the Gemma 3 VL wrapper, modeling_gemma3_vl.py:204
                     out = out[0]
                 if stage < stages - 1 or index < chunks - 1:
@@ -199,6 +204,66 @@ def hf_logits(path: Any, tokens: Any, device: str = "cpu") -> Any:
     model.to(device).eval()
     with fp32_forward([model]), torch.no_grad():
         return model(input_ids=tokens.to(device)).logits.float().cpu()
+
+
+def hf_image_logits(path: Any, inputs: dict[str, Any], device: str = "cpu") -> Any:
+    """fp32 logits [1, S, V] of the HF vision-language model on `inputs` (convcheck.oracles.image_input): loaded whole
+    by transformers in fp32 (bf16 -> fp32 is exact), `eager()` kernels, the image through its vision tower."""
+    auto = lm_auto_class(transformers.AutoConfig.from_pretrained(path))
+    model = auto.from_pretrained(path, dtype=torch.float32, **eager())
+    model.to(device).eval()
+    with torch.no_grad():
+        return model(**{k: v.to(device) for k, v in inputs.items()}).logits.float().cpu()
+
+
+IMAGE_KEYS = ("pixel_values", "image_grid_thw")
+"""The image inputs the Megatron forward takes beside the input ids (it finds the image tokens by image_token_id)."""
+
+
+def image_megatron(ctx: RankContext) -> tuple[dict[str, Any] | None, list[Any], str]:
+    """Collective: every rank's Megatron logits on one tiny image (vision tower, merger, deepstack mergers and language
+    model together) for a vision-language checkpoint with an image processor, gathered as (logits, error, site); the
+    inputs (None when there is no image pass) and why it did not run ("" when it did). Not run at PP > 1: the bridge
+    builds its vision tower and deepstack mergers on one stage only (qwen_vl/modelling_qwen3_vl/vision_model.py:130)."""
+    from convcheck.oracles.image_input import image_inputs
+
+    inputs = image_inputs(ctx.checkpoint.path, ctx.checkpoint.config)
+    if inputs is None:
+        return None, [], ""
+    if ctx.layout.pp > 1:
+        return None, [], "not run at PP > 1 (the bridge builds its vision tower on one stage only)"
+    error, where = None, None
+    with tracking(ctx.model, ctx.global_name) as site:
+        try:
+            logits = megatron_logits(ctx, inputs["input_ids"], whole=True,
+                                     extra={k: inputs[k] for k in IMAGE_KEYS})  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - a crashing forward is a finding
+            logits, error, where = None, f"{one_line(exc)} (at {raised_at(exc)})", site()
+    return inputs, ctx.gather((logits, error, where)), ""
+
+
+def image_compare(ctx: RankContext, inputs: dict[str, Any], gathered: list[Any]) -> tuple[list[Finding], dict, int]:
+    """Reporter: the image pass's findings (named `logits[image]`, `greedy-tokens[image]`, a failed forward's parameter
+    with `[image]`), its `image_*` metrics and the logits it checked."""
+    from convcheck.oracles.image_input import describe
+
+    findings = []
+    for rank, (_, error, where) in enumerate(gathered):
+        if error:
+            failed = forward_failed(rank, error, where)
+            findings.append(replace(failed, tensor=f"{failed.tensor}[image]"))
+    outputs = [t for t, _, _ in gathered if t is not None]
+    metrics: dict[str, Any] = {"image_input": describe(inputs)}
+    if not outputs:
+        return findings, metrics, 0
+    try:
+        hf = hf_image_logits(ctx.checkpoint.path, inputs, device=hf_device(ctx))
+    except Exception as exc:  # noqa: BLE001 - reported, the Megatron side already ran
+        return [*findings, Finding(tensor="<hf forward>[image]", kind="hf-failed", message=one_line(exc))], metrics, 0
+    more, measured = compare(outputs[0], hf)
+    findings += [replace(f, tensor=f"{f.tensor}[image]") for f in more]
+    metrics.update({f"image_{k}": measured[k] for k in ("max_abs_err", "max_rel_err", "greedy_match") if k in measured})
+    return findings, metrics, hf.numel()
 
 
 def hf_reference(path: Any, tokens: Any, device: str = "cpu") -> tuple[Any, str]:
@@ -296,6 +361,7 @@ def run(ctx: RankContext) -> OracleVerdict | None:
             cpu_limit = ctx.device == "cpu" and needs_cuda(exc)
             where = site()
     gathered = ctx.gather((logits, error, cpu_limit, where))
+    image, image_gathered, image_skipped = image_megatron(ctx)
     if not ctx.is_reporter:
         return None
     limited = [(r, e) for r, (_, e, cpu, _) in enumerate(gathered) if cpu]
@@ -336,4 +402,10 @@ def run(ctx: RankContext) -> OracleVerdict | None:
             worst = {**metrics, "worst_rank": r}
     worst["replicas"] = len(replicas)
     worst["hf_reference"] = how
-    return make_verdict(NAME, checked=hf.numel() * len(replicas), findings=findings, unit="logits", metrics=worst)
+    image_findings, image_metrics, image_checked = (
+        image_compare(ctx, image, image_gathered) if image is not None else ([], {}, 0)
+    )
+    if image_skipped:
+        image_metrics["image"] = image_skipped
+    return make_verdict(NAME, checked=hf.numel() * len(replicas) + image_checked, findings=findings + image_findings,
+                        unit="logits", metrics={**worst, **image_metrics})  # fmt: skip

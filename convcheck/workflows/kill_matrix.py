@@ -23,7 +23,13 @@ KILLED, SURVIVED, ERRORED, SKIPPED = "killed", "survived", "errored", "skipped"
 """A mutant row's status: an oracle caught it; it ran and none did; its launch ended in an error (exit 2 in the
 CLI: never a kill); this host could not run its launch at the asked device."""
 
-FORWARD_TENSORS = frozenset({"logits", "greedy-tokens", "<megatron forward>", "<hf forward>"})
+FORWARD_TENSORS = frozenset(
+    {
+        name + image
+        for name in ("logits", "greedy-tokens", "<megatron forward>", "<hf forward>")
+        for image in ("", "[image]")
+    }
+)
 """Finding names of the logits oracle: a target `logits` claims them (they name no tensor), as it claims every
 `forward-failed` finding (named by the parameter of the module the forward raised in)."""
 

@@ -55,6 +55,9 @@ FIXED = {  # families checked at a fixed list of layouts (convcheck.gate.case LA
     "glm4.5": [(*layout, *TE) for layout in [("--tp", "2"), ("--pp", "2"), *MOE_LAYOUTS]],
     "glm4.5-air": [("--tp", "2", "--ep", "2", *TE)],
     "kimi-k2": [("--tp", "2", "--ep", "2")],  # DeepSeek-V3's structure: its other layouts are tiny:deepseek-v3's
+    # TE-only (the bridge's TE specs, convcheck.gate.case TE_CASES); TP1 / PP2 recorded in docs/families.md
+    "qwen3-vl": [("--tp", "2", "--spec", "te", "--experts", "auto")],
+    "qwen3-vl-moe": [("--ep", "2", "--spec", "te", "--experts", "auto")],
     **VPP,
 }
 DENSE = [

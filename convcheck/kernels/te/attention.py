@@ -10,7 +10,9 @@ MLA's separate `k_channels` / `v_channels`, a post-scale attention bias, and `so
 an extra logit per head (0, or the `softmax_offset` parameter [heads / tp], fp32 as TE allocates it) joins the
 softmax and is dropped after it (attention sinks). Scores are q k^T x scale in the inputs' dtype, the softmax in
 fp32, the probabilities back in the inputs' dtype before they weight v; dropout only while training. Context
-parallelism, packed sequences, qk-clip and softcapping are not stood in for (they raise).
+parallelism, qk-clip and softcapping are not stood in for (they raise). Packed sequences (`qkv_format` "thd",
+query / key / value `[t, heads, dim]`, as the Qwen3-VL vision tower passes its images) run the same math on each
+sequence `[cu_seqlens[i], cu_seqlens[i + 1])` alone and return `[t, heads x v_channels]`.
 """
 
 from __future__ import annotations
@@ -94,11 +96,27 @@ class TEDotProductAttention(torch.nn.Module):
             return {}
         return tp_sharded(self, {"softmax_offset": 0}, prefix, sharded_offsets, metadata)
 
+    def _packed(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask_type: Any,
+                packed: Any) -> torch.Tensor:  # fmt: skip
+        """THD: query `[t, heads, dk]`, key / value `[t, groups, d]`; each sequence of `cu_seqlens_q` /
+        `cu_seqlens_kv` attends within itself (as sbhd with batch 1) -> `[t, heads x dv]`."""
+        if getattr(packed, "qkv_format", "thd") != "thd" or query.dim() != 3:
+            raise NotImplementedError("convcheck's Transformer Engine stand-in supports packed sequences in thd only")
+        bounds_q = [int(x) for x in packed.cu_seqlens_q]
+        bounds_kv = [int(x) for x in packed.cu_seqlens_kv]
+        parts = []
+        for i in range(len(bounds_q) - 1):
+            q = query[bounds_q[i] : bounds_q[i + 1]].unsqueeze(1)
+            k = key[bounds_kv[i] : bounds_kv[i + 1]].unsqueeze(1)
+            v = value[bounds_kv[i] : bounds_kv[i + 1]].unsqueeze(1)
+            parts.append(self.forward(q, k, v, None, attn_mask_type).squeeze(1))
+        return torch.cat(parts, dim=0)
+
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
                 attn_mask_type: Any, attention_bias: torch.Tensor | None = None, packed_seq_params: Any = None,
                 num_splits: int | None = None) -> torch.Tensor:  # fmt: skip
         if packed_seq_params is not None:
-            raise NotImplementedError("convcheck's Transformer Engine stand-in does not support packed sequences")
+            return self._packed(query, key, value, attn_mask_type, packed_seq_params)
         mask_type = attn_mask_type.name if attn_mask_type is not None else self.attn_mask_type
         sq, batch, heads, _ = query.shape
         sk, groups = key.shape[0], key.shape[2]

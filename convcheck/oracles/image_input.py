@@ -1,0 +1,77 @@
+"""One tiny fixed image as a vision-language checkpoint's processor makes it, for the logits oracle's image pass.
+
+The image is 16x16 RGB with seeded random pixels, made into `pixel_values` `[patches, C * T * P * P]` and
+`image_grid_thw` `[1, 3]` with the settings of the checkpoint's preprocessor_config.json (patch, merge and temporal
+sizes, mean and std) by `patchify`, the arithmetic of transformers' Qwen2VLImageProcessor (image_processing_qwen2_vl.py
+_preprocess: rescale, normalize, the frame repeated to the temporal patch, the patch reshape in merge order). Its own
+classes need PIL or torchvision, which convcheck's environment does not install; a 16x16 image needs no resize.
+The input ids `[1, SEQ]` are fixed random text ids with `<vision_start>`, one
+`<image_pad>` per merged patch and `<vision_end>` inside, as a processor's chat template places them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SEED = 4321
+"""Seed of the pixels and the surrounding text ids (torch.Generator, CPU)."""
+SIDE = 16
+"""Image height and width in pixels."""
+SEQ = 16
+"""Input length; the image's tokens sit after the first two text tokens."""
+PROCESSOR = "preprocessor_config.json"
+
+
+def image_inputs(path: str | Path, config: dict[str, Any]) -> dict[str, Any] | None:
+    """`input_ids` [1, SEQ], `pixel_values`, `image_grid_thw` and `mm_token_type_ids` [1, SEQ] (1 at image tokens)
+    for `config` (a config.json dict); None when the checkpoint is not a vision-language one with an image processor."""
+    ids = {key: config.get(key) for key in ("image_token_id", "vision_start_token_id", "vision_end_token_id")}
+    if "vision_config" not in config or None in ids.values() or not (Path(path) / PROCESSOR).is_file():
+        return None
+    gen = torch.Generator().manual_seed(SEED)
+    pixels = torch.randint(0, 256, (SIDE, SIDE, 3), generator=gen, dtype=torch.uint8)
+    settings = json.loads((Path(path) / PROCESSOR).read_text())
+    values, grid = patchify(pixels, settings)
+    merge = int(config["vision_config"].get("spatial_merge_size", 1))
+    tokens = int(grid.prod()) // (merge * merge)
+    vocab = int(config["text_config"]["vocab_size"] if "text_config" in config else config["vocab_size"])
+    special = set(ids.values()) | {config.get("video_token_id")}
+    text = [int(t) for t in torch.randint(0, vocab, (4 * SEQ,), generator=gen) if int(t) not in special]
+    if tokens + 4 > SEQ:
+        return None
+    body = [ids["vision_start_token_id"], *[ids["image_token_id"]] * tokens, ids["vision_end_token_id"]]
+    row = text[:2] + body + text[2 : SEQ - len(body)]
+    input_ids = torch.tensor([row], dtype=torch.long)
+    return {
+        "input_ids": input_ids,
+        "pixel_values": values,
+        "image_grid_thw": grid,
+        "mm_token_type_ids": (input_ids == ids["image_token_id"]).to(torch.int32),
+    }
+
+
+def patchify(pixels: Any, settings: dict[str, Any]) -> tuple[Any, Any]:
+    """An image `[H, W, 3]` uint8 (H, W multiples of patch * merge) -> fp32 `pixel_values`
+    `[T' * H' * W', 3 * T * P * P]` and `image_grid_thw` `[[T', H', W']]` (T' = 1 for one frame; H' = H / P), rows in
+    the vision tower's order: each merge x merge window's patches together."""
+    p, m, t = int(settings["patch_size"]), int(settings["merge_size"]), int(settings["temporal_patch_size"])
+    mean = torch.tensor(settings["image_mean"], dtype=torch.float32).view(3, 1, 1)
+    std = torch.tensor(settings["image_std"], dtype=torch.float32).view(3, 1, 1)
+    image = (pixels.permute(2, 0, 1).to(torch.float32) * (1 / 255) - mean) / std  # [3, H, W]
+    frames = image.unsqueeze(0).repeat(t, 1, 1, 1)  # [T, 3, H, W]: one image fills the temporal patch
+    gh, gw = image.shape[1] // p, image.shape[2] // p
+    patches = frames.reshape(1, t, 3, gh // m, m, p, gw // m, m, p).permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    return patches.reshape(gh * gw, 3 * t * p * p).contiguous(), torch.tensor([[1, gh, gw]], dtype=torch.long)
+
+
+def describe(inputs: dict[str, Any]) -> str:
+    """`1x16 ids, 16 patches (grid 1x4x4), 4 image tokens`."""
+    grid = [int(x) for x in inputs["image_grid_thw"][0]]
+    ids = inputs["input_ids"]
+    tokens = int(inputs["mm_token_type_ids"].sum())
+    return (f"{ids.shape[0]}x{ids.shape[1]} ids, {inputs['pixel_values'].shape[0]} patches "
+            f"(grid {'x'.join(map(str, grid))}), {tokens} image tokens")  # fmt: skip
