@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 class ConvcheckError(Exception):
     """Base of every error convcheck raises on purpose."""
@@ -73,3 +75,26 @@ def needs_cuda(exc: BaseException) -> bool:
     """True when `exc` is torch saying there is no CUDA device: on a CPU run, upstream code convcheck has no CPU shim
     for (a limit of convcheck's CPU runs, never a bridge bug)."""
     return any(text in str(exc) for text in _NO_CUDA)
+
+
+@dataclass
+class LoneFailure(Exception):
+    """The bridge raised on `rank` in `stage` while `waiting` ranks stayed in its collectives."""
+
+    stage: str
+    """What raised: "import" (bridge.load_hf_weights) or "export" (bridge.export_hf_weights)."""
+    rank: int
+    error: str
+    """The bridge's exception, one line with where it was raised."""
+    waiting: tuple[int, ...]
+    grace_s: float
+    oracle: str = ""
+    """The oracle whose run it stopped ("" for the import, which runs before every oracle)."""
+
+    def __str__(self) -> str:
+        call = {"import": "bridge.load_hf_weights", "export": "bridge.export_hf_weights"}.get(self.stage, self.stage)
+        ranks = ", ".join(map(str, self.waiting))
+        return (
+            f"{call} raised on rank {self.rank} only: {self.error}; rank{'s' if len(self.waiting) > 1 else ''} "
+            f"{ranks} still waited in its collectives {self.grace_s:g} s later, and the run stopped there"
+        )

@@ -16,11 +16,11 @@ from typing import Any
 
 import torch.distributed as dist
 
-from convcheck.engine import worker
+from convcheck.engine import rank_run
 from convcheck.engine.job import Job
 from convcheck.engine.place import check_here, torchrun_place
-from convcheck.rank.bringup import quiet
 from convcheck.rank.dist import shutdown_distributed
+from convcheck.rank.quiet import quiet
 
 
 def run_here(job: Job, log_dir: str | None = None) -> dict[str, Any]:
@@ -37,7 +37,7 @@ def run_here(job: Job, log_dir: str | None = None) -> dict[str, Any]:
     job = replace(job, workdir=str(workdir))
     done = False
     try:
-        shared = _share(worker.run_job(job), rank)
+        shared = _share(rank_run.run_job(job), rank)
         done = True
         return shared
     finally:  # after a failure no barrier: torchrun stops the other ranks when this one exits

@@ -15,6 +15,7 @@ side of the protocol is `convcheck.engine.warm_client`.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import select
@@ -25,31 +26,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import transformers
-
 from convcheck.atomic import write_json_atomic
 from convcheck.cache import loaded_sources
 from convcheck.engine.launch import die_with_parent
 from convcheck.engine.warm_client import IMPORT_ENV, PIDS_FILE, import_env, source_key
 from convcheck.engine.worker import main, reap_children
-from convcheck.models import BY_HF_CLASS
-from convcheck.oracles import ORACLES, load_oracle
-from convcheck.rank.bringup import quiet
+from convcheck.rank.quiet import quiet
 
 STOP_GRACE_S = 5.0
 """How long the other ranks get after one failed (SIGTERM) before SIGKILL, as torchrun."""
-
-
-def preload() -> None:
-    """Import what every rank imports (CPU shims first, as a CPU rank installs them), and nothing that runs torch."""
-    from convcheck import compat  # lazy: imports torch, which must load after serve() sets OMP_NUM_THREADS
-
-    compat.install("cpu")
-
-    for name in ORACLES:
-        load_oracle(name)
-    for hf_class in BY_HF_CLASS:  # transformers imports a family's modeling module on first use (~6 s for NemotronH)
-        getattr(transformers, hf_class, None)
 
 
 def serve(path: str) -> int:
@@ -59,7 +44,7 @@ def serve(path: str) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # what a CPU rank gets (launch.rank_env), set before torch loads
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     key, env = source_key(), import_env(os.environ)
-    preload()
+    importlib.import_module("convcheck.engine.warm_preload").preload()  # torch loads now, after the lines above
     loaded = snapshot_sources()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     Path(path).unlink(missing_ok=True)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import logging
 import os
-import warnings
 from typing import Any, Callable
 
 import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
@@ -20,13 +18,6 @@ from convcheck.rank.dist import init_distributed, rank_coord
 from convcheck.rank.lone import GRACE_S
 from convcheck.rank.model import build_model, load_bridge, load_weights, make_provider, unloaded_counts
 from convcheck.rank.spec import RankSpec
-
-
-def quiet() -> None:
-    """Keep upstream warnings and info logs out of the way (they still reach the rank log)."""
-    warnings.filterwarnings("ignore")
-    logging.basicConfig(level=logging.ERROR)
-    logging.getLogger().setLevel(logging.ERROR)
 
 
 def _build(bridge: AutoBridge, spec: RankSpec) -> tuple[Any, list[Any]]:

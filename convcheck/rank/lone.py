@@ -14,32 +14,11 @@ from typing import Any
 
 import torch.distributed as dist
 
+from convcheck.errors import LoneFailure
+
 GRACE_S = 20.0
 """How long a rank whose bridge stage raised waits for every peer to end that stage too (they do within a moment when
 the stage raised everywhere alike; a peer left in the stage's collective never does)."""
-
-
-@dataclass
-class LoneFailure(Exception):
-    """The bridge raised on `rank` in `stage` while `waiting` ranks stayed in its collectives."""
-
-    stage: str
-    """What raised: "import" (bridge.load_hf_weights) or "export" (bridge.export_hf_weights)."""
-    rank: int
-    error: str
-    """The bridge's exception, one line with where it was raised."""
-    waiting: tuple[int, ...]
-    grace_s: float
-    oracle: str = ""
-    """The oracle whose run it stopped ("" for the import, which runs before every oracle)."""
-
-    def __str__(self) -> str:
-        call = {"import": "bridge.load_hf_weights", "export": "bridge.export_hf_weights"}.get(self.stage, self.stage)
-        ranks = ", ".join(map(str, self.waiting))
-        return (
-            f"{call} raised on rank {self.rank} only: {self.error}; rank{'s' if len(self.waiting) > 1 else ''} "
-            f"{ranks} still waited in its collectives {self.grace_s:g} s later, and the run stopped there"
-        )
 
 
 @dataclass
