@@ -10,8 +10,7 @@ import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.br
 
 import torch.distributed as dist
 from megatron.bridge import AutoBridge
-from megatron.bridge.models.conversion.model_bridge import _megatron_local_name_to_global
-from megatron.bridge.models.conversion.model_bridge import _megatron_local_name_to_global as namer
+from megatron.bridge.models.conversion import model_bridge
 from megatron.bridge.models.model_provider import ModelProviderMixin
 from megatron.core.transformer.module import MegatronModule
 
@@ -249,6 +248,7 @@ class RankContext:
         walked once per run while the chunks stay the same objects (coverage, the shard tap and the mapping oracle
         all ask)."""
         held = self.memo.local_tensors
+        namer = model_bridge._megatron_local_name_to_global  # looked up now: a planted bug or a trainer may patch it
         if held is None or not same_objects(held[0], self.model) or held[1] is not namer:
             found = [(vp, local, self.global_name(local, vp), t) for vp, local, t in named_tensors(self.model)]
             held = self.memo.local_tensors = (tuple(self.model), namer, found)
@@ -257,19 +257,19 @@ class RankContext:
     def mapping_registry(self) -> Any:
         """The registry the bridge converts with: AutoBridge makes a new model bridge per access, and bridges that
         choose mappings by the checkpoint's keys (Qwen3.5's packed experts) read its `hf_pretrained`."""
-        model_bridge = self.bridge._model_bridge
-        model_bridge.hf_pretrained = self.bridge.hf_pretrained
-        return model_bridge.mapping_registry()
+        family = self.bridge._model_bridge
+        family.hf_pretrained = self.bridge.hf_pretrained
+        return family.mapping_registry()
 
     def global_name(self, local_name: str, vp_stage: int) -> str:
         """Megatron's global parameter name (layer and expert numbers made global), computed once per name while
         the model chunks stay the same objects (coverage, the shard tap and the registry all ask)."""
-        namer = _megatron_local_name_to_global
+        namer = model_bridge._megatron_local_name_to_global  # looked up now: a planted bug or a trainer may patch it
         if not same_objects(self._global_names[0], self.model) or self._global_names[1] is not namer:
             self._global_names = (tuple(self.model), namer, chunk_names(self.model, self.coord, namer))
         names = self._global_names[2]
         found = names.get((local_name, vp_stage))
         if found is None:
-            found = _megatron_local_name_to_global(self.model, self.model[0].config, local_name, vp_stage)
+            found = namer(self.model, self.model[0].config, local_name, vp_stage)
             names[(local_name, vp_stage)] = found
         return found
