@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import json
@@ -64,13 +65,33 @@ def problems_elsewhere(kind: str, specs: list[str]) -> dict[str, str]:
     """Each spec that does not load as a KIND ("hook", "rank function", "sender", "receiver") -> its one-line
     problem, found by importing the specs in a child process (convcheck.engine.check_child): the launcher side
     never imports what they import. SetupError when the child gives no answer."""
-    if not specs:
-        return {}
-    command = [sys.executable, "-m", "convcheck.engine.check_child", kind, *specs]
+    own = [spec for spec in specs if kind == "hook" and spec.startswith("convcheck.")]
+    found = {spec: text for spec in own if (text := _own_hook_problem(spec)) is not None}
+    others = [spec for spec in specs if spec not in own]
+    if not others:
+        return found
+    command = [sys.executable, "-m", "convcheck.engine.check_child", kind, *others]
     proc = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
     lines = proc.stdout.strip().splitlines()
     try:
-        return dict(json.loads(lines[-1]))
+        return {**found, **json.loads(lines[-1])}
     except (IndexError, ValueError, TypeError):
         tail = (proc.stderr.strip().splitlines() or ["no answer"])[-1]
         raise SetupError(f"checking the {kind} specs failed (exit {proc.returncode}): {tail}") from None
+
+
+def _own_hook_problem(spec: str) -> str | None:
+    """A hook in convcheck's own package (a planted bug), checked by reading its module's source: the module exists
+    and defines the function at its top (importing it would import the whole stack)."""
+    parsed = parse_hook(spec)
+    try:
+        found = importlib.util.find_spec(parsed.target)
+    except ImportError:
+        found = None
+    if found is None or not found.origin or not found.origin.endswith(".py"):
+        return f"hook {spec!r}: cannot import {parsed.target} (no such module)"
+    tree = ast.parse(Path(found.origin).read_text())
+    defined = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    if parsed.function not in defined:
+        return f"hook {spec!r}: {parsed.target} has no function {parsed.function!r}"
+    return None
