@@ -65,8 +65,8 @@ def problems_elsewhere(kind: str, specs: list[str]) -> dict[str, str]:
     """Each spec that does not load as a KIND ("hook", "rank function", "sender", "receiver") -> its one-line
     problem, found by importing the specs in a child process (convcheck.engine.check_child): the launcher side
     never imports what they import. SetupError when the child gives no answer."""
-    own = [spec for spec in specs if kind == "hook" and spec.startswith("convcheck.")]
-    found = {spec: text for spec in own if (text := _own_hook_problem(spec)) is not None}
+    own = [spec for spec in specs if spec.startswith("convcheck.")]
+    found = {spec: text for spec in own if (text := _own_problem(spec, kind)) is not None}
     others = [spec for spec in specs if spec not in own]
     if not others:
         return found
@@ -80,18 +80,26 @@ def problems_elsewhere(kind: str, specs: list[str]) -> dict[str, str]:
         raise SetupError(f"checking the {kind} specs failed (exit {proc.returncode}): {tail}") from None
 
 
-def _own_hook_problem(spec: str) -> str | None:
-    """A hook in convcheck's own package (a planted bug), checked by reading its module's source: the module exists
-    and defines the function at its top (importing it would import the whole stack)."""
-    parsed = parse_hook(spec)
+def _own_problem(spec: str, kind: str) -> str | None:
+    """A spec in convcheck's own package (a planted bug, a built-in sender or receiver), checked by reading its
+    module's source: the module exists and binds the name at its top (importing it would import the whole stack;
+    the ranks import it and check the rest)."""
+    parsed = parse_hook(spec, what=kind)
     try:
         found = importlib.util.find_spec(parsed.target)
     except ImportError:
         found = None
     if found is None or not found.origin or not found.origin.endswith(".py"):
-        return f"hook {spec!r}: cannot import {parsed.target} (no such module)"
-    tree = ast.parse(Path(found.origin).read_text())
-    defined = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    if parsed.function not in defined:
-        return f"hook {spec!r}: {parsed.target} has no function {parsed.function!r}"
+        return f"{kind} {spec!r}: cannot import {parsed.target} (no such module)"
+    bound: set[str] = set()
+    for node in ast.parse(Path(found.origin).read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            bound |= {t.id for target in targets for t in ast.walk(target) if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    if parsed.function not in bound:
+        return f"{kind} {spec!r}: {parsed.target} has no attribute {parsed.function!r}"
     return None

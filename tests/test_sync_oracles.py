@@ -42,14 +42,14 @@ def test_the_sync_oracles_are_opt_in() -> None:
     assert all(not ORACLES[name].default for name in SYNC_ORACLES)
 
 
-def test_bad_sync_input_is_one_line_and_exit_2() -> None:
-    res = run_cli(
-        "verify", "--model", "tiny:qwen3", "--oracle", "receiver", "--receiver", "convcheck.mutants.sync:NoLoadWeights"
-    )
+def test_bad_sync_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """A user's receiver is imported and checked in a child process before any rank starts."""
+    user = tmp_path / "receivers.py"
+    user.write_text("import torch\n\n\nclass NoLoadWeights(torch.nn.Module):\n    pass\n")
+    spec = f"{user}:NoLoadWeights"
+    res = run_cli("verify", "--model", "tiny:qwen3", "--oracle", "receiver", "--receiver", spec)
     assert res.code == 2 and "Traceback" not in res.err
-    assert res.err.strip().splitlines() == [
-        "convcheck: error: receiver 'convcheck.mutants.sync:NoLoadWeights' has no load_weights(weights) method"
-    ]
+    assert res.err.strip().splitlines() == [f"convcheck: error: receiver {spec!r} has no load_weights(weights) method"]
     res = run_cli("verify", "--model", "tiny:qwen3", "--sender", "no/such/file.py:send")
     assert res.code == 2 and res.err.count("\n") == 1 and "sender file not found: no/such/file.py" in res.err
 
