@@ -16,6 +16,7 @@ tests/test_catalog_kills.py on the same fixture and layout.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,10 +25,10 @@ from convcheck.fixtures.reference import load_layout
 from convcheck.hf.geometry import Geometry
 from convcheck.layout import ParallelLayout
 from convcheck.mappings import ConcatenatedQKV, RankCoord
-from convcheck.mappings.fused_experts import TransposedFusedSlice
+from convcheck.mappings.fused_experts import TransposedFusedSlice, stored_as_linear
 from convcheck.models.qwen3_vl import TINY_QWEN3_VL, TINY_QWEN3_VL_MOE
 from convcheck.models.qwen3_vl_config import QWEN3_VL_MOE_TABLE, QWEN3_VL_TABLE, Nested
-from convcheck.models.qwen3_vl_mappings import expert_fc1, qwen3_vl_moe_rules, qwen3_vl_rules
+from convcheck.models.qwen3_vl_mappings import expert_fc1, expert_fc2, qwen3_vl_moe_rules, qwen3_vl_rules
 from tests.support.helpers import CliResult, matrix_run
 from tests.test_verify_matrix import assert_matches_golden
 
@@ -250,3 +251,46 @@ def test_from_config_shrinks_the_whole_vision_language_model(stem: str, tied: bo
         assert text["num_experts"] * text["hidden_size"] * 2 * text["moe_intermediate_size"] <= 5120
     notes = "\n".join(shrunk.notes)
     assert "vision_config.deepstack_visual_indexes" in notes and "mrope_section [24, 20, 20] -> [2, 1, 1]" in notes
+
+
+def test_fused_experts_are_read_in_the_orientation_transformers_stores_them(tmp_path: Path) -> None:
+    """transformers 5's save_pretrained writes Qwen3-VL-MoE's fused experts in nn.Linear's orientation (`gate_up_proj`
+    [E, 2F, hidden], `down_proj` [E, hidden, F]) and reads them back as stored, square ones included; the mapping
+    takes the checkpoint's orientation from its shapes (published checkpoints: transposed, the tiny fixture)."""
+    import re
+
+    import torch
+    import transformers
+    from safetensors.torch import load_file
+
+    text = {"hidden_size": 8, "moe_intermediate_size": 4, "intermediate_size": 16, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4, "num_experts": 2,
+            "num_experts_per_tok": 1, "vocab_size": 32, "rope_scaling": {"mrope_section": [1, 1, 0]}}  # fmt: skip
+    vision = {"depth": 1, "hidden_size": 8, "intermediate_size": 8, "num_heads": 2, "out_hidden_size": 8,
+              "deepstack_visual_indexes": [], "patch_size": 2, "temporal_patch_size": 1}  # fmt: skip
+    config = transformers.Qwen3VLMoeConfig(text_config=text, vision_config=vision)
+    torch.manual_seed(0)
+    model = transformers.Qwen3VLMoeForConditionalGeneration(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p))
+    model.save_pretrained(tmp_path)
+    stored = {k: v for f in tmp_path.glob("*.safetensors") for k, v in load_file(str(f)).items()}
+    loaded = dict(transformers.Qwen3VLMoeForConditionalGeneration.from_pretrained(tmp_path).named_parameters())
+    up, down = (f"model.language_model.layers.0.mlp.experts.{p}" for p in ("gate_up_proj", "down_proj"))
+    assert stored[up].shape == (2, 8, 8) and stored[down].shape == (2, 8, 4)  # [E, 2F, hidden] (square), [E, hidden, F]
+    assert torch.equal(loaded[up], stored[up]) and torch.equal(loaded[down], stored[down])  # read as stored
+    geometry = Geometry.from_hf_config(json.loads((tmp_path / "config.json").read_text()))
+    shapes = {name: tuple(t.shape) for name, t in stored.items()}
+    assert stored_as_linear(shapes, geometry.hidden, geometry.moe_ffn)
+    assert not stored_as_linear({up: (2, 8, 16)}, 8, 8)  # published: [E, hidden, 2F]
+    linear = replace(geometry, fused_experts_as_linear=True)
+    name = "language_model.decoder.layers.0.mlp.experts.linear_fc{}.weight1"
+    rules = {r.build: r.pattern for r in qwen3_vl_moe_rules(False)}
+    fc1 = expert_fc1(re.fullmatch(rules[expert_fc1], name.format(1)), linear)  # type: ignore[arg-type]
+    fc2 = expert_fc2(re.fullmatch(rules[expert_fc2], name.format(2)), linear)  # type: ignore[arg-type]
+    tp1 = ParallelLayout()
+    assert torch.equal(fc1.to_shard({up: stored[up]}, tp1, RankCoord()), stored[up][1])
+    assert torch.equal(fc2.to_shard({down: stored[down]}, tp1, RankCoord()), stored[down][1])
+    published = expert_fc1(re.fullmatch(rules[expert_fc1], name.format(1)), geometry)  # type: ignore[arg-type]
+    assert isinstance(published, TransposedFusedSlice)

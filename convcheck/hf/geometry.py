@@ -56,6 +56,10 @@ class Geometry:
     """Vision tower attention heads (a vision-language config's vision_config.num_heads; 0 without one)."""
     vision_head_dim: int = 0
     """Vision tower channels per head (vision_config.hidden_size / num_heads)."""
+    fused_experts_as_linear: bool = False
+    """Checkpoint side, not config: its fused expert tensors are stored in nn.Linear's orientation (`gate_up_proj`
+    `[E, 2F, hidden]`, as transformers 5's save_pretrained writes Qwen3-VL-MoE's), not transposed as published
+    Qwen3-VL-MoE checkpoints store them (convcheck.mappings.fused_experts.stored_as_linear)."""
     te_spec: bool = False
     """Megatron side, not HF: the model was built from the Transformer Engine layer specs (transformer_impl
     "transformer_engine"), where MLA's q / kv down projections are TELinear duplicated on every TP rank

@@ -117,3 +117,15 @@ class TransposedFusedSlice(FusedSlice):
         """Slice `fused[expert]` rebuilt in the stored (transposed) orientation."""
         for name, tensor in FusedSlice.from_shards(self, shards, layout):
             yield name, tensor.transpose(0, 1).contiguous()
+
+
+def stored_as_linear(shapes: Mapping[str, tuple[int, ...]], hidden: int, moe_ffn: int) -> bool:
+    """Whether a checkpoint's fused `...mlp.experts.gate_up_proj` tensors (`shapes`: HF name -> shape) hold each
+    expert as `[2F, hidden]` (nn.Linear's orientation, square ones included) rather than transposed `[hidden, 2F]`.
+    transformers decides the same way on load: its Qwen3-VL-MoE conversion `Transpose(1, 2, check_dims=True)`
+    transposes a stored tensor only when its shape differs from the parameter's (transformers 5.12.1
+    conversion_mapping.py:838, core_model_loading.py:290); its save_pretrained writes the parameter's orientation."""
+    for name, shape in shapes.items():
+        if name.endswith(".mlp.experts.gate_up_proj") and len(shape) == 3:
+            return tuple(shape[1:]) == (2 * moe_ffn, hidden)
+    return False

@@ -25,7 +25,7 @@ from typing import Any
 
 from convcheck.hf.geometry import Geometry
 from convcheck.mappings import ConcatenatedQKV, Gated, Replicated, Split
-from convcheck.mappings.fused_experts import TransposedFusedSlice
+from convcheck.mappings.fused_experts import FusedSlice, TransposedFusedSlice
 from convcheck.mappings.registry import MappingRule
 from convcheck.models.dense_mappings import (
     ATTENTION,
@@ -141,20 +141,30 @@ def _fused(match: re.Match[str], projection: str) -> str:
     return f"{HF_LM}layers.{match['layer']}.mlp.experts.{projection}"
 
 
-def expert_fc1(match: re.Match[str], geometry: Geometry) -> TransposedFusedSlice:
-    """Expert e's linear_fc1 `[2F / etp, V]` ([gate; up] rows) <-> `experts.gate_up_proj[e]`, stored `[V, 2F]`."""
+def stored(inner: Gated | Split, name: str, geometry: Geometry) -> FusedSlice:
+    """Expert slices as the checkpoint holds them: transposed, as published Qwen3-VL-MoE checkpoints do, or in
+    nn.Linear's orientation where the checkpoint has them so (`Geometry.fused_experts_as_linear`: transformers 5's
+    save_pretrained writes them that way, and reads either by shape)."""
+    if geometry.fused_experts_as_linear:
+        return FusedSlice(inner=inner, fused=name)
+    return TransposedFusedSlice(inner=inner, fused=name)
+
+
+def expert_fc1(match: re.Match[str], geometry: Geometry) -> FusedSlice:
+    """Expert e's linear_fc1 `[2F / etp, V]` ([gate; up] rows) <-> `experts.gate_up_proj[e]`, stored `[V, 2F]` (or
+    `[2F, V]`: `stored`)."""
     name, e = _fused(match, "gate_up_proj"), expert_id(match)
     inner = Gated(megatron=match[0], axis="etp", expert=int(e), num_experts=geometry.num_experts,
                   gate=f"{name}[{e}].gate", up=f"{name}[{e}].up")  # fmt: skip
-    return TransposedFusedSlice(inner=inner, fused=name)
+    return stored(inner, name, geometry)
 
 
-def expert_fc2(match: re.Match[str], geometry: Geometry) -> TransposedFusedSlice:
-    """Expert e's linear_fc2 `[V, F / etp]` <-> `experts.down_proj[e]`, stored `[F, V]`."""
+def expert_fc2(match: re.Match[str], geometry: Geometry) -> FusedSlice:
+    """Expert e's linear_fc2 `[V, F / etp]` <-> `experts.down_proj[e]`, stored `[F, V]` (or `[V, F]`: `stored`)."""
     name, e = _fused(match, "down_proj"), expert_id(match)
     inner = Split(megatron=match[0], axis="etp", dim=1, expert=int(e), num_experts=geometry.num_experts,
                   hf=f"{name}[{e}]")  # fmt: skip
-    return TransposedFusedSlice(inner=inner, fused=name)
+    return stored(inner, name, geometry)
 
 
 EXPERT_RULES = (

@@ -23,6 +23,7 @@ from convcheck.errors import NotCovered
 from convcheck.hf.tensors import TensorReader
 from convcheck.mappings import Geometry, MappingError
 from convcheck.mappings.check import shard_matches
+from convcheck.mappings.fused_experts import stored_as_linear
 from convcheck.models.mapping_registry import build_registry
 from convcheck.rank.context import RankContext
 
@@ -216,7 +217,12 @@ def registry_for(ctx: RankContext, all_names: set[str]) -> Any:
         )
     geometry = Geometry.from_hf_config(config, padded_vocab=padded_vocab(ctx.provider, vocab, ctx.layout.tp))
     megatron = ctx.model[0].config
-    geometry = replace(geometry, te_spec=getattr(megatron, "transformer_impl", "local") == "transformer_engine")
+    shapes = {name: tuple(entry.shape) for name, entry in ctx.checkpoint.tensors.items()}
+    geometry = replace(
+        geometry,
+        te_spec=getattr(megatron, "transformer_impl", "local") == "transformer_engine",
+        fused_experts_as_linear=stored_as_linear(shapes, geometry.hidden, geometry.moe_ffn),
+    )
     tied = bool(getattr(megatron, "share_embeddings_and_output_weights", False))
     return build_registry(
         ctx.checkpoint.architecture, geometry, all_names, ctx.checkpoint.tensors, tied=tied, strict=False
