@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from convcheck.engine.launch import rank_env
 from convcheck.engine.warm_client import SOCKET_ENV, serving
 from convcheck.rollout.environment import default_python
 from convcheck.rollout.warm_link import serving_engine
@@ -58,7 +59,7 @@ def _warm_engine_server(_temp_dir: None) -> Iterator[None]:
     if os.environ.get("CONVCHECK_TEST_FRESH_ENGINE"):
         yield
         return
-    with serving_engine(default_python(), wait_s=180):
+    with serving_engine(default_python(), rank_env("cpu"), wait_s=180):
         yield
 
 

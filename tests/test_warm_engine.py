@@ -32,7 +32,7 @@ def test_the_server_admits_only_its_own_interpreter_and_import_environment() -> 
     )
     other = {**env, "OMP_NUM_THREADS": "4"}
     assert admission({**asked, "import_env": other}, env, PYTHON, 3) == (
-        "the client's import-time engine environment differs from the server's"
+        "the client's import-time engine environment differs from the server's: OMP_NUM_THREADS '4' (server '1')"
     )
     assert admission(asked, env, PYTHON, 2) == "the request did not pass the engine's stdin, stdout and log"
 

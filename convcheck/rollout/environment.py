@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 from convcheck.errors import BadInput
@@ -53,11 +54,12 @@ _NOT_PASSED = frozenset({"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "RANK", "WOR
 (vLLM would join the ranks' TCP store as a peer of their world)."""
 
 
-def engine_env() -> dict[str, str]:
+def engine_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The engine process's environment: the repository on PYTHONPATH (nothing else of convcheck's venv), vLLM in
     one process (the sync hands it an iterator), none of the ranks' torchrun variables, a small KV cache, no thread
     binding, one OpenMP thread unless set."""
-    env = {k: v for k, v in os.environ.items() if k not in _NOT_PASSED and not k.startswith("TORCHELASTIC_")}
+    base = os.environ if environ is None else environ
+    env = {k: v for k, v in base.items() if k not in _NOT_PASSED and not k.startswith("TORCHELASTIC_")}
     env.update(
         PYTHONPATH=str(repo_root()),
         VLLM_ENABLE_V1_MULTIPROCESSING="0",

@@ -110,8 +110,11 @@ def admission(request: dict[str, Any], env: dict[str, str], python: str, descrip
         return "the request did not pass the engine's stdin, stdout and log"
     if request.get("python") != python:
         return f"the client asked for the interpreter {request.get('python')}, the server runs {python}"
-    if request.get("import_env") != env:
-        return "the client's import-time engine environment differs from the server's"
+    asked = request.get("import_env") or {}
+    if asked != env:
+        names = sorted(k for k in {*asked, *env} if asked.get(k) != env.get(k))
+        shown = ", ".join(f"{k} {asked.get(k)!r} (server {env.get(k)!r})" for k in names[:3])
+        return f"the client's import-time engine environment differs from the server's: {shown}"
     return None
 
 

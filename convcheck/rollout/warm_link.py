@@ -28,17 +28,20 @@ from convcheck.rollout.environment import engine_env, repo_root
 
 SOCKET_ENV = "CONVCHECK_ENGINE_WARM_SOCKET"
 """Where rank 0 finds a warm engine server (unset: every engine starts fresh)."""
-IMPORT_PREFIXES = ("VLLM_", "OMP_", "MKL_", "KMP_", "CUDA_", "PYTHON", "LD_", "TORCH", "HF_", "TRANSFORMERS_",
-                   "TOKENIZERS_")  # fmt: skip
-"""Environment variables a library may read while it imports: a server serves only clients whose engine environment
-has the same ones (a fresh engine reads them at import; a forked one inherited the server's)."""
+IMPORT_NAMES = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONPATH", "PYTHONHASHSEED",
+                "LD_LIBRARY_PATH", "LD_PRELOAD")  # fmt: skip
+IMPORT_PREFIXES = ("VLLM_", "HF_", "TRANSFORMERS_")
+"""Environment a library reads while it imports (device visibility, threads, the module path, vLLM's and the Hugging
+Face libraries' own knobs): a server serves only clients whose engine environment has the same values (a fresh
+engine reads them at import; a forked one inherited the server's). The rest (torchrun's variables, log levels, cache
+folders) the fork takes from the client's environment, as a fresh engine would."""
 CONNECT_TIMEOUT_S = 10.0
 """How long the client waits for the server to admit or refuse it before starting a fresh engine."""
 
 
 def import_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The import-time part of an engine environment (the names IMPORT_PREFIXES select)."""
-    return {k: v for k, v in sorted(environ.items()) if k.startswith(IMPORT_PREFIXES)}
+    """The import-time part of an engine environment (IMPORT_NAMES and the names IMPORT_PREFIXES select)."""
+    return {k: v for k, v in sorted(environ.items()) if k in IMPORT_NAMES or k.startswith(IMPORT_PREFIXES)}
 
 
 def send_line(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
@@ -131,6 +134,10 @@ def start_warm(python: str, log: IO[bytes], environ: Mapping[str, str] = os.envi
         os.close(child_in)
         os.close(child_out)
     if not answer or "pid" not in answer:
+        why = (answer or {}).get("refused") or "no answer"
+        log.write(f"convcheck: the warm engine server at {path} did not start this engine ({why}); starting a fresh "
+                  f"one\n".encode())  # fmt: skip
+        log.flush()
         sock.close()
         os.close(ours_in)
         os.close(ours_out)
@@ -139,10 +146,14 @@ def start_warm(python: str, log: IO[bytes], environ: Mapping[str, str] = os.envi
 
 
 @contextmanager
-def serving_engine(python: str, wait_s: float = 0.0) -> Iterator[str | None]:
+def serving_engine(python: str, ranks_env: Mapping[str, str] | None = None,
+                   wait_s: float = 0.0) -> Iterator[str | None]:  # fmt: skip
     """A warm engine server for `python` (an interpreter with vLLM) while the block runs, $CONVCHECK_ENGINE_WARM_SOCKET
-    set for this process and its children (an existing one is kept), stopped and its folder removed after. Waits up
-    to `wait_s` for it to be ready; engines started before that start fresh. Yields None when `python` is absent."""
+    set for this process and its children (an existing one is kept), stopped and its folder removed after.
+    `ranks_env` is the environment of the ranks whose engines it serves (default: this process's; CPU ranks, for one,
+    hide the GPUs: convcheck.engine.launch.rank_env): it serves only engines whose import-time environment equals
+    its own. Waits up to `wait_s` for it to be ready; engines started before that start fresh. Yields None when
+    `python` is absent."""
     if os.environ.get(SOCKET_ENV):
         yield os.environ[SOCKET_ENV]
         return
@@ -154,7 +165,7 @@ def serving_engine(python: str, wait_s: float = 0.0) -> Iterator[str | None]:
     with open(folder / "server.log", "wb") as log:
         server = subprocess.Popen(
             [python, "-m", "convcheck.rollout.warm_engine", path], stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True, env=engine_env(), cwd=str(repo_root()),
+            stdin=subprocess.DEVNULL, start_new_session=True, env=engine_env(ranks_env), cwd=str(repo_root()),
         )  # fmt: skip
     os.environ[SOCKET_ENV] = path
     try:
