@@ -13,7 +13,7 @@ from typing import Any
 
 from convcheck.models.architecture import Architecture
 from convcheck.models.config_rules import FieldRule, HfView, MegatronGet, implied, same, unsupported
-from convcheck.models.deepseek import MLA_SHAPES, fixed_qa_kv_eps
+from convcheck.models.deepseek import MLA_SHAPES, fixed_qa_kv_eps, group_scores_rule
 from convcheck.models.fixture_spec import FixtureSpec
 from convcheck.models.glm import GLM_TABLE
 from convcheck.models.registered_bugs import GLM5_INDEXER_ROPE_INTERLEAVE_REQUIRED
@@ -103,6 +103,14 @@ GLM5_RULES: tuple[FieldRule, ...] = (
         note="MTP layers model.layers.{L + k}",
     ),
     implied("qk_layernorm", True, "MLA's q_a / kv_a norms"),
+    group_scores_rule(f"{HF}:595"),
+    FieldRule(
+        megatron="moe_router_enable_expert_bias",
+        hf=("topk_method",),
+        expect=lambda _c, _m: True,
+        note=f"HF GlmMoeDsa reads no topk_method: it always picks experts by sigmoid score + e_score_correction_bias "
+        f"(noaux_tc, {HF}:591-592)",
+    ),
     same("mlp_bias", "add_bias_linear", note="GLM-5's MLPs and experts have no bias"),
     FieldRule(
         megatron="qk_pos_emb_head_dim",
@@ -124,7 +132,12 @@ GLM5_RULES: tuple[FieldRule, ...] = (
 )
 """GLM-5's rules beyond GLM-4.7-Flash's (the q_a / kv_a eps rule replaces GLM's, which cites another file)."""
 
-_REPLACED = {"rms_norm_eps -> layernorm_epsilon", "num_nextn_predict_layers -> mtp_num_layers"}
+_REPLACED = {
+    "rms_norm_eps -> layernorm_epsilon",
+    "num_nextn_predict_layers -> mtp_num_layers",
+    "num_experts_per_tok+topk_group -> moe_router_group_topk",
+    "topk_method -> moe_router_enable_expert_bias",
+}
 GLM5_TABLE = (*(rule for rule in GLM_TABLE if rule.label not in _REPLACED), *GLM5_RULES)
 """The config oracle's table for model_type glm_moe_dsa (every field of a GlmMoeDsaConfig, plus the indexer knobs
 published configs carry: indexer_rope_interleave, index_topk_freq, index_skip_topk_offset, index_topk_pattern)."""
@@ -192,11 +205,26 @@ CONFIG_EXPORT_DROPS_DSA = UpstreamBug(
 dense-first layer count, so a published checkpoint's export keeps them by accident)."""
 
 
+QKV_A_NORM_EPS = UpstreamBug(
+    name="glm5-q-kv-a-norm-eps",
+    summary="transformers' GLM-5 builds its q_a / kv_a layernorms with eps 1e-6 whatever rms_norm_eps says; the "
+    "bridge sets one layernorm_epsilon = rms_norm_eps for every Megatron norm, so the published config (rms_norm_eps "
+    "1e-5) converts to a model whose MLA down-projection norms compute with another epsilon: the logits differ",
+    where="megatron/bridge/models/conversion/model_bridge.py:447 (rms_norm_eps -> layernorm_epsilon for all norms; "
+    "glm5_bridge.py sets no MLA norm eps); transformers models/glm_moe_dsa/modeling_glm_moe_dsa.py:377,385 "
+    "(GlmMoeDsaRMSNorm's default eps 1e-6)",
+    findings=(("config", "rms_norm_eps -> layernorm_epsilon", "mismatch"),),
+    consequences=(("logits", "logits", "logits-differ"), ("logits", "greedy-tokens", "greedy-differs")),
+    seen_in=("0.6.2",),
+)
+"""Seen on the published GLM-5 config.json shrunk by `--from-config` (with indexer_rope_interleave false added so it
+builds) at TP1: logits differ by 0.19; the same checkpoint with rms_norm_eps 1e-6 agrees to 4.8e-7."""
+
 GLM5 = Architecture(
     hf_classes=("GlmMoeDsaForCausalLM",),
     model_type="glm_moe_dsa",
     mapping_rules="convcheck.models.glm5_mappings:glm5_rules",
     config_rules=GLM5_TABLE,
     fixtures=(TINY_GLM5,),
-    upstream_bugs=(GLM5_INDEXER_ROPE_INTERLEAVE_REQUIRED, MTP_DROPPED, CONFIG_EXPORT_DROPS_DSA),
+    upstream_bugs=(GLM5_INDEXER_ROPE_INTERLEAVE_REQUIRED, MTP_DROPPED, CONFIG_EXPORT_DROPS_DSA, QKV_A_NORM_EPS),
 )
