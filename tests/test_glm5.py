@@ -32,6 +32,7 @@ from convcheck.models import UPSTREAM_BUG, tag_upstream_bugs
 from convcheck.models.glm5 import GLM5_TABLE, TINY_GLM5
 from convcheck.models.mapping_registry import build_registry
 from convcheck.models.te_only import layer_spec_for
+from convcheck.sync.fusion import Geometry as FusionGeometry
 from convcheck.verdict import Finding, OracleVerdict
 from tests.support.helpers import matrix_run, run_cli
 from tests.test_verify_matrix import assert_matches_golden
@@ -104,6 +105,14 @@ def test_the_config_table_reads_the_indexer_its_schedule_and_the_unread_num_expe
         14,
     }
     assert _rule("<implied> -> dsa_indexer_k_norm_epsilon").expect({}, m) == 1e-6
+
+
+def test_the_expert_count_is_n_routed_experts_not_the_unread_num_experts() -> None:
+    """A config transformers 5.12.1 writes holds num_experts 256 beside n_routed_experts: the shape check before the
+    ranks (hf.geometry) and the fused receiver's expert stacking (sync.fusion) both read the experts HF builds."""
+    written = {**TINY_GLM5.config, "model_type": "glm_moe_dsa", "num_experts": 256}
+    assert Geometry.from_hf_config(written).num_experts == 8
+    assert FusionGeometry.from_config(written).experts == 8
 
 
 def test_glm5_builds_the_te_layout_whatever_spec_is_asked() -> None:
