@@ -29,6 +29,7 @@ LAYOUTS_BY_FIXTURE = {
     "qwen3-moe-4l": ("pp2vpp2ep2",),
     "nemotron-h-6l": ("pp2",),
     "kimi-k2": ("tp2ep2",),
+    "glm5": (),
     "gemma3": (),
     "minimax-m2": (),
     "qwen3-vl": (),
@@ -39,8 +40,8 @@ pipeline layouts; NemotronH: 5 layers, no even PP2; TP2xEP2 is not part of its m
 gated-DeltaNet fixtures at the layouts that split their GDN heads, stages and experts; Qwen3.5-MoE and Qwen3.6-MoE
 only with the TEGroupedMLP layout, EXTRA_CASES: the pinned bridge cannot load their SequentialMLP MTP experts; Mistral
 without a window at TP2 only, tiny:mistral covering the layouts; Kimi-K2 at TP2xEP2 only, tiny:deepseek-v3 and
-tiny:moonlight covering the MLA layouts; Qwen3-VL and Qwen3-VL-MoE only in TE_CASES, the TE-only families' layer
-specs, their TP1 and PP2 verdicts recorded in docs/families.md)."""
+tiny:moonlight covering the MLA layouts; Qwen3-VL, Qwen3-VL-MoE and GLM-5 only in TE_CASES, the TE-only families'
+layer specs, their other layouts' verdicts recorded in docs/families.md)."""
 EXTRA_CASES = (
     ("tiny:qwen2", "tp4", None, "sequential"),
     ("tiny:qwen3", "tp2", 128, "sequential"),
@@ -70,14 +71,16 @@ TE_CASES = (
     ("tiny:llama", "pp2"),
     ("tiny:gemma3", "tp2"),
     ("tiny:minimax-m2", "tp2ep2"),
+    ("tiny:glm5", "tp2"),
     ("tiny:qwen3-vl", "tp2"),
     ("tiny:qwen3-vl-moe", "ep2"),
 )
 """The Transformer Engine layout `verify` builds by default (the bridge's TE specs, TE-fused norms, experts as the
 provider asks: TEGroupedMLP for Qwen3-MoE), at a tensor-, an expert- and a pipeline-parallel layout, and the families
 whose bridge spec exists only on TE (convcheck.models.te_only) at one layout each (Gemma 3 at TP2, MiniMax-M2 at
-TP2xEP2, Qwen3-VL at TP2, Qwen3-VL-MoE at EP2; their other layouts are recorded in docs/gate.md and
-docs/families.md); every other case pins megatron-core's local spec its golden manifest was made with."""
+TP2xEP2, Qwen3-VL at TP2, Qwen3-VL-MoE at EP2, GLM-5 at TP2 with its sequence parallelism; their other layouts
+are recorded in docs/gate.md and docs/families.md); every other case pins megatron-core's local spec its golden
+manifest was made with."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

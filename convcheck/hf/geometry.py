@@ -97,7 +97,9 @@ class Geometry:
             padded_vocab=padded_vocab or vocab,
             num_layers=_integer(sources, "num_hidden_layers", "n_layer") or len(pattern),
             ffn=_integer(sources, "intermediate_size"),
-            num_experts=_integer(sources, "num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"),
+            # n_routed_experts first: transformers 5.12.1's GlmMoeDsaConfig also declares num_experts=256, a default
+            # its modeling never reads (it builds n_routed_experts experts), so a config it writes holds both
+            num_experts=_integer(sources, "n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts"),
             moe_ffn=_integer(sources, "moe_intermediate_size"),
             layer_types=tuple(str(kind) for kind in layer_list) if isinstance(layer_list, list) else (),
             mamba_heads=_integer(sources, "mamba_num_heads"),

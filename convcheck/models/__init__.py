@@ -12,6 +12,7 @@ from convcheck.models import (
     dense,
     gemma3,
     glm,
+    glm5,
     glm45,
     gpt_oss,
     minimax_m2,
@@ -42,6 +43,7 @@ SUPPORTED: tuple[Architecture, ...] = (
     deepseek.DEEPSEEK_V3,
     glm.GLM47_FLASH,
     glm45.GLM45,
+    glm5.GLM5,
     qwen_next.QWEN3_NEXT,
     qwen_next.QWEN35,
     qwen_next.QWEN35_MOE,
@@ -93,7 +95,7 @@ def tag_upstream_bugs(
     def version(bug: UpstreamBug) -> str:
         return bridge_version if bug.project == "megatron-bridge" else others.get(bug.project, "")
 
-    direct = {(i, j): next((b for b in bugs if b.explains(version(b), v.name, f.tensor, f.kind)), None)
+    direct = {(i, j): next((b for b in bugs if b.explains(version(b), v.name, f.tensor, f.kind, f.message)), None)
               for i, v in enumerate(verdicts) for j, f in enumerate(v.findings)}  # fmt: skip
     seen = [b for b in bugs if any(d is b for d in direct.values())]
     counts: dict[str, int] = {}

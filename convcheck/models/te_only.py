@@ -22,6 +22,11 @@ TE_ONLY: dict[str, str] = {
     "TE classes",
     "MiniMaxM2ForCausalLM": "the bridge's MiniMax-M2 layer spec is megatron-core's TE MoE spec with full-width q/k "
     "norms (megatron/bridge/models/minimax_m2/minimax_m2_provider.py:195-216)",
+    "GlmMoeDsaForCausalLM": "the bridge's GLM-5 DSA spec asks the backend for TE's duplicated TELinear (MLA's down "
+    "projections and the DSA indexer's linears), which megatron-core's local backend has no counterpart for, and "
+    "AbsorbedMLA accepts only TE's or the column-parallel linears there (megatron-core models/gpt/"
+    "experimental_attention_variant_module_specs.py:92-95 and :118-120; transformer/experimental_attention_variant/"
+    "absorbed_mla.py:282-291)",
 }
 """HF architecture class -> why its bridge spec exists only on TE (the line `verify` prints when it picks TE)."""
 

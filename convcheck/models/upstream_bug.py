@@ -33,8 +33,16 @@ class UpstreamBug:
     """(oracle, tensor, finding kind) of findings it causes only through one of `findings` (the logits of a model
     whose embedding the import never wrote): explained only in a run where one of `findings` was explained too."""
 
-    def explains(self, bridge_version: str, oracle: str, tensor: str, kind: str) -> bool:
-        return bridge_version in self.seen_in and _matches(self.findings, oracle, tensor, kind)
+    message_contains: str = ""
+    """Where set, a finding is explained only when its message holds this text (a build failure, whose oracle, tensor
+    and kind every build failure shares, is this bug's only when it names the bug's own error)."""
+
+    def explains(self, bridge_version: str, oracle: str, tensor: str, kind: str, message: str = "") -> bool:
+        return (
+            bridge_version in self.seen_in
+            and _matches(self.findings, oracle, tensor, kind)
+            and self.message_contains in message
+        )
 
     def explains_consequence(self, bridge_version: str, oracle: str, tensor: str, kind: str) -> bool:
         """Whether a finding is one of `consequences` (to tag only beside a finding `explains`)."""

@@ -1,5 +1,5 @@
-"""Catalog entries of Gemma 3 and MiniMax-M2 bugs (hooks in convcheck.mutants.gemma3 and .minimax_m2), run in the
-bridge's own TE layout those families exist in only (convcheck.models.te_only).
+"""Catalog entries of Gemma 3, MiniMax-M2 and GLM-5 bugs (hooks in convcheck.mutants.gemma3, .minimax_m2 and .glm5),
+run in the bridge's own TE layout those families exist in only (convcheck.models.te_only).
 
 Gemma 3's logits already differ on the clean run (te-post-layernorm-default-eps, a finding no planted bug is credited
 with), so its entries are those another oracle names: the sandwich norms traded in import and export (mapping names
@@ -10,10 +10,10 @@ runs it with the epsilon fixed, where logits is the oracle that catches it.
 
 from __future__ import annotations
 
+from convcheck.mutants.mutant import FORWARD, Mutant
 from convcheck.mutants.mutant import HOOKS as _M
-from convcheck.mutants.mutant import Mutant
 
-GEMMA3, MINIMAX_M2 = "tiny:gemma3", "tiny:minimax-m2"
+GEMMA3, MINIMAX_M2, GLM5 = "tiny:gemma3", "tiny:minimax-m2", "tiny:glm5"
 
 TE_FAMILY_MUTANTS: tuple[Mutant, ...] = (
     Mutant(
@@ -97,5 +97,31 @@ TE_FAMILY_MUTANTS: tuple[Mutant, ...] = (
         spec="te",
         experts="auto",
     ),
+    Mutant(
+        name="glm5_indexer_k_norm_not_exported",
+        description="GLM-5 DSA indexer: the export writes no layer's k_norm weight (self_attn.indexer.k_norm.weight)",
+        hook=_M + "glm5:indexer_k_norm_not_exported",
+        fixture=GLM5,
+        layout="tp2",
+        catches=("coverage", "roundtrip", "mapping"),
+        targets=(
+            "model.layers.*.self_attn.indexer.k_norm.weight",
+            "decoder.layers.*.self_attention.core_attention.indexer.k_norm.weight",
+        ),
+        spec="te",
+        experts="auto",
+    ),
+    Mutant(
+        name="glm5_indexer_rope_interleaved",
+        description="GLM-5 provider's DSA indexer RoPE built on interleaved pairs, where transformers' indexer "
+        "rotates half-split pairs: the top-k key choice changes",
+        hook=_M + "glm5:indexer_rope_interleaved",
+        fixture=GLM5,
+        layout="tp2",
+        catches=("config", "logits"),
+        targets=("indexer_rope_interleave -> dsa_indexer_rope_interleaved", FORWARD, "greedy-tokens"),
+        spec="te",
+        experts="auto",
+    ),
 )
-"""Planted Gemma 3 and MiniMax-M2 bugs, each patching the real Megatron-Bridge classes at run time."""
+"""Planted Gemma 3, MiniMax-M2 and GLM-5 bugs, each patching the real Megatron-Bridge classes at run time."""

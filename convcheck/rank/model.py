@@ -49,7 +49,9 @@ def make_provider(bridge: AutoBridge, layout: ParallelLayout, device: str, pad_v
     provider.account_for_loss_in_pipeline_split = layout.pp_loss
     provider.expert_model_parallel_size = layout.ep
     provider.expert_tensor_parallel_size = layout.etp
-    provider.sequence_parallel = False
+    # off, except where megatron-core builds nothing without it: the DSA spec's AbsorbedMLA asserts sequence
+    # parallelism at TP > 1 (experimental_attention_variant/absorbed_mla.py:170-172), as GLM-5 trains
+    provider.sequence_parallel = layout.tp > 1 and getattr(provider, "experimental_attention_variant", None) == "dsa"
     compat.configure_provider(provider, device, spec)
     provider.finalize()
     return provider

@@ -54,7 +54,8 @@ class Geometry:
         heads = int(_get(config, "num_attention_heads", default=1))
         kv = int(_get(config, "num_key_value_heads", default=heads))
         head_dim = int(_get(config, "head_dim", default=int(_get(config, "hidden_size", default=heads)) // heads))
-        experts = int(_get(config, "num_experts", "num_local_experts", "n_routed_experts", default=0))
+        # n_routed_experts first: transformers 5.12.1's GlmMoeDsaConfig also holds an unread num_experts (256)
+        experts = int(_get(config, "n_routed_experts", "num_experts", "num_local_experts", default=0))
         act = str(_get(config, "mlp_hidden_act", "hidden_act", default="silu"))
         gate = bool(_get(config, "attn_output_gate")) or _get(config, "model_type") in GATED_ATTENTION
         nk, nv = (

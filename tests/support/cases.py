@@ -39,9 +39,10 @@ TE_MATRIX = [  # the Transformer Engine layout verify builds by default (convche
         ("llama", ("--pp", "2")),
         ("gemma3", ("--tp", "2")),  # TE-only families (convcheck.models.te_only): one layout each
         ("minimax-m2", ("--tp", "2", "--ep", "2")),
+        ("glm5", ("--tp", "2")),  # MLA + DSA with sequence parallelism; TP1 / EP2 in docs/families.md
     ]
 ]
-TE_ONLY = ("gemma3", "minimax-m2")
+TE_ONLY = ("gemma3", "minimax-m2", "glm5")
 """Fixtures of the families whose bridge spec exists only on TE: gated in TE_MATRIX only."""
 FIXED = {  # families checked at a fixed list of layouts (convcheck.gate.case LAYOUTS_BY_FIXTURE and EXTRA_CASES)
     **GDN,
