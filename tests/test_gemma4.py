@@ -154,6 +154,17 @@ def test_the_known_bug_tags_only_the_shared_layers_k_norms() -> None:
     assert UPSTREAM_BUG not in tagged[1].findings[0].detail
 
 
+def test_the_known_bug_is_still_in_the_upstream_source() -> None:
+    """The dense mapping names every layer's k_layernorm after HF k_norm, and every layer builds one."""
+    import importlib.util
+
+    gemma = Path(importlib.util.find_spec("megatron.bridge").origin).parent / "models" / "gemma"  # type: ignore[arg-type]
+    bridge = (gemma / "gemma4_bridge.py").read_text().splitlines()
+    assert "self_attention.k_layernorm.weight" in bridge[452] and "self_attn.k_norm.weight" in bridge[452]
+    modeling = (gemma / "modeling_gemma4.py").read_text().splitlines()
+    assert "attention_config.qk_layernorm = True" in modeling[303] and "k_layernorm=RMSNorm" in modeling[757]
+
+
 def test_the_double_wide_shared_layers_pass_the_shape_check_and_a_wrong_width_is_named() -> None:
     from types import SimpleNamespace
 
