@@ -136,7 +136,7 @@ def test_the_config_table_reads_both_ropes_the_window_and_the_layer_kinds() -> N
         {"enable_moe_block": True}, m))  # fmt: skip
 
 
-def test_the_known_bug_tags_only_the_shared_layers_k_norms() -> None:
+def test_the_known_bugs_tag_only_the_shared_layers_k_norms_and_the_refused_pipeline_build() -> None:
     k_norm = "decoder.layers.4.self_attention.k_layernorm.weight"
     coverage = OracleVerdict(name="coverage", checked=1, findings=(Finding(tensor=k_norm, kind="not-loaded",
                                                                            message="m"),))  # fmt: skip
@@ -149,18 +149,24 @@ def test_the_known_bug_tags_only_the_shared_layers_k_norms() -> None:
             ),
         ),
     )
-    tagged, lines = tag_upstream_bugs("Gemma4ForCausalLM", "0.6.2", [coverage, qkv])
-    assert tagged[0].findings[0].detail[UPSTREAM_BUG] == K_NORM_BUG and len(lines) == 1
+    build = OracleVerdict(name="logits", checked=0, findings=(Finding(tensor="<build>", kind="build-failed",
+                                                                      message="m"),))  # fmt: skip
+    tagged, lines = tag_upstream_bugs("Gemma4ForCausalLM", "0.6.2", [coverage, qkv, build])
+    assert tagged[0].findings[0].detail[UPSTREAM_BUG] == K_NORM_BUG and len(lines) == 2
     assert UPSTREAM_BUG not in tagged[1].findings[0].detail
+    assert tagged[2].findings[0].detail[UPSTREAM_BUG] == "gemma4-dense-pipeline-refused"
 
 
-def test_the_known_bug_is_still_in_the_upstream_source() -> None:
-    """The dense mapping names every layer's k_layernorm after HF k_norm, and every layer builds one."""
+def test_the_known_bugs_are_still_in_the_upstream_source() -> None:
+    """The dense mapping names every layer's k_layernorm after HF k_norm, every layer builds one, and the dense
+    provider refuses pipeline stages."""
     import importlib.util
 
     gemma = Path(importlib.util.find_spec("megatron.bridge").origin).parent / "models" / "gemma"  # type: ignore[arg-type]
     bridge = (gemma / "gemma4_bridge.py").read_text().splitlines()
     assert "self_attention.k_layernorm.weight" in bridge[452] and "self_attn.k_norm.weight" in bridge[452]
+    provider = (gemma / "gemma4_provider.py").read_text().splitlines()
+    assert "PP=1 only" in provider[199]
     modeling = (gemma / "modeling_gemma4.py").read_text().splitlines()
     assert "attention_config.qk_layernorm = True" in modeling[303] and "k_layernorm=RMSNorm" in modeling[757]
 

@@ -211,11 +211,22 @@ SHARED_KV_K_NORM_UNMAPPED = UpstreamBug(
 tensor the checkpoint does not contain and never written; convcheck's mappings have none to give it."""
 
 
+DENSE_PP_REFUSED = UpstreamBug(
+    name="gemma4-dense-pipeline-refused",
+    summary="the Gemma 4 dense provider refuses any pipeline-parallel layout (NotImplementedError: PP=1 only), so "
+    "E2B / E4B / 31B cannot be built or trained at PP > 1",
+    where="megatron/bridge/models/gemma/gemma4_provider.py:199-200 (Gemma4DenseProvider.provide)",
+    findings=(("*", "<build>", "build-failed"),),
+    seen_in=("0.6.2",),
+)
+"""Seen on tiny:gemma4 at PP2: every oracle fails on the build, naming gemma4_provider.py:200."""
+
+
 GEMMA4 = Architecture(
     hf_classes=("Gemma4ForCausalLM",),
     model_type="gemma4_text",
     mapping_rules="convcheck.models.gemma4_mappings:gemma4_rules",
     config_rules=GEMMA4_TABLE,
     fixtures=(TINY_GEMMA4,),
-    upstream_bugs=(SHARED_KV_K_NORM_UNMAPPED,),
+    upstream_bugs=(SHARED_KV_K_NORM_UNMAPPED, DENSE_PP_REFUSED),
 )
