@@ -160,7 +160,7 @@ TINY_GEMMA4 = FixtureSpec(
     config_class="Gemma4TextConfig",
     description="Gemma 4 text, dense (E2B / E4B / 31B knobs together): (2 sliding, 1 full) x2, window 8, head_dim 8 "
     "sliding / 16 full, proportional partial RoPE 0.25 on full layers, keys as values on full layers, the last 2 "
-    "layers sharing KV with double-wide MLPs, per-layer input embeddings of 4, sandwich norms, softcap 30, tied",
+    "layers sharing KV with double-wide MLPs, per-layer input embeddings of 4, sandwich norms, softcap 0.5, tied",
     config={
         **{key: value for key, value in TINY_SHAPES.items() if key != "tie_word_embeddings"},
         "num_hidden_layers": 6,
@@ -174,7 +174,7 @@ TINY_GEMMA4 = FixtureSpec(
         "hidden_size_per_layer_input": 4,
         "vocab_size": 128,
         "vocab_size_per_layer_input": 128,
-        "final_logit_softcapping": 30.0,
+        "final_logit_softcapping": 0.5,
         "hidden_activation": "gelu_pytorch_tanh",
         "rope_parameters": {
             SLIDING: {"rope_type": "default", "rope_theta": 10000.0},
@@ -186,7 +186,9 @@ TINY_GEMMA4 = FixtureSpec(
         "bos_token_id": 2,
     },
 )
-"""The vocabulary is a multiple of 128 as published (262144): the provider pads the embedding to one itself
+"""The final softcap is 0.5, not the published 30: the tiny model's logits reach about 1, where 0.5 * tanh(x / 0.5)
+bends them (30 would leave them as they are), so the logits oracle sees the cap. The vocabulary is a multiple of 128
+as published (262144): the provider pads the embedding to one itself
 (Gemma4DenseProvider.build, make_vocab_size_divisible_by 128). Six layers in two (sliding, sliding, full) periods:
 the KV-shared last two (a sliding and a full one) each have an earlier layer of their kind to share from (HF
 Gemma4TextAttention.kv_shared_layer_index)."""

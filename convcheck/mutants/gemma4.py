@@ -1,6 +1,6 @@
 """Planted Gemma 4 (dense) bugs, each patching the real Megatron-Bridge classes at run time: one sliding layer
-attending as a global one, the sliding layers rotated with the global RoPE base, and the post-attention norm traded
-with the pre-feedforward norm."""
+attending as a global one, the sliding layers rotated with the global RoPE base, the post-attention norm traded with
+the pre-feedforward norm, and (outside the catalog) the final logit softcap dropped."""
 
 from __future__ import annotations
 
@@ -53,3 +53,14 @@ def post_attention_norm_pre_feedforward() -> None:
         return hf.replace(PRE_FEEDFORWARD, POST_ATTENTION) if hf.endswith(PRE_FEEDFORWARD) else hf
 
     _rename_resolved(change)
+
+
+def softcap_dropped() -> None:
+    """The provider built without the final logit softcap: the output layer returns the raw logits (a forward-only bug
+    the logits oracle sees on tiny:gemma4, whose cap of 0.5 bends its largest logits; run by hand, recorded in
+    docs/families.md)."""
+
+    def change(provider: ModelProviderMixin) -> None:
+        provider.final_logit_softcapping = None
+
+    alter_provider(change, Gemma4Bridge)
