@@ -155,18 +155,28 @@ def test_the_known_bugs_tag_only_the_shared_layers_k_norms_and_the_refused_pipel
     assert tagged[0].findings[0].detail[UPSTREAM_BUG] == K_NORM_BUG and len(lines) == 2
     assert UPSTREAM_BUG not in tagged[1].findings[0].detail
     assert tagged[2].findings[0].detail[UPSTREAM_BUG] == "gemma4-dense-pipeline-refused"
+    vocab = OracleVerdict(name="config", checked=1, findings=(Finding(tensor="vocab_size -> model.vocab_size",
+                                                                      kind="mismatch", message="m"),))  # fmt: skip
+    rows = OracleVerdict(name="roundtrip", checked=1, findings=(Finding(tensor="model.norm.weight", kind="bytes-differ",
+                                                                        message="m"),))  # fmt: skip
+    alone, _ = tag_upstream_bugs("Gemma4ForCausalLM", "0.6.2", [rows])
+    assert UPSTREAM_BUG not in alone[0].findings[0].detail  # a consequence, tagged only beside its cause
+    both, _ = tag_upstream_bugs("Gemma4ForCausalLM", "0.6.2", [vocab, rows])
+    assert [v.findings[0].detail[UPSTREAM_BUG] for v in both] == ["gemma4-dense-vocab-padded"] * 2
 
 
 def test_the_known_bugs_are_still_in_the_upstream_source() -> None:
-    """The dense mapping names every layer's k_layernorm after HF k_norm, every layer builds one, and the dense
-    provider refuses pipeline stages."""
+    """The dense mapping names every layer's k_layernorm after HF k_norm, every layer builds one, the dense provider
+    refuses pipeline stages and pads the vocabulary to 128 unless told otherwise, which the bridge never does."""
     import importlib.util
 
     gemma = Path(importlib.util.find_spec("megatron.bridge").origin).parent / "models" / "gemma"  # type: ignore[arg-type]
     bridge = (gemma / "gemma4_bridge.py").read_text().splitlines()
     assert "self_attention.k_layernorm.weight" in bridge[452] and "self_attn.k_norm.weight" in bridge[452]
     provider = (gemma / "gemma4_provider.py").read_text().splitlines()
-    assert "PP=1 only" in provider[199]
+    assert "PP=1 only" in provider[199] and "make_vocab_size_divisible_by: int = 128" in provider[139]
+    dense = "\n".join(bridge[229:256])  # the Gemma4DenseProvider(...) call of _build_dense_provider
+    assert dense.lstrip().startswith("return Gemma4DenseProvider(") and "make_vocab_size_divisible_by" not in dense
     modeling = (gemma / "modeling_gemma4.py").read_text().splitlines()
     assert "attention_config.qk_layernorm = True" in modeling[303] and "k_layernorm=RMSNorm" in modeling[757]
 

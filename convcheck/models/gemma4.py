@@ -188,10 +188,9 @@ TINY_GEMMA4 = FixtureSpec(
 )
 """The final softcap is 0.5, not the published 30: the tiny model's logits reach about 1, where 0.5 * tanh(x / 0.5)
 bends them (30 would leave them as they are), so the logits oracle sees the cap. The vocabulary is a multiple of 128
-as published (262144): the provider pads the embedding to one itself
-(Gemma4DenseProvider.build, make_vocab_size_divisible_by 128). Six layers in two (sliding, sliding, full) periods:
-the KV-shared last two (a sliding and a full one) each have an earlier layer of their kind to share from (HF
-Gemma4TextAttention.kv_shared_layer_index)."""
+as published (262144): the provider pads the embedding to one itself (gemma4-dense-vocab-padded). Six layers in two
+(sliding, sliding, full) periods: the KV-shared last two (a sliding and a full one) each have an earlier layer of
+their kind to share from (HF Gemma4TextAttention.kv_shared_layer_index)."""
 
 
 SHARED_KV_K_NORM_UNMAPPED = UpstreamBug(
@@ -224,11 +223,43 @@ DENSE_PP_REFUSED = UpstreamBug(
 """Seen on tiny:gemma4 at PP2: every oracle fails on the build, naming gemma4_provider.py:200."""
 
 
+DENSE_VOCAB_PADDED = UpstreamBug(
+    name="gemma4-dense-vocab-padded",
+    summary="the Gemma 4 dense provider pads the vocabulary to a multiple of 128 when it builds the model "
+    "(make_vocab_size_divisible_by 128, never set from the checkpoint as the generic provider path does), so a "
+    "checkpoint whose vocab_size is no multiple of 128 gets a larger embedding than its own and the import raises "
+    "on the embedding's shape: nothing is loaded (published vocabularies, 262144, are multiples of 128)",
+    where="megatron/bridge/models/gemma/gemma4_bridge.py:230 (_build_dense_provider passes no "
+    "make_vocab_size_divisible_by; compare models/conversion/model_bridge.py:615-618); gemma4_provider.py:140 and "
+    ":218-221",
+    findings=(
+        ("config", "vocab_size -> model.vocab_size", "mismatch"),
+        ("coverage", "<import>", "import-failed"),
+    ),
+    consequences=(
+        ("coverage", "*", "not-loaded"),
+        ("roundtrip", "*", "bytes-differ"),
+        ("roundtrip", "*", "shape"),
+        ("logits", "*", "logits-differ"),
+        ("logits", "*", "greedy-differs"),
+        ("elements", "*", "shape"),
+        ("layout", "*", "tp1-differs-from-source"),
+        ("mapping", "*", "import-bytes-differ"),
+        ("mapping", "*", "import-shape"),
+        ("mapping", "*", "mapping-error"),
+    ),
+    seen_in=("0.6.2",),
+)
+"""Seen by hand on tiny:gemma4's config with vocab_size 152 (`verify --model config:FILE`, TP1): config names
+model.vocab_size 256 for 152 and the import raises on embedding.word_embeddings.weight; every other finding follows
+(bench/results/cpu-gemma4-2026-12-07.json)."""
+
+
 GEMMA4 = Architecture(
     hf_classes=("Gemma4ForCausalLM",),
     model_type="gemma4_text",
     mapping_rules="convcheck.models.gemma4_mappings:gemma4_rules",
     config_rules=GEMMA4_TABLE,
     fixtures=(TINY_GEMMA4,),
-    upstream_bugs=(SHARED_KV_K_NORM_UNMAPPED, DENSE_PP_REFUSED),
+    upstream_bugs=(SHARED_KV_K_NORM_UNMAPPED, DENSE_PP_REFUSED, DENSE_VOCAB_PADDED),
 )
