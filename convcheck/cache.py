@@ -65,3 +65,30 @@ def unchanged(recorded: dict[str, str]) -> bool:
         except OSError:
             return False
     return True
+
+
+def source_snapshot(prefixes: tuple[str, ...] = WATCHED) -> dict[str, tuple[int, int, str]]:
+    """{file: (mtime_ns, size, sha256)} of every loaded source file under `prefixes`: what a warm server's forks
+    run."""
+    out = {}
+    for file, digest in loaded_sources(prefixes).items():
+        stat = os.stat(file)
+        out[file] = (stat.st_mtime_ns, stat.st_size, digest)
+    return out
+
+
+def changed_since(snapshot: dict[str, tuple[int, int, str]]) -> str | None:
+    """Why a fork of a warm server holding `snapshot` would no longer run the code on disk (None: it would): the
+    first loaded source file whose bytes changed since the server loaded it (hashed again only when its size or mtime
+    changed)."""
+    for file, (mtime_ns, size, digest) in snapshot.items():
+        try:
+            stat = os.stat(file)
+            if (stat.st_mtime_ns, stat.st_size) == (mtime_ns, size):
+                continue
+            if hashlib.sha256(Path(file).read_bytes()).hexdigest() == digest:
+                continue
+        except OSError:
+            pass
+        return f"{file} changed since the server loaded it"
+    return None

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from convcheck.engine.warm_client import SOCKET_ENV, serving
+from convcheck.rollout.environment import default_python
+from convcheck.rollout.warm_link import serving_engine
 from tests.support.helpers import PINNED_SPEC_ENV, ROOT
 
 
@@ -46,6 +48,25 @@ def _warm_ranks(_temp_dir: None) -> Iterator[None]:
         return
     with serving():
         yield
+
+
+@pytest.fixture(scope="session")
+def _warm_engine_server(_temp_dir: None) -> Iterator[None]:
+    """This worker's engine oracles fork their vLLM engines from a warm engine server (convcheck.rollout.warm_engine:
+    torch, transformers and vLLM imported once, ~5 s an engine start instead of ~20); started by the first test
+    marked `engine`, which waits for it. CONVCHECK_TEST_FRESH_ENGINE=1 starts every engine fresh."""
+    if os.environ.get("CONVCHECK_TEST_FRESH_ENGINE"):
+        yield
+        return
+    with serving_engine(default_python(), wait_s=180):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _warm_engine(request: pytest.FixtureRequest) -> None:
+    """Tests marked `engine` run with the session's warm engine server (started on first use)."""
+    if request.node.get_closest_marker("engine") is not None:
+        request.getfixturevalue("_warm_engine_server")
 
 
 @pytest.fixture(autouse=True)

@@ -16,15 +16,18 @@ from convcheck.mutants.catalog_engine import ENGINE_MUTANTS
 from convcheck.oracles import option_args
 from convcheck.rollout.environment import default_python
 from convcheck.rollout.segments import PREFIX, alive, shm_root
+from convcheck.rollout.warm_link import SOCKET_ENV as WARM_ENGINE_SOCKET
 from convcheck.verdict import OracleVerdict, Report
 from convcheck.workflows.kill_matrix import Launch, clean_row, rows_from
 from convcheck.workflows.selftest import clean_launches, plan
 from tests.support.helpers import processes_holding, run_cli, shared_run
 
 RECEIVERS = "convcheck.mutants.engine_receivers:"
-pytestmark = pytest.mark.skipif(
-    not Path(default_python()).is_file(), reason="no engine environment: `make env-vllm` builds .venv-vllm/"
-)
+pytestmark = [
+    pytest.mark.skipif(not Path(default_python()).is_file(), reason="no engine environment: `make env-vllm` builds "
+                       ".venv-vllm/"),
+    pytest.mark.engine,
+]  # fmt: skip
 
 
 def _engine(tmp_path: Path, model: str, *args: str) -> Any:
@@ -100,13 +103,17 @@ def test_a_clean_tp2_sync_leaves_the_engine_computing_exactly_its_fresh_load(
     assert metrics["vllm"] == "0.32.0" and res.report["versions"]["vllm"] == "0.32.0"
     assert metrics["tensors"] == tensors and metrics["bytes"] == nbytes
     assert engine["checked"] == metrics["engine_tensors"] == checked
+    assert metrics["engine_start"] == ("fresh" if os.environ.get("CONVCHECK_TEST_FRESH_ENGINE") else "warm")
 
 
 @pytest.mark.ranks
-def test_the_folder_transport_proves_the_same_clean_sync_and_leaves_no_files(tmp_path: Path) -> None:
+def test_the_folder_transport_proves_the_same_clean_sync_and_leaves_no_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """--engine-transport folder: the export written as safetensors files under the ranks' TMPDIR, loaded by vLLM's
     reload_weights(weights_path=...); Mistral's clean TP2 sync (its only clean run in make test) passes with every
-    tensor delivered, the files gone after."""
+    tensor delivered, the files gone after. Its engine starts fresh, as without a warm engine server."""
+    monkeypatch.delenv(WARM_ENGINE_SOCKET, raising=False)
     res = _engine(tmp_path, "tiny:mistral-vllm", "--tp", "2", "--engine-transport", "folder", "--log-dir",
                   str(tmp_path / "log"))  # fmt: skip
     assert res.code == 0, res.err
@@ -114,6 +121,7 @@ def test_the_folder_transport_proves_the_same_clean_sync_and_leaves_no_files(tmp
     assert engine["verdict"] == "pass" and engine["findings"] == [] and engine["checked"] == 17
     metrics = engine["metrics"]
     assert metrics["transport"] == "folder" and metrics["tensors"] == 21 and metrics["bytes"] == 93504
+    assert metrics["engine_start"] == "fresh"
     assert [p for p in (tmp_path / "log").rglob("*") if "convcheck-rollout-" in str(p)] == []
     _no_leftovers(tmp_path)
 

