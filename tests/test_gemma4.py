@@ -129,6 +129,10 @@ def test_the_config_table_reads_both_ropes_the_window_and_the_layer_kinds() -> N
     assert kinds.expect(c, m) == kinds.observe([True, True, False, True, True, False], m) == [1, 1, 0, 1, 1, 0]
     assert kinds.observe(6, m) == [1, 1, 1, 1, 1, 0] != kinds.expect(c, m)  # the provider's default, not read
     assert _rule("softmax_scale").observe(None, m) == 1.0 == _rule("softmax_scale").expect(c, m)
+    groups = _rule("num_global_query_groups")  # a null num_global_key_value_heads: the sliding layers' KV heads
+    unset = {**c, "num_global_key_value_heads": None, "num_key_value_heads": 3}
+    assert groups.expect(unset, m) == 3 == groups.observe(None, {"num_query_groups": 3}.__getitem__)
+    assert groups.observe(1, m) == 1 != groups.expect(unset, m)
     linear = {**c, "rope_parameters.full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}}
     assert "rope_type 'linear' (the provider's is 'proportional')" in str(_rule("full_attention_rope_base").expect(
         linear, m))  # fmt: skip

@@ -72,7 +72,9 @@ GEMMA4_TABLE: tuple[FieldRule, ...] = (
         megatron="num_global_query_groups",
         hf=("num_global_key_value_heads",),
         expect=lambda c, _m: c.get("num_global_key_value_heads") or c["num_key_value_heads"],
-        note="KV heads of the full-attention layers (HF: num_key_value_heads where null)",
+        observe=lambda v, m: m("num_query_groups") if v is None else v,
+        note="KV heads of the full-attention layers (HF: num_key_value_heads where null; the provider keeps the null, "
+        "which Gemma4DenseSelfAttention reads as num_query_groups, modeling_gemma4.py:310-311)",
     ),
     same("attention_k_eq_v", "attention_k_eq_v", absent=False, note="full layers use their keys as values"),
     same("num_kv_shared_layers", "num_kv_shared_layers", absent=0, note="the last N layers read earlier layers' KV"),
