@@ -261,9 +261,8 @@ def _refusal(config: dict[str, Any], fields: ClassFields | None = None, layers: 
 def test_what_cannot_be_shrunk_is_refused_in_one_line_naming_it() -> None:
     dsv3, llama = _published("deepseek-v3"), _published("llama-3.1-8b")
     supported = (
-        "deepseek_v3, gemma3_text, glm4_moe, glm4_moe_lite, glm_moe_dsa, gpt_oss, llama, minimax_m2, mistral, "
-        "nemotron_h, olmoe, "
-        "qwen2, qwen3, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, qwen3_next"
+        "deepseek_v3, gemma3_text, gemma4_text, glm4_moe, glm4_moe_lite, glm_moe_dsa, gpt_oss, llama, minimax_m2, "
+        "mistral, nemotron_h, olmoe, qwen2, qwen3, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, qwen3_next"
     )
     assert (
         _refusal({"model_type": "gemma2"})

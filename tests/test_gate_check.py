@@ -246,8 +246,8 @@ def test_case_ids_and_selection() -> None:
     assert [c.id for c in select(cases, models=("qwen3",), layouts=("TP2",))] == ["qwen3/tp2"]
     assert [c.id for c in select(cases, layouts=("tp2+pad128",))] == ["qwen3/tp2+pad128"]
     assert len(select(cases, models=("tiny:qwen3",))) == 5  # tp1, tp2, pp2, the padded tp2 and tp2 in the TE layout
-    assert [c.id for c in select(cases, layouts=("tp2+te",))] == ["qwen3/tp2+te", "gemma3/tp2+te", "glm5/tp2+te",
-                                                                  "qwen3-vl/tp2+te"]  # fmt: skip
+    assert [c.id for c in select(cases, layouts=("tp2+te",))] == [
+        "qwen3/tp2+te", "gemma3/tp2+te", "glm5/tp2+te", "qwen3-vl/tp2+te", "gemma4/tp2+te"]  # fmt: skip
     with pytest.raises(BadInput, match="unknown gate case 'qwen3/tp9'"):
         select(cases, ids=("qwen3/tp9",))
     assert Case.from_dict(cases[-1].to_dict()) == cases[-1]
@@ -304,5 +304,6 @@ def test_golden_manifests_cover_the_default_matrix_on_the_current_pins() -> None
         assert m["case"]["id"] == case.id
         assert m["run"]["versions"]["megatron-bridge"] == "0.6.2" and m["run"]["versions"]["megatron-core"] == "0.19.2"
         assert m["run"]["hooks"] == [] and m["export"]["error"] is None
-        entries = m["source"]["tensors"] + len(m["tasks"])  # small: a few hundred bytes per tensor and task
+        findings = sum(len(v.get("findings") or ()) for v in m["oracles"].values())
+        entries = m["source"]["tensors"] + len(m["tasks"]) + findings  # small: a few hundred bytes per entry
         assert path.stat().st_size < 300 * entries, f"{path.name} is {path.stat().st_size} bytes for {entries} entries"

@@ -60,10 +60,34 @@ class Geometry:
     """Checkpoint side, not config: its fused expert tensors are stored in nn.Linear's orientation (`gate_up_proj`
     `[E, 2F, hidden]`, as transformers 5's save_pretrained writes Qwen3-VL-MoE's), not transposed as published
     Qwen3-VL-MoE checkpoints store them (convcheck.mappings.fused_experts.stored_as_linear)."""
+    attention_types: tuple[str, ...] = ()
+    """Per-layer attention kinds (`layer_types`: "sliding_attention" / "full_attention"), empty where not given."""
+    global_head_dim: int = 0
+    """Gemma 4: channels per head of the full-attention layers (global_head_dim; 0: head_dim everywhere)."""
+    global_query_groups: int = 0
+    """Gemma 4: KV heads of the full-attention layers (num_global_key_value_heads; 0: num_query_groups)."""
+    k_eq_v: bool = False
+    """Gemma 4: the full-attention layers use their keys as values and store no v_proj (attention_k_eq_v)."""
+    kv_shared_layers: int = 0
+    """Gemma 4: the last N layers reuse an earlier layer's keys and values and store no k/v projections."""
+    double_wide_mlp: bool = False
+    """Gemma 4: the KV-shared layers' MLPs are twice intermediate_size wide (use_double_wide_mlp)."""
     te_spec: bool = False
     """Megatron side, not HF: the model was built from the Transformer Engine layer specs (transformer_impl
     "transformer_engine"), where MLA's q / kv down projections are TELinear duplicated on every TP rank
     (megatron-core 0.19.2 multi_latent_attention.py:525, :573) instead of column-parallel."""
+
+    def is_full_attention(self, layer: int) -> bool:
+        """Whether 0-based `layer` is a full-attention layer of a sliding / full pattern (False without one)."""
+        return layer < len(self.attention_types) and self.attention_types[layer] == "full_attention"
+
+    def shares_kv(self, layer: int) -> bool:
+        """Whether 0-based `layer` reuses an earlier layer's keys and values (Gemma 4's last kv_shared_layers)."""
+        return self.kv_shared_layers > 0 and layer >= self.num_layers - self.kv_shared_layers
+
+    def ffn_of(self, layer: int) -> int:
+        """The dense MLP width of 0-based `layer`: twice ffn in a double-wide KV-shared layer, else ffn."""
+        return 2 * self.ffn if self.double_wide_mlp and self.shares_kv(layer) else self.ffn
 
     @property
     def has_mamba_layers(self) -> bool:
@@ -88,6 +112,7 @@ class Geometry:
         vision = config.get("vision_config")
         vision = (vision,) if isinstance(vision, Mapping) else ()
         vision_heads = _integer(vision, "num_heads")
+        attention = _sequence(sources, "layer_types")
         return cls(
             hidden=hidden,
             num_heads=heads,
@@ -120,6 +145,12 @@ class Geometry:
             attention_output_gate=_output_gate(sources),
             vision_heads=vision_heads,
             vision_head_dim=_integer(vision, "hidden_size") // vision_heads if vision_heads else 0,
+            attention_types=tuple(str(kind) for kind in attention) if isinstance(attention, list) else (),
+            global_head_dim=_integer(sources, "global_head_dim"),
+            global_query_groups=_integer(sources, "num_global_key_value_heads"),
+            k_eq_v=_flag(sources, "attention_k_eq_v"),
+            kv_shared_layers=_integer(sources, "num_kv_shared_layers"),
+            double_wide_mlp=_flag(sources, "use_double_wide_mlp"),
         )
 
 
@@ -141,6 +172,14 @@ def _output_gate(sources: tuple[Mapping[str, Any], ...]) -> bool:
             if isinstance(source.get(name), bool):
                 return bool(source[name])
     return any(source.get("model_type") in OUTPUT_GATE_MODEL_TYPES for source in sources)
+
+
+def _flag(sources: tuple[Mapping[str, Any], ...], name: str) -> bool:
+    """The first bool under `name`, source by source; False when there is none."""
+    for source in sources:
+        if isinstance(source.get(name), bool):
+            return bool(source[name])
+    return False
 
 
 def _integer(sources: tuple[Mapping[str, Any], ...], *names: str) -> int:

@@ -14,15 +14,16 @@ from typing import Any
 from convcheck.errors import BadInput
 from convcheck.hf.geometry import Geometry
 
-_LAYER = r"(?:model\.|model\.language_model\.|language_model\.model\.|backbone\.)?layers\.\d+\."
-Dim = tuple[str, Callable[[Geometry], int]]
-"""(config field, its value in the geometry); a value of 0 means the config does not say, so any size passes."""
-_HIDDEN: Dim = ("hidden_size", lambda g: g.hidden)
-_VOCAB: Dim = ("vocab_size", lambda g: g.vocab)
-_FFN: Dim = ("intermediate_size", lambda g: g.ffn)
-_MOE_FFN: Dim = ("moe_intermediate_size", lambda g: g.moe_ffn)
-_EXPERTS: Dim = ("num_experts", lambda g: g.num_experts)
-_ANY: Dim = ("", lambda g: 0)
+_LAYER = r"(?:model\.|model\.language_model\.|language_model\.model\.|backbone\.)?layers\.(?P<layer>\d+)\."
+Dim = tuple[str, Callable[[Geometry, int], int]]
+"""(config field, its value in the geometry for a 0-based layer, -1 outside the layers); a value of 0 means the
+config does not say, so any size passes."""
+_HIDDEN: Dim = ("hidden_size", lambda g, _layer: g.hidden)
+_VOCAB: Dim = ("vocab_size", lambda g, _layer: g.vocab)
+_FFN: Dim = ("intermediate_size", lambda g, layer: g.ffn_of(layer))
+_MOE_FFN: Dim = ("moe_intermediate_size", lambda g, _layer: g.moe_ffn)
+_EXPERTS: Dim = ("num_experts", lambda g, _layer: g.num_experts)
+_ANY: Dim = ("", lambda g, _layer: 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +58,9 @@ _COMPILED = tuple((re.compile(rule.pattern), rule) for rule in RULES)
 def expected_shape(name: str, geometry: Geometry) -> tuple[tuple[int, ...], str] | None:
     """(implied shape, 0 where free; the config fields it follows from) for tensor `name`, None when no rule."""
     for pattern, rule in _COMPILED:
-        if pattern.fullmatch(name):
-            sizes = tuple(value(geometry) for _, value in rule.dims)
+        if match := pattern.fullmatch(name):
+            layer = int(match["layer"]) if "layer" in pattern.groupindex else -1
+            sizes = tuple(value(geometry, layer) for _, value in rule.dims)
             fields = ", ".join(f"{field}={size}" for (field, _), size in zip(rule.dims, sizes, strict=True) if field)
             return sizes, fields
     return None

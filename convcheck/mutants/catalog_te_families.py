@@ -1,19 +1,24 @@
-"""Catalog entries of Gemma 3, MiniMax-M2 and GLM-5 bugs (hooks in convcheck.mutants.gemma3, .minimax_m2 and .glm5),
-run in the bridge's own TE layout those families exist in only (convcheck.models.te_only).
+"""Catalog entries of Gemma 3, Gemma 4, MiniMax-M2 and GLM-5 bugs (hooks in convcheck.mutants.gemma3, .gemma4,
+.minimax_m2 and .glm5), run in the bridge's own layout (the TE layout for Gemma 3, MiniMax-M2 and GLM-5,
+convcheck.models.te_only; Gemma 4's dense provider builds its own local layer spec whatever the layout asks).
 
 Gemma 3's logits already differ on the clean run (te-post-layernorm-default-eps, a finding no planted bug is credited
 with), so its entries are those another oracle names: the sandwich norms traded in import and export (mapping names
 the tensor and first element), the global layers' RoPE base and the sliding window as the provider builds them
 (config names the field). One sliding layer built as a global one changes only the forward: tests/test_gemma3.py
 runs it with the epsilon fixed, where logits is the oracle that catches it.
+
+Gemma 4's clean logits pass, so its sliding layer built as a global one is a catalog entry caught by logits, in a
+launch of its own: its norms traded (mapping) and its sliding RoPE base (config) change the forward too, so they share
+the other launch, which runs no logits.
 """
 
 from __future__ import annotations
 
-from convcheck.mutants.mutant import FORWARD, Mutant
+from convcheck.mutants.mutant import FORWARD, Mutant, rule_targets
 from convcheck.mutants.mutant import HOOKS as _M
 
-GEMMA3, MINIMAX_M2, GLM5 = "tiny:gemma3", "tiny:minimax-m2", "tiny:glm5"
+GEMMA3, GEMMA4, MINIMAX_M2, GLM5 = "tiny:gemma3", "tiny:gemma4", "tiny:minimax-m2", "tiny:glm5"
 
 TE_FAMILY_MUTANTS: tuple[Mutant, ...] = (
     Mutant(
@@ -55,6 +60,48 @@ TE_FAMILY_MUTANTS: tuple[Mutant, ...] = (
         layout="tp2",
         catches=("config",),
         targets=("sliding_window*",),
+        spec="te",
+        experts="auto",
+    ),
+    Mutant(
+        name="gemma4_post_attention_norm_pre_feedforward",
+        description="Gemma 4 post-attention norm (post_self_attn_layernorm) <-> HF pre_feedforward_layernorm and "
+        "pre-feedforward norm (pre_mlp_layernorm) <-> post_attention_layernorm, every layer (import and export)",
+        hook=_M + "gemma4:post_attention_norm_pre_feedforward",
+        fixture=GEMMA4,
+        layout="tp2",
+        catches=("mapping",),
+        targets=(
+            "decoder.layers.*.post_self_attn_layernorm.weight",
+            "decoder.layers.*.pre_mlp_layernorm.weight",
+            "model.layers.*.post_attention_layernorm.weight",
+            "model.layers.*.pre_feedforward_layernorm.weight",
+            FORWARD,
+        ),
+        spec="te",
+        experts="auto",
+    ),
+    Mutant(
+        name="gemma4_sliding_rope_base_global",
+        description="Gemma 4 provider's sliding-layer RoPE base built as the full layers' (1e6): the sliding layers "
+        "rotate with the global theta",
+        hook=_M + "gemma4:sliding_rope_base_global",
+        fixture=GEMMA4,
+        layout="tp2",
+        catches=("config",),
+        targets=(*rule_targets("rope_parameters.sliding_attention", "sliding_window_rope_base"), FORWARD),
+        spec="te",
+        experts="auto",
+    ),
+    Mutant(
+        name="gemma4_sliding_layer_global",
+        description="Gemma 4 layer 1 (a sliding layer) built without its window: it attends to every earlier "
+        "position, as a full layer does",
+        hook=_M + "gemma4:sliding_layer_global",
+        fixture=GEMMA4,
+        layout="tp2",
+        catches=(FORWARD,),
+        targets=(FORWARD,),
         spec="te",
         experts="auto",
     ),
@@ -124,4 +171,4 @@ TE_FAMILY_MUTANTS: tuple[Mutant, ...] = (
         experts="auto",
     ),
 )
-"""Planted Gemma 3, MiniMax-M2 and GLM-5 bugs, each patching the real Megatron-Bridge classes at run time."""
+"""Planted Gemma 3, Gemma 4, MiniMax-M2 and GLM-5 bugs, each patching the real Megatron-Bridge classes at run time."""

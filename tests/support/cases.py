@@ -59,6 +59,8 @@ FIXED = {  # families checked at a fixed list of layouts (convcheck.gate.case LA
     # TE-only (the bridge's TE specs, convcheck.gate.case TE_CASES); TP1 / PP2 recorded in docs/families.md
     "qwen3-vl": [("--tp", "2", "--spec", "te", "--experts", "auto")],
     "qwen3-vl-moe": [("--ep", "2", "--spec", "te", "--experts", "auto")],
+    # the dense provider builds its own local spec whatever --spec says; PP2 is refused (docs/families.md)
+    "gemma4": [("--tp", "2", "--spec", "te", "--experts", "auto")],
     **VPP,
 }
 DENSE = [

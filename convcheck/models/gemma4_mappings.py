@@ -1,0 +1,123 @@
+"""Gemma 4 text, dense (Gemma4ForCausalLM, enable_moe_block false) explicit mappings: the bridge's own local layer
+spec (megatron-bridge 0.6.2 gemma/modeling_gemma4.py:744-784, Gemma4DenseTransformerLayer) and the per-layer input
+embedding modules it attaches to the GPTModel (:884-915).
+
+Per decoder layer L (HF `model.layers.L.*`; n = heads, H = hidden, F = intermediate_size, P = per-layer input width;
+sliding layers have d = head_dim and G = num_key_value_heads, full layers d = global_head_dim and
+G = num_global_key_value_heads):
+- `input_layernorm.weight` `[H]` <- input_layernorm; `post_self_attn_layernorm.weight` `[H]` <- post_attention_layernorm
+  (on the attention output, before the residual add); `pre_mlp_layernorm.weight` `[H]` <- pre_feedforward_layernorm;
+  `post_mlp_layernorm.weight` `[H]` <- post_feedforward_layernorm; all plain scales (HF Gemma4RMSNorm multiplies by w),
+  whole on every rank;
+- `self_attention.linear_qkv.weight` `[G * (n / G + 2) * d / tp, H]` <- q_proj, k_proj, v_proj (per group [q; k; v]);
+  a full layer with attention_k_eq_v stores no v_proj (its v rows are k's); a KV-shared layer (the last
+  num_kv_shared_layers) stores no k_proj / v_proj (its k and v rows are zeros: it reads an earlier layer's);
+- `self_attention.q_layernorm.weight` `[d]` <- q_norm; `k_layernorm.weight` `[d]` <- k_norm where the layer stores one
+  (a KV-shared layer has none: its Megatron k_layernorm is left unmapped, gemma4-shared-kv-k-norm-unmapped);
+- `self_attention.linear_proj.weight` `[H, n * d / tp]` <- o_proj, columns split;
+- `mlp.linear_fc1.weight` `[2F' / tp, H]` = `[gate_r; up_r]` <- gate_proj, up_proj; `mlp.linear_fc2.weight`
+  `[H, F' / tp]` <- down_proj (F' = 2F in a double-wide KV-shared layer, else F);
+- `per_layer_input_gate.weight` `[P, H]`, `per_layer_projection.weight` `[H, P]`, `post_per_layer_input_norm.weight`
+  `[H]`, `layer_scalar` `[1]` <- the same names, whole on every rank.
+Model level: `embedding.word_embeddings.weight` `[V / tp, H]` (rows split); `decoder.final_layernorm.weight` `[H]`;
+`per_layer_embedding.weight` `[V' / tp, L * P]` <- embed_tokens_per_layer (a vocabulary-parallel embedding of
+vocab_size_per_layer_input rows, unpadded); `per_layer_model_proj.weight` `[L * P / tp, H]` <-
+per_layer_model_projection (column-parallel); `per_layer_proj_norm.weight` `[P]` <- per_layer_projection_norm. The
+output layer is the tied embedding.
+"""
+
+from __future__ import annotations
+
+import re
+
+from convcheck.hf.geometry import Geometry
+from convcheck.mappings import Gated, Replicated, Split
+from convcheck.mappings.qkv_partial import PartialQKV
+from convcheck.mappings.registry import MappingRule
+from convcheck.models.dense_mappings import EMBEDDING_AND_FINAL_NORM, hf_layer, output_layer
+from convcheck.models.shared_mappings import LAYER_PREFIX
+
+REPLICATED: dict[str, str] = {
+    r"input_layernorm\.weight": "input_layernorm.weight",
+    r"post_self_attn_layernorm\.weight": "post_attention_layernorm.weight",
+    r"pre_mlp_layernorm\.weight": "pre_feedforward_layernorm.weight",
+    r"post_mlp_layernorm\.weight": "post_feedforward_layernorm.weight",
+    r"self_attention\.q_layernorm\.weight": "self_attn.q_norm.weight",
+    r"per_layer_input_gate\.weight": "per_layer_input_gate.weight",
+    r"per_layer_projection\.weight": "per_layer_projection.weight",
+    r"post_per_layer_input_norm\.weight": "post_per_layer_input_norm.weight",
+    r"layer_scalar": "layer_scalar",
+}
+"""Megatron parameter (pattern after the layer prefix) -> HF tensor of the same layer, whole on every rank: the four
+sandwich norms each to its own HF norm, the q norm, the per-layer input block and the layer's output scale."""
+
+
+def _replicated(pattern: str, hf_suffix: str) -> MappingRule:
+    return MappingRule(
+        LAYER_PREFIX + pattern, lambda match, geometry: Replicated(megatron=match[0], hf=hf_layer(match, hf_suffix))
+    )
+
+
+def layer_qkv(match: re.Match[str], geometry: Geometry) -> PartialQKV:
+    """The matched layer's linear_qkv with its kind's heads and width and the projections it stores."""
+    layer = int(match["layer"])
+    full = geometry.is_full_attention(layer)
+    shared = geometry.shares_kv(layer)
+    return PartialQKV(
+        megatron=match[0],
+        q=hf_layer(match, "self_attn.q_proj.weight"),
+        k=None if shared else hf_layer(match, "self_attn.k_proj.weight"),
+        v=None if shared or (full and geometry.k_eq_v) else hf_layer(match, "self_attn.v_proj.weight"),
+        num_heads=geometry.num_heads,
+        num_query_groups=(geometry.global_query_groups or geometry.num_query_groups)
+        if full
+        else geometry.num_query_groups,
+        head_dim=(geometry.global_head_dim or geometry.head_dim) if full else geometry.head_dim,
+    )
+
+
+LAYER = (
+    *(_replicated(pattern, suffix) for pattern, suffix in REPLICATED.items()),
+    MappingRule(
+        LAYER_PREFIX + r"self_attention\.k_layernorm\.weight",
+        lambda match, geometry: Replicated(megatron=match[0], hf=hf_layer(match, "self_attn.k_norm.weight")),
+        when=lambda match, hf: hf_layer(match, "self_attn.k_norm.weight") in hf,
+    ),
+    MappingRule(LAYER_PREFIX + r"self_attention\.linear_qkv\.weight", layer_qkv),
+    MappingRule(
+        LAYER_PREFIX + r"self_attention\.linear_proj\.weight",
+        lambda match, geometry: Split(megatron=match[0], hf=hf_layer(match, "self_attn.o_proj.weight"), dim=1),
+    ),
+    MappingRule(
+        LAYER_PREFIX + r"mlp\.linear_fc1\.weight",
+        lambda match, geometry: Gated(
+            megatron=match[0], gate=hf_layer(match, "mlp.gate_proj.weight"), up=hf_layer(match, "mlp.up_proj.weight")
+        ),
+    ),
+    MappingRule(
+        LAYER_PREFIX + r"mlp\.linear_fc2\.weight",
+        lambda match, geometry: Split(megatron=match[0], hf=hf_layer(match, "mlp.down_proj.weight"), dim=1),
+    ),
+)
+
+PER_LAYER_INPUT = (
+    MappingRule(
+        r"per_layer_embedding\.weight",
+        lambda match, geometry: Split(megatron=match[0], hf="model.embed_tokens_per_layer.weight", dim=0),
+    ),
+    MappingRule(
+        r"per_layer_model_proj\.weight",
+        lambda match, geometry: Split(megatron=match[0], hf="model.per_layer_model_projection.weight", dim=0),
+    ),
+    MappingRule(
+        r"per_layer_proj_norm\.weight",
+        lambda match, geometry: Replicated(megatron=match[0], hf="model.per_layer_projection_norm.weight"),
+    ),
+)
+"""The per-layer input embedding (PLE) modules on the GPTModel itself (the first pipeline stage's)."""
+
+
+def gemma4_rules(tied: bool) -> list[MappingRule]:
+    """Every Megatron parameter of a dense Gemma 4 text decoder in the bridge's layout (tied: the output layer of the
+    last pipeline stage is a copy of the embedding)."""
+    return [*EMBEDDING_AND_FINAL_NORM, *LAYER, *PER_LAYER_INPUT, output_layer(tied)]
