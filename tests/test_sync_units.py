@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from convcheck.compare.bits import bytes_equal, int_view
-from convcheck.errors import BadInput
+from convcheck.errors import BadInput, NotCovered
 from convcheck.sync import delta as wire
 from convcheck.sync.adapters import check_adapters, load_receiver, load_sender, normalize_sender
 from convcheck.sync.buckets import ALIGN, Bucket, pack_buckets, unpack_bucket
-from convcheck.sync.fusion import Geometry, locate, pack, slot_of
+from convcheck.sync.fusion import Geometry, locate, one_layout_gap, pack, slot_of
 from convcheck.sync.receivers import FusedReceiver
 from convcheck.sync.stream import describe_item
 
@@ -268,3 +268,22 @@ def test_the_hf_receiver_keeps_fp32_what_from_pretrained_keeps_and_drops_only_mt
     assert receiver.not_held == {"model.layers.4.enorm.weight"}
     with pytest.raises(KeyError, match="'model.layers.3.enorm.weight' is not a tensor of DeepseekV3ForCausalLM"):
         receiver.load_weights([("model.layers.3.enorm.weight", torch.ones(32, dtype=torch.bfloat16))])
+
+
+def test_the_fused_receiver_refuses_a_model_whose_layers_differ_in_attention_layout() -> None:
+    """Gemma 4's layers differ in q / k / v layout (wider full-attention heads, keys as values, KV-shared layers): one
+    row layout for all layers cannot hold them, so the fused receiver is not-covered (NotCovered), never a finding;
+    a uniform model's config builds."""
+    uniform = {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8, "hidden_size": 16}
+    assert one_layout_gap(uniform) is None and FusedReceiver(uniform).params == {}
+    cases = {
+        "global_head_dim": (16, "its full-attention layers' heads are 16 wide, the other layers' 8"),
+        "attention_k_eq_v": (True, "its full-attention layers use their keys as values and store no v_proj"),
+        "num_kv_shared_layers": (2, "its last 2 layers reuse an earlier layer's keys and values and store no k_proj / "
+                                    "v_proj"),
+    }  # fmt: skip
+    for knob, (value, why) in cases.items():
+        assert one_layout_gap({**uniform, knob: value}) == why
+        assert one_layout_gap({"text_config": {**uniform, knob: value}}) == why
+        with pytest.raises(NotCovered, match="fused receiver stacks one q / k / v layout for every layer, and its"):
+            FusedReceiver({**uniform, knob: value})

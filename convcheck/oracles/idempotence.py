@@ -61,10 +61,12 @@ def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank drains one export; rank 0 syncs it, snapshots the receiver and replays it three times."""
     if receiver_vllm.wanted(ctx):  # --receiver vllm: a real vLLM engine is the receiver
         return receiver_vllm.idempotence(ctx)
-    receiver, failure = receive.build(ctx) if ctx.is_reporter else (None, None)
+    receiver, failure, uncovered = receive.build(ctx) if ctx.is_reporter else (None, None, None)
     delivery = receive.sync(ctx, receiver, keep=True)
     if not ctx.is_reporter:
         return None
+    if uncovered is not None:
+        return OracleVerdict(name=NAME, checked=0, unit="parameters", not_covered=uncovered)
     findings = [f for f in (failure, delivery.failure, ctx.export_failure()) if f is not None]
     if receiver is None or delivery.failure is not None:
         return make_verdict(NAME, checked=0, findings=findings, unit="parameters")

@@ -24,7 +24,7 @@ def run(ctx: RankContext) -> OracleVerdict | None:
 def check(ctx: RankContext, expected_source: Callable[[], Mapping[str, Any]]) -> OracleVerdict | None:
     """The receiver oracle against `expected_source()` (called on every rank after the sync, so it may be collective;
     rank 0's mapping of HF name -> tensor is what the receiver's expected() reads)."""
-    receiver, failure = receive.build(ctx) if ctx.is_reporter else (None, None)
+    receiver, failure, uncovered = receive.build(ctx) if ctx.is_reporter else (None, None, None)
     if receiver is not None:
         try:
             receive.fill_sentinel(receiver)
@@ -34,6 +34,8 @@ def check(ctx: RankContext, expected_source: Callable[[], Mapping[str, Any]]) ->
     source = expected_source()
     if not ctx.is_reporter:
         return None
+    if uncovered is not None:
+        return OracleVerdict(name=NAME, checked=0, unit="parameters", not_covered=uncovered)
     findings = [f for f in (failure, delivery.failure, ctx.export_failure()) if f is not None]
     if receiver is None or delivery.failure is not None:
         return make_verdict(NAME, checked=0, findings=findings, unit="parameters")

@@ -72,6 +72,22 @@ class Geometry:
         )  # fmt: skip
 
 
+def one_layout_gap(config: Any) -> str | None:
+    """Why one q / k / v row layout cannot describe every layer of this model (None: it can). Gemma 4's full-attention
+    layers have wider heads than its sliding ones (global_head_dim), may store no v_proj (attention_k_eq_v), and its
+    last num_kv_shared_layers store no k_proj / v_proj; a vision-language config is read through its text_config."""
+    text = _get(config, "text_config", default=config)
+    head_dim, wide = _get(text, "head_dim"), _get(text, "global_head_dim")
+    if wide and head_dim and int(wide) != int(head_dim):
+        return f"its full-attention layers' heads are {int(wide)} wide, the other layers' {int(head_dim)}"
+    if _get(text, "attention_k_eq_v"):
+        return "its full-attention layers use their keys as values and store no v_proj"
+    shared = int(_get(text, "num_kv_shared_layers", default=0) or 0)
+    if shared:
+        return f"its last {shared} layers reuse an earlier layer's keys and values and store no k_proj / v_proj"
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Slot:
     """Where one HF tensor goes: the fused parameter, the engine's shard id, the expert (stacks) and the row range."""

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoConfig
 
 from convcheck.compare.bits import compare_bits, count_true, first_true, together, unravel_index
-from convcheck.errors import one_line
+from convcheck.errors import NotCovered, one_line
 from convcheck.hf.tensors import TensorReader
 from convcheck.sync.adapters import DEFAULT_RECEIVER, label, load_receiver
 from convcheck.verdict import Finding
@@ -51,13 +51,16 @@ def failed(ctx: Any, what: str, exc: BaseException) -> Finding:
     )
 
 
-def build(ctx: Any) -> tuple[Any, Finding | None]:
-    """Rank 0: the receiver constructed as CLASS(config=<the checkpoint's transformers config>)."""
+def build(ctx: Any) -> tuple[Any, Finding | None, str | None]:
+    """Rank 0: the receiver constructed as CLASS(config=<the checkpoint's transformers config>), or the finding of its
+    failure, or why convcheck's own receiver cannot represent this model (NotCovered: the verdict is not-covered)."""
     try:
         cls = load_receiver(ctx.sync.receiver)
-        return cls(config=AutoConfig.from_pretrained(str(ctx.checkpoint.path))), None
+        return cls(config=AutoConfig.from_pretrained(str(ctx.checkpoint.path))), None, None
+    except NotCovered as exc:
+        return None, None, str(exc)
     except Exception as exc:  # noqa: BLE001 - a receiver that cannot be built is a finding
-        return None, failed(ctx, "while being constructed", exc)
+        return None, failed(ctx, "while being constructed", exc), None
 
 
 def storage(receiver: Any) -> list[tuple[str, Any]]:

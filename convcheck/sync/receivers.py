@@ -16,7 +16,8 @@ from typing import Any
 import torch
 import transformers
 
-from convcheck.sync.fusion import Geometry, locate, pack, slot_of, sources_of
+from convcheck.errors import NotCovered
+from convcheck.sync.fusion import Geometry, locate, one_layout_gap, pack, slot_of, sources_of
 
 try:  # transformers 5; older releases' transformers have no weight conversions (using them raises as it did)
     from transformers.core_model_loading import revert_weight_conversion
@@ -169,6 +170,10 @@ class FusedReceiver:
     """
 
     def __init__(self, config: Any) -> None:
+        gap = one_layout_gap(config)
+        if gap is not None:
+            raise NotCovered(f"convcheck's fused receiver stacks one q / k / v layout for every layer, and {gap} (a "
+                             "--receiver of the engine's own covers it)")  # fmt: skip
         self.geometry = Geometry.from_config(config)
         self.params: dict[str, Any] = {}
 
