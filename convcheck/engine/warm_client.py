@@ -8,18 +8,17 @@ import hashlib
 import json
 import os
 import select
-import shutil
 import signal
 import socket
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from convcheck.rollout.lifeline import server_for_block
 
 SOCKET_ENV = "CONVCHECK_WARM_SOCKET"
 IMPORT_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "PYTHONPATH", "PYTHONHASHSEED")
@@ -174,28 +173,6 @@ def serving(wait_s: float = 0.0) -> Iterator[str]:
     """A warm server for this process's CPU launches while the block runs ($CONVCHECK_WARM_SOCKET set; an existing
     one is kept), stopped and its folder removed after. Waits up to `wait_s` for it to be ready; launches before
     that use torchrun."""
-    if os.environ.get(SOCKET_ENV):
-        yield os.environ[SOCKET_ENV]
-        return
-    folder = Path(tempfile.mkdtemp(prefix=f"{SERVER_PREFIX}{os.getpid()}-warm", dir="/tmp"))  # short socket path
-    path = str(folder / "socket")
-    with open(folder / "server.log", "wb") as log:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "convcheck.engine.warm", path],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
-    os.environ[SOCKET_ENV] = path
-    try:
-        deadline = time.monotonic() + wait_s
-        while not Path(path).exists() and server.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
+    command = [sys.executable, "-m", "convcheck.engine.warm"]
+    with server_for_block(command, SOCKET_ENV, f"{SERVER_PREFIX}{os.getpid()}-warm", wait_s) as path:
         yield path
-    finally:
-        os.environ.pop(SOCKET_ENV, None)
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        shutil.rmtree(folder, ignore_errors=True)

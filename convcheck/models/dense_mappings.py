@@ -46,6 +46,11 @@ LAYER_NORMS = (
         lambda match, geometry: Replicated(megatron=match[0], hf=hf_layer(match, "post_attention_layernorm.weight")),
     ),
 )
+OUTPUT_PROJECTION = MappingRule(
+    LAYER_PREFIX + r"self_attention\.linear_proj\.weight",
+    lambda match, geometry: Split(megatron=match[0], hf=hf_layer(match, "self_attn.o_proj.weight"), dim=1),
+)
+"""linear_proj `[H, heads * d / tp]` (row-parallel) <-> self_attn.o_proj."""
 ATTENTION = (
     fused_qkv_rule(LAYER_PREFIX, hf_layer, bias=True),
     MappingRule(
@@ -56,10 +61,7 @@ ATTENTION = (
         LAYER_PREFIX + r"self_attention\.k_layernorm\.weight",
         lambda match, geometry: Replicated(megatron=match[0], hf=hf_layer(match, "self_attn.k_norm.weight")),
     ),
-    MappingRule(
-        LAYER_PREFIX + r"self_attention\.linear_proj\.weight",
-        lambda match, geometry: Split(megatron=match[0], hf=hf_layer(match, "self_attn.o_proj.weight"), dim=1),
-    ),
+    OUTPUT_PROJECTION,
 )
 GATED_MLP = (
     MappingRule(

@@ -18,9 +18,15 @@ layernorm_zero_centered_gamma): the stored weight is copied as is. The output la
 
 from __future__ import annotations
 
-from convcheck.mappings import Gated, Replicated, Split
+from convcheck.mappings import Replicated
 from convcheck.mappings.registry import MappingRule
-from convcheck.models.dense_mappings import EMBEDDING_AND_FINAL_NORM, hf_layer, output_layer
+from convcheck.models.dense_mappings import (
+    EMBEDDING_AND_FINAL_NORM,
+    GATED_MLP,
+    OUTPUT_PROJECTION,
+    hf_layer,
+    output_layer,
+)
 from convcheck.models.shared_mappings import LAYER_PREFIX, fused_qkv_rule
 
 NORMS: dict[str, str] = {
@@ -44,20 +50,8 @@ def _norm(pattern: str, hf_suffix: str) -> MappingRule:
 LAYER = (
     *(_norm(pattern, suffix) for pattern, suffix in NORMS.items()),
     fused_qkv_rule(LAYER_PREFIX, hf_layer),
-    MappingRule(
-        LAYER_PREFIX + r"self_attention\.linear_proj\.weight",
-        lambda match, geometry: Split(megatron=match[0], hf=hf_layer(match, "self_attn.o_proj.weight"), dim=1),
-    ),
-    MappingRule(
-        LAYER_PREFIX + r"mlp\.linear_fc1\.weight",
-        lambda match, geometry: Gated(
-            megatron=match[0], gate=hf_layer(match, "mlp.gate_proj.weight"), up=hf_layer(match, "mlp.up_proj.weight")
-        ),
-    ),
-    MappingRule(
-        LAYER_PREFIX + r"mlp\.linear_fc2\.weight",
-        lambda match, geometry: Split(megatron=match[0], hf=hf_layer(match, "mlp.down_proj.weight"), dim=1),
-    ),
+    OUTPUT_PROJECTION,
+    *GATED_MLP,
 )
 
 

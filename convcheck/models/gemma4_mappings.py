@@ -31,10 +31,16 @@ from __future__ import annotations
 import re
 
 from convcheck.hf.geometry import Geometry
-from convcheck.mappings import Gated, Replicated, Split
+from convcheck.mappings import Replicated, Split
 from convcheck.mappings.qkv_partial import PartialQKV
 from convcheck.mappings.registry import MappingRule
-from convcheck.models.dense_mappings import EMBEDDING_AND_FINAL_NORM, hf_layer, output_layer
+from convcheck.models.dense_mappings import (
+    EMBEDDING_AND_FINAL_NORM,
+    GATED_MLP,
+    OUTPUT_PROJECTION,
+    hf_layer,
+    output_layer,
+)
 from convcheck.models.shared_mappings import LAYER_PREFIX
 
 REPLICATED: dict[str, str] = {
@@ -84,20 +90,8 @@ LAYER = (
         when=lambda match, hf: hf_layer(match, "self_attn.k_norm.weight") in hf,
     ),
     MappingRule(LAYER_PREFIX + r"self_attention\.linear_qkv\.weight", layer_qkv),
-    MappingRule(
-        LAYER_PREFIX + r"self_attention\.linear_proj\.weight",
-        lambda match, geometry: Split(megatron=match[0], hf=hf_layer(match, "self_attn.o_proj.weight"), dim=1),
-    ),
-    MappingRule(
-        LAYER_PREFIX + r"mlp\.linear_fc1\.weight",
-        lambda match, geometry: Gated(
-            megatron=match[0], gate=hf_layer(match, "mlp.gate_proj.weight"), up=hf_layer(match, "mlp.up_proj.weight")
-        ),
-    ),
-    MappingRule(
-        LAYER_PREFIX + r"mlp\.linear_fc2\.weight",
-        lambda match, geometry: Split(megatron=match[0], hf=hf_layer(match, "mlp.down_proj.weight"), dim=1),
-    ),
+    OUTPUT_PROJECTION,
+    *GATED_MLP,
 )
 
 PER_LAYER_INPUT = (

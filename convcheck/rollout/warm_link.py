@@ -13,11 +13,9 @@ from __future__ import annotations
 import json
 import os
 import select
-import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -25,6 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from convcheck.rollout.environment import engine_env, repo_root
+from convcheck.rollout.lifeline import server_for_block
 
 SOCKET_ENV = "CONVCHECK_ENGINE_WARM_SOCKET"
 """Where rank 0 finds a warm engine server (unset: every engine starts fresh)."""
@@ -154,31 +153,10 @@ def serving_engine(python: str, ranks_env: Mapping[str, str] | None = None,
     hide the GPUs: convcheck.engine.launch.rank_env): it serves only engines whose import-time environment equals
     its own. Waits up to `wait_s` for it to be ready; engines started before that start fresh. Yields None when
     `python` is absent."""
-    if os.environ.get(SOCKET_ENV):
-        yield os.environ[SOCKET_ENV]
-        return
-    if not Path(python).is_file():
+    if not os.environ.get(SOCKET_ENV) and not Path(python).is_file():
         yield None
         return
-    folder = Path(tempfile.mkdtemp(prefix=f"convcheck-tmp-{os.getpid()}-engine", dir="/tmp"))  # short socket path
-    path = str(folder / "socket")
-    with open(folder / "server.log", "wb") as log:
-        server = subprocess.Popen(
-            [python, "-m", "convcheck.rollout.warm_engine", path], stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True, env=engine_env(ranks_env), cwd=str(repo_root()),
-        )  # fmt: skip
-    os.environ[SOCKET_ENV] = path
-    try:
-        deadline = time.monotonic() + wait_s
-        while not Path(path).exists() and server.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
+    command = [python, "-m", "convcheck.rollout.warm_engine"]
+    prefix = f"convcheck-tmp-{os.getpid()}-engine"
+    with server_for_block(command, SOCKET_ENV, prefix, wait_s, env=engine_env(ranks_env), cwd=str(repo_root())) as path:
         yield path
-    finally:
-        os.environ.pop(SOCKET_ENV, None)
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        shutil.rmtree(folder, ignore_errors=True)
