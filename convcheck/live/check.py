@@ -68,6 +68,7 @@ def _check(
                 verdicts.append(_timed(verdict, time.perf_counter() - t0))
     finally:
         ctx.exports = ExportPass()  # the probe records and held tensors go with it
+        ctx.names.end_run()  # the walk of the job's tensors too (the names stay for the next check)
     if not ctx.is_reporter:
         return None
     return Report(

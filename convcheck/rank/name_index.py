@@ -52,6 +52,10 @@ class NameIndex:
         kept._walk = None
         return kept
 
+    def end_run(self) -> None:
+        """Let go of the run's walk (it holds the tensors): what a live check does as it returns."""
+        self._walk = None
+
     def _same(self, chunks: list[MegatronModule]) -> bool:
         """True when the index's chunks are these very objects, in order."""
         return len(self._chunks) == len(chunks) and all(r() is c for r, c in zip(self._chunks, chunks))
