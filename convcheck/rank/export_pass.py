@@ -54,6 +54,7 @@ class ExportPass:
     source_match: Any = None
     """This run's export-vs-source answer once a drain recorded it (convcheck.rank.source_match.SourceMatch)."""
     probe: ProbeRecords | None = None
+    """The probe's records once an export drain or the differential made them (convcheck.probe.collect.keep)."""
     export_tasks: list[Any] | None = None
     """The bridge's conversion tasks the probed export drain was handed: their mappings are the registry's answers
     for this rank's parameters, which coverage then need not look up again."""
