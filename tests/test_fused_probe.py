@@ -14,7 +14,7 @@ from convcheck.probe import fused
 from convcheck.probe.collect import collect, origin
 from convcheck.probe.run import CodeCache
 from convcheck.probe.runs import hf_ranges
-from convcheck.rank.context import RunMemo
+from convcheck.rank.export_pass import ExportPass
 
 
 class Halves:
@@ -51,7 +51,9 @@ def _ctx() -> Any:
     weights = [torch.arange(12, dtype=torch.bfloat16).reshape(4, 3) + i for i in range(3)]
     tasks = [Task(f"p{i}", f"p{i}", Halves(f"hf{i}"), w) for i, w in enumerate(weights)]
     bridge = SimpleNamespace(get_conversion_tasks=lambda model: list(tasks))
-    return SimpleNamespace(bridge=bridge, model=[], rank=0, world=1, layout=_layout(), phase="oracle x", memo=RunMemo())
+    return SimpleNamespace(
+        bridge=bridge, model=[], rank=0, world=1, layout=_layout(), phase="oracle x", exports=ExportPass()
+    )
 
 
 def _export(tasks: list[Task], *, swap_args: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
@@ -94,7 +96,7 @@ def test_a_drain_that_is_not_the_whole_export_keeps_nothing(how: str) -> None:
         original.megatron_to_hf = boom  # the shell forwards to the real mapping, which now raises
         with pytest.raises(RuntimeError, match="gather failed"):
             list(tap.drain(_export(tap.tasks)))
-    assert origin(ctx) is None and ctx.memo.probe_records is None
+    assert origin(ctx) is None and ctx.exports.probe is None
 
 
 class Views:

@@ -15,8 +15,7 @@ from convcheck.engine.job import Job
 from convcheck.engine.recorder import ManifestRecorder
 from convcheck.errors import BuildFailed, LoneFailure
 from convcheck.hooks import load_hook
-from convcheck.oracles import close_early, load_oracle, riders, start_early
-from convcheck.rank import shard_match
+from convcheck.oracles import close_early, load_oracle, ride, start_early
 from convcheck.rank.bringup import bring_up
 from convcheck.rank.context import RankContext
 from convcheck.rank.dist import shutdown_distributed
@@ -54,9 +53,7 @@ def _run_job(job: Job, early: dict[str, Any]) -> dict[str, Any] | None:
     recorder = None
     if job.manifest_out:
         recorder = ManifestRecorder.start(ctx)  # taps the export stream the oracles drain anyway
-    riding = riders(job.oracles)  # what the oracles declare they do inside an earlier oracle's drain
-    ctx.memo.probe_in_export = "differential" in riding
-    ctx.memo.shard_tap = shard_match.start(ctx) if "mapping" in riding else None
+    ride(ctx, job.oracles)  # what the oracles declare they do inside an earlier oracle's drain
     verdicts = []
     memory, anon_peaks = {"bring_up": peak_mb()}, {"bring_up": anon.take()}
     for name, oracle in zip(job.oracles, oracles, strict=True):

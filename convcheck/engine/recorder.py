@@ -39,7 +39,7 @@ class ExportTap:
     def start(self) -> None:
         self._seen = {} if not self.done and self.ctx.is_reporter else None
 
-    def offer(self, name: str, tensor: Any) -> None:
+    def consume(self, name: str, tensor: Any) -> None:
         if self._seen is None:
             return
         if name in self._seen:
@@ -117,9 +117,10 @@ class ManifestRecorder:
 
     @classmethod
     def start(cls, ctx: RankContext) -> "ManifestRecorder":
-        """Add the export tap to the run (the first full stream is digested on its way) and read the config."""
+        """Add the export tap to the run's export pass (the first full stream is digested on its way) and read the
+        config."""
         tap = ExportTap(ctx)
-        ctx.memo.export_taps.append(tap)
+        ctx.exports.add(tap)
         return cls(ctx, tap)
 
     def finish(self, job: Any) -> dict[str, Any] | None:

@@ -16,9 +16,10 @@ from convcheck.errors import BadInput
 from convcheck.hf.digest import Manifest, check_output, write_text_atomic
 from convcheck.live.agreement import run_agreed
 from convcheck.live.context import live_context
-from convcheck.oracles import ORACLES, load_live_oracle, mapping_live, parse_live_names, riders
+from convcheck.oracles import load_live_oracle, parse_live_names, ride
 from convcheck.rank.context import RankContext
 from convcheck.rank.export_digests import ExportDigests
+from convcheck.rank.export_pass import ExportPass
 from convcheck.rank.options import SyncOptions
 from convcheck.sync.adapters import Adapter, check_adapters, normalize_sender
 from convcheck.verdict import OracleVerdict, Report, complete
@@ -56,10 +57,9 @@ def _check(
 ) -> Report | None:
     ctx = live_context(model, bridge, names_from=names_from, sync=sync, pg_collection=pg_collection)
     started = time.perf_counter()
-    _shard_tap(ctx, names)
+    ride(ctx, names, live=True)  # the differential's probe, the mapping tap: in an earlier drain
     verdicts: list[OracleVerdict] = []
     try:
-        ctx.memo.probe_in_export = "differential" in riders(names)
         for name in names:
             ctx.phase = f"oracle {name}"
             t0 = time.perf_counter()
@@ -67,7 +67,8 @@ def _check(
             if verdict is not None:
                 verdicts.append(_timed(verdict, time.perf_counter() - t0))
     finally:
-        ctx.memo = type(ctx.memo)()  # the probe records and held tensors go with it
+        ctx.exports = ExportPass()  # the probe records and held tensors go with it
+        ctx.names.end_run()  # the walk of the job's tensors too (the names stay for the next check)
     if not ctx.is_reporter:
         return None
     return Report(
@@ -106,7 +107,7 @@ def digest(
     ctx = live_context(model, bridge, names_from=None, sync=SyncOptions(sender=normalize_sender(sender)),
                        need_names=sender is not None, pg_collection=pg_collection)  # fmt: skip
     tap = ExportDigests(reporter=ctx.is_reporter, by="digest")
-    ctx.memo.export_taps.append(tap)
+    ctx.exports.add(tap)
     try:
         for _ in ctx.export(cpu=ctx.device != "cuda"):
             pass
@@ -135,18 +136,6 @@ def collector_paused() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
-
-
-def _shard_tap(ctx: RankContext, names: tuple[str, ...]) -> Any:
-    """Collective: the live mapping check's tap, fed by the first oracle before it that drains the export (None when
-    mapping is not asked for, or nothing drains before it: it then drains itself)."""
-    if "mapping" not in names or not any(ORACLES[n].drains_export for n in names[: names.index("mapping")]):
-        return None
-    tap = mapping_live.start(ctx)
-    if tap is not None:
-        ctx.memo.shard_tap = tap
-        ctx.memo.export_taps.append(tap)
-    return tap
 
 
 def _timed(verdict: OracleVerdict, seconds: float) -> OracleVerdict:

@@ -119,16 +119,29 @@ def close_early(handles: Mapping[str, Any]) -> None:
         handle.close()
 
 
-def riders(names: Sequence[str]) -> frozenset[str]:
+def riders(names: Sequence[str], *, live: bool = False) -> frozenset[str]:
     """The oracles of a run (in run order) that do their work inside an earlier oracle's: each declares what it rides
-    on (OracleInfo.rides_on), and an oracle before it that provides that (drains_export, reads_source) runs."""
+    on (OracleInfo.rides_on; in a live check OracleInfo.live_rides_on where it has one), and an oracle before it that
+    provides that (drains_export, reads_source) runs. Each one's rank-side `ride(ctx)` sets up its consumer on the
+    run's export pass (convcheck.rank.export_pass)."""
     provides = {"export": lambda i: i.drains_export, "source": lambda i: i.reads_source}
     out = set()
     for position, name in enumerate(names):
-        ride = ORACLES[name].rides_on
+        info = ORACLES[name]
+        ride = (info.live_rides_on if live else "") or info.rides_on
         if ride and any(provides[ride](ORACLES[earlier]) for earlier in names[:position]):
             out.add(name)
     return frozenset(out)
+
+
+def ride(ctx: Any, names: Sequence[str], *, live: bool = False) -> None:
+    """Rank side, collective: set up, in run order, the consumer of each oracle of `names` that rides on an earlier
+    one's work (`riders`) on the run's export pass: its rank-side module's `ride(ctx)` (the live variant's in a live
+    check; convcheck.rank.export_pass)."""
+    riding = riders(names, live=live)
+    for name in names:
+        if name in riding:
+            importlib.import_module(live_module(name) if live else ORACLES[name].module).ride(ctx)
 
 
 def parse_oracle_names(spec: str | None) -> tuple[str, ...]:
@@ -179,9 +192,14 @@ def parse_live_names(names: Sequence[str] | str | None) -> tuple[str, ...]:
     return tuple(n for n in ORACLES if n in asked)
 
 
+def live_module(name: str) -> str:
+    """The rank-side module oracle `name` uses inside a user's job (its own unless it has a live variant)."""
+    return _LIVE_MODULES.get(name, ORACLES[name].module)
+
+
 def load_live_oracle(name: str) -> Callable[[Any], Any]:
     """The `run` function oracle `name` uses inside a user's job (its own unless it has a live variant)."""
-    return importlib.import_module(_LIVE_MODULES.get(name, ORACLES[name].module)).run
+    return importlib.import_module(live_module(name)).run
 
 
 def live_markdown() -> str:
@@ -203,7 +221,9 @@ __all__ = [
     "LIVE_ORACLES",
     "live_markdown",
     "load_live_oracle",
+    "live_module",
     "parse_live_names",
+    "ride",
     "riders",
     "DEFAULT_ORACLES",
     "ORACLES",

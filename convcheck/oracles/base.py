@@ -27,7 +27,10 @@ class OracleInfo:
     """Its drain reads every source tensor on rank 0 (an oracle that rides on source reads can check them there)."""
     rides_on: str = ""
     """What of an earlier oracle's work it does its own inside, when such an oracle runs before it: "export"
-    (any `drains_export` oracle's drain) or "source" (a `reads_source` oracle's reads); "" for nothing."""
+    (any `drains_export` oracle's drain) or "source" (a `reads_source` oracle's reads); "" for nothing. Its rank-side
+    module's `ride(ctx)` sets up its consumer on the run's export pass (convcheck.rank.export_pass) when it rides."""
+    live_rides_on: str = ""
+    """What it rides on inside a user's job where that differs from `rides_on` (no source there: "export")."""
     live: str = ""
     """What it proves when run inside the user's job on trained weights, with no HF source of their values
     (convcheck.live); "" when it needs such a source (asking for it live is bad input)."""

@@ -102,6 +102,7 @@ MAPPING = OracleInfo(
     "the explicit mappings themselves match Megatron's forward beyond their own tests",
     drains_export=True,  # where roundtrip has not answered for it
     rides_on="source",
+    live_rides_on="export",
     live="every rank's shard of every covered parameter is the explicit mappings' to_shard of the export of the "
     "trained weights, so the export is what they rebuild from the shards (a wrong shard's parameter is rebuilt on "
     "rank 0, the export's first wrong element named); the shards are not checked against a source (there is none)",

@@ -119,7 +119,7 @@ def exactly_once(gathered: list[dict[str, Any]]) -> list[Finding]:
 def task_mappings(ctx: RankContext) -> dict[str, Any]:
     """Global name -> bridge mapping, for this rank's parameters the last probed export drain had tasks for: the
     registry's own lookup of that very name (tasks made under another name, a LoRA wrapper's, are left out)."""
-    tasks = ctx.memo.export_tasks or ()
+    tasks = ctx.exports.export_tasks or ()
     unwrapped = getattr(ctx.bridge._model_bridge, "_get_lora_unwrapped_name", None) if tasks else None
     found = {}
     for task in tasks:

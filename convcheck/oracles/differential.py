@@ -27,6 +27,12 @@ NAME = "differential"
 INFO = ORACLES[NAME]
 
 
+def ride(ctx: RankContext) -> None:
+    """Probe inside the next full bridge export (convcheck.probe.fused), when an oracle before this one drains it
+    (convcheck.oracles.ride)."""
+    ctx.exports.probe_pending = True
+
+
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank probes and exports each task; rank 0 assembles per-task element counts."""
     records = collect(ctx, with_real=True)
@@ -40,7 +46,7 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         if made is None
         else {"real": f"shared ({made['in']} export)", "in_export_s": made["seconds"]}
     )
-    return _verdict(findings, counts, {**where, "probes_shared": ctx.memo.probes_shared})
+    return _verdict(findings, counts, {**where, "probes_shared": ctx.exports.probes_shared})
 
 
 def _verdict(findings: list[Finding], counts: dict[str, int], where: dict[str, Any] | None = None) -> OracleVerdict:

@@ -36,7 +36,7 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         )
         for name, shape in sorted(source.items())
     )
-    metrics = {"probes_shared": ctx.memo.probes_shared}  # slots the differential's records share (its real checks)
+    metrics = {"probes_shared": ctx.exports.probes_shared}  # slots the differential's records share (its real checks)
     return make_verdict(NAME, checked=proven, findings=findings, unit="elements", rows=rows, metrics=metrics)
 
 

@@ -24,6 +24,7 @@ from convcheck.hf.tensors import TensorReader
 from convcheck.mappings import MappingError, MappingRegistry, RankCoord
 from convcheck.mappings.check import rows_match
 from convcheck.oracles import ORACLES
+from convcheck.rank import shard_match
 from convcheck.rank.context import RankContext
 from convcheck.rank.shard_match import names_and_registry
 from convcheck.rank.source_match import source_match
@@ -74,11 +75,17 @@ def _import_findings(
     return findings
 
 
+def ride(ctx: RankContext) -> None:
+    """Collective: check the shards inside roundtrip's source reads (convcheck.rank.shard_match), when roundtrip runs
+    before this oracle (convcheck.oracles.ride)."""
+    ctx.exports.shard_match = shard_match.start(ctx)
+
+
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank checks its shards against the explicit mappings; rank 0 checks the export against the
     source where every shard matched (the mappings rebuild the source from such shards) and against tensors rebuilt
     from the gathered shards elsewhere, re-streaming the export only to localise mismatches."""
-    tap = ctx.memo.shard_tap  # set on every rank or on none (convcheck.rank.shard_match.start is collective)
+    tap = ctx.exports.shard_match  # set on every rank or on none (convcheck.rank.shard_match.start is collective)
     if tap is not None:
         local = dict(ctx.named_parameters())
         all_names, registry = tap.all_names, tap.registry

@@ -25,7 +25,8 @@ from convcheck.verdict import Finding, OracleVerdict, make_verdict
 
 
 class LiveShardTap(ShardTap):
-    """A shard tap fed by the export stream (RunMemo.export_taps): each offered tensor is the export's."""
+    """A shard tap fed by the export stream as an export consumer (convcheck.rank.export_pass): each tensor consumed
+    is the export's."""
 
     fed: bool = False
     findings: list[Finding]
@@ -35,11 +36,11 @@ class LiveShardTap(ShardTap):
         if not self.fed:  # a later stream (the localising one) changes nothing
             self.exported = {}
 
-    def offer(self, name: str, source: Any = None) -> None:  # type: ignore[override]
+    def consume(self, name: str, tensor: Any) -> None:
         if self.fed:
             return
-        self.exported[name] = source.nbytes
-        super().offer(name, source)
+        self.exported[name] = tensor.nbytes
+        self.offer(name, tensor)
 
     def finish(self, export_error: str | None = None) -> None:  # type: ignore[override]
         if self.fed:
@@ -49,7 +50,7 @@ class LiveShardTap(ShardTap):
 
     def _verify(self, param: str, hf: dict[str, Any]) -> None:
         mapping, tensor = self.registry.mappings[param], self.local[param]
-        if shard_matches(mapping, hf, self.ctx.layout, self.ctx.coord, tensor, self.ctx.memo.proven_bytes):
+        if shard_matches(mapping, hf, self.ctx.layout, self.ctx.coord, tensor, self.ctx.exports.proven_bytes):
             self.proven[param] = (tensor, tensor._version)
         else:
             self._name(param, mapping, hf, tensor)
@@ -77,7 +78,7 @@ def start(ctx: RankContext) -> LiveShardTap | None:
         return None
     tap = LiveShardTap(ctx=ctx, registry=registry, all_names=all_names, local={})
     tap.findings, tap.exported = [], {}
-    ctx.memo.proven_bytes = ProvenBytes()  # the differential's proved ranges, for this tap to look up
+    ctx.exports.proven_bytes = ProvenBytes()  # the differential's proved ranges, for this tap to look up
     maps = registry.mappings
     for name, tensor in local.items():
         mapping = maps.get(name)
@@ -91,9 +92,18 @@ def start(ctx: RankContext) -> LiveShardTap | None:
     return tap
 
 
+def ride(ctx: RankContext) -> None:
+    """Collective: feed this oracle's tap with the export an earlier oracle drains (convcheck.oracles.ride);
+    where the registry cannot be built, nothing rides and `run` says why."""
+    tap = start(ctx)
+    if tap is not None:
+        ctx.exports.shard_match = ctx.exports.add(tap)
+
+
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank's shards against the export; suspects rebuilt on rank 0 and compared with the export."""
-    tap = ctx.memo.shard_tap if isinstance(ctx.memo.shard_tap, LiveShardTap) and ctx.memo.shard_tap.fed else None
+    rode = ctx.exports.shard_match
+    tap = rode if isinstance(rode, LiveShardTap) and rode.fed else None
     came_from = "shared (export tap)"
     if tap is None:
         try:
@@ -132,7 +142,7 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         base.NAME, checked=verdict.checked, findings=list(verdict.findings), rows=verdict.rows, unit=verdict.unit,
         metrics={
             **metrics, "live": True, "in_export_s": round(tap.seconds, 3),
-            "compares_proven_by_differential": ctx.memo.proven_bytes.hits if ctx.memo.proven_bytes is not None else 0,
+            "compares_proven_by_differential": proven.hits if (proven := ctx.exports.proven_bytes) is not None else 0,
         },
     )  # fmt: skip
 
@@ -143,7 +153,7 @@ def _own_drain(ctx: RankContext) -> LiveShardTap:
     assert tap is not None  # names_and_registry just succeeded on every rank
     tap.start()
     for name, tensor in ctx.export(cpu=ctx.device != "cuda"):
-        tap.offer(name, tensor)
+        tap.consume(name, tensor)
     tap.finish(ctx.export_error)
     return tap
 

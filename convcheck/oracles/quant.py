@@ -163,7 +163,7 @@ def _check_blocks(ctx: RankContext, block: tuple[int, int], target: QuantTarget)
 def _reference(ctx: RankContext, check: Any) -> Finding | None:
     """Feed `check` the bf16 tensors: from the source where an earlier drain proved the export equals it on every
     rank, else from a drain of the bridge's bf16 export (its failure, if any, on rank 0)."""
-    proven = ctx.memo.source_match
+    proven = ctx.exports.source_match
     total = len(ctx.checkpoint.tensors)
     ctx.phase = f"{NAME}: bf16 reference"
     if proven is not None and proven.clean:

@@ -13,9 +13,9 @@ INFO = ORACLES[NAME]
 
 def run(ctx: RankContext) -> OracleVerdict | None:
     """Collective: every rank drains the export (it runs the gathers); rank 0 compares, one tensor at a time. The
-    mapping oracle's shard check rides on the source reads (ctx.memo.shard_tap); layout and mapping reuse the
+    mapping oracle's shard check rides on the source reads (ctx.exports.shard_match); layout and mapping reuse the
     equality."""
-    found = compare_to_source(ctx, tap=ctx.memo.shard_tap)
+    found = compare_to_source(ctx, tap=ctx.exports.shard_match)
     record_comparison(ctx, found, by=NAME)
     if not ctx.is_reporter:
         return None

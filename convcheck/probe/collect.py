@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from convcheck.compare.bits import describe_element, int_view, unravel_index
@@ -20,6 +21,20 @@ PROVEN_RUNS = 4
 the mapping tap compares again; a scattered layout's many runs it would not look up whole."""
 
 
+@dataclass(frozen=True)
+class ProbeRecords:
+    """The probe's records of this run, held on the run's export pass for the differential and elements."""
+
+    with_real: bool
+    """Made with the real conversions' outputs."""
+    records: list[dict[str, Any]]
+    """One record per HF tensor of a conversion task."""
+    origin: dict[str, Any] | None = None
+    """Which export drain made them ({"in": oracle, "seconds": probe work there}); None: collect did."""
+    shared: int = 0
+    """Routed-expert tasks that took their layer's shared probe slots (convcheck.probe.shared)."""
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return f"{exc.__class__.__name__}: {text.splitlines()[0]}" if text else exc.__class__.__name__
@@ -35,12 +50,12 @@ def collect(ctx: Any, *, with_real: bool) -> list[dict[str, Any]]:
     Records an earlier drain kept are used only when every rank has them: a rank whose drain was not intact (its
     export called a mapping with other arguments, e.g. DeepSeek-V3's MTP layers at PP2) probes here, and its peers
     with it, or the bridge's collective task building would wait for them forever."""
-    cached = ctx.memo.probe_records
-    usable = cached is not None and (cached[0] or not with_real)
+    cached = ctx.exports.probe
+    usable = cached is not None and (cached.with_real or not with_real)
     if ctx.world > 1:
         usable = all(ctx.gather(usable))
     if usable:
-        return cached[1]
+        return cached.records
     records: list[dict[str, Any]] = []
     codes, shared, digests = CodeCache(), SharedProbes(), DigestQueue()
     tasks = tasks_of(ctx)
@@ -68,17 +83,15 @@ def collect(ctx: Any, *, with_real: bool) -> list[dict[str, Any]]:
 def keep(
     ctx: Any, records: list[dict[str, Any]], *, with_real: bool, origin: dict[str, Any] | None = None, shared: int = 0
 ) -> None:
-    """Hold this run's records in the run's memo for the later oracles that ask for them (differential, elements);
-    `origin` says which export drain made them and the seconds their probe work took there, `shared` how many tasks
-    took shared probe slots."""
-    ctx.memo.probe_records = (with_real, records)
-    ctx.memo.probe_origin = origin
-    ctx.memo.probes_shared = shared
+    """Hold this run's records on the run's export pass (convcheck.rank.export_pass) for the later oracles that ask
+    for them (differential, elements); `origin` says which export drain made them and the seconds their probe work
+    took there, `shared` how many tasks took shared probe slots."""
+    ctx.exports.probe = ProbeRecords(with_real=with_real, records=records, origin=origin, shared=shared)
 
 
 def origin(ctx: Any) -> dict[str, Any] | None:
     """Where the held records were made when not by `collect` itself (convcheck.probe.fused), else None."""
-    return ctx.memo.probe_origin
+    return ctx.exports.probe.origin if ctx.exports.probe is not None else None
 
 
 def weight_version(task: Any) -> int | None:

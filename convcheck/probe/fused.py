@@ -101,7 +101,7 @@ class ProbeInExport:
         self.next += 1
         started = time.perf_counter()
         real = dict(out or {})
-        proven = self.ctx.memo.proven_bytes
+        proven = self.ctx.exports.proven_bytes
         if proven is not None:
             proven.clear()  # the last task's facts: its outputs have streamed by
         self.records.extend(
@@ -141,5 +141,5 @@ class ProbeInExport:
         finally:
             self.tasks = []
             self.digests.drop()
-            if self.ctx.memo.proven_bytes is not None:
-                self.ctx.memo.proven_bytes.clear()
+            if self.ctx.exports.proven_bytes is not None:
+                self.ctx.exports.proven_bytes.clear()

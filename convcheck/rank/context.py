@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -10,81 +9,20 @@ import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.br
 
 import torch.distributed as dist
 from megatron.bridge import AutoBridge
-from megatron.bridge.models.conversion import model_bridge
 from megatron.bridge.models.model_provider import ModelProviderMixin
 from megatron.core.transformer.module import MegatronModule
 
-from convcheck.compare.proven import ProvenBytes
 from convcheck.errors import one_line, raised_at
 from convcheck.hf.checkpoint import Checkpoint
 from convcheck.layout import ParallelLayout, RankCoord
-from convcheck.probe import fused
 from convcheck.progress import ProgressWriter
 from convcheck.rank.dist import parallel_state_group
+from convcheck.rank.export_pass import ExportPass
 from convcheck.rank.lone import GRACE_S, StageLedger
-from convcheck.rank.model import named_tensors
+from convcheck.rank.name_index import LocalTensor, NameIndex
 from convcheck.rank.options import ReshardTargets, SyncOptions
-from convcheck.sync.stream import hold, sender_failure, sender_stream
+from convcheck.sync.stream import sender_failure, sender_stream
 from convcheck.verdict import Finding
-
-
-@dataclass(kw_only=True)
-class RunMemo:
-    """What one oracle's work leaves for later oracles of the same run, as their OracleInfo declares (rides_on);
-    the worker sets the riders up before the first oracle runs (convcheck.oracles.riders)."""
-
-    probe_in_export: bool = False
-    """The next full bridge export also produces the differential's records (convcheck.probe.fused)."""
-    shard_tap: Any = None
-    """Roundtrip's drain also checks the local shards against the explicit mappings (convcheck.rank.shard_match)."""
-    source_match: Any = None
-    """This run's export-vs-source answer once a drain recorded it (convcheck.rank.source_match)."""
-    probe_records: tuple[bool, list[dict[str, Any]]] | None = None
-    """(made with the real outputs, records) of the probe (convcheck.probe.collect), for differential and elements."""
-    probe_origin: dict[str, Any] | None = None
-    """Which export drain made `probe_records` and the seconds their probe work took there (None: collect did)."""
-    probes_shared: int = 0
-    """Routed-expert tasks of `probe_records` that took their layer's shared probe slots (convcheck.probe.shared)."""
-    export_taps: list[Any] = field(default_factory=list)
-    """Taps every export stream feeds: `start()`, `offer(name, tensor)` per item, `finish(export_error)` when the
-    stream ran to its end (e.g. the gate manifest's digests, convcheck.engine.recorder)."""
-    held_exports: list[Any] = field(default_factory=list)
-    """The bridge exports a custom sender is iterating (convcheck.sync.stream.Held): drained if the sender raises."""
-    export_tasks: list[Any] | None = None
-    """The bridge's conversion tasks the last probed export drain was handed (convcheck.probe.fused): their mappings
-    are the registry's answers for this rank's parameters, which coverage then need not look up again."""
-    local_tensors: tuple[tuple[Any, ...], Any, list[tuple[int, str, str, Any]]] | None = None
-    """(the chunks, the bridge's naming function, RankContext.local_tensors' answer for them): one walk of the modules
-    per run, not one per oracle."""
-    proven_bytes: ProvenBytes | None = None
-    """Set by the live mapping tap (convcheck.oracles.mapping_live.start): byte ranges the differential's compare inside
-    an export drain proved equal for the task being exported, which the tap then need not read again
-    (convcheck.compare.proven). None: nobody would look them up, so the differential notes none."""
-
-
-_CHUNK_NAMES: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], Any, Any, dict[tuple[str, int], str]]] = (
-    weakref.WeakKeyDictionary()
-)
-"""First model chunk -> (weak references to all the chunks, the rank's coordinates, the naming function, their global
-names so far)."""
-
-
-def chunk_names(chunks: list[MegatronModule], coord: RankCoord, namer: Any) -> dict[tuple[str, int], str]:
-    """The process's global names of these very chunks at these coordinates ((local name, virtual stage) -> name) as
-    `namer` (the bridge's local-to-global function) gives them, kept while the chunks live: a trainer's later checks
-    do not compute them again; another function (the bridge's patched or reloaded) starts afresh."""
-    held = _CHUNK_NAMES.get(chunks[0]) if chunks else None
-    if held is not None and held[1] == coord and held[2] is namer and same_objects([r() for r in held[0]], chunks):
-        return held[3]
-    names: dict[tuple[str, int], str] = {}
-    if chunks:
-        _CHUNK_NAMES[chunks[0]] = (tuple(weakref.ref(c) for c in chunks), coord, namer, names)
-    return names
-
-
-def same_objects(held: Any, chunks: list[MegatronModule]) -> bool:
-    """True when `held` are these very chunks, in order (what a kept answer about them is keyed by)."""
-    return len(held) == len(chunks) and all(a is b for a, b in zip(held, chunks))
 
 
 @dataclass(kw_only=True)
@@ -109,8 +47,8 @@ class RankContext:
     """One line when the bridge's import raised (the model then holds what was written before)."""
     export_error: str | None = None
     """One line when the last export stream raised (it then ends early)."""
-    memo: RunMemo = field(default_factory=RunMemo)
-    """What earlier oracles of this run left for later ones (the shared export drain, made explicit)."""
+    exports: ExportPass = field(default_factory=ExportPass)
+    """The run's export pass: the consumers every export stream feeds, and what its drains leave for later oracles."""
     write_manifest: str | None = None
     """Layout oracle in the reference job: write this rank's export digests here instead of comparing."""
     progress: ProgressWriter = field(default_factory=lambda: ProgressWriter(None))
@@ -146,11 +84,11 @@ class RankContext:
     stages: StageLedger = field(default_factory=lambda: StageLedger(counts={}))
     """How many bridge stages (import, export streams) this rank has ended: a stage that raised here while a peer
     waits in its collectives ends the run at once (convcheck.rank.lone)."""
-    _global_names: tuple[tuple[Any, ...], Any, dict[tuple[str, int], str]] = field(
-        default_factory=lambda: ((), None, {}), repr=False
-    )
-    """(the chunks, the bridge's naming function, (local name, virtual stage) -> global name): `global_name`'s answers
-    for these very chunks as that function gives them."""
+    names: NameIndex = field(init=False, repr=False)
+    """The global names of this rank's parameters (convcheck.rank.name_index), kept while the chunks live."""
+
+    def __post_init__(self) -> None:
+        self.names = NameIndex.of(self.model, self.coord)
 
     def oracle_options(self, oracle: str) -> dict[str, Any]:
         """The options given to `oracle` ({key: value}; convcheck.oracles.base.option_values adds the defaults)."""
@@ -169,16 +107,10 @@ class RankContext:
         sender's bad items are skipped and listed in `sender_issues` (convcheck.sync.stream).
         """
         total = len(self.checkpoint.tensors)
-        taps = list(self.memo.export_taps)
-        for tap in taps:
-            tap.start()
-        for done, item in enumerate(self._stream(cpu), 1):
+        stream = self.exports.feed(self._stream(cpu), lambda: self.export_error)
+        for done, item in enumerate(stream, 1):
             self.progress.emit(self.phase or "export", done=done, total=total, unit="tensors")
-            for tap in taps:
-                tap.offer(*item)
             yield item
-        for tap in taps:
-            tap.finish(self.export_error)
 
     def _stream(self, cpu: bool) -> Iterator[tuple[str, Any]]:
         if self.sync.sender is not None:
@@ -193,17 +125,7 @@ class RankContext:
 
     def bridge_export(self, cpu: bool = True) -> Iterator[tuple[str, Any]]:
         """The bridge's own `export_hf_weights` stream (what senders build on); raises what the bridge raises."""
-        if not self.memo.probe_in_export or not fused.usable(self.bridge):
-            return hold(self, self.bridge.export_hf_weights(self.model, cpu=cpu, show_progress=False))
-        self.memo.probe_in_export = False  # one drain carries the probe
-        tap = fused.ProbeInExport(self)
-        self.memo.export_tasks = tap.bridge_tasks
-        return hold(
-            self,
-            tap.drain(
-                self.bridge.export_hf_weights(self.model, cpu=cpu, show_progress=False, conversion_tasks=tap.tasks)
-            ),
-        )
+        return self.exports.bridge(self, cpu)
 
     def export_failure(self) -> Finding | None:
         """The `export-failed` (or, for a custom sender, `sender-failed` / `sender-bad-item`) finding for the last
@@ -243,16 +165,10 @@ class RankContext:
         """(global Megatron name, this rank's shard) for every parameter and persistent buffer of this rank."""
         return [(name, tensor) for _, _, name, tensor in self.local_tensors()]
 
-    def local_tensors(self) -> list[tuple[int, str, str, Any]]:
+    def local_tensors(self) -> list[LocalTensor]:
         """(virtual stage, local name, global name, tensor) for every parameter and persistent buffer of this rank,
-        walked once per run while the chunks stay the same objects (coverage, the shard tap and the mapping oracle
-        all ask)."""
-        held = self.memo.local_tensors
-        namer = model_bridge._megatron_local_name_to_global  # looked up now: a planted bug or a trainer may patch it
-        if held is None or not same_objects(held[0], self.model) or held[1] is not namer:
-            found = [(vp, local, self.global_name(local, vp), t) for vp, local, t in named_tensors(self.model)]
-            held = self.memo.local_tensors = (tuple(self.model), namer, found)
-        return held[2]
+        walked once per run (coverage, the shard tap and the mapping oracle all ask: convcheck.rank.name_index)."""
+        return self.names.local_tensors()
 
     def mapping_registry(self) -> Any:
         """The registry the bridge converts with: AutoBridge makes a new model bridge per access, and bridges that
@@ -262,14 +178,6 @@ class RankContext:
         return family.mapping_registry()
 
     def global_name(self, local_name: str, vp_stage: int) -> str:
-        """Megatron's global parameter name (layer and expert numbers made global), computed once per name while
-        the model chunks stay the same objects (coverage, the shard tap and the registry all ask)."""
-        namer = model_bridge._megatron_local_name_to_global  # looked up now: a planted bug or a trainer may patch it
-        if not same_objects(self._global_names[0], self.model) or self._global_names[1] is not namer:
-            self._global_names = (tuple(self.model), namer, chunk_names(self.model, self.coord, namer))
-        names = self._global_names[2]
-        found = names.get((local_name, vp_stage))
-        if found is None:
-            found = namer(self.model, self.model[0].config, local_name, vp_stage)
-            names[(local_name, vp_stage)] = found
-        return found
+        """Megatron's global parameter name (layer and expert numbers made global), computed once per name while the
+        model chunks live (coverage, the shard tap and the registry all ask: convcheck.rank.name_index)."""
+        return self.names.global_name(local_name, vp_stage)

@@ -14,7 +14,8 @@ SAFETENSORS_NAMES = {torch_name: st for st, torch_name in _TORCH_NAMES.items()}
 
 
 class ExportDigests:
-    """Feeds on `start()` / `offer(name, tensor)` / `finish(export_error)` (RunMemo.export_taps); only the first
+    """An export consumer (`start()` / `consume(name, tensor)` / `finish(export_error)`, convcheck.rank.export_pass);
+    only the first
     stream that runs to its end is kept, and only on the reporting rank."""
 
     def __init__(self, *, reporter: bool, by: str = "") -> None:
@@ -32,7 +33,7 @@ class ExportDigests:
         self.close()
         self._pool, self._order = HashPool(), []
 
-    def offer(self, name: str, tensor: Any) -> None:
+    def consume(self, name: str, tensor: Any) -> None:
         if self._pool is None:
             return
         self._order.append((name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape)))

@@ -102,8 +102,8 @@ def record(ctx: RankContext, equal: dict[str, bool], kinds: dict[str, Any], by: 
     failure = ctx.export_failure()
     clean = ctx.is_reporter and failure is None and all(equal.values()) and set(ctx.checkpoint.tensors) <= set(equal)
     clean = all(ctx.gather(bool(clean) if ctx.is_reporter else True))
-    ctx.memo.source_match = SourceMatch(clean=clean, by=by, equal=equal, kinds=dict(kinds), failure=failure)
-    return ctx.memo.source_match
+    ctx.exports.source_match = SourceMatch(clean=clean, by=by, equal=equal, kinds=dict(kinds), failure=failure)
+    return ctx.exports.source_match
 
 
 def record_comparison(ctx: RankContext, found: Comparison, by: str) -> SourceMatch:
@@ -115,6 +115,6 @@ def record_comparison(ctx: RankContext, found: Comparison, by: str) -> SourceMat
 
 def source_match(ctx: RankContext) -> SourceMatch:
     """Collective: this run's source match, draining the export (on the run's device) only if nothing recorded it."""
-    if isinstance(ctx.memo.source_match, SourceMatch):
-        return ctx.memo.source_match
+    if isinstance(ctx.exports.source_match, SourceMatch):
+        return ctx.exports.source_match
     return record_comparison(ctx, compare_to_source(ctx), by="own drain")

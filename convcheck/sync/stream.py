@@ -33,11 +33,11 @@ def describe_item(item: Any, known: Any) -> str | None:
 
 class Held:
     """A bridge export handed to a custom sender: the sender iterates it, the stream keeps the underlying iterator
-    (`memo.held_exports`) so that what a raising sender left of it can still be drained."""
+    (`ExportPass.held`) so that what a raising sender left of it can still be drained."""
 
     def __init__(self, ctx: Any, items: Any) -> None:
         self._items = iter(items)
-        ctx.memo.held_exports.append(self._items)
+        ctx.exports.held.append(self._items)
 
     def __iter__(self) -> Held:
         return self
@@ -54,9 +54,9 @@ def hold(ctx: Any, items: Any) -> Any:
 def _finish_held(ctx: Any, failed: bool) -> None:
     """Drain what the sender left of the bridge exports it started (one fresh export when it failed before starting
     any): the bridge's collectives then match those of ranks whose sender did not fail."""
-    if failed and not ctx.memo.held_exports:
+    if failed and not ctx.exports.held:
         ctx.bridge_export()
-    for items in ctx.memo.held_exports:
+    for items in ctx.exports.held:
         try:
             for _ in items:
                 pass
@@ -66,7 +66,7 @@ def _finish_held(ctx: Any, failed: bool) -> None:
 
 def _close_held(ctx: Any) -> None:
     """Close the held exports (their patches and hashing threads end with them) and forget them."""
-    held, ctx.memo.held_exports = ctx.memo.held_exports, []
+    held, ctx.exports.held = ctx.exports.held, []
     for items in held:
         close = getattr(items, "close", None)
         if close is not None:
