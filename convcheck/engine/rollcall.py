@@ -34,6 +34,11 @@ PEER_LOSS = ("connection closed by peer", "connection reset by peer", "broken pi
 """What a rank says when it failed only because a rank of another node went away first."""
 
 
+READ_GRACE_S = 10.0
+"""How long node 0, which hosts the meeting's store, waits for the other nodes to read every node's job before it
+exits on a disagreement (closing the store under a node still reading would turn that node's line into a lost store)."""
+
+
 @dataclass
 class Meeting:
     """One launcher's connection to the run's meeting point (node 0 hosts it)."""
@@ -82,8 +87,15 @@ class Meeting:
                 f"{timeout_s:g} s (start one launcher per node with the same --nnodes, --master-addr and --master-port)"
             )
         jobs = [json.loads(self.store.get(key)) for key in keys]
+        try:
+            self.store.set(self._key(launch, "read", me), "1")
+        except RuntimeError as exc:
+            raise _host_lost(self.nodes, exc) from None
         for node, other in enumerate(jobs):
             if other != jobs[0]:
+                if me == 0:  # the store's host: every node reads the jobs (and disagrees too) before it goes away
+                    reads = [self._key(launch, "read", n) for n in range(self.nodes.nnodes)]
+                    self._wait(reads, min(timeout_s, READ_GRACE_S))
                 # options first, then the per-item entries of a whole run ("case qwen3/tp2", agree below)
                 fields = sorted((k for k in {*other, *jobs[0]} if other.get(k) != jobs[0].get(k)),
                                 key=lambda k: (" " in k, k))  # fmt: skip
