@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from convcheck.engine.launch import rank_env
 from convcheck.rollout import protocol
 from convcheck.rollout.environment import default_python, engine_env
 from convcheck.rollout.warm_engine import admission
@@ -56,15 +57,18 @@ time.sleep(600)
 
 @pytest.mark.engine
 @pytest.mark.skipif(not Path(default_python()).is_file(), reason="no engine environment: `make env-vllm`")
-def test_a_forked_engine_answers_and_dies_with_its_client(tmp_path: Path) -> None:
+def test_a_forked_engine_answers_and_dies_with_its_client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A client asking the session's server gets an engine that answers requests (an unknown one: its one-line
-    error, as a fresh host answers) and is killed once the client is; another interpreter is refused."""
+    error, as a fresh host answers) and is killed once the client is; another interpreter is refused. The client
+    runs with a CPU rank's environment, as the engine oracle's rank 0 does (the server serves those)."""
+    for name, value in import_env(rank_env("cpu")).items():
+        monkeypatch.setenv(name, value)
     python = str(Path(default_python()).absolute())
     assert os.environ.get(SOCKET_ENV), "the engine marker starts the session's warm engine server"
     with open(tmp_path / "log", "ab") as log:
         assert start_warm(str(tmp_path / "python"), log) is None
         process = start_warm(python, log)
-        assert process is not None
+        assert process is not None, (tmp_path / "log").read_text()
         protocol.send(process.stdin, {"op": "nonsense"})
         where = f"{ROOT}/convcheck/rollout/host.py:{_line('unknown request')}"
         error = "ValueError: unknown request 'nonsense'"
