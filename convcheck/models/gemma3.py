@@ -67,6 +67,22 @@ def _no(field: str, megatron: str = "num_layers") -> FieldRule:
     )
 
 
+GEMMA_MLP_RULES: tuple[FieldRule, ...] = (
+    FieldRule(
+        megatron="activation_func",
+        hf=("hidden_activation",),
+        expect=lambda c, _m: (
+            "fast_gelu" if c["hidden_activation"] == "gelu_pytorch_tanh" else unsupported(c["hidden_activation"])
+        ),
+        observe=function_name,
+        note="HF's gelu_pytorch_tanh is megatron-core's fast_gelu (the tanh approximation)",
+    ),
+    implied("gated_linear_unit", True, "MLP is down(act(gate(x)) * up(x))"),
+    same("tie_word_embeddings", "share_embeddings_and_output_weights"),
+    same("attention_bias", "add_qkv_bias"),
+)
+"""The rules Gemma 3 and Gemma 4 share: the tanh GELU gated MLP, tied embeddings, the q/k/v bias flag."""
+
 GEMMA3_TABLE: tuple[FieldRule, ...] = (
     same("num_hidden_layers", "num_layers"),
     same("hidden_size", "hidden_size"),
@@ -117,18 +133,7 @@ GEMMA3_TABLE: tuple[FieldRule, ...] = (
         note="1 per sliding (local) layer: HF layer_types; the provider's (local, global) pattern, never read from "
         "the HF config",
     ),
-    FieldRule(
-        megatron="activation_func",
-        hf=("hidden_activation",),
-        expect=lambda c, _m: (
-            "fast_gelu" if c["hidden_activation"] == "gelu_pytorch_tanh" else unsupported(c["hidden_activation"])
-        ),
-        observe=function_name,
-        note="HF's gelu_pytorch_tanh is megatron-core's fast_gelu (the tanh approximation)",
-    ),
-    implied("gated_linear_unit", True, "MLP is down(act(gate(x)) * up(x))"),
-    same("tie_word_embeddings", "share_embeddings_and_output_weights"),
-    same("attention_bias", "add_qkv_bias"),
+    *GEMMA_MLP_RULES,
     implied("add_bias_linear", False, "Gemma 3 o_proj and MLP have no bias"),
     implied("qk_layernorm", True, "Gemma 3 attention always applies q_norm / k_norm (per head)"),
     implied("num_moe_experts", None, "dense architecture: no MoE layers"),

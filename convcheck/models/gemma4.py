@@ -16,12 +16,12 @@ from convcheck.models.config_rules import (
     FieldRule,
     HfView,
     MegatronGet,
-    function_name,
     implied,
     same,
     unsupported,
 )
 from convcheck.models.fixture_spec import TINY_SHAPES, FixtureSpec
+from convcheck.models.gemma3 import GEMMA_MLP_RULES
 from convcheck.models.gpt_oss_config import hf_window_layers
 from convcheck.models.upstream_bug import UpstreamBug
 
@@ -132,18 +132,7 @@ GEMMA4_TABLE: tuple[FieldRule, ...] = (
         observe=_sliding_layers,
         note="1 per sliding layer: HF layer_types",
     ),
-    FieldRule(
-        megatron="activation_func",
-        hf=("hidden_activation",),
-        expect=lambda c, _m: (
-            "fast_gelu" if c["hidden_activation"] == "gelu_pytorch_tanh" else unsupported(c["hidden_activation"])
-        ),
-        observe=function_name,
-        note="HF's gelu_pytorch_tanh is megatron-core's fast_gelu (the tanh approximation)",
-    ),
-    implied("gated_linear_unit", True, "MLP is down(act(gate(x)) * up(x))"),
-    same("tie_word_embeddings", "share_embeddings_and_output_weights"),
-    same("attention_bias", "add_qkv_bias"),
+    *GEMMA_MLP_RULES,
     implied("add_bias_linear", False, "Gemma 4 o_proj and MLP have no bias"),
     implied("num_moe_experts", None, "the dense variants: no MoE block"),
     same("attention_dropout", "attention_dropout", absent=0.0),
