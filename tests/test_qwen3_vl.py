@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from convcheck.compare.bits import bytes_equal
 from convcheck.fixtures.reference import load_layout
 from convcheck.hf.geometry import Geometry
 from convcheck.layout import ParallelLayout
@@ -99,10 +100,10 @@ def test_vision_qkv_mapping_interleaves_heads_and_splits_them_over_tp() -> None:
     m = ConcatenatedQKV(megatron="w", hf="qkv", num_heads=2, head_dim=8)
     tp2 = ParallelLayout(tp=2)
     shards = {RankCoord(tp_rank=r): m.to_shard({"qkv": qkv}, tp2, RankCoord(tp_rank=r)) for r in range(2)}
-    assert torch.equal(shards[RankCoord(tp_rank=0)], torch.cat([qkv[0:8], qkv[16:24], qkv[32:40]]))  # head 0
-    assert torch.equal(shards[RankCoord(tp_rank=1)], torch.cat([qkv[8:16], qkv[24:32], qkv[40:48]]))  # head 1
+    assert bytes_equal(shards[RankCoord(tp_rank=0)], torch.cat([qkv[0:8], qkv[16:24], qkv[32:40]]))  # head 0
+    assert bytes_equal(shards[RankCoord(tp_rank=1)], torch.cat([qkv[8:16], qkv[24:32], qkv[40:48]]))  # head 1
     back = dict(m.from_shards(shards, tp2))
-    assert torch.equal(back["qkv"], qkv)
+    assert bytes_equal(back["qkv"], qkv)
     with pytest.raises(Exception, match="3 heads do not split over tp=2|do not split"):
         ConcatenatedQKV(megatron="w", hf="qkv", num_heads=3, head_dim=8).to_shard({"qkv": qkv[:0]}, tp2,
                                                                                 RankCoord(tp_rank=0))  # fmt: skip
@@ -122,9 +123,9 @@ def test_transposed_fused_expert_slice() -> None:
     fused = torch.arange(2 * 4 * 6, dtype=torch.float32).reshape(2, 4, 6)  # [E, H, 2F]
     tp1 = ParallelLayout()
     shard = mapping.to_shard({mapping.fused: fused}, tp1, RankCoord())
-    assert torch.equal(shard, fused[1].T)
+    assert bytes_equal(shard, fused[1].T)
     back = dict(mapping.from_shards({mapping.canonical(RankCoord()): shard}, tp1))
-    assert torch.equal(back[f"{mapping.fused}[1]"], fused[1])
+    assert bytes_equal(back[f"{mapping.fused}[1]"], fused[1])
 
 
 def test_mapping_rules_cover_every_part_once() -> None:
@@ -279,7 +280,7 @@ def test_fused_experts_are_read_in_the_orientation_transformers_stores_them(tmp_
     loaded = dict(transformers.Qwen3VLMoeForConditionalGeneration.from_pretrained(tmp_path).named_parameters())
     up, down = (f"model.language_model.layers.0.mlp.experts.{p}" for p in ("gate_up_proj", "down_proj"))
     assert stored[up].shape == (2, 8, 8) and stored[down].shape == (2, 8, 4)  # [E, 2F, hidden] (square), [E, hidden, F]
-    assert torch.equal(loaded[up], stored[up]) and torch.equal(loaded[down], stored[down])  # read as stored
+    assert bytes_equal(loaded[up], stored[up]) and bytes_equal(loaded[down], stored[down])  # read as stored
     geometry = Geometry.from_hf_config(json.loads((tmp_path / "config.json").read_text()))
     shapes = {name: tuple(t.shape) for name, t in stored.items()}
     assert stored_as_linear(shapes, geometry.hidden, geometry.moe_ffn)
@@ -290,7 +291,7 @@ def test_fused_experts_are_read_in_the_orientation_transformers_stores_them(tmp_
     fc1 = expert_fc1(re.fullmatch(rules[expert_fc1], name.format(1)), linear)  # type: ignore[arg-type]
     fc2 = expert_fc2(re.fullmatch(rules[expert_fc2], name.format(2)), linear)  # type: ignore[arg-type]
     tp1 = ParallelLayout()
-    assert torch.equal(fc1.to_shard({up: stored[up]}, tp1, RankCoord()), stored[up][1])
-    assert torch.equal(fc2.to_shard({down: stored[down]}, tp1, RankCoord()), stored[down][1])
+    assert bytes_equal(fc1.to_shard({up: stored[up]}, tp1, RankCoord()), stored[up][1])
+    assert bytes_equal(fc2.to_shard({down: stored[down]}, tp1, RankCoord()), stored[down][1])
     published = expert_fc1(re.fullmatch(rules[expert_fc1], name.format(1)), geometry)  # type: ignore[arg-type]
     assert isinstance(published, TransposedFusedSlice)

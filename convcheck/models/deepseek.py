@@ -201,6 +201,15 @@ def _yarn(field: str) -> FieldRule:
     )
 
 
+MTP_LAYERS = FieldRule(
+    megatron="mtp_num_layers",
+    hf=("num_nextn_predict_layers",),
+    expect=lambda c, _m: c.get("num_nextn_predict_layers") or None,
+    observe=lambda value, _m: value or None,
+    note="MTP layers model.layers.{L + k}",
+)
+"""num_nextn_predict_layers <-> mtp_num_layers (0 and absent both mean none): the DeepSeek-V3 and GLM-5 tables."""
+
 DEEPSEEK_V3_TABLE = (
     same("num_hidden_layers", "num_layers"),
     same("hidden_size", "hidden_size"),
@@ -285,13 +294,7 @@ DEEPSEEK_V3_TABLE = (
         ),
         note="Megatron divides the chosen sigmoid scores by their sum, as HF does with norm_topk_prob",
     ),
-    FieldRule(
-        megatron="mtp_num_layers",
-        hf=("num_nextn_predict_layers",),
-        expect=lambda c, _m: c.get("num_nextn_predict_layers") or None,
-        observe=lambda value, _m: value or None,
-        note="MTP layers model.layers.{L + k}",
-    ),
+    MTP_LAYERS,
     implied("hidden_dropout", 0.0, "HF decoder layers have no hidden dropout"),
     FieldRule(
         megatron="num_layers",

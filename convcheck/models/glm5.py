@@ -13,7 +13,7 @@ from typing import Any
 
 from convcheck.models.architecture import Architecture
 from convcheck.models.config_rules import FieldRule, HfView, MegatronGet, implied, same, unsupported
-from convcheck.models.deepseek import MLA_SHAPES, fixed_qa_kv_eps, group_scores_rule
+from convcheck.models.deepseek import MLA_SHAPES, MTP_LAYERS, fixed_qa_kv_eps, group_scores_rule
 from convcheck.models.fixture_spec import FixtureSpec
 from convcheck.models.glm import GLM_TABLE
 from convcheck.models.registered_bugs import GLM5_INDEXER_ROPE_INTERLEAVE_REQUIRED
@@ -95,13 +95,7 @@ GLM5_RULES: tuple[FieldRule, ...] = (
         "dsa_indexer_rotate_activation", False, f"HF skips the reference indexer's Hadamard rotation ({HF}:210-213)"
     ),
     implied("dsa_indexer_scoring_relu", True, f"HF scores relu(q . k) per head ({HF}:245)"),
-    FieldRule(
-        megatron="mtp_num_layers",
-        hf=("num_nextn_predict_layers",),
-        expect=lambda c, _m: c.get("num_nextn_predict_layers") or None,
-        observe=lambda value, _m: value or None,
-        note="MTP layers model.layers.{L + k}",
-    ),
+    MTP_LAYERS,
     implied("qk_layernorm", True, "MLA's q_a / kv_a norms"),
     group_scores_rule(f"{HF}:595"),
     FieldRule(
