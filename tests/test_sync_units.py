@@ -287,3 +287,47 @@ def test_the_fused_receiver_refuses_a_model_whose_layers_differ_in_attention_lay
         assert one_layout_gap({"text_config": {**uniform, knob: value}}) == why
         with pytest.raises(NotCovered, match="fused receiver stacks one q / k / v layout for every layer, and its"):
             FusedReceiver({**uniform, knob: value})
+
+
+def test_the_hf_receiver_loads_fused_experts_in_either_orientation_as_transformers_does() -> None:
+    """Qwen3-VL-MoE: published checkpoints store experts.gate_up_proj [E, H, 2F], transformers 5's model holds (and
+    saves) [E, 2F, H], and its loader transposes only a tensor whose shape is not the model's. The receiver loads the
+    published orientation transposed, reads it back as it came, and puts each element where transformers' loader
+    puts it: a planted swap of two elements is the only difference from the source, found at its first index."""
+    from transformers import AutoConfig
+
+    from convcheck.fixtures.build import build_fixture
+    from convcheck.sync.receivers import HFReceiver
+
+    config = AutoConfig.from_pretrained(build_fixture("qwen3-vl-moe"))
+    name = "model.language_model.layers.0.mlp.experts.gate_up_proj"
+    receiver = HFReceiver(config)
+    experts, hidden, wide = 8, config.text_config.hidden_size, 2 * config.text_config.moe_intermediate_size
+    published = distinct(experts, hidden, wide)
+    receiver.load_weights([(name, published)])
+    assert receiver.transposed == {name}
+    param = dict(receiver.model.named_parameters())[name]
+    assert bytes_equal(param.data, published.transpose(1, 2))  # where transformers' loader puts each element
+    assert bytes_equal(receiver.state_dict()[name], published)
+    as_saved = HFReceiver(config)
+    as_saved.load_weights([(name, published.transpose(1, 2).contiguous())])
+    assert as_saved.transposed == set() and bytes_equal(as_saved.state_dict()[name], published.transpose(1, 2))
+    wrong = published.clone()
+    wrong[0, 0, 0], wrong[0, 0, 1] = published[0, 0, 1], published[0, 0, 0]
+    planted = HFReceiver(config)
+    planted.load_weights([(name, wrong)])
+    got = int_view(planted.state_dict()[name]).reshape(published.shape)
+    differs = (got != int_view(published).reshape(published.shape)).nonzero().tolist()
+    assert differs == [[0, 0, 0], [0, 0, 1]]
+    with pytest.raises(ValueError, match=r"shape \[8, 4, 4\], the model expects"):
+        HFReceiver(config).load_weights([(name, distinct(experts, 4, 4))])
+
+
+def test_fused_geometry_reads_a_vision_language_config_through_its_text_config() -> None:
+    text = {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "hidden_size": 32, "num_experts": 8}
+    wrapped = {"model_type": "qwen3_vl_moe", "text_config": text, "vision_config": {"num_heads": 2}}
+    assert (
+        Geometry.from_config(wrapped)
+        == Geometry.from_config(text)
+        == Geometry(q_rows=32, kv_rows=16, experts=8, gated=True)
+    )

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from convcheck.ckpt.written import prove_written
 from convcheck.hf.checkpoint import Checkpoint
+from convcheck.hf.geometry import Geometry
 from convcheck.oracles import ORACLES
 from convcheck.oracles.base import option_values
 from convcheck.oracles.logits import hf_device
@@ -106,7 +107,7 @@ def _prove(
             numbers["added_files"] = added
         weights_ok = all(f.kind == "field-differs" for f in findings)  # a config change still gets its logits
         if weights_ok and (folder / "config.json").exists():
-            vocab = int(source.config["vocab_size"])
+            vocab = Geometry.from_hf_config(source.config).vocab  # a VL config holds it in text_config
             device = hf_device(ctx)
             wrong, error = logits_check(source.path, folder, variant.label, vocab, variant.cast is None, device)
             findings += wrong

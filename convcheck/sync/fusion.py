@@ -50,7 +50,9 @@ class Geometry:
 
     @classmethod
     def from_config(cls, config: Any) -> Geometry:
-        """Read heads, KV heads, head_dim, experts and the MLP activation from a transformers config (or its dict)."""
+        """Read heads, KV heads, head_dim, experts and the MLP activation from a transformers config (or its dict); a
+        vision-language config is read through its text_config (the language model is what the engine fuses)."""
+        config = _get(config, "text_config", default=config)
         heads = int(_get(config, "num_attention_heads", default=1))
         kv = int(_get(config, "num_key_value_heads", default=heads))
         head_dim = int(_get(config, "head_dim", default=int(_get(config, "hidden_size", default=heads)) // heads))

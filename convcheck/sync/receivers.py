@@ -20,12 +20,28 @@ from convcheck.errors import NotCovered
 from convcheck.sync.fusion import Geometry, locate, one_layout_gap, pack, slot_of, sources_of
 
 try:  # transformers 5; older releases' transformers have no weight conversions (using them raises as it did)
-    from transformers.core_model_loading import revert_weight_conversion
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import Transpose, WeightConverter, revert_weight_conversion
 except ImportError as _missing:
     _NO_CONVERSIONS = _missing
 
     def revert_weight_conversion(model: Any, state: Any) -> Any:
         raise _NO_CONVERSIONS
+
+
+def shape_checked_transposes(model: Any) -> list[re.Pattern[str]]:
+    """Name patterns of the checkpoint tensors transformers' loader transposes only when their shape is not the
+    model's (`Transpose(check_dims=True)`, e.g. Qwen3-VL-MoE's fused experts, conversion_mapping.py:838): published
+    checkpoints store them [E, H, 2F], transformers 5 holds and saves [E, 2F, H]; the loader takes either."""
+    if "_NO_CONVERSIONS" in globals():
+        return []
+    patterns = []
+    for transform in get_model_conversion_mapping(model, add_legacy=False):
+        if isinstance(transform, WeightConverter) and any(
+            isinstance(op, Transpose) and op.check_dims for op in transform.operations
+        ):
+            patterns += [re.compile(re.escape(p).replace(r"\*", r"\d+")) for p in transform.source_patterns]
+    return patterns
 
 
 class HFReceiver:
@@ -48,6 +64,10 @@ class HFReceiver:
         self._storage, self._placement = self._placements()
         self._depth = config.num_hidden_layers if getattr(config, "num_nextn_predict_layers", 0) else None
         self._ignored = [re.compile(p) for p in getattr(cls, "_keys_to_ignore_on_load_unexpected", None) or ()]
+        self._checked_transposes = shape_checked_transposes(self.model)
+        self.transposed: set[str] = set()
+        """Names received in the other orientation of a shape-checked transpose, loaded transposed as transformers'
+        loader loads them; read back in the orientation they came in."""
         self.not_held: set[str] = set()
         """MTP tensors received and dropped: transformers builds no MTP module (DeepSeek-V3, GLM-4.7-Flash, Qwen3-Next,
         Qwen3.5)."""
@@ -107,6 +127,9 @@ class HFReceiver:
                 if name not in self._placement:
                     raise KeyError(f"{name!r} is not a tensor of {type(self.model).__name__}")
                 shape, pieces = self._placement[name]
+                if tuple(tensor.shape) != shape and self._flips(name, tensor, shape):
+                    tensor = tensor.transpose(1, 2).contiguous()
+                    self.transposed.add(name)
                 if tuple(tensor.shape) != shape:
                     raise ValueError(f"{name}: shape {list(tensor.shape)}, the model expects {list(shape)}")
                 source = tensor.detach().reshape(-1)
@@ -117,13 +140,20 @@ class HFReceiver:
                     else:
                         target[dst] = source[src].to(target.dtype)
 
+    def _flips(self, name: str, tensor: Any, shape: tuple[int, ...]) -> bool:
+        """Whether transformers' loader transposes this [E, a, b] tensor into the model's [E, b, a]."""
+        flipped = (*tensor.shape[:1], *tensor.shape[1:][::-1])
+        return tensor.dim() == 3 and flipped == shape and any(p.search(name) for p in self._checked_transposes)
+
     def named_parameters(self) -> Iterator[tuple[str, Any]]:
         """The model's own storage (model names, each tied tensor once): what the oracles fill before a sync."""
         return iter(self._storage)
 
     def state_dict(self) -> dict[str, Any]:
-        """The state under checkpoint names, as transformers would save it."""
-        return revert_weight_conversion(self.model, self.model.state_dict())
+        """The state under checkpoint names, as transformers would save it; a tensor received transposed (see
+        `transposed`) in the orientation it came in."""
+        state = revert_weight_conversion(self.model, self.model.state_dict())
+        return {k: v.transpose(1, 2).contiguous() if k in self.transposed else v for k, v in state.items()}
 
     def expected(self, hf: Mapping[str, Any]) -> dict[str, Any]:
         """Every checkpoint name holds its source tensor; a tied name absent from the source holds its twin's."""
