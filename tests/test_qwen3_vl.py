@@ -208,6 +208,30 @@ def test_qwen3_vl_moe_ep2_passes_but_the_named_bugs(shared_root: Path) -> None:
     _assert_known_bugs_only(res, 170)
 
 
+@pytest.mark.ranks
+def test_the_image_pass_runs_at_pp2_and_a_stage_that_raises_is_named_not_waited_for(tmp_path: Path) -> None:
+    """PP2 as 3 + 1 (the vision tower and every deepstack layer on stage 0): the image pass runs through both stages.
+    A planted shift of the deepstack features makes stage 0's forward raise inside the bridge's block; stage 0 still
+    hands stage 1 its (NaN) hidden states, so the run ends in seconds naming rank 0, the assertion and its line, and
+    the text pass beside it still passes."""
+    from tests.support.helpers import run_cli
+
+    res = run_cli("verify", "--model", "tiny:qwen3-vl", "--pp", "2", "--pp-first", "3", "--oracle", "logits",
+                  "--hook", "convcheck.mutants.qwen3_vl:deepstack_off_by_one", "--table", "none", "--timeout", "120",
+                  tmp_path=tmp_path, timeout=400)  # fmt: skip
+    assert res.code == 1 and res.report is not None, res.err[-2000:]
+    (logits,) = res.report["oracles"]
+    found = [(f["tensor"], f["kind"]) for f in logits["findings"]]
+    assert found == [("<megatron forward>[image]", "forward-failed"), ("greedy-tokens[image]", "greedy-differs"),
+                     ("logits[image]", "logits-differ")]  # fmt: skip
+    failed = logits["findings"][0]["message"]
+    assert failed.startswith("rank 0: AssertionError: the deepstack_visual_embeds should on the first pp-stage")
+    assert "modelling_qwen3_vl/transformer_block.py:" in failed
+    metrics = logits["metrics"]
+    assert metrics["greedy_match"] == "32/32" and metrics["max_abs_err"] < 1e-6  # the text pass, beside it
+    assert metrics["image_greedy_match"] == "0/16" and metrics["image_input"].endswith("4 image tokens")
+
+
 def test_pipeline_placement_reads_the_language_models_layers() -> None:
     """The coverage oracle's pipeline check counts `language_model.decoder.layers.N`, not the vision tower's blocks."""
     from convcheck.oracles.coverage import DECODER_LAYER

@@ -153,7 +153,7 @@ def megatron_logits(
     hidden states [S, B, H] pass stage to stage, from the last stage back to the first between chunks. The
     embedding is chunk 0 of stage 0's, the final norm and output layer the last chunk of the last stage's.
     `whole`: upcast the whole chunk up front instead of block by block (the same bits, more memory). `extra`: more
-    forward keywords (a vision-language model's pixel_values and image_grid_thw; one pipeline stage only)."""
+    forward keywords (a vision-language model's pixel_values and image_grid_thw, given to every stage)."""
     gpt = _unwrap(ctx.model[0])
     groups = model_groups(gpt)
     pp, tp = groups.pp, groups.tp
@@ -168,19 +168,29 @@ def megatron_logits(
             chunk.eval()
         try:
             stages, chunks = len(pp_ranks), len(ctx.model)
+            shape = (tokens.shape[1], tokens.shape[0], gpt.config.hidden_size)  # [s, b, h] between stages
+            failed: Exception | None = None
             for index, chunk in enumerate(ctx.model):
                 module = _unwrap(chunk)
                 if stage > 0 or index > 0:  # input from the previous stage (the last one, between chunks)
-                    shape = (tokens.shape[1], tokens.shape[0], gpt.config.hidden_size)  # [s, b, h]
                     hidden = torch.empty(shape, dtype=torch.float32, device=device)
                     dist.recv(hidden, src=pp_ranks[stage - 1])  # stage 0's previous stage is pp_ranks[-1]
                     module.set_input_tensor(hidden)
-                more = {k: v.to(device) for k, v in (extra or {}).items()}
-                out = module(input_ids=tokens, position_ids=positions, attention_mask=None, **more)
-                if isinstance(out, tuple):  # (logits, loss_mask): the Gemma 3 VL wrapper, modeling_gemma3_vl.py:204
-                    out = out[0]
-                if stage < stages - 1 or index < chunks - 1:
-                    dist.send(out.float().contiguous(), dst=pp_ranks[(stage + 1) % stages])
+                if failed is None:
+                    try:
+                        more = {k: v.to(device) for k, v in (extra or {}).items()}
+                        out = module(input_ids=tokens, position_ids=positions, attention_mask=None, **more)
+                        if isinstance(
+                            out, tuple
+                        ):  # (logits, loss_mask): the Gemma 3 VL wrapper, modeling_gemma3_vl.py:204
+                            out = out[0]
+                    except Exception as exc:  # noqa: BLE001 - re-raised once the pipeline has drained
+                        failed = exc
+                if stage < stages - 1 or index < chunks - 1:  # a failed stage sends NaN: the next one must not wait
+                    sent = torch.full(shape, float("nan"), device=device) if failed is not None else out.float()
+                    dist.send(sent.contiguous(), dst=pp_ranks[(stage + 1) % stages])
+            if failed is not None:
+                raise failed
             if stage < stages - 1:
                 return None
         finally:
@@ -223,15 +233,14 @@ IMAGE_KEYS = ("pixel_values", "image_grid_thw")
 def image_megatron(ctx: RankContext) -> tuple[dict[str, Any] | None, list[Any], str]:
     """Collective: every rank's Megatron logits on one tiny image (vision tower, merger, deepstack mergers and language
     model together) for a vision-language checkpoint with an image processor, gathered as (logits, error, site); the
-    inputs (None when there is no image pass) and why it did not run ("" when it did). Not run at PP > 1: the bridge
-    builds its vision tower and deepstack mergers on one stage only (qwen_vl/modelling_qwen3_vl/vision_model.py:130)."""
+    inputs (None when there is no image pass) and why it did not run ("" when it did). At PP > 1 every stage gets the
+    image inputs: the first stage's vision tower and deepstack mergers read pixel_values, every stage's mrope
+    positions read image_grid_thw (qwen_vl/modelling_qwen3_vl/model.py get_rope_index)."""
     from convcheck.oracles.image_input import image_inputs
 
     inputs = image_inputs(ctx.checkpoint.path, ctx.checkpoint.config)
     if inputs is None:
         return None, [], ""
-    if ctx.layout.pp > 1:
-        return None, [], "not run at PP > 1 (the bridge builds its vision tower on one stage only)"
     error, where = None, None
     with tracking(ctx.model, ctx.global_name) as site:
         try:
