@@ -9,6 +9,7 @@ import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.br
 from megatron.bridge.models.gpt_provider import local_layer_spec
 from megatron.bridge.models.model_provider import ModelProviderMixin
 from megatron.core.models.backends import LocalSpecProvider
+from megatron.core.transformer.moe import fused_a2a
 
 from convcheck.compat.no_te import cpu_hybrid_stack_spec, cpu_mla_decoder_block_spec, transformer_engine_available
 from convcheck.compat.no_te_gdn import cpu_experimental_block_spec
@@ -138,9 +139,20 @@ def configure_provider(provider: ModelProviderMixin, device: str, spec: str = "l
         if getattr(provider, "num_moe_experts", None):
             provider.moe_token_dispatcher_type = "allgather"
             provider.moe_shared_expert_overlap = False
+    if getattr(provider, "moe_token_dispatcher_type", None) == "flex" and not flex_backend_installed(provider):
+        provider.moe_token_dispatcher_type = "alltoall"
     local = getattr(provider, "transformer_impl", "local") == "local"
     if getattr(provider, "moe_grouped_gemm", False) and local and builds_legacy_grouped_mlp():
         provider.moe_grouped_gemm = False
+
+
+def flex_backend_installed(provider: ModelProviderMixin) -> bool:
+    """Whether the package of the flex dispatcher's backend imports here (GLM-5's provider asks for HybridEP,
+    glm5_bridge.py:96-97; megatron-core raises at the layer's build without it, token_dispatcher.py:1047). Without
+    it the run dispatches all-to-all: the dispatcher moves tokens, not weights, and the logits oracle measures the
+    forward either way."""
+    backend = getattr(provider, "moe_flex_dispatcher_backend", "deepep")
+    return bool(getattr(fused_a2a, "HAVE_HYBRIDEP" if backend == "hybridep" else "HAVE_DEEP_EP", False))
 
 
 # megatron-bridge 0.6.2:
