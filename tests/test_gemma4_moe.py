@@ -21,7 +21,7 @@ from convcheck.compare.bits import bytes_equal, compare_bits
 from convcheck.fixtures.values import distinct_values
 from convcheck.hf.geometry import Geometry
 from convcheck.layout import ParallelLayout, RankCoord
-from convcheck.mappings import Gated, Replicated, Split
+from convcheck.mappings import Gated, Replicated
 from convcheck.mappings.fused_experts import FusedSlice
 from convcheck.models import TABLES, UPSTREAM_BUG, tag_upstream_bugs
 from convcheck.models.config_rules import IGNORED, Coverage
@@ -57,7 +57,7 @@ LAYER = (
     "mlp.post_moe_layernorm.weight",
     *(f"mlp.experts.linear_fc{fc}.weight{e}" for fc in (1, 2) for e in range(EXPERTS)),
 )
-"""One decoder layer's parameters in the bridge's Gemma 4 MoE layer (TE grouped experts, modeling_gemma4.py:1276-1476)."""
+"""One decoder layer's parameters in the bridge's Gemma 4 MoE layer (TE grouped experts, modeling_gemma4.py:1276+)."""
 HF_LAYER = (
     "input_layernorm.weight", "post_attention_layernorm.weight", "pre_feedforward_layernorm.weight",
     "post_feedforward_layernorm.weight", "post_feedforward_layernorm_1.weight", "post_feedforward_layernorm_2.weight",
@@ -215,7 +215,9 @@ def test_the_post_norm_epsilon_bug_tags_the_moe_variant_s_logits_only() -> None:
     moe = {"architectures": ["Gemma4ForCausalLM"], "enable_moe_block": True}
     (tagged,), lines = tag_upstream_bugs("Gemma4ForCausalLM", "0.6.2", [logits], config=moe)
     assert tagged.findings[0].detail[UPSTREAM_BUG] == EPS_BUG and len(lines) == 1
-    (dense,), lines = tag_upstream_bugs("Gemma4ForCausalLM", "0.6.2", [logits], config={**moe, "enable_moe_block": False})
+    (dense,), lines = tag_upstream_bugs(
+        "Gemma4ForCausalLM", "0.6.2", [logits], config={**moe, "enable_moe_block": False}
+    )
     assert UPSTREAM_BUG not in dense.findings[0].detail and lines == []
 
 
