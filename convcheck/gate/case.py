@@ -84,7 +84,8 @@ provider asks: TEGroupedMLP for Qwen3-MoE), at a tensor-, an expert- and a pipel
 whose bridge spec exists only on TE (convcheck.models.te_only) at one layout each (Gemma 3 at TP2, MiniMax-M2 at
 TP2xEP2, Qwen3-VL at TP2, Qwen3-VL-MoE at EP2, GLM-5 at TP2 with its sequence parallelism, Gemma 4 at TP2,
 whose dense provider builds its own local spec either way, and Gemma 4 MoE at TP2xEP2; their other layouts are
-recorded in docs/gate.md and docs/families.md); every other case pins megatron-core's local spec its golden manifest was made with."""
+recorded in docs/gate.md and docs/families.md); every other case pins megatron-core's local spec its golden
+manifest was made with."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
