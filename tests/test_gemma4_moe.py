@@ -11,6 +11,7 @@ Known megatron-bridge 0.6.2 bug it meets, named and still failing:
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ import pytest
 import torch
 
 from convcheck.compare.bits import bytes_equal, compare_bits
+from convcheck.errors import BadInput
+from convcheck.fixtures.from_config import shrink_file
 from convcheck.fixtures.values import distinct_values
 from convcheck.hf.geometry import Geometry
 from convcheck.layout import ParallelLayout, RankCoord
@@ -246,3 +249,21 @@ def test_gemma4_moe_tp2ep2_fails_only_on_the_post_norm_epsilon(shared_root: Path
     oracles = {o["name"]: o for o in res.report["oracles"]}
     assert [t["verdict"] for t in oracles["mapping"]["tensors"]].count("pass") == 332
     assert oracles["logits"]["metrics"]["greedy_match"] == "32/32"
+
+
+def test_the_26b_a4b_config_shrinks_with_its_pattern_heads_routing_and_no_per_layer_inputs(tmp_path: Path) -> None:
+    shrunk = shrink_file(DATA / "gemma-4-26b-a4b.text-config.json")
+    c = shrunk.spec.config
+    assert c["layer_types"] == (["sliding_attention"] * 5 + ["full_attention"]) * 2
+    assert (c["enable_moe_block"], c["num_experts"], c["top_k_experts"], c["moe_intermediate_size"]) == (True, 8, 4, 8)
+    assert (c["num_key_value_heads"], c["num_global_key_value_heads"], c["head_dim"], c["global_head_dim"]) == (
+        2, 1, 12, 24)  # fmt: skip
+    assert (c["attention_k_eq_v"], c["hidden_size_per_layer_input"], c["num_kv_shared_layers"]) == (True, 0, 0)
+    assert (c["intermediate_size"], c["vocab_size"], c["final_logit_softcapping"]) == (64, 128, 30.0)
+    assert "num_experts 128 top-8 -> 8 top-4" in shrunk.notes
+    assert shrunk.spec.near_one_tensors == ("router.scale", "router.per_expert_scale")
+    broken = tmp_path / "config.json"
+    broken.write_text(json.dumps({**json.loads((DATA / "gemma-4-26b-a4b.text-config.json").read_text()),
+                                  "num_experts": None}))  # fmt: skip
+    with pytest.raises(BadInput, match="enable_moe_block without num_experts and top_k_experts"):
+        shrink_file(broken)
