@@ -247,7 +247,7 @@ def test_gemma4_moe_tp2ep2_fails_only_on_the_post_norm_epsilon(shared_root: Path
         ("logits", "logits-differ", EPS_BUG)
     ]
     oracles = {o["name"]: o for o in res.report["oracles"]}
-    assert [t["verdict"] for t in oracles["mapping"]["tensors"]].count("pass") == 332
+    assert [t["verdict"] for t in oracles["mapping"]["tensors"]].count("pass") == 200  # every Megatron parameter
     assert oracles["logits"]["metrics"]["greedy_match"] == "32/32"
 
 
