@@ -185,9 +185,14 @@ def test_the_real_providers_of_both_variants_satisfy_every_rule_and_every_field_
     cls, rules = transformers.Gemma4TextConfig, TABLES["gemma4_text"]
     named = {f.split(".")[0] for rule in rules for f in (*rule.hf, *rule.also)}
     assert sorted(set(cls.__annotations__) - named - set(IGNORED)) == []
+    checked = {}
     for spec in (TINY_GEMMA4, TINY_GEMMA4_MOE):
         source, defaults = flatten(cls(**spec.config).to_dict()), flatten(cls().to_dict())
         assert uncovered(source, defaults, Coverage(rules=rules)) == []
+        checked[spec.name] = {r.label for r in rules if r.when is None or r.when({**defaults, **source})}
+    only_dense, only_moe = checked["gemma4"] - checked["gemma4-moe"], checked["gemma4-moe"] - checked["gemma4"]
+    assert "global_head_dim -> global_kv_channels" in only_dense and "global_head_dim -> global_head_dim" in only_moe
+    assert "num_experts -> num_moe_experts" in only_moe and "num_experts -> num_layers" in only_dense
 
 
 def test_a_wrong_pattern_partial_rope_and_expert_count_on_the_real_moe_provider_are_named_by_field() -> None:

@@ -87,14 +87,15 @@ def built_moe(m: MegatronGet) -> bool:
 
 
 def variant(rule: FieldRule, *, moe: bool) -> FieldRule:
-    """`rule` for one variant only: the HF side picks it by enable_moe_block, the Megatron side by the provider the
-    bridge built (a model built as the other variant fails the rule); a field the other variant's provider lacks is
-    read as None."""
+    """`rule` for one variant only: checked where the HF config is that variant (enable_moe_block, `when`), and there
+    observed only on that variant's provider (a model the bridge built as the other variant fails the rule); a field
+    the other variant's provider lacks is read as None."""
     return replace(
         rule,
         expect=lambda c, m: rule.expect(c, m) if hf_moe(c) == moe else NOT_THIS_VARIANT,
         observe=lambda v, m: rule.observe(v, m) if built_moe(m) == moe else NOT_THIS_VARIANT,
         missing=None if rule.missing is REQUIRED else rule.missing,
+        when=lambda c: hf_moe(c) == moe,
     )
 
 
@@ -150,13 +151,6 @@ DENSE_RULES: tuple[FieldRule, ...] = dense(
         expect=lambda c, _m: _rope(c, ROPE_FULL, "partial_rotary_factor", "proportional"),
         observe=lambda v, _m: float(v),
         note="proportional RoPE: the first factor * d / 2 frequency pairs rotate, the rest are zero frequencies",
-    ),
-    FieldRule(
-        megatron="window_size",
-        hf=("sliding_window",),
-        expect=lambda c, _m: [c["sliding_window"] - 1, 0],
-        observe=lambda v, _m: list(v) if isinstance(v, (tuple, list)) else v,
-        note="HF's sliding layers attend to the last W positions, the query's own included: Megatron's (W - 1, 0)",
     ),
     FieldRule(
         megatron="window_attn_skip_freq",
@@ -224,13 +218,6 @@ MOE_RULES: tuple[FieldRule, ...] = moe(
         "(Gemma4RotaryEmbedding, modeling_gemma4.py:1754-1789)",
     ),
     FieldRule(
-        megatron="window_size",
-        hf=("sliding_window",),
-        expect=lambda c, _m: c["sliding_window"],
-        note="the provider keeps W and its sliding layers attend through (W - 1, 0) (Gemma4TEDotProductAttention, "
-        "modeling_gemma4.py:1726-1751), HF's sliding layers to the last W positions, the query's own included",
-    ),
-    FieldRule(
         megatron="interleaved_attn_pattern",
         hf=("layer_types",),
         expect=hf_window_layers,
@@ -269,6 +256,15 @@ GEMMA4_TABLE: tuple[FieldRule, ...] = (
         observe=lambda v, _m: 1.0 if v is None else float(v),
         note="HF Gemma4TextAttention scales scores by 1.0 (q / k are normed); Gemma4DenseSelfAttention uses 1.0 "
         "where the config says None (modeling_gemma4.py:302)",
+    ),
+    FieldRule(
+        megatron="window_size",
+        hf=("sliding_window",),
+        expect=lambda c, _m: c["sliding_window"] if hf_moe(c) else [c["sliding_window"] - 1, 0],
+        observe=lambda v, _m: list(v) if isinstance(v, (tuple, list)) else v,
+        note="HF's sliding layers attend to the last W positions, the query's own included: the dense provider's "
+        "(W - 1, 0); the MoE provider keeps W and its sliding layers attend through (W - 1, 0) "
+        "(Gemma4TEDotProductAttention, modeling_gemma4.py:1726-1751)",
     ),
     *GEMMA_MLP_RULES,
     implied("add_bias_linear", False, "Gemma 4 o_proj and MLP have no bias"),
