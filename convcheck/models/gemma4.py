@@ -1,10 +1,13 @@
 """Gemma 4 text (Gemma4ForCausalLM, model_type gemma4_text), its dense variants (E2B, E4B, 31B: enable_moe_block
 false): config table, tiny fixture and the bridge bugs convcheck names. The bridge builds the dense variants from its
 own local layer spec (gemma/modeling_gemma4.py:744 get_gemma4_layer_spec, LocalSpecProvider), whatever the provider's
-layer spec says; their mappings are gemma4_mappings.
+layer spec says; their mappings are gemma4_mappings. The MoE variant (26B-A4B, enable_moe_block true) shares the
+HF class and model_type: its fixture and known bug are convcheck.models.gemma4_moe, its rows of the one table here
+(MOE_RULES), its mappings gemma4_mappings' MOE_BLOCK.
 
-The table is megatron-bridge 0.6.2's gemma/gemma4_bridge.py _build_dense_provider and gemma4_provider.py
-Gemma4DenseProvider (cited as provider) against transformers 5.12.1's models/gemma4/modeling_gemma4.py (cited as HF)."""
+The table is megatron-bridge 0.6.2's gemma/gemma4_bridge.py _build_dense_provider / _build_moe_provider and
+gemma4_provider.py Gemma4DenseProvider / Gemma4ModelProvider (cited as provider) against transformers 5.12.1's
+models/gemma4/modeling_gemma4.py (cited as HF); each variant's rows are checked on its own configs (`variant`)."""
 
 from __future__ import annotations
 
