@@ -198,7 +198,8 @@ def test_the_real_providers_of_both_variants_satisfy_every_rule_and_every_field_
 def test_a_wrong_pattern_partial_rope_and_expert_count_on_the_real_moe_provider_are_named_by_field() -> None:
     """Planted on the real Gemma4Bridge's MoE provider: the (5, 1) default pattern for HF's (2, 1), the full layers'
     partial factor 0.5 for 0.25, 4 experts for 8; and a config the MoE provider cannot build (KV sharing, per-layer
-    inputs) is named, not passed."""
+    inputs) is named, not passed, as are separate keys and values on the full layers with num_global_key_value_heads
+    set (HF then reads num_key_value_heads there, the bridge the global count)."""
     provider, view = _provider()
     provider.interleaved_attn_pattern, provider.global_rotary_percent, provider.num_moe_experts = (5, 1), 0.5, 4
     found = _failing(provider, view)
@@ -213,6 +214,10 @@ def test_a_wrong_pattern_partial_rope_and_expert_count_on_the_real_moe_provider_
     sharing, view = _provider(num_kv_shared_layers=2, hidden_size_per_layer_input=4)
     assert sorted(_failing(sharing, view)) == ["hidden_size_per_layer_input -> num_layers",
                                                "num_kv_shared_layers -> num_layers"]  # fmt: skip
+    separate, view = _provider(attention_k_eq_v=False)  # HF's full layers then take num_key_value_heads (4), not 2
+    found = _failing(separate, view)
+    heads = found.pop("num_global_key_value_heads -> num_global_key_value_heads")
+    assert found == {} and (heads.detail["expected"], heads.detail["actual"]) == ("4", "2")
     dense, view = _provider(TINY_GEMMA4_MOE, enable_moe_block=False)
     assert "enable_moe_block -> num_moe_experts" not in _failing(dense, view)  # the dense provider, as asked
 

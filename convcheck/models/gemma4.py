@@ -124,10 +124,11 @@ DENSE_RULES: tuple[FieldRule, ...] = dense(
     FieldRule(
         megatron="num_global_query_groups",
         hf=("num_global_key_value_heads",),
-        expect=lambda c, _m: c.get("num_global_key_value_heads") or c["num_key_value_heads"],
+        expect=_global_kv_heads,
         observe=lambda v, m: m("num_query_groups") if v is None else v,
-        note="KV heads of the full-attention layers (HF: num_key_value_heads where null; the provider keeps the null, "
-        "which Gemma4DenseSelfAttention reads as num_query_groups, modeling_gemma4.py:310-311)",
+        note="KV heads of the full-attention layers (HF: num_global_key_value_heads where they use keys as values, "
+        "else num_key_value_heads; the provider keeps a null, which Gemma4DenseSelfAttention reads as "
+        "num_query_groups, and reads a set value whatever attention_k_eq_v says, modeling_gemma4.py:310-311)",
     ),
     same("num_kv_shared_layers", "num_kv_shared_layers", absent=0, note="the last N layers read earlier layers' KV"),
     same("use_double_wide_mlp", "use_double_wide_mlp", absent=False),
