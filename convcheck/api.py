@@ -23,7 +23,7 @@ from convcheck.fixtures.folders import config_folder, tiny_folder
 from convcheck.fixtures.shrink import TEXT_MODEL_NOTE
 from convcheck.fixtures.specs import CONFIG_PREFIX
 from convcheck.gate.manifest import build_manifest, check_manifest_path, write_manifest
-from convcheck.hf.checkpoint import architecture_of, open_checkpoint
+from convcheck.hf.checkpoint import architecture_of, config_of, open_checkpoint
 from convcheck.hf.geometry import Geometry
 from convcheck.hooks import parse_hook
 from convcheck.layout import ParallelLayout
@@ -312,6 +312,7 @@ def report_of(
         result["versions"].get("megatron-bridge", ""),
         complete(job.oracles, attributed),
         result["versions"],
+        config_of(job.model_path),
     )
     return Report(
         model=job.model_label,

@@ -121,7 +121,7 @@ def _rule(megatron: str):  # type: ignore[no-untyped-def]
 def test_the_config_table_reads_both_ropes_the_window_and_the_layer_kinds() -> None:
     c = {**TINY_GEMMA4.config, **{f"rope_parameters.{k}": v for k, v in TINY_GEMMA4.config["rope_parameters"].items()}}
     c["rope_parameters.full_attention.partial_rotary_factor"] = 0.25
-    m = {"num_layers": 6, "window_size": (7, 0)}.__getitem__
+    m = {"num_layers": 6, "window_size": (7, 0), "num_moe_experts": None}.__getitem__
     assert _rule("sliding_window_rope_base").expect(c, m) == 10000.0
     assert _rule("full_attention_rope_base").expect(c, m) == 1e6
     assert _rule("full_attention_rope_partial_factor").expect(c, m) == 0.25
@@ -132,13 +132,13 @@ def test_the_config_table_reads_both_ropes_the_window_and_the_layer_kinds() -> N
     assert _rule("softmax_scale").observe(None, m) == 1.0 == _rule("softmax_scale").expect(c, m)
     groups = _rule("num_global_query_groups")  # a null num_global_key_value_heads: the sliding layers' KV heads
     unset = {**c, "num_global_key_value_heads": None, "num_key_value_heads": 3}
-    assert groups.expect(unset, m) == 3 == groups.observe(None, {"num_query_groups": 3}.__getitem__)
+    assert groups.expect(unset, m) == 3 == groups.observe(None, {"num_query_groups": 3, "num_moe_experts": None}.get)
     assert groups.observe(1, m) == 1 != groups.expect(unset, m)
     linear = {**c, "rope_parameters.full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}}
     assert "rope_type 'linear' (the provider's is 'proportional')" in str(_rule("full_attention_rope_base").expect(
         linear, m))  # fmt: skip
-    assert "not covered" in str(next(r for r in GEMMA4_TABLE if r.hf == ("enable_moe_block",)).expect(
-        {"enable_moe_block": True}, m))  # fmt: skip
+    experts = next(r for r in GEMMA4_TABLE if r.hf == ("enable_moe_block",))  # the MoE variant: tests/test_gemma4_moe
+    assert experts.expect({"enable_moe_block": True, "num_experts": 8}, m) == 8 and experts.expect(c, m) is None
 
 
 def test_the_known_bugs_tag_only_the_shared_layers_k_norms_and_the_refused_pipeline_build() -> None:

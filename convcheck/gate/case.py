@@ -35,6 +35,7 @@ LAYOUTS_BY_FIXTURE = {
     "qwen3-vl": (),
     "qwen3-vl-moe": (),
     "gemma4": (),
+    "gemma4-moe": (),
 }
 """Fixtures gated at a fixed list instead (the 4-layer / 6-layer pipeline fixtures at their virtual and uneven
 pipeline layouts; NemotronH: 5 layers, no even PP2; TP2xEP2 is not part of its matrix; the
@@ -76,13 +77,15 @@ TE_CASES = (
     ("tiny:qwen3-vl", "tp2"),
     ("tiny:qwen3-vl-moe", "ep2"),
     ("tiny:gemma4", "tp2"),
+    ("tiny:gemma4-moe", "tp2ep2"),
 )
 """The Transformer Engine layout `verify` builds by default (the bridge's TE specs, TE-fused norms, experts as the
 provider asks: TEGroupedMLP for Qwen3-MoE), at a tensor-, an expert- and a pipeline-parallel layout, and the families
 whose bridge spec exists only on TE (convcheck.models.te_only) at one layout each (Gemma 3 at TP2, MiniMax-M2 at
-TP2xEP2, Qwen3-VL at TP2, Qwen3-VL-MoE at EP2, GLM-5 at TP2 with its sequence parallelism, and Gemma 4 at TP2,
-whose dense provider builds its own local spec either way; their other layouts are recorded in docs/gate.md and
-docs/families.md); every other case pins megatron-core's local spec its golden manifest was made with."""
+TP2xEP2, Qwen3-VL at TP2, Qwen3-VL-MoE at EP2, GLM-5 at TP2 with its sequence parallelism, Gemma 4 at TP2,
+whose dense provider builds its own local spec either way, and Gemma 4 MoE at TP2xEP2; their other layouts are
+recorded in docs/gate.md and docs/families.md); every other case pins megatron-core's local spec its golden
+manifest was made with."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -73,12 +73,18 @@ class Checkpoint:
         return sorted(self.tensors)
 
 
-def architecture_of(model_path: str | Path) -> str:
-    """The first `architectures` entry of a checkpoint folder's config.json ("?" when it has none or no config)."""
+def config_of(model_path: str | Path) -> dict[str, Any] | None:
+    """A checkpoint folder's config.json as a dict (None when it has none or it is no JSON object)."""
     try:
         config = json.loads((Path(model_path) / "config.json").read_text())
     except (OSError, ValueError):
-        return "?"
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def architecture_of(model_path: str | Path) -> str:
+    """The first `architectures` entry of a checkpoint folder's config.json ("?" when it has none or no config)."""
+    config = config_of(model_path)
     archs = config.get("architectures") if isinstance(config, dict) else None
     return archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else "?"
 

@@ -6,6 +6,7 @@ tiny fixtures, as an `Architecture`) plus one entry in SUPPORTED.
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 from convcheck.models import (
     deepseek,
@@ -81,17 +82,19 @@ def tag_upstream_bugs(
     bridge_version: str,
     verdicts: Sequence[OracleVerdict],
     versions: Mapping[str, str] | None = None,
+    config: Mapping[str, Any] | None = None,
 ) -> tuple[tuple[OracleVerdict, ...], list[str]]:
     """Tag each finding a known bug of `architecture`'s family, of the bridge's conversion core (seen in
     `bridge_version`) or of a rollout engine (seen in its version among `versions`) explains; one line per bug that
-    explains any. Verdicts keep every finding: a known bug still fails."""
+    explains any; `config` (the checkpoint's config.json) leaves out the bugs of another variant
+    (UpstreamBug.config_holds). Verdicts keep every finding: a known bug still fails."""
     family = BY_HF_CLASS.get(architecture)
     own = (
         family.upstream_bugs
         if family
         else (*TE_SPEC_BUGS.get(architecture, ()), *REGISTERED_BUGS.get(architecture, ()))
     )
-    bugs: tuple[UpstreamBug, ...] = (*own, *BRIDGE_WIDE, *ENGINE_BUGS)
+    bugs = tuple(b for b in (*own, *BRIDGE_WIDE, *ENGINE_BUGS) if b.applies_to(config))
     others = dict(versions or {})
 
     def version(bug: UpstreamBug) -> str:

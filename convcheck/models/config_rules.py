@@ -42,6 +42,9 @@ class FieldRule:
     missing: Any = REQUIRED
     """The value a Megatron config without the field means (a field older megatron-core releases lack); REQUIRED: a
     config without it is unreadable."""
+    when: Callable[[HfView], bool] | None = None
+    """HF config -> whether the rule is checked on it (a rule of one variant of a model_type, Gemma 4's dense or MoE
+    one); None: always. Coverage counts its fields either way."""
 
     @property
     def label(self) -> str:

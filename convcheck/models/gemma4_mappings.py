@@ -24,6 +24,28 @@ Model level: `embedding.word_embeddings.weight` `[V / tp, H]` (rows split); `dec
 vocab_size_per_layer_input rows, unpadded); `per_layer_model_proj.weight` `[L * P / tp, H]` <-
 per_layer_model_projection (column-parallel); `per_layer_proj_norm.weight` `[P]` <- per_layer_projection_norm. The
 output layer is the tied embedding.
+
+The MoE variant (enable_moe_block, 26B-A4B; megatron-bridge 0.6.2 gemma4_bridge.py:502 `_moe_mapping_registry`) is
+megatron-core's TE MoE layer patched by the bridge (gemma/modeling_gemma4.py:1276-1476, :1517): per layer L, with E
+experts of width F_e and a dense MLP of width F beside them,
+- `self_attention.linear_qkv.layer_norm_weight` `[H]` <- input_layernorm (fused into linear_qkv);
+  `self_attention.linear_proj.post_layernorm.weight` `[H]` <- post_attention_layernorm (TERowParallelLinearLayerNorm);
+  `pre_shared_expert_layernorm.weight` `[H]` <- pre_feedforward_layernorm (the dense MLP's input norm);
+  `pre_mlp_layernorm.weight` `[H]` <- pre_feedforward_layernorm_2 (the experts' input norm);
+  `mlp.post_shared_expert_layernorm.weight` `[H]` <- post_feedforward_layernorm_1 (on the dense MLP's output);
+  `mlp.post_moe_layernorm.weight` `[H]` <- post_feedforward_layernorm_2 (on the experts' output);
+  `post_ffn_layernorm.weight` `[H]` <- post_feedforward_layernorm (on their sum); all whole on every rank;
+- `mlp.router.weight` `[E, H]` <- router.proj; `mlp.router.scale` `[H]` <- router.scale (on the scaleless-normed
+  router input); `mlp.router.per_expert_scale` `[E]` <- router.per_expert_scale (on the renormalised top-k weights);
+  all whole on every rank (EP and TP alike);
+- `mlp.shared_experts.linear_fc1.weight` `[2F / tp, H]` = `[gate_r; up_r]` <- mlp.gate_proj, mlp.up_proj;
+  `mlp.shared_experts.linear_fc2.weight` `[H, F / tp]` <- mlp.down_proj (the dense MLP is the MoE layer's shared
+  expert, ungated);
+- expert e's `mlp.experts.linear_fc1.weight{e}` `[2F_e / etp, H]` <- `experts.gate_up_proj[e]` (`[E, 2F_e, H]`, slice e
+  is [gate rows; up rows]) and `linear_fc2.weight{e}` `[H, F_e / etp]` <- `experts.down_proj[e]` (`[E, H, F_e]`), as
+  transformers 5's save_pretrained writes them (convcheck.mappings.fused_experts.FusedSlice);
+- the q / k norms, linear_qkv (PartialQKV: a full layer with attention_k_eq_v stores no v_proj), linear_proj and
+  layer_scalar as in the dense variant.
 """
 
 from __future__ import annotations
@@ -31,7 +53,8 @@ from __future__ import annotations
 import re
 
 from convcheck.hf.geometry import Geometry
-from convcheck.mappings import Replicated, Split
+from convcheck.mappings import Gated, Replicated, Split
+from convcheck.mappings.fused_experts import FusedSlice
 from convcheck.mappings.qkv_partial import PartialQKV
 from convcheck.mappings.registry import MappingRule
 from convcheck.models.dense_mappings import (
@@ -41,12 +64,11 @@ from convcheck.models.dense_mappings import (
     hf_layer,
     output_layer,
 )
-from convcheck.models.shared_mappings import LAYER_PREFIX
+from convcheck.models.shared_mappings import LAYER_PREFIX, expert_id, expert_weight
 
 REPLICATED: dict[str, str] = {
     r"input_layernorm\.weight": "input_layernorm.weight",
     r"post_self_attn_layernorm\.weight": "post_attention_layernorm.weight",
-    r"pre_mlp_layernorm\.weight": "pre_feedforward_layernorm.weight",
     r"post_mlp_layernorm\.weight": "post_feedforward_layernorm.weight",
     r"self_attention\.q_layernorm\.weight": "self_attn.q_norm.weight",
     r"per_layer_input_gate\.weight": "per_layer_input_gate.weight",
@@ -111,7 +133,63 @@ PER_LAYER_INPUT = (
 """The per-layer input embedding (PLE) modules on the GPTModel itself (the first pipeline stage's)."""
 
 
+def pre_mlp_norm(match: re.Match[str], geometry: Geometry) -> Replicated:
+    """pre_mlp_layernorm `[H]`: the dense MLP's input norm (pre_feedforward_layernorm) in a dense model, the routed
+    experts' (pre_feedforward_layernorm_2) in an MoE one, where pre_shared_expert_layernorm is the dense MLP's."""
+    suffix = "pre_feedforward_layernorm_2.weight" if geometry.num_experts else "pre_feedforward_layernorm.weight"
+    return Replicated(megatron=match[0], hf=hf_layer(match, suffix))
+
+
+MOE_REPLICATED: dict[str, str] = {
+    r"self_attention\.linear_qkv\.layer_norm_weight": "input_layernorm.weight",
+    r"self_attention\.linear_proj\.post_layernorm\.weight": "post_attention_layernorm.weight",
+    r"pre_shared_expert_layernorm\.weight": "pre_feedforward_layernorm.weight",
+    r"mlp\.post_shared_expert_layernorm\.weight": "post_feedforward_layernorm_1.weight",
+    r"mlp\.post_moe_layernorm\.weight": "post_feedforward_layernorm_2.weight",
+    r"post_ffn_layernorm\.weight": "post_feedforward_layernorm.weight",
+    r"mlp\.router\.weight": "router.proj.weight",
+    r"mlp\.router\.scale": "router.scale",
+    r"mlp\.router\.per_expert_scale": "router.per_expert_scale",
+}
+"""The MoE layer's TE-fused and extra norms and its router, each whole on every rank, to its HF tensor."""
+
+
+def expert_fc1(match: re.Match[str], geometry: Geometry) -> FusedSlice:
+    """Expert e's linear_fc1 `[2F_e / etp, H]` ([gate; up] rows) <-> `experts.gate_up_proj[e]` of `[E, 2F_e, H]`."""
+    name, e = hf_layer(match, "experts.gate_up_proj"), expert_id(match)
+    inner = Gated(megatron=match[0], axis="etp", expert=int(e), num_experts=geometry.num_experts,
+                  gate=f"{name}[{e}].gate", up=f"{name}[{e}].up")  # fmt: skip
+    return FusedSlice(inner=inner, fused=name)
+
+
+def expert_fc2(match: re.Match[str], geometry: Geometry) -> FusedSlice:
+    """Expert e's linear_fc2 `[H, F_e / etp]` (row-parallel) <-> `experts.down_proj[e]` of `[E, H, F_e]`."""
+    name, e = hf_layer(match, "experts.down_proj"), expert_id(match)
+    inner = Split(megatron=match[0], axis="etp", dim=1, expert=int(e), num_experts=geometry.num_experts,
+                  hf=f"{name}[{e}]")  # fmt: skip
+    return FusedSlice(inner=inner, fused=name)
+
+
+MOE_BLOCK = (
+    *(_replicated(pattern, suffix) for pattern, suffix in MOE_REPLICATED.items()),
+    MappingRule(
+        LAYER_PREFIX + r"mlp\.shared_experts\.linear_fc1\.weight",
+        lambda match, geometry: Gated(
+            megatron=match[0], gate=hf_layer(match, "mlp.gate_proj.weight"), up=hf_layer(match, "mlp.up_proj.weight")
+        ),
+    ),
+    MappingRule(
+        LAYER_PREFIX + r"mlp\.shared_experts\.linear_fc2\.weight",
+        lambda match, geometry: Split(megatron=match[0], hf=hf_layer(match, "mlp.down_proj.weight"), dim=1),
+    ),
+    MappingRule(LAYER_PREFIX + expert_weight(1), expert_fc1),
+    MappingRule(LAYER_PREFIX + expert_weight(2), expert_fc2),
+)
+"""The MoE variant's layer parameters the dense one does not have (its attention is the dense one's rules)."""
+
+
 def gemma4_rules(tied: bool) -> list[MappingRule]:
-    """Every Megatron parameter of a dense Gemma 4 text decoder in the bridge's layout (tied: the output layer of the
-    last pipeline stage is a copy of the embedding)."""
-    return [*EMBEDDING_AND_FINAL_NORM, *LAYER, *PER_LAYER_INPUT, output_layer(tied)]
+    """Every Megatron parameter of a Gemma 4 text decoder in the bridge's layout, dense or MoE (tied: the output layer
+    of the last pipeline stage is a copy of the embedding)."""
+    layer = [*LAYER, MappingRule(LAYER_PREFIX + r"pre_mlp_layernorm\.weight", pre_mlp_norm), *MOE_BLOCK]
+    return [*EMBEDDING_AND_FINAL_NORM, *layer, *PER_LAYER_INPUT, output_layer(tied)]

@@ -7,8 +7,10 @@ alarm of a clean run nor credits it to a planted bug.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from typing import Any
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -33,9 +35,17 @@ class UpstreamBug:
     """(oracle, tensor, finding kind) of findings it causes only through one of `findings` (the logits of a model
     whose embedding the import never wrote): explained only in a run where one of `findings` was explained too."""
 
+    config_holds: tuple[tuple[str, object], ...] = ()
+    """(HF config field, value) pairs a run's config.json must hold for the bug to apply: a bug of one variant of an
+    architecture (Gemma 4's MoE variant, `enable_moe_block` true); empty: every config of the architecture."""
+
     message_contains: str = ""
     """Where set, a finding is explained only when its message holds this text (a build failure, whose oracle, tensor
     and kind every build failure shares, is this bug's only when it names the bug's own error)."""
+
+    def applies_to(self, config: Mapping[str, Any] | None) -> bool:
+        """Whether the bug can be a run's with this HF config (None: the config is unknown, so it can)."""
+        return config is None or all(config.get(name) == value for name, value in self.config_holds)
 
     def explains(self, bridge_version: str, oracle: str, tensor: str, kind: str, message: str = "") -> bool:
         return (

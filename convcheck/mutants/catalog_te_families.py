@@ -11,6 +11,11 @@ runs it with the epsilon fixed, where logits is the oracle that catches it.
 Gemma 4's clean logits pass, so its sliding layer built as a global one is a catalog entry caught by logits, in a
 launch of its own: its norms traded (mapping) and its sliding RoPE base (config) change the forward too, so they share
 the other launch, which runs no logits.
+
+Gemma 4 MoE's logits differ on the clean run (te-post-layernorm-default-eps), so its entries are those the weight
+oracles name, in one launch at TP2xEP2 (the gate case's layout, whose run is their clean one): the dense MLP's and the
+experts' input norms traded (mapping names all four tensors, first element [0]) and one layer's per-expert router
+scale left at its initial ones (coverage, roundtrip, mapping).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from convcheck.mutants.mutant import FORWARD, Mutant, rule_targets
 from convcheck.mutants.mutant import HOOKS as _M
 
 GEMMA3, GEMMA4, MINIMAX_M2, GLM5 = "tiny:gemma3", "tiny:gemma4", "tiny:minimax-m2", "tiny:glm5"
+GEMMA4_MOE = "tiny:gemma4-moe"
 
 TE_FAMILY_MUTANTS: tuple[Mutant, ...] = (
     Mutant(
@@ -102,6 +108,36 @@ TE_FAMILY_MUTANTS: tuple[Mutant, ...] = (
         layout="tp2",
         catches=(FORWARD,),
         targets=(FORWARD,),
+        spec="te",
+        experts="auto",
+    ),
+    Mutant(
+        name="gemma4_moe_input_norms_traded",
+        description="Gemma 4 MoE experts' input norm (pre_mlp_layernorm) <-> HF pre_feedforward_layernorm (the dense "
+        "MLP's) and the dense MLP's (pre_shared_expert_layernorm) <-> pre_feedforward_layernorm_2 (the experts'), "
+        "every layer (import and export)",
+        hook=_M + "gemma4:moe_input_norms_traded",
+        fixture=GEMMA4_MOE,
+        layout="tp2ep2",
+        catches=("mapping",),
+        targets=(
+            "decoder.layers.*.pre_mlp_layernorm.weight",
+            "decoder.layers.*.pre_shared_expert_layernorm.weight",
+            "model.layers.*.pre_feedforward_layernorm.weight",
+            "model.layers.*.pre_feedforward_layernorm_2.weight",
+            FORWARD,
+        ),
+        spec="te",
+        experts="auto",
+    ),
+    Mutant(
+        name="gemma4_moe_per_expert_scale_at_init",
+        description="Gemma 4 MoE layer 3's router per_expert_scale left at its initial ones by the import",
+        hook=_M + "gemma4:per_expert_scale_left_at_init",
+        fixture=GEMMA4_MOE,
+        layout="tp2ep2",
+        catches=("coverage", "roundtrip", "mapping"),
+        targets=("decoder.layers.3.mlp.router.per_expert_scale", "model.layers.3.router.per_expert_scale", FORWARD),
         spec="te",
         experts="auto",
     ),

@@ -181,9 +181,10 @@ def run(ctx: RankContext) -> OracleVerdict | None:
                             metrics={"rules": 0, "hf_fields": len(source)})  # fmt: skip
     findings: list[Finding] = []
     get = megatron_getter(ctx)
-    findings += [f for f in (check_rule(r, view, get) for r in rules) if f is not None]
+    active = tuple(r for r in rules if r.when is None or r.when(view))  # the other variant's rules check nothing here
+    findings += [f for f in (check_rule(r, view, get) for r in active) if f is not None]
     findings += uncovered(source, defaults, Coverage(rules=rules))
-    rt_checked, rt_findings = roundtrip(ctx, hf_cls, rules, view, get) if rules else (0, [])
+    rt_checked, rt_findings = roundtrip(ctx, hf_cls, active, view, get) if active else (0, [])
     findings += rt_findings
-    metrics = {"rules": len(rules), "hf_fields": len(source), "roundtrip_rules": rt_checked}
-    return make_verdict(NAME, checked=len(rules) + rt_checked, findings=findings, unit="fields", metrics=metrics)
+    metrics = {"rules": len(active), "hf_fields": len(source), "roundtrip_rules": rt_checked}
+    return make_verdict(NAME, checked=len(active) + rt_checked, findings=findings, unit="fields", metrics=metrics)

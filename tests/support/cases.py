@@ -61,6 +61,8 @@ FIXED = {  # families checked at a fixed list of layouts (convcheck.gate.case LA
     "qwen3-vl-moe": [("--ep", "2", "--spec", "te", "--experts", "auto")],
     # the dense provider builds its own local spec whatever --spec says; PP2 is refused (docs/families.md)
     "gemma4": [("--tp", "2", "--spec", "te", "--experts", "auto")],
+    # the MoE provider's TE spec; TP1 / TP2 / EP2 / PP2 recorded in docs/families.md
+    "gemma4-moe": [("--tp", "2", "--ep", "2", "--spec", "te", "--experts", "auto")],
     **VPP,
 }
 DENSE = [
