@@ -93,8 +93,9 @@ def vl_spec(name: str, config_class: str, description: str, text: dict[str, Any]
 TINY_QWEN35_VL = vl_spec(
     name="qwen3.5-vl",
     config_class="Qwen3_5Config",
-    description="Qwen3.5-VL dense (published 2B / 4B structure): tied embeddings, GDN x3 + gated attention, interleaved "
-    "mrope [2, 1, 1] on a partial rotary share, 1 MTP layer, 2-block vision tower and patch merger (no deepstack)",
+    description="Qwen3.5-VL dense (published 2B / 4B structure): tied embeddings, GDN x3 + gated attention, "
+    "interleaved mrope [2, 1, 1] on a partial rotary share, 1 MTP layer, 2-block vision tower and patch merger (no "
+    "deepstack)",
     text=TEXT,
     tied=True,
 )

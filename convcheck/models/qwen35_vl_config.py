@@ -29,7 +29,12 @@ def _mrope(c: HfView, _m: MegatronGet) -> Any:
     if rope.get("rope_type", "default") != "default":
         return unsupported(f"rope_type {rope.get('rope_type')!r} with mrope")
     share = rope.get("partial_rotary_factor", c.get(f"{TEXT}.partial_rotary_factor", 0.25))
-    return ("mrope", float(rope.get("rope_theta", 10000.0)), float(share), list(rope.get("mrope_section", [11, 11, 10])))
+    return (
+        "mrope",
+        float(rope.get("rope_theta", 10000.0)),
+        float(share),
+        list(rope.get("mrope_section", [11, 11, 10])),
+    )
 
 
 MROPE = FieldRule(
@@ -50,9 +55,10 @@ VISION = tuple(rule for rule in VISION_TOWER if not rule.megatron.endswith("deep
 
 def _vl_table(text: tuple[FieldRule, ...]) -> tuple[FieldRule, ...]:
     """`text` (a Qwen3.5 text table) under text_config, with mrope, the top-level tied flag, the vision tower, the
-    image / video ids and the fields that do not change the forward."""
+    image / video ids and the fields that do not change the forward (text_config's own tie flag among them:
+    transformers ties the wrapper's lm_head by the top-level one, as the bridge reads it)."""
     language = tuple(in_text(rule) for rule in text if rule.megatron not in REPLACED)
-    return (*language, MROPE, TIED, *VISION, *TOKENS, *_ignored(IGNORED_HERE))
+    return (*language, MROPE, TIED, *VISION, *TOKENS, *_ignored((*IGNORED_HERE, f"{TEXT}.tie_word_embeddings")))
 
 
 QWEN35_VL_TABLE = _vl_table(QWEN35_TABLE)
