@@ -1,8 +1,11 @@
-"""Qwen3.5-VL and Qwen3.5-VL-MoE without ranks: the fixtures keep the published structure, the explicit mappings
-cover every parameter once (the Qwen3.5 decoder and MTP layer under language_model, the vision tower), values planted
-wrong in the real checkpoint's tensors are named by tensor and first wrong element, and the real bridges' providers
-satisfy the config tables (a planted provider field is named). The rank runs (verify at TP1 / TP2 / PP2 / EP2, the
-gate case, the catalog mutants) are recorded in docs/families.md.
+"""Qwen3.5-VL and Qwen3.5-VL-MoE: the fixtures keep the published structure, the explicit mappings cover every
+parameter once (the Qwen3.5 decoder and MTP layer under language_model, the vision tower), values planted wrong in the
+real checkpoint's tensors are named by tensor and first wrong element, and the real bridges' providers satisfy the
+config tables (a planted provider field is named), all without ranks; one rank run, the family's gate case
+(tiny:qwen3.5-vl-moe at TP2xEP2 on the bridge's TE specs), asserts its whole verdict: every oracle passes but the two
+named bridge bugs (qwen35-vl-config-export-flat, qwen35-vl-merger-gelu-tanh). The catalog's Qwen3.5-VL mutants
+(convcheck.mutants.catalog_qwen35_vl) share that run as their clean run (tests/test_catalog_kills.py); the other
+layouts' verdicts are recorded in docs/families.md.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from convcheck.models.config_rules import IGNORED, Coverage
 from convcheck.models.mapping_registry import build_registry
 from convcheck.models.qwen35_vl import TINY_QWEN35_VL, TINY_QWEN35_VL_MOE
 from convcheck.oracles.config import check_rule, flatten, uncovered
+from tests.support.helpers import matrix_run
 from tests.test_mappings_gdn import ATTENTION, DENSE, GDN, moe
+from tests.test_verify_matrix import assert_matches_golden
 
 VISION_BLOCK = ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias",
                 "self_attention.linear_qkv.layer_norm_weight", "self_attention.linear_qkv.layer_norm_bias",
@@ -71,7 +76,8 @@ def _tensors(checkpoint: Any) -> dict[str, Any]:
 
 def test_fixtures_keep_the_published_structure() -> None:
     """The schedule linear x3 + full, the MTP layer at the top level, mrope on a partial rotary share, no deepstack,
-    tied dense / untied MoE, fused experts in the decoder and the MTP layer, the dtype in text_config, several shards."""
+    tied dense / untied MoE, fused experts in the decoder and the MTP layer, the dtype in text_config,
+    several shards."""
     dense, moe_ = load_layout(TINY_QWEN35_VL), load_layout(TINY_QWEN35_VL_MOE)
     names = {t["name"]: t for t in dense["tensors"]}
     assert "lm_head.weight" not in names and not any("deepstack" in n for n in names)
@@ -274,3 +280,30 @@ def test_vl_rules_keep_the_mtp_layer_at_the_top_level() -> None:
     built = hits[0].build(re.fullmatch(hits[0].pattern, name), geometry)  # type: ignore[arg-type]
     assert built.hf_names == ("mtp.layers.0.mlp.down_proj.weight",)
     assert torch.__version__  # the mapping modules need torch only at shard time
+
+
+ORACLES = ("coverage", "roundtrip", "config", "logits", "differential", "elements", "layout", "mapping")
+GELU, EXPORT = "qwen35-vl-merger-gelu-tanh", "qwen35-vl-config-export-flat"
+
+
+@pytest.mark.ranks
+def test_qwen35_vl_moe_tp2ep2_passes_but_the_named_bugs(shared_root: Any) -> None:
+    """TP2xEP2 (GDN heads, gated attention, vision tower and merger over TP; 4 experts per EP rank, the MTP layer's
+    included): import, export, layout and every mapping exact, text-only logits to fp32 rounding; the config export is
+    the class default's and the image logits differ by the merger GELU only (greedy tokens equal)."""
+    layout = ("--tp", "2", "--ep", "2", "--spec", "te", "--experts", "auto")
+    res, folder = matrix_run(shared_root, "qwen3.5-vl-moe", layout)
+    assert_matches_golden("qwen3.5-vl-moe", layout, folder / "manifest.json")
+    assert res.code == 1, res.out[-3000:] + res.err[-2000:]
+    assert res.verdicts() == {**dict.fromkeys(ORACLES, "pass"), "config": "fail", "logits": "fail"}
+    config = res.findings("config")
+    assert config and {(f["kind"], f["detail"].get("upstream_bug")) for f in config} == {("roundtrip-mismatch", EXPORT)}
+    assert [(f["tensor"], f["kind"], f["detail"].get("upstream_bug")) for f in res.findings("logits")] == [
+        ("logits[image]", "logits-differ", GELU)
+    ]
+    logits = {o["name"]: o for o in res.report["oracles"]}["logits"]["metrics"]
+    assert logits["max_abs_err"] < 1e-5 and logits["greedy_match"] == "32/32"
+    assert 1e-4 < logits["image_max_abs_err"] < 1e-2 and logits["image_greedy_match"] == "16/16"
+    mapping = {o["name"]: o for o in res.report["oracles"]}["mapping"]
+    assert sum(1 for t in mapping["tensors"] if t["tensor"].startswith(("vision_model.", "language_model."))) == 176
+    assert all(t["verdict"] == "pass" for t in mapping["tensors"])
