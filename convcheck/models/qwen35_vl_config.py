@@ -53,12 +53,17 @@ VISION = tuple(rule for rule in VISION_TOWER if not rule.megatron.endswith("deep
 )
 
 
+TEXT_IGNORED = ("tie_word_embeddings", "mamba_ssm_dtype")
+"""text_config fields that do not change the VL model's forward: its own tie flag (transformers ties the wrapper's
+lm_head by the top-level one, as the bridge reads it) and the serving engines' GDN state dtype published configs carry
+(transformers does not read it)."""
+
+
 def _vl_table(text: tuple[FieldRule, ...]) -> tuple[FieldRule, ...]:
     """`text` (a Qwen3.5 text table) under text_config, with mrope, the top-level tied flag, the vision tower, the
-    image / video ids and the fields that do not change the forward (text_config's own tie flag among them:
-    transformers ties the wrapper's lm_head by the top-level one, as the bridge reads it)."""
+    image / video ids and the fields that do not change the forward (TEXT_IGNORED)."""
     language = tuple(in_text(rule) for rule in text if rule.megatron not in REPLACED)
-    return (*language, MROPE, TIED, *VISION, *TOKENS, *_ignored((*IGNORED_HERE, f"{TEXT}.tie_word_embeddings")))
+    return (*language, MROPE, TIED, *VISION, *TOKENS, *_ignored((*IGNORED_HERE, *(f"{TEXT}.{name}" for name in TEXT_IGNORED))))
 
 
 QWEN35_VL_TABLE = _vl_table(QWEN35_TABLE)
