@@ -307,3 +307,19 @@ def test_qwen35_vl_moe_tp2ep2_passes_but_the_named_bugs(shared_root: Any) -> Non
     mapping = {o["name"]: o for o in res.report["oracles"]}["mapping"]
     assert sum(1 for t in mapping["tensors"] if t["tensor"].startswith(("vision_model.", "language_model."))) == 176
     assert all(t["verdict"] == "pass" for t in mapping["tensors"])
+
+
+def test_the_sequential_mtp_experts_bug_names_the_vl_mtp_experts_and_the_crashes_only() -> None:
+    """Recorded at EP2 with `--experts sequential` (docs/families.md): the MTP layer's local experts unmapped and the
+    two crashes are the bridge bug; the decoder's local experts (which the bridge maps) and other kinds are not."""
+    from convcheck.models import BY_HF_CLASS
+    from convcheck.models.qwen35_vl import MTP_SEQUENTIAL_EXPERTS_UNMAPPED as BUG
+
+    assert BUG in BY_HF_CLASS["Qwen3_5MoeForConditionalGeneration"].upstream_bugs
+    mtp = "language_model.mtp.layers.0.mtp_model_layer.mlp.experts.local_experts.3.linear_fc2.weight"
+    assert BUG.explains("0.6.2", "coverage", mtp, "unmapped")
+    assert BUG.explains("0.6.2", "roundtrip", "<export>", "export-failed")
+    assert BUG.explains("0.6.2", "coverage", "<import>", "import-failed")
+    assert not BUG.explains("0.6.2", "coverage", mtp.replace("mtp.layers.0.mtp_model_layer", "decoder.layers.1"),
+                            "unmapped")  # fmt: skip
+    assert not BUG.explains("0.6.2", "coverage", mtp, "not-loaded")

@@ -148,6 +148,29 @@ MERGER_GELU_TANH = UpstreamBug(
 text-only 7.4e-6), the image's greedy tokens all equal; with the merger's activation exact
 (tests/support/hooks_qwen3_vl.py:merger_gelu_exact) they agree to 4.3e-5 (relative 8.5e-6)."""
 
+MTP_SEQUENTIAL_EXPERTS_UNMAPPED = UpstreamBug(
+    name="qwen35-vl-moe-mtp-sequential-experts-unmapped",
+    summary="the Qwen3.5-VL-MoE bridge takes its MTP mappings from the Qwen3.5-MoE bridge, which maps the MTP "
+    "layer's routed experts only in the grouped layout (experts.linear_fc*.weight*), not as SequentialMLP "
+    "local_experts (what moe_grouped_gemm=False gives): the unmapped parameters leave empty conversion tasks on "
+    "which load_hf_weights and export_hf_weights crash (qwen35-moe-mtp-sequential-experts-unmapped's twin)",
+    where="megatron/bridge/models/qwen_vl/qwen35_vl_bridge.py:263 (Qwen35MoEBridge._get_moe_mtp_mappings); "
+    "qwen/qwen35_bridge.py:363-390; the crash at conversion/model_bridge.py:1100 (load) and :1340 (export)",
+    findings=(
+        (
+            "coverage",
+            "language_model.mtp.layers.*.mtp_model_layer.mlp.experts.local_experts.*.linear_fc*.weight",
+            "unmapped",
+        ),
+        ("*", "<import>", "import-failed"),
+        ("*", "<export>", "export-failed"),
+    ),
+    seen_in=("0.6.2",),
+)
+"""Seen on tiny:qwen3.5-vl-moe at EP2 with `--experts sequential`: every other finding of that run follows from the
+crashes (nothing past the failing task is loaded, the image and text logits are NaN). The provider asks for grouped
+experts (moe_grouped_gemm), which `--experts auto` builds."""
+
 QWEN35_VL = Architecture(
     hf_classes=("Qwen3_5ForConditionalGeneration",),
     model_type="qwen3_5",
@@ -162,5 +185,10 @@ QWEN35_VL_MOE = Architecture(
     mapping_rules="convcheck.models.qwen35_vl_mappings:qwen35_vl_rules",
     config_rules=QWEN35_VL_MOE_TABLE,
     fixtures=(TINY_QWEN35_VL_MOE,),
-    upstream_bugs=(MERGER_GELU_TANH, CONFIG_EXPORT_FLAT, QUANT_MAPPING_NOT_IMPLEMENTED),
+    upstream_bugs=(
+        MERGER_GELU_TANH,
+        CONFIG_EXPORT_FLAT,
+        MTP_SEQUENTIAL_EXPERTS_UNMAPPED,
+        QUANT_MAPPING_NOT_IMPLEMENTED,
+    ),
 )
