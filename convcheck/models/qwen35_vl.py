@@ -18,7 +18,7 @@ from convcheck.models.bridge_wide import QUANT_MAPPING_NOT_IMPLEMENTED
 from convcheck.models.fixture_spec import FixtureSpec
 from convcheck.models.qwen3_vl import VISION as QWEN3_VL_VISION
 from convcheck.models.qwen35_vl_config import QWEN35_VL_MOE_TABLE, QWEN35_VL_TABLE
-from convcheck.models.qwen_next import GATED_NORM, MOE_SHAPES
+from convcheck.models.qwen_next import MOE_SHAPES, gdn_spec
 from convcheck.models.upstream_bug import UpstreamBug
 
 IMAGE_TOKEN, VIDEO_TOKEN, VISION_START, VISION_END = 150, 151, 148, 149
@@ -84,10 +84,10 @@ TOKENS: dict[str, Any] = {
 
 def vl_spec(name: str, config_class: str, description: str, text: dict[str, Any], tied: bool,
             **extra: Any) -> FixtureSpec:  # fmt: skip
-    """A Qwen3.5-VL fixture: one MTP layer stored as `mtp.*`, the GDN gated norm drawn near one."""
+    """A Qwen3.5-VL fixture of `text` under the vision tower: a GDN fixture (one MTP layer stored as `mtp.*`, the gated
+    norm drawn near one)."""
     config = {"text_config": text, "vision_config": VISION, "tie_word_embeddings": tied, **TOKENS}
-    return FixtureSpec(name=name, config_class=config_class, description=description, config=config, mtp_layers=1,
-                       mtp_style="qwen", near_one_tensors=GATED_NORM, **extra)  # fmt: skip
+    return gdn_spec(name, config_class, description, config, **extra)
 
 
 TINY_QWEN35_VL = vl_spec(

@@ -63,7 +63,8 @@ def _vl_table(text: tuple[FieldRule, ...]) -> tuple[FieldRule, ...]:
     """`text` (a Qwen3.5 text table) under text_config, with mrope, the top-level tied flag, the vision tower, the
     image / video ids and the fields that do not change the forward (TEXT_IGNORED)."""
     language = tuple(in_text(rule) for rule in text if rule.megatron not in REPLACED)
-    return (*language, MROPE, TIED, *VISION, *TOKENS, *_ignored((*IGNORED_HERE, *(f"{TEXT}.{name}" for name in TEXT_IGNORED))))
+    ignored = (*IGNORED_HERE, *(f"{TEXT}.{name}" for name in TEXT_IGNORED))
+    return (*language, MROPE, TIED, *VISION, *TOKENS, *_ignored(ignored))
 
 
 QWEN35_VL_TABLE = _vl_table(QWEN35_TABLE)

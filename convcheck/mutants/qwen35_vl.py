@@ -11,7 +11,7 @@ import torch
 from megatron.bridge.models.conversion.param_mapping import AutoMapping
 from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.vision_model import Qwen3VLVisionModel
 
-from convcheck.mutants.patch import wrap
+from convcheck.mutants.patch import transform_hf_symmetrically, wrap
 
 EH_PROJ = "language_model.mtp.layers.0.eh_proj.weight"
 
@@ -27,25 +27,7 @@ def mtp_inputs_swapped() -> None:
     its column halves exchanged and exported exchanged back (the same bug both ways, a roundtrip cannot see it): the
     MTP layer applies the embedding's weights to the hidden state and the hidden state's to the embedding."""
 
-    def load(original):  # type: ignore[no-untyped-def]
-        def hf_to_megatron(self, hf_weights, megatron_module):  # type: ignore[no-untyped-def]
-            if self.megatron_param == EH_PROJ and hf_weights is not None:
-                hf_weights = _halves_swapped(hf_weights)
-            return original(self, hf_weights, megatron_module)
-
-        return hf_to_megatron
-
-    def save(original):  # type: ignore[no-untyped-def]
-        def megatron_to_hf(self, megatron_weights, megatron_module):  # type: ignore[no-untyped-def]
-            out = original(self, megatron_weights, megatron_module)
-            if self.megatron_param != EH_PROJ:
-                return out
-            return {name: _halves_swapped(tensor) for name, tensor in out.items()}
-
-        return megatron_to_hf
-
-    wrap(AutoMapping, "hf_to_megatron", load)
-    wrap(AutoMapping, "megatron_to_hf", save)
+    transform_hf_symmetrically(AutoMapping, EH_PROJ, _halves_swapped, _halves_swapped)
 
 
 def image_tokens_reversed() -> None:
