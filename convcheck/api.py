@@ -20,7 +20,6 @@ from convcheck.engine.resume import checkpoint_folder, run_resumes
 from convcheck.errors import BadInput
 from convcheck.fixtures import get_spec
 from convcheck.fixtures.folders import config_folder, tiny_folder
-from convcheck.fixtures.shrink import TEXT_MODEL_NOTE
 from convcheck.fixtures.specs import CONFIG_PREFIX
 from convcheck.gate.manifest import build_manifest, check_manifest_path, write_manifest
 from convcheck.hf.checkpoint import architecture_of, config_of, open_checkpoint
@@ -48,10 +47,7 @@ def resolve_model(model: str, layers: int | None = None) -> str:
     """A checkpoint folder for `model`: a path, a built-in fixture `tiny:<name>`, or `config:FILE`, a config.json
     shrunk to a tiny fixture of `layers` layers (default: the fewest that keep its layer pattern); built once."""
     if model.startswith(CONFIG_PREFIX):
-        folder, notes, _ = config_folder(model.removeprefix(CONFIG_PREFIX), layers)
-        for note in notes:
-            if note.startswith(TEXT_MODEL_NOTE):
-                print(f"INFO {note}", file=sys.stderr)
+        folder, _, _ = config_folder(model.removeprefix(CONFIG_PREFIX), layers)
         return str(folder)
     if layers is not None:
         raise BadInput(f"--layers applies only to a --model {CONFIG_PREFIX}FILE fixture, not {model}")

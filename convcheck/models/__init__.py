@@ -23,6 +23,7 @@ from convcheck.models import (
     olmoe,
     qwen3_moe,
     qwen3_vl,
+    qwen35_vl,
     qwen_next,
 )
 from convcheck.models.architecture import Architecture, unique_index
@@ -56,6 +57,8 @@ SUPPORTED: tuple[Architecture, ...] = (
     minimax_m2.MINIMAX_M2,
     qwen3_vl.QWEN3_VL,
     qwen3_vl.QWEN3_VL_MOE,
+    qwen35_vl.QWEN35_VL,
+    qwen35_vl.QWEN35_VL_MOE,
 )
 """Every supported architecture; config tables and `tiny:` fixtures are listed in this order."""
 

@@ -49,7 +49,8 @@ def language_model_name(hf: str) -> str:
 
 
 def _renamed(mapping: Any, megatron: str) -> Any:
-    """`mapping` with its Megatron name `megatron` and every HF name in the VL spelling (nested mappings too)."""
+    """`mapping` with its Megatron name `megatron` and every HF name in the VL spelling (nested mappings and tuples
+    of names, as a GDN in_proj's four sources, too)."""
     changes: dict[str, Any] = {}
     for field in fields(mapping):
         value = getattr(mapping, field.name)
@@ -57,21 +58,37 @@ def _renamed(mapping: Any, megatron: str) -> Any:
             changes["megatron"] = megatron
         elif isinstance(value, str):
             changes[field.name] = language_model_name(value)
+        elif isinstance(value, tuple) and value and all(isinstance(item, str) for item in value):
+            changes[field.name] = tuple(language_model_name(item) for item in value)
         elif is_dataclass(value):
             changes[field.name] = _renamed(value, megatron)
     return replace(mapping, **changes)
 
 
+def text_model_name(hf: str) -> str:
+    """The inverse of `language_model_name`: `model.language_model.X` -> `model.X` (other names unchanged)."""
+    return "model." + hf[len(HF_LM) :] if hf.startswith(HF_LM) else hf
+
+
 def under_language_model(rule: MappingRule) -> MappingRule:
-    """A decoder rule for the same parameter under `language_model.` (HF `model.language_model.`)."""
+    """A decoder rule for the same parameter under `language_model.` (HF `model.language_model.`); a rule that
+    applies only to some checkpoint spellings (its `when`: fused experts) asks the checkpoint's names as the text
+    model spells them."""
     inner = re.compile(rule.pattern)
 
-    def build(match: re.Match[str], geometry: Geometry) -> Any:
-        own = inner.fullmatch(match[0][len(LM) :])
-        assert own is not None  # the outer pattern is the inner one behind a literal prefix
-        return _renamed(rule.build(own, geometry), match[0])
+    def own(match: re.Match[str]) -> re.Match[str]:
+        found = inner.fullmatch(match[0][len(LM) :])
+        assert found is not None  # the outer pattern is the inner one behind a literal prefix
+        return found
 
-    return MappingRule(re.escape(LM) + rule.pattern, build)
+    def build(match: re.Match[str], geometry: Geometry) -> Any:
+        return _renamed(rule.build(own(match), geometry), match[0])
+
+    when = rule.when
+    if when is None:
+        return MappingRule(re.escape(LM) + rule.pattern, build)
+    return MappingRule(re.escape(LM) + rule.pattern, build,
+                       lambda match, names: when(own(match), frozenset(map(text_model_name, names))))  # fmt: skip
 
 
 def _hf_block(match: re.Match[str], suffix: str) -> str:

@@ -20,6 +20,11 @@ TE_ONLY: dict[str, str] = {
     "Qwen3VLMoeForConditionalGeneration": "the bridge's Qwen3-VL-MoE provider builds its language model from "
     "megatron-core's TE layer spec (megatron/bridge/models/qwen_vl/qwen3_vl_provider.py:314) and its vision tower from "
     "TE classes",
+    "Qwen3_5ForConditionalGeneration": "the bridge's Qwen3.5-VL provider builds its vision tower from TE classes "
+    "(megatron/bridge/models/qwen_vl/qwen35_vl_provider.py:502-530: the TE ViT layer spec, TENorm and TE linears in "
+    "the patch merger)",
+    "Qwen3_5MoeForConditionalGeneration": "the bridge's Qwen3.5-VL-MoE provider builds its vision tower from TE "
+    "classes (megatron/bridge/models/qwen_vl/qwen35_vl_provider.py:502-530)",
     "MiniMaxM2ForCausalLM": "the bridge's MiniMax-M2 layer spec is megatron-core's TE MoE spec with full-width q/k "
     "norms (megatron/bridge/models/minimax_m2/minimax_m2_provider.py:195-216)",
     "GlmMoeDsaForCausalLM": "the bridge's GLM-5 DSA spec asks the backend for TE's duplicated TELinear (MLA's down "

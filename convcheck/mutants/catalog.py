@@ -18,13 +18,14 @@ from convcheck.mutants.catalog_layout import LAYOUT_MUTANTS
 from convcheck.mutants.catalog_model import MODEL_MUTANTS
 from convcheck.mutants.catalog_olmoe import OLMOE_MUTANTS
 from convcheck.mutants.catalog_qwen3_vl import QWEN3_VL_MUTANTS
+from convcheck.mutants.catalog_qwen35_vl import QWEN35_VL_MUTANTS
 from convcheck.mutants.catalog_te import TE_MUTANTS
 from convcheck.mutants.catalog_te_families import TE_FAMILY_MUTANTS
 from convcheck.mutants.catalog_vpp import VPP_MUTANTS
 from convcheck.mutants.mutant import FORWARD, Mutant
 
 MUTANTS: tuple[Mutant, ...] = (*LAYOUT_MUTANTS, *MODEL_MUTANTS, *OLMOE_MUTANTS, *VPP_MUTANTS, *TE_MUTANTS,
-                              *TE_FAMILY_MUTANTS, *ENGINE_MUTANTS, *QWEN3_VL_MUTANTS)  # fmt: skip
+                              *TE_FAMILY_MUTANTS, *ENGINE_MUTANTS, *QWEN3_VL_MUTANTS, *QWEN35_VL_MUTANTS)  # fmt: skip
 """Every shipped mutant, in the order the kill matrix lists them."""
 
 __all__ = ["FORWARD", "MUTANTS", "Mutant"]

@@ -1,5 +1,6 @@
 """The patching helpers every planted bug uses: wrap an upstream attribute, flip one element, change every
-provider, permute rows of a mapping identically in import and export."""
+provider, permute rows of a mapping identically in import and export, transform one parameter's HF tensor on import
+and undo it on export."""
 
 from __future__ import annotations
 
@@ -76,3 +77,29 @@ def permute_rows_symmetrically(mapping_cls: type, permutation: RowPermutation) -
 
     wrap(mapping_cls, "hf_to_megatron", make_import)
     wrap(mapping_cls, "megatron_to_hf", make_export)
+
+
+def transform_hf_symmetrically(mapping_cls: type, megatron_param: str, forward: Callable[[Any], Any],
+                               backward: Callable[[Any], Any]) -> None:  # fmt: skip
+    """`megatron_param`'s HF tensor reaches the import as `forward(hf)` and its export leaves as `backward(exported)`:
+    a bug made identically both ways (backward undoes forward), which a roundtrip cannot see."""
+
+    def load(original: Any) -> Any:
+        def hf_to_megatron(self, hf_weights, megatron_module):  # type: ignore[no-untyped-def]
+            if self.megatron_param == megatron_param and hf_weights is not None:
+                hf_weights = forward(hf_weights)
+            return original(self, hf_weights, megatron_module)
+
+        return hf_to_megatron
+
+    def save(original: Any) -> Any:
+        def megatron_to_hf(self, megatron_weights, megatron_module):  # type: ignore[no-untyped-def]
+            out = original(self, megatron_weights, megatron_module)
+            if self.megatron_param != megatron_param:
+                return out
+            return {name: backward(tensor) for name, tensor in out.items()}
+
+        return megatron_to_hf
+
+    wrap(mapping_cls, "hf_to_megatron", load)
+    wrap(mapping_cls, "megatron_to_hf", save)

@@ -11,7 +11,7 @@ import torch
 from megatron.bridge.models.conversion.param_mapping import AutoMapping, ConcatenatedQKVMapping
 from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.transformer_block import Qwen3VLTransformerBlock
 
-from convcheck.mutants.patch import wrap
+from convcheck.mutants.patch import transform_hf_symmetrically, wrap
 
 MERGER_FC1 = "vision_model.merger.linear_fc1.weight"
 QKV_0 = "vision_model.decoder.layers.0.self_attention.linear_qkv.weight"
@@ -21,25 +21,10 @@ def merger_transposed() -> None:
     """The patch merger's linear_fc1 `[4V, 4V]` is imported transposed and exported transposed back (the same bug
     both ways, a roundtrip cannot see it): every merged image token's embedding changes."""
 
-    def load(original):  # type: ignore[no-untyped-def]
-        def hf_to_megatron(self, hf_weights, megatron_module):  # type: ignore[no-untyped-def]
-            if self.megatron_param == MERGER_FC1 and hf_weights is not None:
-                hf_weights = hf_weights.t().contiguous()
-            return original(self, hf_weights, megatron_module)
+    def transposed(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.t().contiguous()
 
-        return hf_to_megatron
-
-    def save(original):  # type: ignore[no-untyped-def]
-        def megatron_to_hf(self, megatron_weights, megatron_module):  # type: ignore[no-untyped-def]
-            out = original(self, megatron_weights, megatron_module)
-            if self.megatron_param != MERGER_FC1:
-                return out
-            return {name: tensor.t().contiguous() for name, tensor in out.items()}
-
-        return megatron_to_hf
-
-    wrap(AutoMapping, "hf_to_megatron", load)
-    wrap(AutoMapping, "megatron_to_hf", save)
+    transform_hf_symmetrically(AutoMapping, MERGER_FC1, transposed, transposed)
 
 
 def vision_qkv_unsplit() -> None:

@@ -38,7 +38,7 @@ def claims(ctx: RankContext) -> dict[str, Any]:
             expert.add(name)
         if found := DECODER_LAYER.match(name):
             layers[vp_stage].add(int(found.group(1)))
-    mtp = any(name.startswith(MTP_PREFIX) for name in counts)
+    mtp = any(name.startswith(MTP_PREFIXES) for name in counts)
     chunks = [sorted(held) for _, held in sorted(layers.items())]
     return {"rank": ctx.rank, "coord": ctx.coord, "counts": dict(counts), "expert": sorted(expert), "mtp": mtp,
             "layers": chunks}  # fmt: skip
@@ -70,10 +70,11 @@ def placement(gathered: list[dict[str, Any]], layout: ParallelLayout, num_layers
     return findings
 
 
-MTP_PREFIX = "mtp."
-MTP_EMBEDDING = "embedding.word_embeddings.weight"
+MTP_PREFIXES = ("mtp.", "language_model.mtp.")
+MTP_EMBEDDINGS = ("embedding.word_embeddings.weight", "language_model.embedding.word_embeddings.weight")
 """A stage with MTP layers holds its own copy of the word embeddings (megatron-core builds it there and keeps it in
-the embedding group with stage 0's, as for tied embeddings): a legal replica, not a second owner."""
+the embedding group with stage 0's, as for tied embeddings): a legal replica, not a second owner. A vision-language
+model (Qwen3.5-VL) holds both under language_model."""
 
 
 def exactly_once(gathered: list[dict[str, Any]]) -> list[Finding]:
@@ -88,7 +89,7 @@ def exactly_once(gathered: list[dict[str, Any]]) -> list[Finding]:
     for part in gathered:
         expert.update(part["expert"])
         for name, count in part["counts"].items():
-            mtp_replica = name == MTP_EMBEDDING and part.get("mtp") and part["coord"].pp_rank > 0
+            mtp_replica = name in MTP_EMBEDDINGS and part.get("mtp") and part["coord"].pp_rank > 0
             if not mtp_replica:  # the MTP stage's copy of stage 0's embeddings is not a second owner
                 holders.setdefault(name, []).append((part["rank"], part["coord"]))
             if count > 1:

@@ -56,7 +56,12 @@ def lm_auto_class(config: Any) -> Any:
     """The transformers auto class whose model gives `config`'s logits: AutoModelForCausalLM, or for a
     vision-language or audio-language checkpoint it has no entry for (Qwen3-VL, Qwen2-Audio, ...)
     AutoModelForImageTextToText or AutoModelForMultimodalLM, whose model runs a text-only input through its language
-    model."""
+    model. A checkpoint whose `architectures` names the image-text class of a config both map (Qwen3.5-VL:
+    Qwen3_5ForConditionalGeneration, where AutoModelForCausalLM builds the bare Qwen3_5ForCausalLM) gets that class:
+    its image inputs need the vision tower."""
+    image_text = transformers.AutoModelForImageTextToText._model_mapping.get(type(config), None)
+    if image_text is not None and image_text.__name__ in (getattr(config, "architectures", None) or []):
+        return transformers.AutoModelForImageTextToText
     if type(config) not in transformers.AutoModelForCausalLM._model_mapping:
         for name in ("AutoModelForImageTextToText", "AutoModelForMultimodalLM"):
             auto = getattr(transformers, name, None)

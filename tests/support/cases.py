@@ -59,6 +59,10 @@ FIXED = {  # families checked at a fixed list of layouts (convcheck.gate.case LA
     # TE-only (the bridge's TE specs, convcheck.gate.case TE_CASES); TP1 / PP2 recorded in docs/families.md
     "qwen3-vl": [("--tp", "2", "--spec", "te", "--experts", "auto")],
     "qwen3-vl-moe": [("--ep", "2", "--spec", "te", "--experts", "auto")],
+    # one case for both Qwen3.5-VL fixtures: GDN, attention, vision and experts split at once (tests/test_qwen35_vl.py);
+    # the dense fixture's TP1 / TP2 / PP2 and the MoE's other layouts recorded in docs/families.md
+    "qwen3.5-vl": [],
+    "qwen3.5-vl-moe": [("--tp", "2", "--ep", "2", "--spec", "te", "--experts", "auto")],
     # the dense provider builds its own local spec whatever --spec says; PP2 is refused (docs/families.md)
     "gemma4": [("--tp", "2", "--spec", "te", "--experts", "auto")],
     # the MoE provider's TE spec; TP1 / TP2 / EP2 / PP2 recorded in docs/families.md
