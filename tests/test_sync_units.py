@@ -331,3 +331,31 @@ def test_fused_geometry_reads_a_vision_language_config_through_its_text_config()
         == Geometry.from_config(text)
         == Geometry(q_rows=32, kv_rows=16, experts=8, gated=True)
     )
+
+
+def test_the_hf_receiver_takes_fused_experts_under_the_models_own_name_as_transformers_does() -> None:
+    """Qwen3.6-MoE: the published checkpoint stores experts.gate_up_proj fused, under the model's own parameter name,
+    which transformers' loader loads as it is (its conversion mapping splits experts per expert only on save). The
+    receiver loads it whole, reads it back under that name (not split per expert), expects the source there, and a
+    planted swap of two elements is the only difference, at its first index."""
+    from transformers import AutoConfig
+
+    from convcheck.fixtures.build import build_fixture
+    from convcheck.sync.receivers import HFReceiver
+
+    config = AutoConfig.from_pretrained(build_fixture("qwen3.6-moe"))
+    name = "model.layers.0.mlp.experts.gate_up_proj"
+    receiver = HFReceiver(config)
+    shape = tuple(dict(receiver.model.named_parameters())[name].shape)
+    fused = distinct(*shape)
+    wrong = fused.clone()
+    wrong[0, 0, 0], wrong[0, 0, 1] = fused[0, 0, 1], fused[0, 0, 0]
+    receiver.load_weights([(name, wrong)])
+    state = receiver.state_dict()
+    assert receiver.loaded_as_held == {name} and "model.layers.0.mlp.experts.0.gate_proj.weight" not in state
+    assert "model.layers.1.mlp.experts.0.gate_proj.weight" in state  # a layer sent per expert stays per expert
+    assert receiver.expected({name: fused})[name] is fused
+    got = int_view(state[name]).reshape(shape)
+    assert (got != int_view(fused).reshape(shape)).nonzero().tolist() == [[0, 0, 0], [0, 0, 1]]
+    with pytest.raises(ValueError, match=rf"{name}: shape \[2, 2\], the model expects"):
+        HFReceiver(config).load_weights([(name, distinct(2, 2))])

@@ -62,6 +62,16 @@ class HFReceiver:
         _keep_in_fp32(self.model, dtype)
         self.model.tie_weights()
         self._storage, self._placement = self._placements()
+        index = {id(tensor): i for i, (_, tensor) in enumerate(self._storage)}
+        self._held = {
+            name: index[id(tensor)]
+            for name, tensor in [*self.model.named_parameters(remove_duplicate=False), *self.model.named_buffers()]
+            if id(tensor) in index and name not in self._placement
+        }
+        """The model's own names that no checkpoint name reverts to (fused MoE experts the conversion mapping splits
+        per expert on save): transformers' loader loads a checkpoint tensor of that name as it is."""
+        self.loaded_as_held: set[str] = set()
+        """Names received under the model's own name (e.g. Qwen3.6's published fused experts), not a checkpoint one."""
         self._depth = config.num_hidden_layers if getattr(config, "num_nextn_predict_layers", 0) else None
         self._ignored = [re.compile(p) for p in getattr(cls, "_keys_to_ignore_on_load_unexpected", None) or ()]
         self._checked_transposes = shape_checked_transposes(self.model)
@@ -124,6 +134,13 @@ class HFReceiver:
                 if name not in self._placement and self._is_mtp(name):
                     self.not_held.add(name)
                     continue
+                if name not in self._placement and name in self._held:
+                    target = self._storage[self._held[name]][1]
+                    if tuple(tensor.shape) != tuple(target.shape):
+                        raise ValueError(f"{name}: shape {list(tensor.shape)}, the model expects {list(target.shape)}")
+                    target.data.copy_(tensor.detach())
+                    self.loaded_as_held.add(name)
+                    continue
                 if name not in self._placement:
                     raise KeyError(f"{name!r} is not a tensor of {type(self.model).__name__}")
                 shape, pieces = self._placement[name]
@@ -153,7 +170,12 @@ class HFReceiver:
         """The state under checkpoint names, as transformers would save it; a tensor received transposed (see
         `transposed`) in the orientation it came in."""
         state = revert_weight_conversion(self.model, self.model.state_dict())
-        return {k: v.transpose(1, 2).contiguous() if k in self.transposed else v for k, v in state.items()}
+        state = {k: v.transpose(1, 2).contiguous() if k in self.transposed else v for k, v in state.items()}
+        if self.loaded_as_held:  # those storages read back under the name they came in, not split per expert
+            held = {self._held[name] for name in self.loaded_as_held}
+            state = {k: v for k, v in state.items() if not all(p[0] in held for p in self._placement[k][1])}
+            state.update({name: self._storage[self._held[name]][1] for name in self.loaded_as_held})
+        return state
 
     def expected(self, hf: Mapping[str, Any]) -> dict[str, Any]:
         """Every checkpoint name holds its source tensor; a tied name absent from the source holds its twin's."""
@@ -162,6 +184,7 @@ class HFReceiver:
         for name, (_, pieces) in self._placement.items():
             if all(count is not None for *_, count in pieces):
                 by_place.setdefault(tuple(pieces), []).append(name)
+        out.update({name: hf[name] for name in self._held if name in hf})
         for name, (_, pieces) in self._placement.items():
             if name in hf:
                 out[name] = hf[name]
