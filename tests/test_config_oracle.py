@@ -100,3 +100,33 @@ def test_planted_config_bug_is_named_by_field(tmp_path: Path, plant: str, model:
     assert {f["kind"] for f in res.findings("config")} <= {"mismatch", "roundtrip-mismatch"}
     assert res.verdicts()["logits"] == "fail", "the planted field must also change the logits"
     assert label.rpartition(" -> ")[2] in res.out
+
+
+def test_qk_norms_are_read_from_the_built_layers_not_the_flag() -> None:
+    """Gemma 3 / MiniMax-M2: the rule holds when every built attention layer has a q and a k norm, whatever the
+    qk_layernorm flag says (bridge 0.4.x builds MiniMax-M2's norms from its own spec with the flag off); a layer whose
+    k norm is missing fails, naming the rule."""
+    import torch
+
+    from convcheck.models.config_rules import built_qk_norms
+    from convcheck.oracles.config import _walk
+
+    def model(k_norm_in_layer_1: bool) -> torch.nn.Module:
+        layers = torch.nn.ModuleList()
+        for index in range(2):
+            attention = torch.nn.Module()
+            attention.q_layernorm = torch.nn.LayerNorm(4)
+            attention.k_layernorm = torch.nn.LayerNorm(4) if index == 0 or k_norm_in_layer_1 else None
+            layer = torch.nn.Module()
+            layer.self_attention = attention
+            layers.append(layer)
+        root, root.decoder = torch.nn.Module(), torch.nn.Module()
+        root.decoder.layers = layers
+        return root
+
+    rule = built_qk_norms("q_norm / k_norm in every layer")
+    for built, verdict in ((model(True), None), (model(False), "mismatch")):
+        get = lambda name, built=built: _walk(built, name[len("model.") :], name)  # noqa: E731
+        finding = check_rule(rule, {}, get)
+        assert (finding.kind if finding else None) == verdict
+    assert finding is not None and finding.tensor == "<implied> -> model.decoder.layers.*.self_attention.q_layernorm"

@@ -8,7 +8,15 @@ transformers 5.12.1's models/minimax_m2/modeling_minimax_m2.py (cited as HF)."""
 from __future__ import annotations
 
 from convcheck.models.architecture import Architecture
-from convcheck.models.config_rules import HEADS_AND_VOCAB, FieldRule, HfView, MegatronGet, implied, same
+from convcheck.models.config_rules import (
+    HEADS_AND_VOCAB,
+    FieldRule,
+    HfView,
+    MegatronGet,
+    built_qk_norms,
+    implied,
+    same,
+)
 from convcheck.models.dense import NORM_ROPE_ACT
 from convcheck.models.fixture_spec import TINY_SHAPES, FixtureSpec
 from convcheck.models.qwen3_moe import megatron_moe_layers
@@ -54,7 +62,7 @@ MINIMAX_M2_TABLE: tuple[FieldRule, ...] = (
     implied("window_size", None, "MiniMax-M2 attends to every position"),
     implied("add_qkv_bias", False, "MiniMax-M2 q/k/v projections have no bias"),
     implied("add_bias_linear", False, "MiniMax-M2 o_proj and experts have no bias"),
-    implied("qk_layernorm", True, "q_norm / k_norm over all heads at once (num_heads x head_dim wide, HF:311-312)"),
+    built_qk_norms("q_norm / k_norm over all heads at once (num_heads x head_dim wide, HF:311-312)"),
     same("num_local_experts", "num_moe_experts", also=("num_experts",)),
     same("num_experts_per_tok", "moe_router_topk"),
     same("intermediate_size", "moe_ffn_hidden_size", note="MiniMax-M2's intermediate_size is the expert width"),
