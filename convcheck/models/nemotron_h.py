@@ -298,11 +298,48 @@ TINY_NEMOTRON_H_MOE_VLLM = engine_variant(
        "moe_shared_expert_intermediate_size": 32},
 )  # fmt: skip
 
+# Nemotron-3 Super's structure (nvidia/NVIDIA-Nemotron-3-Super-120B-A12B config.json, tests/data): Mamba / MoE pairs
+# with attention every few layers, no dense MLP layer, 512 experts top-22 in one group with a shared expert twice the
+# expert width, routed_scaling_factor 5, and one MTP block of pattern `*E` (an attention and an MoE layer) written
+# as published, `mtp.layers.{0,1}.*`. Shrunk: 88 layers -> ME*EME (PP2: ME* | EME), 512 experts -> 8 top-2 (EP2),
+# widths as tiny:nemotron-h. Super's latent MoE (moe_latent_size 1024) is left out: megatron-core 0.19.2 builds the
+# latent projections only with Transformer Engine (transformer/moe/moe_layer.py:266), which a CPU host lacks.
+NEMOTRON_3_MTP_PATTERN = "ME*EME"
+TINY_NEMOTRON_3_MTP = FixtureSpec(
+    name="nemotron-3-mtp",
+    config_class="NemotronHConfig",
+    description="Nemotron-3 Super shape ME*EME: Mamba, MoE (8 experts top-2, shared expert, scaling 5), attention, and "
+    "one MTP block *E (attention + MoE) as published; no latent MoE (TE-only in megatron-core)",
+    config={
+        **TINY_NEMOTRON_H.config,
+        "hybrid_override_pattern": NEMOTRON_3_MTP_PATTERN,
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 20,
+        "moe_shared_expert_intermediate_size": 40,
+        "routed_scaling_factor": 5.0,
+        "moe_shared_expert_overlap": False,
+        "num_nextn_predict_layers": 1,
+        "mtp_layers_block_type": ["attention", "moe"],
+    },
+    fp32_tensors=TINY_NEMOTRON_H.fp32_tensors,
+    renames=TINY_NEMOTRON_H.renames,
+    mtp_layers=1,
+    mtp_style="nemotron",
+)
+
 NEMOTRON_H = Architecture(
     hf_classes=("NemotronHForCausalLM",),
     model_type="nemotron_h",
     mapping_rules="convcheck.models.nemotron_h_mappings:hybrid_rules",
     config_rules=NEMOTRON_H_TABLE,
-    fixtures=(TINY_NEMOTRON_H, TINY_NEMOTRON_H_MOE, TINY_NEMOTRON_H_6L, TINY_NEMOTRON_H_VLLM, TINY_NEMOTRON_H_MOE_VLLM),
+    fixtures=(
+        TINY_NEMOTRON_H,
+        TINY_NEMOTRON_H_MOE,
+        TINY_NEMOTRON_H_6L,
+        TINY_NEMOTRON_H_VLLM,
+        TINY_NEMOTRON_H_MOE_VLLM,
+        TINY_NEMOTRON_3_MTP,
+    ),
     upstream_bugs=(QUANT_MAPPING_NOT_IMPLEMENTED, TRANSFORMERS_EMBEDDING_SAVED_SINGULAR),
 )
