@@ -22,6 +22,7 @@ from convcheck.models.config_rules import (
 )
 from convcheck.models.fixture_spec import TINY_SHAPES, FixtureSpec, engine_variant
 from convcheck.models.registered_bugs import TRANSFORMERS_EMBEDDING_SAVED_SINGULAR
+from convcheck.models.upstream_bug import UpstreamBug
 
 EMBEDDING = "backbone.embeddings.weight"
 
@@ -328,6 +329,25 @@ TINY_NEMOTRON_3_MTP = FixtureSpec(
     mtp_style="nemotron",
 )
 
+MTP_NORM_UNMAPPED = UpstreamBug(
+    name="nemotronh-mtp-norm-unmapped",
+    summary="the MTP layers' mappings name their pre-norms only as TE's fused layer_norm_weight and pre_mlp_layernorm, "
+    "not as the separate input_layernorm / norm the decoder's mappings add for the local and quantization (modelopt) "
+    "specs; an MTP attention layer built so has an unmapped input_layernorm.weight whose empty conversion task crashes "
+    "load_hf_weights and export_hf_weights (seen with `--spec local`; the TE spec passes)",
+    where="megatron/bridge/models/nemotronh/nemotron_h_bridge.py:456-476 (mtp_nested; the decoder's separate norms at "
+    ":393-397); the crash at conversion/model_bridge.py:1100 (load) and :1340 (export) in 0.6.2",
+    findings=(
+        ("coverage", "mtp.layers.*.mtp_model_layer.layers.*.input_layernorm.weight", "unmapped"),
+        ("coverage", "mtp.layers.*.norm.weight", "not-exported"),
+        ("elements", "mtp.layers.*.norm.weight", "never-written"),
+        ("*", "<import>", "import-failed"),
+        ("*", "<export>", "export-failed"),
+    ),
+    seen_in=("0.6.2",),
+)
+"""Every other finding of such a run follows from the two crashes (what the import and export never reach)."""
+
 NEMOTRON_H = Architecture(
     hf_classes=("NemotronHForCausalLM",),
     model_type="nemotron_h",
@@ -341,5 +361,5 @@ NEMOTRON_H = Architecture(
         TINY_NEMOTRON_H_MOE_VLLM,
         TINY_NEMOTRON_3_MTP,
     ),
-    upstream_bugs=(QUANT_MAPPING_NOT_IMPLEMENTED, TRANSFORMERS_EMBEDDING_SAVED_SINGULAR),
+    upstream_bugs=(QUANT_MAPPING_NOT_IMPLEMENTED, TRANSFORMERS_EMBEDDING_SAVED_SINGULAR, MTP_NORM_UNMAPPED),
 )

@@ -61,6 +61,9 @@ FIXED = {  # families checked at a fixed list of layouts (convcheck.gate.case LA
     "qwen3-vl-moe": [("--ep", "2", "--spec", "te", "--experts", "auto")],
     # the dense provider builds its own local spec whatever --spec says; PP2 is refused (docs/families.md)
     "gemma4": [("--tp", "2", "--spec", "te", "--experts", "auto")],
+    # the bridge maps the MTP layers' norms only as TE's fused ones (nemotronh-mtp-norm-unmapped on the local spec);
+    # TP1 / EP2 / PP2 / TP2xEP2 recorded in docs/families.md
+    "nemotron-3-mtp": [("--tp", "2", "--spec", "te", "--experts", "auto")],
     **VPP,
 }
 DENSE = [
