@@ -152,17 +152,12 @@ def _rule(label: str) -> Any:
     return next(r for r in NEMOTRON_H_TABLE if r.label == label)
 
 
-def test_the_config_table_reads_the_mtp_depth_pattern_and_repeated_layer() -> None:
+def test_the_config_table_reads_the_mtp_depth_and_pattern() -> None:
     pattern = _rule("mtp_layers_block_type+num_nextn_predict_layers -> mtp_hybrid_override_pattern")
     one = {"num_nextn_predict_layers": 1, "mtp_layers_block_type": ["attention", "moe"]}
     assert pattern.expect(one, {}.get) == "*E"
     assert pattern.expect({**one, "mtp_layers_block_type": ["moe", "attention"]}, {}.get) == "E*"  # a swap shows
     assert pattern.expect({"num_nextn_predict_layers": 0}, {}.get) is None
-    repeated = _rule("num_nextn_predict_layers -> mtp_use_repeated_layer")
-    assert repeated.expect(one, {"mtp_use_repeated_layer": True}.get) is True  # one depth: the same model
-    two = {**one, "num_nextn_predict_layers": 2}
-    assert repeated.expect(two, {"mtp_use_repeated_layer": True}.get) is False  # one block per depth in HF
-    assert repeated.observe(True, {}.get) is True
     depth = _rule("num_nextn_predict_layers -> mtp_num_layers")
     assert depth.expect(one, {}.get) == 1 and depth.observe(None, {}.get) == 0
 

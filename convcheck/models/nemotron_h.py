@@ -219,16 +219,6 @@ NEMOTRON_H_TABLE = (
         observe=lambda value, _m: value or 0,
     ),
     FieldRule(
-        megatron="mtp_use_repeated_layer",
-        hf=("num_nextn_predict_layers",),
-        expect=lambda c, m: (
-            bool(m("mtp_use_repeated_layer")) if (c.get("num_nextn_predict_layers") or 0) == 1 else False
-        ),
-        observe=lambda value, _m: bool(value),
-        note="HF stores one MTP block per depth (mtp.layers.{d * P + i}); a repeated layer is one Megatron block for "
-        "every depth, the same model only at one depth (Nemotron-3 Super's)",
-    ),
-    FieldRule(
         megatron="mtp_hybrid_override_pattern",
         hf=("mtp_layers_block_type", "num_nextn_predict_layers"),
         expect=_mtp_pattern,
