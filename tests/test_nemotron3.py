@@ -31,6 +31,7 @@ from convcheck.models.mapping_registry import build_registry
 from convcheck.models.nemotron_h import NEMOTRON_H_TABLE
 from convcheck.models.nemotron_h_mappings import mtp_index
 from convcheck.mutants import nemotron3
+from convcheck.rank.bringup import _environment_limit
 
 DATA = Path(__file__).parent / "data"
 ARCH = "NemotronHForCausalLM"
@@ -185,3 +186,12 @@ def test_an_mtp_pattern_the_decoder_lacks_is_refused_in_one_line(tmp_path: Path)
     path.write_text(json.dumps({**published, "mtp_hybrid_override_pattern": "*-"}))
     with pytest.raises(BadInput, match=r"^the MTP pattern '\*-' holds layer kinds the decoder pattern lacks \(-\)$"):
         shrink_file(path)
+
+
+def test_a_megatron_core_assert_that_transformer_engine_is_required_is_an_environment_limit() -> None:
+    """megatron-core 0.19.2's latent-MoE assert (moe_layer.py:266) is what this host lacks, not a bridge bug: verify
+    exits 2 naming it (the published Super config shrunk, docs/families.md), never a build-failed finding."""
+    missing = AssertionError("TransformerEngine is required for MoE latent projections.")
+    assert _environment_limit(missing, "cpu", "te") == "without Transformer Engine"
+    assert _environment_limit(missing, "cpu", "local") == "without Transformer Engine"
+    assert _environment_limit(AssertionError("MTP pattern specified but mtp_block_spec is None"), "cpu") is None
