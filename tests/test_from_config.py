@@ -605,7 +605,8 @@ def test_a_shrunk_gdn_config_runs_to_a_verdict_naming_the_real_config_export_gap
 # ---- the MoE and hybrid families (issue #56) -----------------------------------------------------------------------
 
 FAMILY_CONFIGS = (
-    "gpt-oss-20b", "glm-4.5-air", "olmoe-1b-7b-0125", "glm-4.7-flash", "nemotron-nano-9b-v2", "nemotron-3-nano-30b-a3b"
+    "gpt-oss-20b", "glm-4.5-air", "olmoe-1b-7b-0125", "glm-4.7-flash", "nemotron-nano-9b-v2", "nemotron-3-nano-30b-a3b",
+    "nemotron-3-super-120b-a12b"
 )  # fmt: skip
 """Transcribed from the published config.json files as public repositories quote them (their `_convcheck_note`)."""
 
@@ -644,7 +645,12 @@ def _family_knobs(c: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]
             del out[name]  # (NemotronHConfig reads layer_norm_epsilon, compared above; its attention has no rotary)
         if "E" in c["hybrid_override_pattern"]:
             same = c["moe_shared_expert_intermediate_size"] == c["moe_intermediate_size"]
-            out |= {"shared": c["n_shared_experts"], "groups": (c["n_group"], c["topk_group"]), "same_widths": same}
+            out |= {"shared": c["n_shared_experts"], "groups": (c["n_group"], c["topk_group"]), "same_widths": same,
+                    "latent": c.get("moe_latent_size") is not None}  # fmt: skip
+        mtp = c.get("mtp_hybrid_override_pattern") or "".join(
+            {"attention": "*", "moe": "E", "mamba": "M", "mlp": "-"}[k] for k in c.get("mtp_layers_block_type") or []
+        )
+        out["mtp"] = (c.get("num_nextn_predict_layers") or 0, mtp if c.get("num_nextn_predict_layers") else "")
     return out
 
 

@@ -108,9 +108,32 @@ def cpu_hybrid_stack_spec() -> Any:
             mlp_bda=bda,
         ),
     )
+    layers = {"mamba_layer": mamba, "attention_layer": attention, "mlp_layer": mlp, "moe_layer": moe}
+    mtp = cpu_hybrid_mtp_block_spec()
+    if mtp is not None and "mtp_block_spec" in inspect.signature(submodules).parameters:
+        layers["mtp_block_spec"] = mtp  # megatron-core 0.19.2 hybrid_block.py:52; earlier stacks build no MTP
+    return ModuleSpec(module=stack, submodules=submodules(**layers))
+
+
+def cpu_hybrid_mtp_block_spec() -> Any:
+    """The hybrid MTP block (megatron-core 0.19.2 hybrid_layer_specs.py:71, `_hybrid_mtp_block_spec`) with torch norms
+    and a local column-parallel eh_proj: enorm / hnorm / final_layernorm and eh_proj, its inner layers built from the
+    stack's own layer specs; None where this megatron-core has no MTP layer submodules."""
+    mtp = optional_module("megatron.core.transformer.multi_token_prediction")
+    if mtp is None or not hasattr(mtp, "MultiTokenPredictionLayerSubmodules"):
+        return None
+    layer = ModuleSpec(
+        module=mtp.MultiTokenPredictionLayer,
+        submodules=mtp.MultiTokenPredictionLayerSubmodules(
+            enorm=WrappedTorchNorm,
+            hnorm=WrappedTorchNorm,
+            eh_proj=ColumnParallelLinear,
+            mtp_model_layer=None,
+            layer_norm=WrappedTorchNorm,
+        ),
+    )
     return ModuleSpec(
-        module=stack,
-        submodules=submodules(mamba_layer=mamba, attention_layer=attention, mlp_layer=mlp, moe_layer=moe),
+        module=mtp.MultiTokenPredictionBlock, submodules=mtp.MultiTokenPredictionBlockSubmodules(layer_specs=[layer])
     )
 
 

@@ -42,6 +42,9 @@ class Geometry:
     v_head_dim: int = 0
     mtp_layers: int = 0
     """Multi-token prediction layers (num_nextn_predict_layers); HF numbers MTP layer k model.layers.{L + k}."""
+    mtp_layer_types: tuple[str, ...] = ()
+    """NemotronH: the block types of one MTP block (`mtp_layers_block_type`, or the letters of
+    `mtp_hybrid_override_pattern`); HF numbers inner layer i of block d `mtp.layers.{d * P + i}`, P their number."""
     linear_key_heads: int = 0
     """Gated DeltaNet (Qwen3-Next linear attention): key heads (linear_num_key_heads)."""
     linear_value_heads: int = 0
@@ -137,6 +140,7 @@ class Geometry:
             qk_rope_head_dim=_integer(sources, "qk_rope_head_dim"),
             v_head_dim=_integer(sources, "v_head_dim"),
             mtp_layers=_integer(sources, "num_nextn_predict_layers"),
+            mtp_layer_types=_mtp_layer_types(sources),
             linear_key_heads=_integer(sources, "linear_num_key_heads"),
             linear_value_heads=_integer(sources, "linear_num_value_heads"),
             linear_key_dim=_integer(sources, "linear_key_head_dim"),
@@ -152,6 +156,22 @@ class Geometry:
             kv_shared_layers=_integer(sources, "num_kv_shared_layers"),
             double_wide_mlp=_flag(sources, "use_double_wide_mlp"),
         )
+
+
+HYBRID_LETTERS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+"""A NemotronH pattern letter -> its block type (transformers' NemotronHConfig._pattern_to_list)."""
+
+
+def _mtp_layer_types(sources: tuple[Mapping[str, Any], ...]) -> tuple[str, ...]:
+    """NemotronH MTP block types: `mtp_layers_block_type` (transformers 5), else `mtp_hybrid_override_pattern`'s
+    letters (published config.json); empty without MTP layers."""
+    if not _integer(sources, "num_nextn_predict_layers"):
+        return ()
+    types = _sequence(sources, "mtp_layers_block_type")
+    if isinstance(types, list) and types:
+        return tuple(str(kind) for kind in types)
+    pattern = _sequence(sources, "mtp_hybrid_override_pattern")
+    return tuple(HYBRID_LETTERS.get(char, char) for char in pattern) if isinstance(pattern, str) else ()
 
 
 def _sources(config: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:

@@ -71,7 +71,9 @@ class FixtureSpec:
     mtp_style: str = "layers"
     """How the checkpoint names its MTP layers: "layers" (DeepSeek-V3, GLM: `model.layers.{L + k}.*`, see
     mtp_layers) or "qwen" (Qwen3-Next, Qwen3.5: `mtp.fc`, `mtp.pre_fc_norm_embedding` / `_hidden`, `mtp.norm` and
-    `mtp.layers.{k}.*`, a copy of the last decoder layer's tensors, which is a full-attention layer)."""
+    `mtp.layers.{k}.*`, a copy of the last decoder layer's tensors, which is a full-attention layer) or "nemotron"
+    (Nemotron-3 Super: `mtp.layers.{d * P + i}.*` for inner layer i of a P-layer MTP pattern, with enorm / hnorm /
+    eh_proj on the first and final_layernorm on the last, convcheck.fixtures.reference)."""
 
 
 def tiny_spec(name: str, config_class: str, description: str, **overrides: Any) -> FixtureSpec:

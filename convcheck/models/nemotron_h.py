@@ -22,6 +22,7 @@ from convcheck.models.config_rules import (
 )
 from convcheck.models.fixture_spec import TINY_SHAPES, FixtureSpec, engine_variant
 from convcheck.models.registered_bugs import TRANSFORMERS_EMBEDDING_SAVED_SINGULAR
+from convcheck.models.upstream_bug import UpstreamBug
 
 EMBEDDING = "backbone.embeddings.weight"
 
@@ -298,11 +299,67 @@ TINY_NEMOTRON_H_MOE_VLLM = engine_variant(
        "moe_shared_expert_intermediate_size": 32},
 )  # fmt: skip
 
+# Nemotron-3 Super's structure (nvidia/NVIDIA-Nemotron-3-Super-120B-A12B config.json, tests/data): Mamba / MoE pairs
+# with attention every few layers, no dense MLP layer, 512 experts top-22 in one group with a shared expert twice the
+# expert width, routed_scaling_factor 5, and one MTP block of pattern `*E` (an attention and an MoE layer) written
+# as published, `mtp.layers.{0,1}.*`. Shrunk: 88 layers -> ME*EME (PP2: ME* | EME), 512 experts -> 8 top-2 (EP2),
+# widths as tiny:nemotron-h. Super's latent MoE (moe_latent_size 1024) is left out: megatron-core 0.19.2 builds the
+# latent projections only with Transformer Engine (transformer/moe/moe_layer.py:266), which a CPU host lacks.
+NEMOTRON_3_MTP_PATTERN = "ME*EME"
+TINY_NEMOTRON_3_MTP = FixtureSpec(
+    name="nemotron-3-mtp",
+    config_class="NemotronHConfig",
+    description="Nemotron-3 Super shape ME*EME: Mamba, MoE (8 experts top-2, shared expert, scaling 5), attention, and "
+    "one MTP block *E (attention + MoE) as published; no latent MoE (TE-only in megatron-core)",
+    config={
+        **TINY_NEMOTRON_H.config,
+        "hybrid_override_pattern": NEMOTRON_3_MTP_PATTERN,
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 20,
+        "moe_shared_expert_intermediate_size": 40,
+        "routed_scaling_factor": 5.0,
+        "moe_shared_expert_overlap": False,
+        "num_nextn_predict_layers": 1,
+        "mtp_layers_block_type": ["attention", "moe"],
+    },
+    fp32_tensors=TINY_NEMOTRON_H.fp32_tensors,
+    renames=TINY_NEMOTRON_H.renames,
+    mtp_layers=1,
+    mtp_style="nemotron",
+)
+
+MTP_NORM_UNMAPPED = UpstreamBug(
+    name="nemotronh-mtp-norm-unmapped",
+    summary="the MTP layers' mappings name their pre-norms only as TE's fused layer_norm_weight and pre_mlp_layernorm, "
+    "not as the separate input_layernorm / norm the decoder's mappings add for the local and quantization (modelopt) "
+    "specs; an MTP attention layer built so has an unmapped input_layernorm.weight whose empty conversion task crashes "
+    "load_hf_weights and export_hf_weights (seen with `--spec local`; the TE spec passes)",
+    where="megatron/bridge/models/nemotronh/nemotron_h_bridge.py:456-476 (mtp_nested; the decoder's separate norms at "
+    ":393-397); the crash at conversion/model_bridge.py:1100 (load) and :1340 (export) in 0.6.2",
+    findings=(
+        ("coverage", "mtp.layers.*.mtp_model_layer.layers.*.input_layernorm.weight", "unmapped"),
+        ("coverage", "mtp.layers.*.norm.weight", "not-exported"),
+        ("elements", "mtp.layers.*.norm.weight", "never-written"),
+        ("*", "<import>", "import-failed"),
+        ("*", "<export>", "export-failed"),
+    ),
+    seen_in=("0.6.2",),
+)
+"""Every other finding of such a run follows from the two crashes (what the import and export never reach)."""
+
 NEMOTRON_H = Architecture(
     hf_classes=("NemotronHForCausalLM",),
     model_type="nemotron_h",
     mapping_rules="convcheck.models.nemotron_h_mappings:hybrid_rules",
     config_rules=NEMOTRON_H_TABLE,
-    fixtures=(TINY_NEMOTRON_H, TINY_NEMOTRON_H_MOE, TINY_NEMOTRON_H_6L, TINY_NEMOTRON_H_VLLM, TINY_NEMOTRON_H_MOE_VLLM),
-    upstream_bugs=(QUANT_MAPPING_NOT_IMPLEMENTED, TRANSFORMERS_EMBEDDING_SAVED_SINGULAR),
+    fixtures=(
+        TINY_NEMOTRON_H,
+        TINY_NEMOTRON_H_MOE,
+        TINY_NEMOTRON_H_6L,
+        TINY_NEMOTRON_H_VLLM,
+        TINY_NEMOTRON_H_MOE_VLLM,
+        TINY_NEMOTRON_3_MTP,
+    ),
+    upstream_bugs=(QUANT_MAPPING_NOT_IMPLEMENTED, TRANSFORMERS_EMBEDDING_SAVED_SINGULAR, MTP_NORM_UNMAPPED),
 )

@@ -59,6 +59,11 @@ def _refuse_cpu_limited_load(error: str | None, device: str) -> None:
         )
 
 
+TE_REQUIRED = "TransformerEngine is required"
+"""megatron-core's assertion where a feature has no TE-free implementation (0.19.2 transformer/moe/moe_layer.py:266:
+the latent MoE projections of Nemotron-3 Super)."""
+
+
 def _environment_limit(exc: BaseException, device: str, layer_spec: str = "local") -> str | None:
     """Why the build failed because of this environment, not the bridge (None: a bridge failure): a Transformer Engine
     class megatron-core left None because TE is missing (`isinstance(x, TEClass)` with TEClass None), a TE version
@@ -67,6 +72,8 @@ def _environment_limit(exc: BaseException, device: str, layer_spec: str = "local
     convcheck's Transformer Engine stand-in does not build (it raised, or upstream refused one of its classes)."""
     from convcheck.compat import transformer_engine_available
 
+    if isinstance(exc, AssertionError) and TE_REQUIRED in str(exc):  # megatron-core's own "needs TE" asserts
+        return None if transformer_engine_available() else "without Transformer Engine"
     if layer_spec == "te" and standin_limit(exc):
         return "on convcheck's Transformer Engine stand-in (--spec te)"
 
