@@ -124,9 +124,10 @@ CONFIG_EXPORT_FLAT = UpstreamBug(
     "vision_config only, so the exported config describes transformers' default Qwen3.5 (32 layers, hidden 4096, "
     "vision depth 27, rope theta 1e4, the default token ids), not the model converted",
     where="megatron/bridge/models/conversion/model_bridge.py:695-760 (megatron_to_hf_config, flat CONFIG_MAPPING); "
-    "qwen_vl/qwen35_vl_bridge.py:139-353 (no override, no vision fields)",
+    "qwen_vl/qwen35_vl_bridge.py:139-353 (no override, no vision fields); 0.5.x: model_bridge.py:670-741, "
+    "qwen35_vl_bridge.py:143-349",
     findings=(("config", "* (megatron_to_hf_config)", "roundtrip-mismatch"),),
-    seen_in=("0.6.2",),
+    seen_in=("0.5.0", "0.5.1", "0.6.2"),
 )
 """Seen on tiny:qwen3.5-vl and tiny:qwen3.5-vl-moe: every text_config / vision_config field and the image / video token
 ids come back as the config class's defaults (qwen3-vl-config-export-flat's twin). Import, export of the weights and
@@ -140,9 +141,10 @@ MERGER_GELU_TANH = UpstreamBug(
     "differs (weights import, export and map right; text-only inputs are unaffected)",
     where="megatron/bridge/models/qwen_vl/modelling_qwen3_vl/utils.py:154 (activation_func from the vision config), "
     "transformer_config.py:113 (partial(F.gelu, approximate='tanh')); transformers models/qwen3_5/"
-    "modeling_qwen3_5.py:881, qwen3_5_moe/modeling_qwen3_5_moe.py:971 (nn.GELU())",
+    "modeling_qwen3_5.py:881, qwen3_5_moe/modeling_qwen3_5_moe.py:971 (nn.GELU()); 0.5.x: utils.py:154, "
+    "transformer_config.py:111, transformers 5.8.1 modeling_qwen3_5.py:866, modeling_qwen3_5_moe.py:959",
     findings=(("logits", "logits[[]image[]]", "logits-differ"),),
-    seen_in=("0.6.2",),
+    seen_in=("0.5.0", "0.5.1", "0.6.2"),
 )
 """qwen3-vl-merger-gelu-tanh's twin. Seen on tiny:qwen3.5-vl at TP1: image logits differ by 2.9e-3 (relative 5.7e-4;
 text-only 7.4e-6), the image's greedy tokens all equal; with the merger's activation exact
