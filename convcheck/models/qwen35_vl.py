@@ -150,6 +150,22 @@ MERGER_GELU_TANH = UpstreamBug(
 text-only 7.4e-6), the image's greedy tokens all equal; with the merger's activation exact
 (tests/support/hooks_qwen3_vl.py:merger_gelu_exact) they agree to 4.3e-5 (relative 8.5e-6)."""
 
+VISION_READS_DEEPSTACK = UpstreamBug(
+    name="qwen35-vl-vision-reads-deepstack-indexes",
+    summary="the Qwen3.5-VL providers build their vision tower with Qwen3-VL's get_vision_model_config, which reads "
+    "hf_config.deepstack_visual_indexes unguarded: Qwen3_5VisionConfig / Qwen3_5MoeVisionConfig declare no such "
+    "field (Qwen3.5 has no deepstack mergers), so building any Qwen3.5-VL model whose config.json does not carry "
+    "the Qwen3-VL field raises AttributeError",
+    where="megatron/bridge/models/qwen_vl/modelling_qwen3_vl/transformer_config.py:99 (0.4.x), called from "
+    "modelling_qwen3_vl/model.py:140; transformers 5.3.0 models/qwen3_5/configuration_qwen3_5.py:204-231 (no field)",
+    findings=(("*", "<build>", "build-failed"),),
+    seen_in=("0.4.0", "0.4.1", "0.4.2"),
+    fixed_in="0.5.0 (getattr with an empty default, transformer_config.py:107)",
+    message_contains="deepstack_visual_indexes",
+)
+"""Seen on tiny:qwen3.5-vl and tiny:qwen3.5-vl-moe (configs as transformers 5.12.1 writes them): every oracle stops at
+`<build> [build-failed]` naming the missing attribute."""
+
 MTP_SEQUENTIAL_EXPERTS_UNMAPPED = UpstreamBug(
     name="qwen35-vl-moe-mtp-sequential-experts-unmapped",
     summary="the Qwen3.5-VL-MoE bridge takes its MTP mappings from the Qwen3.5-MoE bridge, which maps the MTP "
@@ -179,7 +195,7 @@ QWEN35_VL = Architecture(
     mapping_rules="convcheck.models.qwen35_vl_mappings:qwen35_vl_rules",
     config_rules=QWEN35_VL_TABLE,
     fixtures=(TINY_QWEN35_VL,),
-    upstream_bugs=(MERGER_GELU_TANH, CONFIG_EXPORT_FLAT, QUANT_MAPPING_NOT_IMPLEMENTED),
+    upstream_bugs=(MERGER_GELU_TANH, CONFIG_EXPORT_FLAT, VISION_READS_DEEPSTACK, QUANT_MAPPING_NOT_IMPLEMENTED),
 )
 QWEN35_VL_MOE = Architecture(
     hf_classes=("Qwen3_5MoeForConditionalGeneration",),
@@ -190,6 +206,7 @@ QWEN35_VL_MOE = Architecture(
     upstream_bugs=(
         MERGER_GELU_TANH,
         CONFIG_EXPORT_FLAT,
+        VISION_READS_DEEPSTACK,
         MTP_SEQUENTIAL_EXPERTS_UNMAPPED,
         QUANT_MAPPING_NOT_IMPLEMENTED,
     ),
