@@ -17,7 +17,7 @@ from megatron.core.models.common.language_module.language_module import Language
 from megatron.core.tensor_parallel.random import CudaRNGStatesTracker
 from megatron.core.transformer import utils
 
-from convcheck.compat._patch import _patch
+from convcheck.compat._patch import _patch, shims_on
 from convcheck.compat.detect import has_attr, optional_module, site_present, skip
 
 _state = {"active": False}
@@ -59,11 +59,25 @@ def _on_cpu_device(original: Any) -> Any:
     return wrapper
 
 
+_ON_CPU = f"{_on_cpu_device.__module__}.{_on_cpu_device.__qualname__}"
+"""The shim name _patch gives the _on_cpu_device wrapper."""
+
+
+def _resolve(owner: Any, attribute: str) -> Any:
+    """owner.attribute (dotted)."""
+    for part in attribute.split("."):
+        owner = getattr(owner, part)
+    return owner
+
+
 def _install_sites(sites: tuple[tuple[str, str, str], ...], number: int) -> None:
     """Wrap every (module, Class.attribute or function, file:line) of `sites` with _on_cpu_device (idempotent); a
     site this release lacks is skipped and recorded under shim `number`."""
     for module_name, attribute, where in sites:
         owner: Any = optional_module(module_name)
+        if owner is not None and has_attr(owner, attribute) and not site_present(owner, attribute):
+            if _ON_CPU in shims_on(_resolve(owner, attribute)):
+                continue  # a re-export of a target another site wraps: the site moved, it did not vanish
         if owner is None or not site_present(owner, attribute):
             skip(number, f"{module_name}.{attribute} ({where}) is absent in this release")
             continue
