@@ -13,11 +13,11 @@ DENSE_BUILT_AS_MOE = UpstreamBug(
     name="gemma4-dense-built-as-moe",
     summary="the Gemma 4 bridge builds every Gemma4ForCausalLM as the MoE variant: a dense config (enable_moe_block "
     "false: E2B / E4B / 31B) gets Gemma4ModelProvider's MoE defaults (128 experts of width 704 beside a 2112-wide "
-    "shared expert) and no per-layer input embeddings, where the VL bridge refuses it; the import raises on the "
-    "shapes and nothing of the checkpoint converts",
+    "shared expert) and no per-layer input embeddings, where the VL bridge refuses a dense config with per-layer "
+    "inputs; the import raises on the shapes and nothing of the checkpoint converts",
     where="megatron/bridge/models/gemma/gemma4_bridge.py:121-181 (provider_bridge; its docstring :32-36 says dense "
     "models are not supported); gemma4_provider.py:110-113 (the MoE defaults); the refusal the text bridge lacks: "
-    "gemma_vl/gemma4_vl_bridge.py:81",
+    "gemma_vl/gemma4_vl_bridge.py:78-86",
     findings=(
         ("coverage", "*", "import-failed"),
         ("coverage", "*", "hf-missing"),
