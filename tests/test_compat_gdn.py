@@ -83,3 +83,23 @@ def test_zero_centered_norm_goes_through_the_torch_fallback_under_the_rmsnorm_na
     assert norm.weight.abs().sum() == 0
     plain = torch_norm.WrappedTorchNorm(TransformerConfig(**base), 8, 1e-6)
     assert type(plain) is torch.nn.RMSNorm
+
+
+def test_shim19_binds_every_fla_kernel_the_gdn_modules_call() -> None:
+    """Every fla name a GatedDeltaNet module of this release calls is bound once shim 19 is in: None-bound ones
+    (0.18-0.19) and the l2norm megatron-core 0.17 leaves unbound without fla (ssm/gated_delta_net.py:39-46, called at
+    :353; bridge 0.4.x's forward raised NameError there)."""
+    from convcheck.compat import no_fla
+
+    skip_unless(optional_module("fla") is None, "a host without flash-linear-attention")
+    compat.install("cpu")
+    modules = no_fla._gdn_modules()
+    skip_unless(bool(modules), "GatedDeltaNet")
+    called = {
+        (module.__name__, name)
+        for module in modules
+        for name in ("l2norm", "causal_conv1d", "chunk_gated_delta_rule")
+        if f" {name}(" in inspect.getsource(module) or f"={name}(" in inspect.getsource(module)
+    }
+    assert called, "no GDN module calls an fla kernel any more: re-check shim 19"
+    assert [c for c in called if getattr(optional_module(c[0]), c[1], None) is None] == []

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from convcheck import compat
-from convcheck.compat.detect import hybrid_stack, optional_module
+from convcheck.compat._patch import shims_on
+from convcheck.compat.detect import hybrid_stack, optional_module, site_present
 from convcheck.kernels.mamba import GatedRMSNorm
 from tests.support.release_targets import on_current_pins, skip_unless, upstream_source
 
@@ -51,6 +52,8 @@ def test_shim9_still_needed_router_buffers_on_cuda() -> None:
 )
 def test_shim9_sites_still_allocate_on_cuda(module: str, attribute: str, where: str) -> None:
     """Fails when a constructor in CPU_CONSTRUCTOR_SITES no longer allocates on torch.cuda.current_device() there."""
+    owner = optional_module(module)
+    skip_unless(owner is not None and site_present(owner, attribute), f"{module}.{attribute} ({where})")
     if not on_current_pins():  # another release: the same constructor, checked by content
         assert "torch.cuda.current_device()" in upstream_source(module, attribute), f"drop {attribute} from shim 9"
         return
@@ -68,6 +71,28 @@ def test_shim9_sites_still_allocate_on_cuda(module: str, attribute: str, where: 
     assert not any(s.lstrip().startswith(("def ", "class ")) for s in source[init + 1 : line]), (
         f"{where} is not inside {attribute} any more"
     )
+
+
+def test_shim9_wraps_the_gated_deltanet_constructor_of_this_release() -> None:
+    """The constructor that allocates GatedDeltaNet's conv1d / dt_bias / A_log on CUDA is wrapped whichever module
+    holds it: _GDNBase.__init__ of ssm/gated_delta_net/common.py (megatron-core 0.19) or GatedDeltaNet.__init__ of the
+    one module ssm/gated_delta_net.py (0.17-0.18, the 0.5.x VL build's `gated_delta_net.py:179` without it). The
+    0.19 package's re-exported GatedDeltaNet is not taken for the older site."""
+    package = optional_module("megatron.core.ssm.gated_delta_net")
+    skip_unless(package is not None, "gated DeltaNet")
+    compat.install("cpu")
+    cls = package.GatedDeltaNet
+    assert site_present(package, "GatedDeltaNet.__init__") is (cls.__module__ == package.__name__)
+    inits = {k: _original(vars(k)["__init__"]) for k in cls.__mro__ if "__init__" in vars(k)}
+    allocating = [
+        k for k, init in inits.items()
+        if inspect.isfunction(init) and "torch.cuda.current_device()" in inspect.getsource(init)
+    ]  # fmt: skip
+    assert allocating, "no constructor of GatedDeltaNet allocates on CUDA any more: drop its shim 9 site"
+    for k in allocating:
+        assert "convcheck.compat.no_cuda._on_cpu_device" in shims_on(vars(k)["__init__"]), k.__qualname__
+    # a re-export of a wrapped target is a moved site, not an absent one (0.19 records no shim 9 skip for it)
+    assert "megatron.core.ssm.gated_delta_net.GatedDeltaNet" not in compat.skipped().get(9, "")
 
 
 def test_shims_are_idempotent_and_restore_module_state() -> None:

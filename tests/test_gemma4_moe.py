@@ -113,6 +113,21 @@ def test_the_explicit_mappings_cover_every_moe_parameter_once_with_each_norm_to_
     assert registry.get("decoder.layers.1.self_attention.linear_qkv.weight").num_query_groups == 4
 
 
+def test_bridge_0_5_s_buffer_of_the_dense_mlp_s_input_norm_maps_to_pre_feedforward_layernorm() -> None:
+    """megatron-bridge 0.5.x holds pre_feedforward_layernorm in the layer's buffer `pffl_weight` where 0.6.2 builds
+    pre_shared_expert_layernorm (gemma4_provider.py:207 there): both names map to it, whole."""
+    layer = [p if p != "pre_shared_expert_layernorm.weight" else "pffl_weight" for p in LAYER]
+    megatron = ["embedding.word_embeddings.weight", "decoder.final_layernorm.weight"]
+    megatron += [f"decoder.layers.{i}.{p}" for i in range(6) for p in layer]
+    hf = ["model.embed_tokens.weight", "model.norm.weight"]
+    hf += [f"model.layers.{i}.{p}" for i in range(6) for p in HF_LAYER]
+    hf += [f"model.layers.{i}.self_attn.v_proj.weight" for i in range(6) if i % 3 != 2]
+    registry = build_registry("Gemma4ForCausalLM", _geometry(), megatron, hf, tied=True, strict=True)
+    assert registry.problems == () and len(registry.mappings) == 2 + 6 * len(layer)
+    mapping = registry.get("decoder.layers.4.pffl_weight")
+    assert isinstance(mapping, Replicated) and mapping.hf == "model.layers.4.pre_feedforward_layernorm.weight"
+
+
 def _fused(layer: int = 0) -> dict[str, torch.Tensor]:
     """Layer `layer`'s fused experts and dense MLP norms with distinct values, as save_pretrained writes them."""
     f, h = TINY_GEMMA4_MOE.config["moe_intermediate_size"], TINY_GEMMA4_MOE.config["hidden_size"]

@@ -208,3 +208,18 @@ def test_the_support_dtype_and_head_bugs_are_still_in_the_upstream_source() -> N
         Finding(tensor="vision_tower.head.probe", kind="not-exported", message="never produced"),))  # fmt: skip
     (verdict,), _ = tag_upstream_bugs("Gemma3ForConditionalGeneration", "0.6.2", [head])
     assert verdict.findings[0].detail.get(UPSTREAM_BUG) == GEMMA3_VL_POOLING_HEAD_DROPPED.name
+
+
+def test_the_gemma4_bugs_of_bridge_0_5_tag_their_own_variant_and_release_only() -> None:
+    """Bridge 0.5.x builds a dense Gemma 4 as MoE (one bug explains every finding of a dense checkpoint there); the
+    MoE variant's roundtrip byte difference on gate_proj is its weight folding; neither tags 0.6.2 nor the other
+    variant."""
+    gate = Finding(tensor="model.layers.0.mlp.gate_proj.weight", kind="bytes-differ", message="200/2048 differ")
+    for version, config, bug in (
+        ("0.5.1", {"enable_moe_block": False}, "gemma4-dense-built-as-moe"),
+        ("0.5.0", {"enable_moe_block": True}, "gemma4-moe-fused-weights-not-bitwise"),
+        ("0.6.2", {"enable_moe_block": False}, None),
+        ("0.6.2", {"enable_moe_block": True}, None),
+    ):
+        (verdict,), _ = tag_upstream_bugs("Gemma4ForCausalLM", version, [_roundtrip(gate)], config=config)
+        assert verdict.verdict == FAIL and verdict.findings[0].detail.get(UPSTREAM_BUG) == bug, (version, config)

@@ -74,3 +74,13 @@ def has_attr(owner: Any, path: str) -> bool:
             return False
         owner = getattr(owner, part)
     return True
+
+
+def site_present(module: ModuleType, path: str) -> bool:
+    """True when the dotted attribute `path` exists on `module` and its first name is defined there, not re-exported
+    from another module (megatron-core 0.19's ssm/gated_delta_net/__init__.py re-exports gdn.GatedDeltaNet under the
+    name the 0.17-0.18 module ssm/gated_delta_net.py defined: the older site is absent there)."""
+    if not has_attr(module, path):
+        return False
+    first = getattr(module, path.split(".")[0])
+    return getattr(first, "__module__", module.__name__) == module.__name__

@@ -17,8 +17,8 @@ from megatron.core.models.common.language_module.language_module import Language
 from megatron.core.tensor_parallel.random import CudaRNGStatesTracker
 from megatron.core.transformer import utils
 
-from convcheck.compat._patch import _patch
-from convcheck.compat.detect import has_attr, optional_module, skip
+from convcheck.compat._patch import _patch, shims_on
+from convcheck.compat.detect import has_attr, optional_module, site_present, skip
 
 _state = {"active": False}
 
@@ -59,12 +59,26 @@ def _on_cpu_device(original: Any) -> Any:
     return wrapper
 
 
+_ON_CPU = f"{_on_cpu_device.__module__}.{_on_cpu_device.__qualname__}"
+"""The shim name _patch gives the _on_cpu_device wrapper."""
+
+
+def _resolve(owner: Any, attribute: str) -> Any:
+    """owner.attribute (dotted)."""
+    for part in attribute.split("."):
+        owner = getattr(owner, part)
+    return owner
+
+
 def _install_sites(sites: tuple[tuple[str, str, str], ...], number: int) -> None:
     """Wrap every (module, Class.attribute or function, file:line) of `sites` with _on_cpu_device (idempotent); a
     site this release lacks is skipped and recorded under shim `number`."""
     for module_name, attribute, where in sites:
         owner: Any = optional_module(module_name)
-        if owner is None or not has_attr(owner, attribute):
+        if owner is not None and has_attr(owner, attribute) and not site_present(owner, attribute):
+            if _ON_CPU in shims_on(_resolve(owner, attribute)):
+                continue  # a re-export of a target another site wraps: the site moved, it did not vanish
+        if owner is None or not site_present(owner, attribute):
             skip(number, f"{module_name}.{attribute} ({where}) is absent in this release")
             continue
         *path, name = attribute.split(".")
@@ -224,12 +238,15 @@ def install_cpu_rng_fork() -> None:
 #   buffers there when moe_router_enable_expert_bias is set (NemotronH);
 # - ssm/mamba_mixer.py:326-422: MambaMixer.__init__ creates conv1d, dt_bias, A_log, D and the gated norm there;
 # - ssm/gated_delta_net/common.py:230-314: GatedDeltaNet.__init__ (its _GDNBase) creates conv1d, dt_bias and A_log
-#   there and fills them in reset_parameters (0.17-0.18: ssm/gated_delta_net.py).
+#   there and fills them in reset_parameters; megatron-core 0.17-0.18 do the same in GatedDeltaNet.__init__ of the
+#   one module ssm/gated_delta_net.py (0.18: :179-259; 0.17: :173-249), a package re-exporting gdn.GatedDeltaNet
+#   from 0.19 on (that site is then absent: site_present).
 # On a CPU run each constructor runs with torch.cuda.current_device() answering "cpu" (shim 4's wrapper).
 CPU_CONSTRUCTOR_SITES = (
     ("megatron.core.transformer.moe.router", "TopKRouter.__init__", "transformer/moe/router.py:184"),
     ("megatron.core.ssm.mamba_mixer", "MambaMixer.__init__", "ssm/mamba_mixer.py:326"),
     ("megatron.core.ssm.gated_delta_net.common", "_GDNBase.__init__", "ssm/gated_delta_net/common.py:230"),
+    ("megatron.core.ssm.gated_delta_net", "GatedDeltaNet.__init__", "ssm/gated_delta_net.py:179"),  # 0.17-0.18
 )
 
 

@@ -24,6 +24,12 @@ def _gdn_modules() -> list[ModuleType]:
     return [m for m in found if m is not None and (hasattr(m, "HAVE_FLA") or hasattr(m, "GatedDeltaNet"))]
 
 
+def defines_gdn(module: ModuleType) -> bool:
+    """True for the module that defines GatedDeltaNet itself (0.17-0.18's one module; 0.19's gdn.py binds every
+    kernel name it calls, None without fla)."""
+    return getattr(getattr(module, "GatedDeltaNet", None), "__module__", None) == module.__name__
+
+
 # --- Shim 19 ----------------------------------------------------------------------------------------
 # megatron-core 0.19.2, megatron/core/ssm/gated_delta_net/common.py:
 # - :141 _GDNBase.__init__ raises ImportError while fla is missing (HAVE_FLA, bound at :43-54);
@@ -34,7 +40,9 @@ def _gdn_modules() -> list[ModuleType]:
 # causal_conv1d and l2norm to convcheck.kernels.gdn's (the conv of the deterministic path, gdn.py:189-199, and fla's
 # l2norm formula in fp32), chunk_gated_delta_rule to megatron-core's own torch_chunk_gated_delta_rule (common.py:801,
 # what deterministic_mode selects). Its CUDA allocations (common.py:230-314) are shim 9's (CPU runs only).
-# megatron-core 0.17-0.18 keep all of it in one module, ssm/gated_delta_net.py; 0.16 has no GatedDeltaNet.
+# megatron-core 0.17-0.18 keep all of it in one module, ssm/gated_delta_net.py, where 0.17 leaves l2norm unbound
+# without fla (its `except ImportError` binds only chunk_gated_delta_rule, :39-46) and the forward calls it (:353):
+# a name the module that defines GatedDeltaNet leaves unbound is bound like a None one. 0.16 has no GatedDeltaNet.
 def install_torch_gdn() -> None:
     """Install shim 19 (idempotent) while fla is missing."""
     modules = _gdn_modules()
@@ -47,7 +55,10 @@ def install_torch_gdn() -> None:
     kernels = {"causal_conv1d": torch_causal_conv1d, "l2norm": torch_l2norm, "chunk_gated_delta_rule": rule}
     for module in modules:
         for name, kernel in kernels.items():
-            if kernel is not None and name in vars(module) and vars(module)[name] is None:
+            if kernel is not None and (
+                (name in vars(module) and vars(module)[name] is None)
+                or (name not in vars(module) and defines_gdn(module))
+            ):
                 setattr(module, name, kernel)
     flag_owner = next(m for m in modules if hasattr(m, "HAVE_FLA"))
     gdn_class = next(m.GatedDeltaNet for m in reversed(modules) if hasattr(m, "GatedDeltaNet"))

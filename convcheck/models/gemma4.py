@@ -27,6 +27,13 @@ from convcheck.models.config_rules import (
 )
 from convcheck.models.fixture_spec import TINY_SHAPES, FixtureSpec
 from convcheck.models.gemma3 import GEMMA_MLP_RULES
+from convcheck.models.gemma4_05_bugs import (
+    CONFIG_EXPORT_GENERIC,
+    DENSE_BUILT_AS_MOE,
+    K_EQ_V_NOT_READ,
+    MOE_FUSED_WEIGHTS,
+    MOE_LAYER_UNPATCHED,
+)
 from convcheck.models.gemma4_moe import MOE_POST_LAYERNORM_DEFAULT_EPS, TINY_GEMMA4_MOE
 from convcheck.models.gpt_oss_config import hf_window_layers
 from convcheck.models.upstream_bug import UpstreamBug
@@ -393,5 +400,15 @@ GEMMA4 = Architecture(
     mapping_rules="convcheck.models.gemma4_mappings:gemma4_rules",
     config_rules=GEMMA4_TABLE,
     fixtures=(TINY_GEMMA4, TINY_GEMMA4_MOE),
-    upstream_bugs=(SHARED_KV_K_NORM_UNMAPPED, DENSE_PP_REFUSED, DENSE_VOCAB_PADDED, MOE_POST_LAYERNORM_DEFAULT_EPS),
+    upstream_bugs=(
+        SHARED_KV_K_NORM_UNMAPPED,
+        DENSE_PP_REFUSED,
+        DENSE_VOCAB_PADDED,
+        MOE_POST_LAYERNORM_DEFAULT_EPS,
+        DENSE_BUILT_AS_MOE,
+        MOE_LAYER_UNPATCHED,
+        MOE_FUSED_WEIGHTS,
+        K_EQ_V_NOT_READ,
+        CONFIG_EXPORT_GENERIC,
+    ),
 )

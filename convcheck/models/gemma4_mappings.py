@@ -144,6 +144,7 @@ MOE_REPLICATED: dict[str, str] = {
     r"self_attention\.linear_qkv\.layer_norm_weight": "input_layernorm.weight",
     r"self_attention\.linear_proj\.post_layernorm\.weight": "post_attention_layernorm.weight",
     r"pre_shared_expert_layernorm\.weight": "pre_feedforward_layernorm.weight",
+    r"pffl_weight": "pre_feedforward_layernorm.weight",  # bridge 0.5.x: an inert buffer (gemma4_provider.py:207)
     r"mlp\.post_shared_expert_layernorm\.weight": "post_feedforward_layernorm_1.weight",
     r"mlp\.post_moe_layernorm\.weight": "post_feedforward_layernorm_2.weight",
     r"post_ffn_layernorm\.weight": "post_feedforward_layernorm.weight",
@@ -151,7 +152,10 @@ MOE_REPLICATED: dict[str, str] = {
     r"mlp\.router\.scale": "router.scale",
     r"mlp\.router\.per_expert_scale": "router.per_expert_scale",
 }
-"""The MoE layer's TE-fused and extra norms and its router, each whole on every rank, to its HF tensor."""
+"""The MoE layer's TE-fused and extra norms and its router, each whole on every rank, to its HF tensor. Bridge 0.5.x
+keeps the dense MLP's input norm as the layer's buffer `pffl_weight` (gemma4_provider.py:207; it folds the norm into
+the shared expert's linear_fc1 on import, gemma4_bridge.py:324-357) and maps it whole to pre_feedforward_layernorm
+(:463-466); 0.6.2 builds `pre_shared_expert_layernorm` instead."""
 
 
 def expert_fc1(match: re.Match[str], geometry: Geometry) -> FusedSlice:

@@ -124,9 +124,10 @@ CONFIG_EXPORT_FLAT = UpstreamBug(
     "vision_config only, so the exported config describes transformers' default Qwen3.5 (32 layers, hidden 4096, "
     "vision depth 27, rope theta 1e4, the default token ids), not the model converted",
     where="megatron/bridge/models/conversion/model_bridge.py:695-760 (megatron_to_hf_config, flat CONFIG_MAPPING); "
-    "qwen_vl/qwen35_vl_bridge.py:139-353 (no override, no vision fields)",
+    "qwen_vl/qwen35_vl_bridge.py:139-353 (no override, no vision fields); 0.5.x: model_bridge.py:670-741, "
+    "qwen35_vl_bridge.py:143-349",
     findings=(("config", "* (megatron_to_hf_config)", "roundtrip-mismatch"),),
-    seen_in=("0.6.2",),
+    seen_in=("0.5.0", "0.5.1", "0.6.2"),
 )
 """Seen on tiny:qwen3.5-vl and tiny:qwen3.5-vl-moe: every text_config / vision_config field and the image / video token
 ids come back as the config class's defaults (qwen3-vl-config-export-flat's twin). Import, export of the weights and
@@ -140,13 +141,30 @@ MERGER_GELU_TANH = UpstreamBug(
     "differs (weights import, export and map right; text-only inputs are unaffected)",
     where="megatron/bridge/models/qwen_vl/modelling_qwen3_vl/utils.py:154 (activation_func from the vision config), "
     "transformer_config.py:113 (partial(F.gelu, approximate='tanh')); transformers models/qwen3_5/"
-    "modeling_qwen3_5.py:881, qwen3_5_moe/modeling_qwen3_5_moe.py:971 (nn.GELU())",
+    "modeling_qwen3_5.py:881, qwen3_5_moe/modeling_qwen3_5_moe.py:971 (nn.GELU()); 0.5.x: utils.py:154, "
+    "transformer_config.py:111, transformers 5.8.1 modeling_qwen3_5.py:866, modeling_qwen3_5_moe.py:959",
     findings=(("logits", "logits[[]image[]]", "logits-differ"),),
-    seen_in=("0.6.2",),
+    seen_in=("0.5.0", "0.5.1", "0.6.2"),
 )
 """qwen3-vl-merger-gelu-tanh's twin. Seen on tiny:qwen3.5-vl at TP1: image logits differ by 2.9e-3 (relative 5.7e-4;
 text-only 7.4e-6), the image's greedy tokens all equal; with the merger's activation exact
 (tests/support/hooks_qwen3_vl.py:merger_gelu_exact) they agree to 4.3e-5 (relative 8.5e-6)."""
+
+VISION_READS_DEEPSTACK = UpstreamBug(
+    name="qwen35-vl-vision-reads-deepstack-indexes",
+    summary="the Qwen3.5-VL providers build their vision tower with Qwen3-VL's get_vision_model_config, which reads "
+    "hf_config.deepstack_visual_indexes unguarded: Qwen3_5VisionConfig / Qwen3_5MoeVisionConfig declare no such "
+    "field (Qwen3.5 has no deepstack mergers), so building any Qwen3.5-VL model whose config.json does not carry "
+    "the Qwen3-VL field raises AttributeError",
+    where="megatron/bridge/models/qwen_vl/modelling_qwen3_vl/transformer_config.py:99 (0.4.x), called from "
+    "modelling_qwen3_vl/model.py:140; transformers 5.3.0 models/qwen3_5/configuration_qwen3_5.py:204-231 (no field)",
+    findings=(("*", "<build>", "build-failed"),),
+    seen_in=("0.4.0", "0.4.1", "0.4.2"),
+    fixed_in="0.5.0 (getattr with an empty default, transformer_config.py:107)",
+    message_contains="deepstack_visual_indexes",
+)
+"""Seen on tiny:qwen3.5-vl and tiny:qwen3.5-vl-moe (configs as transformers 5.12.1 writes them): every oracle stops at
+`<build> [build-failed]` naming the missing attribute."""
 
 MTP_SEQUENTIAL_EXPERTS_UNMAPPED = UpstreamBug(
     name="qwen35-vl-moe-mtp-sequential-experts-unmapped",
@@ -177,7 +195,7 @@ QWEN35_VL = Architecture(
     mapping_rules="convcheck.models.qwen35_vl_mappings:qwen35_vl_rules",
     config_rules=QWEN35_VL_TABLE,
     fixtures=(TINY_QWEN35_VL,),
-    upstream_bugs=(MERGER_GELU_TANH, CONFIG_EXPORT_FLAT, QUANT_MAPPING_NOT_IMPLEMENTED),
+    upstream_bugs=(MERGER_GELU_TANH, CONFIG_EXPORT_FLAT, VISION_READS_DEEPSTACK, QUANT_MAPPING_NOT_IMPLEMENTED),
 )
 QWEN35_VL_MOE = Architecture(
     hf_classes=("Qwen3_5MoeForConditionalGeneration",),
@@ -188,6 +206,7 @@ QWEN35_VL_MOE = Architecture(
     upstream_bugs=(
         MERGER_GELU_TANH,
         CONFIG_EXPORT_FLAT,
+        VISION_READS_DEEPSTACK,
         MTP_SEQUENTIAL_EXPERTS_UNMAPPED,
         QUANT_MAPPING_NOT_IMPLEMENTED,
     ),

@@ -14,6 +14,7 @@ from megatron.core.transformer.module import MegatronModule
 
 from convcheck.compare.bits import count_true, int_view
 from convcheck.errors import BadInput, first_line, one_line, raised_at
+from convcheck.fixtures.readback import check_readback
 from convcheck.layout import ParallelLayout
 from convcheck.rank.te_grouped import apply_experts_option
 from convcheck.versions import versions
@@ -22,10 +23,13 @@ from convcheck.versions import versions
 def load_bridge(model_path: str) -> Any:
     """The real AutoBridge for a checkpoint; an unsupported architecture is bad input."""
     try:
-        return AutoBridge.from_hf_pretrained(model_path)
+        bridge = AutoBridge.from_hf_pretrained(model_path)
     except Exception as exc:  # the bridge wraps every failure in ValueError
         stack = ", ".join(f"{n} {v}" for n, v in versions().items() if n in ("megatron-bridge", "transformers"))
         raise BadInput(f"the bridge cannot load {model_path} ({stack}): {first_line(exc)}") from None
+    config = getattr(bridge.hf_pretrained, "config", bridge.hf_pretrained)
+    check_readback(model_path, config, versions().get("transformers", "?"))  # a fixture this transformers misreads
+    return bridge
 
 
 def make_provider(bridge: AutoBridge, layout: ParallelLayout, device: str, pad_vocab: int | None = None,
