@@ -42,3 +42,11 @@ def test_a_fixture_read_as_written_passes_and_a_misread_field_stops_with_its_nam
     shutil.copytree(folder, copy)
     assert fixture_of(copy) is None
     check_readback(copy, config, "5.3.0")
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "gpt-oss", "kimi-k2", "nemotron-3-mtp", "gemma4", "qwen3.5-vl-moe"])
+def test_the_pinned_transformers_reads_every_size_of_these_fixtures_as_written(name: str) -> None:
+    """On the pinned transformers nothing is misread: a yarn `rope_parameters` dict is read as a dict, and a field
+    transformers moves on load (original_max_position_embeddings) is not a size read otherwise."""
+    config = transformers.AutoConfig.from_pretrained(build_fixture(f"tiny:{name}"))
+    assert misread_fields(get_spec(f"tiny:{name}"), config) == []

@@ -17,6 +17,7 @@ from convcheck.compat.no_cuda import (
     FULL_DIM_QK_NORM,
     GEMMA_CONSTRUCTOR_SITES,
     MROPE_SITES,
+    OLDER_CORE_ONLY,
     SINK_SITES,
     YARN_SITES,
 )
@@ -77,7 +78,8 @@ SHIMS = (
          "megatron-core 0.18.0-0.19.2; 0.16.0-0.17.1 in ssm/mamba_block.py:166-172 (MambaStack)"),
     Shim(8, "mamba-mixer-construction", "mamba_ssm", _MAMBA, (_CORE + "ssm/mamba_mixer.py:202",),
          "tests/test_compat_hybrid.py::test_shim8_still_needed_mamba_mixer_needs_mamba_ssm_and_cuda", _CORES),
-    Shim(9, "constructor-buffers-on-cuda", "cuda", _CUDA, tuple(_CORE + where for _, _, where in CPU_CONSTRUCTOR_SITES),
+    Shim(9, "constructor-buffers-on-cuda", "cuda", _CUDA,
+         tuple(_CORE + where for _, _, where in CPU_CONSTRUCTOR_SITES if where not in OLDER_CORE_ONLY),
          "tests/test_compat_hybrid.py::test_shim9_sites_still_allocate_on_cuda", _CORES),
     Shim(10, "torch-mamba-scan", "mamba_ssm", _MAMBA, (_CORE + "ssm/mamba_mixer.py:69",),
          "tests/test_compat_hybrid_forward.py::test_shim10_still_needed_mamba_forward_calls_mamba_ssm_kernels",

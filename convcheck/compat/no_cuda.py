@@ -248,6 +248,9 @@ CPU_CONSTRUCTOR_SITES = (
     ("megatron.core.ssm.gated_delta_net.common", "_GDNBase.__init__", "ssm/gated_delta_net/common.py:230"),
     ("megatron.core.ssm.gated_delta_net", "GatedDeltaNet.__init__", "ssm/gated_delta_net.py:179"),  # 0.17-0.18
 )
+OLDER_CORE_ONLY = ("ssm/gated_delta_net.py:179",)
+"""Sites of CPU_CONSTRUCTOR_SITES only megatron-core 0.17-0.18 have: no file:line of the current pins (the shims
+table's targets leave them out; test_shim9_sites_still_allocate_on_cuda checks them where they exist)."""
 
 
 def install_cpu_constructor_sites() -> None:
