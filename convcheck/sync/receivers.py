@@ -22,7 +22,10 @@ from convcheck.sync.fusion import Geometry, locate, one_layout_gap, pack, slot_o
 try:  # transformers 5; older releases' transformers have no weight conversions (using them raises as it did)
     from transformers.conversion_mapping import get_model_conversion_mapping
     from transformers.core_model_loading import Transpose, WeightConverter, revert_weight_conversion
+
+    HAVE_CONVERSIONS = True
 except ImportError as _missing:
+    HAVE_CONVERSIONS = False
     _NO_CONVERSIONS = _missing
 
     def revert_weight_conversion(model: Any, state: Any) -> Any:
@@ -33,7 +36,7 @@ def shape_checked_transposes(model: Any) -> list[re.Pattern[str]]:
     """Name patterns of the checkpoint tensors transformers' loader transposes only when their shape is not the
     model's (`Transpose(check_dims=True)`, e.g. Qwen3-VL-MoE's fused experts, conversion_mapping.py:838): published
     checkpoints store them [E, H, 2F], transformers 5 holds and saves [E, 2F, H]; the loader takes either."""
-    if "_NO_CONVERSIONS" in globals():
+    if not HAVE_CONVERSIONS:
         return []
     patterns = []
     for transform in get_model_conversion_mapping(model, add_legacy=False):
