@@ -8,7 +8,7 @@ import transformers
 
 from convcheck.errors import BadInput
 from convcheck.fixtures.build import build_fixture
-from convcheck.fixtures.readback import check_readback, fixture_of, misread_fields, structural_fields
+from convcheck.fixtures.readback import check_readback, fixture_of, misread_fields, misread_rope, structural_fields
 from convcheck.fixtures.specs import get_spec
 
 
@@ -42,6 +42,28 @@ def test_a_fixture_read_as_written_passes_and_a_misread_field_stops_with_its_nam
     shutil.copytree(folder, copy)
     assert fixture_of(copy) is None
     check_readback(copy, config, "5.3.0")
+
+
+def test_mrope_sections_read_as_no_rope_scaling_stop_with_their_name() -> None:
+    """transformers 4.57 reads `rope_scaling` (None for a config.json that spells `rope_parameters`): tiny:qwen3-vl
+    loses its mrope sections, and bridge 0.3.x raises at qwen3_vl_bridge.py:103. Planted on the pinned transformers
+    by setting the real config's `rope_scaling` to None, which 5.12.1 takes as no rope parameters. A yarn scaling
+    dropped the same way (tiny:deepseek-v3) leaves a model both sides build alike: not stopped."""
+    folder = build_fixture("tiny:qwen3-vl")
+    config = transformers.AutoConfig.from_pretrained(folder)
+    assert misread_rope(get_spec("tiny:qwen3-vl"), config) == []
+    config.text_config.rope_scaling = None
+    assert misread_rope(get_spec("tiny:qwen3-vl"), config) == [
+        ("text_config.rope_parameters.mrope_section", [2, 1, 1], None)
+    ]
+    with pytest.raises(BadInput) as caught:
+        check_readback(folder, config, "4.57.6")
+    assert str(caught.value).startswith(
+        "transformers 4.57.6 reads tiny:qwen3-vl's text_config.rope_parameters.mrope_section as None, not [2, 1, 1]: "
+    )
+    deepseek = transformers.DeepseekV3Config(**get_spec("tiny:deepseek-v3").config)
+    deepseek.rope_scaling = None
+    assert misread_rope(get_spec("tiny:deepseek-v3"), deepseek) == []
 
 
 @pytest.mark.parametrize("name", ["deepseek-v3", "gpt-oss", "kimi-k2", "nemotron-3-mtp", "gemma4", "qwen3.5-vl-moe"])
