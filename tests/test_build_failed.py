@@ -66,6 +66,28 @@ def test_a_cuda_call_or_a_missing_te_class_is_a_limit_of_the_environment_not_a_b
     assert _environment_limit(ValueError("Expert bias for aux-loss-free routing"), "cpu") is None
 
 
+def test_an_error_raised_in_convcheck_s_compat_code_is_its_limit_not_a_bridge_bug(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The hybrid TE stack spec looked up where a release has none (as convcheck did on megatron-core 0.17, whose spec
+    lives in models/mamba/): the RuntimeError is raised in convcheck/compat/, so the build stops as an environment
+    limit (exit 2), never a `<build> build-failed` finding; the same error raised by upstream code stays a finding."""
+    from convcheck.compat import te_standin
+    from convcheck.rank.bringup import _environment_limit, own_frame
+
+    monkeypatch.setattr(te_standin, "HYBRID_TE_SPECS", (("convcheck_no_such_module.specs", "stack"),))
+    monkeypatch.delitem(te_standin._INSTALLED, "hybrid", raising=False)
+    with pytest.raises(RuntimeError, match="no hybrid TE stack spec") as caught:
+        te_standin.te_hybrid_stack_spec()
+    where = own_frame(caught.value)
+    assert where is not None and where.startswith("convcheck/compat/te_standin.py:")
+    assert (
+        _environment_limit(caught.value, "cpu", "te")
+        == f"through convcheck's compatibility code (it raised at {where})"
+    )
+    assert own_frame(RuntimeError("raised by the bridge")) is None  # no traceback in convcheck's code
+
+
 @pytest.mark.ranks
 def test_a_forward_calling_cuda_on_a_cpu_run_leaves_logits_not_covered(tmp_path: Path) -> None:
     hook = f"{Path(__file__).parent / 'support' / 'hooks_build.py'}:forward_calls_cuda"

@@ -195,3 +195,17 @@ def test_a_megatron_core_assert_that_transformer_engine_is_required_is_an_enviro
     assert _environment_limit(missing, "cpu", "te") == "without Transformer Engine"
     assert _environment_limit(missing, "cpu", "local") == "without Transformer Engine"
     assert _environment_limit(AssertionError("MTP pattern specified but mtp_block_spec is None"), "cpu") is None
+
+
+def test_the_mtp_pattern_export_bug_explains_the_two_releases_messages_only() -> None:
+    """`nemotronh-mtp-pattern-export-raises`: the config oracle's finding on 0.4.x (transformers' KeyError on '/')
+    and on 0.5.x (the bridge's own ValueError) as recorded by the release smoke; not on 0.6.x, which splits the
+    pattern, and not for another failure of the same export."""
+    from convcheck.models.nemotron_h import MTP_PATTERN_EXPORT_RAISES as bug
+
+    finding = ("config", "<megatron_to_hf_config>", "roundtrip-failed")
+    assert bug.explains("0.4.2", *finding, "raised KeyError: '/'")
+    rejected = "raised ValueError: Unknown layer type characters in hybrid_override_pattern: {'/'}. Expected: M"
+    assert bug.explains("0.5.1", *finding, rejected)
+    assert not bug.explains("0.6.2", *finding, "raised KeyError: '/'")
+    assert not bug.explains("0.5.1", *finding, "raised KeyError: 'mamba_head_dim'")

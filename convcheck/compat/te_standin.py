@@ -194,7 +194,8 @@ def rebuild_derived_classes(placeholders: dict[str, Any], bind: Any) -> dict[int
 
 HYBRID_TE_SPECS = (
     ("megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_stack_spec"),  # megatron-core >= 0.18
-    ("megatron.core.ssm.mamba_layer_specs", "mamba_stack_spec"),  # megatron-core <= 0.17
+    ("megatron.core.models.mamba.mamba_layer_specs", "mamba_stack_spec"),  # megatron-core 0.16-0.17
+    ("megatron.core.ssm.mamba_layer_specs", "mamba_stack_spec"),  # older megatron-core
 )
 """Where a release builds its hybrid TE stack spec as a module-level value (module, name), newest first."""
 

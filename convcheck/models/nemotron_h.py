@@ -348,6 +348,20 @@ MTP_NORM_UNMAPPED = UpstreamBug(
 )
 """Every other finding of such a run follows from the two crashes (what the import and export never reach)."""
 
+MTP_PATTERN_EXPORT_RAISES = UpstreamBug(
+    name="nemotronh-mtp-pattern-export-raises",
+    summary="megatron_to_hf_config hands back the Megatron hybrid_layer_pattern whole, MTP block after its '/' "
+    "separator included, as hybrid_override_pattern: 0.4.x passes it through and transformers' NemotronHConfig raises "
+    "KeyError on the '/' character; 0.5.x rejects it itself (ValueError, unknown layer type '/'); a model with MTP "
+    "has no HF config export (0.6.x splits the pattern on '/')",
+    where="megatron/bridge/models/nemotronh/nemotron_h_bridge.py:241 (0.4.2, the pattern mapped through; transformers "
+    "5.3.0 configuration_nemotron_h.py:260 raises) and :325-337 (0.5.1); fixed at :328 in 0.6.2",
+    findings=(("config", "<megatron_to_hf_config>", "roundtrip-failed"),),
+    message_contains="'/'",
+    seen_in=("0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1"),
+    fixed_in="0.6.0",
+)
+
 NEMOTRON_H = Architecture(
     hf_classes=("NemotronHForCausalLM",),
     model_type="nemotron_h",
@@ -361,5 +375,10 @@ NEMOTRON_H = Architecture(
         TINY_NEMOTRON_H_MOE_VLLM,
         TINY_NEMOTRON_3_MTP,
     ),
-    upstream_bugs=(QUANT_MAPPING_NOT_IMPLEMENTED, TRANSFORMERS_EMBEDDING_SAVED_SINGULAR, MTP_NORM_UNMAPPED),
+    upstream_bugs=(
+        QUANT_MAPPING_NOT_IMPLEMENTED,
+        TRANSFORMERS_EMBEDDING_SAVED_SINGULAR,
+        MTP_NORM_UNMAPPED,
+        MTP_PATTERN_EXPORT_RAISES,
+    ),
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import traceback
 from typing import Any, Callable
 
 import convcheck.boot  # noqa: F401 - the TE import stand-in, before megatron.bridge
@@ -76,6 +77,9 @@ def _environment_limit(exc: BaseException, device: str, layer_spec: str = "local
         return None if transformer_engine_available() else "without Transformer Engine"
     if layer_spec == "te" and standin_limit(exc):
         return "on convcheck's Transformer Engine stand-in (--spec te)"
+    own = own_frame(exc)
+    if own is not None:
+        return f"through convcheck's compatibility code (it raised at {own})"
 
     te_missing = "isinstance() arg 2 must be a type" in str(
         exc
@@ -85,6 +89,19 @@ def _environment_limit(exc: BaseException, device: str, layer_spec: str = "local
     if device == "cpu" and needs_cuda(exc):
         return "on the CPU (it calls CUDA where convcheck has no CPU shim; run with --device cuda)"
     return None
+
+
+OWN_BUILD_CODE = ("/convcheck/compat/", "/convcheck/kernels/")
+"""convcheck's code a build runs through (compat shims, the TE stand-in's kernels): an error raised there is
+convcheck's own limit on this release, never a bridge finding (a planted bug raises from convcheck/mutants/)."""
+
+
+def own_frame(exc: BaseException) -> str | None:
+    """`file:line` of the innermost traceback frame when it lies in OWN_BUILD_CODE, else None."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames or not any(part in frames[-1].filename for part in OWN_BUILD_CODE):
+        return None
+    return f"convcheck/{frames[-1].filename.rpartition('/convcheck/')[2]}:{frames[-1].lineno}"
 
 
 STANDIN_PACKAGE = "convcheck/kernels/te/"
