@@ -223,3 +223,21 @@ def test_the_gemma4_bugs_of_bridge_0_5_tag_their_own_variant_and_release_only() 
     ):
         (verdict,), _ = tag_upstream_bugs("Gemma4ForCausalLM", version, [_roundtrip(gate)], config=config)
         assert verdict.verdict == FAIL and verdict.findings[0].detail.get(UPSTREAM_BUG) == bug, (version, config)
+
+
+def test_the_qwen3_moe_norm_topk_bug_tags_the_older_releases_config_and_its_logits_only() -> None:
+    """`qwen3-moe-norm-topk-prob-ignored` on the findings `convcheck support` saw on 0.5.1 (transformers' default
+    norm_topk_prob false): the config rule's mismatch, then the logits it causes; on 0.6.2 (fixed) nothing, and a
+    logits finding with no config finding explained is not tagged."""
+    from convcheck.models.qwen3_moe import NORM_TOPK_PROB_IGNORED as bug
+
+    rule = Finding(tensor="norm_topk_prob -> moe_router_pre_softmax", kind="mismatch", message="requires True")
+    logits = Finding(tensor="logits", kind="logits-differ", message="max abs error 0.0249")
+    config = OracleVerdict(name="config", checked=5, findings=(rule,))
+    forward = OracleVerdict(name="logits", checked=9, findings=(logits,))
+    tagged, lines = tag_upstream_bugs("Qwen3MoeForCausalLM", "0.5.1", [config, forward])
+    assert [f.detail.get(UPSTREAM_BUG) for v in tagged for f in v.findings] == [bug.name, bug.name]
+    assert len(lines) == 1 and lines[0].startswith(f"2 finding(s) are the known megatron-bridge bug {bug.name}: ")
+    assert tag_upstream_bugs("Qwen3MoeForCausalLM", "0.6.2", [config, forward])[1] == []
+    (alone,), _ = tag_upstream_bugs("Qwen3MoeForCausalLM", "0.5.1", [forward])
+    assert alone == forward

@@ -9,6 +9,7 @@ from convcheck.models.architecture import Architecture
 from convcheck.models.config_rules import FieldRule, HfView, MegatronGet, first, implied, same
 from convcheck.models.dense import NORM_ROPE_ACT, SHAPES
 from convcheck.models.fixture_spec import ENGINE_DIMS, tiny_spec
+from convcheck.models.upstream_bug import UpstreamBug
 
 NUM_EXPERTS = ("num_local_experts", "num_experts")
 """transformers 5 calls the expert count num_local_experts; 4.57 (bridge 0.3.x) and published configs: num_experts."""
@@ -70,6 +71,26 @@ TINY_MOE = {
     "mlp_only_layers": [],
 }
 """The MoE fields both tiny Qwen3-MoE fixtures share (they differ in norm_topk_prob only)."""
+
+NORM_TOPK_PROB_IGNORED = UpstreamBug(
+    name="qwen3-moe-norm-topk-prob-ignored",
+    summary="the Qwen3-MoE bridge ignores the checkpoint's norm_topk_prob: the import always builds top-k-normalised "
+    "routing (moe_router_pre_softmax False, right only for norm_topk_prob true) and the export always writes "
+    "norm_topk_prob false; a checkpoint with norm_topk_prob false (transformers' Qwen3MoeConfig default) routes with "
+    "other weights in Megatron, and a published one (true) comes back false",
+    where="megatron/bridge/models/qwen/qwen3_moe_bridge.py:66 (import) and :48 (export) in 0.5.1; :58 in 0.4.2 and "
+    ":59 in 0.3.1 (their generic export writes no norm_topk_prob, read back as transformers' default false); 0.6.0 "
+    "reads and writes the field at :66 / :48",
+    findings=(
+        ("config", "norm_topk_prob*", "roundtrip-mismatch"),
+        ("config", "norm_topk_prob*", "mismatch"),
+    ),
+    consequences=(("logits", "logits", "logits-differ"), ("logits", "greedy-tokens", "greedy-differs")),
+    seen_in=("0.3.1", "0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1"),
+    fixed_in="0.6.0",
+)
+"""Seen by the release smoke (tiny:qwen3-moe, norm_topk_prob true: the export) and by `convcheck support` on 0.4.2 /
+0.5.1 (transformers' default config, false: the routing, logits off by 2.5e-2)."""
 
 QWEN3_MOE = Architecture(
     hf_classes=("Qwen3MoeForCausalLM",),
@@ -137,4 +158,5 @@ QWEN3_MOE = Architecture(
             block_amax=128,
         ),
     ),
+    upstream_bugs=(NORM_TOPK_PROB_IGNORED,),
 )

@@ -16,7 +16,7 @@ DEEPSEEK_V4_ROPE_NEEDS_YARN = UpstreamBug(
     "default, rope_type 'default') raises KeyError 'factor' and no model is built",
     where="megatron/bridge/models/deepseek/deepseek_v4_bridge.py:441 (and :442-444)",
     findings=tuple((oracle, "<build>", "build-failed") for oracle in _EVERY_ORACLE),
-    seen_in=("0.6.2",),
+    seen_in=("0.5.1", "0.6.2"),
 )
 """Seen by `convcheck support` on DeepseekV4ForCausalLM built from transformers 5.12.1's default config."""
 
@@ -54,7 +54,7 @@ GLM45V_HEAD_DIM_REQUIRED = UpstreamBug(
     "from its own class raises AttributeError and no model is built",
     where="megatron/bridge/models/glm_vl/glm_45v_bridge.py:51",
     findings=tuple((oracle, "<build>", "build-failed") for oracle in _EVERY_ORACLE),
-    seen_in=("0.6.2",),
+    seen_in=("0.4.2", "0.5.1", "0.6.2"),
 )
 """Seen by `convcheck support` on Glm4vMoeForConditionalGeneration built from transformers 5.12.1's default config."""
 
@@ -89,7 +89,7 @@ MINISTRAL3_LLAMA4_SCALING_BETA_REQUIRED = UpstreamBug(
     "model is built",
     where="megatron/bridge/models/ministral3/ministral3_provider.py:205",
     findings=tuple((oracle, "<build>", "build-failed") for oracle in _EVERY_ORACLE),
-    seen_in=("0.6.2",),
+    seen_in=("0.4.2", "0.5.1", "0.6.2"),
 )
 """Seen by `convcheck support` on Mistral3ForConditionalGeneration built from transformers 5.12.1's default config."""
 
@@ -102,7 +102,7 @@ ERNIE45_SIGMOID_ROUTER = UpstreamBug(
     where="megatron/bridge/models/ernie/ernie_45_bridge.py:225; transformers models/ernie4_5_moe/"
     "modeling_ernie4_5_moe.py:370-376 (the softmax routing)",
     findings=(("logits", "logits", "logits-differ"), ("logits", "greedy-tokens", "greedy-differs")),
-    seen_in=("0.6.2",),
+    seen_in=("0.5.1", "0.6.2"),
 )
 """Seen by `convcheck support` on Ernie4_5_MoeForCausalLM built from transformers 5.12.1's default config (logits
 9.6e-4 apart at TP2); tests/test_upstream_bugs.py recomputes both routings."""
@@ -120,7 +120,7 @@ ERNIE45_ROUTER_GATE_BF16 = UpstreamBug(
         ("roundtrip", "model.layers.*.mlp.gate.weight", "dtype"),
         ("layout", "model.layers.*.mlp.gate.weight", "tp1-differs-from-source"),
     ),
-    seen_in=("0.6.2",),
+    seen_in=("0.5.1", "0.6.2"),
 )
 """Seen by `convcheck support` on Ernie4_5_MoeForCausalLM written by transformers 5.12.1 (the gate float32)."""
 
@@ -156,7 +156,7 @@ GEMMA3_VL_POOLING_HEAD_DROPPED = UpstreamBug(
         ("elements", "vision_tower.head.*", "never-written"),
         ("layout", "vision_tower.head.*", "missing"),
     ),
-    seen_in=("0.6.2",),
+    seen_in=("0.5.1", "0.6.2"),
 )
 """Seen by `convcheck support` on Gemma3ForConditionalGeneration built from transformers 5.12.1's default config."""
 
@@ -168,7 +168,7 @@ FALCON_H1_NORM_BEFORE_GATE = UpstreamBug(
     where="megatron/bridge/models/falcon_h1/falconh1_bridge.py:67 (the field mapped through); megatron-core "
     "ssm/mamba_mixer.py:276 (assert not self.norm_before_gate)",
     findings=tuple((oracle, "<build>", "build-failed") for oracle in _EVERY_ORACLE),
-    seen_in=("0.6.2",),
+    seen_in=("0.5.1", "0.6.2"),
 )
 """Seen by `convcheck support` on FalconH1ForCausalLM built from transformers 5.12.1's default config."""
 
@@ -188,7 +188,7 @@ QWEN25_OMNI_TALKER_TOKEN2WAV_DROPPED = UpstreamBug(
         ("layout", "talker.*", "missing"),
         ("layout", "token2wav.*", "missing"),
     ),
-    seen_in=("0.6.2",),
+    seen_in=("0.4.2", "0.5.1", "0.6.2"),
 )
 """Seen by `convcheck support` on Qwen2_5OmniForConditionalGeneration built from transformers 5.12.1's default
 config."""
@@ -269,7 +269,7 @@ TRANSFORMERS_EMBEDDING_SAVED_SINGULAR = UpstreamBug(
         ("mapping", "embedding.word_embeddings.weight", "mapping-error"),
     ),
     consequences=(("logits", "logits", "logits-differ"), ("logits", "greedy-tokens", "greedy-differs")),
-    seen_in=("5.12.1",),
+    seen_in=("5.8.1", "5.12.1"),
     project="transformers",
 )
 """Seen by `convcheck support` on NemotronHForCausalLM written by transformers 5.12.1's save_pretrained at EP2; the
