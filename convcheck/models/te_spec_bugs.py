@@ -12,7 +12,8 @@ POST_LAYERNORM_DEFAULT_EPS = UpstreamBug(
     "default 1e-5 replaces the model's layernorm_epsilon (Gemma 3's rms_norm_eps 1e-6): the post-attention and "
     "post-MLP RMSNorms of every layer compute with another epsilon than HF's (import, export and mappings agree; the "
     "forward differs)",
-    where="megatron/bridge/models/common/te_layers.py:47 (0.4.2 / 0.5.1: gemma/gemma2_provider.py:272, gemma3_provider.py:425 / :359) (megatron-core extensions/transformer_engine.py:815, "
+    where="megatron/bridge/models/common/te_layers.py:47 (0.4.2 / 0.5.1: gemma/gemma2_provider.py:272, "
+    "gemma3_provider.py:425 / :359) (megatron-core extensions/transformer_engine.py:815, "
     "TENorm's eps default); used by Gemma 2 / Gemma 3 (gemma3_provider.py:163, :168) and EXAONE 4",
     findings=(("logits", "logits", "logits-differ"), ("logits", "greedy-tokens", "greedy-differs")),
     seen_in=("0.4.2", "0.5.1", "0.6.2"),
