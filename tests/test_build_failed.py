@@ -88,6 +88,23 @@ def test_an_error_raised_in_convcheck_s_compat_code_is_its_limit_not_a_bridge_bu
     assert own_frame(RuntimeError("raised by the bridge")) is None  # no traceback in convcheck's code
 
 
+def test_an_import_error_raised_in_convcheck_s_shims_is_its_limit() -> None:
+    """Shim 28 called `_get_shard_spec`, which bridge 0.4.x's mapping base lacks: the bridge's import raised inside
+    convcheck/compat/no_cuda.py, an exit-2 limit of convcheck (as a CUDA call on a CPU run); raised in the bridge's
+    own code it stays an import-failed finding."""
+    from convcheck.rank.bringup import import_limit
+
+    error = "AttributeError: '_FullDimQKNormMapping' object has no attribute '_get_shard_spec'"
+    shim = "/work/x/convcheck/compat/no_cuda.py:385 <- megatron/bridge/models/conversion/model_bridge.py:1100"
+    assert import_limit(error, "cpu", shim) == (
+        "through convcheck's compatibility code (it raised at convcheck/compat/no_cuda.py:385)"
+    )
+    bridge = "megatron/bridge/models/minimax_m2/minimax_m2_bridge.py:70 <- /work/x/convcheck/compat/no_cuda.py:390"
+    assert import_limit(error, "cpu", bridge) is None
+    assert import_limit("RuntimeError: Found no NVIDIA driver on your system", "cpu", bridge) is not None
+    assert import_limit(None, "cpu", shim) is None
+
+
 @pytest.mark.ranks
 def test_a_forward_calling_cuda_on_a_cpu_run_leaves_logits_not_covered(tmp_path: Path) -> None:
     hook = f"{Path(__file__).parent / 'support' / 'hooks_build.py'}:forward_calls_cuda"

@@ -363,7 +363,8 @@ def install_cpu_mrope() -> None:
 # full-width q/k norms) moves the HF weight to torch.device("cuda", torch.cuda.current_device()) whenever tp_size > 1,
 # before broadcasting it over TP and slicing this rank's part. For a CPU target the same steps (the target's dtype,
 # an empty tensor on TP rank > 0, the TP broadcast from rank 0, this rank's slice) run on the CPU; for any other
-# target the original method runs unchanged.
+# target the original method runs unchanged. The shard is the release's own: `_get_shard_spec` where the mapping
+# base has it (0.5.x, 0.6.x), else the TP rank (0.4.x).
 FULL_DIM_QK_NORM = ("megatron.bridge.models.minimax_m2.minimax_m2_bridge", "_FullDimQKNormMapping",
                     "megatron/bridge/models/minimax_m2/minimax_m2_bridge.py:63")  # fmt: skip
 
@@ -382,9 +383,12 @@ def install_cpu_full_dim_qk_norm_mapping() -> None:
             if not active() or self.tp_size == 1 or target.device.type != "cpu":
                 return original(self, hf_weights, megatron_module)
             shard_size = target.shape[0]
-            _, shard_rank = self._get_shard_spec(
-                shard_size=shard_size, megatron_module=megatron_module, global_size_attr="global_dim"
-            )
+            if hasattr(self, "_get_shard_spec"):  # 0.5.x, 0.6.x: replicated shards counted once
+                _, shard_rank = self._get_shard_spec(
+                    shard_size=shard_size, megatron_module=megatron_module, global_size_attr="global_dim"
+                )
+            else:  # 0.4.x slices at the TP rank (minimax_m2_bridge.py:76 in 0.4.2)
+                shard_rank = self.tp_rank
             hf_weights = hf_weights.to(device=target.device, dtype=target.dtype)
             if self.tp_rank > 0:
                 hf_weights = torch.empty_like(hf_weights)

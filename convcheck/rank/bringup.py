@@ -44,20 +44,34 @@ def _build(bridge: AutoBridge, spec: RankSpec) -> tuple[Any, list[Any]]:
     raise BuildFailed(f"rank {rank}: {first}{more}")
 
 
-def _refuse_cpu_limited_load(error: str | None, device: str) -> None:
+def _refuse_cpu_limited_load(error: str | None, device: str, where: str = "") -> None:
     """SetupError on every rank when the bridge's import raised on any rank because it called CUDA on a CPU run (a
-    call convcheck has no CPU shim for: a limit of convcheck's CPU runs, never an import-failed finding); the ranks
-    agree first, so none goes on into an oracle's collective alone."""
-    limited = error if error is not None and device == "cpu" and needs_cuda(RuntimeError(error)) else None
-    flags: list[str | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(flags, limited)
+    call convcheck has no CPU shim for) or inside convcheck's own shims (`where`, the innermost frame first, in
+    OWN_BUILD_CODE): limits of convcheck, never an import-failed finding; the ranks agree first, so none goes on into
+    an oracle's collective alone."""
+    why = import_limit(error, device, where)
+    flags: list[tuple[str, str] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(flags, (why, error) if why is not None else None)
     failed = [(rank, e) for rank, e in enumerate(flags) if e is not None]
     if failed:
-        rank, first = failed[0]
-        raise SetupError(
-            f"this checkpoint cannot be loaded on the CPU: the bridge's import calls CUDA where convcheck has no CPU "
-            f"shim (rank {rank}: {first}); run with --device cuda"
+        rank, (why, first) = failed[0]
+        cuda = "; run with --device cuda" if why.startswith("on the CPU") else ""
+        raise SetupError(f"this checkpoint cannot be loaded {why} (rank {rank}: {first}){cuda}")
+
+
+def import_limit(error: str | None, device: str, where: str) -> str | None:
+    """Why an import error (`where`: its frames, innermost first, as `raised_at` gives them) is convcheck's limit,
+    not the bridge's: a CUDA call on a CPU run, or a raise inside OWN_BUILD_CODE; None for a finding."""
+    if error is None:
+        return None
+    if device == "cpu" and needs_cuda(RuntimeError(error)):
+        return "on the CPU: the bridge's import calls CUDA where convcheck has no CPU shim"
+    innermost = where.split(" <- ")[0]
+    if any(part in innermost for part in OWN_BUILD_CODE):
+        return (
+            f"through convcheck's compatibility code (it raised at convcheck/{innermost.rpartition('/convcheck/')[2]})"
         )
+    return None
 
 
 TE_REQUIRED = "TransformerEngine is required"
@@ -170,6 +184,6 @@ def bring_up(spec: RankSpec, hooks: tuple[Callable[[], Any], ...] = (), load: bo
         ctx.load_error = failed[0] if failed else None
         grace = min(GRACE_S, spec.timeout_s / 4)
         ctx.stages.ended("import", f"{failed[0]} at {failed[1]}" if failed else None, grace_s=grace)
-        _refuse_cpu_limited_load(ctx.load_error, spec.device)
+        _refuse_cpu_limited_load(ctx.load_error, spec.device, failed[1] if failed else "")
         ctx.not_loaded = unloaded_counts(ctx.global_name, model)
     return ctx
