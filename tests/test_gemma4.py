@@ -13,6 +13,7 @@ in tests/test_catalog_kills.py.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -154,12 +155,16 @@ def test_the_known_bugs_tag_only_the_shared_layers_k_norms_and_the_refused_pipel
             ),
         ),
     )
+    refused = "raised rank 0: NotImplementedError: Gemma4DenseProvider currently supports PP=1 only."
     build = OracleVerdict(name="logits", checked=0, findings=(Finding(tensor="<build>", kind="build-failed",
-                                                                      message="m"),))  # fmt: skip
+                                                                      message=refused),))  # fmt: skip
     tagged, lines = tag_upstream_bugs("Gemma4ForCausalLM", "0.6.2", [coverage, qkv, build])
     assert tagged[0].findings[0].detail[UPSTREAM_BUG] == K_NORM_BUG and len(lines) == 2
     assert UPSTREAM_BUG not in tagged[1].findings[0].detail
     assert tagged[2].findings[0].detail[UPSTREAM_BUG] == "gemma4-dense-pipeline-refused"
+    other = replace(build.findings[0], message="the bridge's provider or model build raised rank 0: KeyError: 'x'")
+    (another,), _ = tag_upstream_bugs("Gemma4ForCausalLM", "0.6.2", [replace(build, findings=(other,))])
+    assert UPSTREAM_BUG not in another.findings[0].detail  # another build failure is not the refused pipeline
     vocab = OracleVerdict(name="config", checked=1, findings=(Finding(tensor="vocab_size -> model.vocab_size",
                                                                       kind="mismatch", message="m"),))  # fmt: skip
     rows = OracleVerdict(name="roundtrip", checked=1, findings=(Finding(tensor="model.norm.weight", kind="bytes-differ",

@@ -33,11 +33,11 @@ SEQUENTIAL_EXPERT_EXPORT_FAILS = UpstreamBug(
     "which local_experts.N.linear_fc1.weight does not end with: int('') raises and no expert is exported",
     where="megatron/bridge/models/conversion/param_mapping.py:677 (0.3.1; gather_from_ep_ranks)",
     findings=(
-        ("*", "<export>", "export-failed"),
         ("save", "<writer>", "writer-raised"),  # the writer's own export stream raises the same way
         ("differential", "*.local_experts.*", "probe-failed"),
         ("elements", "*.local_experts.*", "probe-failed"),
     ),
+    consequences=(("*", "<export>", "export-failed"),),
     seen_in=("0.3.0", "0.3.1"),
     fixed_in="0.4.0 (#2358, ba0e490c5: SequentialMLP expert mappings)",
 )

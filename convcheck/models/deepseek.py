@@ -368,6 +368,8 @@ Q_PROJ_NORM_UNMAPPED = UpstreamBug(
     findings=(
         ("coverage", "decoder.layers.*.self_attention.linear_q_proj.layer_norm_weight", "unmapped"),
         ("mapping", "decoder.layers.*.self_attention.linear_q_proj.layer_norm_weight", "uncovered"),
+    ),
+    consequences=(
         ("*", "<import>", "import-failed"),
         ("*", "<export>", "export-failed"),
     ),

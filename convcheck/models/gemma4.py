@@ -357,6 +357,7 @@ DENSE_PP_REFUSED = UpstreamBug(
     "E2B / E4B / 31B cannot be built or trained at PP > 1",
     where="megatron/bridge/models/gemma/gemma4_provider.py:199-200 (Gemma4DenseProvider.provide)",
     findings=(("*", "<build>", "build-failed"),),
+    message_contains="PP=1 only",
     seen_in=("0.6.2",),
 )
 """Seen on tiny:gemma4 at PP2: every oracle fails on the build, naming gemma4_provider.py:200."""

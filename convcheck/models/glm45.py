@@ -151,8 +151,8 @@ SEQUENTIAL_EXPERTS_UNMAPPED = UpstreamBug(
     "MTP layer; load_hf_weights and export_hf_weights crash on the empty conversion tasks",
     where="megatron/bridge/models/glm/glm45_bridge.py:166-192 (decoder), :238-278 (MTP); the crash at "
     "conversion/model_bridge.py:1100 (load) and :1340 (export)",
-    findings=(
-        ("coverage", "*.mlp.experts.local_experts.*.linear_fc*.weight", "unmapped"),
+    findings=(("coverage", "*.mlp.experts.local_experts.*.linear_fc*.weight", "unmapped"),),
+    consequences=(
         ("*", "<import>", "import-failed"),
         ("*", "<export>", "export-failed"),
     ),

@@ -341,6 +341,8 @@ MTP_NORM_UNMAPPED = UpstreamBug(
         ("coverage", "mtp.layers.*.mtp_model_layer.layers.*.input_layernorm.weight", "unmapped"),
         ("coverage", "mtp.layers.*.norm.weight", "not-exported"),
         ("elements", "mtp.layers.*.norm.weight", "never-written"),
+    ),
+    consequences=(
         ("*", "<import>", "import-failed"),
         ("*", "<export>", "export-failed"),
     ),

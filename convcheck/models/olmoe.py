@@ -94,8 +94,8 @@ SEQUENTIAL_EXPERTS_UNMAPPED = UpstreamBug(
     "conversion tasks on which load_hf_weights and export_hf_weights crash",
     where="megatron/bridge/models/olmoe/olmoe_bridge.py:115, :138-142 (grouped names only); the crash at "
     "conversion/model_bridge.py:1100 (load) and :1340 (export) in 0.6.2; the same mapping table since 0.3.0",
-    findings=(
-        ("coverage", "decoder.layers.*.mlp.experts.local_experts.*.linear_fc*.weight", "unmapped"),
+    findings=(("coverage", "decoder.layers.*.mlp.experts.local_experts.*.linear_fc*.weight", "unmapped"),),
+    consequences=(
         ("*", "<import>", "import-failed"),
         ("*", "<export>", "export-failed"),
     ),

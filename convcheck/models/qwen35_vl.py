@@ -180,6 +180,8 @@ MTP_SEQUENTIAL_EXPERTS_UNMAPPED = UpstreamBug(
             "language_model.mtp.layers.*.mtp_model_layer.mlp.experts.local_experts.*.linear_fc*.weight",
             "unmapped",
         ),
+    ),
+    consequences=(
         ("*", "<import>", "import-failed"),
         ("*", "<export>", "export-failed"),
     ),

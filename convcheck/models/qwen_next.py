@@ -120,8 +120,8 @@ MTP_SEQUENTIAL_EXPERTS_UNMAPPED = UpstreamBug(
     "on which load_hf_weights and export_hf_weights crash",
     where="megatron/bridge/models/qwen/qwen35_bridge.py:377-390 (_get_moe_mtp_mappings); the crash at "
     "conversion/model_bridge.py:1100 (load) and :1340 (export)",
-    findings=(
-        ("coverage", "mtp.layers.*.mtp_model_layer.mlp.experts.local_experts.*.linear_fc*.weight", "unmapped"),
+    findings=(("coverage", "mtp.layers.*.mtp_model_layer.mlp.experts.local_experts.*.linear_fc*.weight", "unmapped"),),
+    consequences=(
         ("*", "<import>", "import-failed"),
         ("*", "<export>", "export-failed"),
     ),
@@ -134,8 +134,8 @@ SEQUENTIAL_EXPERTS_UNMAPPED = UpstreamBug(
     summary="the Qwen3-Next and Qwen3.5-MoE bridges map the decoder's routed experts only in the grouped layout, not "
     "as SequentialMLP local_experts; load_hf_weights and export_hf_weights crash on the empty conversion tasks",
     where="megatron/bridge/models/qwen/qwen3_next_bridge.py, qwen35_bridge.py (0.5.0: no local_experts mapping)",
-    findings=(
-        ("coverage", "decoder.layers.*.mlp.experts.local_experts.*.linear_fc*.weight", "unmapped"),
+    findings=(("coverage", "decoder.layers.*.mlp.experts.local_experts.*.linear_fc*.weight", "unmapped"),),
+    consequences=(
         ("*", "<import>", "import-failed"),
         ("*", "<export>", "export-failed"),
     ),
@@ -159,6 +159,7 @@ READS_FULL_ATTENTION_INTERVAL = UpstreamBug(
     "(transformers turns it into layer_types): building the provider raises AttributeError",
     where="megatron/bridge/models/qwen/qwen3_next_bridge.py:85 (0.4.x; :80 in 0.3.x)",
     findings=(("*", "<build>", "build-failed"),),
+    message_contains="full_attention_interval",
     seen_in=("0.3.0", "0.3.1", "0.4.0", "0.4.1", "0.4.2"),
     fixed_in="0.5.0 (#3609, 270536cce: full_attention_interval_from_hf)",
 )

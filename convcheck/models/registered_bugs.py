@@ -16,6 +16,7 @@ DEEPSEEK_V4_ROPE_NEEDS_YARN = UpstreamBug(
     "default, rope_type 'default') raises KeyError 'factor' and no model is built",
     where="megatron/bridge/models/deepseek/deepseek_v4_bridge.py:441 (and :442-444)",
     findings=tuple((oracle, "<build>", "build-failed") for oracle in _EVERY_ORACLE),
+    message_contains="'factor'",
     seen_in=("0.5.1", "0.6.2"),
 )
 """Seen by `convcheck support` on DeepseekV4ForCausalLM built from transformers 5.12.1's default config."""
@@ -29,9 +30,6 @@ EXAONE4_UNTIED_LM_HEAD_UNMAPPED = UpstreamBug(
     "conversion/model_bridge.py:1762-1764 (a parameter without mapping leaves its task None), :1100 and :1340 (the "
     "None task dereferenced)",
     findings=(
-        ("*", "<import>", "import-failed"),
-        ("*", "<export>", "export-failed"),
-        ("layout", "<export>", "tp1-export-failed"),
         ("coverage", "output_layer.weight", "unmapped"),
         ("coverage", "decoder.*", "not-loaded"),
         ("coverage", "output_layer.weight", "not-loaded"),
@@ -42,6 +40,11 @@ EXAONE4_UNTIED_LM_HEAD_UNMAPPED = UpstreamBug(
         ("elements", "lm_head.weight", "never-written"),
         ("logits", "logits", "logits-differ"),
         ("logits", "greedy-tokens", "greedy-differs"),
+    ),
+    consequences=(
+        ("*", "<import>", "import-failed"),
+        ("*", "<export>", "export-failed"),
+        ("layout", "<export>", "tp1-export-failed"),
     ),
     seen_in=("0.6.2",),
 )
@@ -54,6 +57,7 @@ GLM45V_HEAD_DIM_REQUIRED = UpstreamBug(
     "from its own class raises AttributeError and no model is built",
     where="megatron/bridge/models/glm_vl/glm_45v_bridge.py:51",
     findings=tuple((oracle, "<build>", "build-failed") for oracle in _EVERY_ORACLE),
+    message_contains="head_dim",
     seen_in=("0.4.2", "0.5.1", "0.6.2"),
 )
 """Seen by `convcheck support` on Glm4vMoeForConditionalGeneration built from transformers 5.12.1's default config."""
@@ -78,6 +82,7 @@ HYV3_FIRST_K_DENSE_REQUIRED = UpstreamBug(
     "built",
     where="megatron/bridge/models/hy_v3/hy_v3_bridge.py:98",
     findings=tuple((oracle, "<build>", "build-failed") for oracle in _EVERY_ORACLE),
+    message_contains="first_k_dense_replace",
     seen_in=("0.6.2",),
 )
 """Seen by `convcheck support` on HYV3ForCausalLM built from transformers 5.12.1's default config."""
@@ -89,6 +94,7 @@ MINISTRAL3_LLAMA4_SCALING_BETA_REQUIRED = UpstreamBug(
     "model is built",
     where="megatron/bridge/models/ministral3/ministral3_provider.py:205",
     findings=tuple((oracle, "<build>", "build-failed") for oracle in _EVERY_ORACLE),
+    message_contains="llama_4_scaling_beta",
     seen_in=("0.4.2", "0.5.1", "0.6.2"),
 )
 """Seen by `convcheck support` on Mistral3ForConditionalGeneration built from transformers 5.12.1's default config."""
@@ -168,6 +174,7 @@ FALCON_H1_NORM_BEFORE_GATE = UpstreamBug(
     where="megatron/bridge/models/falcon_h1/falconh1_bridge.py:67 (the field mapped through); megatron-core "
     "ssm/mamba_mixer.py:276 (assert not self.norm_before_gate)",
     findings=tuple((oracle, "<build>", "build-failed") for oracle in _EVERY_ORACLE),
+    message_contains="FalconH1MambaMixer",
     seen_in=("0.5.1", "0.6.2"),
 )
 """Seen by `convcheck support` on FalconH1ForCausalLM built from transformers 5.12.1's default config."""
