@@ -13,6 +13,7 @@ from convcheck.models import (
     dense,
     gemma3,
     gemma4,
+    gemma4_vl,
     glm,
     glm5,
     glm45,
@@ -59,6 +60,7 @@ SUPPORTED: tuple[Architecture, ...] = (
     qwen3_vl.QWEN3_VL_MOE,
     qwen35_vl.QWEN35_VL,
     qwen35_vl.QWEN35_VL_MOE,
+    gemma4_vl.GEMMA4_VL,
 )
 """Every supported architecture; config tables and `tiny:` fixtures are listed in this order."""
 
