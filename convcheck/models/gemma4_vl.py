@@ -19,7 +19,7 @@ from typing import Any
 
 from convcheck.models.architecture import Architecture
 from convcheck.models.fixture_spec import FixtureSpec
-from convcheck.models.gemma4 import SHARED_KV_K_NORM_UNMAPPED, TINY_GEMMA4
+from convcheck.models.gemma4 import DENSE_PP_REFUSED, SHARED_KV_K_NORM_UNMAPPED, TINY_GEMMA4
 from convcheck.models.gemma4_vl_config import GEMMA4_VL_TABLE
 from convcheck.models.upstream_bug import UpstreamBug
 
@@ -160,5 +160,5 @@ GEMMA4_VL = Architecture(
     mapping_rules="convcheck.models.gemma4_vl_mappings:gemma4_vl_rules",
     config_rules=GEMMA4_VL_TABLE,
     fixtures=(TINY_GEMMA4_VL,),
-    upstream_bugs=(SHARED_KV_NULL_GLOBAL_HEADS, VL_SHARED_KV_K_NORM_UNMAPPED),
+    upstream_bugs=(SHARED_KV_NULL_GLOBAL_HEADS, VL_SHARED_KV_K_NORM_UNMAPPED, DENSE_PP_REFUSED),
 )
