@@ -3,8 +3,8 @@ linears whose bounds clip, its embedder, the audio tower), the explicit mappings
 once (the Gemma 4 text decoder under language_model, the towers whole) and a value planted in the real checkpoint is
 named at its first wrong element, the config table names every field and the real bridge's provider satisfies it (a
 planted tower field is named), the image pass's inputs follow transformers' Gemma4ImageProcessor, and the named bridge
-bug is still upstream; all without ranks. The verify matrix's verdicts are recorded in
-bench/results/cpu-gemma4-vl-2026-12-07.json and docs/families.md.
+bug is still upstream, all without ranks; one rank run, the family's gate case (TP2), asserts its whole verdict. The
+other layouts' verdicts are recorded in bench/results/cpu-gemma4-vl-2026-12-07.json and docs/families.md.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from convcheck.compare.bits import compare_bits
@@ -27,7 +28,9 @@ from convcheck.models.gemma4_vl import TINY_GEMMA4_VL
 from convcheck.models.mapping_registry import build_registry
 from convcheck.oracles.config import check_rule, flatten, uncovered
 from convcheck.verdict import Finding, OracleVerdict
+from tests.support.helpers import matrix_run
 from tests.test_gemma4 import LAYER, MODEL
+from tests.test_verify_matrix import assert_matches_golden
 
 NAME = "gemma4-vl"
 
@@ -190,3 +193,45 @@ def test_the_null_global_kv_heads_bug_is_tagged_and_still_upstream() -> None:
     bridge = (gemma / "gemma4_bridge.py").read_text().splitlines()
     assert '"num_global_key_value_heads",' in bridge[413] and "kv_shape = (num_kv_heads * kv_head_dim" in bridge[418]
     assert torch.tensor(0).dtype == torch.int64
+
+
+ORACLES = ("coverage", "roundtrip", "config", "logits", "differential", "elements", "layout", "mapping")
+NULL_HEADS, K_NORM = "gemma4-shared-kv-null-global-kv-heads", "gemma4-shared-kv-k-norm-unmapped"
+
+
+@pytest.mark.ranks
+def test_gemma4_vl_tp2_fails_only_on_the_named_bugs(shared_root: Any) -> None:
+    """TP2 (the gate case gemma4-vl/tp2+te): the import crashes at layer 5, KV-shared and full-attention
+    (gemma4-shared-kv-null-global-kv-heads), leaving its q_proj / q_norm NaN, which roundtrip, layout, mapping and both
+    logits passes name; the shared layers' k norms are unmapped (gemma4-shared-kv-k-norm-unmapped); the towers, every
+    other decoder tensor, the config and the export streams are exact. The catalog's Gemma 4 VL mutants share this run
+    as their clean run (tests/test_catalog_kills.py)."""
+    layout = ("--tp", "2", "--spec", "te", "--experts", "auto")
+    res, folder = matrix_run(shared_root, NAME, layout)
+    assert_matches_golden(NAME, layout, folder / "manifest.json")
+    assert res.code == 1, res.out[-3000:] + res.err[-2000:]
+    assert res.verdicts() == {**dict.fromkeys(ORACLES, "fail"), "config": "pass", "differential": "pass",
+                              "elements": "pass"}  # fmt: skip
+    found = {(o, f["tensor"], f["kind"], f["detail"].get("upstream_bug"))
+             for o in ORACLES for f in res.findings(o)}  # fmt: skip
+    layer5, hf5 = "language_model.decoder.layers.5.self_attention.", "model.language_model.layers.5.self_attn."
+    k_norms = {f"language_model.decoder.layers.{i}.self_attention.k_layernorm.weight" for i in (4, 5)}
+    assert found == {
+        ("coverage", "<import>", "import-failed", NULL_HEADS),
+        *(("coverage", n, kind, K_NORM) for n in k_norms for kind in ("hf-missing", "not-loaded")),
+        *(("coverage", layer5 + p, "not-loaded", NULL_HEADS) for p in ("linear_qkv.weight", "q_layernorm.weight")),
+        *(("roundtrip", hf5 + p, "bytes-differ", NULL_HEADS) for p in ("q_norm.weight", "q_proj.weight")),
+        *(("layout", hf5 + p, "tp1-differs-from-source", NULL_HEADS) for p in ("q_norm.weight", "q_proj.weight")),
+        *(("logits", t, k, NULL_HEADS) for t in ("logits", "logits[image]") for k in ("logits-differ",)),
+        *(("logits", t, "greedy-differs", NULL_HEADS) for t in ("greedy-tokens", "greedy-tokens[image]")),
+        *(("mapping", n, "uncovered", K_NORM) for n in k_norms),
+        *(
+            ("mapping", layer5 + p, "import-bytes-differ", NULL_HEADS)
+            for p in ("linear_qkv.weight", "q_layernorm.weight")
+        ),
+    }
+    mapping = {o["name"]: o for o in res.report["oracles"]}["mapping"]
+    towers = [
+        t for t in mapping["tensors"] if t["tensor"].startswith(("vision_tower.", "embed_vision.", "audio_tower."))
+    ]
+    assert len(towers) > 150 and all(t["verdict"] == "pass" for t in towers)

@@ -121,7 +121,8 @@ def tag_upstream_bugs(
                 f = replace(f, detail={**f.detail, UPSTREAM_BUG: bug.name})
             findings.append(f)
         out.append(replace(verdict, findings=tuple(findings)))
-    return tuple(out), [b.line(counts[b.name]) for b in bugs if b.name in counts]
+    first = {b.name: b for b in reversed(bugs)}  # one line per name: a bug may be stated twice (as two oracles see it)
+    return tuple(out), [b.line(counts[b.name]) for b in bugs if b.name in counts and first[b.name] is b]
 
 
 __all__ = [

@@ -88,10 +88,11 @@ REPLACED = ("share_embeddings_and_output_weights",)
 """Text rules the VL table replaces: the tied flag is the top level's."""
 
 TEXT_IGNORED = ("initializer_range", "dtype", "use_cache", "tie_word_embeddings", "bos_token_id", "eos_token_id",
-                "pad_token_id")  # fmt: skip
+                "pad_token_id", "expert_intermediate_size")  # fmt: skip
 """text_config fields that do not change the forward: init range, storage dtype, generation metadata and its own tie
 flag (the wrapper ties by the top-level one, as the provider reads it); pad_token_id is the id image / audio
-placeholders are embedded as on both sides (HF Gemma4Model.forward, modeling_gemma4_vl.py:279)."""
+placeholders are embedded as on both sides (HF Gemma4Model.forward, modeling_gemma4_vl.py:279); published E4B writes
+expert_intermediate_size (null), which transformers 5.12.1's Gemma4TextConfig does not declare."""
 
 SUB_CONFIG_METADATA = ("_name_or_path", "architectures", "chunk_size_feed_forward", "id2label", "label2id",
                        "is_encoder_decoder", "model_type", "output_attentions", "output_hidden_states", "problem_type",
