@@ -91,11 +91,11 @@ TE_CASES = (
 provider asks: TEGroupedMLP for Qwen3-MoE), at a tensor-, an expert- and a pipeline-parallel layout, and the families
 whose bridge spec exists only on TE (convcheck.models.te_only) at one layout each (Gemma 3 at TP2, MiniMax-M2 at
 TP2xEP2, Qwen3-VL at TP2, Qwen3-VL-MoE at EP2, Qwen3.5-VL-MoE at TP2xEP2 (Qwen3.5-VL's one case), GLM-5 at TP2
-with its sequence parallelism, Gemma 4 at TP2, whose dense provider builds its own local spec either way, and
-Gemma 4 MoE at TP2xEP2, Gemma 4 VL at TP2 (the dense provider's own spec); their other layouts are recorded in
-docs/gate.md and docs/families.md), and Nemotron-3 with MTP at TP2 (the bridge maps its MTP layers' norms only as TE's fused ones: the local spec fails on the
-named bug nemotronh-mtp-norm-unmapped, its other layouts in docs/families.md); every other case pins
-megatron-core's local spec its golden manifest was made with."""
+with its sequence parallelism, Gemma 4 at TP2, whose dense provider builds its own local spec either way, Gemma 4
+MoE at TP2xEP2 and Gemma 4 VL at TP2 (the dense provider's own spec); their other layouts are recorded in
+docs/gate.md and docs/families.md), and Nemotron-3 with MTP at TP2 (the bridge maps its MTP layers' norms only as
+TE's fused ones: the local spec fails on the named bug nemotronh-mtp-norm-unmapped, its other layouts in
+docs/families.md); every other case pins megatron-core's local spec its golden manifest was made with."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
