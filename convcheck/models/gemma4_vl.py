@@ -147,6 +147,8 @@ SHARED_KV_NULL_GLOBAL_HEADS_UNLOADED = replace(
         ("mapping", "language_model.decoder.layers.*", "import-bytes-differ"),
         ("roundtrip", "model.language_model.layers.*", "bytes-differ"),
         ("layout", "model.language_model.layers.*", "tp1-differs-from-source"),
+        ("save", "model.language_model.layers.*", "bytes-differ"),
+        ("broadcast", "model.language_model.layers.*", "bytes-differ"),
     ),
     consequences=(),
     message_contains="got nan",
@@ -154,6 +156,18 @@ SHARED_KV_NULL_GLOBAL_HEADS_UNLOADED = replace(
 """The same bug as the oracles that compare values see it: the parameters the crashed import never wrote hold the
 NaN convcheck fills them with before the import (`got nan`), named where no coverage run shows the crash itself (a
 selftest launch runs only the oracles its mutants need). A value a planted bug moves is finite: it is never tagged."""
+
+SHARED_KV_NULL_GLOBAL_HEADS_UNSENT = replace(
+    SHARED_KV_NULL_GLOBAL_HEADS,
+    findings=(
+        ("receiver", "model.language_model.layers.*", "not-written"),
+        ("idempotence", "model.language_model.layers.*", "not-written"),
+    ),
+    consequences=(),
+    message_contains="NaN sentinel",
+)
+"""The same bug as the sync receivers see it: the NaN parameters stream out, and a receiver's buffer keeps its NaN
+sentinel where they land (`still the NaN sentinel`)."""
 
 VL_SHARED_KV_K_NORM_UNMAPPED = replace(
     SHARED_KV_K_NORM_UNMAPPED,
@@ -174,6 +188,7 @@ GEMMA4_VL = Architecture(
     upstream_bugs=(
         SHARED_KV_NULL_GLOBAL_HEADS,
         SHARED_KV_NULL_GLOBAL_HEADS_UNLOADED,
+        SHARED_KV_NULL_GLOBAL_HEADS_UNSENT,
         VL_SHARED_KV_K_NORM_UNMAPPED,
         DENSE_PP_REFUSED,
     ),
