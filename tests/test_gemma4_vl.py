@@ -195,6 +195,72 @@ def test_the_null_global_kv_heads_bug_is_tagged_and_still_upstream() -> None:
     assert torch.tensor(0).dtype == torch.int64
 
 
+def test_the_published_e4b_config_is_shrunk_whole_and_builds() -> None:
+    """The published E4B config.json (tests/data) shrinks with its towers: the text rules' period, KV sharing and
+    per-layer inputs, the published null global KV heads, the vision tower's pooling and clipped linears, the audio
+    tower, the multimodal ids at the vocabulary's end in their order; what changed is said; the fixture builds."""
+    from convcheck.errors import BadInput
+    from convcheck.fixtures.from_config import build_from_config, shrink_file
+
+    path = Path(__file__).parent / "data" / "gemma-4-e4b.config.json"
+    shrunk = shrink_file(path)
+    config = shrunk.spec.config
+    text, vision, audio = config["text_config"], config["vision_config"], config["audio_config"]
+    assert shrunk.spec.config_class == "Gemma4Config" and shrunk.spec.clip_bounds
+    assert text["num_hidden_layers"] == 12 and text["num_kv_shared_layers"] == 5 and text["vocab_size"] == 128
+    assert text["num_global_key_value_heads"] is None and text["hidden_size_per_layer_input"] > 0
+    assert (vision["pooling_kernel_size"], vision["use_clipped_linears"], vision["standardize"]) == (3, True, False)
+    assert (vision["hidden_size"], vision["patch_size"], vision["num_hidden_layers"]) == (16, 4, 2)
+    assert audio["use_clipped_linears"] is True and audio["output_proj_dims"] == 16
+    ids = [config[k] for k in ("boi_token_id", "boa_token_id", "image_token_id", "audio_token_id", "eoi_token_id",
+                               "eoa_token_id", "video_token_id")]  # fmt: skip
+    assert ids == [121, 122, 123, 124, 125, 126, 127] and config["eos_token_id"] == 106
+    assert "image_token_id 258880 -> 123 (the shrunk vocabulary's last ids)" in shrunk.notes
+    assert "vision_config.patch_size 16 -> 4" in shrunk.notes
+    folder, _ = build_from_config(path)
+    built = json.loads((folder / "config.json").read_text())
+    assert built["architectures"] == ["Gemma4ForConditionalGeneration"]
+    assert built["vision_config"]["use_clipped_linears"] is True and (folder / "preprocessor_config.json").is_file()
+    published = json.loads(path.read_text())
+    try:
+        shrink_file_of({**published, "vision_config": None})
+    except BadInput as exc:
+        assert str(exc) == "a gemma4 config.json needs a vision_config object"
+    else:
+        raise AssertionError("a gemma4 config without a vision tower was shrunk")
+
+
+def shrink_file_of(config: dict[str, Any]) -> Any:
+    """shrink_file on `config` written to a scratch file."""
+    import tempfile
+
+    from convcheck.fixtures.from_config import shrink_file
+
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / "config.json"
+        path.write_text(json.dumps(config))
+        return shrink_file(path)
+
+
+def test_the_bug_as_the_value_oracles_see_it_tags_never_loaded_nan_only() -> None:
+    """A mapping-only run (a selftest launch) names layer 5's NaN shard: tagged; a finite wrong value (a planted bug)
+    on the same tensor is not."""
+    tensor = "language_model.decoder.layers.5.self_attention.linear_qkv.weight"
+    nan = Finding(tensor=tensor, kind="import-bytes-differ", message="4096/4096 elements differ; first at index "
+                  "[0, 0]: got nan (0x7fa5), expected -3.2e-05 (0xb809)")  # fmt: skip
+    finite = Finding(tensor=tensor, kind="import-bytes-differ", message="1/4096 elements differ; first at index "
+                     "[0, 0]: got 3.2e-05 (0x3809), expected -3.2e-05 (0xb809)")  # fmt: skip
+    never = "2048/2048 elements never written (still the NaN sentinel), first at index [0, 0]"
+    unsent = Finding(tensor="model.language_model.layers.5.self_attn.q_proj.weight", kind="not-written", message=never)
+    tagged, lines = tag_upstream_bugs("Gemma4ForConditionalGeneration", "0.6.2", [
+        OracleVerdict(name="mapping", checked=2, findings=(nan, finite)),
+        OracleVerdict(name="receiver", checked=1, findings=(unsent,)),
+    ])  # fmt: skip
+    assert [f.detail.get(UPSTREAM_BUG) for v in tagged for f in v.findings] == [
+        "gemma4-shared-kv-null-global-kv-heads", None, "gemma4-shared-kv-null-global-kv-heads"]  # fmt: skip
+    assert len(lines) == 1 and lines[0].startswith("2 finding(s) are the known megatron-bridge bug gemma4-shared-kv")
+
+
 ORACLES = ("coverage", "roundtrip", "config", "logits", "differential", "elements", "layout", "mapping")
 NULL_HEADS, K_NORM = "gemma4-shared-kv-null-global-kv-heads", "gemma4-shared-kv-k-norm-unmapped"
 
