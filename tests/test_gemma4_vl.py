@@ -24,7 +24,7 @@ from convcheck.layout import ParallelLayout, RankCoord
 from convcheck.mappings import Replicated
 from convcheck.models import TABLES, UPSTREAM_BUG, tag_upstream_bugs
 from convcheck.models.config_rules import Coverage
-from convcheck.models.gemma4_vl import TINY_GEMMA4_VL
+from convcheck.models.gemma4_vl import TINY_GEMMA4_VL, TINY_GEMMA4_VL_MOE
 from convcheck.models.mapping_registry import build_registry
 from convcheck.oracles.config import check_rule, flatten, uncovered
 from convcheck.verdict import Finding, OracleVerdict
@@ -301,3 +301,52 @@ def test_gemma4_vl_tp2_fails_only_on_the_named_bugs(shared_root: Any) -> None:
         t for t in mapping["tensors"] if t["tensor"].startswith(("vision_tower.", "embed_vision.", "audio_tower."))
     ]
     assert len(towers) > 150 and all(t["verdict"] == "pass" for t in towers)
+
+
+def test_the_moe_vl_fixture_keeps_26b_a4b_structure_and_its_provider_satisfies_the_table() -> None:
+    """tiny:gemma4-vl-moe: the MoE language model with bidirectional attention over images, standardised soft tokens,
+    no audio tower; the real MoE VL provider satisfies every provider-side rule (use_bidirectional_attention read from
+    its text_config, which the VL model builds its mask from)."""
+    import transformers
+
+    from convcheck import compat
+
+    layout = load_layout(TINY_GEMMA4_VL_MOE)
+    names = {t["name"]: t["shape"] for t in layout["tensors"]}
+    config = json.loads(layout["config"])
+    assert config["text_config"]["use_bidirectional_attention"] == "vision" and config["vision_config"]["standardize"]
+    assert names["model.vision_tower.std_scale"] == [16] and not any("audio" in n for n in names)
+    assert names["model.language_model.layers.0.experts.gate_up_proj"] == [8, 16, 32]
+    compat.install_import_shims()
+    from megatron.bridge import AutoBridge
+
+    hf = transformers.Gemma4Config(**TINY_GEMMA4_VL_MOE.config)
+    hf.architectures = ["Gemma4ForConditionalGeneration"]
+    provider = AutoBridge.from_hf_config(hf).to_megatron_provider(load_weights=False)
+    view = {**flatten(transformers.Gemma4Config().to_dict()), **flatten(hf.to_dict())}
+    rules = [r for r in TABLES["gemma4"] if not r.megatron.startswith("model.language_model.")]
+    active = [r for r in rules if r.when is None or r.when(view)]
+    assert [f for f in (check_rule(r, view, _get(provider)) for r in active) if f is not None] == []
+    provider.text_config.use_bidirectional_attention = None
+    failing = [f.tensor for f in (check_rule(r, view, _get(provider)) for r in active) if f is not None]
+    assert failing == [
+        "text_config.use_bidirectional_attention -> model.config.text_config.use_bidirectional_attention"
+    ]
+
+
+def test_the_bidirectional_image_bugs_tag_only_configs_that_ask_for_it() -> None:
+    """gemma4-vl-image-attention-causal names the image pass's logits of a config with use_bidirectional_attention
+    'vision' (the MoE VL), never the dense E4B's (causal, where a differing image pass is another bug); the MoE post
+    norm bug is the MoE VL's only (read in text_config)."""
+    image = OracleVerdict(name="logits", checked=1, findings=(
+        Finding(tensor="logits[image]", kind="logits-differ", message="m"),
+        Finding(tensor="logits", kind="logits-differ", message="m"),
+    ))  # fmt: skip
+    moe_config = json.loads(load_layout(TINY_GEMMA4_VL_MOE)["config"])
+    dense_config = json.loads(load_layout(TINY_GEMMA4_VL)["config"])
+    arch, version = "Gemma4ForConditionalGeneration", "0.6.2"
+    moe, _ = tag_upstream_bugs(arch, version, [image], config=moe_config)
+    dense, _ = tag_upstream_bugs(arch, version, [image], config=dense_config)
+    assert [f.detail.get(UPSTREAM_BUG) for f in moe[0].findings] == [
+        "gemma4-vl-image-attention-causal", "te-post-layernorm-default-eps"]  # fmt: skip
+    assert [f.detail.get(UPSTREAM_BUG) for f in dense[0].findings] == [None, None]

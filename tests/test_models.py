@@ -42,7 +42,7 @@ def test_lookups_cover_every_architecture_in_listing_order() -> None:
         "glm4.5", "glm4.5-air", "glm4.5-vllm", "glm5", "qwen3-next", "qwen3-next-vllm", "qwen3.5", "qwen3.5-moe",
         "qwen3.6-moe", "gpt-oss", "gpt-oss-square", "gpt-oss-2f-hidden", "gpt-oss-vllm", "olmoe", "olmoe-vllm",
         "gemma3", "gemma4", "gemma4-moe", "minimax-m2", "qwen3-vl", "qwen3-vl-moe", "qwen3.5-vl", "qwen3.5-vl-moe",
-        "gemma4-vl",
+        "gemma4-vl", "gemma4-vl-moe",
     ]  # fmt: skip
     for arch in SUPPORTED:
         assert BY_MODEL_TYPE[arch.model_type] is arch and all(BY_HF_CLASS[c] is arch for c in arch.hf_classes)

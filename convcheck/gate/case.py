@@ -39,6 +39,7 @@ LAYOUTS_BY_FIXTURE = {
     "gemma4": (),
     "gemma4-moe": (),
     "gemma4-vl": (),
+    "gemma4-vl-moe": (),
     "nemotron-3-mtp": (),
 }
 """Fixtures gated at a fixed list instead (the 4-layer / 6-layer pipeline fixtures at their virtual and uneven
@@ -46,9 +47,9 @@ pipeline layouts; NemotronH: 5 layers, no even PP2; TP2xEP2 is not part of its m
 gated-DeltaNet fixtures at the layouts that split their GDN heads, stages and experts; Qwen3.5-MoE and Qwen3.6-MoE
 only with the TEGroupedMLP layout, EXTRA_CASES: the pinned bridge cannot load their SequentialMLP MTP experts; Mistral
 without a window at TP2 only, tiny:mistral covering the layouts; Kimi-K2 at TP2xEP2 only, tiny:deepseek-v3 and
-tiny:moonlight covering the MLA layouts; Qwen3-VL, Qwen3-VL-MoE, Qwen3.5-VL-MoE, GLM-5 and Nemotron-3 with MTP
-only in TE_CASES, Qwen3.5-VL (dense) in none, the TE-only families' layer specs, their other layouts' verdicts
-recorded in docs/families.md)."""
+tiny:moonlight covering the MLA layouts; Qwen3-VL, Qwen3-VL-MoE, Qwen3.5-VL-MoE, Gemma 4 VL, GLM-5 and Nemotron-3
+with MTP only in TE_CASES, Qwen3.5-VL (dense) and Gemma 4 VL MoE in none, the TE-only families' layer specs, their
+other layouts' verdicts recorded in docs/families.md)."""
 EXTRA_CASES = (
     ("tiny:qwen2", "tp4", None, "sequential"),
     ("tiny:qwen3", "tp2", 128, "sequential"),

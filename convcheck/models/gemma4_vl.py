@@ -20,6 +20,7 @@ from typing import Any
 from convcheck.models.architecture import Architecture
 from convcheck.models.fixture_spec import FixtureSpec
 from convcheck.models.gemma4 import DENSE_PP_REFUSED, SHARED_KV_K_NORM_UNMAPPED, TINY_GEMMA4
+from convcheck.models.gemma4_moe import MOE_POST_LAYERNORM_DEFAULT_EPS, TINY_GEMMA4_MOE
 from convcheck.models.gemma4_vl_config import GEMMA4_VL_TABLE
 from convcheck.models.upstream_bug import UpstreamBug
 
@@ -118,6 +119,29 @@ TINY_GEMMA4_VL = FixtureSpec(
 """Published E4B checkpoints end their chat turns with `<turn|>` (eos 106 at the top level, 1 in text_config); the
 vocabulary stays tiny:gemma4's 128 (a multiple of 128, as published 262144: gemma4-dense-vocab-padded)."""
 
+TINY_GEMMA4_VL_MOE = FixtureSpec(
+    name="gemma4-vl-moe",
+    config_class="Gemma4Config",
+    description="Gemma 4 VL MoE (published 26B-A4B structure): tiny:gemma4-moe's language model with bidirectional "
+    "attention over each image, the vision tower with clipped linears, 3x3 pooling and standardised soft tokens, its "
+    "embedder, no audio tower",
+    config={
+        "text_config": {**TINY_GEMMA4_MOE.config, "use_bidirectional_attention": "vision", "dtype": "bfloat16"},
+        "vision_config": {**VISION, "standardize": True},
+        "tie_word_embeddings": True,
+        "bos_token_id": 2,
+        "eos_token_id": 106,
+        "pad_token_id": 0,
+        **TOKENS,
+    },
+    near_one_tensors=TINY_GEMMA4_MOE.near_one_tensors,
+    clip_bounds=CLIP_BOUNDS,
+)
+"""26B-A4B (30 layers, hidden 2816, 128 experts top-8, keys as values on the full layers, no per-layer inputs, no KV
+sharing; its vision tower of 27 blocks, hidden 1152, 16 heads of 72, standardised; `use_bidirectional_attention:
+"vision"`: each image's tokens attend to each other both ways, Gemma 3's mask) shrunk as tiny:gemma4-moe and
+tiny:gemma4-vl's tower."""
+
 SHARED_KV_NULL_GLOBAL_HEADS = UpstreamBug(
     name="gemma4-shared-kv-null-global-kv-heads",
     summary="the Gemma 4 bridges' import synthesises zero k / v rows for a KV-shared layer (the checkpoint stores "
@@ -179,17 +203,62 @@ VL_SHARED_KV_K_NORM_UNMAPPED = replace(
 )
 """gemma4-shared-kv-k-norm-unmapped on the VL model's language_model (tiny:gemma4-vl's layers 4 and 5)."""
 
+IMAGE_ATTENTION_CAUSAL = UpstreamBug(
+    name="gemma4-vl-image-attention-causal",
+    summary="where text_config.use_bidirectional_attention is 'vision' (26B-A4B, 31B), Gemma4VLModel builds a mask "
+    "letting each image's tokens attend to each other both ways and hands it to the language model, whose attention "
+    "keeps the causal mask type of its layer spec: Transformer Engine's DotProductAttention ignores a passed mask "
+    "under AttnMaskType.causal, so image tokens attend causally where transformers' Gemma4Model attends within each "
+    "image both ways: every image token but the last and every later token differ (text-only input is unaffected)",
+    where="megatron/bridge/models/gemma_vl/modeling_gemma4_vl.py:311, :366-391 (the mask, computed and passed); "
+    "gemma/modeling_gemma4.py:1517-1535 (_gemma4_block_spec keeps get_gpt_decoder_block_spec's AttnMaskType.causal, "
+    "megatron-core models/gpt/gpt_layer_specs.py:120) and :752 (the dense spec's causal); transformers "
+    "models/gemma4/modeling_gemma4.py:2350-2356 (block_sequence_ids)",
+    findings=(
+        ("logits", "logits[[]image[]]", "logits-differ"),
+        ("logits", "greedy-tokens[[]image[]]", "greedy-differs"),
+    ),
+    config_holds=(("text_config.use_bidirectional_attention", "vision"),),
+    seen_in=("0.6.2",),
+)
+"""Seen on tiny:gemma4-vl-moe at TP1: the image logits differ by 3.9e-2 (9 of 16 greedy tokens change); with
+transformers' Gemma4Model run causal over the image (tests/support/hooks_gemma4_vl.py:hf_image_attention_causal) they
+agree to 1.4e-7. On the CPU the attention is convcheck's Transformer Engine stand-in, which follows TE's rule (a
+mask is read only for padding / arbitrary mask types, convcheck/kernels/te/attention.py:133)."""
+
+CONFIG_EXPORT_DROPS_BIDIRECTIONAL = UpstreamBug(
+    name="gemma4-vl-config-export-drops-bidirectional",
+    summary="Gemma4VLBridge.megatron_to_hf_config exports text_config from the Gemma 4 text export, which writes no "
+    "use_bidirectional_attention, though the provider keeps the source text_config: an exported 26B-A4B / 31B "
+    "config.json loses 'vision' and transformers then runs causal attention over images",
+    where="megatron/bridge/models/gemma_vl/gemma4_vl_bridge.py:152, :180 (text_config from Gemma4Bridge's export); "
+    "gemma/gemma4_bridge.py:304-341 (no use_bidirectional_attention)",
+    findings=(("config", "text_config.use_bidirectional_attention (megatron_to_hf_config)", "roundtrip-mismatch"),),
+    config_holds=(("text_config.use_bidirectional_attention", "vision"),),
+    seen_in=("0.6.2",),
+)
+"""Seen on tiny:gemma4-vl-moe: the config oracle's export roundtrip names text_config.use_bidirectional_attention,
+'vision' in the source, None exported."""
+
+VL_MOE_POST_LAYERNORM_DEFAULT_EPS = replace(
+    MOE_POST_LAYERNORM_DEFAULT_EPS, config_holds=(("text_config.enable_moe_block", True),)
+)
+"""te-post-layernorm-default-eps on the MoE VL model's language model (its variant read in text_config)."""
+
 GEMMA4_VL = Architecture(
     hf_classes=("Gemma4ForConditionalGeneration",),
     model_type="gemma4",
     mapping_rules="convcheck.models.gemma4_vl_mappings:gemma4_vl_rules",
     config_rules=GEMMA4_VL_TABLE,
-    fixtures=(TINY_GEMMA4_VL,),
+    fixtures=(TINY_GEMMA4_VL, TINY_GEMMA4_VL_MOE),
     upstream_bugs=(
         SHARED_KV_NULL_GLOBAL_HEADS,
         SHARED_KV_NULL_GLOBAL_HEADS_UNLOADED,
         SHARED_KV_NULL_GLOBAL_HEADS_UNSENT,
         VL_SHARED_KV_K_NORM_UNMAPPED,
         DENSE_PP_REFUSED,
+        IMAGE_ATTENTION_CAUSAL,
+        CONFIG_EXPORT_DROPS_BIDIRECTIONAL,
+        VL_MOE_POST_LAYERNORM_DEFAULT_EPS,
     ),
 )

@@ -60,7 +60,7 @@ AUDIO_FIELDS = (
 """Published E2B / E4B audio_config fields that shape the audio tower's forward."""
 
 
-def _sub(section: str, field: str) -> FieldRule:
+def _sub(section: str, field: str, note: str = "") -> FieldRule:
     """`section.field` equals the provider's sub-config object's attribute (the tower is built from that object)."""
     name = f"{section}.{field}"
 
@@ -70,7 +70,7 @@ def _sub(section: str, field: str) -> FieldRule:
     def observe(value: Any, _m: MegatronGet) -> Any:
         return value
 
-    note = f"the {section.split('_')[0]} tower is transformers' own, built from this object"
+    note = note or f"the {section.split('_')[0]} tower is transformers' own, built from this object"
     return FieldRule(
         megatron=f"model.config.{name}", hf=(name,), expect=expect, observe=observe, missing=None, note=note
     )
@@ -85,7 +85,9 @@ def _tokens() -> tuple[FieldRule, ...]:
 
 
 REPLACED = ("share_embeddings_and_output_weights",)
-"""Text rules the VL table replaces: the tied flag is the top level's."""
+BIDIRECTIONAL = "use_bidirectional_attention"
+"""Text rules the VL table replaces: the tied flag is the top level's; bidirectional attention over images, which the
+text model refuses, is the VL model's own mask."""
 
 TEXT_IGNORED = ("initializer_range", "dtype", "use_cache", "tie_word_embeddings", "bos_token_id", "eos_token_id",
                 "pad_token_id", "expert_intermediate_size")  # fmt: skip
@@ -116,7 +118,13 @@ IGNORED = (
 sides), init ranges, storage dtypes."""
 
 GEMMA4_VL_TABLE: tuple[FieldRule, ...] = (
-    *(in_text(rule) for rule in GEMMA4_TABLE if rule.megatron not in REPLACED),
+    *(in_text(rule) for rule in GEMMA4_TABLE if rule.megatron not in REPLACED and rule.hf != (BIDIRECTIONAL,)),
+    _sub(
+        TEXT,
+        BIDIRECTIONAL,
+        "the VL model builds its attention mask from the provider's text_config "
+        "(modeling_gemma4_vl.py:366-391): within each image both ways where 'vision', else causal",
+    ),
     same("tie_word_embeddings", "share_embeddings_and_output_weights", note="the top-level flag"),
     *_tokens(),
     *(_sub(VISION, field) for field in VISION_FIELDS),

@@ -31,3 +31,21 @@ def vl_mask_dropped() -> None:
 
     shared_kv_global_heads_fixed()
     modeling_gemma4_vl.Gemma4VLModel._compute_attention_mask = lambda self, input_ids: None
+
+
+def hf_image_attention_causal() -> None:
+    """te-post-layernorm-default-eps fixed (tests.support.hooks_te_families:post_norm_eps_fixed), and transformers'
+    Gemma4Model run with causal attention over images (use_bidirectional_attention read as None): what the Megatron
+    model computes if it does not apply its bidirectional image mask."""
+    from transformers.models.gemma4 import modeling_gemma4
+
+    from tests.support.hooks_te_families import post_norm_eps_fixed
+
+    post_norm_eps_fixed()
+    original = modeling_gemma4.Gemma4Model.forward
+
+    def causal(self: Any, *args: Any, **kwargs: Any) -> Any:
+        self.config.get_text_config().use_bidirectional_attention = None
+        return original(self, *args, **kwargs)
+
+    modeling_gemma4.Gemma4Model.forward = causal
