@@ -44,7 +44,10 @@ def test_a_fixture_read_as_written_passes_and_a_misread_field_stops_with_its_nam
     check_readback(copy, config, "5.3.0")
 
 
-@pytest.mark.parametrize("name", ["deepseek-v3", "gpt-oss", "kimi-k2", "nemotron-3-mtp", "gemma4", "qwen3.5-vl-moe"])
+@pytest.mark.parametrize(
+    "name",
+    ["deepseek-v3", "gpt-oss", "kimi-k2", "nemotron-3-mtp", "gemma4", "qwen3.5-vl-moe", "gemma4-vl", "gemma4-vl-moe"],
+)
 def test_the_pinned_transformers_reads_every_size_of_these_fixtures_as_written(name: str) -> None:
     """On the pinned transformers nothing is misread: a yarn `rope_parameters` dict is read as a dict, and a field
     transformers moves on load (original_max_position_embeddings) is not a size read otherwise."""
