@@ -350,3 +350,16 @@ def test_the_bidirectional_image_bugs_tag_only_configs_that_ask_for_it() -> None
     assert [f.detail.get(UPSTREAM_BUG) for f in moe[0].findings] == [
         "gemma4-vl-image-attention-causal", "te-post-layernorm-default-eps"]  # fmt: skip
     assert [f.detail.get(UPSTREAM_BUG) for f in dense[0].findings] == [None, None]
+
+
+def test_the_streamed_hf_reference_of_the_vl_wrapper_is_the_fp32_models_bitwise() -> None:
+    """The logits oracle's streamed reference builds a wrapper's sub-configs in fp32: tiny:gemma4-vl-moe's text-only
+    logits equal the model loaded whole in fp32 bit for bit (a bf16 text_config made embed_scale bf16: 3e-4)."""
+    from convcheck.compare.bits import bytes_equal
+    from convcheck.fixtures.build import build_fixture
+    from convcheck.oracles.hf_stream import streamed_logits
+    from convcheck.oracles.logits import fixed_tokens, hf_logits, placeholder_ids
+
+    folder = build_fixture("tiny:gemma4-vl-moe")
+    tokens = fixed_tokens(128, placeholder_ids(json.loads((folder / "config.json").read_text())))
+    assert bytes_equal(streamed_logits(str(folder), tokens), hf_logits(folder, tokens))
