@@ -66,7 +66,10 @@ def test_mrope_sections_read_as_no_rope_scaling_stop_with_their_name() -> None:
     assert misread_rope(get_spec("tiny:deepseek-v3"), deepseek) == []
 
 
-@pytest.mark.parametrize("name", ["deepseek-v3", "gpt-oss", "kimi-k2", "nemotron-3-mtp", "gemma4", "qwen3.5-vl-moe"])
+@pytest.mark.parametrize(
+    "name",
+    ["deepseek-v3", "gpt-oss", "kimi-k2", "nemotron-3-mtp", "gemma4", "qwen3.5-vl-moe", "gemma4-vl", "gemma4-vl-moe"],
+)
 def test_the_pinned_transformers_reads_every_size_of_these_fixtures_as_written(name: str) -> None:
     """On the pinned transformers nothing is misread: a yarn `rope_parameters` dict is read as a dict, and a field
     transformers moves on load (original_max_position_embeddings) is not a size read otherwise."""

@@ -38,6 +38,8 @@ LAYOUTS_BY_FIXTURE = {
     "qwen3.5-vl-moe": (),
     "gemma4": (),
     "gemma4-moe": (),
+    "gemma4-vl": (),
+    "gemma4-vl-moe": (),
     "nemotron-3-mtp": (),
 }
 """Fixtures gated at a fixed list instead (the 4-layer / 6-layer pipeline fixtures at their virtual and uneven
@@ -45,9 +47,9 @@ pipeline layouts; NemotronH: 5 layers, no even PP2; TP2xEP2 is not part of its m
 gated-DeltaNet fixtures at the layouts that split their GDN heads, stages and experts; Qwen3.5-MoE and Qwen3.6-MoE
 only with the TEGroupedMLP layout, EXTRA_CASES: the pinned bridge cannot load their SequentialMLP MTP experts; Mistral
 without a window at TP2 only, tiny:mistral covering the layouts; Kimi-K2 at TP2xEP2 only, tiny:deepseek-v3 and
-tiny:moonlight covering the MLA layouts; Qwen3-VL, Qwen3-VL-MoE, Qwen3.5-VL-MoE, GLM-5 and Nemotron-3 with MTP
-only in TE_CASES, Qwen3.5-VL (dense) in none, the TE-only families' layer specs, their other layouts' verdicts
-recorded in docs/families.md)."""
+tiny:moonlight covering the MLA layouts; Qwen3-VL, Qwen3-VL-MoE, Qwen3.5-VL-MoE, Gemma 4 VL, GLM-5 and Nemotron-3
+with MTP only in TE_CASES, Qwen3.5-VL (dense) and Gemma 4 VL MoE in none, the TE-only families' layer specs, their
+other layouts' verdicts recorded in docs/families.md)."""
 EXTRA_CASES = (
     ("tiny:qwen2", "tp4", None, "sequential"),
     ("tiny:qwen3", "tp2", 128, "sequential"),
@@ -83,17 +85,18 @@ TE_CASES = (
     ("tiny:qwen3.5-vl-moe", "tp2ep2"),
     ("tiny:gemma4", "tp2"),
     ("tiny:gemma4-moe", "tp2ep2"),
+    ("tiny:gemma4-vl", "tp2"),
     ("tiny:nemotron-3-mtp", "tp2"),
 )
 """The Transformer Engine layout `verify` builds by default (the bridge's TE specs, TE-fused norms, experts as the
 provider asks: TEGroupedMLP for Qwen3-MoE), at a tensor-, an expert- and a pipeline-parallel layout, and the families
 whose bridge spec exists only on TE (convcheck.models.te_only) at one layout each (Gemma 3 at TP2, MiniMax-M2 at
 TP2xEP2, Qwen3-VL at TP2, Qwen3-VL-MoE at EP2, Qwen3.5-VL-MoE at TP2xEP2 (Qwen3.5-VL's one case), GLM-5 at TP2
-with its sequence parallelism, Gemma 4 at TP2, whose dense provider builds its own local spec either way, and
-Gemma 4 MoE at TP2xEP2; their other layouts are recorded in docs/gate.md and docs/families.md), and Nemotron-3
-with MTP at TP2 (the bridge maps its MTP layers' norms only as TE's fused ones: the local spec fails on the
-named bug nemotronh-mtp-norm-unmapped, its other layouts in docs/families.md); every other case pins
-megatron-core's local spec its golden manifest was made with."""
+with its sequence parallelism, Gemma 4 at TP2, whose dense provider builds its own local spec either way, Gemma 4
+MoE at TP2xEP2 and Gemma 4 VL at TP2 (the dense provider's own spec); their other layouts are recorded in
+docs/gate.md and docs/families.md), and Nemotron-3 with MTP at TP2 (the bridge maps its MTP layers' norms only as
+TE's fused ones: the local spec fails on the named bug nemotronh-mtp-norm-unmapped, its other layouts in
+docs/families.md); every other case pins megatron-core's local spec its golden manifest was made with."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

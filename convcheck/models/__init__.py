@@ -13,6 +13,7 @@ from convcheck.models import (
     dense,
     gemma3,
     gemma4,
+    gemma4_vl,
     glm,
     glm5,
     glm45,
@@ -59,6 +60,7 @@ SUPPORTED: tuple[Architecture, ...] = (
     qwen3_vl.QWEN3_VL_MOE,
     qwen35_vl.QWEN35_VL,
     qwen35_vl.QWEN35_VL_MOE,
+    gemma4_vl.GEMMA4_VL,
 )
 """Every supported architecture; config tables and `tiny:` fixtures are listed in this order."""
 
@@ -119,7 +121,8 @@ def tag_upstream_bugs(
                 f = replace(f, detail={**f.detail, UPSTREAM_BUG: bug.name})
             findings.append(f)
         out.append(replace(verdict, findings=tuple(findings)))
-    return tuple(out), [b.line(counts[b.name]) for b in bugs if b.name in counts]
+    first = {b.name: b for b in reversed(bugs)}  # one line per name: a bug may be stated twice (as two oracles see it)
+    return tuple(out), [b.line(counts[b.name]) for b in bugs if b.name in counts and first[b.name] is b]
 
 
 __all__ = [

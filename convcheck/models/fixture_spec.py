@@ -74,6 +74,10 @@ class FixtureSpec:
     `mtp.layers.{k}.*`, a copy of the last decoder layer's tensors, which is a full-attention layer) or "nemotron"
     (Nemotron-3 Super: `mtp.layers.{d * P + i}.*` for inner layer i of a P-layer MTP pattern, with enorm / hnorm /
     eh_proj on the first and final_layernorm on the last, convcheck.fixtures.reference)."""
+    clip_bounds: tuple[str, ...] = ()
+    """Name suffixes of clip-bound buffers (Gemma 4's clipped linears: `input_min`, `output_max`, ...): a `*_min` drawn
+    from (-2, -0.5], a `*_max` from [0.5, 2) (convcheck.fixtures.values.near_one_values, negated for a minimum), so
+    every bound clips some activations and min < max; distinct values would draw empty or inverted ranges."""
 
 
 def tiny_spec(name: str, config_class: str, description: str, **overrides: Any) -> FixtureSpec:

@@ -37,15 +37,17 @@ class UpstreamBug:
 
     config_holds: tuple[tuple[str, object], ...] = ()
     """(HF config field, value) pairs a run's config.json must hold for the bug to apply: a bug of one variant of an
-    architecture (Gemma 4's MoE variant, `enable_moe_block` true); empty: every config of the architecture."""
+    architecture (Gemma 4's MoE variant, `enable_moe_block` true; a dotted field in a sub-config,
+    `text_config.enable_moe_block`); empty: every config of the architecture."""
 
     message_contains: str = ""
     """Where set, a finding is explained only when its message holds this text (a build failure, whose oracle, tensor
     and kind every build failure shares, is this bug's only when it names the bug's own error)."""
 
     def applies_to(self, config: Mapping[str, Any] | None) -> bool:
-        """Whether the bug can be a run's with this HF config (None: the config is unknown, so it can)."""
-        return config is None or all(config.get(name) == value for name, value in self.config_holds)
+        """Whether the bug can be a run's with this HF config (None: the config is unknown, so it can); a dotted
+        field is read in a nested config (`text_config.enable_moe_block`)."""
+        return config is None or all(_field(config, name) == value for name, value in self.config_holds)
 
     def explains(self, bridge_version: str, oracle: str, tensor: str, kind: str, message: str = "") -> bool:
         return (
@@ -61,6 +63,15 @@ class UpstreamBug:
     def line(self, count: int) -> str:
         fixed = f"; fixed in {self.fixed_in}" if self.fixed_in else "; not fixed upstream yet"
         return f"{count} finding(s) are the known {self.project} bug {self.name}: {self.summary} ({self.where}{fixed})"
+
+
+def _field(config: Mapping[str, Any], name: str) -> Any:
+    """`config[name]`, or for `a.b` `config[a][b]` where config[a] is a dict; None where absent."""
+    if name in config or "." not in name:
+        return config.get(name)
+    head, _, rest = name.partition(".")
+    inner = config.get(head)
+    return _field(inner, rest) if isinstance(inner, Mapping) else None
 
 
 def _matches(patterns: tuple[tuple[str, str, str], ...], oracle: str, tensor: str, kind: str) -> bool:

@@ -72,11 +72,17 @@ def lm_auto_class(config: Any) -> Any:
 
 def meta_model(path: str) -> Any:
     """The fp32 causal LM of `path` as from_pretrained builds it with `eager()` kernels, parameters and persistent
-    buffers on meta (non-persistent buffers such as rotary inv_freq real, initialised as from_pretrained does)."""
+    buffers on meta (non-persistent buffers such as rotary inv_freq real, initialised as from_pretrained does). Every
+    sub-config is fp32 too: a vision-language wrapper's language model takes text_config's dtype, and a bf16
+    text_config would make its init-time buffers bf16 (Gemma 4's embed_scale sqrt(hidden) rounded: 3e-4 on
+    tiny:gemma4-vl-moe's logits)."""
     config = transformers.AutoConfig.from_pretrained(path)
     for key, value in eager().items():  # the kernels hf_logits asks from_pretrained for
         setattr(config, f"_{key}", value)
     config.dtype = torch.float32
+    for name in getattr(config, "sub_configs", {}):  # a wrapper builds its language model from text_config's dtype
+        if getattr(config, name, None) is not None:
+            getattr(config, name).dtype = torch.float32
     cls = transformers.models.auto.auto_factory._get_model_class(config, lm_auto_class(config)._model_mapping)
     with ExitStack() as stack:
         for context in cls.get_init_context(torch.float32, False, False, None):

@@ -7,6 +7,11 @@ _preprocess: rescale, normalize, the frame repeated to the temporal patch, the p
 classes need PIL or torchvision, which convcheck's environment does not install; a 16x16 image needs no resize.
 The input ids `[1, SEQ]` are fixed random text ids with `<vision_start>`, one
 `<image_pad>` per merged patch and `<vision_end>` inside, as a processor's chat template places them.
+
+A Gemma 4 vision tower (a vision_config with pooling_kernel_size) gets its own processor's inputs instead
+(`gemma4_image_inputs`): a GEMMA4_SIDE x GEMMA4_SIDE image as `pixel_values` `[1, patches, P * P * 3]` and
+`image_position_ids` `[1, patches, 2]`, the arithmetic of transformers' Gemma4ImageProcessor, and `<|image>`, one
+`<|image|>` per pooled soft token and `<image|>` in the ids.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ PROCESSOR = "preprocessor_config.json"
 def image_inputs(path: str | Path, config: dict[str, Any]) -> dict[str, Any] | None:
     """`input_ids` [1, SEQ], `pixel_values`, `image_grid_thw` and `mm_token_type_ids` [1, SEQ] (1 at image tokens)
     for `config` (a config.json dict); None when the checkpoint is not a vision-language one with an image processor."""
+    if isinstance(config.get("vision_config"), dict) and "pooling_kernel_size" in config["vision_config"]:
+        return gemma4_image_inputs(path, config)
     ids = {key: config.get(key) for key in ("image_token_id", "vision_start_token_id", "vision_end_token_id")}
     if "vision_config" not in config or None in ids.values() or not (Path(path) / PROCESSOR).is_file():
         return None
@@ -68,8 +75,53 @@ def patchify(pixels: Any, settings: dict[str, Any]) -> tuple[Any, Any]:
     return patches.reshape(gh * gw, 3 * t * p * p).contiguous(), torch.tensor([[1, gh, gw]], dtype=torch.long)
 
 
+GEMMA4_SIDE = 24
+"""Gemma 4's image side in pixels: with 4-pixel patches and 3x3 pooling, 6x6 patches pooled to 2x2 soft tokens."""
+
+
+def gemma4_image_inputs(path: str | Path, config: dict[str, Any]) -> dict[str, Any] | None:
+    """`input_ids` [1, SEQ], `pixel_values` [1, N, P * P * 3], `image_position_ids` [1, N, 2] ((x, y) of each patch)
+    and `mm_token_type_ids` [1, SEQ] for a Gemma 4 checkpoint (N = (GEMMA4_SIDE / P)^2 patches, no padding patches);
+    None without an image processor or where the image does not pool whole."""
+    ids = {key: config.get(key) for key in ("image_token_id", "boi_token_id", "eoi_token_id")}
+    if None in ids.values() or not (Path(path) / PROCESSOR).is_file():
+        return None
+    settings = json.loads((Path(path) / PROCESSOR).read_text())
+    p, k = int(settings["patch_size"]), int(settings["pooling_kernel_size"])
+    if GEMMA4_SIDE % (p * k):
+        return None
+    gen = torch.Generator().manual_seed(SEED)
+    pixels = torch.randint(0, 256, (GEMMA4_SIDE, GEMMA4_SIDE, 3), generator=gen, dtype=torch.uint8)
+    image = pixels.permute(2, 0, 1).to(torch.float32) * (1 / 255)  # [3, H, W]; no normalisation
+    side = GEMMA4_SIDE // p
+    patches = image.reshape(3, side, p, side, p).permute(1, 3, 2, 4, 0).reshape(side * side, p * p * 3)
+    ys, xs = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
+    positions = torch.stack([xs, ys], dim=-1).reshape(side * side, 2)
+    tokens = side * side // (k * k)
+    vocab = int(config["text_config"]["vocab_size"])
+    special = {int(v) for key, v in config.items() if key.endswith(("_token_id", "_token_index")) and v is not None}
+    text = [int(t) for t in torch.randint(0, vocab, (4 * SEQ,), generator=gen) if int(t) not in special]
+    if tokens + 4 > SEQ:
+        return None
+    body = [ids["boi_token_id"], *[ids["image_token_id"]] * tokens, ids["eoi_token_id"]]
+    row = text[:2] + body + text[2 : SEQ - len(body)]
+    input_ids = torch.tensor([row], dtype=torch.long)
+    return {
+        "input_ids": input_ids,
+        "pixel_values": patches.unsqueeze(0).contiguous(),
+        "image_position_ids": positions.unsqueeze(0).to(torch.long),
+        "mm_token_type_ids": (input_ids == ids["image_token_id"]).to(torch.int32),
+    }
+
+
 def describe(inputs: dict[str, Any]) -> str:
     """`1x16 ids, 16 patches (grid 1x4x4), 4 image tokens`."""
+    if "image_grid_thw" not in inputs:  # Gemma 4: patches with (x, y) positions
+        patches = inputs["pixel_values"].shape[-2]
+        return (
+            f"{inputs['input_ids'].shape[0]}x{inputs['input_ids'].shape[1]} ids, {patches} patches, "
+            f"{int(inputs['mm_token_type_ids'].sum())} image tokens"
+        )
     grid = [int(x) for x in inputs["image_grid_thw"][0]]
     ids = inputs["input_ids"]
     tokens = int(inputs["mm_token_type_ids"].sum())

@@ -207,12 +207,14 @@ def megatron_logits(
 def hf_logits(path: Any, tokens: Any, device: str = "cpu") -> Any:
     """fp32 logits [B, S, V] of the HF model loaded whole by transformers from the checkpoint (`eager()` kernels).
 
-    Loaded in the checkpoint's dtype on `device`; each top-level block runs on fp32 copies of its parameters made
-    just before it (convcheck.oracles.fp32), so memory holds the model once plus one block in fp32."""
+    Loaded in fp32 on `device` (bf16 -> fp32 is exact), as `hf_image_logits`: a model loaded in its bf16 computes the
+    buffers it derives at init in bf16 and no later upcast restores them (Gemma 4's embed_scale, sqrt(hidden), rounds
+    from 5.6569 to 5.6562 for hidden 32: 1e-4 on tiny:gemma4-vl's logits). The fallback of a model transformers cannot
+    stream, so memory holds the whole model in fp32."""
     auto = lm_auto_class(transformers.AutoConfig.from_pretrained(path))
-    model = auto.from_pretrained(path, dtype="auto", **eager())
+    model = auto.from_pretrained(path, dtype=torch.float32, **eager())
     model.to(device).eval()
-    with fp32_forward([model]), torch.no_grad():
+    with torch.no_grad():
         return model(input_ids=tokens.to(device)).logits.float().cpu()
 
 
@@ -226,8 +228,9 @@ def hf_image_logits(path: Any, inputs: dict[str, Any], device: str = "cpu") -> A
         return model(**{k: v.to(device) for k, v in inputs.items()}).logits.float().cpu()
 
 
-IMAGE_KEYS = ("pixel_values", "image_grid_thw")
-"""The image inputs the Megatron forward takes beside the input ids (it finds the image tokens by image_token_id)."""
+IMAGE_KEYS = ("pixel_values", "image_grid_thw", "image_position_ids")
+"""The image inputs the Megatron forward takes beside the input ids (it finds the image tokens by image_token_id);
+Gemma 4's tower reads image_position_ids where Qwen's read image_grid_thw."""
 
 
 def image_megatron(ctx: RankContext) -> tuple[dict[str, Any] | None, list[Any], str]:
@@ -245,7 +248,7 @@ def image_megatron(ctx: RankContext) -> tuple[dict[str, Any] | None, list[Any], 
     with tracking(ctx.model, ctx.global_name) as site:
         try:
             logits = megatron_logits(ctx, inputs["input_ids"], whole=True,
-                                     extra={k: inputs[k] for k in IMAGE_KEYS})  # fmt: skip
+                                     extra={k: inputs[k] for k in IMAGE_KEYS if k in inputs})  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - a crashing forward is a finding
             logits, error, where = None, f"{one_line(exc)} (at {raised_at(exc)})", site()
     return inputs, ctx.gather((logits, error, where)), ""

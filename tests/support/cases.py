@@ -67,6 +67,10 @@ FIXED = {  # families checked at a fixed list of layouts (convcheck.gate.case LA
     "gemma4": [("--tp", "2", "--spec", "te", "--experts", "auto")],
     # the MoE provider's TE spec; TP1 / TP2 / EP2 / PP2 recorded in docs/families.md
     "gemma4-moe": [("--tp", "2", "--ep", "2", "--spec", "te", "--experts", "auto")],
+    # the dense provider's own spec, as tiny:gemma4's case; TP1 / PP2 recorded in docs/families.md
+    "gemma4-vl": [("--tp", "2", "--spec", "te", "--experts", "auto")],
+    # no case: its layouts' verdicts (three named bugs) are recorded in docs/families.md, its towers are gemma4-vl's
+    "gemma4-vl-moe": [],
     # the bridge maps the MTP layers' norms only as TE's fused ones (nemotronh-mtp-norm-unmapped on the local spec);
     # TP1 / EP2 / PP2 / TP2xEP2 recorded in docs/families.md
     "nemotron-3-mtp": [("--tp", "2", "--spec", "te", "--experts", "auto")],
