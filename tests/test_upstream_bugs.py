@@ -3,6 +3,8 @@ credited to a planted bug, never a false alarm of a clean selftest run."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from convcheck.models import UPSTREAM_BUG, tag_upstream_bugs
 from convcheck.models.deepseek import MTP_ALIASES_DROPPED, YARN_DROPPED
 from convcheck.mutants.catalog import MUTANTS
@@ -241,3 +243,23 @@ def test_the_qwen3_moe_norm_topk_bug_tags_the_older_releases_config_and_its_logi
     assert tag_upstream_bugs("Qwen3MoeForCausalLM", "0.6.2", [config, forward])[1] == []
     (alone,), _ = tag_upstream_bugs("Qwen3MoeForCausalLM", "0.5.1", [forward])
     assert alone == forward
+
+
+def test_the_per_expert_checkpoint_bug_tags_its_export_names_and_the_import_they_explain() -> None:
+    """`qwen35-moe-per-expert-checkpoint-not-read` (bridge 0.5.1, grouped experts): the export's fused names where the
+    checkpoint holds per-expert ones are the bug; the import's KeyError and the never-loaded parameters follow it.
+    An import failure with no such export finding (another cause) is not tagged."""
+    from convcheck.models.qwen_next import PER_EXPERT_CHECKPOINT_NOT_READ as bug
+
+    fused = Finding(tensor="model.layers.0.mlp.experts.gate_up_proj", kind="unexpected", message="not in source")
+    raised = "bridge.load_hf_weights raised KeyError: 'Key not found: model.layers.0.mlp.experts.gate_up_proj'"
+    crash = Finding(tensor="<import>", kind="import-failed", message=raised)
+    idle = Finding(tensor="decoder.layers.0.self_attention.A_log", kind="not-loaded", message="kept its value")
+    coverage = OracleVerdict(name="coverage", checked=3, findings=(crash, idle, fused))
+    for arch in ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration"):
+        (tagged,), lines = tag_upstream_bugs(arch, "0.5.1", [coverage])
+        assert [f.detail.get(UPSTREAM_BUG) for f in tagged.findings] == [bug.name] * 3, arch
+        assert len(lines) == 1
+    (alone,), _ = tag_upstream_bugs("Qwen3_5MoeForCausalLM", "0.5.1", [replace(coverage, findings=(crash, idle))])
+    assert all(UPSTREAM_BUG not in f.detail for f in alone.findings)
+    assert tag_upstream_bugs("Qwen3_5MoeForCausalLM", "0.6.2", [coverage])[1] == []

@@ -245,6 +245,22 @@ VL_MOE_POST_LAYERNORM_DEFAULT_EPS = replace(
 )
 """te-post-layernorm-default-eps on the MoE VL model's language model (its variant read in text_config)."""
 
+DENSE_PER_LAYER_REFUSED = UpstreamBug(
+    name="gemma4-vl-dense-per-layer-refused",
+    summary="the 0.5.x Gemma 4 VL bridge refuses every dense model with per-layer inputs (hidden_size_per_layer_input "
+    "set and enable_moe_block false): the published E2B / E4B checkpoints raise ValueError before any model is built",
+    where="megatron/bridge/models/gemma_vl/gemma4_vl_bridge.py:78-84 (0.5.1)",
+    findings=tuple(
+        (oracle, "<build>", "build-failed")
+        for oracle in ("coverage", "roundtrip", "config", "logits", "differential", "elements", "layout", "mapping")
+    ),
+    message_contains="only supports MoE models",
+    seen_in=("0.5.1",),
+    fixed_in="0.6.0",
+)
+"""Seen by `convcheck support` on bridge 0.5.1 (Gemma4ForConditionalGeneration from transformers 5.8.1's default
+config, dense with per-layer inputs)."""
+
 GEMMA4_VL = Architecture(
     hf_classes=("Gemma4ForConditionalGeneration",),
     model_type="gemma4",
@@ -260,5 +276,6 @@ GEMMA4_VL = Architecture(
         IMAGE_ATTENTION_CAUSAL,
         CONFIG_EXPORT_DROPS_BIDIRECTIONAL,
         VL_MOE_POST_LAYERNORM_DEFAULT_EPS,
+        DENSE_PER_LAYER_REFUSED,
     ),
 )

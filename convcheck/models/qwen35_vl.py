@@ -18,7 +18,7 @@ from convcheck.models.bridge_wide import QUANT_MAPPING_NOT_IMPLEMENTED
 from convcheck.models.fixture_spec import FixtureSpec
 from convcheck.models.qwen3_vl import VISION as QWEN3_VL_VISION
 from convcheck.models.qwen35_vl_config import QWEN35_VL_MOE_TABLE, QWEN35_VL_TABLE
-from convcheck.models.qwen_next import MOE_SHAPES, gdn_spec
+from convcheck.models.qwen_next import MOE_SHAPES, PER_EXPERT_CHECKPOINT_NOT_READ, gdn_spec
 from convcheck.models.upstream_bug import UpstreamBug
 
 IMAGE_TOKEN, VIDEO_TOKEN, VISION_START, VISION_END = 150, 151, 148, 149
@@ -210,6 +210,7 @@ QWEN35_VL_MOE = Architecture(
         CONFIG_EXPORT_FLAT,
         VISION_READS_DEEPSTACK,
         MTP_SEQUENTIAL_EXPERTS_UNMAPPED,
+        PER_EXPERT_CHECKPOINT_NOT_READ,
         QUANT_MAPPING_NOT_IMPLEMENTED,
     ),
 )

@@ -164,6 +164,35 @@ READS_FULL_ATTENTION_INTERVAL = UpstreamBug(
     fixed_in="0.5.0 (#3609, 270536cce: full_attention_interval_from_hf)",
 )
 
+PER_EXPERT_CHECKPOINT_NOT_READ = UpstreamBug(
+    name="qwen35-moe-per-expert-checkpoint-not-read",
+    summary="with grouped experts (the TE spec's moe_grouped_gemm, what production trains) the 0.5.x Qwen3.5-MoE "
+    "bridges map the routed experts only to the fused experts.gate_up_proj / down_proj, while a checkpoint holds "
+    "them per expert (experts.N.gate_proj.weight, as transformers 5.8.1's save_pretrained writes): the import raises "
+    "KeyError and loads nothing, and the export writes fused tensors the checkpoint does not have",
+    where="megatron/bridge/models/qwen/qwen35_bridge.py:234-244 (0.5.1; the per-expert mappings at :245-256 serve "
+    "SequentialMLP only)",
+    findings=(
+        ("*", "*mlp.experts.*.*_proj.weight", "not-exported"),
+        ("*", "*mlp.experts.*.*_proj.weight", "missing"),
+        ("*", "*mlp.experts.*.*_proj.weight", "never-written"),
+        ("*", "*mlp.experts.gate_up_proj", "unexpected"),
+        ("*", "*mlp.experts.down_proj", "unexpected"),
+    ),
+    consequences=(
+        ("*", "<import>", "import-failed"),
+        ("coverage", "*", "not-loaded"),
+        ("mapping", "*", "import-bytes-differ"),
+        ("roundtrip", "*", "bytes-differ"),
+        ("layout", "*", "tp1-differs-from-source"),
+        ("logits", "logits", "logits-differ"),
+        ("logits", "greedy-tokens", "greedy-differs"),
+    ),
+    seen_in=("0.5.1",),
+)
+"""Seen by `convcheck support` on bridge 0.5.1 (Qwen3_5MoeForCausalLM and Qwen3_5MoeForConditionalGeneration written
+by transformers 5.8.1), every finding of the import that never ran following it."""
+
 QWEN35_MOE = Architecture(
     hf_classes=("Qwen3_5MoeForCausalLM",),
     model_type="qwen3_5_moe_text",
@@ -172,6 +201,7 @@ QWEN35_MOE = Architecture(
     fixtures=(TINY_QWEN35_MOE, TINY_QWEN36_MOE),
     upstream_bugs=(
         MTP_SEQUENTIAL_EXPERTS_UNMAPPED,
+        PER_EXPERT_CHECKPOINT_NOT_READ,
         GDN_CONFIG_EXPORT_LOSES_SCHEDULE,
         SCHEDULE_COLLAPSED,
         SEQUENTIAL_EXPERTS_UNMAPPED,
