@@ -308,6 +308,17 @@ DEEPSEEK_V3_TABLE = (
 RELEASES_0_4_TO_0_6 = ("0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1", "0.6.0", "0.6.2")
 """Releases the DeepSeek fixtures ran on (make test-release; 0.3.x cannot build them, see releases.toml)."""
 
+FIRST_K_DENSE_EXPORT_DROPPED = UpstreamBug(
+    name="deepseek-v3-config-export-drops-first-k-dense",
+    summary="megatron_to_hf_config writes no first_k_dense_replace (the import turns it into moe_layer_freq and the "
+    "export never turns it back): the exported config reads transformers' default 3 dense layers",
+    where="megatron/bridge/models/deepseek/deepseek_v3_bridge.py:86-88 (0.4.2, the import only)",
+    findings=(("config", "first_k_dense_replace*", "roundtrip-mismatch"),),
+    seen_in=("0.4.0", "0.4.1", "0.4.2"),
+    fixed_in="0.5.0 (deepseek_v3_bridge.py:111, rebuilt from moe_layer_freq)",
+)
+"""Seen by the release smoke (tiny:deepseek-v3, tiny:moonlight) and `convcheck support` on 0.4.2."""
+
 YARN_DROPPED = UpstreamBug(
     name="deepseek-yarn-dropped",
     summary="megatron_to_hf_config reads the provider's yarn_rotary_scaling_factor, which the MLA provider leaves "
@@ -383,5 +394,11 @@ DEEPSEEK_V3 = Architecture(
     mapping_rules="convcheck.models.deepseek_mappings:deepseek_rules",
     config_rules=DEEPSEEK_V3_TABLE,
     fixtures=(TINY_DEEPSEEK_V3, TINY_MOONLIGHT, TINY_KIMI_K2, TINY_DEEPSEEK_V3_VLLM),
-    upstream_bugs=(YARN_DROPPED, MTP_ALIASES_DROPPED, SEQ_LENGTH_4096, Q_PROJ_NORM_UNMAPPED),
+    upstream_bugs=(
+        YARN_DROPPED,
+        MTP_ALIASES_DROPPED,
+        SEQ_LENGTH_4096,
+        Q_PROJ_NORM_UNMAPPED,
+        FIRST_K_DENSE_EXPORT_DROPPED,
+    ),
 )

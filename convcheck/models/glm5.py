@@ -214,11 +214,32 @@ QKV_A_NORM_EPS = UpstreamBug(
 """Seen on the published GLM-5 config.json shrunk by `--from-config` (with indexer_rope_interleave false added so it
 builds) at TP1: logits differ by 0.19; the same checkpoint with rms_norm_eps 1e-6 agrees to 4.8e-7."""
 
+FIRST_K_DENSE_REQUIRED = UpstreamBug(
+    name="glm5-first-k-dense-required",
+    summary="the 0.5.x GLM-5 bridge reads hf_config.first_k_dense_replace, which transformers' GlmMoeDsaConfig (5.8.1) "
+    "does not define: a checkpoint whose config transformers wrote from its own class raises AttributeError and "
+    "no model is built",
+    where="megatron/bridge/models/glm_moe_dsa/glm5_bridge.py:97-98 (0.5.1)",
+    findings=tuple(
+        (oracle, "<build>", "build-failed")
+        for oracle in ("coverage", "roundtrip", "config", "logits", "differential", "elements", "layout", "mapping")
+    ),
+    message_contains="first_k_dense_replace",
+    seen_in=("0.5.1",),
+)
+"""Seen by `convcheck support` on bridge 0.5.1 (GlmMoeDsaForCausalLM from transformers 5.8.1's default config)."""
+
 GLM5 = Architecture(
     hf_classes=("GlmMoeDsaForCausalLM",),
     model_type="glm_moe_dsa",
     mapping_rules="convcheck.models.glm5_mappings:glm5_rules",
     config_rules=GLM5_TABLE,
     fixtures=(TINY_GLM5,),
-    upstream_bugs=(GLM5_INDEXER_ROPE_INTERLEAVE_REQUIRED, MTP_DROPPED, CONFIG_EXPORT_DROPS_DSA, QKV_A_NORM_EPS),
+    upstream_bugs=(
+        GLM5_INDEXER_ROPE_INTERLEAVE_REQUIRED,
+        MTP_DROPPED,
+        CONFIG_EXPORT_DROPS_DSA,
+        QKV_A_NORM_EPS,
+        FIRST_K_DENSE_REQUIRED,
+    ),
 )

@@ -212,11 +212,15 @@ QWEN25_OMNI_TIE_FROM_TEXT_CONFIG = UpstreamBug(
         ("roundtrip", "thinker.lm_head.weight", "bytes-differ"),
         ("elements", "thinker.lm_head.weight", "never-written"),
         ("layout", "thinker.lm_head.weight", "tp1-differs-from-source"),
+        ("coverage", "thinker.lm_head.weight", "not-exported"),  # 0.4.2 / 0.5.1: the tied export writes no lm_head
+        ("roundtrip", "thinker.lm_head.weight", "missing"),
+        ("layout", "thinker.lm_head.weight", "missing"),
+        ("mapping", "thinker.lm_head.weight", "not-exported"),
     ),
-    seen_in=("0.6.2",),
+    seen_in=("0.4.2", "0.5.1", "0.6.2"),
 )
 """Seen by `convcheck support` on Qwen2_5OmniForConditionalGeneration built from transformers 5.12.1's default
-config (the thinker untied, its text config tied)."""
+config (the thinker untied, its text config tied), and on 0.4.2 / 0.5.1 (the same line 75)."""
 
 QWEN25_VL_MROPE_SECTION_FIXED = UpstreamBug(
     name="qwen25-vl-mrope-section-fixed",
@@ -283,6 +287,23 @@ TRANSFORMERS_EMBEDDING_SAVED_SINGULAR = UpstreamBug(
 logits of a model whose embedding the import never wrote (NaN) differ as a consequence, tagged only beside the
 embedding's coverage findings (a planted NemotronH bug the logits catch stays untagged)."""
 
+QWEN25_VL_DTYPE_FROM_TEXT_CONFIG = UpstreamBug(
+    name="qwen25-vl-dtype-from-text-config",
+    summary="the 0.4.x Qwen2.5-VL bridge reads params_dtype from text_config alone, where transformers 5 keeps the "
+    "checkpoint's dtype on the top-level config only: a bf16 checkpoint builds an fp32 model and exports every "
+    "tensor as fp32 (qwen3-vl-dtype-from-text-config's twin)",
+    where="megatron/bridge/models/qwen_vl/qwen25_vl_bridge.py:55 (0.4.2; hf_config_to_provider_kwargs(text_config))",
+    findings=(
+        ("roundtrip", "*", "dtype"),
+        ("layout", "*", "tp1-differs-from-source"),
+        ("save", "*", "dtype"),
+        ("mapping", "*", "import-dtype"),
+    ),
+    seen_in=("0.4.2",),
+)
+"""Seen by `convcheck support` on bridge 0.4.2 (Qwen2_5_VLForConditionalGeneration written by transformers 5.3.0, bf16);
+0.5.1's passes those oracles."""
+
 REGISTERED_BUGS: dict[str, tuple[UpstreamBug, ...]] = {
     "DeepseekV4ForCausalLM": (DEEPSEEK_V4_ROPE_NEEDS_YARN,),
     "Ernie4_5_MoeForCausalLM": (ERNIE45_SIGMOID_ROUTER, ERNIE45_ROUTER_GATE_BF16),
@@ -295,6 +316,6 @@ REGISTERED_BUGS: dict[str, tuple[UpstreamBug, ...]] = {
     "Mistral3ForConditionalGeneration": (MINISTRAL3_LLAMA4_SCALING_BETA_REQUIRED,),
     "Qwen2AudioForConditionalGeneration": (TRANSFORMERS_QWEN2_AUDIO_SAVE_DOUBLE_PREFIX,),
     "Qwen2_5OmniForConditionalGeneration": (QWEN25_OMNI_TALKER_TOKEN2WAV_DROPPED, QWEN25_OMNI_TIE_FROM_TEXT_CONFIG),
-    "Qwen2_5_VLForConditionalGeneration": (QWEN25_VL_MROPE_SECTION_FIXED,),
+    "Qwen2_5_VLForConditionalGeneration": (QWEN25_VL_MROPE_SECTION_FIXED, QWEN25_VL_DTYPE_FROM_TEXT_CONFIG),
 }
 """HF class -> the known bugs its `convcheck support` row shows."""
