@@ -12,6 +12,7 @@ from convcheck.models import (
     deepseek,
     dense,
     gemma3,
+    gemma3_vl,
     gemma4,
     glm,
     glm5,
@@ -59,6 +60,7 @@ SUPPORTED: tuple[Architecture, ...] = (
     qwen3_vl.QWEN3_VL_MOE,
     qwen35_vl.QWEN35_VL,
     qwen35_vl.QWEN35_VL_MOE,
+    gemma3_vl.GEMMA3_VL,
 )
 """Every supported architecture; config tables and `tiny:` fixtures are listed in this order."""
 

@@ -227,7 +227,9 @@ def hf_image_logits(path: Any, inputs: dict[str, Any], device: str = "cpu") -> A
 
 
 IMAGE_KEYS = ("pixel_values", "image_grid_thw")
-"""The image inputs the Megatron forward takes beside the input ids (it finds the image tokens by image_token_id)."""
+"""The image inputs the Megatron forward takes beside the input ids (it finds the image tokens by image_token_id;
+Gemma 3's has no grid, and builds its bidirectional image mask from the ids, modeling_gemma3_vl.py
+_compute_attention_biases)."""
 
 
 def image_megatron(ctx: RankContext) -> tuple[dict[str, Any] | None, list[Any], str]:
@@ -245,7 +247,7 @@ def image_megatron(ctx: RankContext) -> tuple[dict[str, Any] | None, list[Any], 
     with tracking(ctx.model, ctx.global_name) as site:
         try:
             logits = megatron_logits(ctx, inputs["input_ids"], whole=True,
-                                     extra={k: inputs[k] for k in IMAGE_KEYS})  # fmt: skip
+                                     extra={k: inputs[k] for k in IMAGE_KEYS if k in inputs})  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - a crashing forward is a finding
             logits, error, where = None, f"{one_line(exc)} (at {raised_at(exc)})", site()
     return inputs, ctx.gather((logits, error, where)), ""
