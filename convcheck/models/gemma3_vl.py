@@ -98,10 +98,15 @@ PROJECTOR_GEOMETRY_FIXED = UpstreamBug(
         ("config", "mm_tokens_per_image -> model.multi_modal_projector.avg_pool.kernel_size", "mismatch"),
         ("logits", "<megatron forward>[[]image[]]", "forward-failed"),
     ),
+    consequences=(
+        ("logits", "logits[[]image[]]", "logits-differ"),
+        ("logits", "greedy-tokens[[]image[]]", "greedy-differs"),
+    ),
     seen_in=("0.6.2",),
 )
 """Seen on tiny:gemma3-vl (16-pixel images in 4-pixel patches, 4 soft tokens): the projector reshapes as 64x64 and the
-image pass raises; with the projector's geometry read from the HF config (tests/support/hooks_gemma3_vl.py:
+image pass raises (at PP2 the last stage then computes on the first stage's NaN: its image logits and greedy tokens
+differ as a consequence); with the projector's geometry read from the HF config (tests/support/hooks_gemma3_vl.py:
 projector_geometry_from_config) the image logits agree with HF's (tests/test_gemma3_vl.py)."""
 
 CONFIG_EXPORT_FLAT = UpstreamBug(
