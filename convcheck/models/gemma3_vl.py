@@ -51,15 +51,20 @@ TEXT: dict[str, Any] = {**TINY_GEMMA3.config, "dtype": "bfloat16"}
 global one, sandwich norms, query_pre_attn_scalar 16), the dtype repeated in text_config as transformers writes it."""
 
 
-def published_vision_names(layers: int) -> dict[str, str]:
+def published_vision_names(layers: int, head: bool = False) -> dict[str, str]:
     """The SigLIP tower's tensor names as transformers 5.12.1 saves them (`vision_tower.X`) -> as the published
-    checkpoints name them (`vision_tower.vision_model.X`), for a tower of `layers` encoder layers."""
+    checkpoints name them (`vision_tower.vision_model.X`), for a tower of `layers` encoder layers (and its pooling
+    head's, with `head`)."""
     own = ["embeddings.patch_embedding.weight", "embeddings.patch_embedding.bias",
            "embeddings.position_embedding.weight", "post_layernorm.weight", "post_layernorm.bias"]  # fmt: skip
     modules = ("layer_norm1", "layer_norm2", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                "self_attn.out_proj", "mlp.fc1", "mlp.fc2")  # fmt: skip
     per_layer = [f"{module}.{kind}" for module in modules for kind in ("weight", "bias")]
     names = own + [f"encoder.layers.{i}.{name}" for i in range(layers) for name in per_layer]
+    if head:
+        names += ["head.probe", "head.attention.in_proj_weight", "head.attention.in_proj_bias",
+                  *(f"head.{m}.{k}" for m in ("attention.out_proj", "layernorm", "mlp.fc1", "mlp.fc2")
+                    for k in ("weight", "bias"))]  # fmt: skip
     return {f"vision_tower.{name}": f"vision_tower.vision_model.{name}" for name in names}
 
 
