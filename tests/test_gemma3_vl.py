@@ -308,3 +308,19 @@ def test_with_the_forward_bugs_fixed_text_and_image_logits_agree_with_hf(tmp_pat
     assert metrics["max_abs_err"] < 1e-5 and metrics["greedy_match"] == "32/32"
     assert metrics["image_max_abs_err"] < 1e-5 and metrics["image_greedy_match"] == "16/16"
     assert metrics["image_input"] == "1x16 ids, image 3x16x16, 4 image tokens"
+
+
+def test_the_pooling_head_bug_names_the_published_head_names_and_the_head_rule() -> None:
+    """Recorded on the published config without vision_use_head (bench/results/cpu-gemma3-vl-2026-12-07.json): the
+    head's tensors under either tower namespace, the mapping oracle's uncovered HF tensors and the config table's head
+    rule are the bridge bug; a tower tensor that is not the head's is not."""
+    from convcheck.models import BY_HF_CLASS
+    from convcheck.models.registered_bugs import GEMMA3_VL_POOLING_HEAD_DROPPED as BUG
+
+    assert BUG in BY_HF_CLASS[ARCH].upstream_bugs
+    for name in ("vision_tower.vision_model.head.probe", "vision_tower.head.mlp.fc1.weight"):
+        assert BUG.explains("0.6.2", "roundtrip", name, "missing") and BUG.explains(
+            "0.6.2", "mapping", name, "uncovered"
+        )
+    assert BUG.explains("0.6.2", "config", "vision_config.vision_use_head -> model.vision_tower", "mismatch")
+    assert not BUG.explains("0.6.2", "roundtrip", "vision_tower.vision_model.post_layernorm.weight", "missing")
