@@ -805,6 +805,7 @@ def test_a_gemma3_vl_config_is_shrunk_whole_tower_projector_and_tokens() -> None
     assert [spec.config[k] for k in ("boi_token_index", "eoi_token_index", "image_token_index")] == [149, 150, 151]
     assert spec.renames["vision_tower.post_layernorm.weight"] == "vision_tower.vision_model.post_layernorm.weight"
     assert "vision_tower.head.probe" not in spec.renames
+    assert spec.special_tokens["image_token:<image_soft_token>"] == 151
     assert "mm_tokens_per_image 256 -> 4 (the 4x4 patch grid pooled 2x2)" in shrunk.notes
 
 

@@ -106,6 +106,11 @@ def test_the_fixture_keeps_the_published_structure() -> None:
     processor = json.loads((build_fixture("tiny:gemma3-vl") / "preprocessor_config.json").read_text())
     assert processor["image_processor_type"] == "Gemma3ImageProcessor"
     assert processor["size"] == {"height": 16, "width": 16}
+    tokenizer = json.loads((build_fixture("tiny:gemma3-vl") / "tokenizer_config.json").read_text())
+    assert tokenizer["extra_special_tokens"] == {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
+                                                 "image_token": "<image_soft_token>"}  # fmt: skip
+    vocab = json.loads((build_fixture("tiny:gemma3-vl") / "tokenizer.json").read_text())["model"]["vocab"]
+    assert [vocab[t] for t in ("<start_of_image>", "<end_of_image>", "<image_soft_token>")] == [148, 149, 150]
 
 
 def test_registry_covers_the_fixture_exactly_once() -> None:

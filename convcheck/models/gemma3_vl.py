@@ -26,6 +26,11 @@ BOI, EOI, IMAGE = 148, 149, 150
 """`<start_of_image>`, `<end_of_image>` and `<image_soft_token>` in the tiny vocabulary (published: 255999, 256000,
 262144 of a 262208 vocabulary: the image token inside it, as here)."""
 
+SPECIAL_TOKENS = {"boi_token:<start_of_image>": BOI, "eoi_token:<end_of_image>": EOI,
+                  "image_token:<image_soft_token>": IMAGE}  # fmt: skip
+"""The image tokens as the published tokenizer names them (its tokenizer_config's boi_token, eoi_token and image_token,
+which Gemma3Processor reads)."""
+
 VISION: dict[str, Any] = {
     "hidden_size": 16,
     "intermediate_size": 32,
@@ -84,6 +89,7 @@ TINY_GEMMA3_VL = FixtureSpec(
         "tie_word_embeddings": True,
     },
     renames=published_vision_names(VISION["num_hidden_layers"]),
+    special_tokens=SPECIAL_TOKENS,
 )
 """transformers 5.12.1 saves the tower as `vision_tower.*`; the published checkpoints' `vision_tower.vision_model.*`
 names are restored (transformers and the bridge read both: gemma3_vl_bridge.py:114-123)."""
