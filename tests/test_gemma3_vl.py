@@ -329,3 +329,23 @@ def test_the_pooling_head_bug_names_the_published_head_names_and_the_head_rule()
         )
     assert BUG.explains("0.6.2", "config", "vision_config.vision_use_head -> model.vision_tower", "mismatch")
     assert not BUG.explains("0.6.2", "roundtrip", "vision_tower.vision_model.post_layernorm.weight", "missing")
+
+
+@pytest.mark.ranks
+def test_the_image_pass_names_soft_tokens_that_attend_causally(tmp_path: Path) -> None:
+    """With both forward bugs fixed and the bridge's attention bias planted causal for the soft tokens (HF's
+    token_type_ids mask lets them see their whole image): the text pass still agrees; the image logits are named, their
+    worst at the first soft token (position 3, after two text tokens and start-of-image), which sees only itself; the
+    image's greedy tokens change too."""
+    from tests.support.helpers import run_cli
+
+    hook = "tests.support.hooks_gemma3_vl:both_fixed_image_mask_causal"
+    res = run_cli("verify", "--model", "tiny:gemma3-vl", "--oracle", "logits", "--hook", hook, "--table", "none",
+                  tmp_path=tmp_path, timeout=400)  # fmt: skip
+    assert res.code == 1 and res.report is not None, res.err[-2000:]
+    (logits,) = res.report["oracles"]
+    found = {f["tensor"]: f["message"] for f in logits["findings"]}
+    assert sorted(found) == ["greedy-tokens[image]", "logits[image]"]
+    assert "worst at [batch 0, position 3, " in found["logits[image]"]  # the first soft token sees only itself
+    assert logits["metrics"]["max_abs_err"] < 1e-5 and logits["metrics"]["greedy_match"] == "32/32"
+    assert logits["metrics"]["image_max_abs_err"] > 1e-2

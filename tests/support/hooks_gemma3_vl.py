@@ -33,3 +33,20 @@ def both_fixed() -> None:
 
     projector_geometry_from_config()
     post_norm_eps_fixed()
+
+
+def both_fixed_image_mask_causal() -> None:
+    """both_fixed, and a planted bug: the bridge's attention bias built as if no token were an image token (causal
+    and sliding only), so the soft tokens no longer attend to the later soft tokens of their image as HF's
+    token_type_ids mask lets them."""
+    from megatron.bridge.models.gemma_vl.modeling_gemma3_vl import Gemma3VLModel
+
+    both_fixed()
+    compute = Gemma3VLModel._compute_attention_biases
+
+    def causal(self: Any, input_ids: Any, *, dtype: Any) -> Any:
+        if input_ids is None:
+            return compute(self, input_ids, dtype=dtype)
+        return compute(self, input_ids.masked_fill(input_ids == self.config.image_token_id, 0), dtype=dtype)
+
+    Gemma3VLModel._compute_attention_biases = causal
