@@ -349,3 +349,15 @@ def test_the_image_pass_names_soft_tokens_that_attend_causally(tmp_path: Path) -
     assert "worst at [batch 0, position 3, " in found["logits[image]"]  # the first soft token sees only itself
     assert logits["metrics"]["max_abs_err"] < 1e-5 and logits["metrics"]["greedy_match"] == "32/32"
     assert logits["metrics"]["image_max_abs_err"] > 1e-2
+
+
+def test_the_streamed_hf_reference_builds_the_text_model_in_fp32() -> None:
+    """The logits oracle's streamed HF model of a VL checkpoint whose text_config says bfloat16 (as transformers writes
+    it) builds every sub-model in fp32, as from_pretrained(dtype=float32) does: Gemma 3's embedding scale is sqrt(H) in
+    fp32, not its bf16 rounding (5.65625 for sqrt(32), which moved every text logit by 2.3e-4 relative)."""
+    from convcheck.fixtures.build import build_fixture
+    from convcheck.oracles.hf_stream import meta_model
+
+    model = meta_model(str(build_fixture("tiny:gemma3-vl")))
+    scale = model.model.language_model.embed_tokens.embed_scale
+    assert scale.dtype == torch.float32 and float(scale) == float(torch.tensor(32.0).sqrt())
