@@ -784,3 +784,43 @@ def test_the_shrunk_glm_4_5_air_fails_only_on_the_known_mtp_alias_export_bug_at_
     for oracle, kind in kinds.items():
         assert {(f["tensor"], f["kind"]) for f in res.findings(oracle)} == {(t, kind) for t in GLM45_ALIASES}, oracle
     assert {f["detail"].get("upstream_bug") for f in res.findings()} == {"glm45-mtp-aliases-dropped"}
+
+
+# ---- Gemma 3 VL (issue #56) ------------------------------------------------------------------------------------------
+
+
+def test_a_gemma3_vl_config_is_shrunk_whole_tower_projector_and_tokens() -> None:
+    """The published gemma-3-4b-it config (Gemma3ForConditionalGeneration; its text_config partial, Gemma3TextConfig's
+    defaults filling the rest): the text model by Gemma 3 text's rules (5:1 pattern, linear 8 on the global RoPE,
+    tied), the SigLIP tower without head as published, the projector pooling 2x2 to 4 soft tokens, the three image
+    ids moved into the vocabulary, the tower under the published `vision_tower.vision_model.` names."""
+    shrunk = shrink_file(DATA / "gemma-3-4b-it.config.json")
+    spec, text, vision = shrunk.spec, shrunk.spec.config["text_config"], shrunk.spec.config["vision_config"]
+    assert spec.config_class == "Gemma3Config" and spec.config["tie_word_embeddings"] is True
+    assert text["layer_types"] == (["sliding_attention"] * 5 + ["full_attention"]) * 2
+    assert text["rope_parameters"]["full_attention"] == {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0}
+    assert (text["hidden_size"], text["vocab_size"], text["sliding_window"]) == (32, 152, 4)
+    assert vision["vision_use_head"] is False and (vision["image_size"], vision["patch_size"]) == (16, 4)
+    assert spec.config["mm_tokens_per_image"] == 4
+    assert [spec.config[k] for k in ("boi_token_index", "eoi_token_index", "image_token_index")] == [149, 150, 151]
+    assert spec.renames["vision_tower.post_layernorm.weight"] == "vision_tower.vision_model.post_layernorm.weight"
+    assert "vision_tower.head.probe" not in spec.renames
+    assert spec.special_tokens["image_token:<image_soft_token>"] == 151
+    assert "mm_tokens_per_image 256 -> 4 (the 4x4 patch grid pooled 2x2)" in shrunk.notes
+
+
+def test_a_gemma3_vl_config_without_vision_use_head_keeps_the_pooling_head_and_a_non_square_count_is_refused() -> None:
+    """Where vision_config names no vision_use_head, transformers builds the pooling head (the bridge's
+    gemma3-vl-pooling-head-dropped): the shrunk tower keeps it, its names in the published namespace; a soft-token count
+    that is no square cannot be pooled from a square grid (one line)."""
+    from convcheck.fixtures.shrink_gemma3_vl import shrink_gemma3_vl
+
+    config = _published("gemma-3-4b-it")
+    del config["vision_config"]["vision_use_head"]
+    shrunk = shrink_gemma3_vl(config, class_fields, name="x")
+    assert "vision_use_head" not in shrunk.spec.config["vision_config"]
+    assert shrunk.spec.renames["vision_tower.head.probe"] == "vision_tower.vision_model.head.probe"
+    with pytest.raises(BadInput, match="mm_tokens_per_image 200 is not a square"):
+        shrink_gemma3_vl({**config, "mm_tokens_per_image": 200}, class_fields, name="x")
+    with pytest.raises(BadInput, match="is not Gemma3ForConditionalGeneration"):
+        shrink_gemma3_vl({**config, "architectures": ["Gemma3ForCausalLM"]}, class_fields, name="x")

@@ -12,7 +12,8 @@ from tests.conftest import ROOT
 
 
 def test_lookups_cover_every_architecture_in_listing_order() -> None:
-    assert sorted(BY_HF_CLASS) == ["DeepseekV3ForCausalLM", "Gemma3ForCausalLM", "Gemma4ForCausalLM",
+    assert sorted(BY_HF_CLASS) == ["DeepseekV3ForCausalLM", "Gemma3ForCausalLM",
+                                   "Gemma3ForConditionalGeneration", "Gemma4ForCausalLM",
                                    "Gemma4ForConditionalGeneration",
                                    "Glm4MoeForCausalLM", "Glm4MoeLiteForCausalLM", "GlmMoeDsaForCausalLM",
                                    "GptOssForCausalLM", "LlamaForCausalLM", "MiniMaxM2ForCausalLM",
@@ -27,7 +28,7 @@ def test_lookups_cover_every_architecture_in_listing_order() -> None:
                             "qwen3_5_moe_text", "gpt_oss", "olmoe", "gemma3_text", "gemma4_text", "minimax_m2",
                             "qwen3_vl",
                             "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe",
-                            "gemma4"]  # fmt: skip
+                            "gemma4", "gemma3"]  # fmt: skip
     partly = set(PARTLY_COVERED)
     # every family has explicit mappings, but those still being built (fixtures in PARTLY_COVERED)
     assert all(arch.mapping_rules is not None for arch in SUPPORTED if not partly & {f.name for f in arch.fixtures})
@@ -42,7 +43,7 @@ def test_lookups_cover_every_architecture_in_listing_order() -> None:
         "glm4.5", "glm4.5-air", "glm4.5-vllm", "glm5", "qwen3-next", "qwen3-next-vllm", "qwen3.5", "qwen3.5-moe",
         "qwen3.6-moe", "gpt-oss", "gpt-oss-square", "gpt-oss-2f-hidden", "gpt-oss-vllm", "olmoe", "olmoe-vllm",
         "gemma3", "gemma4", "gemma4-moe", "minimax-m2", "qwen3-vl", "qwen3-vl-moe", "qwen3.5-vl", "qwen3.5-vl-moe",
-        "gemma4-vl", "gemma4-vl-moe",
+        "gemma4-vl", "gemma4-vl-moe", "gemma3-vl",
     ]  # fmt: skip
     for arch in SUPPORTED:
         assert BY_MODEL_TYPE[arch.model_type] is arch and all(BY_HF_CLASS[c] is arch for c in arch.hf_classes)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -359,3 +360,36 @@ def test_the_hf_receiver_takes_fused_experts_under_the_models_own_name_as_transf
     assert (got != int_view(fused).reshape(shape)).nonzero().tolist() == [[0, 0, 0], [0, 0, 1]]
     with pytest.raises(ValueError, match=rf"{name}: shape \[2, 2\], the model expects"):
         HFReceiver(config).load_weights([(name, distinct(2, 2))])
+
+
+def test_the_hf_receiver_takes_the_published_siglip_names_and_reads_them_back_so() -> None:
+    """Gemma 3 VL: a tower tensor sent under the published `vision_tower.vision_model.*` name lands where transformers'
+    loader puts it (its `vision_tower.*` parameter), is read back and expected under the name it came in; a planted
+    element is named there; a name no prefix removal places still raises."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    from convcheck.fixtures.build import build_fixture
+    from convcheck.sync.receivers import HFReceiver
+
+    folder = build_fixture("gemma3-vl")
+    source: dict[str, Any] = {}
+    for shard in sorted(folder.glob("*.safetensors")):
+        source.update(load_file(str(shard)))
+    name = "vision_tower.vision_model.encoder.layers.1.self_attn.k_proj.weight"
+    receiver = HFReceiver(AutoConfig.from_pretrained(folder))
+    receiver.load_weights(source.items())
+    assert receiver.aliases[name] == "vision_tower.encoder.layers.1.self_attn.k_proj.weight"
+    param = dict(receiver.model.named_parameters())["model.vision_tower.encoder.layers.1.self_attn.k_proj.weight"]
+    assert bytes_equal(param.data, source[name])
+    state, expected = receiver.state_dict(), receiver.expected(source)
+    assert name in state and name in expected and "vision_tower.encoder.layers.1.self_attn.k_proj.weight" not in state
+    assert set(state) == set(expected) == {*source, "language_model.lm_head.weight"}  # the tied head: the embedding
+    assert all(bytes_equal(state[k], expected[k]) for k in expected)
+    wrong = source[name].clone()
+    wrong[3, 5] = -wrong[3, 5]
+    receiver.load_weights([(name, wrong)])
+    got, want = int_view(receiver.state_dict()[name]), int_view(expected[name])
+    assert (got != want).reshape(wrong.shape).nonzero().tolist() == [[3, 5]]
+    with pytest.raises(KeyError, match="'vision_tower.vision_model.head.probe' is not a tensor of"):
+        receiver.load_weights([("vision_tower.vision_model.head.probe", torch.ones(1, 1, 16))])

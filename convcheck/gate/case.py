@@ -40,6 +40,7 @@ LAYOUTS_BY_FIXTURE = {
     "gemma4-moe": (),
     "gemma4-vl": (),
     "gemma4-vl-moe": (),
+    "gemma3-vl": (),
     "nemotron-3-mtp": (),
 }
 """Fixtures gated at a fixed list instead (the 4-layer / 6-layer pipeline fixtures at their virtual and uneven
@@ -87,6 +88,7 @@ TE_CASES = (
     ("tiny:gemma4-moe", "tp2ep2"),
     ("tiny:gemma4-vl", "tp2"),
     ("tiny:nemotron-3-mtp", "tp2"),
+    ("tiny:gemma3-vl", "tp2"),
 )
 """The Transformer Engine layout `verify` builds by default (the bridge's TE specs, TE-fused norms, experts as the
 provider asks: TEGroupedMLP for Qwen3-MoE), at a tensor-, an expert- and a pipeline-parallel layout, and the families
@@ -94,9 +96,11 @@ whose bridge spec exists only on TE (convcheck.models.te_only) at one layout eac
 TP2xEP2, Qwen3-VL at TP2, Qwen3-VL-MoE at EP2, Qwen3.5-VL-MoE at TP2xEP2 (Qwen3.5-VL's one case), GLM-5 at TP2
 with its sequence parallelism, Gemma 4 at TP2, whose dense provider builds its own local spec either way, Gemma 4
 MoE at TP2xEP2 and Gemma 4 VL at TP2 (the dense provider's own spec); their other layouts are recorded in
-docs/gate.md and docs/families.md), and Nemotron-3 with MTP at TP2 (the bridge maps its MTP layers' norms only as
+docs/gate.md and docs/families.md), Nemotron-3 with MTP at TP2 (the bridge maps its MTP layers' norms only as
 TE's fused ones: the local spec fails on the named bug nemotronh-mtp-norm-unmapped, its other layouts in
-docs/families.md); every other case pins megatron-core's local spec its golden manifest was made with."""
+docs/families.md), and Gemma 3 VL at TP2 (its language model the Gemma 3 TE spec, its projector split over TP;
+TP1 / PP2 in docs/families.md); every other case pins megatron-core's local spec its golden manifest was made
+with."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -12,6 +12,7 @@ from convcheck.models import (
     deepseek,
     dense,
     gemma3,
+    gemma3_vl,
     gemma4,
     gemma4_vl,
     glm,
@@ -61,6 +62,7 @@ SUPPORTED: tuple[Architecture, ...] = (
     qwen35_vl.QWEN35_VL,
     qwen35_vl.QWEN35_VL_MOE,
     gemma4_vl.GEMMA4_VL,
+    gemma3_vl.GEMMA3_VL,
 )
 """Every supported architecture; config tables and `tiny:` fixtures are listed in this order."""
 

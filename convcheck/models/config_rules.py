@@ -72,16 +72,17 @@ QK_NORMS = "model.decoder.layers.*.self_attention.q_layernorm"
 """Every built decoder layer's q norm (its k norm read beside it): what `built_qk_norms` observes."""
 
 
-def built_qk_norms(note: str) -> FieldRule:
+def built_qk_norms(note: str, path: str = QK_NORMS) -> FieldRule:
     """Every built attention layer holds a q norm and a k norm, read from the modules rather than the `qk_layernorm`
     flag: a bridge's own layer spec may build the norms with the flag off (MiniMax-M2 in bridge 0.4.x,
-    minimax_m2_bridge.py:150-152; Gemma 3's spec in 0.4.x). The weight oracles prove what the norms hold."""
+    minimax_m2_bridge.py:150-152; Gemma 3's spec in 0.4.x). The weight oracles prove what the norms hold. `path`: the
+    q norms' model path (a vision-language wrapper's language model: `model.language_model.decoder...`)."""
 
     def held(value: Any, m: MegatronGet) -> bool:
-        k_norms = m(QK_NORMS.replace("q_layernorm", "k_layernorm"))
+        k_norms = m(path.replace("q_layernorm", "k_layernorm"))
         return bool(value) and all(norm is not None for norm in (*value, *k_norms))
 
-    return FieldRule(megatron=QK_NORMS, expect=lambda _c, _m: True, observe=held, note=note)
+    return FieldRule(megatron=path, expect=lambda _c, _m: True, observe=held, note=note)
 
 
 def unsupported(what: str) -> str:

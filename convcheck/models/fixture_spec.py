@@ -68,6 +68,10 @@ class FixtureSpec:
     experts_transposed: bool = False
     """With packed_experts: store the fused experts as published Qwen3-VL-MoE checkpoints do, `gate_up_proj`
     [E, H, 2F] and `down_proj` [E, F, H] (transformers 5 holds [E, 2F, H] / [E, H, F] and transposes on load)."""
+    special_tokens: dict[str, int] = field(default_factory=dict)
+    """Tokenizer entries named as the published tokenizer names them, with the tokenizer_config key each is read under
+    (e.g. {"image_token:<image_soft_token>": 150}: id 150 is the special token `<image_soft_token>`, the tokenizer's
+    `image_token`); other ids stay the word-level `w<id>`."""
     mtp_style: str = "layers"
     """How the checkpoint names its MTP layers: "layers" (DeepSeek-V3, GLM: `model.layers.{L + k}.*`, see
     mtp_layers) or "qwen" (Qwen3-Next, Qwen3.5: `mtp.fc`, `mtp.pre_fc_norm_embedding` / `_hidden`, `mtp.norm` and

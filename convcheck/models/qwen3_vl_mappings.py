@@ -20,6 +20,7 @@ the learned position embedding `[N_pos, V]`. The patch merger (`merger.`) and ea
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import fields, is_dataclass, replace
 from typing import Any
 
@@ -48,20 +49,20 @@ def language_model_name(hf: str) -> str:
     return HF_LM + hf[len("model.") :] if hf.startswith("model.") else hf
 
 
-def _renamed(mapping: Any, megatron: str) -> Any:
-    """`mapping` with its Megatron name `megatron` and every HF name in the VL spelling (nested mappings and tuples
-    of names, as a GDN in_proj's four sources, too)."""
+def _renamed(mapping: Any, megatron: str, rename: Callable[[str], str] = language_model_name) -> Any:
+    """`mapping` with its Megatron name `megatron` and every HF name in the VL spelling `rename` gives (nested
+    mappings and tuples of names, as a GDN in_proj's four sources, too)."""
     changes: dict[str, Any] = {}
     for field in fields(mapping):
         value = getattr(mapping, field.name)
         if field.name == "megatron":
             changes["megatron"] = megatron
         elif isinstance(value, str):
-            changes[field.name] = language_model_name(value)
+            changes[field.name] = rename(value)
         elif isinstance(value, tuple) and value and all(isinstance(item, str) for item in value):
-            changes[field.name] = tuple(language_model_name(item) for item in value)
+            changes[field.name] = tuple(rename(item) for item in value)
         elif is_dataclass(value):
-            changes[field.name] = _renamed(value, megatron)
+            changes[field.name] = _renamed(value, megatron, rename)
     return replace(mapping, **changes)
 
 
@@ -70,10 +71,14 @@ def text_model_name(hf: str) -> str:
     return "model." + hf[len(HF_LM) :] if hf.startswith(HF_LM) else hf
 
 
-def under_language_model(rule: MappingRule) -> MappingRule:
-    """A decoder rule for the same parameter under `language_model.` (HF `model.language_model.`); a rule that
-    applies only to some checkpoint spellings (its `when`: fused experts) asks the checkpoint's names as the text
-    model spells them."""
+def under_language_model(
+    rule: MappingRule,
+    rename: Callable[[str], str] = language_model_name,
+    inverse: Callable[[str], str] = text_model_name,
+) -> MappingRule:
+    """A decoder rule for the same parameter under `language_model.` (HF names as `rename` spells them: by default
+    `model.language_model.`); a rule that applies only to some checkpoint spellings (its `when`: fused experts) asks
+    the checkpoint's names as the text model spells them (`inverse`)."""
     inner = re.compile(rule.pattern)
 
     def own(match: re.Match[str]) -> re.Match[str]:
@@ -82,13 +87,13 @@ def under_language_model(rule: MappingRule) -> MappingRule:
         return found
 
     def build(match: re.Match[str], geometry: Geometry) -> Any:
-        return _renamed(rule.build(own(match), geometry), match[0])
+        return _renamed(rule.build(own(match), geometry), match[0], rename)
 
     when = rule.when
     if when is None:
         return MappingRule(re.escape(LM) + rule.pattern, build)
     return MappingRule(re.escape(LM) + rule.pattern, build,
-                       lambda match, names: when(own(match), frozenset(map(text_model_name, names))))  # fmt: skip
+                       lambda match, names: when(own(match), frozenset(map(inverse, names))))  # fmt: skip
 
 
 def _hf_block(match: re.Match[str], suffix: str) -> str:

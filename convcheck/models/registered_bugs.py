@@ -155,16 +155,21 @@ GEMMA3_VL_POOLING_HEAD_DROPPED = UpstreamBug(
     "checkpoint whose SigLIP config names no vision_use_head (transformers' Gemma3Config default) has the pooling "
     "head (transformers builds it then, modeling_siglip.py:572), and the bridge neither loads nor exports its "
     "vision_tower.head.* tensors: the export drops them",
-    where="megatron/bridge/models/gemma_vl/gemma3_vl_bridge.py:86; transformers models/siglip/modeling_siglip.py:572",
+    where="megatron/bridge/models/gemma_vl/gemma3_vl_bridge.py:86, modeling_gemma3_vl.py:97; transformers "
+    "models/siglip/modeling_siglip.py:572",
     findings=(
-        ("coverage", "vision_tower.head.*", "not-exported"),
-        ("roundtrip", "vision_tower.head.*", "missing"),
-        ("elements", "vision_tower.head.*", "never-written"),
-        ("layout", "vision_tower.head.*", "missing"),
+        ("coverage", "vision_tower.*head.*", "not-exported"),
+        ("roundtrip", "vision_tower.*head.*", "missing"),
+        ("elements", "vision_tower.*head.*", "never-written"),
+        ("layout", "vision_tower.*head.*", "missing"),
+        ("mapping", "vision_tower.*head.*", "uncovered"),
+        ("config", "vision_config.vision_use_head -> model.vision_tower", "mismatch"),
     ),
     seen_in=("0.5.1", "0.6.2"),
 )
-"""Seen by `convcheck support` on Gemma3ForConditionalGeneration built from transformers 5.12.1's default config."""
+"""Seen by `convcheck support` on Gemma3ForConditionalGeneration built from transformers 5.12.1's default config, and on
+the published gemma-3-4b-it config shrunk without its vision_use_head (the head's 11 tensors, named
+`vision_tower.vision_model.head.*` as published checkpoints name them; the config table's head rule)."""
 
 FALCON_H1_NORM_BEFORE_GATE = UpstreamBug(
     name="falcon-h1-norm-before-gate-unsupported",
@@ -308,7 +313,6 @@ REGISTERED_BUGS: dict[str, tuple[UpstreamBug, ...]] = {
     "DeepseekV4ForCausalLM": (DEEPSEEK_V4_ROPE_NEEDS_YARN,),
     "Ernie4_5_MoeForCausalLM": (ERNIE45_SIGMOID_ROUTER, ERNIE45_ROUTER_GATE_BF16),
     "FalconH1ForCausalLM": (FALCON_H1_NORM_BEFORE_GATE,),
-    "Gemma3ForConditionalGeneration": (GEMMA3_VL_POOLING_HEAD_DROPPED,),
     "Exaone4ForCausalLM": (EXAONE4_UNTIED_LM_HEAD_UNMAPPED,),
     "Glm4vMoeForConditionalGeneration": (GLM45V_HEAD_DIM_REQUIRED,),
     "HYV3ForCausalLM": (HYV3_FIRST_K_DENSE_REQUIRED,),

@@ -15,6 +15,9 @@ TE_ONLY: dict[str, str] = {
     "Gemma3ForCausalLM": "the bridge's Gemma 3 layer spec keeps the post-attention and post-MLP norms inside "
     "TERowParallelLinearLayerNorm and the sliding-window attention in Gemma3TEDotProductAttention "
     "(megatron/bridge/models/gemma/gemma3_provider.py:146-170), TE classes the local spec has no counterpart for",
+    "Gemma3ForConditionalGeneration": "the bridge's Gemma 3 VL provider builds its language model from the Gemma 3 "
+    "TE layer spec (megatron/bridge/models/gemma/gemma3_provider.py:146-170) and its projector's norm from TENorm "
+    "(megatron/bridge/models/gemma_vl/modeling_gemma3_vl.py:327)",
     "Qwen3VLForConditionalGeneration": "the bridge's Qwen3-VL provider builds its language model from megatron-core's "
     "TE layer spec (megatron/bridge/models/qwen_vl/qwen3_vl_provider.py:148) and its vision tower from TE classes",
     "Qwen3VLMoeForConditionalGeneration": "the bridge's Qwen3-VL-MoE provider builds its language model from "

@@ -45,7 +45,6 @@ convcheck's tiny:qwen3-vl fixtures repeat the dtype in text_config, as published
 
 TE_SPEC_BUGS: dict[str, tuple[UpstreamBug, ...]] = {
     "Gemma2ForCausalLM": (POST_LAYERNORM_DEFAULT_EPS,),
-    "Gemma3ForConditionalGeneration": (POST_LAYERNORM_DEFAULT_EPS,),
     "Qwen3VLForConditionalGeneration": (QWEN3_VL_DTYPE_FROM_TEXT_CONFIG,),
     "Qwen3VLMoeForConditionalGeneration": (QWEN3_VL_DTYPE_FROM_TEXT_CONFIG,),
 }

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from convcheck.mutants.catalog_engine import ENGINE_MUTANTS
 from convcheck.mutants.catalog_gemma4_vl import GEMMA4_VL_MUTANTS
+from convcheck.mutants.catalog_gemma3_vl import GEMMA3_VL_MUTANTS
 from convcheck.mutants.catalog_layout import LAYOUT_MUTANTS
 from convcheck.mutants.catalog_model import MODEL_MUTANTS
 from convcheck.mutants.catalog_nemotron3 import NEMOTRON3_MUTANTS
@@ -29,6 +30,7 @@ from convcheck.mutants.mutant import FORWARD, Mutant
 
 MUTANTS: tuple[Mutant, ...] = (*LAYOUT_MUTANTS, *MODEL_MUTANTS, *OLMOE_MUTANTS, *VPP_MUTANTS, *TE_MUTANTS,
                               *TE_FAMILY_MUTANTS, *ENGINE_MUTANTS, *QWEN3_VL_MUTANTS, *QWEN35_VL_MUTANTS,
+                              *GEMMA3_VL_MUTANTS,
                               *NEMOTRON3_MUTANTS, *GEMMA4_VL_MUTANTS)  # fmt: skip
 """Every shipped mutant, in the order the kill matrix lists them."""
 

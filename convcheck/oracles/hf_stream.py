@@ -80,9 +80,10 @@ def meta_model(path: str) -> Any:
     for key, value in eager().items():  # the kernels hf_logits asks from_pretrained for
         setattr(config, f"_{key}", value)
     config.dtype = torch.float32
-    for name in getattr(config, "sub_configs", {}):  # a wrapper builds its language model from text_config's dtype
-        if getattr(config, name, None) is not None:
-            getattr(config, name).dtype = torch.float32
+    for name in getattr(config, "sub_configs", {}):  # from_pretrained(dtype=float32) sets every sub-config's too: a
+        sub = getattr(config, name, None)  # sub-model built from a bf16 text_config makes bf16 buffers (Gemma 3's
+        if sub is not None and hasattr(sub, "dtype"):  # embed_scale, modeling_gemma3.py:106)
+            sub.dtype = torch.float32
     cls = transformers.models.auto.auto_factory._get_model_class(config, lm_auto_class(config)._model_mapping)
     with ExitStack() as stack:
         for context in cls.get_init_context(torch.float32, False, False, None):

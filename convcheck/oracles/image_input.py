@@ -12,6 +12,12 @@ A Gemma 4 vision tower (a vision_config with pooling_kernel_size) gets its own p
 (`gemma4_image_inputs`): a GEMMA4_SIDE x GEMMA4_SIDE image as `pixel_values` `[1, patches, P * P * 3]` and
 `image_position_ids` `[1, patches, 2]`, the arithmetic of transformers' Gemma4ImageProcessor, and `<|image>`, one
 `<|image|>` per pooled soft token and `<image|>` in the ids.
+
+A Gemma 3 checkpoint (preprocessor_config.json names Gemma3ImageProcessor) gets its own: the image is the tower's
+`image_size` square (no resize), rescaled and normalized as Gemma3ImageProcessor does (1/255, mean / std from the
+settings), `pixel_values` `[1, 3, S, S]`; the ids hold `<start_of_image>`, mm_tokens_per_image `<image_soft_token>`s and
+`<end_of_image>`, and `token_type_ids` (1 at the soft tokens) as Gemma3Processor returns them: HF's image tokens attend
+to each other bidirectionally only when they are given (modeling_gemma3.py Gemma3Model.forward).
 """
 
 from __future__ import annotations
@@ -36,6 +42,10 @@ def image_inputs(path: str | Path, config: dict[str, Any]) -> dict[str, Any] | N
     for `config` (a config.json dict); None when the checkpoint is not a vision-language one with an image processor."""
     if isinstance(config.get("vision_config"), dict) and "pooling_kernel_size" in config["vision_config"]:
         return gemma4_image_inputs(path, config)
+    if "vision_config" in config and (Path(path) / PROCESSOR).is_file():
+        settings = json.loads((Path(path) / PROCESSOR).read_text())
+        if settings.get("image_processor_type") == GEMMA3_PROCESSOR:
+            return gemma3_image_inputs(config, settings)
     ids = {key: config.get(key) for key in ("image_token_id", "vision_start_token_id", "vision_end_token_id")}
     if "vision_config" not in config or None in ids.values() or not (Path(path) / PROCESSOR).is_file():
         return None
@@ -59,6 +69,30 @@ def image_inputs(path: str | Path, config: dict[str, Any]) -> dict[str, Any] | N
         "image_grid_thw": grid,
         "mm_token_type_ids": (input_ids == ids["image_token_id"]).to(torch.int32),
     }
+
+
+GEMMA3_PROCESSOR = "Gemma3ImageProcessor"
+
+
+def gemma3_image_inputs(config: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any] | None:
+    """`input_ids` [1, SEQ], `pixel_values` [1, 3, S, S] and `token_type_ids` [1, SEQ] for a Gemma 3 VL config.json
+    (S: vision_config.image_size; None when the soft tokens do not fit SEQ)."""
+    side = int(config["vision_config"]["image_size"])
+    boi, eoi, image = (int(config[k]) for k in ("boi_token_index", "eoi_token_index", "image_token_index"))
+    tokens = int(config["mm_tokens_per_image"])
+    if tokens + 4 > SEQ:
+        return None
+    gen = torch.Generator().manual_seed(SEED)
+    pixels = torch.randint(0, 256, (side, side, 3), generator=gen, dtype=torch.uint8)
+    mean = torch.tensor(settings["image_mean"], dtype=torch.float32).view(3, 1, 1)
+    std = torch.tensor(settings["image_std"], dtype=torch.float32).view(3, 1, 1)
+    scale = float(settings.get("rescale_factor", 1 / 255))
+    values = ((pixels.permute(2, 0, 1).to(torch.float32) * scale - mean) / std).unsqueeze(0).contiguous()
+    vocab = int(config["text_config"]["vocab_size"])
+    text = [int(t) for t in torch.randint(0, vocab, (4 * SEQ,), generator=gen) if int(t) not in (boi, eoi, image)]
+    body = [boi, *[image] * tokens, eoi]
+    input_ids = torch.tensor([text[:2] + body + text[2 : SEQ - len(body)]], dtype=torch.long)
+    return {"input_ids": input_ids, "pixel_values": values, "token_type_ids": (input_ids == image).to(torch.long)}
 
 
 def patchify(pixels: Any, settings: dict[str, Any]) -> tuple[Any, Any]:
@@ -115,15 +149,19 @@ def gemma4_image_inputs(path: str | Path, config: dict[str, Any]) -> dict[str, A
 
 
 def describe(inputs: dict[str, Any]) -> str:
-    """`1x16 ids, 16 patches (grid 1x4x4), 4 image tokens`."""
-    if "image_grid_thw" not in inputs:  # Gemma 4: patches with (x, y) positions
+    """`1x16 ids, 16 patches (grid 1x4x4), 4 image tokens` (a Gemma 4 image: `1x16 ids, 16 patches, 4 image tokens`;
+    a Gemma 3 image: `1x16 ids, image 3x16x16, 4 image tokens`)."""
+    if "image_position_ids" in inputs:  # Gemma 4: patches with (x, y) positions
         patches = inputs["pixel_values"].shape[-2]
         return (
             f"{inputs['input_ids'].shape[0]}x{inputs['input_ids'].shape[1]} ids, {patches} patches, "
             f"{int(inputs['mm_token_type_ids'].sum())} image tokens"
         )
-    grid = [int(x) for x in inputs["image_grid_thw"][0]]
     ids = inputs["input_ids"]
+    if "image_grid_thw" not in inputs:
+        shape = "x".join(map(str, inputs["pixel_values"].shape[1:]))
+        return f"{ids.shape[0]}x{ids.shape[1]} ids, image {shape}, {int(inputs['token_type_ids'].sum())} image tokens"
+    grid = [int(x) for x in inputs["image_grid_thw"][0]]
     tokens = int(inputs["mm_token_type_ids"].sum())
     return (f"{ids.shape[0]}x{ids.shape[1]} ids, {inputs['pixel_values'].shape[0]} patches "
             f"(grid {'x'.join(map(str, grid))}), {tokens} image tokens")  # fmt: skip

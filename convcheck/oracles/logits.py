@@ -230,7 +230,8 @@ def hf_image_logits(path: Any, inputs: dict[str, Any], device: str = "cpu") -> A
 
 IMAGE_KEYS = ("pixel_values", "image_grid_thw", "image_position_ids")
 """The image inputs the Megatron forward takes beside the input ids (it finds the image tokens by image_token_id);
-Gemma 4's tower reads image_position_ids where Qwen's read image_grid_thw."""
+Gemma 4's tower reads image_position_ids where Qwen's read image_grid_thw; Gemma 3's has no grid, and builds its
+bidirectional image mask from the ids (modeling_gemma3_vl.py _compute_attention_biases)."""
 
 
 def image_megatron(ctx: RankContext) -> tuple[dict[str, Any] | None, list[Any], str]:

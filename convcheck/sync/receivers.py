@@ -47,6 +47,20 @@ def shape_checked_transposes(model: Any) -> list[re.Pattern[str]]:
     return patterns
 
 
+REMOVED_PREFIXES = (".vision_model.",)
+"""Name segments transformers' loader removes from a checkpoint name (SiglipVisionModel's and CLIPVisionModel's
+PrefixChange(prefix_to_remove="vision_model"), transformers 5.12.1 conversion_mapping.py:76, :607), so
+`vision_tower.vision_model.X` loads as `vision_tower.X`."""
+
+
+def unprefixed(name: str) -> str:
+    """`name` with the first REMOVED_PREFIXES segment dropped (`a.vision_model.b` -> `a.b`); unchanged without one."""
+    for segment in REMOVED_PREFIXES:
+        if segment in name:
+            return name.replace(segment, ".", 1)
+    return name
+
+
 class HFReceiver:
     """The checkpoint's transformers model class, built on the meta device and materialised on the CPU in the
     checkpoint's dtype; reads its state back under checkpoint names through transformers' own save-time conversion
@@ -84,6 +98,10 @@ class HFReceiver:
         self.not_held: set[str] = set()
         """MTP tensors received and dropped: transformers builds no MTP module (DeepSeek-V3, GLM-4.7-Flash, Qwen3-Next,
         Qwen3.5)."""
+        self.aliases: dict[str, str] = {}
+        """Received name -> the checkpoint name it was loaded as: a name under a prefix transformers' loader removes
+        (`vision_tower.vision_model.*` of published Gemma 3 checkpoints, loaded as `vision_tower.*`: SiglipVisionModel's
+        PrefixChange, conversion_mapping.py:607 with :76); read back under the name it came in."""
 
     def _is_mtp(self, name: str) -> bool:
         """`model.layers.{L + k}.*` of a model with MTP layers (L = num_hidden_layers), which no HF parameter holds, or
@@ -144,9 +162,11 @@ class HFReceiver:
                     target.data.copy_(tensor.detach())
                     self.loaded_as_held.add(name)
                     continue
-                if name not in self._placement:
+                if name not in self._placement and unprefixed(name) in self._placement:
+                    self.aliases[name] = unprefixed(name)
+                if name not in self._placement and name not in self.aliases:
                     raise KeyError(f"{name!r} is not a tensor of {type(self.model).__name__}")
-                shape, pieces = self._placement[name]
+                shape, pieces = self._placement[self.aliases.get(name, name)]
                 if tuple(tensor.shape) != shape and self._flips(name, tensor, shape):
                     tensor = tensor.transpose(1, 2).contiguous()
                     self.transposed.add(name)
@@ -178,6 +198,8 @@ class HFReceiver:
             held = {self._held[name] for name in self.loaded_as_held}
             state = {k: v for k, v in state.items() if not all(p[0] in held for p in self._placement[k][1])}
             state.update({name: self._storage[self._held[name]][1] for name in self.loaded_as_held})
+        for received, placed in self.aliases.items():
+            state[received] = state.pop(placed)
         return state
 
     def expected(self, hf: Mapping[str, Any]) -> dict[str, Any]:
@@ -188,9 +210,13 @@ class HFReceiver:
             if all(count is not None for *_, count in pieces):
                 by_place.setdefault(tuple(pieces), []).append(name)
         out.update({name: hf[name] for name in self._held if name in hf})
+        prefixed = {unprefixed(name): name for name in hf if unprefixed(name) != name}
         for name, (_, pieces) in self._placement.items():
             if name in hf:
                 out[name] = hf[name]
+                continue
+            if name in prefixed:  # the source names it under a prefix the loader removes
+                out[prefixed[name]] = hf[prefixed[name]]
                 continue
             twins = by_place.get(tuple(pieces), []) if all(c is not None for *_, c in pieces) else []
             source = next((t for t in twins if t in hf), None)

@@ -63,6 +63,8 @@ FIXED = {  # families checked at a fixed list of layouts (convcheck.gate.case LA
     # the dense fixture's TP1 / TP2 / PP2 and the MoE's other layouts recorded in docs/families.md
     "qwen3.5-vl": [],
     "qwen3.5-vl-moe": [("--tp", "2", "--ep", "2", "--spec", "te", "--experts", "auto")],
+    # Gemma 3 VL: the projector split over TP, the tower whole (tests/test_gemma3_vl.py); TP1 / PP2 in docs/families.md
+    "gemma3-vl": [("--tp", "2", "--spec", "te", "--experts", "auto")],
     # the dense provider builds its own local spec whatever --spec says; PP2 is refused (docs/families.md)
     "gemma4": [("--tp", "2", "--spec", "te", "--experts", "auto")],
     # the MoE provider's TE spec; TP1 / TP2 / EP2 / PP2 recorded in docs/families.md
