@@ -15,8 +15,8 @@ run where the engine's environment exists); `Mutant` in convcheck.mutants.mutant
 from __future__ import annotations
 
 from convcheck.mutants.catalog_engine import ENGINE_MUTANTS
-from convcheck.mutants.catalog_gemma4_vl import GEMMA4_VL_MUTANTS
 from convcheck.mutants.catalog_gemma3_vl import GEMMA3_VL_MUTANTS
+from convcheck.mutants.catalog_gemma4_vl import GEMMA4_VL_MUTANTS
 from convcheck.mutants.catalog_layout import LAYOUT_MUTANTS
 from convcheck.mutants.catalog_model import MODEL_MUTANTS
 from convcheck.mutants.catalog_nemotron3 import NEMOTRON3_MUTANTS
