@@ -51,6 +51,7 @@ SMOKE_CASES = (
     "qwen3@tp2+te", "qwen3-moe@tp2ep2+te", "llama@pp2+te", "deepseek-v3@tp1+te",
     "gemma3@tp1+te", "minimax-m2@tp1+te", "qwen3-vl@tp1+te", "qwen3-vl-moe@tp1+te", "glm5@tp1+te", "gemma4@tp1+te",
     "gemma4-moe@tp1+te", "qwen3.5-vl@tp1+te", "qwen3.5-vl-moe@tp1+te", "nemotron-3-mtp@tp1+te",
+    "gemma3-vl@tp1+te", "gemma4-vl@tp1+te", "gemma4-vl-moe@tp1+te",
 )  # fmt: skip
 """FIXTURE@LAYOUT[+te][+EXPERTS][:ORACLES]: LAYOUT as `ParallelLayout.parse` reads it (tp2, pp2, tp2ep2); +te builds
 the bridge's Transformer Engine specs (on convcheck's stand-in; without it, the local spec the older rows were recorded

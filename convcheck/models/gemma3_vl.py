@@ -113,7 +113,7 @@ PROJECTOR_GEOMETRY_FIXED = UpstreamBug(
         ("logits", "logits[[]image[]]", "logits-differ"),
         ("logits", "greedy-tokens[[]image[]]", "greedy-differs"),
     ),
-    seen_in=("0.6.2",),
+    seen_in=("0.3.0", "0.3.1", "0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1", "0.6.0", "0.6.2"),
 )
 """Seen on tiny:gemma3-vl (16-pixel images in 4-pixel patches, 4 soft tokens): the projector reshapes as 64x64 and the
 image pass raises (at PP2 the last stage then computes on the first stage's NaN: its image logits and greedy tokens
@@ -129,11 +129,30 @@ CONFIG_EXPORT_FLAT = UpstreamBug(
     where="megatron/bridge/models/conversion/model_bridge.py:695-760 (megatron_to_hf_config, flat CONFIG_MAPPING); "
     "gemma_vl/gemma3_vl_bridge.py:37-176 (no override, no vision fields)",
     findings=(("config", "* (megatron_to_hf_config)", "roundtrip-mismatch"),),
-    seen_in=("0.6.2",),
+    seen_in=("0.3.1", "0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1", "0.6.0", "0.6.2"),
 )
 """qwen3-vl-config-export-flat's twin. Seen on tiny:gemma3-vl: every text_config / vision_config field, the soft-token
 count and the image token come back as Gemma3Config's defaults. Import, export of the weights and the forward are
 unaffected."""
+
+PUBLISHED_TOWER_NAMES_UNREAD = UpstreamBug(
+    name="gemma3-vl-published-tower-names-unread",
+    summary="the 0.5.x Gemma 3 VL bridge maps the SigLIP tower only under transformers 5's flattened names "
+    "(vision_tower.*), while published checkpoints hold vision_tower.vision_model.*: no tower tensor is loaded (the "
+    "tower trains from its initial values) and the export writes the tower under names the checkpoint does not have",
+    where="megatron/bridge/models/gemma_vl/gemma3_vl_bridge.py (0.5.1: hf_param='vision_tower.**' only)",
+    findings=(
+        ("coverage", "vision_tower.*", "hf-missing"),
+        ("coverage", "vision_tower.*", "not-loaded"),
+        ("*", "vision_tower.vision_model.*", "not-exported"),
+        ("*", "vision_tower.vision_model.*", "never-written"),
+        ("*", "vision_tower.vision_model.*", "missing"),
+        ("mapping", "vision_tower.*", "import-bytes-differ"),
+    ),
+    seen_in=("0.5.0", "0.5.1"),
+    fixed_in="0.6.0 (the published namespace kept where the checkpoint holds it)",
+)
+"""Seen by the release smoke on tiny:gemma3-vl (the published tower names) on 0.5.0 and 0.5.1."""
 
 GEMMA3_VL = Architecture(
     hf_classes=("Gemma3ForConditionalGeneration",),
@@ -148,5 +167,6 @@ GEMMA3_VL = Architecture(
         GEMMA3_VL_POOLING_HEAD_DROPPED,
         EXPORT_DROPS_GLOBAL_ROPE_SCALING,
         LAYER_PATTERN_HARD_CODED,
+        PUBLISHED_TOWER_NAMES_UNREAD,
     ),
 )

@@ -51,14 +51,20 @@ def _legacy(names: frozenset[str]) -> bool:
     return any(name.startswith(LEGACY_TOWER) for name in names)
 
 
+def tower_path(match: re.Match[str]) -> str:
+    """The SigLIP parameter's path inside the tower: the Megatron name's, less the `vision_model.` a transformers
+    before 5.8 keeps in the module the bridge builds (`SiglipVisionModel.vision_model`; bridge 0.3.x-0.4.x)."""
+    return match["path"].removeprefix("vision_model.")
+
+
 def tower_legacy(match: re.Match[str], geometry: Geometry) -> Replicated:
-    """A SigLIP parameter (any shape) <-> `vision_tower.vision_model.<same path>`, whole on every rank."""
-    return Replicated(megatron=match[0], hf=LEGACY_TOWER + match["path"])
+    """A SigLIP parameter (any shape) <-> `vision_tower.vision_model.<path>`, whole on every rank."""
+    return Replicated(megatron=match[0], hf=LEGACY_TOWER + tower_path(match))
 
 
 def tower_flat(match: re.Match[str], geometry: Geometry) -> Replicated:
-    """A SigLIP parameter (any shape) <-> `vision_tower.<same path>` (transformers 5's own spelling), whole."""
-    return Replicated(megatron=match[0], hf=TOWER + match["path"])
+    """A SigLIP parameter (any shape) <-> `vision_tower.<path>` (transformers 5's own spelling), whole."""
+    return Replicated(megatron=match[0], hf=TOWER + tower_path(match))
 
 
 def soft_embedding_norm(match: re.Match[str], geometry: Geometry) -> Replicated:
