@@ -20,6 +20,7 @@ from typing import Any
 from convcheck.models.architecture import Architecture
 from convcheck.models.fixture_spec import FixtureSpec
 from convcheck.models.gemma4 import DENSE_PP_REFUSED, SHARED_KV_K_NORM_UNMAPPED, TINY_GEMMA4
+from convcheck.models.gemma4_05_bugs import CONFIG_EXPORT_GENERIC, MOE_FUSED_WEIGHTS, MOE_LAYER_UNPATCHED
 from convcheck.models.gemma4_moe import MOE_POST_LAYERNORM_DEFAULT_EPS, TINY_GEMMA4_MOE
 from convcheck.models.gemma4_vl_config import GEMMA4_VL_TABLE
 from convcheck.models.upstream_bug import UpstreamBug
@@ -261,6 +262,34 @@ DENSE_PER_LAYER_REFUSED = UpstreamBug(
 """Seen by `convcheck support` on bridge 0.5.1 (Gemma4ForConditionalGeneration from transformers 5.8.1's default
 config, dense with per-layer inputs)."""
 
+
+def _under_vl(pattern: str) -> str:
+    """A text model's tensor pattern as the VL model names it: `model.layers.*` -> `model.language_model.layers.*`,
+    `decoder.*` -> `language_model.decoder.*` (others unchanged)."""
+    if pattern.startswith("model.layers."):
+        return "model.language_model." + pattern.removeprefix("model.")
+    return "language_model." + pattern if pattern.startswith("decoder.") else pattern
+
+
+def vl_variant(bug: UpstreamBug, **changes: Any) -> UpstreamBug:
+    """A 0.5.x Gemma 4 MoE text bug as the VL MoE model shows it: its patterns under the language model, its variant
+    read in text_config; the same name (the same provider code)."""
+    fields: dict[str, Any] = {
+        "findings": tuple((o, _under_vl(t), k) for o, t, k in bug.findings),
+        "consequences": tuple((o, _under_vl(t), k) for o, t, k in bug.consequences),
+        "config_holds": (("text_config.enable_moe_block", True),),
+    }
+    return replace(bug, **{**fields, **changes})
+
+
+VL_MOE_05_BUGS = (
+    vl_variant(MOE_LAYER_UNPATCHED),
+    vl_variant(MOE_FUSED_WEIGHTS),
+    vl_variant(CONFIG_EXPORT_GENERIC, config_holds=()),
+)
+"""Seen by the release smoke on tiny:gemma4-vl-moe at 0.5.0 and 0.5.1: the text MoE's 0.5.x bugs (the provider's
+block spec, the fused router and dense-MLP weights, the generic config export) under the VL model's names."""
+
 GEMMA4_VL = Architecture(
     hf_classes=("Gemma4ForConditionalGeneration",),
     model_type="gemma4",
@@ -277,5 +306,6 @@ GEMMA4_VL = Architecture(
         CONFIG_EXPORT_DROPS_BIDIRECTIONAL,
         VL_MOE_POST_LAYERNORM_DEFAULT_EPS,
         DENSE_PER_LAYER_REFUSED,
+        *VL_MOE_05_BUGS,
     ),
 )

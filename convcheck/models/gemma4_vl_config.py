@@ -8,6 +8,7 @@ must reach the tower unchanged.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from convcheck.models.config_rules import FieldRule, HfView, MegatronGet, same
@@ -79,9 +80,13 @@ def _sub(section: str, field: str, note: str = "") -> FieldRule:
 def _tokens() -> tuple[FieldRule, ...]:
     """The ids the provider copies from the top level (image / video / audio tokens, bos / eos) and the soft tokens
     per image."""
-    names = ("image_token_id", "video_token_id", "audio_token_id", "bos_token_id", "eos_token_id")
+    names = ("image_token_id", "video_token_id", "bos_token_id", "eos_token_id")
     rules = tuple(same(name, name, note="the provider's copy") for name in names)
-    return (*rules, same("vision_soft_tokens_per_image", "vision_soft_tokens_per_image"))
+    audio = replace(  # a model with no audio tower (26B-A4B) needs no audio token in Megatron
+        same("audio_token_id", "audio_token_id", note="the provider's copy, for a model with an audio tower"),
+        when=lambda c: c.get("audio_config") is not None,
+    )
+    return (*rules, audio, same("vision_soft_tokens_per_image", "vision_soft_tokens_per_image"))
 
 
 REPLACED = ("share_embeddings_and_output_weights",)
