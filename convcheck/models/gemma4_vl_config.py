@@ -80,13 +80,25 @@ def _sub(section: str, field: str, note: str = "") -> FieldRule:
 def _tokens() -> tuple[FieldRule, ...]:
     """The ids the provider copies from the top level (image / video / audio tokens, bos / eos) and the soft tokens
     per image."""
-    names = ("image_token_id", "video_token_id", "bos_token_id", "eos_token_id")
-    rules = tuple(same(name, name, note="the provider's copy") for name in names)
+    rules = tuple(same(name, name, note="the provider's copy") for name in ("image_token_id", "video_token_id"))
+    ends = tuple(  # Gemma4Config keeps no top-level bos / eos: a config without them has text_config's
+        same(
+            name,
+            name,
+            note="the provider's copy (text_config's where the top level has none)",
+            also=(f"text_config.{name}",),
+        )
+        for name in ("bos_token_id", "eos_token_id")
+    )
     audio = replace(  # a model with no audio tower (26B-A4B) needs no audio token in Megatron
         same("audio_token_id", "audio_token_id", note="the provider's copy, for a model with an audio tower"),
         when=lambda c: c.get("audio_config") is not None,
     )
-    return (*rules, audio, same("vision_soft_tokens_per_image", "vision_soft_tokens_per_image"))
+    soft = replace(  # Gemma4Config declares no such field and HF's model never reads it: checked where a config sets it
+        same("vision_soft_tokens_per_image", "vision_soft_tokens_per_image"),
+        when=lambda c: c.get("vision_soft_tokens_per_image") is not None,
+    )
+    return (*rules, *ends, audio, soft)
 
 
 REPLACED = ("share_embeddings_and_output_weights",)
