@@ -23,7 +23,7 @@ from convcheck.models.gemma4 import DENSE_PP_REFUSED, SHARED_KV_K_NORM_UNMAPPED,
 from convcheck.models.gemma4_05_bugs import CONFIG_EXPORT_GENERIC, MOE_FUSED_WEIGHTS, MOE_LAYER_UNPATCHED
 from convcheck.models.gemma4_moe import MOE_POST_LAYERNORM_DEFAULT_EPS, TINY_GEMMA4_MOE
 from convcheck.models.gemma4_vl_config import GEMMA4_VL_TABLE
-from convcheck.models.upstream_bug import UpstreamBug
+from convcheck.models.upstream_bug import BUILD_FAILED, UpstreamBug
 
 BOI, BOA, IMAGE_TOKEN, AUDIO_TOKEN, EOI, EOA, VIDEO_TOKEN = 121, 122, 123, 124, 125, 126, 127
 """The tiny vocabulary's last ids, in the published order (`<|image>` 255999, `<|audio>` 256000, `<|image|>` 258880,
@@ -251,10 +251,7 @@ DENSE_PER_LAYER_REFUSED = UpstreamBug(
     summary="the 0.5.x Gemma 4 VL bridge refuses every dense model with per-layer inputs (hidden_size_per_layer_input "
     "set and enable_moe_block false): the published E2B / E4B checkpoints raise ValueError before any model is built",
     where="megatron/bridge/models/gemma_vl/gemma4_vl_bridge.py:78-84 (0.5.1)",
-    findings=tuple(
-        (oracle, "<build>", "build-failed")
-        for oracle in ("coverage", "roundtrip", "config", "logits", "differential", "elements", "layout", "mapping")
-    ),
+    findings=BUILD_FAILED,
     message_contains="only supports MoE models",
     seen_in=("0.5.1",),
     fixed_in="0.6.0",

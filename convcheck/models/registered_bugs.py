@@ -5,9 +5,7 @@ in its Architecture."""
 
 from __future__ import annotations
 
-from convcheck.models.upstream_bug import UpstreamBug
-
-_EVERY_ORACLE = ("coverage", "roundtrip", "config", "logits", "differential", "elements", "layout", "mapping", "save")
+from convcheck.models.upstream_bug import BUILD_FAILED, UpstreamBug
 
 DEEPSEEK_V4_ROPE_NEEDS_YARN = UpstreamBug(
     name="deepseek-v4-rope-needs-yarn",
@@ -15,7 +13,7 @@ DEEPSEEK_V4_ROPE_NEEDS_YARN = UpstreamBug(
     "compress rope parameters unconditionally: a config whose rope is not YaRN (transformers' own DeepseekV4Config "
     "default, rope_type 'default') raises KeyError 'factor' and no model is built",
     where="megatron/bridge/models/deepseek/deepseek_v4_bridge.py:441 (and :442-444)",
-    findings=tuple((oracle, "<build>", "build-failed") for oracle in _EVERY_ORACLE),
+    findings=BUILD_FAILED,
     message_contains="'factor'",
     seen_in=("0.5.1", "0.6.2"),
 )
@@ -56,7 +54,7 @@ GLM45V_HEAD_DIM_REQUIRED = UpstreamBug(
     "define (published config.json files carry it as an extra key): a checkpoint whose config transformers wrote "
     "from its own class raises AttributeError and no model is built",
     where="megatron/bridge/models/glm_vl/glm_45v_bridge.py:51",
-    findings=tuple((oracle, "<build>", "build-failed") for oracle in _EVERY_ORACLE),
+    findings=BUILD_FAILED,
     message_contains="head_dim",
     seen_in=("0.4.2", "0.5.1", "0.6.2"),
 )
@@ -68,7 +66,7 @@ GLM5_INDEXER_ROPE_INTERLEAVE_REQUIRED = UpstreamBug(
     "GlmMoeDsaConfig does not define: a checkpoint whose config transformers wrote from its own class raises "
     "AttributeError and no model is built",
     where="megatron/bridge/models/glm_moe_dsa/glm5_bridge.py:135",
-    findings=tuple((oracle, "<build>", "build-failed") for oracle in _EVERY_ORACLE),
+    findings=BUILD_FAILED,
     seen_in=("0.6.2",),
     message_contains="indexer_rope_interleave",
 )
@@ -81,7 +79,7 @@ HYV3_FIRST_K_DENSE_REQUIRED = UpstreamBug(
     "define: a checkpoint whose config transformers wrote from its own class raises AttributeError and no model is "
     "built",
     where="megatron/bridge/models/hy_v3/hy_v3_bridge.py:98",
-    findings=tuple((oracle, "<build>", "build-failed") for oracle in _EVERY_ORACLE),
+    findings=BUILD_FAILED,
     message_contains="first_k_dense_replace",
     seen_in=("0.6.2",),
 )
@@ -93,7 +91,7 @@ MINISTRAL3_LLAMA4_SCALING_BETA_REQUIRED = UpstreamBug(
     "config without Llama-4 attention scaling (transformers' Mistral3Config default) raises KeyError while the "
     "model is built",
     where="megatron/bridge/models/ministral3/ministral3_provider.py:205",
-    findings=tuple((oracle, "<build>", "build-failed") for oracle in _EVERY_ORACLE),
+    findings=BUILD_FAILED,
     message_contains="llama_4_scaling_beta",
     seen_in=("0.4.2", "0.5.1", "0.6.2"),
 )
@@ -178,7 +176,7 @@ FALCON_H1_NORM_BEFORE_GATE = UpstreamBug(
     "AssertionError and no model is built",
     where="megatron/bridge/models/falcon_h1/falconh1_bridge.py:67 (the field mapped through); megatron-core "
     "ssm/mamba_mixer.py:276 (assert not self.norm_before_gate)",
-    findings=tuple((oracle, "<build>", "build-failed") for oracle in _EVERY_ORACLE),
+    findings=BUILD_FAILED,
     message_contains="FalconH1MambaMixer",
     seen_in=("0.5.1", "0.6.2"),
 )

@@ -76,3 +76,11 @@ def _field(config: Mapping[str, Any], name: str) -> Any:
 
 def _matches(patterns: tuple[tuple[str, str, str], ...], oracle: str, tensor: str, kind: str) -> bool:
     return any(fnmatchcase(oracle, o) and kind == k and fnmatchcase(tensor, t) for o, t, k in patterns)
+
+
+EVERY_ORACLE = ("coverage", "roundtrip", "config", "logits", "differential", "elements", "layout", "mapping", "save")
+"""The oracles a build failure stops, each with its own `<build> [build-failed]` finding."""
+
+BUILD_FAILED = tuple((oracle, "<build>", "build-failed") for oracle in EVERY_ORACLE)
+"""An UpstreamBug's findings when the bridge cannot build the model: every oracle's build failure (name the bug's own
+error with `message_contains`)."""
