@@ -12,6 +12,7 @@ With grouped experts (`--experts te-grouped`) TP1, EP2 and PP2 pass every oracle
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ import pytest
 from convcheck import compat
 from convcheck.compat.detect import optional_module
 from convcheck.compat.no_te_olmoe import is_olmoe_layer_spec
+from convcheck.compat.te_standin import te_standin_installed
 from convcheck.models.olmoe import TINY_OLMOE
 from tests.support.helpers import CliResult, matrix_run, mutant, run_cli
 from tests.support.release_targets import skip_unless
@@ -164,8 +166,11 @@ def test_shim24_still_needed_olmoe_layer_spec_asks_for_te() -> None:
     compat.install("cpu")
     sizes = {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "num_query_groups": 4, "kv_channels": 8}
     provider = module.OlMoEModelProvider(**sizes, num_moe_experts=8, moe_ffn_hidden_size=16, moe_router_topk=2)
-    with pytest.raises(TypeError, match="'NoneType' object is not callable"):
-        compat.upstream(module.default_layer_spec)(provider)
+    if te_standin_installed():  # an earlier test of this worker bound the TE stand-in: the TE spec builds on it
+        assert "transformer_engine_layer_spec(config)" in inspect.getsource(compat.upstream(module.default_layer_spec))
+    else:
+        with pytest.raises(TypeError, match="'NoneType' object is not callable"):
+            compat.upstream(module.default_layer_spec)(provider)
     spec = module.olmoe_layer_spec(provider)  # shim 24: the bridge's attention on megatron-core's local spec
     assert spec.submodules.self_attention.module is module.OLMoESelfAttention
     assert is_olmoe_layer_spec(module.olmoe_layer_spec)
