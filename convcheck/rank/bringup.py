@@ -66,12 +66,8 @@ def import_limit(error: str | None, device: str, where: str) -> str | None:
         return None
     if device == "cpu" and needs_cuda(RuntimeError(error)):
         return "on the CPU: the bridge's import calls CUDA where convcheck has no CPU shim"
-    innermost = where.split(" <- ")[0]
-    if any(part in innermost for part in OWN_BUILD_CODE):
-        return (
-            f"through convcheck's compatibility code (it raised at convcheck/{innermost.rpartition('/convcheck/')[2]})"
-        )
-    return None
+    own = own_site(where.split(" <- ")[0])
+    return OWN_CODE_LIMIT.format(own) if own is not None else None
 
 
 TE_REQUIRED = "TransformerEngine is required"
@@ -93,7 +89,7 @@ def _environment_limit(exc: BaseException, device: str, layer_spec: str = "local
         return "on convcheck's Transformer Engine stand-in (--spec te)"
     own = own_frame(exc)
     if own is not None:
-        return f"through convcheck's compatibility code (it raised at {own})"
+        return OWN_CODE_LIMIT.format(own)
 
     te_missing = "isinstance() arg 2 must be a type" in str(
         exc
@@ -110,12 +106,21 @@ OWN_BUILD_CODE = ("/convcheck/compat/", "/convcheck/kernels/")
 convcheck's own limit on this release, never a bridge finding (a planted bug raises from convcheck/mutants/)."""
 
 
-def own_frame(exc: BaseException) -> str | None:
-    """`file:line` of the innermost traceback frame when it lies in OWN_BUILD_CODE, else None."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    if not frames or not any(part in frames[-1].filename for part in OWN_BUILD_CODE):
+OWN_CODE_LIMIT = "through convcheck's compatibility code (it raised at {})"
+"""Why a build or import stopped in OWN_BUILD_CODE (its `convcheck/...:line` filled in)."""
+
+
+def own_site(site: str) -> str | None:
+    """`convcheck/...:line` of a `path:line` site that lies in OWN_BUILD_CODE, else None."""
+    if not any(part in site for part in OWN_BUILD_CODE):
         return None
-    return f"convcheck/{frames[-1].filename.rpartition('/convcheck/')[2]}:{frames[-1].lineno}"
+    return "convcheck/" + site.rpartition("/convcheck/")[2]
+
+
+def own_frame(exc: BaseException) -> str | None:
+    """own_site of the innermost traceback frame of `exc`."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return own_site(f"{frames[-1].filename}:{frames[-1].lineno}") if frames else None
 
 
 STANDIN_PACKAGE = "convcheck/kernels/te/"
@@ -127,8 +132,6 @@ def standin_limit(exc: BaseException) -> bool:
     (NotImplementedError raised in its code), an upstream check that refuses one of its classes (the message names
     convcheck.kernels.te), an argument its signature lacks (TypeError naming a stand-in's __init__), or a TE name the
     stand-in is not bound to (megatron-core's MagicMock placeholder for TE was reached)."""
-    import traceback
-
     from convcheck.kernels.te import STAND_INS
 
     message = str(exc)
