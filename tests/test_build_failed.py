@@ -76,6 +76,7 @@ def test_an_error_raised_in_convcheck_s_compat_code_is_its_limit_not_a_bridge_bu
     from convcheck.rank.bringup import _environment_limit, own_frame
 
     monkeypatch.setattr(te_standin, "HYBRID_TE_SPECS", (("convcheck_no_such_module.specs", "stack"),))
+    monkeypatch.setattr(te_standin, "install_te_standin", dict)  # bind no stand-in into this test process's megatron
     monkeypatch.delitem(te_standin._INSTALLED, "hybrid", raising=False)
     with pytest.raises(RuntimeError, match="no hybrid TE stack spec") as caught:
         te_standin.te_hybrid_stack_spec()
