@@ -418,3 +418,19 @@ def test_without_the_engine_environment_engine_rows_are_skipped_in_one_line(monk
     out = io.StringIO()
     print_matrix(result, Console(file=out, width=400))
     assert f"SKIPPED e1 (tp2): skipped: {why}" in out.getvalue()
+
+
+def test_a_packing_only_engine_misuse_is_skipped_where_the_engine_packs_nothing(monkeypatch: Any) -> None:
+    """Mutant.engine_packing (model.load_weights past vLLM's reload path): a bug only where the CPU backend packs its
+    dense weights away; on a host whose vLLM packs nothing its launch is skipped with the reason, elsewhere it runs."""
+    import convcheck.workflows.selftest as lib
+
+    monkeypatch.setattr(lib, "check_python", lambda _python, **_how: "/engine/python")
+    packing = replace(E2, name="e5", engine_packing=True)
+    for packs, ran in ((False, []), (True, ["e5"])):
+        monkeypatch.setattr(lib, "engine_packs_weights", lambda _python, _p=packs: _p)
+        fake = EngineVerify()
+        result = run_selftest([packing], quick=True, verify=fake)
+        (row,) = result.rows
+        assert [c[4]["engine_receiver"] for c in fake.calls if c[4]] == [packing.hook for _ in ran]
+        assert (row.skipped == f"skipped: {lib.NO_PACKING}") == (not packs), row.skipped

@@ -182,3 +182,44 @@ def test_the_logits_reference_of_an_audio_wrapper_is_its_own_class() -> None:
     assert lm_auto_class(transformers.Qwen3Config()) is transformers.AutoModelForCausalLM
     assert lm_auto_class(transformers.Qwen3VLConfig()) is transformers.AutoModelForImageTextToText
     assert lm_auto_class(transformers.Qwen2AudioConfig()) is transformers.AutoModelForMultimodalLM
+
+
+def test_implied_mrope_sections_are_scaled_so_transformers_builds_the_tiny_model() -> None:
+    """Ernie 4.5 VL names no mrope_section; its modeling code assumes [22, 22, 20] (128-wide heads). The shrink
+    writes them scaled to the 16-wide heads' rotary half, and transformers then builds the tiny model on the CPU
+    (without them it raised at modeling_ernie4_5_vl_moe.py:115, a row convcheck's own shrink made not-covered);
+    a config naming its sections gets them scaled too."""
+    import torch
+    import transformers
+
+    from convcheck.fixtures.support_child import default_config
+
+    config = default_config("Ernie4_5_VLMoeForConditionalGeneration")
+    assert config.text_config.rope_parameters["mrope_section"] == [3, 3, 2]
+    with torch.device("cpu"):
+        model = transformers.Ernie4_5_VLMoeForConditionalGeneration._from_config(config, dtype=torch.bfloat16)
+    assert sum(p.numel() for p in model.parameters()) > 0
+    named = shrink_tree({"model_type": "x", "hidden_size": 4096, "num_attention_heads": 32, "head_dim": 128,
+                         "rope_parameters": {"rope_type": "default", "mrope_section": [24, 20, 20]}})  # fmt: skip
+    assert named["rope_parameters"]["mrope_section"] == [3, 3, 2]
+
+
+def test_a_row_finished_after_the_run_was_cancelled_is_not_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cancelled run (SIGINT / SIGTERM, or a device's time limit) stops the running verifies mid-way: the rows they
+    give (`verify exit 143`) are no verdicts, so neither the progress line nor the saved table gets them."""
+    entries = [{"arch": "AForCausalLM", "model_type": "a"}, {"arch": "BForCausalLM", "model_type": "b"}]
+
+    def row(entry: dict, *_args: object) -> workflow.Row:
+        if entry["arch"] == "BForCausalLM":
+            workflow._CANCELLED.set()  # the run is cancelled while B's verify runs
+        return workflow.Row(arch=entry["arch"], status=workflow.NOT_COVERED, reason="tp2: verify exit 143")
+
+    monkeypatch.setattr(workflow, "support_row", row)
+    saved: list[list[str]] = []
+    shown: list[str] = []
+    try:
+        workflow.run_support(entries, jobs=1, timeout=60, progress=lambda r: shown.append(r.arch),
+                             saved=lambda rows: saved.append([r.arch for r in rows]))  # fmt: skip
+    finally:
+        workflow._CANCELLED.clear()
+    assert shown == ["AForCausalLM"] and saved == [["AForCausalLM"]]

@@ -263,3 +263,32 @@ def test_the_per_expert_checkpoint_bug_tags_its_export_names_and_the_import_they
     (alone,), _ = tag_upstream_bugs("Qwen3_5MoeForCausalLM", "0.5.1", [replace(coverage, findings=(crash, idle))])
     assert all(UPSTREAM_BUG not in f.detail for f in alone.findings)
     assert tag_upstream_bugs("Qwen3_5MoeForCausalLM", "0.6.2", [coverage])[1] == []
+
+
+def test_the_0_4_qwen2_audio_bugs_tag_the_unmapped_position_table_its_crashes_and_the_fp32_export() -> None:
+    """Bridge 0.4.x builds Qwen2-Audio's language model with learned position embeddings (unmapped: the import and
+    export raise, nothing loads) and in fp32: the findings a 0.4.2 run of a transformers-written checkpoint gives are
+    those two bugs; the crashes alone (no unmapped table) and the same findings on 0.6.2 are not tagged."""
+    from convcheck.models.registered_bugs import QWEN2_AUDIO_DTYPE_FROM_TEXT_CONFIG as fp32
+    from convcheck.models.registered_bugs import QWEN2_AUDIO_LEARNED_POSITIONS as learned
+
+    table = "language_model.embedding.position_embeddings.weight"
+    crash = Finding(tensor="<import>", kind="import-failed", message="AttributeError: 'NoneType' object has no "
+                    "attribute 'megatron_module'")  # fmt: skip
+    idle = Finding(tensor="audio_tower.conv1.weight", kind="not-loaded", message="kept its pre-load value")
+    unmapped = Finding(tensor=table, kind="unmapped", message="no bridge mapping")
+    coverage = OracleVerdict(name="coverage", checked=9, findings=(crash, idle, unmapped))
+    raised = Finding(tensor=table, kind="forward-failed", message="TypeError: embedding(): argument 'indices'")
+    forward = OracleVerdict(name="logits", checked=1, findings=(raised,))
+    dtype = _roundtrip(Finding(tensor="audio_tower.conv1.weight", kind="dtype", message="float32, expected bfloat16"))
+    arch = "Qwen2AudioForConditionalGeneration"
+    tagged, lines = tag_upstream_bugs(arch, "0.4.2", [coverage, forward, dtype])
+    assert [[f.detail.get(UPSTREAM_BUG) for f in v.findings] for v in tagged] == [
+        [learned.name] * 3, [learned.name], [fp32.name]]  # fmt: skip
+    assert [line.split(":")[0] for line in lines] == [
+        f"4 finding(s) are the known megatron-bridge bug {learned.name}",
+        f"1 finding(s) are the known megatron-bridge bug {fp32.name}",
+    ]
+    (alone,), _ = tag_upstream_bugs(arch, "0.4.2", [replace(coverage, findings=(crash, idle))])
+    assert all(UPSTREAM_BUG not in f.detail for f in alone.findings)
+    assert tag_upstream_bugs(arch, "0.6.2", [coverage, forward, dtype])[1] == []

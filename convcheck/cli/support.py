@@ -27,10 +27,14 @@ EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
               "table's row wins).")  # fmt: skip
 @click.option("--rerun", "reruns", multiple=True, metavar="NAME",
               help="With --resume: run this architecture again all the same (repeatable).")  # fmt: skip
+@click.option("--retag", "retag_release", metavar="RELEASE",
+              help="Run nothing: re-tag the one --resume table, run on this megatron-bridge release, with this "
+              "checkout's known bugs (its recorded findings; verdicts as run).")  # fmt: skip
 @click.option("--timeout", type=click.IntRange(30, 7200), default=900, show_default=True,
               help="Seconds per verify run (and per checkpoint build).")  # fmt: skip
 def support(archs: tuple[str, ...], jobs: int, json_path: str | None, markdown_path: str | None,
-            resume_paths: tuple[str, ...], reruns: tuple[str, ...], timeout: int) -> None:  # fmt: skip
+            resume_paths: tuple[str, ...], reruns: tuple[str, ...], retag_release: str | None,
+            timeout: int) -> None:  # fmt: skip
     """A verdict for every language-model architecture the installed megatron-bridge registers.
 
     Each gets a tiny checkpoint written by transformers from its class's default config (shrunk), verified at TP2
@@ -45,6 +49,8 @@ def support(archs: tuple[str, ...], jobs: int, json_path: str | None, markdown_p
                 check_output(path)
         if reruns and not resume_paths:
             raise BadInput("--rerun needs --resume (the table whose rows it replaces)")
+        if retag_release:
+            _retag(retag_release, resume_paths, json_path, markdown_path, bool(archs or reruns))
         earlier = {r.arch: r for path in resume_paths for r in workflow.load_rows(path)}
         kept = [r for r in earlier.values() if r.arch not in reruns]
         registered = workflow.enumerate_architectures()
@@ -62,8 +68,35 @@ def support(archs: tuple[str, ...], jobs: int, json_path: str | None, markdown_p
     except ConvcheckError as exc:
         click.echo(f"convcheck: error: {exc}", err=True)
         sys.exit(EXIT_BAD_INPUT)
+    _finish(rows, markdown_path, resume_paths, archs, entries, registered, None)
+
+
+def _retag(release: str, resume_paths: tuple[str, ...], json_path: str | None, markdown_path: str | None,
+           selected: bool) -> None:  # fmt: skip
+    """`--retag`: the one --resume table re-tagged for `release`, written and counted; exits."""
+    from convcheck.gate.release_table import get_release
+    from convcheck.workflows.support_retag import retag
+
+    if len(resume_paths) != 1 or selected:
+        raise BadInput("--retag takes exactly one --resume table and no --arch / --rerun")
+    rows = retag(workflow.load_rows(resume_paths[0]), release)
+    if json_path:
+        write_text_atomic(json_path, workflow.table_json(rows, complete=True))
+    r = get_release(release)
+    versions = {"megatron-bridge": r.bridge, "megatron-core": r.megatron_core, "transformers": r.transformers}
+    _finish(rows, markdown_path, resume_paths, (), [], [], (release, versions))
+
+
+def _finish(rows: list[workflow.Row], markdown_path: str | None, resume_paths: tuple[str, ...],
+            archs: tuple[str, ...], entries: list[dict], registered: list[dict],
+            retagged: tuple[str, dict[str, str]] | None) -> None:  # fmt: skip
+    """Write the Markdown table, print the counts, exit 1 when a row is an untagged FAIL."""
     counts = workflow.counts(rows)
-    if markdown_path:
+    if markdown_path and retagged:
+        command = shlex.join(["convcheck", "support", "--resume", Path(resume_paths[0]).name, "--retag", retagged[0],
+                              "--markdown", Path(markdown_path).name])  # fmt: skip
+        write_text_atomic(markdown_path, workflow.markdown(rows, command, retagged[1]))
+    elif markdown_path:
         resumed = sum((["--resume", Path(p).name] for p in resume_paths), [])
         every = {e["arch"] for e in entries} == {e["arch"] for e in registered}
         named = [] if every else sum((["--arch", a] for a in archs), [])  # every registered one: no list

@@ -90,11 +90,13 @@ def tag_upstream_bugs(
     verdicts: Sequence[OracleVerdict],
     versions: Mapping[str, str] | None = None,
     config: Mapping[str, Any] | None = None,
+    already: Sequence[str] = (),
 ) -> tuple[tuple[OracleVerdict, ...], list[str]]:
     """Tag each finding a known bug of `architecture`'s family, of the bridge's conversion core (seen in
     `bridge_version`) or of a rollout engine (seen in its version among `versions`) explains; one line per bug that
     explains any; `config` (the checkpoint's config.json) leaves out the bugs of another variant
-    (UpstreamBug.config_holds). Verdicts keep every finding: a known bug still fails."""
+    (UpstreamBug.config_holds); `already` names bugs that explained findings not passed here (a table's row being
+    re-tagged), so their consequences are tagged too. Verdicts keep every finding: a known bug still fails."""
     family = BY_HF_CLASS.get(architecture)
     own = (
         family.upstream_bugs
@@ -109,7 +111,7 @@ def tag_upstream_bugs(
 
     direct = {(i, j): next((b for b in bugs if b.explains(version(b), v.name, f.tensor, f.kind, f.message)), None)
               for i, v in enumerate(verdicts) for j, f in enumerate(v.findings)}  # fmt: skip
-    seen = [b for b in bugs if any(d is b for d in direct.values())]
+    seen = [b for b in bugs if b.name in already or any(d is b for d in direct.values())]
     counts: dict[str, int] = {}
     out = []
     for i, verdict in enumerate(verdicts):

@@ -161,6 +161,21 @@ QUANT_REPLICATED_NOT_QUANTIZED = UpstreamBug(
 """Seen on tiny:deepseek-v3 at EP2 in the TE layout (verify's default) with bridge 0.6.2; the local layout's MLA down
 projections are column-parallel and quantized."""
 
+ROUTER_AUX_LOSS_COEF_UNMAPPED = UpstreamBug(
+    name="router-aux-loss-coef-unmapped",
+    summary="the 0.4.x conversion core's CONFIG_MAPPING maps aux_loss_alpha to moe_aux_loss_coeff but not "
+    "router_aux_loss_coef (the field GPT-OSS, Qwen-MoE, Mixtral and OLMoE configs use): such a model converts with "
+    "moe_aux_loss_coeff 0, so training it drops the load-balancing loss the checkpoint was trained with (the forward "
+    "and the weights are unaffected)",
+    where="megatron/bridge/models/conversion/model_bridge.py:340-380 (0.4.2 CONFIG_MAPPING; :367 maps aux_loss_alpha "
+    "only); 0.5.0 adds the pair (model_bridge.py:440)",
+    findings=(("config", "*router_aux_loss_coef -> moe_aux_loss_coeff", "mismatch"),),
+    seen_in=("0.4.0", "0.4.1", "0.4.2"),
+    fixed_in="0.5.0",
+)
+"""Seen by `convcheck support` on bridge 0.4.2 (GptOssForCausalLM from transformers 5.3.0's default config,
+router_aux_loss_coef 0.9, at TP2 and EP2); CONFIG_MAPPING is the same in 0.4.0 and 0.4.1."""
+
 BRIDGE_WIDE: tuple[UpstreamBug, ...] = (
     ROW_PARALLEL_SCATTER_NON_CONTIGUOUS,
     SEQUENTIAL_EXPERT_EXPORT_FAILS,
@@ -171,5 +186,6 @@ BRIDGE_WIDE: tuple[UpstreamBug, ...] = (
     QUANT_EXPORT_AUTOGRAD,
     FP8_IMPORT_NOT_DEQUANTIZED,
     QUANT_REPLICATED_NOT_QUANTIZED,
+    ROUTER_AUX_LOSS_COEF_UNMAPPED,
 )
 """Every bridge-wide known bug."""

@@ -205,11 +205,36 @@ EXPORT_DROPS_GLOBAL_ROPE_SCALING = UpstreamBug(
 """Seen on tiny:gemma3 (the global RoPE's linear factor 8.0) at TP2: exported rope_scaling_factor 1.0."""
 
 
+CONFIG_EXPORT_WITHOUT_OVERRIDE = UpstreamBug(
+    name="gemma3-config-export-drops-window-and-local-rope",
+    summary="the 0.4.x Gemma 3 bridge has no megatron_to_hf_config of its own: the generic export writes neither "
+    "sliding_window (transformers' default 4096 replaces the model's) nor the local RoPE base (the sliding layers' "
+    "rope_parameters get the global rope_theta), so the exported config runs other attention windows and RoPE than "
+    "the Megatron model; weights are unaffected",
+    where="megatron/bridge/models/gemma/gemma3_bridge.py:48-123 (0.4.2: Gemma3ModelBridge overrides provider_bridge "
+    "and mapping_registry only); 0.5.0 adds megatron_to_hf_config (sliding_window and rope_local_base_freq exported)",
+    findings=(
+        ("config", "sliding_window (megatron_to_hf_config)", "roundtrip-mismatch"),
+        ("config", "rope_parameters.sliding_attention*(megatron_to_hf_config)", "roundtrip-mismatch"),
+    ),
+    seen_in=("0.4.0", "0.4.1", "0.4.2"),
+    fixed_in="0.5.0",
+)
+"""Seen by `convcheck support` on bridge 0.4.2 (Gemma3ForCausalLM from transformers 5.3.0's default config, TP2):
+exported sliding_window 4096 for the model's 8, and the sliding layers' RoPE differ; the bridge file is the same in
+0.4.0-0.4.2."""
+
+
 GEMMA3 = Architecture(
     hf_classes=("Gemma3ForCausalLM",),
     model_type="gemma3_text",
     mapping_rules="convcheck.models.gemma3_mappings:gemma3_rules",
     config_rules=GEMMA3_TABLE,
     fixtures=(TINY_GEMMA3,),
-    upstream_bugs=(POST_LAYERNORM_DEFAULT_EPS, EXPORT_DROPS_GLOBAL_ROPE_SCALING, LAYER_PATTERN_HARD_CODED),
+    upstream_bugs=(
+        POST_LAYERNORM_DEFAULT_EPS,
+        EXPORT_DROPS_GLOBAL_ROPE_SCALING,
+        LAYER_PATTERN_HARD_CODED,
+        CONFIG_EXPORT_WITHOUT_OVERRIDE,
+    ),
 )

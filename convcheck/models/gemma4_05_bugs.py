@@ -19,7 +19,7 @@ DENSE_BUILT_AS_MOE = UpstreamBug(
     "models are not supported); gemma4_provider.py:110-113 (the MoE defaults); the refusal the text bridge lacks: "
     "gemma_vl/gemma4_vl_bridge.py:78-86",
     findings=(
-        ("coverage", "*", "import-failed"),
+        ("*", "<import>", "import-failed"),
         ("coverage", "*", "hf-missing"),
         ("coverage", "*", "not-loaded"),
         ("coverage", "*", "not-exported"),
@@ -44,7 +44,9 @@ DENSE_BUILT_AS_MOE = UpstreamBug(
     config_holds=(("enable_moe_block", False),),
 )
 """Seen on tiny:gemma4 at TP1 (`--spec te`): the import raises on shared_experts.linear_fc1 (its [2 x 2112, H] for the
-dense MLP's [2 x 64, H]); every other finding follows from the MoE model built for a dense checkpoint."""
+dense MLP's [2 x 64, H]); every other finding follows from the MoE model built for a dense checkpoint. At TP2
+(`convcheck support` on 0.5.1) the same shapes make rank 0's scatter raise (gloo: expected (2112, 64), got (128, 64)),
+an import failure every oracle reports."""
 
 _MOE_NORMS_AND_SCALES = (
     "model.layers.*.post_feedforward_layernorm_1.weight",

@@ -364,6 +364,21 @@ MTP_PATTERN_EXPORT_RAISES = UpstreamBug(
     fixed_in="0.6.0",
 )
 
+MTP_PATTERN_WITHOUT_MTP_LAYERS = UpstreamBug(
+    name="nemotronh-mtp-pattern-without-mtp-layers",
+    summary="the NemotronH bridge copies mtp_hybrid_override_pattern into the provider whenever the config has the "
+    "field, with num_nextn_predict_layers 0 too (transformers' NemotronHConfig default: '*E' and 0 MTP layers): the "
+    "Megatron config carries an MTP block the checkpoint has none of, and its config export then fails on it "
+    "(nemotronh-mtp-pattern-export-raises)",
+    where="megatron/bridge/models/nemotronh/nemotron_h_bridge.py:307 (0.4.x), :309 (0.5.x); 0.6.x reads the pattern "
+    "only for num_nextn_predict_layers > 0 (_hf_mtp_config, nemotron_h_bridge.py:252-263)",
+    findings=(("config", "mtp_layers_block_type+num_nextn_predict_layers -> mtp_hybrid_override_pattern", "mismatch"),),
+    seen_in=("0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1"),
+    fixed_in="0.6.0",
+)
+"""Seen by `convcheck support` on bridge 0.5.1 (NemotronHForCausalLM from transformers 5.8.1's default config, TP2 and
+EP2); the source line is the same in 0.4.0-0.5.0."""
+
 NEMOTRON_H = Architecture(
     hf_classes=("NemotronHForCausalLM",),
     model_type="nemotron_h",
@@ -382,5 +397,6 @@ NEMOTRON_H = Architecture(
         TRANSFORMERS_EMBEDDING_SAVED_SINGULAR,
         MTP_NORM_UNMAPPED,
         MTP_PATTERN_EXPORT_RAISES,
+        MTP_PATTERN_WITHOUT_MTP_LAYERS,
     ),
 )

@@ -15,7 +15,7 @@ DEEPSEEK_V4_ROPE_NEEDS_YARN = UpstreamBug(
     where="megatron/bridge/models/deepseek/deepseek_v4_bridge.py:441 (and :442-444)",
     findings=BUILD_FAILED,
     message_contains="'factor'",
-    seen_in=("0.5.1", "0.6.2"),
+    seen_in=("0.5.1", "0.6.0", "0.6.2"),
 )
 """Seen by `convcheck support` on DeepseekV4ForCausalLM built from transformers 5.12.1's default config."""
 
@@ -44,7 +44,10 @@ EXAONE4_UNTIED_LM_HEAD_UNMAPPED = UpstreamBug(
         ("*", "<export>", "export-failed"),
         ("layout", "<export>", "tp1-export-failed"),
     ),
-    seen_in=("0.6.2",),
+    seen_in=(
+        "0.6.0",
+        "0.6.2",
+    ),
 )
 """Seen by `convcheck support` on Exaone4ForCausalLM built from transformers 5.12.1's default config (untied)."""
 
@@ -56,7 +59,7 @@ GLM45V_HEAD_DIM_REQUIRED = UpstreamBug(
     where="megatron/bridge/models/glm_vl/glm_45v_bridge.py:51",
     findings=BUILD_FAILED,
     message_contains="head_dim",
-    seen_in=("0.4.2", "0.5.1", "0.6.2"),
+    seen_in=("0.4.2", "0.5.1", "0.6.0", "0.6.2"),
 )
 """Seen by `convcheck support` on Glm4vMoeForConditionalGeneration built from transformers 5.12.1's default config."""
 
@@ -67,7 +70,10 @@ GLM5_INDEXER_ROPE_INTERLEAVE_REQUIRED = UpstreamBug(
     "AttributeError and no model is built",
     where="megatron/bridge/models/glm_moe_dsa/glm5_bridge.py:135",
     findings=BUILD_FAILED,
-    seen_in=("0.6.2",),
+    seen_in=(
+        "0.6.0",
+        "0.6.2",
+    ),
     message_contains="indexer_rope_interleave",
 )
 """Seen by `convcheck support` on GlmMoeDsaForCausalLM built from transformers 5.12.1's default config; listed in the
@@ -81,7 +87,10 @@ HYV3_FIRST_K_DENSE_REQUIRED = UpstreamBug(
     where="megatron/bridge/models/hy_v3/hy_v3_bridge.py:98",
     findings=BUILD_FAILED,
     message_contains="first_k_dense_replace",
-    seen_in=("0.6.2",),
+    seen_in=(
+        "0.6.0",
+        "0.6.2",
+    ),
 )
 """Seen by `convcheck support` on HYV3ForCausalLM built from transformers 5.12.1's default config."""
 
@@ -93,7 +102,7 @@ MINISTRAL3_LLAMA4_SCALING_BETA_REQUIRED = UpstreamBug(
     where="megatron/bridge/models/ministral3/ministral3_provider.py:205",
     findings=BUILD_FAILED,
     message_contains="llama_4_scaling_beta",
-    seen_in=("0.4.2", "0.5.1", "0.6.2"),
+    seen_in=("0.4.2", "0.5.1", "0.6.0", "0.6.2"),
 )
 """Seen by `convcheck support` on Mistral3ForConditionalGeneration built from transformers 5.12.1's default config."""
 
@@ -106,7 +115,7 @@ ERNIE45_SIGMOID_ROUTER = UpstreamBug(
     where="megatron/bridge/models/ernie/ernie_45_bridge.py:225; transformers models/ernie4_5_moe/"
     "modeling_ernie4_5_moe.py:370-376 (the softmax routing)",
     findings=(("logits", "logits", "logits-differ"), ("logits", "greedy-tokens", "greedy-differs")),
-    seen_in=("0.5.1", "0.6.2"),
+    seen_in=("0.5.1", "0.6.0", "0.6.2"),
 )
 """Seen by `convcheck support` on Ernie4_5_MoeForCausalLM built from transformers 5.12.1's default config (logits
 9.6e-4 apart at TP2); tests/test_upstream_bugs.py recomputes both routings."""
@@ -124,7 +133,7 @@ ERNIE45_ROUTER_GATE_BF16 = UpstreamBug(
         ("roundtrip", "model.layers.*.mlp.gate.weight", "dtype"),
         ("layout", "model.layers.*.mlp.gate.weight", "tp1-differs-from-source"),
     ),
-    seen_in=("0.5.1", "0.6.2"),
+    seen_in=("0.5.1", "0.6.0", "0.6.2"),
 )
 """Seen by `convcheck support` on Ernie4_5_MoeForCausalLM written by transformers 5.12.1 (the gate float32)."""
 
@@ -143,7 +152,10 @@ MINIMAX_M3_FP32_EXPORT = UpstreamBug(
         ("layout", "language_model.model.layers.*.block_sparse_moe.gate.weight", "tp1-differs-from-source"),
         ("layout", "vision_tower.vision_model.embeddings.patch_embedding.weight", "tp1-differs-from-source"),
     ),
-    seen_in=("0.6.2",),
+    seen_in=(
+        "0.6.0",
+        "0.6.2",
+    ),
 )
 """Seen by `convcheck support` on MiniMaxM3SparseForConditionalGeneration written by transformers 5.12.1 (bf16)."""
 
@@ -163,7 +175,7 @@ GEMMA3_VL_POOLING_HEAD_DROPPED = UpstreamBug(
         ("mapping", "vision_tower.*head.*", "uncovered"),
         ("config", "vision_config.vision_use_head -> model.vision_tower", "mismatch"),
     ),
-    seen_in=("0.5.1", "0.6.2"),
+    seen_in=("0.5.1", "0.6.0", "0.6.2"),
 )
 """Seen by `convcheck support` on Gemma3ForConditionalGeneration built from transformers 5.12.1's default config, and on
 the published gemma-3-4b-it config shrunk without its vision_use_head (the head's 11 tensors, named
@@ -178,7 +190,7 @@ FALCON_H1_NORM_BEFORE_GATE = UpstreamBug(
     "ssm/mamba_mixer.py:276 (assert not self.norm_before_gate)",
     findings=BUILD_FAILED,
     message_contains="FalconH1MambaMixer",
-    seen_in=("0.5.1", "0.6.2"),
+    seen_in=("0.5.1", "0.6.0", "0.6.2"),
 )
 """Seen by `convcheck support` on FalconH1ForCausalLM built from transformers 5.12.1's default config."""
 
@@ -307,17 +319,104 @@ QWEN25_VL_DTYPE_FROM_TEXT_CONFIG = UpstreamBug(
 """Seen by `convcheck support` on bridge 0.4.2 (Qwen2_5_VLForConditionalGeneration written by transformers 5.3.0, bf16);
 0.5.1's passes those oracles."""
 
+GEMMA_EXACT_GELU = UpstreamBug(
+    name="gemma-exact-gelu",
+    summary="the Gemma (1) bridge sets the activation from the literal 'gelu', whatever the config's hidden_act: "
+    "Megatron computes exact GELU where HF Gemma computes the tanh approximation (gelu_pytorch_tanh, the config's "
+    "default and what published checkpoints run); import, export and mappings agree, the forward differs",
+    where='megatron/bridge/models/gemma/gemma_bridge.py:64 (0.5.0 / 0.5.1: hf_to_megatron_activation("gelu")); '
+    "0.4.x and 0.6.x set fast_gelu (gemma_bridge.py:65 / :69)",
+    findings=(("logits", "logits", "logits-differ"), ("logits", "greedy-tokens", "greedy-differs")),
+    seen_in=("0.5.0", "0.5.1"),
+    fixed_in="0.6.0",
+)
+"""Seen by `convcheck support` on bridge 0.5.1: GemmaForCausalLM from transformers 5.8.1's default config (hidden_act
+gelu_pytorch_tanh) at TP2, logits 6.8e-4 off (the row passes on 0.4.2 and 0.6.2); the source line is the same in
+0.5.0."""
+
+QWEN2_AUDIO_LEARNED_POSITIONS = UpstreamBug(
+    name="qwen2-audio-learned-position-embeddings",
+    summary="the 0.4.x Qwen2-Audio bridge never sets position_embedding_type, so its language model is built with "
+    "GPTModelProvider's default learned absolute position embeddings instead of RoPE: the extra "
+    "embedding.position_embeddings.weight has no mapping, import and export raise on its None task (nothing loads), "
+    "and the forward has no position ids for it",
+    where="megatron/bridge/models/qwen_audio/qwen2_audio_bridge.py:83-99 (0.4.2 provider_bridge; no "
+    "position_embedding_type); gpt_provider.py:137 (default learned_absolute); conversion/model_bridge.py:948 (the "
+    "None task); 0.5.0 sets rope (qwen2_audio_bridge.py:88)",
+    findings=(
+        ("coverage", "language_model.embedding.position_embeddings.weight", "unmapped"),
+        ("logits", "language_model.embedding.position_embeddings.weight", "forward-failed"),
+    ),
+    consequences=(
+        ("*", "<import>", "import-failed"),
+        ("*", "<export>", "export-failed"),
+        ("layout", "<export>", "tp1-export-failed"),
+        ("coverage", "*", "not-loaded"),
+        ("roundtrip", "*", "missing"),
+        ("layout", "*", "missing"),
+    ),
+    seen_in=("0.4.0", "0.4.1", "0.4.2"),
+    fixed_in="0.5.0",
+)
+"""Seen by `convcheck support` on bridge 0.4.2 (Qwen2AudioForConditionalGeneration written by transformers 5.3.0, which
+saves the published names) at TP1 and TP2; the bridge file is the same in 0.4.0."""
+
+QWEN2_AUDIO_DTYPE_FROM_TEXT_CONFIG = UpstreamBug(
+    name="qwen2-audio-dtype-from-text-config",
+    summary="the 0.4.x Qwen2-Audio bridge reads params_dtype from text_config alone, where transformers 5 keeps the "
+    "checkpoint's dtype on the top-level config only: a bf16 checkpoint builds an fp32 model and exports fp32 "
+    "(qwen25-vl-dtype-from-text-config's twin)",
+    where="megatron/bridge/models/qwen_audio/qwen2_audio_bridge.py:83 (0.4.2; "
+    "hf_config_to_provider_kwargs(text_config)); conversion/model_bridge.py:515 (dtype_from_hf, default float32)",
+    findings=(
+        ("roundtrip", "*", "dtype"),
+        ("layout", "*", "tp1-differs-from-source"),
+        ("save", "*", "dtype"),
+        ("mapping", "*", "import-dtype"),
+    ),
+    seen_in=("0.4.0", "0.4.1", "0.4.2"),
+)
+"""Seen by `convcheck support` on bridge 0.4.2 beside qwen2-audio-learned-position-embeddings (the layout oracle's TP1
+and TP2 exports, fp32 for the bf16 source); 0.5.1's row passes."""
+
+QWEN25_OMNI_DTYPE_FROM_THINKER_CONFIG = UpstreamBug(
+    name="qwen25-omni-dtype-from-thinker-config",
+    summary="the Qwen2.5-Omni bridge reads params_dtype from thinker_config alone (default float32), which the "
+    "checkpoints transformers 5.3.0 writes leave without a dtype (it is on the top-level config): a bf16 checkpoint "
+    "builds an fp32 thinker and exports every tensor as fp32",
+    where="megatron/bridge/models/qwen_omni/qwen25_omni_bridge.py:55 (dtype_from_hf(thinker_config, "
+    "default=torch.float32))",
+    findings=(
+        ("roundtrip", "*", "dtype"),
+        ("layout", "*", "tp1-differs-from-source"),
+        ("save", "*", "dtype"),
+        ("mapping", "*", "import-dtype"),
+    ),
+    seen_in=("0.4.2",),
+)
+"""Seen by `convcheck support` on bridge 0.4.2 (Qwen2_5OmniForConditionalGeneration written by transformers 5.3.0) at
+TP2; the line is the same in 0.5.1 and 0.6.2, whose transformers write the thinker's dtype."""
+
 REGISTERED_BUGS: dict[str, tuple[UpstreamBug, ...]] = {
     "DeepseekV4ForCausalLM": (DEEPSEEK_V4_ROPE_NEEDS_YARN,),
     "Ernie4_5_MoeForCausalLM": (ERNIE45_SIGMOID_ROUTER, ERNIE45_ROUTER_GATE_BF16),
     "FalconH1ForCausalLM": (FALCON_H1_NORM_BEFORE_GATE,),
+    "GemmaForCausalLM": (GEMMA_EXACT_GELU,),
     "Exaone4ForCausalLM": (EXAONE4_UNTIED_LM_HEAD_UNMAPPED,),
     "Glm4vMoeForConditionalGeneration": (GLM45V_HEAD_DIM_REQUIRED,),
     "HYV3ForCausalLM": (HYV3_FIRST_K_DENSE_REQUIRED,),
     "MiniMaxM3SparseForConditionalGeneration": (MINIMAX_M3_FP32_EXPORT,),
     "Mistral3ForConditionalGeneration": (MINISTRAL3_LLAMA4_SCALING_BETA_REQUIRED,),
-    "Qwen2AudioForConditionalGeneration": (TRANSFORMERS_QWEN2_AUDIO_SAVE_DOUBLE_PREFIX,),
-    "Qwen2_5OmniForConditionalGeneration": (QWEN25_OMNI_TALKER_TOKEN2WAV_DROPPED, QWEN25_OMNI_TIE_FROM_TEXT_CONFIG),
+    "Qwen2AudioForConditionalGeneration": (
+        TRANSFORMERS_QWEN2_AUDIO_SAVE_DOUBLE_PREFIX,
+        QWEN2_AUDIO_LEARNED_POSITIONS,
+        QWEN2_AUDIO_DTYPE_FROM_TEXT_CONFIG,
+    ),
+    "Qwen2_5OmniForConditionalGeneration": (
+        QWEN25_OMNI_TALKER_TOKEN2WAV_DROPPED,
+        QWEN25_OMNI_TIE_FROM_TEXT_CONFIG,
+        QWEN25_OMNI_DTYPE_FROM_THINKER_CONFIG,
+    ),
     "Qwen2_5_VLForConditionalGeneration": (QWEN25_VL_MROPE_SECTION_FIXED, QWEN25_VL_DTYPE_FROM_TEXT_CONFIG),
 }
 """HF class -> the known bugs its `convcheck support` row shows."""

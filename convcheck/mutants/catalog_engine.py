@@ -39,6 +39,7 @@ ENGINE_MUTANTS: tuple[Mutant, ...] = (
         description="receiver: model.load_weights on the packed CPU engine, skipping vLLM's reload_weights",
         hook=_M + "engine_receivers:load_weights_directly",
         via="engine-receiver",
+        engine_packing=True,
         fixture=QWEN3_VLLM,
         layout="tp2",
         targets=("model.*", "<receiver>", OUTPUTS),

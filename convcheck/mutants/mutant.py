@@ -38,6 +38,9 @@ class Mutant:
     ranks' export stream) or "engine-receiver" (`--engine-receiver`, called inside the engine process)."""
     options: tuple[tuple[str, str], ...] = ()
     """Oracle options its launches set, by key (e.g. (("engine_delta", "on"),))."""
+    engine_packing: bool = False
+    """A misuse of the engine that is a bug only where its CPU backend packs dense weights away at load (AMX / oneDNN
+    hosts, convcheck.rollout.environment.engine_packs_weights); elsewhere its launch is skipped, saying why."""
 
     @property
     def layouts(self) -> tuple[str, ...]:

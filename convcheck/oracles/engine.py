@@ -164,7 +164,8 @@ def _syncs(
         findings += found.delivery_findings(delivery["received"], names, when)
         findings += _inspect(host, reference, when, geometry, shapes)
     checked = len([k for k, (shape, _, _) in reference["state"].items() if any(shape)])
-    metrics.update(engine_tensors=checked, vllm=reference["versions"].get("vllm", ""))
+    packed = sum(k.startswith("packed.") for k in reference["state"])  # 0 where this CPU's backend packs nothing
+    metrics.update(engine_tensors=checked, packed=packed, vllm=reference["versions"].get("vllm", ""))
     return make_verdict(name, checked=checked, findings=findings, unit="engine tensors", metrics=metrics)
 
 

@@ -70,3 +70,23 @@ def engine_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
         TOKENIZERS_PARALLELISM="false",
     )
     return env
+
+
+PACKS_PROBE = "convcheck.rollout.packs_probe"
+_PACKS: dict[str, bool] = {}
+
+
+def engine_packs_weights(python: str) -> bool:
+    """Whether the vLLM of interpreter `python` packs a dense bf16 weight away when it loads on this CPU (AMX or
+    oneDNN: the layer then computes with a packed copy; elsewhere vLLM falls back to torch's linear over the live
+    parameter), asked of vLLM's own dispatch (`python -m convcheck.rollout.packs_probe`); once per interpreter.
+    BadInput when the probe cannot answer."""
+    if python not in _PACKS:
+        probe = subprocess.run([python, "-m", PACKS_PROBE], capture_output=True, text=True, timeout=300,
+                               env=engine_env())  # fmt: skip
+        answer = probe.stdout.strip().splitlines()[-1:] if probe.returncode == 0 else []
+        if answer not in (["packs"], ["live"]):
+            why = (probe.stderr.strip().splitlines() or ["no answer"])[-1]
+            raise BadInput(f"cannot ask {python}'s vLLM whether it packs its weights on this CPU: {why}")
+        _PACKS[python] = answer == ["packs"]
+    return _PACKS[python]

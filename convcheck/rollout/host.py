@@ -8,7 +8,9 @@ engine computes with afterwards. "What the engine computes with" is:
 - every weight the CPU backend packs away (dense linears, router, embedding / lm_head: `named_parameters()` then
   shows shape (0,), or a visible copy the kernel no longer reads), as it was at its last packing (`packed`): the
   host wraps vLLM's `dispatch_cpu_unquantized_gemm` to keep a copy of the weight it is handed, changing nothing else.
-  A packed layer whose packing did not run during a sync computes with its earlier weights: `stale`.
+  A packed layer whose packing did not run during a sync computes with its earlier weights: `stale`. Where the
+  dispatch packs nothing (a CPU without AMX or oneDNN: vLLM falls back to torch's linear over the live parameter),
+  no copy is kept and the parameter is what the layer computes with.
 - the prompt logprobs and greedy tokens of fixed prompts (`outputs`).
 """
 
@@ -55,13 +57,29 @@ class PackTap:
 
         def tapped(layer: torch.nn.Module, remove_weight: bool) -> None:
             weight = getattr(layer, "weight", None)
+            kept = None
             if isinstance(weight, torch.Tensor) and not weight.is_meta and weight.ndim == 2:
-                self.weights[id(layer)] = weight.detach().clone()
-                self.count[id(layer)] += 1
+                kept = weight.detach().clone()
             original(layer, remove_weight)
+            if kept is not None and not reads_its_weight(layer, kept):
+                self.weights[id(layer)] = kept
+                self.count[id(layer)] += 1
 
         utils.dispatch_cpu_unquantized_gemm = tapped
         self.installed = True
+
+
+def reads_its_weight(layer: torch.nn.Module, weight: torch.Tensor) -> bool:
+    """Whether the layer's dispatched CPU GEMM (`layer.cpu_linear(x, weight, bias)`) computes with the weight it is
+    handed, as vLLM's torch-linear fallback does, rather than a copy packed at dispatch: one row of ones through it
+    with `weight` [N, K] and with `weight + 1` (their outputs differ by K per element unless the argument is
+    ignored). A layer without `cpu_linear` computes with its parameter."""
+    linear = getattr(layer, "cpu_linear", None)
+    if linear is None:
+        return True
+    x = torch.ones(1, weight.shape[1], dtype=weight.dtype)
+    with torch.no_grad():
+        return not torch.equal(linear(x, weight, None), linear(x, weight + 1, None))
 
 
 class Host:

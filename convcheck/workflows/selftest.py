@@ -29,7 +29,7 @@ from convcheck.layout import ParallelLayout
 from convcheck.mutants.catalog import FORWARD, MUTANTS, Mutant
 from convcheck.mutants.mutant import VIAS
 from convcheck.oracles import DEFAULT_ORACLES, OPTIONS, ORACLES
-from convcheck.rollout.environment import SET_ENV, check_python
+from convcheck.rollout.environment import SET_ENV, check_python, engine_packs_weights
 from convcheck.verdict import Report
 from convcheck.versions import versions
 from convcheck.workflows.kill_matrix import (
@@ -205,6 +205,12 @@ def _compatible(group: Sequence[Mutant]) -> bool:
     return not any(targets_meet(a.targets, b.targets, forward) for i, a in enumerate(group) for b in group[i + 1 :])
 
 
+NO_PACKING = (
+    "this CPU's vLLM backend packs no dense weight away at load (no AMX or oneDNN: it computes with the live "
+    "parameters), so loading weights past vLLM's reload path is no bug here"
+)
+"""Why a Mutant.engine_packing entry is skipped on such a host."""
+
 Progress = Callable[[str], None]
 ENGINE = "engine"
 """The oracle whose launches need the engine's environment (`make env-vllm`)."""
@@ -227,6 +233,8 @@ class Runner:
     lock: Any = field(default_factory=threading.Lock)
     engine_missing: str | None = None
     """Why the engine oracle cannot run here ("" once its environment was found); None until asked."""
+    packs: bool | None = None
+    """Whether this host's vLLM packs dense weights away at load; None until asked."""
 
     def spans(self, launch: Launch) -> Nodes | None:
         """The nodes `launch` spans: all of them when they split its ranks evenly, else None (this node alone)."""
@@ -238,12 +246,21 @@ class Runner:
         `--device cuda`), else None."""
         if ENGINE in launch.oracles and (why := self.no_engine()) is not None:
             return f"skipped: {why}"
+        if any(m.engine_packing for m in launch.mutants) and not self.engine_packs():
+            return f"skipped: {NO_PACKING}"
         world = ParallelLayout.parse(launch.layout).world_size
         nodes = self.spans(launch)
         here = world if nodes is None else nodes.per_node(world)
         if self.device == "cuda" and here > self.visible_gpus:
             return f"skipped: --device cuda needs {here} GPU(s) for {launch.label}, {self.visible_gpus} visible"
         return None
+
+    def engine_packs(self) -> bool:
+        """Whether this host's vLLM packs its dense weights away at load (asked once, of vLLM itself)."""
+        with self.lock:
+            if self.packs is None:
+                self.packs = engine_packs_weights(check_python(None, name=SET_ENV))
+            return self.packs
 
     def no_engine(self) -> str | None:
         """Why the engine oracle cannot run here (its environment missing, in one line), else None; asked once."""

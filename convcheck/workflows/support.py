@@ -302,6 +302,8 @@ def run_support(entries: list[dict[str, Any]], *, jobs: int, timeout: float, ext
             row = old[entry["arch"]]
         else:
             row = support_row(entry, root, timeout, extra)
+            if _CANCELLED.is_set():  # its verify runs may have been stopped mid-way: no row of the table
+                return row
             if progress:
                 progress(row)
         with lock:
