@@ -479,7 +479,8 @@ DELTA = ("model.layers.0.post_attention_layernorm.weight", "model.layers.0.self_
 """The planted update's tensors on tiny:qwen3-vllm (3 main-model tensors, evenly spaced in name order)."""
 PARTIAL_QKV = {("model.layers.0.self_attn.qkv_proj.weight", "delta-differs"), ("<outputs>", "logprobs-differ")}
 """vLLM's reload of v_proj alone leaves q and k of the fused qkv_proj uninitialized (and the outputs follow; whether
-the greedy tokens change too depends on what that memory held)."""
+the greedy tokens change too depends on what that memory held). Where the CPU backend packs nothing, that memory has
+been seen to hold the old q and k rows, so qkv_proj then equals the fresh load."""
 MAYBE = {("<outputs>", "tokens-differ")}
 
 
@@ -494,13 +495,17 @@ def test_a_delta_sync_is_held_to_a_fresh_load_naming_vllms_partial_reload_and_a_
     (engine,) = res.report["oracles"]
     assert engine["metrics"]["delta"] == list(DELTA)
     dropped = DELTA[0]
-    assert _found(res) - MAYBE == PARTIAL_QKV | {(dropped, "delta-differs")}  # taken from the stream, never loaded
-    assert "first at index [1]: got" in _message(res, dropped, "delta-differs")
-    qkv = _message(res, "model.layers.0.self_attn.qkv_proj.weight", "delta-differs")
-    assert "first at index [0, 0] <- model.layers.0.self_attn.q_proj.weight[0, 0]" in qkv
+    found = _found(res) - MAYBE
+    qkv_differs = PARTIAL_QKV <= found or _packs()  # the uninitialized q / k rows may hold the old values elsewhere
+    assert found == {(dropped, "delta-differs"), ("<outputs>", "logprobs-differ")} | (PARTIAL_QKV if qkv_differs else
+                                                                                       set())  # fmt: skip
+    assert "first at index [1]: got" in _message(res, dropped, "delta-differs")  # taken from the stream, never loaded
     tags = {f["tensor"]: f["detail"].get(UPSTREAM_BUG) for f in res.findings("engine") if f["kind"] == "delta-differs"}
-    assert tags == {"model.layers.0.self_attn.qkv_proj.weight": "vllm-reload-partial-layer-uninitialized",
-                    dropped: None}  # fmt: skip
+    if qkv_differs:
+        qkv = _message(res, "model.layers.0.self_attn.qkv_proj.weight", "delta-differs")
+        assert "first at index [0, 0] <- model.layers.0.self_attn.q_proj.weight[0, 0]" in qkv
+        assert tags.pop("model.layers.0.self_attn.qkv_proj.weight") == "vllm-reload-partial-layer-uninitialized"
+    assert tags == {dropped: None}
     _no_leftovers(tmp_path)
 
 

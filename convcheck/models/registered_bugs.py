@@ -5,7 +5,7 @@ in its Architecture."""
 
 from __future__ import annotations
 
-from convcheck.models.upstream_bug import BUILD_FAILED, UpstreamBug
+from convcheck.models.upstream_bug import BUILD_FAILED, WRONG_DTYPE, UpstreamBug
 
 DEEPSEEK_V4_ROPE_NEEDS_YARN = UpstreamBug(
     name="deepseek-v4-rope-needs-yarn",
@@ -308,12 +308,7 @@ QWEN25_VL_DTYPE_FROM_TEXT_CONFIG = UpstreamBug(
     "checkpoint's dtype on the top-level config only: a bf16 checkpoint builds an fp32 model and exports every "
     "tensor as fp32 (qwen3-vl-dtype-from-text-config's twin)",
     where="megatron/bridge/models/qwen_vl/qwen25_vl_bridge.py:55 (0.4.2; hf_config_to_provider_kwargs(text_config))",
-    findings=(
-        ("roundtrip", "*", "dtype"),
-        ("layout", "*", "tp1-differs-from-source"),
-        ("save", "*", "dtype"),
-        ("mapping", "*", "import-dtype"),
-    ),
+    findings=WRONG_DTYPE,
     seen_in=("0.4.2",),
 )
 """Seen by `convcheck support` on bridge 0.4.2 (Qwen2_5_VLForConditionalGeneration written by transformers 5.3.0, bf16);
@@ -368,12 +363,7 @@ QWEN2_AUDIO_DTYPE_FROM_TEXT_CONFIG = UpstreamBug(
     "(qwen25-vl-dtype-from-text-config's twin)",
     where="megatron/bridge/models/qwen_audio/qwen2_audio_bridge.py:83 (0.4.2; "
     "hf_config_to_provider_kwargs(text_config)); conversion/model_bridge.py:515 (dtype_from_hf, default float32)",
-    findings=(
-        ("roundtrip", "*", "dtype"),
-        ("layout", "*", "tp1-differs-from-source"),
-        ("save", "*", "dtype"),
-        ("mapping", "*", "import-dtype"),
-    ),
+    findings=WRONG_DTYPE,
     seen_in=("0.4.0", "0.4.1", "0.4.2"),
 )
 """Seen by `convcheck support` on bridge 0.4.2 beside qwen2-audio-learned-position-embeddings (the layout oracle's TP1
@@ -386,12 +376,7 @@ QWEN25_OMNI_DTYPE_FROM_THINKER_CONFIG = UpstreamBug(
     "builds an fp32 thinker and exports every tensor as fp32",
     where="megatron/bridge/models/qwen_omni/qwen25_omni_bridge.py:55 (dtype_from_hf(thinker_config, "
     "default=torch.float32))",
-    findings=(
-        ("roundtrip", "*", "dtype"),
-        ("layout", "*", "tp1-differs-from-source"),
-        ("save", "*", "dtype"),
-        ("mapping", "*", "import-dtype"),
-    ),
+    findings=WRONG_DTYPE,
     seen_in=("0.4.2",),
 )
 """Seen by `convcheck support` on bridge 0.4.2 (Qwen2_5OmniForConditionalGeneration written by transformers 5.3.0) at

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from convcheck.models.upstream_bug import UpstreamBug
+from convcheck.models.upstream_bug import WRONG_DTYPE, UpstreamBug
 
 POST_LAYERNORM_DEFAULT_EPS = UpstreamBug(
     name="te-post-layernorm-default-eps",
@@ -31,12 +31,7 @@ QWEN3_VL_DTYPE_FROM_TEXT_CONFIG = UpstreamBug(
     "checkpoint builds an fp32 model and exports every tensor as fp32",
     where="megatron/bridge/models/qwen_vl/qwen3_vl_bridge.py:73, :232 (hf_config_to_provider_kwargs(text_config)); "
     "conversion/model_bridge.py:621 (dtype_from_hf, default float32)",
-    findings=(
-        ("roundtrip", "*", "dtype"),
-        ("layout", "*", "tp1-differs-from-source"),
-        ("save", "*", "dtype"),
-        ("mapping", "*", "import-dtype"),
-    ),
+    findings=WRONG_DTYPE,
     seen_in=("0.4.2", "0.6.2"),
 )
 """Seen on tiny Qwen3-VL and Qwen3-VL-MoE checkpoints written by transformers 5.12.1's save_pretrained (bf16); the

@@ -84,3 +84,12 @@ EVERY_ORACLE = ("coverage", "roundtrip", "config", "logits", "differential", "el
 BUILD_FAILED = tuple((oracle, "<build>", "build-failed") for oracle in EVERY_ORACLE)
 """An UpstreamBug's findings when the bridge cannot build the model: every oracle's build failure (name the bug's own
 error with `message_contains`)."""
+
+WRONG_DTYPE = (
+    ("roundtrip", "*", "dtype"),
+    ("layout", "*", "tp1-differs-from-source"),
+    ("save", "*", "dtype"),
+    ("mapping", "*", "import-dtype"),
+)
+"""An UpstreamBug's findings when the bridge builds the model in another dtype than the checkpoint's (a dtype read
+where the checkpoint does not keep it): every exported tensor's dtype, as roundtrip, layout, save and mapping see it."""
