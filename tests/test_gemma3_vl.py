@@ -254,6 +254,25 @@ def test_planted_provider_fields_are_named() -> None:
     assert found["text_config.rope_parameters -> rotary_base"].detail["expected"] == "[10000.0, 1000000.0]"
 
 
+def test_the_head_rule_sees_the_pooling_head_in_either_tower_a_release_builds() -> None:
+    """Bridge releases before 0.5.0 hold transformers' whole SiglipVisionModel as the tower, which in transformers 5.3
+    wraps the head-holding module under `vision_model`; later ones hold the head-holding module itself. The head rule
+    observes the head, and its absence, in both shapes (before, the wrapped tower read as headless: a false mismatch
+    on bridge 0.4.0). The wrapped shape here is transformers' own SiglipModel, whose `vision_model` holds the head."""
+    import transformers
+
+    from convcheck.models.gemma3_vl_config import VISION_TOWER
+
+    (rule,) = [r for r in VISION_TOWER if r.megatron == "model.vision_tower"]
+    tiny = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
+    for use_head in (True, False):
+        vision = {**tiny, "image_size": 16, "patch_size": 4, "vision_use_head": use_head}
+        inner = transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**vision))
+        wrapped = transformers.SiglipModel(transformers.SiglipConfig(text_config=tiny, vision_config=vision))
+        assert hasattr(wrapped.vision_model, "head") is use_head and not hasattr(wrapped, "head")
+        assert [rule.observe(t, None) for t in (inner, wrapped)] == [use_head, use_head]
+
+
 # ---- rank runs -------------------------------------------------------------------------------------------------------
 
 ORACLES = ("coverage", "roundtrip", "config", "logits", "differential", "elements", "layout", "mapping")

@@ -223,3 +223,29 @@ def test_a_row_finished_after_the_run_was_cancelled_is_not_recorded(monkeypatch:
     finally:
         workflow._CANCELLED.clear()
     assert shown == ["AForCausalLM"] and saved == [["AForCausalLM"]]
+
+
+def test_the_ernie_vl_router_as_transformers_writes_it_passes_the_input_check(tmp_path: Path) -> None:
+    """transformers writes Ernie 4.5 VL's router `mlp.gate.weight` as published, [hidden, experts] (its
+    conversion_mapping.py transposes it on load): convcheck's config/weights shape check opens that checkpoint (before,
+    it rejected the row as a config mismatch, exit 2); the same tensors under another model_type still fail the
+    check, naming the first router."""
+    import torch
+    import transformers
+
+    from convcheck.errors import BadInput
+    from convcheck.fixtures.support_child import default_config
+    from convcheck.hf.checkpoint import open_checkpoint
+    from convcheck.hf.shapes import check_config_shapes
+
+    config = default_config("Ernie4_5_VLMoeForConditionalGeneration")
+    with torch.device("cpu"):
+        model = transformers.Ernie4_5_VLMoeForConditionalGeneration._from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(tmp_path)
+    checkpoint = open_checkpoint(tmp_path)
+    gates = sorted(n for n in checkpoint.tensors if n.endswith("mlp.gate.weight"))
+    hidden, experts = config.text_config.hidden_size, config.text_config.moe_num_experts
+    assert gates and {tuple(checkpoint.tensors[n].shape) for n in gates} == {(hidden, experts)}
+    with pytest.raises(BadInput, match=rf"^config/weights shape mismatch: tensor '{re.escape(gates[0])}' .* implies "
+                                       rf"\[{experts}, {hidden}\]"):  # fmt: skip
+        check_config_shapes({**checkpoint.config, "model_type": "qwen3_moe"}, checkpoint.tensors)

@@ -292,3 +292,33 @@ def test_the_0_4_qwen2_audio_bugs_tag_the_unmapped_position_table_its_crashes_an
     (alone,), _ = tag_upstream_bugs(arch, "0.4.2", [replace(coverage, findings=(crash, idle))])
     assert all(UPSTREAM_BUG not in f.detail for f in alone.findings)
     assert tag_upstream_bugs(arch, "0.6.2", [coverage, forward, dtype])[1] == []
+
+
+def test_the_0_4_export_crash_on_a_tensor_the_checkpoint_lacks_tags_the_crash_and_what_it_never_exported() -> None:
+    """Bridge 0.4.x raises `Unknown parallelism type: None` from the export when one mapped tensor is missing from the
+    checkpoint (seen on NemotronH written by transformers 5.3.0): that crash and every tensor the export then never
+    produced are the bug, for any architecture; another export crash, and the same crash on 0.5.x (which returns
+    nothing for such a task: the fix is in the pinned source), are not."""
+    import inspect
+
+    from megatron.bridge.models.conversion.param_mapping import AutoMapping
+
+    from convcheck.models.bridge_wide import EXPORT_RAISES_ON_A_MISSING_TENSOR as bug
+
+    raised = ("bridge.export_hf_weights raised ValueError: Unknown parallelism type: None at "
+              "megatron/bridge/models/conversion/param_mapping.py:1192")  # fmt: skip
+    crash = Finding(tensor="<export>", kind="export-failed", message=raised)
+    never = Finding(tensor="backbone.layers.0.mixer.A_log", kind="not-exported", message="never produced")
+    coverage = OracleVerdict(name="coverage", checked=2, findings=(crash, never))
+    roundtrip = _roundtrip(Finding(tensor="backbone.norm_f.weight", kind="missing", message="not in the export"))
+    for arch in ("NemotronHForCausalLM", "LlamaForCausalLM"):
+        tagged, lines = tag_upstream_bugs(arch, "0.4.2", [coverage, roundtrip])
+        assert [[f.detail.get(UPSTREAM_BUG) for f in v.findings] for v in tagged] == [[bug.name] * 2, [bug.name]]
+        assert [line.split(":")[0] for line in lines] == [f"3 finding(s) are the known megatron-bridge bug {bug.name}"]
+    other = replace(crash, message="bridge.export_hf_weights raised KeyError: 'x'")
+    (alone, _), _ = tag_upstream_bugs("LlamaForCausalLM", "0.4.2", [replace(coverage, findings=(other, never)),
+                                                                     roundtrip])  # fmt: skip
+    assert all(UPSTREAM_BUG not in f.detail for f in alone.findings)
+    assert tag_upstream_bugs("NemotronHForCausalLM", "0.5.1", [coverage, roundtrip])[1] == []
+    source = inspect.getsource(AutoMapping.megatron_to_hf)
+    assert "if self._detected_type is None:\n                return {}" in source

@@ -32,6 +32,9 @@ class ShapeRule:
 
     pattern: str
     dims: tuple[Dim, ...]
+    stored_otherwise: tuple[str, ...] = ()
+    """model_types whose published checkpoints store the tensor in another layout, which transformers converts on
+    load (its conversion_mapping.py): the rule does not apply to them."""
 
 
 RULES: tuple[ShapeRule, ...] = (
@@ -50,14 +53,19 @@ RULES: tuple[ShapeRule, ...] = (
     ShapeRule(_LAYER + r"mlp\.down_proj\.weight", (_HIDDEN, _FFN)),
     ShapeRule(_LAYER + r"mlp\.experts\.\d+\.(?:gate|up)_proj\.weight", (_MOE_FFN, _HIDDEN)),
     ShapeRule(_LAYER + r"mlp\.experts\.\d+\.down_proj\.weight", (_HIDDEN, _MOE_FFN)),
-    ShapeRule(_LAYER + r"mlp\.gate\.weight", (_EXPERTS, _HIDDEN)),
+    # Ernie 4.5 VL stores the router [hidden, experts]; transformers transposes it on load (conversion_mapping.py,
+    # "ernie4_5_vl_moe": mlp.gate.weight -> mlp.text_moe.gate.weight, Transpose(0, 1)).
+    ShapeRule(_LAYER + r"mlp\.gate\.weight", (_EXPERTS, _HIDDEN), stored_otherwise=("ernie4_5_vl_moe",)),
 )
 _COMPILED = tuple((re.compile(rule.pattern), rule) for rule in RULES)
 
 
-def expected_shape(name: str, geometry: Geometry) -> tuple[tuple[int, ...], str] | None:
-    """(implied shape, 0 where free; the config fields it follows from) for tensor `name`, None when no rule."""
+def expected_shape(name: str, geometry: Geometry, model_type: str = "") -> tuple[tuple[int, ...], str] | None:
+    """(implied shape, 0 where free; the config fields it follows from) for tensor `name` of a checkpoint of
+    `model_type`, None when no rule applies."""
     for pattern, rule in _COMPILED:
+        if model_type in rule.stored_otherwise:
+            continue
         if match := pattern.fullmatch(name):
             layer = int(match["layer"]) if "layer" in pattern.groupindex else -1
             sizes = tuple(value(geometry, layer) for _, value in rule.dims)
@@ -80,7 +88,7 @@ def check_config_shapes(config: dict[str, Any], tensors: Mapping[str, Any]) -> N
                 f"never empty"
             )
             continue
-        implied = expected_shape(name, geometry)
+        implied = expected_shape(name, geometry, str(config.get("model_type", "")))
         if implied is None:
             continue
         sizes, fields = implied

@@ -27,6 +27,36 @@ ROW_PARALLEL_SCATTER_NON_CONTIGUOUS = UpstreamBug(
 """Seen at TP2 with bridge 0.3.x on tiny:olmoe (o_proj) and tiny:qwen3 (down_proj). The mapping oracle names the same
 shards (import-bytes-differ) untagged, and the logits differ: a layer never loaded gives those findings too."""
 
+EXPORT_RAISES_ON_A_MISSING_TENSOR = UpstreamBug(
+    name="export-raises-on-a-tensor-the-checkpoint-lacks",
+    summary="build_conversion_tasks skips a mapped HF tensor the checkpoint lacks, then fills its slot 'for pp "
+    "communications' with no module; the export's AutoMapping asks the pipeline ranks for the parameter's "
+    "parallelism, none has it (at PP1 there is no other rank), and it raises ValueError 'Unknown parallelism type: "
+    "None': one tensor missing from the checkpoint stops the whole export",
+    where="megatron/bridge/models/conversion/param_mapping.py:1192 (0.4.2; :1170 in 0.4.0 / 0.4.1: "
+    "_get_or_create_mapping after megatron_to_hf's broadcast at :1285), model_bridge.py:1494-1509 (the filled task)",
+    findings=(
+        ("*", "<export>", "export-failed"),
+        ("layout", "<export>", "tp1-export-failed"),
+        ("differential", "*", "probe-failed"),  # the oracles' own megatron_to_hf calls of that task raise alike
+        ("elements", "*", "probe-failed"),
+    ),
+    message_contains="Unknown parallelism type: None",
+    consequences=(
+        ("coverage", "*", "not-exported"),
+        ("roundtrip", "*", "missing"),
+        ("elements", "*", "never-written"),
+        ("layout", "*", "missing"),
+        ("mapping", "*", "not-exported"),
+    ),
+    seen_in=("0.4.0", "0.4.1", "0.4.2"),
+    fixed_in="0.5.0 (AutoMapping.megatron_to_hf returns nothing when no rank detected a type, "
+    "param_mapping.py:1570-1579)",
+)
+"""Seen by `convcheck support` on NemotronHForCausalLM written by transformers 5.3.0 (its embedding saved under another
+name than the bridge maps: transformers-nemotron-h-embedding-saved-singular) with bridge 0.4.0 and 0.4.2 at TP2; the
+export's findings (every tensor never exported) follow from the crash."""
+
 SEQUENTIAL_EXPERT_EXPORT_FAILS = UpstreamBug(
     name="sequential-expert-export-fails",
     summary="the export of SequentialMLP experts reads the expert number after `.weight` in the Megatron name, "
@@ -179,6 +209,7 @@ router_aux_loss_coef 0.9, at TP2 and EP2); CONFIG_MAPPING is the same in 0.4.0 a
 BRIDGE_WIDE: tuple[UpstreamBug, ...] = (
     ROW_PARALLEL_SCATTER_NON_CONTIGUOUS,
     SEQUENTIAL_EXPERT_EXPORT_FAILS,
+    EXPORT_RAISES_ON_A_MISSING_TENSOR,
     WRITER_STRICT_ONLY_WARNS,
     QUANT_EXPERT_SCALE_SQUEEZED,
     QUANT_QKV_SCALE_3D,

@@ -36,6 +36,13 @@ def _head(c: HfView, _m: MegatronGet) -> bool:
     return bool(c.get(f"{VISION}.vision_use_head", True))
 
 
+def _has_pooling_head(tower: Any) -> bool:
+    """Whether the bridge's SigLIP tower holds the pooling head: on the tower itself (bridge 0.5.0+ keeps the inner
+    SiglipVisionTransformer, modeling_gemma3_vl.py:99) or on its `vision_model` (releases before hold the whole
+    SiglipVisionModel, modeling_gemma3_vl.py:94)."""
+    return hasattr(getattr(tower, "vision_model", tower), "head")
+
+
 def _patches_per_side(c: HfView, _m: MegatronGet) -> int:
     """image_size // patch_size: the side of the patch grid HF's projector reshapes (Gemma3MultiModalProjector)."""
     return int(c[f"{VISION}.image_size"]) // int(c[f"{VISION}.patch_size"])
@@ -65,7 +72,7 @@ VISION_TOWER = (
         megatron="model.vision_tower",
         hf=(f"{VISION}.vision_use_head",),
         expect=_head,
-        observe=lambda tower, _m: hasattr(tower, "head"),
+        observe=lambda tower, _m: _has_pooling_head(tower),
         note="whether the tower has the pooling head (the bridge drops it: gemma3-vl-pooling-head-dropped)",
     ),
 )

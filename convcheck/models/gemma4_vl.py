@@ -253,7 +253,7 @@ DENSE_PER_LAYER_REFUSED = UpstreamBug(
     where="megatron/bridge/models/gemma_vl/gemma4_vl_bridge.py:78-84 (0.5.1)",
     findings=BUILD_FAILED,
     message_contains="only supports MoE models",
-    seen_in=("0.5.1",),
+    seen_in=("0.5.0", "0.5.1"),
     fixed_in="0.6.0",
 )
 """Seen by `convcheck support` on bridge 0.5.1 (Gemma4ForConditionalGeneration from transformers 5.8.1's default

@@ -148,7 +148,7 @@ QKV_A_NORM_EPS = UpstreamBug(
         ("logits", "logits", "logits-differ"),
         ("logits", "greedy-tokens", "greedy-differs"),
     ),
-    seen_in=("0.5.1", "0.6.0", "0.6.2"),
+    seen_in=("0.5.0", "0.5.1", "0.6.0", "0.6.2"),
 )
 """Seen by `convcheck support` on Glm4MoeLiteForCausalLM from transformers' default config (rms_norm_eps 1e-5) at TP2
 and EP2: logits differ by 1.9e-2; the same checkpoint with rms_norm_eps 1e-6 passes logits and config (2.7e-7)."""

@@ -222,7 +222,7 @@ FIRST_K_DENSE_REQUIRED = UpstreamBug(
     where="megatron/bridge/models/glm_moe_dsa/glm5_bridge.py:97-98 (0.5.1)",
     findings=BUILD_FAILED,
     message_contains="first_k_dense_replace",
-    seen_in=("0.5.1",),
+    seen_in=("0.5.0", "0.5.1"),
 )
 """Seen by `convcheck support` on bridge 0.5.1 (GlmMoeDsaForCausalLM from transformers 5.8.1's default config)."""
 

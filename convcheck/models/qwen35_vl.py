@@ -127,7 +127,7 @@ CONFIG_EXPORT_FLAT = UpstreamBug(
     "qwen_vl/qwen35_vl_bridge.py:139-353 (no override, no vision fields); 0.5.x: model_bridge.py:670-741, "
     "qwen35_vl_bridge.py:143-349",
     findings=(("config", "* (megatron_to_hf_config)", "roundtrip-mismatch"),),
-    seen_in=("0.5.0", "0.5.1", "0.6.2"),
+    seen_in=("0.5.0", "0.5.1", "0.6.0", "0.6.2"),
 )
 """Seen on tiny:qwen3.5-vl and tiny:qwen3.5-vl-moe: every text_config / vision_config field and the image / video token
 ids come back as the config class's defaults (qwen3-vl-config-export-flat's twin). Import, export of the weights and

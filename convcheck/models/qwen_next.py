@@ -170,8 +170,8 @@ PER_EXPERT_CHECKPOINT_NOT_READ = UpstreamBug(
     "bridges map the routed experts only to the fused experts.gate_up_proj / down_proj, while a checkpoint holds "
     "them per expert (experts.N.gate_proj.weight, as transformers 5.8.1's save_pretrained writes): the import raises "
     "KeyError and loads nothing, and the export writes fused tensors the checkpoint does not have",
-    where="megatron/bridge/models/qwen/qwen35_bridge.py:234-244 (0.5.1; the per-expert mappings at :245-256 serve "
-    "SequentialMLP only)",
+    where="megatron/bridge/models/qwen/qwen35_bridge.py:236-244 (0.5.0), :234-244 (0.5.1; the per-expert mappings "
+    "at :245-256 serve SequentialMLP only)",
     findings=(
         ("*", "*mlp.experts.*.*_proj.weight", "not-exported"),
         ("*", "*mlp.experts.*.*_proj.weight", "missing"),
@@ -188,7 +188,7 @@ PER_EXPERT_CHECKPOINT_NOT_READ = UpstreamBug(
         ("logits", "logits", "logits-differ"),
         ("logits", "greedy-tokens", "greedy-differs"),
     ),
-    seen_in=("0.5.1",),
+    seen_in=("0.5.0", "0.5.1"),
 )
 """Seen by `convcheck support` on bridge 0.5.1 (Qwen3_5MoeForCausalLM and Qwen3_5MoeForConditionalGeneration written
 by transformers 5.8.1), every finding of the import that never ran following it."""

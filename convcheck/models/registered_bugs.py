@@ -15,7 +15,7 @@ DEEPSEEK_V4_ROPE_NEEDS_YARN = UpstreamBug(
     where="megatron/bridge/models/deepseek/deepseek_v4_bridge.py:441 (and :442-444)",
     findings=BUILD_FAILED,
     message_contains="'factor'",
-    seen_in=("0.5.1", "0.6.0", "0.6.2"),
+    seen_in=("0.5.0", "0.5.1", "0.6.0", "0.6.2"),
 )
 """Seen by `convcheck support` on DeepseekV4ForCausalLM built from transformers 5.12.1's default config."""
 
@@ -59,7 +59,7 @@ GLM45V_HEAD_DIM_REQUIRED = UpstreamBug(
     where="megatron/bridge/models/glm_vl/glm_45v_bridge.py:51",
     findings=BUILD_FAILED,
     message_contains="head_dim",
-    seen_in=("0.4.2", "0.5.1", "0.6.0", "0.6.2"),
+    seen_in=("0.4.0", "0.4.2", "0.5.0", "0.5.1", "0.6.0", "0.6.2"),
 )
 """Seen by `convcheck support` on Glm4vMoeForConditionalGeneration built from transformers 5.12.1's default config."""
 
@@ -102,7 +102,7 @@ MINISTRAL3_LLAMA4_SCALING_BETA_REQUIRED = UpstreamBug(
     where="megatron/bridge/models/ministral3/ministral3_provider.py:205",
     findings=BUILD_FAILED,
     message_contains="llama_4_scaling_beta",
-    seen_in=("0.4.2", "0.5.1", "0.6.0", "0.6.2"),
+    seen_in=("0.4.0", "0.4.2", "0.5.0", "0.5.1", "0.6.0", "0.6.2"),
 )
 """Seen by `convcheck support` on Mistral3ForConditionalGeneration built from transformers 5.12.1's default config."""
 
@@ -115,7 +115,7 @@ ERNIE45_SIGMOID_ROUTER = UpstreamBug(
     where="megatron/bridge/models/ernie/ernie_45_bridge.py:225; transformers models/ernie4_5_moe/"
     "modeling_ernie4_5_moe.py:370-376 (the softmax routing)",
     findings=(("logits", "logits", "logits-differ"), ("logits", "greedy-tokens", "greedy-differs")),
-    seen_in=("0.5.1", "0.6.0", "0.6.2"),
+    seen_in=("0.5.0", "0.5.1", "0.6.0", "0.6.2"),
 )
 """Seen by `convcheck support` on Ernie4_5_MoeForCausalLM built from transformers 5.12.1's default config (logits
 9.6e-4 apart at TP2); tests/test_upstream_bugs.py recomputes both routings."""
@@ -133,7 +133,7 @@ ERNIE45_ROUTER_GATE_BF16 = UpstreamBug(
         ("roundtrip", "model.layers.*.mlp.gate.weight", "dtype"),
         ("layout", "model.layers.*.mlp.gate.weight", "tp1-differs-from-source"),
     ),
-    seen_in=("0.5.1", "0.6.0", "0.6.2"),
+    seen_in=("0.5.0", "0.5.1", "0.6.0", "0.6.2"),
 )
 """Seen by `convcheck support` on Ernie4_5_MoeForCausalLM written by transformers 5.12.1 (the gate float32)."""
 
@@ -175,7 +175,7 @@ GEMMA3_VL_POOLING_HEAD_DROPPED = UpstreamBug(
         ("mapping", "vision_tower.*head.*", "uncovered"),
         ("config", "vision_config.vision_use_head -> model.vision_tower", "mismatch"),
     ),
-    seen_in=("0.5.1", "0.6.0", "0.6.2"),
+    seen_in=("0.5.0", "0.5.1", "0.6.0", "0.6.2"),
 )
 """Seen by `convcheck support` on Gemma3ForConditionalGeneration built from transformers 5.12.1's default config, and on
 the published gemma-3-4b-it config shrunk without its vision_use_head (the head's 11 tensors, named
@@ -190,7 +190,7 @@ FALCON_H1_NORM_BEFORE_GATE = UpstreamBug(
     "ssm/mamba_mixer.py:276 (assert not self.norm_before_gate)",
     findings=BUILD_FAILED,
     message_contains="FalconH1MambaMixer",
-    seen_in=("0.5.1", "0.6.0", "0.6.2"),
+    seen_in=("0.5.0", "0.5.1", "0.6.0", "0.6.2"),
 )
 """Seen by `convcheck support` on FalconH1ForCausalLM built from transformers 5.12.1's default config."""
 
@@ -210,7 +210,7 @@ QWEN25_OMNI_TALKER_TOKEN2WAV_DROPPED = UpstreamBug(
         ("layout", "talker.*", "missing"),
         ("layout", "token2wav.*", "missing"),
     ),
-    seen_in=("0.4.2", "0.5.1", "0.6.2"),
+    seen_in=("0.4.0", "0.4.2", "0.5.0", "0.5.1", "0.6.2"),
 )
 """Seen by `convcheck support` on Qwen2_5OmniForConditionalGeneration built from transformers 5.12.1's default
 config."""
@@ -232,7 +232,7 @@ QWEN25_OMNI_TIE_FROM_TEXT_CONFIG = UpstreamBug(
         ("layout", "thinker.lm_head.weight", "missing"),
         ("mapping", "thinker.lm_head.weight", "not-exported"),
     ),
-    seen_in=("0.4.2", "0.5.1", "0.6.2"),
+    seen_in=("0.4.0", "0.4.2", "0.5.0", "0.5.1", "0.6.2"),
 )
 """Seen by `convcheck support` on Qwen2_5OmniForConditionalGeneration built from transformers 5.12.1's default
 config (the thinker untied, its text config tied), and on 0.4.2 / 0.5.1 (the same line 75)."""
@@ -295,12 +295,14 @@ TRANSFORMERS_EMBEDDING_SAVED_SINGULAR = UpstreamBug(
         ("mapping", "embedding.word_embeddings.weight", "mapping-error"),
     ),
     consequences=(("logits", "logits", "logits-differ"), ("logits", "greedy-tokens", "greedy-differs")),
-    seen_in=("5.8.1", "5.12.1"),
+    seen_in=("5.3.0", "5.8.1", "5.12.1"),
     project="transformers",
 )
 """Seen by `convcheck support` on NemotronHForCausalLM written by transformers 5.12.1's save_pretrained at EP2; the
 logits of a model whose embedding the import never wrote (NaN) differ as a consequence, tagged only beside the
-embedding's coverage findings (a planted NemotronH bug the logits catch stays untagged)."""
+embedding's coverage findings (a planted NemotronH bug the logits catch stays untagged). transformers 5.3.0 renames
+the same way (conversion_mapping.py:294); with bridge 0.4.x the export then raises as well
+(export-raises-on-a-tensor-the-checkpoint-lacks)."""
 
 QWEN25_VL_DTYPE_FROM_TEXT_CONFIG = UpstreamBug(
     name="qwen25-vl-dtype-from-text-config",
@@ -309,7 +311,7 @@ QWEN25_VL_DTYPE_FROM_TEXT_CONFIG = UpstreamBug(
     "tensor as fp32 (qwen3-vl-dtype-from-text-config's twin)",
     where="megatron/bridge/models/qwen_vl/qwen25_vl_bridge.py:55 (0.4.2; hf_config_to_provider_kwargs(text_config))",
     findings=WRONG_DTYPE,
-    seen_in=("0.4.2",),
+    seen_in=("0.4.0", "0.4.2"),
 )
 """Seen by `convcheck support` on bridge 0.4.2 (Qwen2_5_VLForConditionalGeneration written by transformers 5.3.0, bf16);
 0.5.1's passes those oracles."""
