@@ -91,3 +91,29 @@ def test_cpu_settings_still_needed() -> None:
     assert alltoall
     assert "torch.cuda.Stream" in inspect.getsource(token_dispatcher.MoEAlltoAllTokenDispatcher)
     assert "transformer_engine_layer_spec" in inspect.getsource(gpt_provider.default_layer_spec)
+
+
+@pytest.mark.fresh_process
+def test_a_spec_whose_module_helper_reads_have_te_is_built_with_te() -> None:
+    """Ernie 4.5 VL's decoder spec picks its linears in a helper that reads the module's HAVE_TE
+    (ernie_decoder_layer_spec.py:63, `_get_linear_modules`): without TE, linear_qkv is a ColumnParallelLinear with no
+    input norm at all, a model production never builds. `te_block_spec` follows the spec function's calls into its
+    module, so the TE layout is built on the stand-in (its fused norm, which the bridge maps input_layernorm to); a
+    function of the module that never reaches HAVE_TE is left as it is."""
+    res = _run(
+        """
+        from convcheck import compat
+        compat.install("cpu", "te")
+        from megatron.bridge.models.ernie_vl.modeling_ernie45_vl import ernie_decoder_layer_spec as m
+        from convcheck.compat.provider import reads_have_te, te_block_spec
+        assert m.HAVE_TE is False
+        assert reads_have_te(m.get_ernie45_vl_decoder_block_spec, m)
+        assert not reads_have_te(m.ErnieMultiTypeMoE.__init__, m)
+        qkv = lambda spec: spec.submodules.self_attention.submodules.linear_qkv.__name__
+        assert qkv(m._get_ernie_decoder_layer_spec()) == "ColumnParallelLinear"
+        assert qkv(te_block_spec(m._get_ernie_decoder_layer_spec)()) == "TELayerNormColumnParallelLinear"
+        assert m.HAVE_TE is False
+        print("ok")
+        """
+    )
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-2000:]

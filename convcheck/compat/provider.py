@@ -79,24 +79,38 @@ def keeps_te_free_block_spec(spec: Any) -> bool:
     )
 
 
+def reads_have_te(func: Any, module: Any, seen: set[str] | None = None) -> bool:
+    """Whether `func` reads `module`'s global HAVE_TE, itself or through the functions of that module it calls by
+    name (followed once each)."""
+    code = getattr(func, "__code__", None)
+    if code is None:
+        return False
+    if "HAVE_TE" in code.co_names:
+        return True
+    seen = set() if seen is None else seen
+    for name in code.co_names:
+        helper = getattr(module, name, None)
+        if name in seen or getattr(helper, "__module__", None) != module.__name__ or not hasattr(helper, "__code__"):
+            continue
+        seen.add(name)
+        if reads_have_te(helper, module, seen):
+            return True
+    return False
+
+
 def te_block_spec(spec: Any) -> Any:
     """A bridge's block spec bound to its module's HAVE_TE (False without TE: glm45_bridge.py:63,
     deepseek_v3_bridge.py:57, minimax_m3_bridge.py:307, ...), bound to the TE specs instead; a bridge's spec function
-    that reads its module's HAVE_TE when called (exaone_moe_provider.py:55) called with it True; any other spec
-    unchanged."""
+    that reads its module's HAVE_TE when called, itself (exaone_moe_provider.py:55) or through a helper of its module
+    (Ernie 4.5 VL: ernie_decoder_layer_spec.py:63, _get_linear_modules, without TE a ColumnParallelLinear with no
+    input norm), called with it True; any other spec unchanged."""
     import functools
     import sys
 
     if isinstance(spec, functools.partial) and spec.keywords.get("use_transformer_engine") is False:
         return functools.partial(spec.func, *spec.args, **{**spec.keywords, "use_transformer_engine": True})
     module = sys.modules.get(getattr(spec, "__module__", None) or "")
-    code = getattr(spec, "__code__", None)
-    if (
-        module is None
-        or code is None
-        or "HAVE_TE" not in code.co_names
-        or getattr(module, "HAVE_TE", None) is not False
-    ):
+    if module is None or getattr(module, "HAVE_TE", None) is not False or not reads_have_te(spec, module):
         return spec
 
     @functools.wraps(spec)
