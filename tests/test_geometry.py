@@ -25,6 +25,19 @@ def test_ernies_moe_num_experts_counts_as_experts() -> None:
         ParallelLayout(ep=3).validate_for(config)
 
 
+def test_a_speech_out_model_reads_its_thinker() -> None:
+    """Qwen3-Omni's experts live in thinker_config.text_config (the bridge converts the thinker; the talker has
+    experts of its own sizes): EP2 is possible, the thinker's sizes win over the talker's and the top level's."""
+    config = {"model_type": "qwen3_omni_moe", "talker_config": {"text_config": {"num_experts": 8, "hidden_size": 32}},
+              "thinker_config": {"text_config": {"num_experts": 4, "hidden_size": 64, "num_attention_heads": 4,
+                                                 "vocab_size": 256}}}  # fmt: skip
+    geometry = Geometry.from_hf_config(config)
+    assert (geometry.num_experts, geometry.hidden, geometry.vocab) == (4, 64, 256)
+    ParallelLayout(ep=2).validate_for(config)
+    with pytest.raises(BadInput, match="the model has no experts"):
+        ParallelLayout(ep=2).validate_for({"talker_config": config["talker_config"], "num_attention_heads": 4})
+
+
 def test_layout_reads_the_same_precedence() -> None:
     config = {"num_attention_heads": 8, "text_config": {"num_attention_heads": 6}}
     ParallelLayout(tp=3).validate_for(config)

@@ -59,6 +59,32 @@ def test_upcast_restores_the_original_tensors_bit_for_bit() -> None:
     assert bytes_equal(snapshot, layer.weight)
 
 
+def test_a_tied_embedding_inside_a_wrapper_is_upcast_with_the_output_layer() -> None:
+    """The weight a tied output layer reads is found however deep its language model sits (Qwen2.5-Omni's
+    thinker.language_model): found once, and not at all where nothing ties."""
+    from convcheck.oracles.logits import _tied
+
+    class Language(torch.nn.Module):
+        def __init__(self, tie: bool) -> None:
+            super().__init__()
+            self.embedding = torch.nn.Embedding(8, 4)
+            self.share_embeddings_and_output_weights = tie
+
+        def shared_embedding_or_output_weight(self) -> torch.Tensor:
+            return self.embedding.weight
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, tie: bool) -> None:
+            super().__init__()
+            self.thinker = torch.nn.Module()
+            self.thinker.language_model = Language(tie)
+
+    tied = Wrapper(True)
+    found = _tied([tied])
+    assert len(found) == 1 and found[0] is tied.thinker.language_model.embedding.weight
+    assert _tied([Wrapper(False)]) == []
+
+
 def _fp32_model_logits(name: str) -> tuple[str, torch.Tensor, torch.Tensor]:
     """(checkpoint path, the fixed tokens, the logits of the fixture loaded whole in fp32 with `eager()` kernels)."""
     import transformers

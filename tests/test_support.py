@@ -42,6 +42,20 @@ def test_shrink_keeps_ratios_patterns_and_nested_configs() -> None:
     assert shrink_tree({"num_attention_heads": 8, "num_key_value_heads": 1})["num_key_value_heads"] == 1
 
 
+def test_a_layer_list_that_does_not_repeat_keeps_its_shortest_prefix_with_every_kind() -> None:
+    """ERNIE 4.5 VL's one dense layer then 27 sparse ones, and a per-modality list of expert widths: 2 layers (dense,
+    sparse), the widths scaled together to at most 128 in steps of 16 (the text / vision ratio kept); a pattern that
+    repeats keeps its period, one that does not repeat and has one kind keeps LAYERS."""
+    text = {"model_type": "ernie4_5_vl_moe_text", "num_hidden_layers": 28,
+            "mlp_layer_types": ["dense"] + ["sparse"] * 27, "moe_intermediate_size": [1536, 512]}  # fmt: skip
+    out = shrink_tree(text)
+    assert (out["num_hidden_layers"], out["mlp_layer_types"], out["moe_intermediate_size"]) == (
+        2, ["dense", "sparse"], [128, 48])  # fmt: skip
+    hybrid = shrink_tree({"num_hidden_layers": 12, "hybrid_override_pattern": "M-M-M-MM*-M-"})
+    assert (hybrid["num_hidden_layers"], hybrid["hybrid_override_pattern"]) == (9, "M-M-M-MM*")
+    assert shrink_tree({"num_hidden_layers": 9, "layer_types": ["full"] * 9})["num_hidden_layers"] == 2
+
+
 @pytest.mark.fresh_process
 def test_every_enumerated_architecture_gets_a_config_or_a_reason() -> None:
     """The child lists every architecture the installed bridge registers; each language-model class transformers has
@@ -93,6 +107,20 @@ def test_pass_all_generic_counts_each_layout_and_known_fail_rows() -> None:
     assert workflow.counts([config_bug, logits_bug, one_layout, clean]) == {
         "rows": 4, "pass": 1, "pass_generic": 2, "known_fail": 2, "not_covered": 1, "untagged_fail": 0,
         "outside": 0}  # fmt: skip
+
+
+def test_a_release_without_the_api_an_oracle_checks_leaves_it_not_covered() -> None:
+    """Bridge 0.3.0 has no megatron_to_hf_config: the config oracle's `not-supported` finding makes the row's config
+    verdict not covered, never an untagged FAIL; the row's other findings still decide it."""
+    finding = {"tensor": "<megatron_to_hf_config>", "kind": "not-supported",
+               "message": "megatron-bridge 0.3.0 has no megatron_to_hf_config to check", "detail": {}}  # fmt: skip
+    generic = dict.fromkeys(workflow.GENERIC_ORACLES, "pass")
+    report = {"exit": 1, "report": {"oracles": [
+        *({"name": n, "verdict": v, "checked": 1, "findings": []} for n, v in generic.items()),
+        {"name": "config", "verdict": "fail", "checked": 0, "findings": [finding]}]}}  # fmt: skip
+    row = workflow.row_from_runs({"arch": "LlamaForCausalLM", "model_type": "llama"}, [("tp2", report)])
+    assert (row.status, row.generic_pass, row.verdicts["config"], row.findings) == (
+        workflow.PASS, True, "not-covered", [])  # fmt: skip
 
 
 @pytest.mark.fresh_process
@@ -182,6 +210,28 @@ def test_the_logits_reference_of_an_audio_wrapper_is_its_own_class() -> None:
     assert lm_auto_class(transformers.Qwen3Config()) is transformers.AutoModelForCausalLM
     assert lm_auto_class(transformers.Qwen3VLConfig()) is transformers.AutoModelForImageTextToText
     assert lm_auto_class(transformers.Qwen2AudioConfig()) is transformers.AutoModelForMultimodalLM
+
+
+def test_a_speech_out_wrapper_gets_its_logits_from_its_thinker_and_its_default_config_builds() -> None:
+    """Qwen3-Omni's ForConditionalGeneration has no forward (generate() runs the thinker, then the talker): the logits
+    oracle's HF side calls its thinker; a model with a forward is called itself. transformers cannot build the class's
+    own default config (the talker reads shared_expert_intermediate_size and spatial_merge_size its config classes
+    lack); the shrunk one names them and builds."""
+    import torch
+    import transformers
+
+    from convcheck.fixtures.support_child import default_config
+    from convcheck.oracles.hf_stream import logits_module
+
+    arch = "Qwen3OmniMoeForConditionalGeneration"
+    with torch.device("meta"):
+        with pytest.raises(AttributeError, match="shared_expert_intermediate_size"):
+            getattr(transformers, arch)(transformers.Qwen3OmniMoeConfig())
+        omni = getattr(transformers, arch)(default_config(arch))
+        qwen3 = transformers.Qwen3ForCausalLM(default_config("Qwen3ForCausalLM"))
+    assert logits_module(omni) is omni.thinker and logits_module(qwen3) is qwen3
+    talker = omni.config.talker_config
+    assert (talker.spatial_merge_size, talker.text_config.shared_expert_intermediate_size) == (2, 32)
 
 
 def test_implied_mrope_sections_are_scaled_so_transformers_builds_the_tiny_model() -> None:

@@ -157,10 +157,13 @@ def test_the_support_dtype_and_head_bugs_are_still_in_the_upstream_source() -> N
     import inspect
 
     from convcheck import compat
+    from convcheck.models.ernie_vl_bugs import ERNIE45_VL_ROUTER_GATES_BF16
     from convcheck.models.registered_bugs import (
         ERNIE45_ROUTER_GATE_BF16,
         GEMMA3_VL_POOLING_HEAD_DROPPED,
         MINIMAX_M3_FP32_EXPORT,
+        QWEN3_OMNI_TALKER_CODE2WAV_DROPPED,
+        QWEN25_OMNI_TIE_FROM_TEXT_CONFIG,
     )
 
     compat.install_import_shims()
@@ -178,6 +181,12 @@ def test_the_support_dtype_and_head_bugs_are_still_in_the_upstream_source() -> N
         router
     )  # the file: a shim may wrap methods
     assert "gate.weight" in Ernie4_5_MoePreTrainedModel._keep_in_fp32_modules_strict
+    from megatron.bridge.models.ernie_vl import ernie45_vl_bridge
+    from transformers.models.ernie4_5_vl_moe.modeling_ernie4_5_vl_moe import Ernie4_5_VLMoePreTrainedModel
+
+    assert "gate.weight" in Ernie4_5_VLMoePreTrainedModel._keep_in_fp32_modules_strict
+    vl_routers = inspect.getsource(ernie45_vl_bridge.Ernie45VLBridge.mapping_registry).split("router.weight")
+    assert len(vl_routers) == 3 and "float32" not in inspect.getsource(ernie45_vl_bridge)  # plain AutoMappings
     from megatron.bridge.models.falcon_h1 import falconh1_bridge
     from megatron.bridge.models.qwen_omni import qwen25_omni_bridge
     from megatron.core.ssm import mamba_mixer
@@ -192,6 +201,10 @@ def test_the_support_dtype_and_head_bugs_are_still_in_the_upstream_source() -> N
     assert 'getattr(text_config, "tie_word_embeddings", False)' in omni
     mappings = omni.split("def mapping_registry")[1]
     assert "talker" not in mappings and "token2wav" not in mappings
+    from megatron.bridge.models.qwen_omni import qwen3_omni_bridge
+
+    omni3 = inspect.getsource(qwen3_omni_bridge.Qwen3OmniBridge).split("def mapping_registry")[1]
+    assert "thinker." in omni3 and "talker" not in omni3 and "code2wav" not in omni3
     from megatron.bridge.models.qwen_vl import qwen25_vl_bridge, qwen25_vl_provider
 
     assert "mrope_section" not in inspect.getsource(qwen25_vl_bridge)
@@ -199,6 +212,8 @@ def test_the_support_dtype_and_head_bugs_are_still_in_the_upstream_source() -> N
     thinker = Qwen2_5OmniConfig().thinker_config
     assert (thinker.tie_word_embeddings, thinker.text_config.tie_word_embeddings) == (False, True)
     cases = [("Ernie4_5_MoeForCausalLM", "model.layers.1.mlp.gate.weight", ERNIE45_ROUTER_GATE_BF16),
+             ("Ernie4_5_VLMoeForConditionalGeneration", "model.layers.1.mlp.gate.weight_1",
+              ERNIE45_VL_ROUTER_GATES_BF16),
              ("MiniMaxM3SparseForConditionalGeneration",
               "vision_tower.vision_model.embeddings.patch_embedding.weight", MINIMAX_M3_FP32_EXPORT)]  # fmt: skip
     for arch, tensor, bug in cases:
@@ -206,6 +221,17 @@ def test_the_support_dtype_and_head_bugs_are_still_in_the_upstream_source() -> N
         for who in (arch, "Qwen3ForCausalLM"):
             (verdict,), _ = tag_upstream_bugs(who, "0.6.2", [roundtrip])
             assert verdict.findings[0].detail.get(UPSTREAM_BUG) == (bug.name if who == arch else None), who
+    untied = _roundtrip(Finding(tensor="thinker.lm_head.weight", kind="bytes-differ", message="the embedding"))
+    logits = OracleVerdict(name="logits", checked=8, findings=(
+        Finding(tensor="logits", kind="logits-differ", message="max abs error 1.17"),))  # fmt: skip
+    for verdicts, tagged in (([untied, logits], [QWEN25_OMNI_TIE_FROM_TEXT_CONFIG.name] * 2), ([logits], [None])):
+        out, _ = tag_upstream_bugs("Qwen2_5OmniForConditionalGeneration", "0.6.2", verdicts)
+        assert [f.detail.get(UPSTREAM_BUG) for v in out for f in v.findings] == tagged  # the logits: a consequence
+    talker = _roundtrip(Finding(tensor="code2wav.decoder.5.alpha", kind="missing", message="in the source only"))
+    for who in ("Qwen3OmniMoeForConditionalGeneration", "Qwen2_5OmniForConditionalGeneration"):
+        (verdict,), _ = tag_upstream_bugs(who, "0.6.2", [talker])
+        expected = QWEN3_OMNI_TALKER_CODE2WAV_DROPPED.name if who.startswith("Qwen3") else None
+        assert verdict.findings[0].detail.get(UPSTREAM_BUG) == expected, who
     head = OracleVerdict(name="coverage", checked=1, findings=(
         Finding(tensor="vision_tower.head.probe", kind="not-exported", message="never produced"),))  # fmt: skip
     (verdict,), _ = tag_upstream_bugs("Gemma3ForConditionalGeneration", "0.6.2", [head])

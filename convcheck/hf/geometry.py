@@ -175,7 +175,11 @@ def _mtp_layer_types(sources: tuple[Mapping[str, Any], ...]) -> tuple[str, ...]:
 
 
 def _sources(config: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
-    """Where fields are looked up, in precedence order: a nested text_config first, then the top level."""
+    """Where fields are looked up, in precedence order: a nested text_config first, then the top level; a speech-out
+    model (Qwen2.5-Omni, Qwen3-Omni: the bridge converts its thinker) reads its thinker's text_config and thinker."""
+    thinker = config.get("thinker_config")
+    if isinstance(thinker, Mapping):
+        return (*_sources(thinker), config)
     text = config.get("text_config")
     return (text, config) if isinstance(text, Mapping) else (config,)
 

@@ -5,6 +5,7 @@ in its Architecture."""
 
 from __future__ import annotations
 
+from convcheck.models.ernie_vl_bugs import ERNIE45_VL_BUGS
 from convcheck.models.upstream_bug import BUILD_FAILED, WRONG_DTYPE, UpstreamBug
 
 DEEPSEEK_V4_ROPE_NEEDS_YARN = UpstreamBug(
@@ -210,10 +211,33 @@ QWEN25_OMNI_TALKER_TOKEN2WAV_DROPPED = UpstreamBug(
         ("layout", "talker.*", "missing"),
         ("layout", "token2wav.*", "missing"),
     ),
-    seen_in=("0.4.0", "0.4.2", "0.5.0", "0.5.1", "0.6.2"),
+    seen_in=("0.4.0", "0.4.2", "0.5.0", "0.5.1", "0.6.0", "0.6.2"),
 )
 """Seen by `convcheck support` on Qwen2_5OmniForConditionalGeneration built from transformers 5.12.1's default
 config."""
+
+QWEN3_OMNI_TALKER_CODE2WAV_DROPPED = UpstreamBug(
+    name="qwen3-omni-talker-code2wav-dropped",
+    summary="the Qwen3-Omni bridge converts the thinker only (it says so in a warning when enable_audio_output is "
+    "set): its mappings name no talker.* or code2wav.* tensor, so the export of a Qwen3-Omni checkpoint lacks the "
+    "speech talker and the code-to-wave decoder (310 tensors of the tiny checkpoint)",
+    where="megatron/bridge/models/qwen_omni/qwen3_omni_bridge.py:47-51 (the warning), :110 (mapping_registry: "
+    "thinker.* only)",
+    findings=(
+        ("coverage", "talker.*", "not-exported"),
+        ("coverage", "code2wav.*", "not-exported"),
+        ("roundtrip", "talker.*", "missing"),
+        ("roundtrip", "code2wav.*", "missing"),
+        ("elements", "talker.*", "never-written"),
+        ("elements", "code2wav.*", "never-written"),
+        ("layout", "talker.*", "missing"),
+        ("layout", "code2wav.*", "missing"),
+    ),
+    seen_in=("0.5.0", "0.5.1", "0.6.0", "0.6.2"),
+)
+"""Seen by `convcheck support` on Qwen3OmniMoeForConditionalGeneration built from transformers 5.12.1's default config
+(the talker fields its config class lacks named: support_shrink.READ_NOT_DEFAULTED) on 0.6.2, 0.6.0 and 0.5.0; 0.5.1's
+qwen3_omni_bridge.py is 0.5.0's byte for byte."""
 
 QWEN25_OMNI_TIE_FROM_TEXT_CONFIG = UpstreamBug(
     name="qwen25-omni-tie-from-text-config",
@@ -232,10 +256,15 @@ QWEN25_OMNI_TIE_FROM_TEXT_CONFIG = UpstreamBug(
         ("layout", "thinker.lm_head.weight", "missing"),
         ("mapping", "thinker.lm_head.weight", "not-exported"),
     ),
-    seen_in=("0.4.0", "0.4.2", "0.5.0", "0.5.1", "0.6.2"),
+    consequences=(  # the Megatron thinker's logits come from the embedding, transformers' from the untied lm_head
+        ("logits", "logits", "logits-differ"),
+        ("logits", "greedy-tokens", "greedy-differs"),
+    ),
+    seen_in=("0.4.0", "0.4.2", "0.5.0", "0.5.1", "0.6.0", "0.6.2"),
 )
 """Seen by `convcheck support` on Qwen2_5OmniForConditionalGeneration built from transformers 5.12.1's default
-config (the thinker untied, its text config tied), and on 0.4.2 / 0.5.1 (the same line 75)."""
+config (the thinker untied, its text config tied), and on 0.4.2 / 0.5.1 (the same line 75). The logits are its
+consequence alone: with the checkpoint's lm_head set to its embedding the TP2 logits agree to 8.9e-8."""
 
 QWEN25_VL_MROPE_SECTION_FIXED = UpstreamBug(
     name="qwen25-vl-mrope-section-fixed",
@@ -379,14 +408,15 @@ QWEN25_OMNI_DTYPE_FROM_THINKER_CONFIG = UpstreamBug(
     where="megatron/bridge/models/qwen_omni/qwen25_omni_bridge.py:55 (dtype_from_hf(thinker_config, "
     "default=torch.float32))",
     findings=WRONG_DTYPE,
-    seen_in=("0.4.2",),
+    seen_in=("0.4.0", "0.4.2"),
 )
-"""Seen by `convcheck support` on bridge 0.4.2 (Qwen2_5OmniForConditionalGeneration written by transformers 5.3.0) at
-TP2; the line is the same in 0.5.1 and 0.6.2, whose transformers write the thinker's dtype."""
+"""Seen by `convcheck support` on bridge 0.4.2 and 0.4.0 (Qwen2_5OmniForConditionalGeneration written by transformers
+5.3.0) at TP2; the line is the same in 0.5.1 and 0.6.2, whose transformers write the thinker's dtype."""
 
 REGISTERED_BUGS: dict[str, tuple[UpstreamBug, ...]] = {
     "DeepseekV4ForCausalLM": (DEEPSEEK_V4_ROPE_NEEDS_YARN,),
     "Ernie4_5_MoeForCausalLM": (ERNIE45_SIGMOID_ROUTER, ERNIE45_ROUTER_GATE_BF16),
+    "Ernie4_5_VLMoeForConditionalGeneration": ERNIE45_VL_BUGS,
     "FalconH1ForCausalLM": (FALCON_H1_NORM_BEFORE_GATE,),
     "GemmaForCausalLM": (GEMMA_EXACT_GELU,),
     "Exaone4ForCausalLM": (EXAONE4_UNTIED_LM_HEAD_UNMAPPED,),
@@ -405,5 +435,6 @@ REGISTERED_BUGS: dict[str, tuple[UpstreamBug, ...]] = {
         QWEN25_OMNI_DTYPE_FROM_THINKER_CONFIG,
     ),
     "Qwen2_5_VLForConditionalGeneration": (QWEN25_VL_MROPE_SECTION_FIXED, QWEN25_VL_DTYPE_FROM_TEXT_CONFIG),
+    "Qwen3OmniMoeForConditionalGeneration": (QWEN3_OMNI_TALKER_CODE2WAV_DROPPED,),
 }
 """HF class -> the known bugs its `convcheck support` row shows."""

@@ -18,7 +18,15 @@ from collections import defaultdict
 from typing import Any
 
 from convcheck.oracles import ORACLES
-from convcheck.probe.collect import collect, first_outside, origin, probe_failed, ranges_finding, replica_writers
+from convcheck.probe.collect import (
+    collect,
+    first_outside,
+    origin,
+    probe_failed,
+    ranges_finding,
+    replica_writers,
+    uncovered,
+)
 from convcheck.probe.run import where_hits, write_counts
 from convcheck.rank.context import RankContext
 from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
@@ -46,10 +54,13 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         if made is None
         else {"real": f"shared ({made['in']} export)", "in_export_s": made["seconds"]}
     )
-    return _verdict(findings, counts, {**where, "probes_shared": ctx.exports.probes_shared})
+    where = {**where, "probes_shared": ctx.exports.probes_shared}
+    return _verdict(findings, counts, where, not_covered=uncovered(gathered).reason)
 
 
-def _verdict(findings: list[Finding], counts: dict[str, int], where: dict[str, Any] | None = None) -> OracleVerdict:
+def _verdict(
+    findings: list[Finding], counts: dict[str, int], where: dict[str, Any] | None = None, not_covered: str = ""
+) -> OracleVerdict:
     bad = {f.tensor for f in findings}
     rows = tuple(
         TensorRow(
@@ -59,8 +70,9 @@ def _verdict(findings: list[Finding], counts: dict[str, int], where: dict[str, A
     )
     metrics = {"tasks": len(counts), "elements": sum(counts.values()), **(where or {})}
     return make_verdict(
-        NAME, checked=sum(counts.values()), findings=findings, unit="elements", rows=rows, metrics=metrics
-    )
+        NAME, checked=sum(counts.values()), findings=findings, unit="elements", rows=rows, metrics=metrics,
+        not_covered=not_covered,
+    )  # fmt: skip
 
 
 def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[str, int]]:
@@ -69,8 +81,11 @@ def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[
     findings: list[Finding] = []
     counts: dict[str, int] = {}
     by_hf: dict[str, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
+    left = uncovered(gathered)  # tasks the probe cannot follow: out of every phase (the verdict says so)
     for rank, records in enumerate(gathered):
         for rec in records:
+            if rec["param"] in left.params or rec.get("hf") in left.hf:
+                continue
             counts.setdefault(rec["param"], 0)
             if "error" in rec:
                 findings.append(probe_failed(rank, rec))

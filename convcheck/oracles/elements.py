@@ -10,10 +10,10 @@ from collections import defaultdict
 from typing import Any
 
 from convcheck.oracles import ORACLES
-from convcheck.probe.collect import collect, first_outside, probe_failed, ranges_finding, replica_writers
+from convcheck.probe.collect import collect, first_outside, probe_failed, ranges_finding, replica_writers, uncovered
 from convcheck.probe.run import where_hits, write_counts
 from convcheck.rank.context import RankContext
-from convcheck.verdict import Finding, OracleVerdict, TensorRow, make_verdict
+from convcheck.verdict import NOT_COVERED, Finding, OracleVerdict, TensorRow, make_verdict
 
 NAME = "elements"
 INFO = ORACLES[NAME]
@@ -26,26 +26,33 @@ def run(ctx: RankContext) -> OracleVerdict | None:
         return None
     source = {name: tuple(entry.shape) for name, entry in ctx.checkpoint.tensors.items()}
     findings, proven = assemble(gathered, source)
-    bad = {f.tensor for f in findings}
+    bad, left = {f.tensor for f in findings}, uncovered(gathered)
     rows = tuple(
         TensorRow(
             tensor=name,
             shape=shape,
             dtype=ctx.checkpoint.tensors[name].torch_dtype,
-            verdict="fail" if name in bad else "pass",
+            verdict="fail" if name in bad else NOT_COVERED if name in left.hf else "pass",
         )
         for name, shape in sorted(source.items())
     )
     metrics = {"probes_shared": ctx.exports.probes_shared}  # slots the differential's records share (its real checks)
-    return make_verdict(NAME, checked=proven, findings=findings, unit="elements", rows=rows, metrics=metrics)
+    return make_verdict(
+        NAME, checked=proven, findings=findings, unit="elements", rows=rows, metrics=metrics,
+        not_covered=left.reason,
+    )  # fmt: skip
 
 
 def assemble(gathered: list[list[dict[str, Any]]], source: dict[str, tuple[int, ...]]) -> tuple[list[Finding], int]:
     """Findings (gaps, overlaps, shape, never written, unexpected) and the count of elements proven written once."""
     findings: list[Finding] = []
     by_hf: dict[str, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
+    left = uncovered(gathered)  # tasks the probe cannot follow and their HF tensors: out (the verdict says so)
+    source = {name: shape for name, shape in source.items() if name not in left.hf}
     for rank, records in enumerate(gathered):
         for rec in records:
+            if rec["param"] in left.params or rec.get("hf") in left.hf:
+                continue
             if "error" in rec:
                 findings.append(probe_failed(rank, rec))
             elif "ranges" in rec:

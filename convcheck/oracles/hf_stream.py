@@ -70,6 +70,16 @@ def lm_auto_class(config: Any) -> Any:
     return transformers.AutoModelForCausalLM
 
 
+def logits_module(model: Any) -> Any:
+    """The module of `model` that maps input_ids to logits: the model itself, or for a speech-out wrapper with no
+    forward of its own (Qwen2.5-Omni's and Qwen3-Omni's ForConditionalGeneration: generate() runs its thinker, then
+    its talker) the thinker, the text model the bridge converts."""
+    thinker = getattr(model, "thinker", None)
+    if type(model).forward is torch.nn.Module.forward and isinstance(thinker, torch.nn.Module):
+        return thinker
+    return model
+
+
 def meta_model(path: str) -> Any:
     """The fp32 causal LM of `path` as from_pretrained builds it with `eager()` kernels, parameters and persistent
     buffers on meta (non-persistent buffers such as rotary inv_freq real, initialised as from_pretrained does). Every
@@ -298,7 +308,7 @@ def streamed_logits(path: str, tokens: Any, device: str = "cpu") -> Any:
     hf_logging.disable_progress_bar()  # the loader would print a bar per block
     try:
         with torch.no_grad():
-            return model(input_ids=tokens.to(device)).logits.float().cpu()
+            return logits_module(model)(input_ids=tokens.to(device)).logits.float().cpu()
     finally:
         for handle in handles:
             handle.remove()

@@ -26,7 +26,7 @@ from convcheck.errors import needs_cuda, one_line, raised_at
 from convcheck.oracles import ORACLES
 from convcheck.oracles.forward_site import ForwardSite, tracking
 from convcheck.oracles.fp32 import fp32_forward
-from convcheck.oracles.hf_stream import eager, lm_auto_class, streamed_logits
+from convcheck.oracles.hf_stream import eager, lm_auto_class, logits_module, streamed_logits
 from convcheck.rank.context import RankContext
 from convcheck.verdict import Finding, OracleVerdict, make_verdict
 
@@ -122,13 +122,16 @@ def upcast_fp32(model: list[MegatronModule], whole: bool = False) -> Iterator[No
 
 
 def _tied(model: list[MegatronModule]) -> list[Any]:
-    """The embedding weights the output layer reads too (GPTModel/MambaModel with tied embeddings)."""
-    out = []
+    """The embedding weights the output layer reads too (GPTModel/MambaModel with tied embeddings, or such a language
+    model inside a vision / audio wrapper, however deep: Qwen2.5-Omni's thinker.language_model)."""
+    out: list[Any] = []
     for chunk in model:
-        inner = _unwrap(chunk)
-        if getattr(inner, "share_embeddings_and_output_weights", False):
-            weight = inner.shared_embedding_or_output_weight()
-            if weight is not None:
+        for module in _unwrap(chunk).modules():
+            if not getattr(module, "share_embeddings_and_output_weights", False):
+                continue
+            share = getattr(module, "shared_embedding_or_output_weight", None)
+            weight = share() if callable(share) else None
+            if weight is not None and not any(weight is w for w in out):
                 out.append(weight)
     return out
 
@@ -215,7 +218,7 @@ def hf_logits(path: Any, tokens: Any, device: str = "cpu") -> Any:
     model = auto.from_pretrained(path, dtype=torch.float32, **eager())
     model.to(device).eval()
     with torch.no_grad():
-        return model(input_ids=tokens.to(device)).logits.float().cpu()
+        return logits_module(model)(input_ids=tokens.to(device)).logits.float().cpu()
 
 
 def hf_image_logits(path: Any, inputs: dict[str, Any], device: str = "cpu") -> Any:
@@ -225,7 +228,7 @@ def hf_image_logits(path: Any, inputs: dict[str, Any], device: str = "cpu") -> A
     model = auto.from_pretrained(path, dtype=torch.float32, **eager())
     model.to(device).eval()
     with torch.no_grad():
-        return model(**{k: v.to(device) for k, v in inputs.items()}).logits.float().cpu()
+        return logits_module(model)(**{k: v.to(device) for k, v in inputs.items()}).logits.float().cpu()
 
 
 IMAGE_KEYS = ("pixel_values", "image_grid_thw", "image_position_ids")

@@ -9,6 +9,7 @@ from convcheck.compare.bits import describe_element, int_view, unravel_index
 from convcheck.compare.digest_queue import DigestQueue
 from convcheck.compare.fold import quick_digest
 from convcheck.compare.proven import ProvenBytes
+from convcheck.probe.class_state import CarriesState
 from convcheck.probe.hook import ExportHook, export_hook, hook_name
 from convcheck.probe.run import CodeCache, own_view_slots, probe_task, range_labels, to_ranges
 from convcheck.probe.runs import diff_positions, differing_runs, hf_ranges, views_inside
@@ -173,6 +174,8 @@ def _checked(
             return lean
         own = own_view_slots(real, task.param_weight) if fast else None
         slots = own or _probe(task, ctx.rank, codes, hook, shared if with_real else None)
+    except CarriesState as exc:  # the probe is no evidence here: not covered, never a finding
+        return [{**base, "not_covered": str(exc), "hf_names": hf_names(task.mapping)}]
     except Exception as exc:  # noqa: BLE001 - an unsupported pattern fails loud as a finding
         return [{**base, "error": f"probe failed: {_first_line(exc)}"}]
     records = []
@@ -334,6 +337,38 @@ def replica_writers(
             continue
         writers[key] = (r, e)
     return writers, disagree
+
+
+def hf_names(mapping: Any) -> list[str]:
+    """The HF tensor names a resolved mapping names (its hf_param: one name, or a dict of them)."""
+    names = mapping.hf_param
+    return sorted(map(str, names.values())) if isinstance(names, dict) else [str(names)]
+
+
+@dataclass(frozen=True)
+class Uncovered:
+    """The tasks whose probe is no evidence (records with `not_covered`) and the HF tensors they name."""
+
+    params: frozenset[str]
+    hf: frozenset[str]
+    reason: str
+    """One line for the verdict's not_covered; empty when every task was probed."""
+
+
+def uncovered(gathered: list[list[dict[str, Any]]]) -> Uncovered:
+    """Every rank's not-covered records (convcheck.probe.class_state) summed up: the oracles leave their tasks and
+    HF tensors out and say so."""
+    recs = [rec for records in gathered for rec in records if "not_covered" in rec]
+    params = frozenset(rec["param"] for rec in recs)
+    hf = frozenset(name for rec in recs for name in rec["hf_names"])
+    if not recs:
+        return Uncovered(params, hf, "")
+    first = min(recs, key=lambda rec: rec["task"])
+    reason = (
+        f"{len(params)} task(s) the probe cannot follow, their {len(hf)} HF tensor(s) left to roundtrip and layout; "
+        f"first {first['param']} ({', '.join(first['hf_names'])}): {first['not_covered']}"
+    )
+    return Uncovered(params, hf, reason)
 
 
 def probe_failed(rank: int, record: dict[str, Any]) -> Any:

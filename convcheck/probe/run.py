@@ -8,9 +8,18 @@ from typing import Any
 import torch
 
 from convcheck.compare.bits import unravel_index
+from convcheck.probe.class_state import CarriesState, ClassState
 from convcheck.probe.hook import ExportHook, hook_made, hook_name
 from convcheck.probe.runs import code_dtype, decode_runs, owned, shard_codes, view_runs
-from convcheck.probe.stubs import ProbeCommError, ProbeState, no_communication, probe_copy, release, warm
+from convcheck.probe.stubs import (
+    ProbeCommError,
+    ProbeState,
+    nested_mappings,
+    no_communication,
+    probe_copy,
+    release,
+    warm,
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -33,12 +42,15 @@ class ProbeSlot:
 
 
 class CodeCache:
-    """Index-coded shards reused by later tasks of the same shape, rank and device (experts share a few shapes);
-    shards up to `max_bytes` each, the `size` most recent kept. A mapping that writes into one (its version counter
-    moves) has it dropped, so every task starts from pristine codes."""
+    """What one collection's probe runs keep between tasks. Index-coded shards reused by later tasks of the same
+    shape, rank and device (experts share a few shapes); shards up to `max_bytes` each, the `size` most recent kept.
+    A mapping that writes into one (its version counter moves) has it dropped, so every task starts from pristine
+    codes. And `classes`: the probe's own copy of the mapping classes' class-level state
+    (convcheck.probe.class_state)."""
 
     def __init__(self, size: int = 8, max_bytes: int = 64 << 20) -> None:
         self.size, self.max_bytes = size, max_bytes
+        self.classes = ClassState()
         self._codes: dict[tuple[Any, ...], tuple[Any, Any, int]] = {}
         self._zeros: dict[tuple[Any, ...], Any] = {}
         self._zero_versions: dict[tuple[Any, ...], int] = {}
@@ -91,6 +103,8 @@ def probe_task(
         blank = _like(torch.empty(shape, dtype=code_dtype(rank, numel), device=weight.device), weight)
         try:
             out, state, pristine, _ = _run(task, blank, cache, hook)
+        except CarriesState:
+            raise  # a second run would meet the state the first one left
         except Exception:  # noqa: BLE001 - whatever the blank run met, the run with real codes decides
             out, state, pristine = {}, ProbeState(), False
         runs = {name: _view_runs(tensor, blank, state) for name, tensor in out.items()} if pristine else {}
@@ -166,18 +180,25 @@ def _run(
     """(outputs, the run's ProbeState: placeholders and gathers, whether the codes are unwritten, the names the
     export hook made) of one probe run: the mapping's megatron_to_hf, then the hook on a copy of its outputs."""
     state = cache.state() if cache is not None else ProbeState()
+    classes = cache.classes if cache is not None else ClassState()
     warm(task.mapping, task.megatron_module)
     mapping = probe_copy(task.mapping, state)
     version = None if codes is None else codes._version
     hooked: set[str] = set()
-    try:
-        with no_communication():  # the hook too: it must not gather either
-            out = dict(mapping.megatron_to_hf(codes, task.megatron_module) or {})
-            if hook is not None:
-                followed = hook(task, out)
-                out, hooked = followed, hook_made(out, followed)
-    finally:
-        release(mapping)
+    with classes.isolated(nested_mappings(task.mapping)) as carried:
+        try:
+            with no_communication():  # the hook too: it must not gather either
+                out = dict(mapping.megatron_to_hf(codes, task.megatron_module) or {})
+                if hook is not None:
+                    followed = hook(task, out)
+                    out, hooked = followed, hook_made(out, followed)
+        finally:
+            release(mapping)
+    if carried:
+        raise CarriesState(
+            f"{', '.join(carried)} (class-level state) carries values between this task and another: the probe "
+            "cannot tell the other task's elements in an output from this one's"
+        )
     pristine = codes is not None and codes._version == version  # nothing wrote into the codes
     state.check_pool()
     return out, state, pristine, hooked

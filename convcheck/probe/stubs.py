@@ -42,8 +42,10 @@ class ProbeCommError(RuntimeError):
 class ProbeGroup:
     """Stand-in process group: real `rank()` and `size()`, any other use raises ProbeCommError."""
 
-    def __init__(self, rank: int, size: int, label: str) -> None:
+    def __init__(self, rank: int, size: int, label: str, state: "ProbeState | None" = None) -> None:
         self._rank, self._size, self._label = rank, size, label
+        self._state = state
+        """The probe run's state, for a torch.distributed.all_gather over this group (synthesised_all_gather)."""
 
     def rank(self) -> int:
         return self._rank
@@ -172,6 +174,24 @@ _STUBS = {
 _PLAIN = (str, int, float, bool, type(None), bytes)
 
 
+def nested_mappings(mapping: Any) -> list[Any]:
+    """`mapping` and every mapping inside it (in an attribute, or a list, tuple or dict of them), as probe_copy
+    walks them."""
+    found, todo, seen = [], [mapping], set()
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        found.append(obj)
+        for value in vars(obj).values() if hasattr(obj, "__dict__") else ():
+            if isinstance(value, dict):
+                value = value.values()
+            items = value if isinstance(value, (list, tuple, type({}.values()))) else (value,)
+            todo.extend(v for v in items if _is_mapping(v))
+    return found
+
+
 def _is_mapping(obj: Any) -> bool:
     if type(obj) in _PLAIN:  # most attributes: names, sizes, flags (no isinstance walk over the ABCs)
         return False
@@ -199,12 +219,15 @@ def probe_copy(mapping: Any, state: ProbeState) -> Any:
         for attr in _GROUP_ATTRS:
             group = getattr(mapping, attr, None)
             if group is not None:
-                setattr(new, attr, ProbeGroup(group.rank(), group.size(), attr.lstrip("_")))
+                setattr(new, attr, ProbeGroup(group.rank(), group.size(), attr.lstrip("_"), state))
         new._broadcast_obj_cache = {}
         new._tensor_spec_output_cache = {}
         new._pg_collection = None
         new._convcheck_probe = state
         for name, func in _STUBS.items():
+            if overrides(type(new), name):
+                continue  # the class's own collective step (ERNIE 4.5 VL's offset EP gather) runs, its
+                # torch.distributed.all_gather synthesised over the probe groups (synthesised_all_gather)
             setattr(new, name, types.MethodType(func, new))
         follow_moves_only(new)
     for key, value in list(vars(new).items()):
@@ -240,6 +263,24 @@ def release(probe: Any) -> None:
                 todo.extend(v for v in value.values() if _is_mapping(v))
 
 
+def overrides(cls: type, name: str) -> bool:
+    """Whether `cls` replaces MegatronParamMapping's collective helper `name` with its own."""
+    return getattr(cls, name, None) is not getattr(MegatronParamMapping, name, None)
+
+
+def synthesised_all_gather(tensor_list: list[Any], tensor: Any, group: Any = None, async_op: bool = False) -> None:
+    """torch.distributed.all_gather over a ProbeGroup, synthesised as the helpers are: this rank's tensor at its
+    index, a shared zero placeholder at every other (the list's items replaced); over any other group it refuses."""
+    state = getattr(group, "_state", None) if isinstance(group, ProbeGroup) else None
+    if state is None or async_op or len(tensor_list) != group.size():
+        raise ProbeCommError("probe: the mapping called torch.distributed.all_gather directly")
+    rank = group.rank()
+    if group.size() > 1:
+        state.writer.add((group._label.removesuffix("_group"), rank))
+    for i in range(len(tensor_list)):
+        tensor_list[i] = tensor if i == rank else state.placeholder(tensor)
+
+
 def _refuser(name: str) -> Any:
     def call(*args: Any, **kwargs: Any) -> Any:
         raise ProbeCommError(f"probe: the mapping called torch.distributed.{name} directly")
@@ -247,7 +288,7 @@ def _refuser(name: str) -> Any:
     return call
 
 
-_REFUSERS = {name: _refuser(name) for name in _DIST_CALLS}
+_REFUSERS = {name: _refuser(name) for name in _DIST_CALLS} | {"all_gather": synthesised_all_gather}
 """One refusing stand-in per collective, made once (the probe enters no_communication once per task)."""
 
 
