@@ -3,8 +3,8 @@
 # releases at once. Each release installs its carried wheels into its own --target folder: .whl/common (what every
 # release imports), .whl/pulp (PuLP, which modelopt imports; its wheel repacked with the x86-64 Linux CBC binary only,
 # to fit the 64 MiB a device call carries), .whl/extra (pydantic, used only when the host lacks it) and the release's
-# folders, in order (a later folder's wheel replaces an earlier one: RUNS="0.4.1:r040+r041:6" installs 0.4.0's stack,
-# then bridge 0.4.1).
+# folders in one pip call (a later folder's wheel of a project replaces an earlier folder's: RUNS="0.4.1:r040+r041:6"
+# installs 0.4.0's stack with bridge 0.4.1 in its place).
 # docs/support-releases.md lists the wheels of each folder (`pip download --no-deps` of `python -m
 # convcheck.gate.release_table requirements X`).
 #
@@ -26,8 +26,16 @@ for run in ${RUNS:?say RUNS=\"RELEASE:FOLDER[+FOLDER]:JOBS ...\"}; do
   site=/tmp/support-site-$rel
   rm -rf "$site"
   pip=(python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site")
-  "${pip[@]}" .whl/common/*.whl .whl/pulp/*.whl "${extra[@]}" || exit 3
-  for folder in ${folders//+/ }; do "${pip[@]}" ".whl/$folder"/*.whl || exit 3; done
+  # one pip call for the release's whole stack: a later folder's wheel of a project replaces an earlier folder's (a
+  # second `--upgrade --target` call would replace the whole megatron/ tree of a namespace package and keep the older
+  # dist-info beside the newer, so megatron.core could vanish and metadata name the older release)
+  wheels=$(for folder in ${folders//+/ }; do ls ".whl/$folder"/*.whl; done | python3 -c '
+import sys, os
+chosen = {}
+for path in sys.stdin.read().split():
+    chosen[os.path.basename(path).split("-")[0].lower()] = path
+print("\n".join(chosen.values()))')
+  "${pip[@]}" .whl/common/*.whl .whl/pulp/*.whl "${extra[@]}" $wheels || exit 3
   resume=()
   [ -f "resume/support-bridge-$rel.json" ] && resume=(--resume "resume/support-bridge-$rel.json")
   (

@@ -102,7 +102,7 @@ def test_retag_cli_writes_the_table_and_bad_input_is_one_line_exit_2(tmp_path: P
 
 
 def test_the_0_6_0_0_5_0_0_4_0_tables_and_their_reruns_retag_to_their_named_bugs() -> None:
-    """bridge 0.6.0, 0.5.0 and 0.4.0 as run on the device: the bugs whose upstream file is the same in that release
+    """bridge 0.6.0, 0.5.0, 0.4.1 and 0.4.0 as run on the device: the bugs whose upstream file is the same in that release
     explain every recorded finding; what stays FAIL had more findings than recorded, or (0.4.0's Gemma 3 VL) a
     convcheck false alarm since fixed (the head rule read the older releases' wrapped SigLIP tower as headless). The
     rows re-run with this checkout (`--resume` of the device table and the re-runs, then `--retag`), the pins' too:
@@ -127,6 +127,17 @@ def test_the_0_6_0_0_5_0_0_4_0_tables_and_their_reruns_retag_to_their_named_bugs
             {"Gemma3ForConditionalGeneration", "NemotronHForCausalLM", "Qwen2_5OmniForConditionalGeneration",
              "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
              "Qwen3VLMoeForConditionalGeneration"},
+        ),
+        ("h100-cpu-support-bridge-0.4.1-2026-12-07.json", "0.4.1"): (
+            {"rows": 27, "pass": 8, "pass_generic": 11, "known_fail": 15, "not_covered": 0, "untagged_fail": 4,
+             "outside": 7},
+            {"Qwen2_5OmniForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
+             "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration"},
+        ),
+        ("cpu-support-bridge-0.4.1-rerun-2026-12-07.json", "0.4.1"): (
+            {"rows": 27, "pass": 8, "pass_generic": 11, "known_fail": 19, "not_covered": 0, "untagged_fail": 0,
+             "outside": 7},
+            set(),
         ),
         ("cpu-support-bridge-0.6.2-rerun-2026-12-07.json", "0.6.2"): (
             {"rows": 43, "pass": 15, "pass_generic": 23, "known_fail": 28, "not_covered": 0, "untagged_fail": 0,

@@ -111,7 +111,7 @@ CONFIG_EXPORT_FLAT = UpstreamBug(
     where="megatron/bridge/models/conversion/model_bridge.py:695-760 (megatron_to_hf_config, flat CONFIG_MAPPING); "
     "qwen_vl/qwen3_vl_bridge.py:36-112, :181-272 (no override, no vision fields)",
     findings=(("config", "* (megatron_to_hf_config)", "roundtrip-mismatch"),),
-    seen_in=("0.4.0", "0.4.2", "0.5.0", "0.5.1", "0.6.0", "0.6.2"),
+    seen_in=("0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1", "0.6.0", "0.6.2"),
 )
 """Seen on tiny:qwen3-vl and tiny:qwen3-vl-moe: every text_config / vision_config field and the image / video token
 ids come back as Qwen3VLConfig's defaults. Import, export of the weights and the forward are unaffected."""

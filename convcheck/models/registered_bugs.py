@@ -60,7 +60,7 @@ GLM45V_HEAD_DIM_REQUIRED = UpstreamBug(
     where="megatron/bridge/models/glm_vl/glm_45v_bridge.py:51",
     findings=BUILD_FAILED,
     message_contains="head_dim",
-    seen_in=("0.4.0", "0.4.2", "0.5.0", "0.5.1", "0.6.0", "0.6.2"),
+    seen_in=("0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1", "0.6.0", "0.6.2"),
 )
 """Seen by `convcheck support` on Glm4vMoeForConditionalGeneration built from transformers 5.12.1's default config."""
 
@@ -103,7 +103,7 @@ MINISTRAL3_LLAMA4_SCALING_BETA_REQUIRED = UpstreamBug(
     where="megatron/bridge/models/ministral3/ministral3_provider.py:205",
     findings=BUILD_FAILED,
     message_contains="llama_4_scaling_beta",
-    seen_in=("0.4.0", "0.4.2", "0.5.0", "0.5.1", "0.6.0", "0.6.2"),
+    seen_in=("0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1", "0.6.0", "0.6.2"),
 )
 """Seen by `convcheck support` on Mistral3ForConditionalGeneration built from transformers 5.12.1's default config."""
 
@@ -211,7 +211,7 @@ QWEN25_OMNI_TALKER_TOKEN2WAV_DROPPED = UpstreamBug(
         ("layout", "talker.*", "missing"),
         ("layout", "token2wav.*", "missing"),
     ),
-    seen_in=("0.4.0", "0.4.2", "0.5.0", "0.5.1", "0.6.0", "0.6.2"),
+    seen_in=("0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1", "0.6.0", "0.6.2"),
 )
 """Seen by `convcheck support` on Qwen2_5OmniForConditionalGeneration built from transformers 5.12.1's default
 config."""
@@ -260,7 +260,7 @@ QWEN25_OMNI_TIE_FROM_TEXT_CONFIG = UpstreamBug(
         ("logits", "logits", "logits-differ"),
         ("logits", "greedy-tokens", "greedy-differs"),
     ),
-    seen_in=("0.4.0", "0.4.2", "0.5.0", "0.5.1", "0.6.0", "0.6.2"),
+    seen_in=("0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1", "0.6.0", "0.6.2"),
 )
 """Seen by `convcheck support` on Qwen2_5OmniForConditionalGeneration built from transformers 5.12.1's default
 config (the thinker untied, its text config tied), and on 0.4.2 / 0.5.1 (the same line 75). The logits are its
@@ -340,7 +340,7 @@ QWEN25_VL_DTYPE_FROM_TEXT_CONFIG = UpstreamBug(
     "tensor as fp32 (qwen3-vl-dtype-from-text-config's twin)",
     where="megatron/bridge/models/qwen_vl/qwen25_vl_bridge.py:55 (0.4.2; hf_config_to_provider_kwargs(text_config))",
     findings=WRONG_DTYPE,
-    seen_in=("0.4.0", "0.4.2"),
+    seen_in=("0.4.0", "0.4.1", "0.4.2"),
 )
 """Seen by `convcheck support` on bridge 0.4.2 (Qwen2_5_VLForConditionalGeneration written by transformers 5.3.0, bf16);
 0.5.1's passes those oracles."""
@@ -408,7 +408,7 @@ QWEN25_OMNI_DTYPE_FROM_THINKER_CONFIG = UpstreamBug(
     where="megatron/bridge/models/qwen_omni/qwen25_omni_bridge.py:55 (dtype_from_hf(thinker_config, "
     "default=torch.float32))",
     findings=WRONG_DTYPE,
-    seen_in=("0.4.0", "0.4.2"),
+    seen_in=("0.4.0", "0.4.1", "0.4.2"),
 )
 """Seen by `convcheck support` on bridge 0.4.2 and 0.4.0 (Qwen2_5OmniForConditionalGeneration written by transformers
 5.3.0) at TP2; the line is the same in 0.5.1 and 0.6.2, whose transformers write the thinker's dtype."""

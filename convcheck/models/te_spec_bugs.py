@@ -16,7 +16,7 @@ POST_LAYERNORM_DEFAULT_EPS = UpstreamBug(
     "gemma3_provider.py:425 / :359) (megatron-core extensions/transformer_engine.py:815, "
     "TENorm's eps default); used by Gemma 2 / Gemma 3 (gemma3_provider.py:163, :168) and EXAONE 4",
     findings=(("logits", "logits", "logits-differ"), ("logits", "greedy-tokens", "greedy-differs")),
-    seen_in=("0.4.0", "0.4.2", "0.5.0", "0.5.1", "0.6.0", "0.6.2"),
+    seen_in=("0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1", "0.6.0", "0.6.2"),
 )
 """Seen on a tiny Gemma3ForCausalLM written by transformers 5.12.1 (rms_norm_eps 1e-6) at TP1 and TP2: with the post
 norms built with eps=config.layernorm_epsilon the logits agree with HF's to 9e-7 (tests/test_te_families.py). Seen by
@@ -32,7 +32,7 @@ QWEN3_VL_DTYPE_FROM_TEXT_CONFIG = UpstreamBug(
     where="megatron/bridge/models/qwen_vl/qwen3_vl_bridge.py:73, :232 (hf_config_to_provider_kwargs(text_config)); "
     "conversion/model_bridge.py:621 (dtype_from_hf, default float32)",
     findings=WRONG_DTYPE,
-    seen_in=("0.4.0", "0.4.2", "0.6.2"),
+    seen_in=("0.4.0", "0.4.1", "0.4.2", "0.6.2"),
 )
 """Seen on tiny Qwen3-VL and Qwen3-VL-MoE checkpoints written by transformers 5.12.1's save_pretrained (bf16); the
 mapping oracle (convcheck.models.qwen3_vl's explicit mappings) sees every fp32 shard against the bf16 checkpoint.
