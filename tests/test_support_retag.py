@@ -102,8 +102,8 @@ def test_retag_cli_writes_the_table_and_bad_input_is_one_line_exit_2(tmp_path: P
 
 
 def test_the_0_6_0_0_5_0_0_4_0_tables_and_their_reruns_retag_to_their_named_bugs() -> None:
-    """bridge 0.6.0, 0.5.0, 0.4.1 and 0.4.0 as run on the device: the bugs whose upstream file is the same in that release
-    explain every recorded finding; what stays FAIL had more findings than recorded, or (0.4.0's Gemma 3 VL) a
+    """bridge 0.6.0, 0.5.0, 0.4.1 and 0.4.0 as run on the device: the bugs whose upstream file is the same in that
+    release explain every recorded finding; what stays FAIL had more findings than recorded, or (0.4.0's Gemma 3 VL) a
     convcheck false alarm since fixed (the head rule read the older releases' wrapped SigLIP tower as headless). The
     rows re-run with this checkout (`--resume` of the device table and the re-runs, then `--retag`), the pins' too:
     no untagged row and no row not covered is left on any of them (Ernie 4.5 VL, Qwen2.5-Omni and Qwen3-Omni re-run
