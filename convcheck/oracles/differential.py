@@ -21,6 +21,7 @@ from convcheck.oracles import ORACLES
 from convcheck.probe.collect import (
     collect,
     first_outside,
+    judged,
     origin,
     probe_failed,
     ranges_finding,
@@ -81,16 +82,12 @@ def assemble(gathered: list[list[dict[str, Any]]]) -> tuple[list[Finding], dict[
     findings: list[Finding] = []
     counts: dict[str, int] = {}
     by_hf: dict[str, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
-    left = uncovered(gathered)  # tasks the probe cannot follow: out of every phase (the verdict says so)
-    for rank, records in enumerate(gathered):
-        for rec in records:
-            if rec["param"] in left.params or rec.get("hf") in left.hf:
-                continue
-            counts.setdefault(rec["param"], 0)
-            if "error" in rec:
-                findings.append(probe_failed(rank, rec))
-            else:
-                by_hf[rec["hf"]].append((rank, rec))
+    for rank, rec in judged(gathered, uncovered(gathered)):  # tasks the probe cannot follow: out (the verdict says so)
+        counts.setdefault(rec["param"], 0)
+        if "error" in rec:
+            findings.append(probe_failed(rank, rec))
+        else:
+            by_hf[rec["hf"]].append((rank, rec))
     found: list[Finding] = []
     for hf, entries in sorted(by_hf.items()):
         if len(entries) == 1 and _whole_and_alone(entries[0][1]):

@@ -10,7 +10,15 @@ from collections import defaultdict
 from typing import Any
 
 from convcheck.oracles import ORACLES
-from convcheck.probe.collect import collect, first_outside, probe_failed, ranges_finding, replica_writers, uncovered
+from convcheck.probe.collect import (
+    collect,
+    first_outside,
+    judged,
+    probe_failed,
+    ranges_finding,
+    replica_writers,
+    uncovered,
+)
 from convcheck.probe.run import where_hits, write_counts
 from convcheck.rank.context import RankContext
 from convcheck.verdict import NOT_COVERED, Finding, OracleVerdict, TensorRow, make_verdict
@@ -49,14 +57,11 @@ def assemble(gathered: list[list[dict[str, Any]]], source: dict[str, tuple[int, 
     by_hf: dict[str, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
     left = uncovered(gathered)  # tasks the probe cannot follow and their HF tensors: out (the verdict says so)
     source = {name: shape for name, shape in source.items() if name not in left.hf}
-    for rank, records in enumerate(gathered):
-        for rec in records:
-            if rec["param"] in left.params or rec.get("hf") in left.hf:
-                continue
-            if "error" in rec:
-                findings.append(probe_failed(rank, rec))
-            elif "ranges" in rec:
-                by_hf[rec["hf"]].append((rank, rec))
+    for rank, rec in judged(gathered, left):
+        if "error" in rec:
+            findings.append(probe_failed(rank, rec))
+        elif "ranges" in rec:
+            by_hf[rec["hf"]].append((rank, rec))
     proven = 0
     for name in sorted(set(source) - set(by_hf)):
         findings.append(

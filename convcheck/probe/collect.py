@@ -371,6 +371,17 @@ def uncovered(gathered: list[list[dict[str, Any]]]) -> Uncovered:
     return Uncovered(params, hf, reason)
 
 
+def judged(gathered: list[list[dict[str, Any]]], left: Uncovered) -> list[tuple[int, dict[str, Any]]]:
+    """(rank, record) of every record the differential and elements judge: those of the tasks `left` holds, and of
+    the HF tensors they name, are left out."""
+    return [
+        (rank, rec)
+        for rank, records in enumerate(gathered)
+        for rec in records
+        if rec["param"] not in left.params and rec.get("hf") not in left.hf
+    ]
+
+
 def probe_failed(rank: int, record: dict[str, Any]) -> Any:
     """The finding for a task whose probe raised on `rank`."""
     return Finding(

@@ -184,11 +184,9 @@ def nested_mappings(mapping: Any) -> list[Any]:
             continue
         seen.add(id(obj))
         found.append(obj)
-        for value in vars(obj).values() if hasattr(obj, "__dict__") else ():
-            if isinstance(value, dict):
-                value = value.values()
-            items = value if isinstance(value, (list, tuple, type({}.values()))) else (value,)
-            todo.extend(v for v in items if _is_mapping(v))
+        for value in list(vars(obj).values()) if hasattr(obj, "__dict__") else ():
+            items = list(value.values()) if isinstance(value, dict) else value
+            todo.extend(v for v in (items if isinstance(items, (list, tuple)) else (items,)) if _is_mapping(v))
     return found
 
 
@@ -243,24 +241,11 @@ def probe_copy(mapping: Any, state: ProbeState) -> Any:
 def release(probe: Any) -> None:
     """Unbind the stub methods (and a value map's redirect) probe_copy bound onto `probe` and the copies inside it:
     each bound method refers back to its copy, a cycle only Python's cyclic collector would otherwise free."""
-    seen: set[int] = set()
-    todo = [probe]
-    while todo:
-        obj = todo.pop()
-        if id(obj) in seen or not hasattr(obj, "__dict__"):
-            continue
-        seen.add(id(obj))
-        attrs = vars(obj)
-        for name in (*_STUBS, "megatron_to_hf"):
+    for obj in nested_mappings(probe):
+        attrs = getattr(obj, "__dict__", None)
+        for name in (*_STUBS, "megatron_to_hf") if attrs is not None else ():
             if isinstance(attrs.get(name), types.MethodType):
                 del attrs[name]
-        for value in list(attrs.values()):
-            if _is_mapping(value):
-                todo.append(value)
-            elif isinstance(value, (list, tuple)):
-                todo.extend(v for v in value if _is_mapping(v))
-            elif isinstance(value, dict):
-                todo.extend(v for v in value.values() if _is_mapping(v))
 
 
 def overrides(cls: type, name: str) -> bool:
