@@ -30,7 +30,7 @@ test-engine: setup env-vllm
 # The quick loop: every test that launches no ranks and starts no fresh Python importing megatron (unit tests, bad
 # inputs, the structure check), about two minutes on 2 cores.
 test-fast: setup
-	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) -q -m "not ranks and not fresh_process" tests
+	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) -q -m "not ranks and not fresh_process and not engine" tests
 
 lint: setup
 	$(VENV)/bin/ruff check convcheck tests bench examples scripts --select E,F,W,B,I --ignore B905

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from convcheck.errors import BadInput, SetupError
+from convcheck.fork.client import WarmTimeout, child_output
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -70,14 +71,31 @@ def problems_elsewhere(kind: str, specs: list[str]) -> dict[str, str]:
     others = [spec for spec in specs if spec not in own]
     if not others:
         return found
-    command = [sys.executable, "-m", "convcheck.engine.check_child", kind, *others]
-    proc = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
-    lines = proc.stdout.strip().splitlines()
+    code, stdout, stderr = _check_child([kind, *others])
+    lines = stdout.strip().splitlines()
     try:
         return {**found, **json.loads(lines[-1])}
     except (IndexError, ValueError, TypeError):
-        tail = (proc.stderr.strip().splitlines() or ["no answer"])[-1]
-        raise SetupError(f"checking the {kind} specs failed (exit {proc.returncode}): {tail}") from None
+        tail = (stderr.strip().splitlines() or ["no answer"])[-1]
+        raise SetupError(f"checking the {kind} specs failed (exit {code}): {tail}") from None
+
+
+CHECK_CHILD = "convcheck.engine.check_child"
+CHECK_TIMEOUT_S = 600.0
+
+
+def _check_child(args: list[str]) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of `python -m convcheck.engine.check_child ARGS`: forked by the warm server when
+    one takes it (what the specs import is mostly imported there already), else a fresh interpreter."""
+    try:
+        warm = child_output(CHECK_CHILD, args, CHECK_TIMEOUT_S)
+    except WarmTimeout:
+        raise SetupError(f"importing the specs took over {CHECK_TIMEOUT_S:g} s; stopped") from None
+    if warm is not None:
+        return warm
+    proc = subprocess.run([sys.executable, "-m", CHECK_CHILD, *args], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, check=False)  # fmt: skip
+    return proc.returncode, proc.stdout, proc.stderr
 
 
 def _own_problem(spec: str, kind: str) -> str | None:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from convcheck.engine.launch import rank_env
-from convcheck.engine.warm_client import SOCKET_ENV, serving
+from convcheck.engine.warm_client import serving
+from convcheck.fork.client import SOCKET_ENV
 from convcheck.rollout.environment import default_python
 from convcheck.rollout.warm_link import serving_engine
 from tests.support.helpers import PINNED_SPEC_ENV, ROOT
@@ -41,8 +42,9 @@ def shared_root(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Pat
 
 @pytest.fixture(scope="session", autouse=True)
 def _warm_ranks(_temp_dir: None) -> Iterator[None]:
-    """This worker's CPU launches fork their ranks from a warm server (convcheck.engine.warm: megatron imported once,
-    ~2 s a launch instead of ~20); launches before it is ready, and tests marked `torchrun`, use torchrun.
+    """This worker's CPU launches fork their ranks, and its fixture builds their child, from a warm server
+    (convcheck.engine.warm: megatron imported once, ~2 s a launch instead of ~20); launches before it is ready, and
+    tests marked `torchrun`, use torchrun.
     CONVCHECK_TEST_TORCHRUN=1 runs the whole suite on torchrun."""
     if os.environ.get("CONVCHECK_TEST_TORCHRUN"):
         yield

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from convcheck.engine.warm_client import SOCKET_ENV, serving
+from convcheck.engine.warm_client import serving
+from convcheck.fork.client import SOCKET_ENV
 from tests.support.helpers import ROOT, run_cli
 
 BUG = """

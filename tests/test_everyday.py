@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from convcheck.cli.render import group_findings, oracle_summary
-from convcheck.engine.warm_client import PIDS_FILE, SOCKET_ENV
+from convcheck.fork.client import PIDS_FILE, SOCKET_ENV
 from convcheck.verdict import Finding, OracleVerdict
 from tests.support.helpers import ROOT, mutant, run_cli, wait_for_warm_server
 

@@ -155,6 +155,7 @@ LAUNCHER_ROOTS = (
     "convcheck.engine.rollcall",
     "convcheck.engine.store",
     "convcheck.engine.warm_client",
+    "convcheck.fork.client",
 )
 """The launcher side: what a user's process runs (the CLI, the library API, the pytest plugin) and the workflows,
 gate and launch code under it (fnmatch patterns of module names)."""

@@ -5,12 +5,13 @@ and a bug planted in the real bridge's mappings under TE's names is caught by na
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from convcheck import api
-from tests.support.helpers import ROOT, run_cli
+from tests.support.helpers import ROOT, run_cli, run_rank_script
 
 DEFAULT = {"coverage", "roundtrip", "config", "logits", "differential", "elements", "layout", "mapping"}
 HOOKS = str(ROOT / "tests" / "support" / "hooks_te.py")
@@ -126,15 +127,14 @@ def test_moonlight_te_layout_names_the_q_norm_the_bridge_does_not_map(tmp_path: 
 
 
 SEQUENCE_PARALLEL_RANK = """
-import os, sys
 import torch
 import torch.distributed as dist
 from convcheck import compat
 
-def main(rank):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+def main():
     compat.install("cpu", "te")
+    dist.init_process_group("gloo")  # torchrun's environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+    rank = dist.get_rank()
     from megatron.core import parallel_state
     from megatron.core.transformer.transformer_config import TransformerConfig
     from convcheck.kernels.te import TELayerNormColumnParallelLinear, TERowParallelLinear
@@ -170,11 +170,11 @@ def main(rank):
     err = float((outs[True] - want).abs().max())
     assert err < 1e-4, err  # fp32 sums in another order
     if rank == 0:
-        print("ok", err)
+        print("ok", err, flush=True)
     dist.destroy_process_group()
 
 if __name__ == "__main__":
-    torch.multiprocessing.spawn(main, nprocs=2)
+    main()
 """
 
 
@@ -184,15 +184,8 @@ def test_sequence_parallel_linears_gather_and_scatter_along_the_sequence(tmp_pat
     and all-gathers them, the row-parallel linear reduce-scatters its output along the sequence; the gathered
     output is bitwise the one without sequence parallelism, within 1e-4 of the plain-torch MLP, and the norm weight
     and row bias carry `sequence_parallel`."""
-    import socket
-    import subprocess
-    import sys
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = str(sock.getsockname()[1])
     script = tmp_path / "sp.py"
     script.write_text(SEQUENCE_PARALLEL_RANK)
-    res = subprocess.run([sys.executable, str(script), port], capture_output=True, text=True, timeout=300,
-                         cwd=ROOT)  # fmt: skip
-    assert res.returncode == 0 and res.stdout.strip().splitlines()[-1].startswith("ok "), res.stderr[-3000:]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    log = run_rank_script(script, [], 2, env, tmp_path, timeout=300)  # the warm server's ranks, else torchrun
+    assert any(line.startswith("ok ") for line in log.splitlines()), log[-3000:]

@@ -6,6 +6,7 @@ The stops (SIGINT, SIGTERM, a killed launcher) run under both launchers in tests
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 
 from convcheck.cache import changed_since
 from convcheck.engine import warm
-from convcheck.engine.warm_client import PIDS_FILE, SOCKET_ENV, import_env, source_key
+from convcheck.fork.client import PIDS_FILE, SOCKET_ENV, import_env, source_key
 from tests.support.helpers import ROOT, mutant, run_cli, wait_for_warm_server
 
 
@@ -140,3 +141,40 @@ def test_an_edited_loaded_file_makes_the_server_stale_a_touched_one_does_not(tmp
     assert changed_since(snapshot) == f"{module} changed since the server loaded it"
     module.unlink()
     assert changed_since(snapshot) == f"{module} changed since the server loaded it"
+
+
+def _files(folder: Path) -> dict[str, str]:
+    """Every file under `folder` (its path relative to it) -> sha256 of its bytes."""
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}  # fmt: skip
+
+
+@pytest.mark.ranks
+def test_a_fixture_built_by_the_warm_server_is_the_fresh_childs_byte_for_byte(tmp_path: Path) -> None:
+    """The fixture child forked by the warm server (torch, transformers and the CPU shims already loaded) writes the
+    very bytes a fresh interpreter writes, for a built-in MoE fixture and its FP8 copy; its bad input is the child's
+    one line; a server that refuses (another import environment) leaves the build to a fresh child."""
+    from convcheck.fixtures import folders
+
+    wait_for_warm_server()
+    jobs = {
+        "tiny": lambda how: ["tiny", "tiny:qwen3-moe", "--out", str(tmp_path / f"tiny-{how}")],
+        "fp8": lambda how: ["fp8", str(tmp_path / f"tiny-{how}"), "--out", str(tmp_path / f"fp8-{how}")],
+    }
+    for name, args in jobs.items():
+        warm_answer, fresh_answer = folders._run_warm(args("warm")), folders._run_fresh(args("fresh"))
+        assert warm_answer is not None and (warm_answer[0], fresh_answer[0]) == (0, 0), (warm_answer, fresh_answer)
+        built = _files(tmp_path / f"{name}-warm")
+        assert built and built == _files(tmp_path / f"{name}-fresh"), name
+    missing = tmp_path / "missing.json"
+    answer = folders._run_warm(["config", str(missing)])
+    assert answer is not None and answer[0] == 3
+    assert answer[1].strip().splitlines() == [json.dumps({"bad_input": f"config file not found: {missing}"})]
+    os.environ["PYTHONHASHSEED"], saved = "7", os.environ.get("PYTHONHASHSEED")
+    try:
+        assert folders._run_warm(["tiny", "tiny:qwen3", "--out", str(tmp_path / "refused")]) is None
+    finally:
+        if saved is None:
+            del os.environ["PYTHONHASHSEED"]
+        else:
+            os.environ["PYTHONHASHSEED"] = saved

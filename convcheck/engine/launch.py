@@ -25,8 +25,8 @@ from convcheck.engine.job import Job
 from convcheck.engine.nodes import Nodes
 from convcheck.engine.outcome import read_result
 from convcheck.engine.rollcall import decide, meeting
-from convcheck.engine.warm_client import WarmTimeout, run_warm, warm_socket
 from convcheck.errors import BadInput, SetupError
+from convcheck.fork.client import WarmTimeout, run_warm, warm_socket
 from convcheck.progress import ProgressReader, ProgressSink
 from convcheck.rollout.lifeline import die_with_parent
 from convcheck.rollout.segments import sweep_stale

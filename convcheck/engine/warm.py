@@ -3,13 +3,14 @@ each job from that state instead of starting torchrun and importing them again i
 cores, ~90% of a tiny fixture's run).
 
 Opt-in: `python -m convcheck.engine.warm SOCKET` starts a server; a launcher with `CONVCHECK_WARM_SOCKET=SOCKET` in
-its environment sends it its CPU jobs (a job file for the worker, or a script its ranks run as `__main__` as torchrun
-runs a trainer: `warm_client.run_script`). Each job gets a fresh fork of the server (the server itself never runs
-one), so no job sees another's state; the server answers only launchers whose convcheck source and import-time
-environment equal its own (`source_key`, `IMPORT_ENV`), others fall back to torchrun. Per job an agent process (its
-own session, like torchrun) forks one process per rank with torchrun's environment (RANK, WORLD_SIZE, MASTER_PORT...),
-stops the others when a rank fails, and reports every rank's exit code to the launcher over the socket. The launcher
-side of the protocol is `convcheck.engine.warm_client`.
+its environment sends it its CPU jobs: a job file for the worker, a script its ranks run as `__main__` as torchrun
+runs a trainer (`fork.client.run_script`), or a module one process runs as `python -m` would (the fixture builds of
+`convcheck.fixtures.folders`, `fork.client.run_module`). Each job gets a fresh fork of the server (the server itself
+never runs one), so no job sees another's state; the server answers only launchers whose convcheck source and
+import-time environment equal its own (`source_key`, `IMPORT_ENV`), others fall back to torchrun or a fresh
+interpreter. Per job an agent process (its own session, like torchrun) forks one process per rank with torchrun's
+environment (RANK, WORLD_SIZE, MASTER_PORT...), stops the others when a rank fails, and reports every rank's exit code
+to the launcher over the socket. The launcher side of the protocol is `convcheck.fork.client`.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from typing import Any
 
 from convcheck.atomic import write_json_atomic
 from convcheck.cache import changed_since, source_snapshot
-from convcheck.engine.warm_client import IMPORT_ENV, PIDS_FILE, import_env, source_key
 from convcheck.engine.worker import main, reap_children
+from convcheck.fork.client import IMPORT_ENV, PIDS_FILE, import_env, source_key
 from convcheck.rank.quiet import quiet
 from convcheck.rollout.lifeline import die_with_parent
 
@@ -223,7 +224,10 @@ def _rank(rank: int, nproc: int, port: int, log: int, request: dict[str, Any]) -
         if os.getppid() == 1:
             return
         os.dup2(log, 1)
-        os.dup2(log, 2)
+        if "err_file" in request:  # a module job's stderr apart from its answer on stdout
+            os.dup2(os.open(request["err_file"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), 2)
+        else:
+            os.dup2(log, 2)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.environ.clear()
@@ -239,6 +243,8 @@ def _rank(rank: int, nproc: int, port: int, log: int, request: dict[str, Any]) -
         tempfile.tempdir = None  # the server may have cached its own TMPDIR; the rank's is the job's
         if "script" in request:
             code = _run_script(request["script"], request.get("argv", []))
+        elif "module" in request:
+            code = _run_module(request["module"], request.get("argv", []))
         else:
             sys.argv = ["convcheck.engine.worker", request["job_file"]]
             code = main([request["job_file"]])
@@ -263,6 +269,22 @@ def _run_script(script: str, argv: list[str]) -> int:
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     try:
         runpy.run_path(script, run_name="__main__")
+    except SystemExit as stop:
+        if stop.code is None or isinstance(stop.code, int):
+            return stop.code or 0
+        print(stop.code, file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run_module(module: str, argv: list[str]) -> int:
+    """Run `module` as `python -m MODULE ARGV...` would in this process (as `__main__`); its exit code."""
+    import runpy
+
+    sys.argv = [module, *argv]
+    sys.path[0] = os.getcwd()  # as `python -m` puts its working folder first
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as stop:
         if stop.code is None or isinstance(stop.code, int):
             return stop.code or 0

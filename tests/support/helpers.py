@@ -129,7 +129,7 @@ def processes_holding(folder: Path) -> list[int]:
 
 def wait_for_warm_server(timeout: float = 120.0) -> None:
     """Wait until this session's warm server (tests/conftest.py) listens; AssertionError after `timeout` s."""
-    from convcheck.engine.warm_client import SOCKET_ENV
+    from convcheck.fork.client import SOCKET_ENV
 
     deadline = time.monotonic() + timeout
     while not Path(os.environ.get(SOCKET_ENV, "/nonexistent")).exists():
@@ -143,7 +143,7 @@ def run_rank_script(
     """Run `script ARGS...` on `nproc` CPU ranks as `torchrun --standalone` would (a stand-in for a user's trainer):
     forked by this session's warm server when it takes the job (megatron imported once), else under torchrun; the
     ranks' output (folder/ranks.log), for a failure message."""
-    from convcheck.engine.warm_client import SOCKET_ENV, run_script
+    from convcheck.fork.client import SOCKET_ENV, run_script
 
     log = folder / "ranks.log"
     socket_path = os.environ.get(SOCKET_ENV, "")
