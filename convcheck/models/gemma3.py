@@ -35,20 +35,33 @@ def _rope(c: HfView, kind: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _transformers4(c: HfView) -> bool:
+    """Whether the config spells RoPE as transformers 4 does: top-level rope_theta (the full layers'),
+    rope_local_base_freq (the sliding layers') and rope_scaling (the full layers' scaling), no rope_parameters."""
+    return not _rope(c, SLIDING) and not _rope(c, FULL) and "rope_theta" in c
+
+
 def _bases(c: HfView, _m: MegatronGet) -> list[float]:
     """[local base, global base]: the sliding layers' rope_theta, then the full layers' (provider rotary_base)."""
+    if _transformers4(c):
+        return [float(c.get("rope_local_base_freq", math.nan)), float(c["rope_theta"])]
     return [float(_rope(c, SLIDING).get("rope_theta", math.nan)), float(_rope(c, FULL).get("rope_theta", math.nan))]
 
 
 def _global_factor(c: HfView, _m: MegatronGet) -> Any:
     """The global RoPE's linear factor (the 4B-27B checkpoints' 8.0; 1.0 where the full layers rotate plainly): the
     provider divides the global inv_freq by it (Gemma3RotaryEmbedding), as HF's linear type divides positions."""
-    local, full = _rope(c, SLIDING).get("rope_type", "default"), _rope(c, FULL).get("rope_type", "default")
+    if _transformers4(c):  # rope_scaling scales the full layers only; the sliding layers rotate plainly
+        local, scaling = "default", c.get("rope_scaling") or {}
+        full = scaling.get("rope_type", scaling.get("type", "default"))
+    else:
+        local, full = _rope(c, SLIDING).get("rope_type", "default"), _rope(c, FULL).get("rope_type", "default")
+        scaling = _rope(c, FULL)
     if local != "default":
         return unsupported(f"sliding-layer rope_type {local!r} (the provider's local RoPE is plain)")
     if full == "default":
         return 1.0
-    return float(_rope(c, FULL)["factor"]) if full == "linear" else unsupported(f"full-layer rope_type {full!r}")
+    return float(scaling["factor"]) if full == "linear" else unsupported(f"full-layer rope_type {full!r}")
 
 
 def _megatron_layers(pattern: Any, m: MegatronGet) -> list[int]:
