@@ -105,10 +105,11 @@ def test_the_0_6_0_0_5_0_0_4_0_tables_and_their_reruns_retag_to_their_named_bugs
     """bridge 0.6.0, 0.5.0, 0.4.1 and 0.4.0 as run on the device: the bugs whose upstream file is the same in that
     release explain every recorded finding; what stays FAIL had more findings than recorded, or (0.4.0's Gemma 3 VL) a
     convcheck false alarm since fixed (the head rule read the older releases' wrapped SigLIP tower as headless). The
-    rows re-run with this checkout (`--resume` of the device table and the re-runs, then `--retag`), the pins' too:
-    no untagged row and no row not covered is left on any of them (Ernie 4.5 VL, Qwen2.5-Omni and Qwen3-Omni re-run
-    after convcheck's fixes: the probe's class state and EP override, the tied embedding in a wrapper's fp32 forward,
-    the fields the shrink names)."""
+    rows re-run with this checkout (`--resume` of the device table and the re-runs, then `--retag`), the pins' and
+    0.5.1's too: no untagged row and no row not covered is left on any of them (Ernie 4.5 VL, Qwen2.5-Omni and
+    Qwen3-Omni re-run after convcheck's fixes: the probe's class state and EP override, the tied embedding in a
+    wrapper's fp32 forward, the fields the shrink names; 0.5.1's Gemma 3 VL and Qwen3.5-MoE rows, whose runs recorded
+    too few findings)."""
     cases = {
         ("h100-cpu-support-bridge-0.6.0-2026-12-07.json", "0.6.0"): (
             {"rows": 43, "pass": 16, "pass_generic": 22, "known_fail": 21, "not_covered": 3, "untagged_fail": 3,
@@ -162,6 +163,11 @@ def test_the_0_6_0_0_5_0_0_4_0_tables_and_their_reruns_retag_to_their_named_bugs
         ("cpu-support-bridge-0.4.2-rerun-2026-12-07.json", "0.4.2"): (
             {"rows": 27, "pass": 8, "pass_generic": 11, "known_fail": 19, "not_covered": 0, "untagged_fail": 0,
              "outside": 7},
+            set(),
+        ),
+        ("cpu-support-bridge-0.5.1-rerun-2026-12-08.json", "0.5.1"): (
+            {"rows": 38, "pass": 10, "pass_generic": 16, "known_fail": 28, "not_covered": 0, "untagged_fail": 0,
+             "outside": 14},
             set(),
         ),
     }  # fmt: skip
