@@ -220,22 +220,25 @@ EXPORT_DROPS_GLOBAL_ROPE_SCALING = UpstreamBug(
 
 CONFIG_EXPORT_WITHOUT_OVERRIDE = UpstreamBug(
     name="gemma3-config-export-drops-window-and-local-rope",
-    summary="the 0.4.x Gemma 3 bridge has no megatron_to_hf_config of its own: the generic export writes neither "
+    summary="the 0.3.1-0.4.x Gemma 3 bridge has no megatron_to_hf_config of its own: the generic export writes neither "
     "sliding_window (transformers' default 4096 replaces the model's) nor the local RoPE base (the sliding layers' "
     "rope_parameters get the global rope_theta), so the exported config runs other attention windows and RoPE than "
     "the Megatron model; weights are unaffected",
     where="megatron/bridge/models/gemma/gemma3_bridge.py:48-123 (0.4.2: Gemma3ModelBridge overrides provider_bridge "
-    "and mapping_registry only); 0.5.0 adds megatron_to_hf_config (sliding_window and rope_local_base_freq exported)",
+    "and mapping_registry only; 0.3.1 the same, its generic export, conversion/model_bridge.py:469-499, writing "
+    "rotary_base's (local, global) pair as rope_theta); 0.5.0 adds megatron_to_hf_config (sliding_window and "
+    "rope_local_base_freq exported)",
     findings=(
         ("config", "sliding_window (megatron_to_hf_config)", "roundtrip-mismatch"),
         ("config", "rope_parameters.sliding_attention*(megatron_to_hf_config)", "roundtrip-mismatch"),
     ),
-    seen_in=("0.4.0", "0.4.1", "0.4.2"),
+    seen_in=("0.3.1", "0.4.0", "0.4.1", "0.4.2"),
     fixed_in="0.5.0",
 )
 """Seen by `convcheck support` on bridge 0.4.2 (Gemma3ForCausalLM from transformers 5.3.0's default config, TP2):
 exported sliding_window 4096 for the model's 8, and the sliding layers' RoPE differ; the bridge file is the same in
-0.4.0-0.4.2."""
+0.4.0-0.4.2. On bridge 0.3.1 (transformers 4.57.6's default config) the exported sliding_window is 4096 too and
+rope_theta the pair [10000.0, 1000000.0], which no RoPE base reads."""
 
 
 GEMMA3 = Architecture(
