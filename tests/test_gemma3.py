@@ -25,7 +25,9 @@ from convcheck.hf.geometry import Geometry
 from convcheck.mappings import FusedQKV, Gated, Replicated, Split
 from convcheck.models import UPSTREAM_BUG, tag_upstream_bugs
 from convcheck.models.gemma3 import GEMMA3_TABLE, TINY_GEMMA3
+from convcheck.models.gemma3_vl_config import GEMMA3_VL_TABLE
 from convcheck.models.mapping_registry import build_registry
+from convcheck.oracles.config import flatten
 from convcheck.verdict import Finding, OracleVerdict
 from tests.support.helpers import CliResult, matrix_run, mutant, run_cli
 from tests.test_verify_matrix import assert_matches_golden
@@ -107,6 +109,23 @@ def test_the_config_table_reads_both_rope_bases_the_global_factor_and_the_layer_
     assert pattern.expect(hf, megatron) == pattern.observe((5, 1), megatron) == [1, 1, 1, 1, 1, 0]
     irregular = {**hf, "layer_types": ["sliding_attention", "full_attention"] * 3}  # a 1:1 pattern
     assert pattern.expect(irregular, megatron) != pattern.observe((5, 1), megatron)  # the bridge keeps (5, 1)
+
+
+def test_the_config_table_reads_the_rope_bases_and_factor_as_transformers_4_spells_them() -> None:
+    """transformers 4 (bridge 0.3.x's) keeps rope_theta (full layers), rope_local_base_freq (sliding layers) and
+    rope_scaling (full layers) at the top, no rope_parameters: the published 1B config.json, and the 4B-27B scaling."""
+    published = read_config(DATA / "gemma-3-1b-it.config.json")
+    hf, megatron = flatten(published), {"num_layers": 26}.__getitem__
+    assert "rope_parameters.sliding_attention" not in hf and hf["rope_scaling"] is None
+    assert _rule("rotary_base").expect(hf, megatron) == [10000.0, 1e6]
+    assert _rule("rope_scaling_factor").expect(hf, megatron) == 1.0
+    scaled = {**hf, "rope_scaling": {"factor": 8.0, "rope_type": "linear"}}
+    assert _rule("rope_scaling_factor").expect(scaled, megatron) == 8.0
+    vl = {f"text_config.{k}": v for k, v in hf.items()}  # Gemma 3 VL: the same fields under text_config
+    rules = {r.megatron: r for r in GEMMA3_VL_TABLE if r.megatron in ("rotary_base", "rope_scaling_factor")}
+    assert rules["rotary_base"].expect(vl, megatron) == [10000.0, 1e6]
+    assert rules["rope_scaling_factor"].expect(vl, megatron) == 1.0
+    assert "text_config.rope_local_base_freq" in rules["rotary_base"].also
 
 
 def test_the_known_bugs_tag_only_their_findings() -> None:

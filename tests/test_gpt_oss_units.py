@@ -4,16 +4,19 @@ rules, and shim 23's still-needed test."""
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import pytest
 
 from convcheck import compat
+from convcheck.fixtures.from_config import read_config
 from convcheck.layout import ParallelLayout, RankCoord
 from convcheck.mappings import Gated, Split
 from convcheck.mappings.interleaved_experts import ExpertBias, InterleavedSlice
 from convcheck.models import FIXTURES
-from convcheck.models.gpt_oss_config import hf_window_layers, hf_window_size, megatron_window_layers
+from convcheck.models.gpt_oss_config import GPT_OSS_TABLE, hf_window_layers, hf_window_size, megatron_window_layers
 from convcheck.models.gpt_oss_mappings import expert_slice
+from convcheck.oracles.config import flatten
 from tests.support.release_targets import on_current_pins, skip_unless
 
 torch = pytest.importorskip("torch")
@@ -99,6 +102,28 @@ def test_window_rules_read_layer_types_and_megatron_skip_freq() -> None:
     fields = {"num_layers": 4, "window_size": (3, 0)}
     assert megatron_window_layers(2, fields.get) == [1, 0, 1, 0]  # utils.py:504, layer numbers from 1
     assert megatron_window_layers(None, fields.get) == [1, 1, 1, 1]
+
+
+def test_yarn_rules_read_the_published_rope_scaling_as_transformers_4_spells_it() -> None:
+    """The published gpt-oss-20b config.json keeps its yarn settings in rope_scaling (transformers 4.57, bridge 0.3.x's
+    pin, reads them there); transformers 5 spells them rope_parameters: the rules read either."""
+    published = flatten(read_config(Path(__file__).parent / "data" / "gpt-oss-20b.config.json"))
+    assert not any(k.startswith("rope_parameters.") for k in published)
+    rules = {r.megatron: r for r in GPT_OSS_TABLE}
+    expect = {name: rules[name].expect(published, None) for name in (
+        "position_embedding_type", "yarn_rotary_scaling_factor", "yarn_original_max_position_embeddings",
+        "yarn_beta_fast", "yarn_beta_slow", "yarn_correction_range_round_to_int")}  # fmt: skip
+    assert expect == {
+        "position_embedding_type": "yarn",
+        "yarn_rotary_scaling_factor": 32.0,
+        "yarn_original_max_position_embeddings": 4096,
+        "yarn_beta_fast": 32.0,
+        "yarn_beta_slow": 1.0,
+        "yarn_correction_range_round_to_int": False,
+    }
+    spelled_5 = {f"rope_parameters.{k.removeprefix('rope_scaling.')}": v for k, v in published.items()
+                 if k.startswith("rope_scaling.")}  # fmt: skip
+    assert {name: rules[name].expect(spelled_5, None) for name in expect} == expect
 
 
 def test_shim23_still_needed_sinks_allocated_on_cuda() -> None:

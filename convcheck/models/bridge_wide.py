@@ -13,19 +13,25 @@ ROW_PARALLEL_SCATTER_NON_CONTIGUOUS = UpstreamBug(
     "holds the wrong elements over gloo (NCCL refuses non-contiguous tensors); import and export differ",
     where="megatron/bridge/models/conversion/param_mapping.py:918 (the chunks) and :500-508 (scatter_to_tp_ranks "
     "without .contiguous()) in 0.3.x",
-    findings=(
-        ("roundtrip", "model.layers.*.self_attn.o_proj.weight", "bytes-differ"),
-        ("roundtrip", "model.layers.*.mlp.down_proj.weight", "bytes-differ"),
-        ("layout", "model.layers.*.self_attn.o_proj.weight", "layout-differs"),
-        ("layout", "model.layers.*.mlp.down_proj.weight", "layout-differs"),
-        ("save", "model.layers.*.self_attn.o_proj.weight", "bytes-differ"),
-        ("save", "model.layers.*.mlp.down_proj.weight", "bytes-differ"),
+    findings=tuple(
+        (oracle, f"*.{name}.weight", kind)
+        for oracle, kind in (("roundtrip", "bytes-differ"), ("layout", "layout-differs"), ("save", "bytes-differ"))
+        for name in ("o_proj", "down_proj")
+    ),
+    consequences=(
+        ("mapping", "*.linear_proj.weight", "import-bytes-differ"),
+        ("mapping", "*.linear_fc2.weight", "import-bytes-differ"),
+        ("layout", "<layout>", "first-differing"),
+        ("logits", "logits", "logits-differ"),
+        ("logits", "greedy-tokens", "greedy-differs"),
     ),
     seen_in=("0.3.0", "0.3.1"),
     fixed_in="0.4.0 (#2794, a235e0314: scatter_to_tp_ranks makes each split contiguous, param_mapping.py:608 in 0.6.2)",
 )
-"""Seen at TP2 with bridge 0.3.x on tiny:olmoe (o_proj) and tiny:qwen3 (down_proj). The mapping oracle names the same
-shards (import-bytes-differ) untagged, and the logits differ: a layer never loaded gives those findings too."""
+"""Seen at TP2 with bridge 0.3.x on tiny:olmoe (o_proj) and tiny:qwen3 (down_proj), and by `convcheck support` on
+every 0.3.x row with a row-parallel linear (the shared experts' down_proj, Gemma 3 VL's language model). The mapping
+oracle's shards of the same linears, the first layout-dependent tensor and the logits are its consequences, tagged
+only beside its own findings: the 0.3.0 site with each split made contiguous (param_mapping.py:502) passes them."""
 
 EXPORT_RAISES_ON_A_MISSING_TENSOR = UpstreamBug(
     name="export-raises-on-a-tensor-the-checkpoint-lacks",
@@ -193,18 +199,19 @@ projections are column-parallel and quantized."""
 
 ROUTER_AUX_LOSS_COEF_UNMAPPED = UpstreamBug(
     name="router-aux-loss-coef-unmapped",
-    summary="the 0.4.x conversion core's CONFIG_MAPPING maps aux_loss_alpha to moe_aux_loss_coeff but not "
+    summary="the 0.3.1-0.4.x conversion core's CONFIG_MAPPING maps aux_loss_alpha to moe_aux_loss_coeff but not "
     "router_aux_loss_coef (the field GPT-OSS, Qwen-MoE, Mixtral and OLMoE configs use): such a model converts with "
     "moe_aux_loss_coeff 0, so training it drops the load-balancing loss the checkpoint was trained with (the forward "
     "and the weights are unaffected)",
     where="megatron/bridge/models/conversion/model_bridge.py:340-380 (0.4.2 CONFIG_MAPPING; :367 maps aux_loss_alpha "
-    "only); 0.5.0 adds the pair (model_bridge.py:440)",
+    "only; 0.3.1: :244-300, :271); 0.5.0 adds the pair (model_bridge.py:440)",
     findings=(("config", "*router_aux_loss_coef -> moe_aux_loss_coeff", "mismatch"),),
-    seen_in=("0.4.0", "0.4.1", "0.4.2"),
+    seen_in=("0.3.1", "0.4.0", "0.4.1", "0.4.2"),
     fixed_in="0.5.0",
 )
 """Seen by `convcheck support` on bridge 0.4.2 (GptOssForCausalLM from transformers 5.3.0's default config,
-router_aux_loss_coef 0.9, at TP2 and EP2); CONFIG_MAPPING is the same in 0.4.0 and 0.4.1."""
+router_aux_loss_coef 0.9, at TP2 and EP2); CONFIG_MAPPING is the same in 0.4.0 and 0.4.1, and on 0.3.1 (whose GPT-OSS
+bridge builds on the generic provider_bridge, gpt_oss_bridge.py:65)."""
 
 BRIDGE_WIDE: tuple[UpstreamBug, ...] = (
     ROW_PARALLEL_SCATTER_NON_CONTIGUOUS,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from convcheck.models.architecture import Architecture
+from convcheck.models.bridge03_bugs import DEEPSEEK_KV_HEADS_AS_KV_CHANNELS, DEEPSEEK_V3_SCORE_FUNCTION_UNSET
 from convcheck.models.config_rules import (
     HEADS_AND_VOCAB,
     FieldRule,
@@ -400,5 +401,7 @@ DEEPSEEK_V3 = Architecture(
         SEQ_LENGTH_4096,
         Q_PROJ_NORM_UNMAPPED,
         FIRST_K_DENSE_EXPORT_DROPPED,
+        DEEPSEEK_V3_SCORE_FUNCTION_UNSET,
+        DEEPSEEK_KV_HEADS_AS_KV_CHANNELS,
     ),
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from convcheck.models.architecture import Architecture
+from convcheck.models.bridge03_bugs import QWEN3_HEAD_DIM_IGNORED, QWEN3_HEAD_DIM_IGNORED_IMPORT
 from convcheck.models.config_rules import (
     HEADS_AND_VOCAB,
     FieldRule,
@@ -211,6 +212,7 @@ QWEN3 = Architecture(
             **ENGINE_DIMS,
         ),
     ),
+    upstream_bugs=(QWEN3_HEAD_DIM_IGNORED, QWEN3_HEAD_DIM_IGNORED_IMPORT),
 )
 LLAMA = Architecture(
     hf_classes=("LlamaForCausalLM",),

@@ -22,9 +22,9 @@ ERNIE45_VL_ROUTER_GATES_BF16 = UpstreamBug(
         ("layout", "model.layers.*.mlp.gate.weight", "tp1-differs-from-source"),
         ("layout", "model.layers.*.mlp.gate.weight_1", "tp1-differs-from-source"),
     ),
-    seen_in=("0.5.0", "0.6.0", "0.6.2"),
+    seen_in=("0.5.0", "0.5.1", "0.6.0", "0.6.2"),
 )
-"""Seen by `convcheck support` at TP2 and EP2 on bridge 0.5.0, 0.6.0 and 0.6.2 (the router mappings and
-megatron-core's cast the same in each)."""
+"""Seen by `convcheck support` at TP2 and EP2 on bridge 0.5.0, 0.5.1, 0.6.0 and 0.6.2 (the router mappings and
+megatron-core's cast the same in each; 0.5.1's ernie_vl/ and router.py are byte-identical to 0.5.0's)."""
 
 ERNIE45_VL_BUGS = (ERNIE45_VL_ROUTER_GATES_BF16,)

@@ -35,20 +35,33 @@ def _rope(c: HfView, kind: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _transformers4(c: HfView) -> bool:
+    """Whether the config spells RoPE as transformers 4 does: top-level rope_theta (the full layers'),
+    rope_local_base_freq (the sliding layers') and rope_scaling (the full layers' scaling), no rope_parameters."""
+    return not _rope(c, SLIDING) and not _rope(c, FULL) and "rope_theta" in c
+
+
 def _bases(c: HfView, _m: MegatronGet) -> list[float]:
     """[local base, global base]: the sliding layers' rope_theta, then the full layers' (provider rotary_base)."""
+    if _transformers4(c):
+        return [float(c.get("rope_local_base_freq", math.nan)), float(c["rope_theta"])]
     return [float(_rope(c, SLIDING).get("rope_theta", math.nan)), float(_rope(c, FULL).get("rope_theta", math.nan))]
 
 
 def _global_factor(c: HfView, _m: MegatronGet) -> Any:
     """The global RoPE's linear factor (the 4B-27B checkpoints' 8.0; 1.0 where the full layers rotate plainly): the
     provider divides the global inv_freq by it (Gemma3RotaryEmbedding), as HF's linear type divides positions."""
-    local, full = _rope(c, SLIDING).get("rope_type", "default"), _rope(c, FULL).get("rope_type", "default")
+    if _transformers4(c):  # rope_scaling scales the full layers only; the sliding layers rotate plainly
+        local, scaling = "default", c.get("rope_scaling") or {}
+        full = scaling.get("rope_type", scaling.get("type", "default"))
+    else:
+        local, full = _rope(c, SLIDING).get("rope_type", "default"), _rope(c, FULL).get("rope_type", "default")
+        scaling = _rope(c, FULL)
     if local != "default":
         return unsupported(f"sliding-layer rope_type {local!r} (the provider's local RoPE is plain)")
     if full == "default":
         return 1.0
-    return float(_rope(c, FULL)["factor"]) if full == "linear" else unsupported(f"full-layer rope_type {full!r}")
+    return float(scaling["factor"]) if full == "linear" else unsupported(f"full-layer rope_type {full!r}")
 
 
 def _megatron_layers(pattern: Any, m: MegatronGet) -> list[int]:
@@ -207,22 +220,25 @@ EXPORT_DROPS_GLOBAL_ROPE_SCALING = UpstreamBug(
 
 CONFIG_EXPORT_WITHOUT_OVERRIDE = UpstreamBug(
     name="gemma3-config-export-drops-window-and-local-rope",
-    summary="the 0.4.x Gemma 3 bridge has no megatron_to_hf_config of its own: the generic export writes neither "
+    summary="the 0.3.1-0.4.x Gemma 3 bridge has no megatron_to_hf_config of its own: the generic export writes neither "
     "sliding_window (transformers' default 4096 replaces the model's) nor the local RoPE base (the sliding layers' "
     "rope_parameters get the global rope_theta), so the exported config runs other attention windows and RoPE than "
     "the Megatron model; weights are unaffected",
     where="megatron/bridge/models/gemma/gemma3_bridge.py:48-123 (0.4.2: Gemma3ModelBridge overrides provider_bridge "
-    "and mapping_registry only); 0.5.0 adds megatron_to_hf_config (sliding_window and rope_local_base_freq exported)",
+    "and mapping_registry only; 0.3.1 the same, its generic export, conversion/model_bridge.py:469-499, writing "
+    "rotary_base's (local, global) pair as rope_theta); 0.5.0 adds megatron_to_hf_config (sliding_window and "
+    "rope_local_base_freq exported)",
     findings=(
         ("config", "sliding_window (megatron_to_hf_config)", "roundtrip-mismatch"),
         ("config", "rope_parameters.sliding_attention*(megatron_to_hf_config)", "roundtrip-mismatch"),
     ),
-    seen_in=("0.4.0", "0.4.1", "0.4.2"),
+    seen_in=("0.3.1", "0.4.0", "0.4.1", "0.4.2"),
     fixed_in="0.5.0",
 )
 """Seen by `convcheck support` on bridge 0.4.2 (Gemma3ForCausalLM from transformers 5.3.0's default config, TP2):
 exported sliding_window 4096 for the model's 8, and the sliding layers' RoPE differ; the bridge file is the same in
-0.4.0-0.4.2."""
+0.4.0-0.4.2. On bridge 0.3.1 (transformers 4.57.6's default config) the exported sliding_window is 4096 too and
+rope_theta the pair [10000.0, 1000000.0], which no RoPE base reads."""
 
 
 GEMMA3 = Architecture(

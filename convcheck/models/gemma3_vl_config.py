@@ -151,7 +151,7 @@ def _language(rule: FieldRule) -> FieldRule:
     if rule.megatron == QK_NORMS:
         return built_qk_norms(rule.note, "model.language_model." + QK_NORMS[len("model.") :])
     if rule.megatron in ROPE:
-        return in_text(replace(rule, hf=("rope_parameters",), also=()))
+        return in_text(replace(rule, hf=("rope_parameters",)))  # also: the transformers 4 spellings
     return in_text(rule)
 
 

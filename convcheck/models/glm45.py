@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from convcheck.models.architecture import Architecture
+from convcheck.models.bridge03_bugs import GLM45_HEAD_DIM_REQUIRED
 from convcheck.models.config_rules import FieldRule, implied, same
 from convcheck.models.deepseek import DEEPSEEK_V3_TABLE, group_scores_rule
 from convcheck.models.deepseek import MTP_ALIASES_DROPPED as DEEPSEEK_MTP_ALIASES_DROPPED
@@ -177,5 +178,5 @@ GLM45 = Architecture(
     mapping_rules="convcheck.models.glm45_mappings:glm45_rules",
     config_rules=GLM45_TABLE,
     fixtures=(TINY_GLM45, TINY_GLM45_AIR, TINY_GLM45_VLLM),
-    upstream_bugs=(MTP_ALIASES_DROPPED, SEQUENTIAL_EXPERTS_UNMAPPED, MTP_FORWARD_NEEDS_LABELS),
+    upstream_bugs=(MTP_ALIASES_DROPPED, SEQUENTIAL_EXPERTS_UNMAPPED, MTP_FORWARD_NEEDS_LABELS, GLM45_HEAD_DIM_REQUIRED),
 )

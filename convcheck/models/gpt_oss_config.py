@@ -10,6 +10,7 @@ from convcheck.models.config_rules import (
     FieldRule,
     HfView,
     MegatronGet,
+    first,
     function_name,
     implied,
     same,
@@ -46,12 +47,19 @@ def hf_window_size(c: HfView, m: MegatronGet) -> Any:
     return window_size(c, m) if "sliding_attention" in (c.get("layer_types") or []) else None
 
 
+def _rope(c: HfView, field: str, absent: Any = None) -> Any:
+    """A RoPE field as transformers 5 spells it (rope_parameters.X) or, where absent, as transformers 4 does
+    (rope_scaling.X, the yarn settings of bridge 0.3.x's transformers 4.57)."""
+    return first(c, (f"rope_parameters.{field}", f"rope_scaling.{field}"), absent)
+
+
 def _yarn(field: str, megatron: str) -> FieldRule:
     return FieldRule(
         megatron=megatron,
         hf=(f"rope_parameters.{field}",),
-        expect=lambda c, _m: c.get(f"rope_parameters.{field}"),
+        expect=lambda c, _m: _rope(c, field),
         note="Yarn RoPE",
+        also=(f"rope_scaling.{field}",),
     )
 
 
@@ -68,7 +76,8 @@ GPT_OSS_TABLE: tuple[FieldRule, ...] = (
     FieldRule(
         megatron="position_embedding_type",
         hf=("rope_parameters.rope_type",),
-        expect=lambda c, _m: "yarn" if c.get("rope_parameters.rope_type") == "yarn" else unsupported("non-yarn RoPE"),
+        expect=lambda c, _m: "yarn" if _rope(c, "rope_type") == "yarn" else unsupported("non-yarn RoPE"),
+        also=("rope_scaling.rope_type",),
     ),
     _yarn("factor", "yarn_rotary_scaling_factor"),
     _yarn("original_max_position_embeddings", "yarn_original_max_position_embeddings"),
@@ -77,7 +86,8 @@ GPT_OSS_TABLE: tuple[FieldRule, ...] = (
     FieldRule(
         megatron="yarn_correction_range_round_to_int",
         hf=("rope_parameters.truncate",),
-        expect=lambda c, _m: bool(c.get("rope_parameters.truncate", True)),
+        expect=lambda c, _m: bool(_rope(c, "truncate", True)),
+        also=("rope_scaling.truncate",),
         note="HF truncate floors / ceils the correction range, as Megatron's round_to_int",
     ),
     _yarn("mscale", "yarn_mscale"),

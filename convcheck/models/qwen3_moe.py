@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 from convcheck.models.architecture import Architecture
+from convcheck.models.bridge03_bugs import QWEN3_HEAD_DIM_IGNORED, QWEN3_HEAD_DIM_IGNORED_IMPORT
 from convcheck.models.config_rules import FieldRule, HfView, MegatronGet, first, implied, same
 from convcheck.models.dense import NORM_ROPE_ACT, SHAPES
 from convcheck.models.fixture_spec import ENGINE_DIMS, tiny_spec
@@ -79,14 +80,15 @@ NORM_TOPK_PROB_IGNORED = UpstreamBug(
     "norm_topk_prob false; a checkpoint with norm_topk_prob false (transformers' Qwen3MoeConfig default) routes with "
     "other weights in Megatron, and a published one (true) comes back false",
     where="megatron/bridge/models/qwen/qwen3_moe_bridge.py:66 (import) and :48 (export) in 0.5.1; :58 in 0.4.2 and "
-    ":59 in 0.3.1 (their generic export writes no norm_topk_prob, read back as transformers' default false); 0.6.0 "
-    "reads and writes the field at :66 / :48",
+    ":59 in 0.3.1 (their generic export writes no norm_topk_prob, read back as transformers' default false); 0.3.0 "
+    "never reads it (qwen3_moe_bridge.py:48-70; qwen_provider.py:394, moe_router_pre_softmax False) and exports "
+    "nothing; 0.6.0 reads and writes the field at :66 / :48",
     findings=(
         ("config", "norm_topk_prob*", "roundtrip-mismatch"),
         ("config", "norm_topk_prob*", "mismatch"),
     ),
     consequences=(("logits", "logits", "logits-differ"), ("logits", "greedy-tokens", "greedy-differs")),
-    seen_in=("0.3.1", "0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1"),
+    seen_in=("0.3.0", "0.3.1", "0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1"),
     fixed_in="0.6.0",
 )
 """Seen by the release smoke (tiny:qwen3-moe, norm_topk_prob true: the export) and by `convcheck support` on 0.4.2 /
@@ -158,5 +160,5 @@ QWEN3_MOE = Architecture(
             block_amax=128,
         ),
     ),
-    upstream_bugs=(NORM_TOPK_PROB_IGNORED,),
+    upstream_bugs=(NORM_TOPK_PROB_IGNORED, QWEN3_HEAD_DIM_IGNORED, QWEN3_HEAD_DIM_IGNORED_IMPORT),
 )

@@ -5,6 +5,7 @@ in its Architecture."""
 
 from __future__ import annotations
 
+from convcheck.models.bridge03_bugs import MINISTRAL3_ROPE_PARAMETERS_REQUIRED
 from convcheck.models.ernie_vl_bugs import ERNIE45_VL_BUGS
 from convcheck.models.upstream_bug import BUILD_FAILED, WRONG_DTYPE, UpstreamBug
 
@@ -57,10 +58,11 @@ GLM45V_HEAD_DIM_REQUIRED = UpstreamBug(
     summary="the GLM-4.5V bridge reads text_config.head_dim, a field transformers' Glm4vMoeTextConfig does not "
     "define (published config.json files carry it as an extra key): a checkpoint whose config transformers wrote "
     "from its own class raises AttributeError and no model is built",
-    where="megatron/bridge/models/glm_vl/glm_45v_bridge.py:51",
+    where="megatron/bridge/models/glm_vl/glm_45v_bridge.py:51 (:47 in 0.3.x, whose transformers 4.57.6 "
+    "Glm4vMoeTextConfig lacks it too)",
     findings=BUILD_FAILED,
     message_contains="head_dim",
-    seen_in=("0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1", "0.6.0", "0.6.2"),
+    seen_in=("0.3.0", "0.3.1", "0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1", "0.6.0", "0.6.2"),
 )
 """Seen by `convcheck support` on Glm4vMoeForConditionalGeneration built from transformers 5.12.1's default config."""
 
@@ -423,7 +425,7 @@ REGISTERED_BUGS: dict[str, tuple[UpstreamBug, ...]] = {
     "Glm4vMoeForConditionalGeneration": (GLM45V_HEAD_DIM_REQUIRED,),
     "HYV3ForCausalLM": (HYV3_FIRST_K_DENSE_REQUIRED,),
     "MiniMaxM3SparseForConditionalGeneration": (MINIMAX_M3_FP32_EXPORT,),
-    "Mistral3ForConditionalGeneration": (MINISTRAL3_LLAMA4_SCALING_BETA_REQUIRED,),
+    "Mistral3ForConditionalGeneration": (MINISTRAL3_LLAMA4_SCALING_BETA_REQUIRED, MINISTRAL3_ROPE_PARAMETERS_REQUIRED),
     "Qwen2AudioForConditionalGeneration": (
         TRANSFORMERS_QWEN2_AUDIO_SAVE_DOUBLE_PREFIX,
         QWEN2_AUDIO_LEARNED_POSITIONS,

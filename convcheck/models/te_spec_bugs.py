@@ -13,10 +13,11 @@ POST_LAYERNORM_DEFAULT_EPS = UpstreamBug(
     "post-MLP RMSNorms of every layer compute with another epsilon than HF's (import, export and mappings agree; the "
     "forward differs)",
     where="megatron/bridge/models/common/te_layers.py:47 (0.4.2 / 0.5.1: gemma/gemma2_provider.py:272, "
-    "gemma3_provider.py:425 / :359) (megatron-core extensions/transformer_engine.py:815, "
+    "gemma3_provider.py:425 / :359; 0.3.x: gemma2_provider.py:272, gemma3_provider.py:426) (megatron-core "
+    "extensions/transformer_engine.py:815, "
     "TENorm's eps default); used by Gemma 2 / Gemma 3 (gemma3_provider.py:163, :168) and EXAONE 4",
     findings=(("logits", "logits", "logits-differ"), ("logits", "greedy-tokens", "greedy-differs")),
-    seen_in=("0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1", "0.6.0", "0.6.2"),
+    seen_in=("0.3.0", "0.3.1", "0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1", "0.6.0", "0.6.2"),
 )
 """Seen on a tiny Gemma3ForCausalLM written by transformers 5.12.1 (rms_norm_eps 1e-6) at TP1 and TP2: with the post
 norms built with eps=config.layernorm_epsilon the logits agree with HF's to 9e-7 (tests/test_te_families.py). Seen by
