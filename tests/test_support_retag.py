@@ -262,7 +262,8 @@ def test_the_0_3_bugs_tag_their_own_release_and_findings_only() -> None:
          "glm45-head-dim-required", ("0.3.0",), ("0.3.1",)),
         ("Glm4vMoeForConditionalGeneration", "AttributeError: 'Glm4vMoeTextConfig' object has no attribute 'head_dim'",
          "glm45v-head-dim-required", ("0.3.0", "0.3.1"), ()),
-        ("Mistral3ForConditionalGeneration", "AttributeError: 'MistralConfig' object has no attribute 'rope_parameters'",
+        ("Mistral3ForConditionalGeneration",
+         "AttributeError: 'MistralConfig' object has no attribute 'rope_parameters'",
          "ministral3-rope-parameters-required", ("0.3.0", "0.3.1"), ("0.4.0",)),
         ("DeepseekV3ForCausalLM", ("ValueError: Expert bias for aux-loss-free routing only supports sigmoid score "
          "function."), "deepseek-v3-score-function-unset", ("0.3.1",), ("0.3.0", "0.4.0")),
