@@ -225,8 +225,9 @@ def _tags(arch: str, release: str, *verdicts: OracleVerdict) -> list[list[str | 
 def test_the_0_3_bugs_tag_their_own_release_and_findings_only() -> None:
     """The bugs named from the 0.3.x tables, on findings as those runs recorded them: the row-parallel scatter's
     consequences (the mapping oracle's shards, the first layout-dependent tensor, the logits) only beside its own
-    roundtrip finding; Qwen3's ignored head_dim by its config mismatch or its own import error; the build failures by
-    their own messages, on their own releases."""
+    roundtrip finding; Qwen3's ignored head_dim by its config mismatch or its own import error, Qwen3-VL's by its
+    language model's import error (and its text-config dtype); the build failures by their own messages, on their own
+    releases."""
     scatter = "row-parallel-scatter-non-contiguous"
     roundtrip = _verdict("roundtrip", ("model.layers.1.mlp.shared_experts.down_proj.weight", "bytes-differ", "2016"))
     mapping = _verdict("mapping", ("decoder.layers.0.self_attention.linear_proj.weight", "import-bytes-differ", "r0"),
@@ -251,6 +252,17 @@ def test_the_0_3_bugs_tag_their_own_release_and_findings_only() -> None:
     other = _verdict("coverage", ("<import>", "import-failed", "bridge.load_hf_weights raised KeyError: 'x'"))
     assert _tags("Qwen3MoeForCausalLM", "0.3.0", other) == [[None]]
     assert _tags("Qwen3ForCausalLM", "0.3.1", config, coverage) == [[None], [None] * 2]
+    vl_head_dim, vl_dtype = "qwen3-vl-head-dim-as-provider-field", "qwen3-vl-dtype-from-text-config"
+    vl_crash = crash.replace("param decoder.", "param language_model.decoder.")
+    vl_kept = "language_model.decoder.layers.0.self_attention.linear_proj.weight"
+    vl = _verdict("coverage", ("<import>", "import-failed", vl_crash), (vl_kept, "not-loaded", "kept"))
+    fp32 = _verdict("roundtrip", ("lm_head.weight", "dtype", "dtype float32, expected bfloat16"))
+    vl_config = _verdict("config", ("text_config.head_dim -> kv_channels", "mismatch", "head_dim=16 requires 16"))
+    for arch in ("Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration"):
+        assert _tags(arch, "0.3.0", vl, fp32) == [[vl_head_dim] * 2, [vl_dtype]], arch
+        assert _tags(arch, "0.3.0", vl_config) == [[vl_head_dim]], arch
+        assert _tags(arch, "0.3.1", vl, fp32, vl_config) == [[None] * 2, [None], [None]], arch
+    assert _tags("Qwen3ForCausalLM", "0.3.0", vl) == [[None] * 2]
 
     def build(message: str) -> OracleVerdict:
         return _verdict(

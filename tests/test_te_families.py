@@ -110,7 +110,7 @@ def test_the_family_bugs_tag_only_their_own_architecture() -> None:
     assert tagged[0].findings[0].detail[UPSTREAM_BUG] == EPS_BUG and len(lines) == 1
     untagged, lines = tag_upstream_bugs("Qwen3ForCausalLM", "0.6.2", [logits])
     assert UPSTREAM_BUG not in untagged[0].findings[0].detail and lines == []
-    old, _ = tag_upstream_bugs("Gemma3ForCausalLM", "0.3.1", [logits])  # not seen there: not explained
+    old, _ = tag_upstream_bugs("Gemma3ForCausalLM", "0.2.0", [logits])  # a release it was not seen on: not explained
     assert UPSTREAM_BUG not in old[0].findings[0].detail
 
 

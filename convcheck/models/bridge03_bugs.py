@@ -1,6 +1,7 @@
 """Known megatron-bridge bugs of the 0.3.x releases' model bridges, found by `convcheck support` on the checkpoints
 transformers 4.57.6 (the release's pin; bridge 0.3.x requires transformers < 5) writes from each class's default
-config. Each family lists its own (Qwen3, Qwen3-MoE, GLM-4.5, DeepSeek-V3); REGISTERED_BUGS lists Ministral 3's."""
+config. Each family lists its own (Qwen3, Qwen3-MoE, Qwen3-VL, GLM-4.5, DeepSeek-V3); REGISTERED_BUGS lists Ministral
+3's."""
 
 from __future__ import annotations
 
@@ -43,6 +44,33 @@ QWEN3_HEAD_DIM_IGNORED_IMPORT = replace(
     message_contains="Shape mismatch for megatron param decoder.layers.0.self_attention.k_layernorm.weight",
 )
 """The same bug as the import sees it (the Qwen3-MoE row has no config finding): its own shape error only."""
+
+QWEN3_VL_HEAD_DIM_AS_PROVIDER_FIELD = UpstreamBug(
+    name="qwen3-vl-head-dim-as-provider-field",
+    summary="the 0.3.0 Qwen3-VL and Qwen3-VL-MoE bridges hand text_config.head_dim to their providers' own head_dim "
+    "field, which the language model never reads, and no kv_channels: the providers keep Qwen3's kv_channels 128, so "
+    "a checkpoint whose head_dim is not 128 gets 128-wide heads and the import raises on the first shape it meets "
+    "(k_layernorm); nothing is loaded",
+    where="megatron/bridge/models/qwen_vl/qwen3_vl_bridge.py:88 and :254 (head_dim=, no kv_channels), "
+    "qwen3_vl_provider.py:45 and :199 (the head_dim field), qwen/qwen_provider.py:266 and :373 (kv_channels = 128) "
+    "in 0.3.0",
+    findings=(("config", "text_config.head_dim -> kv_channels", "mismatch"),),
+    consequences=QWEN3_HEAD_DIM_IGNORED.consequences,
+    seen_in=("0.3.0",),
+    fixed_in="0.3.1 (the bridges build their providers from hf_config_to_provider_kwargs(text_config), whose "
+    "CONFIG_MAPPING maps head_dim to kv_channels: qwen3_vl_bridge.py:77, :198; conversion/model_bridge.py:251)",
+)
+"""Seen by `convcheck support` on bridge 0.3.0 (Qwen3VLForConditionalGeneration from transformers 4.57.6's default
+config, head_dim 16 after the shrink, its mrope sections named under rope_scaling by a local change: bench/results/
+cpu-support-bridge-0.3.0-qwen3-vl-diagnostic-2026-12-08.json) at TP2: k_layernorm built 128 wide. Published Qwen3-VL
+checkpoints have head_dim 128, which the default matches."""
+
+QWEN3_VL_HEAD_DIM_AS_PROVIDER_FIELD_IMPORT = replace(
+    QWEN3_VL_HEAD_DIM_AS_PROVIDER_FIELD,
+    findings=(("*", "<import>", "import-failed"),),
+    message_contains="Shape mismatch for megatron param language_model.decoder.layers.0.self_attention.k_layernorm",
+)
+"""The same bug as the import sees it (a row whose config oracle is not covered): its own shape error only."""
 
 GLM45_HEAD_DIM_REQUIRED = UpstreamBug(
     name="glm45-head-dim-required",

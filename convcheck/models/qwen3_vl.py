@@ -8,6 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 from convcheck.models.architecture import Architecture
+from convcheck.models.bridge03_bugs import (
+    QWEN3_VL_HEAD_DIM_AS_PROVIDER_FIELD,
+    QWEN3_VL_HEAD_DIM_AS_PROVIDER_FIELD_IMPORT,
+)
 from convcheck.models.fixture_spec import FixtureSpec
 from convcheck.models.qwen3_vl_config import QWEN3_VL_MOE_TABLE, QWEN3_VL_TABLE
 from convcheck.models.te_spec_bugs import QWEN3_VL_DTYPE_FROM_TEXT_CONFIG
@@ -138,7 +142,13 @@ QWEN3_VL = Architecture(
     mapping_rules="convcheck.models.qwen3_vl_mappings:qwen3_vl_rules",
     config_rules=QWEN3_VL_TABLE,
     fixtures=(TINY_QWEN3_VL,),
-    upstream_bugs=(MERGER_GELU_TANH, CONFIG_EXPORT_FLAT, QWEN3_VL_DTYPE_FROM_TEXT_CONFIG),
+    upstream_bugs=(
+        MERGER_GELU_TANH,
+        CONFIG_EXPORT_FLAT,
+        QWEN3_VL_DTYPE_FROM_TEXT_CONFIG,
+        QWEN3_VL_HEAD_DIM_AS_PROVIDER_FIELD,
+        QWEN3_VL_HEAD_DIM_AS_PROVIDER_FIELD_IMPORT,
+    ),
 )
 QWEN3_VL_MOE = Architecture(
     hf_classes=("Qwen3VLMoeForConditionalGeneration",),
@@ -146,5 +156,11 @@ QWEN3_VL_MOE = Architecture(
     mapping_rules="convcheck.models.qwen3_vl_mappings:qwen3_vl_moe_rules",
     config_rules=QWEN3_VL_MOE_TABLE,
     fixtures=(TINY_QWEN3_VL_MOE,),
-    upstream_bugs=(MERGER_GELU_TANH, CONFIG_EXPORT_FLAT, QWEN3_VL_DTYPE_FROM_TEXT_CONFIG),
+    upstream_bugs=(
+        MERGER_GELU_TANH,
+        CONFIG_EXPORT_FLAT,
+        QWEN3_VL_DTYPE_FROM_TEXT_CONFIG,
+        QWEN3_VL_HEAD_DIM_AS_PROVIDER_FIELD,
+        QWEN3_VL_HEAD_DIM_AS_PROVIDER_FIELD_IMPORT,
+    ),
 )

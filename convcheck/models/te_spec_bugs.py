@@ -27,13 +27,15 @@ Gemma3ForConditionalGeneration (its language model built from the same spec) at 
 
 QWEN3_VL_DTYPE_FROM_TEXT_CONFIG = UpstreamBug(
     name="qwen3-vl-dtype-from-text-config",
-    summary="the Qwen3-VL bridges read params_dtype from text_config alone, where transformers 5 keeps the "
-    "checkpoint's dtype on the top-level config only (save_pretrained writes no text_config dtype): a bf16 "
-    "checkpoint builds an fp32 model and exports every tensor as fp32",
+    summary="the Qwen3-VL bridges read params_dtype from text_config alone, where transformers keeps the "
+    "checkpoint's dtype on the top-level config only (transformers 5's save_pretrained writes no text_config dtype, "
+    "nor does 4.57's for a text_config that names none): a bf16 checkpoint builds an fp32 model and exports every "
+    "tensor as fp32",
     where="megatron/bridge/models/qwen_vl/qwen3_vl_bridge.py:73, :232 (hf_config_to_provider_kwargs(text_config)); "
-    "conversion/model_bridge.py:621 (dtype_from_hf, default float32)",
+    "conversion/model_bridge.py:621 (dtype_from_hf, default float32); 0.3.0: qwen3_vl_bridge.py:73, :240 "
+    "(dtype_from_hf(text_config, default=torch.float32)), model_bridge.py:726",
     findings=WRONG_DTYPE,
-    seen_in=("0.4.0", "0.4.1", "0.4.2", "0.6.2"),
+    seen_in=("0.3.0", "0.4.0", "0.4.1", "0.4.2", "0.6.2"),
 )
 """Seen on tiny Qwen3-VL and Qwen3-VL-MoE checkpoints written by transformers 5.12.1's save_pretrained (bf16); the
 mapping oracle (convcheck.models.qwen3_vl's explicit mappings) sees every fp32 shard against the bf16 checkpoint.
