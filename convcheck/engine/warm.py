@@ -267,14 +267,7 @@ def _run_script(script: str, argv: list[str]) -> int:
 
     sys.argv = [script, *argv]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
-    try:
-        runpy.run_path(script, run_name="__main__")
-    except SystemExit as stop:
-        if stop.code is None or isinstance(stop.code, int):
-            return stop.code or 0
-        print(stop.code, file=sys.stderr)
-        return 1
-    return 0
+    return _exit_code(lambda: runpy.run_path(script, run_name="__main__"))
 
 
 def _run_module(module: str, argv: list[str]) -> int:
@@ -283,8 +276,14 @@ def _run_module(module: str, argv: list[str]) -> int:
 
     sys.argv = [module, *argv]
     sys.path[0] = os.getcwd()  # as `python -m` puts its working folder first
+    return _exit_code(lambda: runpy.run_module(module, run_name="__main__", alter_sys=True))
+
+
+def _exit_code(run: Any) -> int:
+    """The exit code a Python process running `run()` as its main program ends with: SystemExit's (a message as 1,
+    printed on stderr), 0 when it returns."""
     try:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        run()
     except SystemExit as stop:
         if stop.code is None or isinstance(stop.code, int):
             return stop.code or 0

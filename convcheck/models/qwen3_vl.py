@@ -136,19 +136,21 @@ MERGER_GELU_TANH = UpstreamBug(
 tokens all equal; with the mergers' activation exact (tests/support/hooks_qwen3_vl.py:merger_gelu_exact) they agree to
 1.8e-7. A changed greedy token on the image is not explained by it (the deepstack mutant's kill)."""
 
+QWEN3_VL_BUGS = (
+    MERGER_GELU_TANH,
+    CONFIG_EXPORT_FLAT,
+    QWEN3_VL_DTYPE_FROM_TEXT_CONFIG,
+    QWEN3_VL_HEAD_DIM_AS_PROVIDER_FIELD,
+    QWEN3_VL_HEAD_DIM_AS_PROVIDER_FIELD_IMPORT,
+)
+"""The known bugs of both Qwen3-VL architectures (dense and MoE language model)."""
 QWEN3_VL = Architecture(
     hf_classes=("Qwen3VLForConditionalGeneration",),
     model_type="qwen3_vl",
     mapping_rules="convcheck.models.qwen3_vl_mappings:qwen3_vl_rules",
     config_rules=QWEN3_VL_TABLE,
     fixtures=(TINY_QWEN3_VL,),
-    upstream_bugs=(
-        MERGER_GELU_TANH,
-        CONFIG_EXPORT_FLAT,
-        QWEN3_VL_DTYPE_FROM_TEXT_CONFIG,
-        QWEN3_VL_HEAD_DIM_AS_PROVIDER_FIELD,
-        QWEN3_VL_HEAD_DIM_AS_PROVIDER_FIELD_IMPORT,
-    ),
+    upstream_bugs=QWEN3_VL_BUGS,
 )
 QWEN3_VL_MOE = Architecture(
     hf_classes=("Qwen3VLMoeForConditionalGeneration",),
@@ -156,11 +158,5 @@ QWEN3_VL_MOE = Architecture(
     mapping_rules="convcheck.models.qwen3_vl_mappings:qwen3_vl_moe_rules",
     config_rules=QWEN3_VL_MOE_TABLE,
     fixtures=(TINY_QWEN3_VL_MOE,),
-    upstream_bugs=(
-        MERGER_GELU_TANH,
-        CONFIG_EXPORT_FLAT,
-        QWEN3_VL_DTYPE_FROM_TEXT_CONFIG,
-        QWEN3_VL_HEAD_DIM_AS_PROVIDER_FIELD,
-        QWEN3_VL_HEAD_DIM_AS_PROVIDER_FIELD_IMPORT,
-    ),
+    upstream_bugs=QWEN3_VL_BUGS,
 )
